@@ -1,0 +1,522 @@
+//! The command-line interface: argument parsing (clap) and the commands `serve`, `list`, `check`
+//! and `test`. Each command is a function returning an exit code; errors become one line on
+//! stderr saying what to do. Exit codes: 0 ok, 1 a problem was found or the service failed,
+//! 2 usage error.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+
+use crate::discovery::Skipped;
+use crate::host::{Host, HostConfig};
+use crate::server::{self, ApiConfig};
+
+/// Hosts the event hooks of a messaging gateway.
+#[derive(Debug, Parser)]
+#[command(name = "hermes-hooks", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (tracing's JSON format).
+    Json,
+}
+
+/// Options naming the hook roots, shared by every command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RootArgs {
+    /// A hook root (repeatable; earlier roots win name clashes). Default: $HERMES_HOME/hooks.
+    #[arg(long = "hooks-dir", value_name = "DIR")]
+    pub hooks_dir: Vec<PathBuf>,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service: load hooks, listen for events, dispatch them.
+    ///
+    /// Example: hermes-hooks serve --hooks-dir hooks-examples --listen 127.0.0.1:8787
+    Serve(ServeArgs),
+    /// List loaded hooks and why other directories were not loaded.
+    ///
+    /// Example: hermes-hooks list --hooks-dir hooks-examples --json
+    List {
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate every hook directory (Python handlers are import-checked); exit 1 on any problem.
+    ///
+    /// Example: hermes-hooks check --hooks-dir ~/.hermes/hooks
+    Check {
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
+    /// Run the handlers matching EVENT here and print each result, error and duration.
+    ///
+    /// Example: hermes-hooks test command:reset --context '{"user_id": "42"}'
+    Test(TestArgs),
+}
+
+/// Options of `serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    roots: RootArgs,
+    /// Listen on TCP HOST:PORT instead of the Unix socket (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// Unix socket path. Default: $HERMES_HOME/hooks.sock.
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    socket: Option<PathBuf>,
+    /// File holding the bearer token required on every request (needed for non-loopback TCP).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Seconds to let queues drain on SIGINT/SIGTERM before stopping workers.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    drain_timeout: f64,
+    /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
+    #[arg(long)]
+    no_watch: bool,
+}
+
+/// Options of `test`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TestArgs {
+    /// Event name, e.g. agent:start or command:reset.
+    event: String,
+    #[command(flatten)]
+    roots: RootArgs,
+    /// Context as a JSON object.
+    #[arg(long, value_name = "JSON", conflicts_with = "context_file")]
+    context: Option<String>,
+    /// File holding the context as a JSON object.
+    #[arg(long, value_name = "FILE")]
+    context_file: Option<PathBuf>,
+    /// Run only this hook.
+    #[arg(long, value_name = "NAME")]
+    hook: Option<String>,
+    /// One JSON line per hook instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses the arguments, sets up logging, runs the command; returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let default_filter = match cli.command {
+        Command::Serve(_) => "info",
+        // The command prints what matters; the handlers' own output is still shown.
+        Command::Test(_) => "error,hook=info",
+        _ => "error",
+    };
+    init_logging(cli.log_format, default_filter);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("hermes-hooks: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::List { roots, json } => list(roots, json).await,
+            Command::Check { roots } => check(roots).await,
+            Command::Test(args) => test(args).await,
+        }
+    });
+    // Workers were stopped by the commands; do not wait for stray blocking tasks.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+fn init_logging(format: LogFormat, default: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("HERMES_HOOKS_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_target(false).try_init(),
+    };
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("hermes-hooks: {msg}");
+    1
+}
+
+/// The listener `serve` binds.
+enum Bound {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Bound, Option<String>), String> {
+    let token = match &args.token_file {
+        Some(f) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read --token-file {}: {e}", f.display()))?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                return Err(format!("--token-file {} is empty", f.display()));
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    if let Some(addr) = &args.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        if !local.ip().is_loopback() && token.is_none() {
+            return Err(format!(
+                "refusing to listen on non-loopback address {local} without --token-file (anyone on the network could send events)"
+            ));
+        }
+        return Ok((Bound::Tcp(listener), token));
+    }
+    let path = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| config.hermes_home.join("hooks.sock"));
+    let listener = server::bind_unix(&path).map_err(|e| e.to_string())?;
+    Ok((Bound::Unix(listener, path), token))
+}
+
+async fn serve(args: ServeArgs) -> i32 {
+    let config = HostConfig::from_env(args.roots.hooks_dir.clone());
+    let (bound, token) = match bind(&args, &config).await {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
+    let host = Host::new(config.clone());
+    let router = server::app(host.clone(), ApiConfig { token });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown_signal = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let server_task = match bound {
+        Bound::Tcp(l) => {
+            let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::info!("listening on http://{addr}");
+            tokio::spawn(server::serve(l, router, shutdown_signal))
+        }
+        Bound::Unix(l, path) => {
+            tracing::info!("listening on unix:{}", path.display());
+            tokio::spawn(server::serve(l, router, shutdown_signal))
+        }
+    };
+    tracing::info!(roots = ?config.roots, "loading hooks");
+    let report = host.reload().await;
+    tracing::info!(
+        loaded = report.loaded.len(),
+        skipped = report.skipped.len(),
+        "hooks loaded: {}",
+        report.loaded.join(", ")
+    );
+    if !args.no_watch {
+        tracing::debug!(
+            "file watching arrives with hot reload; use POST /v1/reload or SIGHUP meanwhile"
+        );
+    }
+
+    let signals = wait_for_stop(host.clone()).await;
+    if let Err(e) = signals {
+        tracing::error!("cannot install signal handlers: {e}");
+    }
+    tracing::info!(
+        "shutting down: draining queues for up to {}s",
+        args.drain_timeout
+    );
+    let drain = Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
+    let host_stop = host.shutdown(drain);
+    let _ = stop_tx.send(true);
+    let report = host_stop.await;
+    match tokio::time::timeout(Duration::from_secs(5), server_task).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::error!("server error: {e}"),
+        _ => tracing::warn!("server did not stop within 5s"),
+    }
+    if let Some(path) = &args.socket.clone().or_else(|| {
+        args.listen
+            .is_none()
+            .then(|| config.hermes_home.join("hooks.sock"))
+    }) {
+        let _ = std::fs::remove_file(path);
+    }
+    let undelivered: usize = report.undelivered.iter().map(|(_, n)| n).sum();
+    tracing::info!(undelivered, drain_ms = report.drain_ms, "stopped");
+    0
+}
+
+/// Waits for SIGINT or SIGTERM; reloads on SIGHUP meanwhile.
+async fn wait_for_stop(host: Host) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading hooks");
+                let r = host.reload().await;
+                tracing::info!(loaded = r.loaded.len(), skipped = r.skipped.len(), "reloaded");
+            }
+        }
+    }
+}
+
+/// Loads the hooks in this process (Python handlers are import-checked), runs `f`, stops them.
+async fn with_loaded_hooks<T>(
+    roots: RootArgs,
+    f: impl AsyncFnOnce(&Host, &crate::host::LoadReport) -> T,
+) -> T {
+    let config = HostConfig::from_env(roots.hooks_dir);
+    let (host, report) = Host::start(config).await;
+    let out = f(&host, &report).await;
+    host.shutdown(Duration::from_secs(5)).await;
+    out
+}
+
+fn skipped_json(s: &Skipped) -> Value {
+    json!({"dir": s.dir, "name": s.name, "file": s.file, "code": s.code, "reason": s.reason})
+}
+
+async fn list(roots: RootArgs, as_json: bool) -> i32 {
+    with_loaded_hooks(roots, async |host, report| {
+        let hooks = host.hooks();
+        let mut out = std::io::stdout().lock();
+        if as_json {
+            let skipped: Vec<Value> = report.skipped.iter().map(skipped_json).collect();
+            let _ = writeln!(out, "{}", json!({"hooks": hooks, "skipped": skipped}));
+            return 0;
+        }
+        if hooks.is_empty() {
+            let _ = writeln!(
+                out,
+                "no hooks loaded (roots: {})",
+                display_roots(&host.config().roots)
+            );
+        }
+        for h in &hooks {
+            let _ = writeln!(
+                out,
+                "{:<24} {:<7} {:<40} {}",
+                h.name,
+                h.kind,
+                h.events.join(","),
+                h.path.display()
+            );
+        }
+        if !report.skipped.is_empty() {
+            let _ = writeln!(out, "\nnot loaded:");
+            for s in &report.skipped {
+                let _ = writeln!(out, "  {:<22} {s}", s.name);
+            }
+        }
+        0
+    })
+    .await
+}
+
+fn display_roots(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn check(roots: RootArgs) -> i32 {
+    with_loaded_hooks(roots, async |host, report| {
+        let mut out = std::io::stdout().lock();
+        let snapshot = host.snapshot();
+        let mut warnings = 0;
+        for h in &snapshot.hooks {
+            let _ = writeln!(
+                out,
+                "ok      {} ({}, {})",
+                h.spec.name,
+                h.spec.kind.as_str(),
+                h.spec.manifest.events.join(", ")
+            );
+            for w in &h.spec.manifest.warnings {
+                warnings += 1;
+                let _ = writeln!(out, "warning {}: {w}", h.spec.manifest_path.display());
+            }
+            for p in h.spec.patterns.patterns() {
+                if !crate::pattern::matches_known_event(p) {
+                    warnings += 1;
+                    let hint = match crate::events::suggest(p) {
+                        Some(s) => format!("; did you mean {s:?}?"),
+                        None => " (fine for custom events)".to_string(),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "warning {}: pattern {p:?} matches no known gateway event{hint}",
+                        h.spec.manifest_path.display()
+                    );
+                }
+            }
+        }
+        let mut problems = 0;
+        for s in &report.skipped {
+            if s.is_problem() {
+                problems += 1;
+                let _ = writeln!(out, "error   {s}");
+            } else {
+                let _ = writeln!(out, "skip    {s}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{} hook(s) ok, {problems} problem(s), {warnings} warning(s) in {}",
+            snapshot.hooks.len(),
+            display_roots(&host.config().roots)
+        );
+        i32::from(problems > 0)
+    })
+    .await
+}
+
+async fn test(args: TestArgs) -> i32 {
+    let context: Value = match (&args.context, &args.context_file) {
+        (Some(text), _) => match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => return fail(format!("--context is not valid JSON: {e}")),
+        },
+        (None, Some(f)) => match std::fs::read_to_string(f).map(|t| serde_json::from_str(&t)) {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => return fail(format!("{} is not valid JSON: {e}", f.display())),
+            Err(e) => return fail(format!("cannot read {}: {e}", f.display())),
+        },
+        (None, None) => Value::Null,
+    };
+    if let Err(e) = crate::events::validate_event_name(&args.event) {
+        return fail(format!("{e}"));
+    }
+    let context = match crate::host::normalize_context(context) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let event = args.event.clone();
+    let only = args.hook.clone();
+    let as_json = args.json;
+    with_loaded_hooks(args.roots, async move |host, report| {
+        for s in report.skipped.iter().filter(|s| s.is_problem()) {
+            eprintln!("not loaded: {s}");
+        }
+        let snapshot = host.snapshot();
+        let matching: Vec<String> = snapshot
+            .matching(&event)
+            .into_iter()
+            .map(|h| h.spec.name.clone())
+            .filter(|n| only.as_ref().is_none_or(|o| o == n))
+            .collect();
+        if matching.is_empty() {
+            return fail(match &only {
+                Some(o) => format!("hook {o:?} is not loaded or does not match {event:?}"),
+                None => format!("no loaded hook matches {event:?}"),
+            });
+        }
+        let timeout = snapshot
+            .hooks
+            .iter()
+            .filter(|h| matching.contains(&h.spec.name))
+            .map(|h| h.spec.manifest.timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(30))
+            + Duration::from_secs(1);
+        let started = Instant::now();
+        let outcomes = match host
+            .emit_collect_only(&event, context, timeout, only.as_deref())
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        };
+        let mut out = std::io::stdout().lock();
+        let mut errors = 0;
+        for o in &outcomes {
+            let ms = o.duration.map(|d| d.as_secs_f64() * 1000.0);
+            if o.result.is_err() {
+                errors += 1;
+            }
+            if as_json {
+                let line = match &o.result {
+                    Ok(r) => json!({"hook": o.hook, "ok": true, "result": r, "duration_ms": ms}),
+                    Err(e) => json!({"hook": o.hook, "ok": false, "error": e, "duration_ms": ms}),
+                };
+                let _ = writeln!(out, "{line}");
+            } else {
+                let dur = ms
+                    .map(|m| format!("{m:.1} ms"))
+                    .unwrap_or_else(|| "-".into());
+                match &o.result {
+                    Ok(Some(v)) => {
+                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  result: {v}", o.hook);
+                    }
+                    Ok(None) => {
+                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  (no result)", o.hook);
+                    }
+                    Err(e) => {
+                        let _ = writeln!(out, "{:<24} error  {dur:>10}  {e}", o.hook);
+                    }
+                }
+            }
+        }
+        if !as_json {
+            let _ = writeln!(
+                out,
+                "{} hook(s) ran for {event} in {:.1} ms, {errors} error(s)",
+                outcomes.len(),
+                started.elapsed().as_secs_f64() * 1000.0
+            );
+        }
+        i32::from(errors > 0)
+    })
+    .await
+}

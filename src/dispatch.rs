@@ -1,0 +1,519 @@
+//! Dispatch: one bounded FIFO queue and one worker task per loaded hook.
+//!
+//! `emit` pushes a [`Job`] onto each matching hook's queue and returns; it takes one short mutex
+//! per queue and never waits for a handler. The worker pops jobs in order, gets the handler ready
+//! (restart after a crash), calls it under the hook's timeout and reports the outcome to whoever
+//! waits for it (`emit_collect`) and to the hook's counters. A full queue applies the hook's
+//! overflow policy and counts the drop.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::discovery::HookSpec;
+use crate::handler::{Handler, HandlerError};
+use crate::manifest::Overflow;
+
+/// What one handler invocation produced, as reported to a waiting `emit_collect`.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    /// The result (`None` = the handler returned nothing) or the error message.
+    pub result: Result<Option<Value>, String>,
+    /// Time spent in the handler (zero when it never ran).
+    pub duration: Duration,
+}
+
+/// One event waiting in a hook's queue.
+pub struct Job {
+    /// Event name, shared by every hook the event was queued to.
+    pub event: Arc<str>,
+    /// Event context, shared likewise.
+    pub context: Arc<Value>,
+    /// Where the outcome goes, for `emit_collect`; `None` for fire-and-forget.
+    pub reply: Option<oneshot::Sender<CallOutcome>>,
+}
+
+impl Job {
+    /// Reports that the job will never run.
+    pub fn fail(self, why: &str) {
+        if let Some(reply) = self.reply {
+            let _ = reply.send(CallOutcome {
+                result: Err(why.to_string()),
+                duration: Duration::ZERO,
+            });
+        }
+    }
+}
+
+/// What happened to a pushed job.
+pub enum Pushed {
+    /// Queued.
+    Queued,
+    /// Queued; the oldest job was dropped to make room and is returned.
+    DroppedOldest(Job),
+    /// Refused (queue full with `drop_newest`, or closed); the job is returned.
+    Refused(Job),
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+/// A bounded FIFO with one consumer (the hook's worker).
+pub struct HookQueue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+    /// Bound; changes when a reloaded HOOK.yaml changes `queue:`.
+    capacity: AtomicUsize,
+    /// Overflow policy (0 = drop_oldest, 1 = drop_newest), likewise.
+    overflow: AtomicU8,
+}
+
+impl HookQueue {
+    /// An empty queue.
+    pub fn new(capacity: usize, overflow: Overflow) -> Self {
+        Self {
+            state: Mutex::new(QueueState {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            notify: Notify::new(),
+            capacity: AtomicUsize::new(capacity.max(1)),
+            overflow: AtomicU8::new(overflow as u8),
+        }
+    }
+
+    /// Applies new limits (a reloaded HOOK.yaml); already queued jobs stay.
+    pub fn set_limits(&self, capacity: usize, overflow: Overflow) {
+        self.capacity.store(capacity.max(1), Ordering::Relaxed);
+        self.overflow.store(overflow as u8, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // A panic while holding this lock cannot leave the deque inconsistent: keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Pushes `job`, applying the overflow policy when full.
+    pub fn push(&self, job: Job) -> Pushed {
+        let mut st = self.lock();
+        if st.closed {
+            return Pushed::Refused(job);
+        }
+        let outcome = if st.jobs.len() >= self.capacity() {
+            match self.overflow() {
+                Overflow::DropNewest => return Pushed::Refused(job),
+                Overflow::DropOldest => match st.jobs.pop_front() {
+                    Some(old) => Pushed::DroppedOldest(old),
+                    None => Pushed::Queued,
+                },
+            }
+        } else {
+            Pushed::Queued
+        };
+        st.jobs.push_back(job);
+        drop(st);
+        self.notify.notify_one();
+        outcome
+    }
+
+    /// Next job; `None` once the queue is closed and empty.
+    pub async fn pop(&self) -> Option<Job> {
+        loop {
+            {
+                let mut st = self.lock();
+                if let Some(job) = st.jobs.pop_front() {
+                    return Some(job);
+                }
+                if st.closed {
+                    return None;
+                }
+            }
+            // Single consumer: a notify_one without a waiter leaves a permit, so no wake-up is lost.
+            self.notify.notified().await;
+        }
+    }
+
+    /// Refuses new jobs; the worker drains what is queued, then stops.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_one();
+    }
+
+    /// Removes and returns everything still queued.
+    pub fn take_all(&self) -> Vec<Job> {
+        self.lock().jobs.drain(..).collect()
+    }
+
+    /// Jobs waiting.
+    pub fn len(&self) -> usize {
+        self.lock().jobs.len()
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bound.
+    pub fn capacity(&self) -> usize {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// The overflow policy.
+    pub fn overflow(&self) -> Overflow {
+        if self.overflow.load(Ordering::Relaxed) == Overflow::DropNewest as u8 {
+            Overflow::DropNewest
+        } else {
+            Overflow::DropOldest
+        }
+    }
+}
+
+/// Worker state, as shown by `/v1/hooks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// Waiting for events.
+    Idle = 0,
+    /// Running a handler.
+    Busy = 1,
+    /// Restarting a crashed worker.
+    Restarting = 2,
+    /// Stopped (removed, or the host shut down).
+    Stopped = 3,
+    /// Waiting for the previous version of the hook to finish its queue.
+    Pending = 4,
+}
+
+impl Status {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Idle => "ready",
+            Status::Busy => "busy",
+            Status::Restarting => "restarting",
+            Status::Stopped => "stopped",
+            Status::Pending => "pending",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Status::Busy,
+            2 => Status::Restarting,
+            3 => Status::Stopped,
+            4 => Status::Pending,
+            _ => Status::Idle,
+        }
+    }
+}
+
+/// Counters of one hook; all updates are relaxed atomics off the emit path's critical section.
+#[derive(Debug, Default)]
+pub struct HookStats {
+    /// Events accepted into the queue.
+    pub queued: AtomicU64,
+    /// Invocations that returned normally.
+    pub ok: AtomicU64,
+    /// Invocations that failed (error, crash, timeout).
+    pub failed: AtomicU64,
+    /// Invocations that exceeded the timeout (also counted in `failed`).
+    pub timeouts: AtomicU64,
+    /// Events dropped by the overflow policy.
+    pub dropped: AtomicU64,
+    /// Worker restarts.
+    pub restarts: AtomicU64,
+    /// Total handler time in microseconds.
+    pub busy_us: AtomicU64,
+    status: AtomicU8,
+    /// Drops not yet logged (logging is rate-limited to one line a second).
+    drops_unlogged: AtomicU64,
+    /// Milliseconds since `epoch` at the last drop log line.
+    last_drop_log_ms: AtomicU64,
+    last_error: Mutex<Option<(SystemTime, String)>>,
+}
+
+impl HookStats {
+    /// Current worker state.
+    pub fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::Relaxed))
+    }
+
+    fn set_status(&self, s: Status) {
+        self.status.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// The most recent error and when it happened.
+    pub fn last_error(&self) -> Option<(SystemTime, String)> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records an error as the hook's last one.
+    pub fn set_last_error(&self, msg: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((SystemTime::now(), msg));
+    }
+}
+
+/// A hook that is loaded: its spec, its queue, its counters and its worker.
+///
+/// When a hook changes on reload, the new version shares the old one's queue and counters: events
+/// queued before the change stay in the one FIFO and are delivered once, in order, by whichever
+/// version takes them; the new worker starts when the old one has finished its in-flight call.
+pub struct LoadedHook {
+    /// What was discovered.
+    pub spec: HookSpec,
+    /// Events waiting for the worker (shared across versions of the hook).
+    pub queue: Arc<HookQueue>,
+    /// Counters and state (shared across versions of the hook).
+    pub stats: Arc<HookStats>,
+    /// Set when a newer version takes over the queue: the worker stops after its current call.
+    superseded: AtomicBool,
+    /// Wakes a worker waiting on an empty queue when it is superseded.
+    supersede_notify: Notify,
+    /// The worker task, taken when the hook is stopped.
+    worker: Mutex<Option<JoinHandle<()>>>,
+    /// Becomes true when the worker has finished (drained and shut its handler down).
+    finished: watch::Sender<bool>,
+    /// Start of the process, for rate-limited logging.
+    epoch: Instant,
+}
+
+impl LoadedHook {
+    /// A hook with an empty queue and no worker yet.
+    pub fn new(spec: HookSpec) -> Arc<Self> {
+        let queue = Arc::new(HookQueue::new(
+            spec.manifest.queue_capacity,
+            spec.manifest.overflow,
+        ));
+        Self::with_queue(spec, queue, Arc::new(HookStats::default()))
+    }
+
+    /// The next version of `prev`: same queue and counters, new spec.
+    pub fn successor(spec: HookSpec, prev: &LoadedHook) -> Arc<Self> {
+        prev.queue
+            .set_limits(spec.manifest.queue_capacity, spec.manifest.overflow);
+        Self::with_queue(spec, prev.queue.clone(), prev.stats.clone())
+    }
+
+    fn with_queue(spec: HookSpec, queue: Arc<HookQueue>, stats: Arc<HookStats>) -> Arc<Self> {
+        Arc::new(Self {
+            spec,
+            queue,
+            stats,
+            superseded: AtomicBool::new(false),
+            supersede_notify: Notify::new(),
+            worker: Mutex::new(None),
+            finished: watch::channel(false).0,
+            epoch: Instant::now(),
+        })
+    }
+
+    /// The hook's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Queues `job`, counting and logging drops. Returns false when the job was refused.
+    pub fn enqueue(&self, job: Job) -> bool {
+        match self.queue.push(job) {
+            Pushed::Queued => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Pushed::DroppedOldest(old) => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                self.count_drop();
+                old.fail("dropped: the hook's queue was full (drop_oldest)");
+                true
+            }
+            Pushed::Refused(job) => {
+                let closed = self.stats.status() == Status::Stopped;
+                if !closed {
+                    self.count_drop();
+                }
+                job.fail(if closed {
+                    "the hook is stopping"
+                } else {
+                    "dropped: the hook's queue was full (drop_newest)"
+                });
+                false
+            }
+        }
+    }
+
+    fn count_drop(&self) {
+        self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        self.stats.drops_unlogged.fetch_add(1, Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.stats.last_drop_log_ms.load(Ordering::Relaxed);
+        if (now.saturating_sub(last) >= 1000 || last == 0)
+            && self
+                .stats
+                .last_drop_log_ms
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let n = self.stats.drops_unlogged.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                hook = %self.spec.name,
+                dropped = n,
+                total_dropped = self.stats.dropped.load(Ordering::Relaxed),
+                "queue full (capacity {}, {}): {n} event(s) dropped",
+                self.queue.capacity(),
+                self.queue.overflow().as_str()
+            );
+        }
+    }
+
+    /// Starts the worker; when `after` is given, it first waits for that hook's worker to finish
+    /// (a reloaded hook keeps its per-hook order across versions).
+    pub fn start_worker(
+        self: &Arc<Self>,
+        handler: Box<dyn Handler>,
+        after: Option<Arc<LoadedHook>>,
+    ) {
+        if after.is_some() {
+            self.stats.set_status(Status::Pending);
+        }
+        let task = tokio::spawn(run_worker(self.clone(), handler, after));
+        *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+
+    /// Hands the queue to a newer version: this worker stops after its current call.
+    pub fn supersede(&self) {
+        self.superseded.store(true, Ordering::SeqCst);
+        self.supersede_notify.notify_one();
+    }
+
+    /// Stops accepting events; the worker finishes the queue, then stops.
+    pub fn close(&self) {
+        self.stats.set_status(Status::Stopped);
+        self.queue.close();
+    }
+
+    /// Waits until the worker has finished.
+    pub async fn finished(&self) {
+        let mut rx = self.finished.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// Kills the worker now (after a drain deadline); returns how many events were left.
+    pub fn abort(&self) -> usize {
+        self.queue.close();
+        let left = self.queue.take_all();
+        let n = left.len();
+        for job in left {
+            job.fail("the host stopped before this event was handled");
+        }
+        if let Some(task) = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // Dropping the handler kills its processes (process group + kill_on_drop).
+            task.abort();
+        }
+        self.stats.set_status(Status::Stopped);
+        self.finished.send_replace(true);
+        n
+    }
+}
+
+async fn run_worker(
+    hook: Arc<LoadedHook>,
+    mut handler: Box<dyn Handler>,
+    after: Option<Arc<LoadedHook>>,
+) {
+    if let Some(prev) = after {
+        prev.finished().await;
+        if hook.stats.status() == Status::Pending {
+            hook.stats.set_status(Status::Idle);
+        }
+    }
+    let timeout = hook.spec.manifest.timeout;
+    loop {
+        if hook.superseded.load(Ordering::SeqCst) {
+            break;
+        }
+        let job = tokio::select! {
+            job = hook.queue.pop() => job,
+            _ = hook.supersede_notify.notified() => continue,
+        };
+        let Some(job) = job else { break };
+        let running = |s: Status| {
+            if hook.stats.status() != Status::Stopped {
+                hook.stats.set_status(s);
+            }
+        };
+        running(Status::Restarting);
+        let ready = handler.ready().await;
+        let restarts = handler.restarts();
+        hook.stats.restarts.store(restarts, Ordering::Relaxed);
+        running(Status::Busy);
+        let started = Instant::now();
+        let result = match ready {
+            Err(e) => Err((e, false)),
+            Ok(()) => match tokio::time::timeout(timeout, handler.call(&job.event, &job.context))
+                .await
+            {
+                Ok(r) => r.map_err(|e| (e, false)),
+                Err(_) => {
+                    handler.abandon().await;
+                    Err((
+                        HandlerError::Failed(format!("timed out after {}", fmt_duration(timeout))),
+                        true,
+                    ))
+                }
+            },
+        };
+        let duration = started.elapsed();
+        hook.stats
+            .busy_us
+            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+        running(Status::Idle);
+        let result = match result {
+            Ok(v) => {
+                hook.stats.ok.fetch_add(1, Ordering::Relaxed);
+                Ok(v)
+            }
+            Err((e, timed_out)) => {
+                hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+                if timed_out {
+                    hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                let msg = e.to_string();
+                tracing::warn!(hook = %hook.spec.name, event = %job.event, "handler failed: {msg}");
+                hook.stats.set_last_error(format!("{}: {msg}", job.event));
+                Err(msg)
+            }
+        };
+        if let Some(reply) = job.reply {
+            let _ = reply.send(CallOutcome { result, duration });
+        }
+    }
+    handler.shutdown().await;
+    if !hook.superseded.load(Ordering::SeqCst) {
+        hook.stats.set_status(Status::Stopped);
+    }
+    hook.finished.send_replace(true);
+}
+
+/// "30s", "1.5s", "250ms".
+pub fn fmt_duration(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        let s = d.as_secs_f64();
+        if s.fract() == 0.0 {
+            format!("{s:.0}s")
+        } else {
+            format!("{s:.1}s")
+        }
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}

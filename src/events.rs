@@ -1,0 +1,212 @@
+//! Event names: validation and the catalogue of events the gateway emits.
+//!
+//! The catalogue is used by `check` to warn about patterns that can never fire and to suggest the
+//! name that was probably meant (`sesion:start` -> `session:start`).
+
+use thiserror::Error;
+
+/// Longest accepted event name, in bytes.
+pub const MAX_EVENT_NAME_LEN: usize = 256;
+
+/// The events the gateway emits, with the context keys it sends for each.
+pub const KNOWN_EVENTS: &[(&str, &[&str])] = &[
+    ("gateway:startup", &["platforms"]),
+    (
+        "session:start",
+        &["platform", "user_id", "session_id", "session_key"],
+    ),
+    ("session:end", &["platform", "user_id", "session_key"]),
+    ("session:reset", &["platform", "user_id", "session_key"]),
+    (
+        "session:compress",
+        &[
+            "platform",
+            "session_id",
+            "old_session_id",
+            "in_place",
+            "compression_count",
+        ],
+    ),
+    (
+        "agent:start",
+        &[
+            "platform",
+            "user_id",
+            "chat_id",
+            "thread_id",
+            "chat_type",
+            "session_id",
+            "message",
+        ],
+    ),
+    (
+        "agent:step",
+        &[
+            "platform",
+            "user_id",
+            "session_id",
+            "iteration",
+            "tool_names",
+        ],
+    ),
+    (
+        "agent:end",
+        &[
+            "platform",
+            "user_id",
+            "chat_id",
+            "thread_id",
+            "chat_type",
+            "session_id",
+            "message",
+            "response",
+            "model",
+            "provider",
+        ],
+    ),
+    ("reaction:added", REACTION_KEYS),
+    ("reaction:removed", REACTION_KEYS),
+    (
+        "command:<name>",
+        &["platform", "user_id", "command", "args"],
+    ),
+    (
+        "message:pre_route",
+        &[
+            "platform",
+            "user_id",
+            "chat_id",
+            "thread_id",
+            "chat_type",
+            "session_id",
+            "session_key",
+            "message",
+        ],
+    ),
+];
+
+const REACTION_KEYS: &[&str] = &[
+    "platform",
+    "reaction",
+    "user_id",
+    "item_user_id",
+    "item_type",
+    "channel_id",
+    "message_ts",
+    "team_id",
+    "event_ts",
+    "raw_event",
+];
+
+/// Sample names standing for every known event, used to test whether a pattern can ever match.
+/// `command:<name>` is represented by a few real commands.
+pub fn known_event_samples() -> impl Iterator<Item = &'static str> {
+    KNOWN_EVENTS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|n| !n.contains('<'))
+        .chain(["command:reset", "command:new", "command:help", "command:x"])
+}
+
+/// Why an event name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EventNameError {
+    /// The name is the empty string.
+    #[error("event name is empty")]
+    Empty,
+    /// The name is longer than [`MAX_EVENT_NAME_LEN`].
+    #[error("event name is {0} bytes long; the limit is {MAX_EVENT_NAME_LEN}")]
+    TooLong(usize),
+    /// The name contains whitespace or a control character.
+    #[error("event name {0:?} contains whitespace or a control character")]
+    BadCharacter(String),
+}
+
+/// Checks that `name` can be an event name: non-empty, at most 256 bytes, no whitespace or
+/// control characters.
+pub fn validate_event_name(name: &str) -> Result<(), EventNameError> {
+    if name.is_empty() {
+        return Err(EventNameError::Empty);
+    }
+    if name.len() > MAX_EVENT_NAME_LEN {
+        return Err(EventNameError::TooLong(name.len()));
+    }
+    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(EventNameError::BadCharacter(name.to_string()));
+    }
+    Ok(())
+}
+
+/// The known event closest to `pattern` by edit distance, if it is close enough to be a typo.
+pub fn suggest(pattern: &str) -> Option<&'static str> {
+    let candidates = KNOWN_EVENTS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| !n.contains('<'))
+        .chain([
+            "command:*",
+            "agent:*",
+            "session:*",
+            "reaction:*",
+            "gateway:*",
+            "message:*",
+        ]);
+    let mut best: Option<(usize, &'static str)> = None;
+    for c in candidates {
+        let d = edit_distance(pattern, c);
+        if best.is_none_or(|(bd, _)| d < bd) {
+            best = Some((d, c));
+        }
+    }
+    let limit = (pattern.len() / 4).clamp(1, 3);
+    best.filter(|(d, _)| *d <= limit && *d > 0).map(|(_, c)| c)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.chars().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_names() {
+        assert!(validate_event_name("agent:start").is_ok());
+        assert!(validate_event_name("a:b:c").is_ok());
+        assert_eq!(validate_event_name(""), Err(EventNameError::Empty));
+        assert!(matches!(
+            validate_event_name("a b"),
+            Err(EventNameError::BadCharacter(_))
+        ));
+        assert!(matches!(
+            validate_event_name("a\u{7}"),
+            Err(EventNameError::BadCharacter(_))
+        ));
+        let long = "a".repeat(257);
+        assert_eq!(
+            validate_event_name(&long),
+            Err(EventNameError::TooLong(257))
+        );
+    }
+
+    #[test]
+    fn suggests_near_misses() {
+        assert_eq!(suggest("sesion:start"), Some("session:start"));
+        assert_eq!(suggest("agent:strat"), Some("agent:start"));
+        assert_eq!(suggest("comand:*"), Some("command:*"));
+        assert_eq!(suggest("totally:different"), None);
+    }
+}

@@ -1,0 +1,187 @@
+//! Executable handlers (`handler`, `handler.sh`, any file with the run bit): one process per
+//! event, as the gateway's shell hooks do.
+//!
+//! stdin: `{"hook_event_name", "event", "context", "hook"}`; stdout: empty or one JSON value (the
+//! result); stderr: logged. A non-zero exit is an error. The process runs in its own process group
+//! so a timeout (the dispatcher drops the call) kills it and everything it started.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+use super::process::{GroupKill, command, describe_exit};
+use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+
+/// Largest stdout kept; beyond it the output is cut and the call fails.
+pub const MAX_STDOUT: usize = 1024 * 1024;
+/// Largest stderr kept for the log.
+const MAX_STDERR: usize = 64 * 1024;
+/// How long pipes may stay open after the process exited (a background grandchild holding them).
+const PIPE_GRACE: Duration = Duration::from_millis(500);
+
+/// The executable handler of one hook.
+pub struct ExecHandler {
+    ctx: HandlerContext,
+    program: PathBuf,
+    /// `sh` for a `.sh` file without the run bit.
+    via_shell: bool,
+}
+
+impl ExecHandler {
+    /// Checks the handler file; nothing runs until an event arrives.
+    pub fn new(ctx: HandlerContext) -> Result<Self, HandlerError> {
+        let program = ctx
+            .handler_path
+            .clone()
+            .ok_or_else(|| HandlerError::Load("executable hook without a handler file".into()))?;
+        let via_shell = !crate::discovery::is_executable(&program);
+        if via_shell && !crate::discovery::is_shell_script(&program) {
+            return Err(HandlerError::Load(format!(
+                "{} is not executable: run `chmod +x` on it",
+                program.display()
+            )));
+        }
+        Ok(Self {
+            ctx,
+            program,
+            via_shell,
+        })
+    }
+
+    async fn run(&self, event: &str, context: &Value) -> HandlerResult {
+        let payload = json!({
+            "hook_event_name": event,
+            "event": event,
+            "context": context,
+            "hook": self.ctx.name,
+        });
+        let mut input = serde_json::to_vec(&payload)
+            .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
+        input.push(b'\n');
+        let mut cmd = if self.via_shell {
+            let mut c = command("sh", &self.ctx);
+            c.arg(&self.program);
+            c
+        } else {
+            command(&self.program, &self.ctx)
+        };
+        let mut child = cmd.spawn().map_err(|e| {
+            HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
+        })?;
+        let mut group = GroupKill::new(child.id());
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(HandlerError::Failed(
+                "child started without its pipes".into(),
+            ));
+        };
+        // The child may never read stdin; writing must not block the call.
+        let writer = tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+            let _ = stdin.shutdown().await;
+        });
+        let out_task = read_capped(stdout, MAX_STDOUT);
+        let err_task = read_capped(stderr, MAX_STDERR);
+        let status = child.wait().await.map_err(|e| {
+            HandlerError::Failed(format!("cannot wait for {}: {e}", self.program.display()))
+        })?;
+        group.disarm();
+        writer.abort();
+        let (stdout, out_cut) = collect(out_task).await;
+        let (stderr, _) = collect(err_task).await;
+        let stderr_text = String::from_utf8_lossy(&stderr);
+        for line in stderr_text.lines().filter(|l| !l.trim().is_empty()) {
+            tracing::info!(target: "hook", hook = %self.ctx.name, "{line}");
+        }
+        if !status.success() {
+            let last = stderr_text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            let detail = if last.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", last.trim())
+            };
+            return Err(HandlerError::Failed(format!(
+                "{} failed with {}{detail}",
+                file_name(&self.program),
+                describe_exit(status)
+            )));
+        }
+        if out_cut {
+            return Err(HandlerError::Failed(format!(
+                "stdout exceeded {} MiB and was cut; no result",
+                MAX_STDOUT >> 20
+            )));
+        }
+        let text = String::from_utf8_lossy(&stdout);
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Null) => Ok(None),
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                let snippet: String = text.chars().take(120).collect();
+                Err(HandlerError::Failed(format!(
+                    "stdout is not one JSON value ({e}): {snippet:?}; print a JSON result or nothing, log to stderr"
+                )))
+            }
+        }
+    }
+}
+
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Reads a pipe to EOF keeping at most `max` bytes (the rest is drained so the child never blocks).
+fn read_capped<R>(mut pipe: R, max: usize) -> JoinHandle<(Vec<u8>, bool)>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut kept = Vec::new();
+        let mut cut = false;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = max.saturating_sub(kept.len());
+                    if n > room {
+                        cut = true;
+                    }
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        (kept, cut)
+    })
+}
+
+/// Waits briefly for a pipe reader after the process exited.
+async fn collect(mut task: JoinHandle<(Vec<u8>, bool)>) -> (Vec<u8>, bool) {
+    match tokio::time::timeout(PIPE_GRACE, &mut task).await {
+        Ok(Ok(out)) => out,
+        _ => {
+            task.abort();
+            (Vec::new(), false)
+        }
+    }
+}
+
+impl Handler for ExecHandler {
+    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
+        Box::pin(self.run(event, context))
+    }
+}

@@ -1,0 +1,171 @@
+//! Child-process plumbing shared by the process-based handler kinds: spawning in a new process
+//! group, killing that group, logging a child's stderr without ever letting a full pipe block it,
+//! and reading bounded lines.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::task::JoinHandle;
+
+use super::HandlerContext;
+
+/// Longest stderr line logged; the rest of the line is cut.
+const MAX_LOG_LINE: usize = 4096;
+/// Lines per second logged for one child before lines are counted instead of logged.
+const LOG_LINES_PER_SEC: u32 = 200;
+
+/// A command for `program` set up for a hook: own process group, working directory = hook
+/// directory, the hook's environment, killed when dropped.
+pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(&ctx.dir)
+        .envs(&ctx.env)
+        .process_group(0)
+        .kill_on_drop(true)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Kills a whole process group when dropped, unless disarmed: the last resort that keeps a
+/// timed-out or abandoned handler from leaving processes behind.
+#[derive(Debug)]
+pub struct GroupKill {
+    pgid: Option<i32>,
+}
+
+impl GroupKill {
+    /// Guards the group led by `pid` (children are spawned with `process_group(0)`).
+    pub fn new(pid: Option<u32>) -> Self {
+        Self {
+            pgid: pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0),
+        }
+    }
+
+    /// Sends SIGKILL to the group now.
+    pub fn kill(&self) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: killpg has no memory-safety preconditions; a stale group id yields ESRCH.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Forgets the group: it exited normally and must not be signalled.
+    pub fn disarm(&mut self) {
+        self.pgid = None;
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Logs each stderr line of a child under its hook's name, rate-limited, until EOF.
+pub fn log_stderr<R>(hook: String, stderr: R) -> JoinHandle<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stderr);
+        let mut line = Vec::new();
+        let mut window = Instant::now();
+        let mut in_window = 0u32;
+        let mut suppressed = 0u64;
+        loop {
+            line.clear();
+            match read_line_limited(&mut reader, &mut line, MAX_LOG_LINE).await {
+                Ok(None) | Err(_) => break,
+                Ok(Some(cut)) => {
+                    if window.elapsed() >= Duration::from_secs(1) {
+                        if suppressed > 0 {
+                            tracing::warn!(target: "hook", hook = %hook, "{suppressed} output lines not logged (more than {LOG_LINES_PER_SEC}/s)");
+                        }
+                        window = Instant::now();
+                        in_window = 0;
+                        suppressed = 0;
+                    }
+                    in_window += 1;
+                    if in_window > LOG_LINES_PER_SEC {
+                        suppressed += 1;
+                        continue;
+                    }
+                    let text = String::from_utf8_lossy(&line);
+                    let text = text.trim_end();
+                    if cut {
+                        tracing::info!(target: "hook", hook = %hook, "{text} [line cut at {MAX_LOG_LINE} bytes]");
+                    } else {
+                        tracing::info!(target: "hook", hook = %hook, "{text}");
+                    }
+                }
+            }
+        }
+        if suppressed > 0 {
+            tracing::warn!(target: "hook", hook = %hook, "{suppressed} output lines not logged (more than {LOG_LINES_PER_SEC}/s)");
+        }
+    })
+}
+
+/// Reads one `\n`-terminated line into `buf`, keeping at most `max` bytes of it (the rest of the
+/// line is consumed and discarded). Returns `None` at EOF, else whether the line was cut.
+pub async fn read_line_limited<R>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>>
+where
+    R: AsyncBufRead + Unpin,
+{
+    let mut cut = false;
+    let mut any = false;
+    loop {
+        let chunk = reader.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(any.then_some(cut));
+        }
+        any = true;
+        let (take, done) = match memchr_newline(chunk) {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = max.saturating_sub(buf.len());
+        if room < take {
+            cut = true;
+        }
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        reader.consume(take);
+        if done {
+            return Ok(Some(cut));
+        }
+    }
+}
+
+fn memchr_newline(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+/// Describes how a child ended, for error messages ("exit code 3", "killed by signal 9").
+pub fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}{}", signal_name(s)),
+        _ => "unknown exit status".into(),
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        libc::SIGINT => " (SIGINT)",
+        _ => "",
+    }
+}

@@ -1,0 +1,652 @@
+//! The host: owns the registry snapshot, loads and reloads hooks, and is the API that the CLI,
+//! the HTTP server and the tests drive (`emit`, `emit_collect`, `reload`, `shutdown`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use thiserror::Error;
+use tokio::sync::oneshot;
+
+use crate::discovery::{HookSpec, SkipCode, Skipped, discover};
+use crate::dispatch::{CallOutcome, Job, LoadedHook};
+use crate::events::{EventNameError, validate_event_name};
+use crate::handler::{self, HandlerContext};
+use crate::registry::Registry;
+
+/// Settings of a host.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Hook roots, earlier ones win name clashes.
+    pub roots: Vec<PathBuf>,
+    /// `HERMES_HOME`, passed to handlers.
+    pub hermes_home: PathBuf,
+    /// Default Python interpreter for handler.py.
+    pub python: String,
+    /// Where the Python runner is written.
+    pub runtime_dir: PathBuf,
+}
+
+impl HostConfig {
+    /// Settings from the environment: `HERMES_HOME` (default `~/.hermes`); `roots` or, when empty,
+    /// `$HERMES_HOME/hooks`; `HERMES_HOOKS_PYTHON` or `python3`.
+    pub fn from_env(roots: Vec<PathBuf>) -> Self {
+        let hermes_home = hermes_home();
+        let roots = if roots.is_empty() {
+            vec![hermes_home.join("hooks")]
+        } else {
+            roots
+        };
+        // Absolute paths: handlers run with the hook directory as working directory.
+        let roots = roots
+            .into_iter()
+            .map(|r| std::path::absolute(&r).unwrap_or(r))
+            .collect();
+        let hermes_home = std::path::absolute(&hermes_home).unwrap_or(hermes_home);
+        let python = std::env::var("HERMES_HOOKS_PYTHON")
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "python3".to_string());
+        let runtime_dir = hermes_home.join("cache").join("hermes-hooks");
+        Self {
+            roots,
+            hermes_home,
+            python,
+            runtime_dir,
+        }
+    }
+}
+
+/// `$HERMES_HOME`, defaulting to `~/.hermes`.
+pub fn hermes_home() -> PathBuf {
+    match std::env::var_os("HERMES_HOME").filter(|v| !v.is_empty()) {
+        Some(h) => PathBuf::from(h),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".hermes"),
+    }
+}
+
+/// Why an event was refused.
+#[derive(Debug, Error)]
+pub enum EmitError {
+    /// The event name is invalid.
+    #[error(transparent)]
+    InvalidEvent(#[from] EventNameError),
+    /// The context is not a JSON object.
+    #[error("context must be a JSON object, got {0}")]
+    ContextNotObject(&'static str),
+    /// The host is shutting down.
+    #[error("the host is shutting down and accepts no new events")]
+    ShuttingDown,
+}
+
+/// One hook's part in an `emit_collect`.
+#[derive(Debug, Clone)]
+pub struct HookOutcome {
+    /// Hook name.
+    pub hook: String,
+    /// Its result (`None` when it returned nothing) or its error.
+    pub result: Result<Option<Value>, String>,
+    /// Time in the handler, when it ran.
+    pub duration: Option<Duration>,
+}
+
+/// Outcome of a load or reload.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoadReport {
+    /// Names of loaded hooks, in discovery order.
+    pub loaded: Vec<String>,
+    /// Hooks started by this load (new or changed).
+    pub started: Vec<String>,
+    /// Hooks stopped by this load (removed, or disabled).
+    pub stopped: Vec<String>,
+    /// Directories that did not load.
+    pub skipped: Vec<Skipped>,
+    /// Registry generation after the load.
+    pub generation: u64,
+}
+
+impl LoadReport {
+    /// True when any directory has a problem (deliberately disabled hooks are not problems).
+    pub fn has_problems(&self) -> bool {
+        self.skipped.iter().any(Skipped::is_problem)
+    }
+}
+
+/// What a shutdown left behind.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ShutdownReport {
+    /// Events still queued when the drain deadline passed, per hook.
+    pub undelivered: Vec<(String, usize)>,
+    /// Time the drain took.
+    pub drain_ms: u64,
+}
+
+/// A hook as shown by `/v1/hooks` and `list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HookInfo {
+    /// Hook name.
+    pub name: String,
+    /// `description:`.
+    pub description: String,
+    /// `events:` patterns.
+    pub events: Vec<String>,
+    /// Handler kind.
+    pub kind: &'static str,
+    /// Hook directory.
+    pub path: PathBuf,
+    /// Handler file or URL.
+    pub handler: String,
+    /// Root the hook came from.
+    pub root: PathBuf,
+    /// Worker state.
+    pub status: &'static str,
+    /// Timeout per invocation, seconds.
+    pub timeout_s: f64,
+    /// Queue state.
+    pub queue: QueueInfo,
+    /// Counters.
+    pub counters: Counters,
+    /// Last error, if any.
+    pub last_error: Option<LastError>,
+    /// Warnings from HOOK.yaml.
+    pub warnings: Vec<String>,
+}
+
+/// Queue part of [`HookInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueInfo {
+    /// Events waiting.
+    pub depth: usize,
+    /// Bound.
+    pub capacity: usize,
+    /// Policy.
+    pub overflow: &'static str,
+}
+
+/// Counter part of [`HookInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Counters {
+    /// Events accepted.
+    pub queued: u64,
+    /// Successful invocations.
+    pub ok: u64,
+    /// Failed invocations.
+    pub failed: u64,
+    /// Timed-out invocations.
+    pub timeouts: u64,
+    /// Dropped by the overflow policy.
+    pub dropped: u64,
+    /// Worker restarts.
+    pub restarts: u64,
+}
+
+/// Last error part of [`HookInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct LastError {
+    /// RFC 3339 time.
+    pub time: String,
+    /// Message.
+    pub message: String,
+}
+
+impl HookInfo {
+    fn of(h: &LoadedHook) -> Self {
+        let s = &h.stats;
+        let spec = &h.spec;
+        Self {
+            name: spec.name.clone(),
+            description: spec.manifest.description.clone(),
+            events: spec.manifest.events.clone(),
+            kind: spec.kind.as_str(),
+            path: spec.dir.clone(),
+            handler: match (&spec.handler_path, &spec.manifest.url) {
+                (Some(p), _) => p.display().to_string(),
+                (None, Some(u)) => u.clone(),
+                _ => String::new(),
+            },
+            root: spec.root.clone(),
+            status: s.status().as_str(),
+            timeout_s: spec.manifest.timeout.as_secs_f64(),
+            queue: QueueInfo {
+                depth: h.queue.len(),
+                capacity: h.queue.capacity(),
+                overflow: h.queue.overflow().as_str(),
+            },
+            counters: Counters {
+                queued: s.queued.load(Ordering::Relaxed),
+                ok: s.ok.load(Ordering::Relaxed),
+                failed: s.failed.load(Ordering::Relaxed),
+                timeouts: s.timeouts.load(Ordering::Relaxed),
+                dropped: s.dropped.load(Ordering::Relaxed),
+                restarts: s.restarts.load(Ordering::Relaxed),
+            },
+            last_error: s.last_error().map(|(t, m)| LastError {
+                time: crate::time::rfc3339(t),
+                message: m,
+            }),
+            warnings: spec.manifest.warnings.clone(),
+        }
+    }
+}
+
+struct Inner {
+    config: HostConfig,
+    registry: ArcSwap<Registry>,
+    /// Serialises reloads; emit never takes it.
+    reload_lock: tokio::sync::Mutex<()>,
+    /// Set by shutdown: new events are refused.
+    draining: AtomicBool,
+    /// Set after the first load.
+    ready: AtomicBool,
+    /// Events accepted by emit/emit_collect.
+    events_received: AtomicU64,
+    /// Completed reloads (not counting the first load).
+    reloads: AtomicU64,
+}
+
+/// The hook host. Cheap to clone; all clones share one registry.
+#[derive(Clone)]
+pub struct Host {
+    inner: Arc<Inner>,
+}
+
+/// Normalises a context: `null` becomes `{}`, anything but an object is refused.
+pub fn normalize_context(context: Value) -> Result<Value, EmitError> {
+    match context {
+        Value::Null => Ok(Value::Object(Map::new())),
+        Value::Object(_) => Ok(context),
+        Value::Array(_) => Err(EmitError::ContextNotObject("a list")),
+        Value::String(_) => Err(EmitError::ContextNotObject("a string")),
+        Value::Number(_) => Err(EmitError::ContextNotObject("a number")),
+        Value::Bool(_) => Err(EmitError::ContextNotObject("a boolean")),
+    }
+}
+
+impl Host {
+    /// A host with no hooks loaded yet; call [`Host::reload`] to load.
+    pub fn new(config: HostConfig) -> Self {
+        let registry = Registry {
+            roots: config.roots.clone(),
+            ..Registry::default()
+        };
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                registry: ArcSwap::from_pointee(registry),
+                reload_lock: tokio::sync::Mutex::new(()),
+                draining: AtomicBool::new(false),
+                ready: AtomicBool::new(false),
+                events_received: AtomicU64::new(0),
+                reloads: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Creates a host and loads its hooks.
+    pub async fn start(config: HostConfig) -> (Self, LoadReport) {
+        let host = Self::new(config);
+        let report = host.reload().await;
+        (host, report)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &HostConfig {
+        &self.inner.config
+    }
+
+    /// True once the first load has finished.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    /// True once shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Relaxed)
+    }
+
+    /// Events accepted so far.
+    pub fn events_received(&self) -> u64 {
+        self.inner.events_received.load(Ordering::Relaxed)
+    }
+
+    /// Reloads done so far.
+    pub fn reloads(&self) -> u64 {
+        self.inner.reloads.load(Ordering::Relaxed)
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Registry> {
+        self.inner.registry.load_full()
+    }
+
+    /// Loaded hooks, for display.
+    pub fn hooks(&self) -> Vec<HookInfo> {
+        self.snapshot()
+            .hooks
+            .iter()
+            .map(|h| HookInfo::of(h))
+            .collect()
+    }
+
+    /// One loaded hook, for display.
+    pub fn hook(&self, name: &str) -> Option<HookInfo> {
+        self.snapshot().get(name).map(|h| HookInfo::of(h))
+    }
+
+    /// Directories that did not load at the last (re)load.
+    pub fn skipped(&self) -> Vec<Skipped> {
+        self.snapshot().skipped.clone()
+    }
+
+    /// Queues `event` to every matching hook and returns how many. Never waits for a handler.
+    pub fn emit(&self, event: &str, context: Value) -> Result<usize, EmitError> {
+        validate_event_name(event)?;
+        let context = normalize_context(context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let reg = self.inner.registry.load();
+        let matching = reg.matching(event);
+        if matching.is_empty() {
+            return Ok(0);
+        }
+        let event: Arc<str> = Arc::from(event);
+        let context = Arc::new(context);
+        let mut queued = 0;
+        for hook in matching {
+            let job = Job {
+                event: event.clone(),
+                context: context.clone(),
+                reply: None,
+            };
+            if hook.enqueue(job) {
+                queued += 1;
+            }
+        }
+        Ok(queued)
+    }
+
+    /// Runs the matching handlers and waits for their outcomes until `timeout` has passed.
+    /// Outcomes come in match order; a hook that has not answered by then gets an error entry.
+    pub async fn emit_collect(
+        &self,
+        event: &str,
+        context: Value,
+        timeout: Duration,
+    ) -> Result<Vec<HookOutcome>, EmitError> {
+        self.emit_collect_only(event, context, timeout, None).await
+    }
+
+    /// [`Host::emit_collect`] restricted to the hook named `only`, when given (`test --hook`).
+    pub async fn emit_collect_only(
+        &self,
+        event: &str,
+        context: Value,
+        timeout: Duration,
+        only: Option<&str>,
+    ) -> Result<Vec<HookOutcome>, EmitError> {
+        validate_event_name(event)?;
+        let context = normalize_context(context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let waiting: Vec<(String, oneshot::Receiver<CallOutcome>)> = {
+            let reg = self.inner.registry.load();
+            let event: Arc<str> = Arc::from(event);
+            let context = Arc::new(context);
+            reg.matching(&event)
+                .into_iter()
+                .filter(|hook| only.is_none_or(|o| o == hook.spec.name))
+                .map(|hook| {
+                    let (tx, rx) = oneshot::channel();
+                    let job = Job {
+                        event: event.clone(),
+                        context: context.clone(),
+                        reply: Some(tx),
+                    };
+                    hook.enqueue(job);
+                    (hook.spec.name.clone(), rx)
+                })
+                .collect()
+        };
+        let mut out = Vec::with_capacity(waiting.len());
+        for (hook, rx) in waiting {
+            let outcome = match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(o)) => HookOutcome {
+                    hook,
+                    duration: (!o.duration.is_zero()).then_some(o.duration),
+                    result: o.result,
+                },
+                Ok(Err(_)) => HookOutcome {
+                    hook,
+                    result: Err("the hook stopped before handling the event".into()),
+                    duration: None,
+                },
+                Err(_) => HookOutcome {
+                    hook,
+                    result: Err(format!(
+                        "no result within the deadline of {}",
+                        crate::dispatch::fmt_duration(timeout)
+                    )),
+                    duration: None,
+                },
+            };
+            out.push(outcome);
+        }
+        Ok(out)
+    }
+
+    /// Rescans the roots and applies the difference: unchanged hooks keep their worker, queue and
+    /// state; new hooks start; changed hooks get a new worker that takes over the same queue;
+    /// removed hooks stop after their queue drains. A hook whose new version fails to load keeps
+    /// its last good version running. Emit is never blocked: the new snapshot is swapped in.
+    pub async fn reload(&self) -> LoadReport {
+        let _guard = self.inner.reload_lock.lock().await;
+        let roots = self.inner.config.roots.clone();
+        let discovery = match tokio::task::spawn_blocking(move || discover(&roots)).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!("hook discovery failed: {e}");
+                return LoadReport::default();
+            }
+        };
+        let old = self.inner.registry.load_full();
+        let old_by_name: HashMap<&str, &Arc<LoadedHook>> = old
+            .hooks
+            .iter()
+            .map(|h| (h.spec.name.as_str(), h))
+            .collect();
+
+        let mut kept: Vec<Arc<LoadedHook>> = Vec::new();
+        let mut to_start: Vec<(HookSpec, Option<Arc<LoadedHook>>)> = Vec::new();
+        for spec in discovery.hooks {
+            match old_by_name.get(spec.name.as_str()) {
+                Some(prev)
+                    if prev.spec.dir == spec.dir && prev.spec.fingerprint == spec.fingerprint =>
+                {
+                    kept.push((*prev).clone());
+                }
+                Some(prev) if prev.spec.dir == spec.dir => {
+                    to_start.push((spec, Some((*prev).clone())))
+                }
+                _ => to_start.push((spec, None)),
+            }
+        }
+        let mut skipped = discovery.skipped;
+
+        // Start new and changed hooks concurrently (Python workers import in parallel).
+        let mut set = tokio::task::JoinSet::new();
+        for (i, (spec, _)) in to_start.iter().enumerate() {
+            let ctx = HandlerContext::new(
+                spec,
+                &self.inner.config.hermes_home,
+                &self.inner.config.python,
+                self.inner.config.runtime_dir.clone(),
+            );
+            let kind = spec.kind;
+            set.spawn(async move { (i, handler::start(kind, ctx).await) });
+        }
+        let mut started: Vec<Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>> =
+            (0..to_start.len()).map(|_| None).collect();
+        while let Some(res) = set.join_next().await {
+            match res {
+                Ok((i, r)) => started[i] = Some(r),
+                Err(e) => tracing::error!("starting a handler panicked: {e}"),
+            }
+        }
+
+        let mut report = LoadReport::default();
+        let mut new_hooks: Vec<Arc<LoadedHook>> = kept;
+        for ((spec, prev), result) in to_start.into_iter().zip(started) {
+            let result = result.unwrap_or_else(|| {
+                Err(handler::HandlerError::Load(
+                    "handler start was interrupted".into(),
+                ))
+            });
+            match result {
+                Ok(h) => {
+                    let hook = match &prev {
+                        Some(p) => LoadedHook::successor(spec, p),
+                        None => LoadedHook::new(spec),
+                    };
+                    for w in &hook.spec.manifest.warnings {
+                        tracing::warn!(hook = %hook.spec.name, file = %hook.spec.manifest_path.display(), "{w}");
+                    }
+                    hook.start_worker(h, prev.clone());
+                    report.started.push(hook.spec.name.clone());
+                    new_hooks.push(hook);
+                }
+                Err(e) => {
+                    let file = spec
+                        .handler_path
+                        .clone()
+                        .unwrap_or_else(|| spec.manifest_path.clone());
+                    let mut reason = e.to_string();
+                    if let Some(p) = &prev {
+                        reason.push_str(" (the previous version keeps running)");
+                        p.stats.set_last_error(format!("reload failed: {e}"));
+                        new_hooks.push(p.clone());
+                    }
+                    skipped.push(Skipped {
+                        dir: spec.dir.clone(),
+                        name: spec.name.clone(),
+                        file,
+                        code: SkipCode::LoadFailed,
+                        reason,
+                    });
+                }
+            }
+        }
+        // A loaded hook whose directory now fails discovery keeps running (last good version),
+        // unless it was deliberately disabled or removed.
+        for s in skipped.iter_mut() {
+            if matches!(
+                s.code,
+                SkipCode::Disabled | SkipCode::Shadowed | SkipCode::LoadFailed
+            ) {
+                continue;
+            }
+            if let Some(prev) = old.hooks.iter().find(|h| h.spec.dir == s.dir)
+                && !new_hooks.iter().any(|h| h.spec.name == prev.spec.name)
+            {
+                prev.stats
+                    .set_last_error(format!("reload failed: {}", s.reason));
+                s.reason.push_str(" (the previous version keeps running)");
+                new_hooks.push(prev.clone());
+            }
+        }
+        let root_pos = |p: &Path| {
+            self.inner
+                .config
+                .roots
+                .iter()
+                .position(|r| r == p)
+                .unwrap_or(usize::MAX)
+        };
+        new_hooks.sort_by(|a, b| {
+            (root_pos(&a.spec.root), &a.spec.dir).cmp(&(root_pos(&b.spec.root), &b.spec.dir))
+        });
+
+        let generation = old.generation + 1;
+        let registry = Registry {
+            hooks: new_hooks,
+            skipped: skipped.clone(),
+            roots: self.inner.config.roots.clone(),
+            generation,
+        };
+        report.loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
+        self.inner.registry.store(Arc::new(registry));
+
+        // Retire what the new snapshot no longer holds.
+        let current = self.snapshot();
+        for h in &old.hooks {
+            if current.hooks.iter().any(|n| Arc::ptr_eq(n, h)) {
+                continue;
+            }
+            if current
+                .hooks
+                .iter()
+                .any(|n| Arc::ptr_eq(&n.queue, &h.queue))
+            {
+                h.supersede();
+            } else {
+                h.close();
+                report.stopped.push(h.spec.name.clone());
+            }
+        }
+        for s in &skipped {
+            if s.is_problem() {
+                tracing::warn!(hook = %s.name, file = %s.file.display(), "not loaded: {}", s.reason);
+            } else {
+                tracing::info!(hook = %s.name, file = %s.file.display(), "not loaded: {}", s.reason);
+            }
+        }
+        if self.inner.ready.swap(true, Ordering::Relaxed) {
+            self.inner.reloads.fetch_add(1, Ordering::Relaxed);
+        }
+        report.skipped = skipped;
+        report.generation = generation;
+        report
+    }
+
+    /// Stops accepting events, lets every worker drain its queue for up to `drain`, then stops
+    /// the rest and reports what was left undelivered.
+    pub async fn shutdown(&self, drain: Duration) -> ShutdownReport {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        let _guard = self.inner.reload_lock.lock().await;
+        let started = Instant::now();
+        let reg = self.snapshot();
+        for h in &reg.hooks {
+            h.close();
+        }
+        let all = async {
+            for h in &reg.hooks {
+                h.finished().await;
+            }
+        };
+        let _ = tokio::time::timeout(drain, all).await;
+        let mut report = ShutdownReport::default();
+        for h in &reg.hooks {
+            let left = h.abort();
+            if left > 0 {
+                tracing::warn!(hook = %h.spec.name, "{left} event(s) undelivered at shutdown");
+                report.undelivered.push((h.spec.name.clone(), left));
+            }
+        }
+        // Handlers that were still running were dropped by abort; give their processes a moment
+        // to be reaped.
+        report.drain_ms = started.elapsed().as_millis() as u64;
+        report
+    }
+}

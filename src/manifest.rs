@@ -1,0 +1,347 @@
+//! HOOK.yaml: the schema, its defaults and its validation.
+//!
+//! Parsing is two passes over the same text: a generic one (syntax errors with their line, "not a
+//! mapping", unknown keys, which are warned about) and a typed one (type errors with their line).
+//! Semantic checks (events present, timeout range, queue size) follow. Nothing here touches the
+//! file system; [`crate::discovery`] reads the file and resolves the handler.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Default seconds per handler invocation.
+pub const DEFAULT_TIMEOUT_SECS: f64 = 30.0;
+/// Largest accepted `timeout`.
+pub const MAX_TIMEOUT_SECS: f64 = 300.0;
+/// Default per-hook queue capacity.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+/// Largest accepted queue capacity.
+pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
+
+const KNOWN_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "events",
+    "enabled",
+    "handler",
+    "timeout",
+    "queue",
+    "python",
+    "env",
+    "requires",
+    "url",
+    "secret_env",
+];
+
+/// What a full queue does with a new event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    /// Drop the oldest queued event to make room (the default: fresh events matter more).
+    DropOldest,
+    /// Refuse the new event.
+    DropNewest,
+}
+
+impl Overflow {
+    /// The name used in HOOK.yaml.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::DropOldest => "drop_oldest",
+            Overflow::DropNewest => "drop_newest",
+        }
+    }
+}
+
+/// `requires:` - conditions that must hold for the hook to load.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Requires {
+    /// Programs that must be on `PATH`.
+    #[serde(default)]
+    pub bins: Vec<String>,
+    /// Environment variables that must be set and non-empty.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Operating systems the hook runs on (`linux`, `macos`/`darwin`, `windows`).
+    #[serde(default)]
+    pub os: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    capacity: Option<i64>,
+    overflow: Option<Overflow>,
+}
+
+/// The typed view of HOOK.yaml; every field optional so that missing ones get clear messages.
+#[derive(Debug, Default, Deserialize)]
+struct RawManifest {
+    name: Option<String>,
+    description: Option<String>,
+    events: Option<Vec<String>>,
+    enabled: Option<bool>,
+    handler: Option<String>,
+    timeout: Option<f64>,
+    queue: Option<RawQueue>,
+    python: Option<String>,
+    env: Option<BTreeMap<String, serde_json::Value>>,
+    requires: Option<Requires>,
+    url: Option<String>,
+    secret_env: Option<String>,
+}
+
+/// A validated HOOK.yaml with defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// `name:`; `None` means "use the directory name".
+    pub name: Option<String>,
+    /// `description:`, empty when absent.
+    pub description: String,
+    /// `events:` patterns, at least one.
+    pub events: Vec<String>,
+    /// `enabled:`; a disabled hook is skipped and reported as disabled.
+    pub enabled: bool,
+    /// `handler:` as written (relative to the hook directory).
+    pub handler: Option<String>,
+    /// Time allowed per invocation.
+    pub timeout: Duration,
+    /// Bound of the hook's queue.
+    pub queue_capacity: usize,
+    /// What a full queue does.
+    pub overflow: Overflow,
+    /// Interpreter for handler.py.
+    pub python: Option<String>,
+    /// Extra environment for the handler process.
+    pub env: BTreeMap<String, String>,
+    /// Load conditions.
+    pub requires: Requires,
+    /// Webhook URL (webhook kind).
+    pub url: Option<String>,
+    /// Environment variable holding the webhook HMAC secret.
+    pub secret_env: Option<String>,
+    /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
+    pub warnings: Vec<String>,
+}
+
+/// Why a HOOK.yaml was refused.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum ManifestError {
+    /// Not valid YAML, or a field of the wrong type; the message names line and column.
+    #[error("YAML error: {0}")]
+    Yaml(String),
+    /// The document is not a mapping of keys to values.
+    #[error("not a mapping: the file holds {0}, expected `key: value` lines (name, events, ...)")]
+    NotMapping(&'static str),
+    /// `events:` missing or empty.
+    #[error("no events: `events:` must be a non-empty list of patterns such as [\"agent:start\"]")]
+    NoEvents,
+    /// A field has a value outside what it accepts.
+    #[error("`{field}`: {reason}")]
+    BadField {
+        /// The HOOK.yaml key.
+        field: &'static str,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+}
+
+/// First line of a serde-saphyr error (it appends a source snippet we do not want in one-line
+/// reports).
+fn first_line(e: impl std::fmt::Display) -> String {
+    let s = e.to_string();
+    let line = s.lines().next().unwrap_or("").trim();
+    line.strip_prefix("error: ").unwrap_or(line).to_string()
+}
+
+fn describe(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "nothing (the file is empty)",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a single string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a mapping",
+    }
+}
+
+/// Parses and validates the text of a HOOK.yaml.
+pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
+    let generic: serde_json::Value =
+        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(first_line(e)))?;
+    let map = match &generic {
+        serde_json::Value::Object(m) => m,
+        other => return Err(ManifestError::NotMapping(describe(other))),
+    };
+    let mut warnings = Vec::new();
+    for key in map.keys() {
+        if !KNOWN_KEYS.contains(&key.as_str()) {
+            warnings.push(format!(
+                "unknown key `{key}` ignored (known keys: {})",
+                KNOWN_KEYS.join(", ")
+            ));
+        }
+    }
+    let raw: RawManifest =
+        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(first_line(e)))?;
+
+    let events = raw.events.unwrap_or_default();
+    if events.is_empty() {
+        return Err(ManifestError::NoEvents);
+    }
+    if let Some(name) = &raw.name {
+        validate_name(name).map_err(|reason| ManifestError::BadField {
+            field: "name",
+            reason,
+        })?;
+    }
+    let timeout = raw.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_SECS) {
+        return Err(ManifestError::BadField {
+            field: "timeout",
+            reason: format!("{timeout} is out of range: give seconds, more than 0 and at most 300"),
+        });
+    }
+    let queue = raw.queue.unwrap_or_default();
+    let capacity = queue.capacity.unwrap_or(DEFAULT_QUEUE_CAPACITY as i64);
+    if capacity < 1 || capacity > MAX_QUEUE_CAPACITY as i64 {
+        return Err(ManifestError::BadField {
+            field: "queue",
+            reason: format!("capacity {capacity} is out of range 1..={MAX_QUEUE_CAPACITY}"),
+        });
+    }
+    let mut env = BTreeMap::new();
+    for (k, v) in raw.env.unwrap_or_default() {
+        let value = match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            serde_json::Value::Null => String::new(),
+            _ => {
+                return Err(ManifestError::BadField {
+                    field: "env",
+                    reason: format!("value of {k} must be a string, number or boolean"),
+                });
+            }
+        };
+        if k.is_empty() || k.contains(['=', '\0']) {
+            return Err(ManifestError::BadField {
+                field: "env",
+                reason: format!("{k:?} is not a valid environment variable name"),
+            });
+        }
+        env.insert(k, value);
+    }
+    if let Some(h) = &raw.handler
+        && h.trim().is_empty()
+    {
+        return Err(ManifestError::BadField {
+            field: "handler",
+            reason: "is empty".into(),
+        });
+    }
+    if raw.handler.is_some() && raw.url.is_some() {
+        return Err(ManifestError::BadField {
+            field: "url",
+            reason: "a hook has either `handler:` or `url:`, not both".into(),
+        });
+    }
+    Ok(Manifest {
+        name: raw.name,
+        description: raw.description.unwrap_or_default(),
+        events,
+        enabled: raw.enabled.unwrap_or(true),
+        handler: raw.handler,
+        timeout: Duration::from_secs_f64(timeout),
+        queue_capacity: capacity as usize,
+        overflow: queue.overflow.unwrap_or(Overflow::DropOldest),
+        python: raw.python,
+        env,
+        requires: raw.requires.unwrap_or_default(),
+        url: raw.url,
+        secret_env: raw.secret_env,
+        warnings,
+    })
+}
+
+/// A hook name must be usable in URLs, log lines and Python module names.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".into());
+    }
+    if name.len() > 128 {
+        return Err("is longer than 128 bytes".into());
+    }
+    if name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == '\\')
+    {
+        return Err(format!(
+            "{name:?} contains whitespace, a control character or a slash"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_manifest() {
+        let m = parse_manifest(
+            "name: x\ndescription: d\nevents: [\"command:*\", agent:end]\nenabled: false\n\
+             handler: run.py\ntimeout: 2.5\nqueue: {capacity: 8, overflow: drop_newest}\n\
+             python: /usr/bin/python3\nenv: {A: 1, B: b}\nrequires: {bins: [sh], env: [HOME], os: [linux]}\n",
+        )
+        .unwrap();
+        assert_eq!(m.name.as_deref(), Some("x"));
+        assert_eq!(m.events, vec!["command:*", "agent:end"]);
+        assert!(!m.enabled);
+        assert_eq!(m.timeout, Duration::from_millis(2500));
+        assert_eq!(m.queue_capacity, 8);
+        assert_eq!(m.overflow, Overflow::DropNewest);
+        assert_eq!(m.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(m.requires.bins, vec!["sh"]);
+        assert!(m.warnings.is_empty());
+    }
+
+    #[test]
+    fn errors_are_specific() {
+        match parse_manifest("events: [x\n") {
+            Err(ManifestError::Yaml(m)) => assert!(m.contains("line 1"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse_manifest("- a\n"),
+            Err(ManifestError::NotMapping("a list"))
+        );
+        assert!(matches!(
+            parse_manifest(""),
+            Err(ManifestError::NotMapping(_))
+        ));
+        assert_eq!(parse_manifest("name: x\n"), Err(ManifestError::NoEvents));
+        assert_eq!(parse_manifest("events: []\n"), Err(ManifestError::NoEvents));
+        assert!(matches!(
+            parse_manifest("events: [a]\ntimeout: 301\n"),
+            Err(ManifestError::BadField {
+                field: "timeout",
+                ..
+            })
+        ));
+        match parse_manifest("events: 5\n") {
+            Err(ManifestError::Yaml(m)) => assert!(m.contains("line 1"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_keys_warn() {
+        let m = parse_manifest("events: [a]\nevnts: [b]\n").unwrap();
+        assert_eq!(m.warnings.len(), 1);
+        assert!(m.warnings[0].contains("evnts"));
+    }
+}

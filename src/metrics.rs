@@ -1,0 +1,107 @@
+//! Prometheus text exposition of the host's counters; every metric is named `hermes_hooks_*`.
+//! Rendered on request from the counters the dispatcher keeps, so there is no second source of
+//! truth.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use crate::host::Host;
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The exposition text.
+pub fn render(host: &Host) -> String {
+    let reg = host.snapshot();
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
+        let _ = writeln!(out, "# HELP hermes_hooks_{name} {help}");
+        let _ = writeln!(out, "# TYPE hermes_hooks_{name} {kind}");
+        for (labels, v) in rows {
+            let _ = writeln!(out, "hermes_hooks_{name}{labels} {v}");
+        }
+    };
+    family(
+        "events_received_total",
+        "counter",
+        "Events accepted by emit and collect.",
+        vec![(String::new(), host.events_received() as f64)],
+    );
+    family(
+        "reloads_total",
+        "counter",
+        "Reloads of the hook set after the first load.",
+        vec![(String::new(), host.reloads() as f64)],
+    );
+    family(
+        "hooks_loaded",
+        "gauge",
+        "Hooks loaded.",
+        vec![(String::new(), reg.hooks.len() as f64)],
+    );
+    family(
+        "hooks_skipped",
+        "gauge",
+        "Hook directories that did not load.",
+        vec![(String::new(), reg.skipped.len() as f64)],
+    );
+    let per_hook = |f: &dyn Fn(&crate::dispatch::LoadedHook) -> f64| -> Vec<(String, f64)> {
+        reg.hooks
+            .iter()
+            .map(|h| (format!("{{hook=\"{}\"}}", escape(&h.spec.name)), f(h)))
+            .collect()
+    };
+    family(
+        "dispatched_total",
+        "counter",
+        "Events queued to a hook.",
+        per_hook(&|h| h.stats.queued.load(Ordering::Relaxed) as f64),
+    );
+    family(
+        "handler_ok_total",
+        "counter",
+        "Invocations that succeeded.",
+        per_hook(&|h| h.stats.ok.load(Ordering::Relaxed) as f64),
+    );
+    family(
+        "handler_errors_total",
+        "counter",
+        "Invocations that failed (errors, crashes, timeouts).",
+        per_hook(&|h| h.stats.failed.load(Ordering::Relaxed) as f64),
+    );
+    family(
+        "handler_timeouts_total",
+        "counter",
+        "Invocations that exceeded the hook's timeout.",
+        per_hook(&|h| h.stats.timeouts.load(Ordering::Relaxed) as f64),
+    );
+    family(
+        "dropped_total",
+        "counter",
+        "Events dropped by a full queue.",
+        per_hook(&|h| h.stats.dropped.load(Ordering::Relaxed) as f64),
+    );
+    family(
+        "worker_restarts_total",
+        "counter",
+        "Worker process restarts.",
+        per_hook(&|h| h.stats.restarts.load(Ordering::Relaxed) as f64),
+    );
+    family(
+        "handler_seconds_total",
+        "counter",
+        "Time spent in handlers.",
+        per_hook(&|h| h.stats.busy_us.load(Ordering::Relaxed) as f64 / 1e6),
+    );
+    family(
+        "queue_depth",
+        "gauge",
+        "Events waiting in a hook's queue.",
+        per_hook(&|h| h.queue.len() as f64),
+    );
+    out
+}

@@ -1,0 +1,486 @@
+//! The HTTP API (axum): a thin layer that parses requests, calls [`Host`], and turns every
+//! failure into a JSON error `{"error": {"code", "message"}}` with the status codes of the design.
+//! Nothing a client sends can panic the service: bodies are read with a limit and parsed by hand.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::host::{EmitError, Host};
+
+/// Largest single-event or collect body.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+/// Largest batch body.
+pub const BATCH_BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// Most events in one batch.
+pub const BATCH_MAX_EVENTS: usize = 10_000;
+/// Collect deadline when the request gives none.
+pub const DEFAULT_COLLECT_MS: u64 = 5_000;
+/// Longest collect deadline accepted.
+pub const MAX_COLLECT_MS: u64 = 300_000;
+
+/// Settings of the API.
+#[derive(Debug, Clone, Default)]
+pub struct ApiConfig {
+    /// When set, every request needs `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+#[derive(Clone)]
+struct AppState {
+    host: Host,
+    config: Arc<ApiConfig>,
+}
+
+/// An API error: status, machine code, human message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<EmitError> for ApiError {
+    fn from(e: EmitError) -> Self {
+        match e {
+            EmitError::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                e.to_string(),
+            ),
+            EmitError::InvalidEvent(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_event", e.to_string())
+            }
+            EmitError::ContextNotObject(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_context", e.to_string())
+            }
+        }
+    }
+}
+
+/// The router, without a listener: tests can drive it directly.
+pub fn app(host: Host, config: ApiConfig) -> Router {
+    let state = AppState {
+        host,
+        config: Arc::new(config),
+    };
+    Router::new()
+        .route("/v1/events", post(post_event))
+        .route("/v1/events/batch", post(post_batch))
+        .route("/v1/collect", post(post_collect))
+        .route("/v1/hooks", get(get_hooks))
+        .route("/v1/hooks/{name}", get(get_hook))
+        .route("/v1/reload", post(post_reload))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+pub async fn serve<L>(
+    listener: L,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn auth(
+    State(state): State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(token) = &state.config.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong token: send `Authorization: Bearer <token>` with the token from --token-file",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit on the first differing byte.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        let y = b.get(i % b.len().max(1)).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no route {} {}; see GET /v1/hooks, POST /v1/events, POST /v1/collect",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+/// Reads a JSON object body with a size limit; 415 for a non-JSON content type.
+async fn read_json(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "Content-Type {essence:?} is not JSON; send `Content-Type: application/json`"
+                ),
+            ));
+        }
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body is larger than the limit of {} bytes", limit),
+        )
+    })?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
+    match value {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::bad_request("body must be a JSON object")),
+    }
+}
+
+/// Pulls `event` (required string) and `context` (optional object) out of a request object.
+fn event_of(
+    obj: &mut serde_json::Map<String, Value>,
+    at: &str,
+) -> Result<(String, Value), ApiError> {
+    let event = match obj.remove("event") {
+        Some(Value::String(s)) => s,
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_event",
+                format!("{at}`event` must be a string such as \"agent:start\""),
+            ));
+        }
+        None => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_event",
+                format!("{at}missing `event` (a string such as \"agent:start\")"),
+            ));
+        }
+    };
+    crate::events::validate_event_name(&event)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_event", format!("{at}{e}")))?;
+    let context = obj.remove("context").unwrap_or(Value::Null);
+    let context = crate::host::normalize_context(context).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_context",
+            format!("{at}{e}"),
+        )
+    })?;
+    Ok((event, context))
+}
+
+async fn post_event(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
+    let (event, context) = event_of(&mut obj, "")?;
+    let queued = state.host.emit(&event, context)?;
+    Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": queued}))).into_response())
+}
+
+async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let mut obj = read_json(&parts.headers, body, BATCH_BODY_LIMIT).await?;
+    let events = match obj.remove("events") {
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`events` must be a list of {\"event\", \"context\"} objects",
+            ));
+        }
+        None => {
+            return Err(ApiError::bad_request(
+                "missing `events` (a list of {\"event\", \"context\"} objects)",
+            ));
+        }
+    };
+    if events.len() > BATCH_MAX_EVENTS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "{} events in one batch; the limit is {BATCH_MAX_EVENTS}",
+                events.len()
+            ),
+        ));
+    }
+    // Validate everything first: a bad batch is refused whole, so nothing is half-delivered.
+    let mut parsed = Vec::with_capacity(events.len());
+    for (i, item) in events.into_iter().enumerate() {
+        let at = format!("events[{i}]: ");
+        let Value::Object(mut o) = item else {
+            return Err(ApiError::bad_request(format!("{at}must be an object")));
+        };
+        parsed.push(event_of(&mut o, &at)?);
+    }
+    let mut queued = Vec::with_capacity(parsed.len());
+    for (event, context) in parsed {
+        queued.push(state.host.emit(&event, context)?);
+    }
+    Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": queued}))).into_response())
+}
+
+async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
+    let (event, context) = event_of(&mut obj, "")?;
+    let timeout_ms = match obj.remove("timeout_ms") {
+        None | Some(Value::Null) => DEFAULT_COLLECT_MS,
+        Some(v) => match v.as_u64() {
+            Some(ms) if (1..=MAX_COLLECT_MS).contains(&ms) => ms,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "`timeout_ms` must be an integer from 1 to {MAX_COLLECT_MS}"
+                )));
+            }
+        },
+    };
+    let outcomes = state
+        .host
+        .emit_collect(&event, context, Duration::from_millis(timeout_ms))
+        .await?;
+    let mut results = Vec::new();
+    let mut errors = Vec::new();
+    for o in outcomes {
+        match o.result {
+            Ok(Some(v)) => results.push(json!({"hook": o.hook, "result": v})),
+            Ok(None) => {}
+            Err(e) => errors.push(json!({"hook": o.hook, "error": e})),
+        }
+    }
+    Ok(axum::Json(json!({"results": results, "errors": errors})).into_response())
+}
+
+async fn get_hooks(State(state): State<AppState>) -> Response {
+    let hooks = state.host.hooks();
+    let skipped = state.host.skipped();
+    axum::Json(json!({"hooks": hooks, "skipped": skipped})).into_response()
+}
+
+async fn get_hook(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    match state.host.hook(&name) {
+        Some(h) => Ok(axum::Json(h).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no loaded hook named {name:?}"),
+        )),
+    }
+}
+
+async fn post_reload(State(state): State<AppState>) -> Result<Response, ApiError> {
+    if state.host.is_draining() {
+        return Err(EmitError::ShuttingDown.into());
+    }
+    let report = state.host.reload().await;
+    Ok(axum::Json(report).into_response())
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.host.is_draining() {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the host is shutting down",
+        )
+        .into_response()
+    } else if state.host.is_ready() {
+        axum::Json(json!({"status": "ready", "hooks": state.host.snapshot().hooks.len()}))
+            .into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "hooks are still loading",
+        )
+        .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = crate::metrics::render(&state.host);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Why the Unix socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// Another process answers on the socket.
+    #[error("another hermes-hooks is already running on {path}{pid}; stop it or pass --socket/--listen", pid = pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    InUse {
+        /// The socket path.
+        path: String,
+        /// The peer's pid, when the OS tells.
+        pid: Option<i32>,
+    },
+    /// An I/O error while preparing or binding the socket.
+    #[error("cannot {about} {path}: {source}")]
+    Io {
+        /// What was being done.
+        about: &'static str,
+        /// The socket path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Binds the Unix socket at `path` with mode 0600: a stale socket file left by a dead process is
+/// replaced; a socket some live process answers on is refused.
+pub fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, BindError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let shown = path.display().to_string();
+    let io = |about: &'static str| {
+        let shown = shown.clone();
+        move |source| BindError::Io {
+            about,
+            path: shown,
+            source,
+        }
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(BindError::Io {
+                about: "replace (it is not a socket)",
+                path: shown,
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(stream) => {
+                return Err(BindError::InUse {
+                    path: shown,
+                    pid: peer_pid(&stream),
+                });
+            }
+            Err(_) => std::fs::remove_file(path).map_err(io("remove the stale socket"))?,
+        }
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io("create the directory of"))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(io("bind"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("set mode 0600 on"))?;
+    Ok(listener)
+}
+
+fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: cred and len are valid for writes of the sizes given; the fd is open.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0 && cred.pid > 0).then_some(cred.pid)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = stream;
+        None
+    }
+}
