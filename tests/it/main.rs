@@ -1,0 +1,5 @@
+//! Integration tests: one target, areas as modules (real processes, files and sockets).
+
+mod util;
+
+mod core;

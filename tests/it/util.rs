@@ -1,0 +1,347 @@
+//! Test harness: temporary hook roots, the real binary serving on port 0, a small HTTP/1.1
+//! client over real sockets, and polling with deadlines (never sleeps as synchronisation).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Path of the binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_hermes-hooks")
+}
+
+/// Polls `f` until it returns `Some` or `timeout` passes; panics with `what` on timeout.
+pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Async flavour of [`poll`].
+pub async fn poll_async<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reads a JSON-lines file, ignoring a missing file.
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A temporary hook root plus a temporary HERMES_HOME.
+pub struct Hooks {
+    pub tmp: tempfile::TempDir,
+}
+
+impl Hooks {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(tmp.path().join("hooks")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("home")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("out")).unwrap();
+        Self { tmp }
+    }
+
+    /// The hook root.
+    pub fn root(&self) -> PathBuf {
+        self.tmp.path().join("hooks")
+    }
+
+    /// HERMES_HOME for the host under test.
+    pub fn home(&self) -> PathBuf {
+        self.tmp.path().join("home")
+    }
+
+    /// A directory where handlers write what they saw.
+    pub fn out(&self) -> PathBuf {
+        self.tmp.path().join("out")
+    }
+
+    /// Creates `root/name` with the given files (relative path, content).
+    pub fn add(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir = self.root().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, content) in files {
+            let p = dir.join(file);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).unwrap();
+            }
+            std::fs::write(&p, content).unwrap();
+        }
+        dir
+    }
+
+    /// A Python hook on `events` (YAML list body, e.g. `["agent:start"]`) with handler `code`.
+    pub fn python(&self, name: &str, events: &str, code: &str) -> PathBuf {
+        self.add(
+            name,
+            &[
+                ("HOOK.yaml", &format!("name: {name}\nevents: {events}\n")),
+                ("handler.py", code),
+            ],
+        )
+    }
+
+    /// A Python hook that appends `{"event", "context"}` to out/<name>.jsonl and returns `ret`
+    /// (a Python expression).
+    pub fn recorder(&self, name: &str, events: &str, ret: &str) -> PathBuf {
+        let out = self.out().join(format!("{name}.jsonl"));
+        let code = format!(
+            "import json\n\ndef handle(event, context):\n    with open({out:?}, 'a') as f:\n        f.write(json.dumps({{'event': event, 'context': context}}) + '\\n')\n    return {ret}\n",
+            out = out.display().to_string()
+        );
+        self.python(name, events, &code)
+    }
+
+    /// Lines recorded by [`Hooks::recorder`] hook `name`.
+    pub fn recorded(&self, name: &str) -> Vec<Value> {
+        read_jsonl(&self.out().join(format!("{name}.jsonl")))
+    }
+
+    /// An executable hook (`handler`, mode 0755) with `script` as its content.
+    pub fn exec(&self, name: &str, events: &str, script: &str) -> PathBuf {
+        let dir = self.add(
+            name,
+            &[
+                ("HOOK.yaml", &format!("name: {name}\nevents: {events}\n")),
+                ("handler", script),
+            ],
+        );
+        set_mode(&dir.join("handler"), 0o755);
+        dir
+    }
+}
+
+pub fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A host configuration for in-process tests.
+pub fn config(hooks: &Hooks) -> hermes_hooks::HostConfig {
+    hermes_hooks::HostConfig {
+        roots: vec![hooks.root()],
+        hermes_home: hooks.home(),
+        python: "python3".into(),
+        runtime_dir: hooks.home().join("cache"),
+    }
+}
+
+/// The binary running `serve` on 127.0.0.1:0; killed (and reaped) on drop.
+pub struct Serve {
+    pub child: Child,
+    pub addr: String,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+    pub stdout: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serve {
+    /// Starts `serve --listen 127.0.0.1:0` on `roots` with HERMES_HOME = hooks.home(), and
+    /// waits until it is ready.
+    pub fn start(hooks: &Hooks, extra: &[&str]) -> Self {
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--listen", "127.0.0.1:0"]);
+        cmd.args(extra);
+        Self::spawn(cmd, hooks)
+    }
+
+    /// Starts a prepared `serve` command.
+    pub fn spawn(mut cmd: Command, hooks: &Hooks) -> Self {
+        cmd.env("HERMES_HOME", hooks.home())
+            .env("HERMES_HOOKS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn hermes-hooks");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let err_pipe = child.stderr.take().unwrap();
+        let out_pipe = child.stdout.take().unwrap();
+        for (pipe, sink) in [
+            (Box::new(err_pipe) as Box<dyn Read + Send>, stderr.clone()),
+            (Box::new(out_pipe), stdout.clone()),
+        ] {
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines() {
+                    let Ok(line) = line else { break };
+                    sink.lock().unwrap().push(line);
+                }
+            });
+        }
+        let lines = stderr.clone();
+        let addr = poll(
+            Duration::from_secs(30),
+            "the listening address on stderr",
+            || {
+                lines.lock().unwrap().iter().find_map(|l| {
+                    l.split("listening on http://")
+                        .nth(1)
+                        .map(|a| a.split_whitespace().next().unwrap_or("").to_string())
+                })
+            },
+        );
+        let serve = Self {
+            child,
+            addr,
+            stderr,
+            stdout,
+        };
+        poll(Duration::from_secs(30), "readyz", || {
+            (serve.get("/readyz").0 == 200).then_some(())
+        });
+        serve
+    }
+
+    /// Everything the service logged so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let (s, _, b) = http(&self.addr, "GET", path, &[], b"");
+        (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let body = serde_json::to_vec(body).unwrap();
+        let (s, _, b) = http(
+            &self.addr,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            &body,
+        );
+        (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
+    /// Sends SIGTERM and waits for exit, returning the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first so the service stops its workers; then make sure.
+            self.terminate();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends a signal to a process.
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns status, headers (lower-case names)
+/// and body.
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_response(&raw)
+}
+
+/// Parses a raw HTTP/1.1 response (Content-Length, chunked, or to EOF).
+pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"))
+    {
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        while let Some(p) = rest.windows(2).position(|w| w == b"\r\n") {
+            let size =
+                usize::from_str_radix(String::from_utf8_lossy(&rest[..p]).trim(), 16).unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[p + 2..p + 2 + size]);
+            rest = &rest[p + 2 + size + 2..];
+        }
+        body = out;
+    }
+    (status, headers, body)
+}
