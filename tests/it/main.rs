@@ -2,4 +2,8 @@
 
 mod util;
 
+mod cli;
 mod core;
+mod exec;
+mod http;
+mod python;

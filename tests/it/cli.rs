@@ -1,0 +1,163 @@
+//! The command line: `check`, `list`, `test` against real hook directories.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::util::{Hooks, bin};
+
+fn run(hooks: &Hooks, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .expect("run hermes-hooks")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn check_passes_good_hooks_and_fails_on_any_problem() {
+    let hooks = Hooks::new();
+    hooks.recorder("good", "[agent:start]", "None");
+    let o = run(&hooks, &["check"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("ok      good (python, agent:start)"),
+        "{}",
+        stdout(&o)
+    );
+
+    hooks.add(
+        "broken",
+        &[
+            ("HOOK.yaml", "events: [agent:start\n"),
+            ("handler.py", "def handle(e, c): pass\n"),
+        ],
+    );
+    hooks.python("typo", "[sesion:start]", "def handle(e, c): pass\n");
+    let o = run(&hooks, &["check"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("broken/HOOK.yaml: YAML error: line 1"),
+        "{out}"
+    );
+    assert!(out.contains("did you mean \"session:start\"?"), "{out}");
+    assert!(
+        out.contains("2 hook(s) ok, 1 problem(s), 1 warning(s)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn list_shows_loaded_and_skipped_as_text_and_json() {
+    let hooks = Hooks::new();
+    hooks.recorder("alpha", "[\"command:*\"]", "None");
+    hooks.add("nope", &[("HOOK.yaml", "events: []\n")]);
+    let o = run(&hooks, &["list"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(out.contains("alpha") && out.contains("command:*"), "{out}");
+    assert!(
+        out.contains("not loaded:") && out.contains("no events"),
+        "{out}"
+    );
+    let o = run(&hooks, &["list", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["hooks"][0]["name"], "alpha");
+    assert_eq!(v["skipped"][0]["code"], "no_events");
+}
+
+#[test]
+fn test_runs_matching_handlers_and_prints_results_errors_durations() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "a-ok",
+        "[command:reset]",
+        "def handle(e, c):\n    print('a log line')\n    return {'user': c['user_id']}\n",
+    );
+    hooks.python(
+        "b-err",
+        "[\"command:*\"]",
+        "def handle(e, c):\n    raise ValueError('bad')\n",
+    );
+    let o = run(
+        &hooks,
+        &["test", "command:reset", "--context", r#"{"user_id": "42"}"#],
+    );
+    let out = stdout(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "an error makes the exit code 1: {out}"
+    );
+    assert!(
+        out.contains("a-ok") && out.contains("result: {\"user\":\"42\"}"),
+        "{out}"
+    );
+    assert!(
+        out.contains("b-err") && out.contains("ValueError: bad"),
+        "{out}"
+    );
+    assert!(out.contains(" ms"), "{out}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("a log line"),
+        "handler output is shown on stderr"
+    );
+
+    let o = run(
+        &hooks,
+        &[
+            "test",
+            "command:reset",
+            "--hook",
+            "a-ok",
+            "--json",
+            "--context",
+            r#"{"user_id": "1"}"#,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["hook"], "a-ok");
+    assert_eq!(lines[0]["result"]["user"], "1");
+    assert!(lines[0]["duration_ms"].as_f64().is_some());
+
+    let o = run(&hooks, &["test", "agent:start"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no loaded hook matches"));
+    let o = run(&hooks, &["test", "command:x", "--context", "not json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--context is not valid JSON"));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let o = Command::new(bin()).arg("frobnicate").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let o = Command::new(bin()).arg("--version").output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("hermes-hooks "));
+}
+
+#[test]
+fn bundled_examples_pass_check() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks-examples");
+    let home = tempfile::tempdir().unwrap();
+    let o = Command::new(bin())
+        .args(["check", "--hooks-dir"])
+        .arg(&examples)
+        .env("HERMES_HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}

@@ -1,0 +1,335 @@
+//! The HTTP API of the real `serve` binary over real sockets: routes, status codes, errors.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::util::{Hooks, Serve, http, poll, signal};
+
+const T: Duration = Duration::from_secs(20);
+
+#[test]
+fn events_collect_and_hooks_routes() {
+    let hooks = Hooks::new();
+    hooks.recorder("rec", "[\"agent:*\"]", "None");
+    hooks.python("decide", "[message:pre_route]", "def handle(e, c):\n    return {'decision': 'switch_session', 'session_id': c['message']}\n");
+    hooks.python(
+        "broken",
+        "[message:pre_route]",
+        "def handle(e, c):\n    raise KeyError('x')\n",
+    );
+    hooks.add("bad", &[("HOOK.yaml", "events: [\n")]);
+    let serve = Serve::start(&hooks, &[]);
+
+    assert_eq!(serve.get("/healthz").0, 200);
+    assert_eq!(serve.get("/readyz").0, 200);
+    let (s, v) = serve.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"user_id": "u"}}),
+    );
+    assert_eq!((s, v), (202, json!({"queued": 1})));
+    let (s, v) = serve.post("/v1/events", &json!({"event": "agent:end"}));
+    assert_eq!(
+        (s, v),
+        (202, json!({"queued": 1})),
+        "context may be omitted"
+    );
+    poll(T, "both events recorded", || {
+        (hooks.recorded("rec").len() == 2).then_some(())
+    });
+    assert_eq!(hooks.recorded("rec")[1]["context"], json!({}));
+
+    let (s, v) = serve.post(
+        "/v1/collect",
+        &json!({"event": "message:pre_route", "context": {"message": "s2"}, "timeout_ms": 5000}),
+    );
+    assert_eq!(s, 200);
+    assert_eq!(
+        v["results"],
+        json!([{"hook": "decide", "result": {"decision": "switch_session", "session_id": "s2"}}])
+    );
+    assert_eq!(
+        v["errors"],
+        json!([{"hook": "broken", "error": "KeyError: 'x'"}])
+    );
+
+    let (s, v) = serve.post(
+        "/v1/events/batch",
+        &json!({"events": [{"event": "agent:step"}, {"event": "session:start", "context": {}}]}),
+    );
+    assert_eq!((s, v), (202, json!({"queued": [1, 0]})));
+
+    let (s, v) = serve.get("/v1/hooks");
+    assert_eq!(s, 200);
+    let names: Vec<&str> = v["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["broken", "decide", "rec"]);
+    assert_eq!(v["skipped"][0]["name"], "bad");
+    assert_eq!(v["skipped"][0]["code"], "yaml_error");
+    let (s, h) = serve.get("/v1/hooks/decide");
+    assert_eq!(s, 200);
+    assert_eq!(h["kind"], "python");
+    assert_eq!(h["events"], json!(["message:pre_route"]));
+    assert_eq!(h["counters"]["ok"], 1);
+    let (s, h) = serve.get("/v1/hooks/broken");
+    assert_eq!(s, 200);
+    assert!(
+        h["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("KeyError")
+    );
+    let (s, e) = serve.get("/v1/hooks/nope");
+    assert_eq!(s, 404);
+    assert_eq!(e["error"]["code"], "not_found");
+
+    let (s, text) = {
+        let (s, _, b) = http(&serve.addr, "GET", "/metrics", &[], b"");
+        (s, String::from_utf8(b).unwrap())
+    };
+    assert_eq!(s, 200);
+    assert!(
+        text.contains("hermes_hooks_events_received_total"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hermes_hooks_handler_errors_total{hook=\"broken\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_error_status_is_json_with_a_message() {
+    let hooks = Hooks::new();
+    hooks.recorder("rec", "[agent:start]", "None");
+    let serve = Serve::start(&hooks, &[]);
+    let json_ct = [("Content-Type", "application/json")];
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        Vec<u8>,
+        u16,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            b"{not json".to_vec(),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            b"[1,2]".to_vec(),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            b"{}".to_vec(),
+            400,
+            "invalid_event",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            br#"{"event": 5}"#.to_vec(),
+            400,
+            "invalid_event",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            br#"{"event": "bad name"}"#.to_vec(),
+            400,
+            "invalid_event",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            br#"{"event": "agent:start", "context": [1]}"#.to_vec(),
+            400,
+            "invalid_context",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            vec![("Content-Type", "text/plain")],
+            b"{}".to_vec(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            json_ct.to_vec(),
+            vec![b' '; 1024 * 1024 + 10],
+            413,
+            "payload_too_large",
+        ),
+        (
+            "POST",
+            "/v1/collect",
+            json_ct.to_vec(),
+            br#"{"event": "agent:start", "timeout_ms": -1}"#.to_vec(),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/events/batch",
+            json_ct.to_vec(),
+            br#"{"events": [{"event": "ok:x"}, {"event": ""}]}"#.to_vec(),
+            400,
+            "invalid_event",
+        ),
+        ("GET", "/v1/nothing", vec![], vec![], 404, "not_found"),
+        (
+            "GET",
+            "/v1/events",
+            vec![],
+            vec![],
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "DELETE",
+            "/v1/hooks",
+            vec![],
+            vec![],
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (method, path, headers, body, status, code) in cases {
+        let (s, hs, b) = http(&serve.addr, method, path, &headers, &body);
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_else(|_| {
+            panic!(
+                "{method} {path}: non-JSON body {:?}",
+                String::from_utf8_lossy(&b)
+            )
+        });
+        assert_eq!(s, status, "{method} {path}: {v}");
+        assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
+        assert!(
+            v["error"]["message"].as_str().is_some_and(|m| m.len() > 10),
+            "{v}"
+        );
+        assert!(
+            hs.iter()
+                .any(|(k, v)| k == "content-type" && v.contains("json"))
+        );
+    }
+    // A bad batch delivers nothing (validated whole before queuing).
+    let (s, v) = serve.get("/v1/hooks/rec");
+    assert_eq!(s, 200);
+    assert_eq!(v["counters"]["queued"], 0);
+    // Raw garbage on the socket does not hurt the service.
+    {
+        use std::io::Write;
+        let mut sock = std::net::TcpStream::connect(&serve.addr).unwrap();
+        let _ = sock.write_all(b"\x00\x01GARBAGE\r\n\r\n");
+    }
+    assert_eq!(serve.get("/healthz").0, 200);
+}
+
+#[test]
+fn http_emit_returns_fast_while_hooks_are_slow() {
+    let hooks = Hooks::new();
+    for i in 0..10 {
+        hooks.python(
+            &format!("slow{i}"),
+            "[agent:start]",
+            "import time\ndef handle(e, c):\n    time.sleep(0.5)\n",
+        );
+    }
+    let serve = Serve::start(&hooks, &["--drain-timeout", "0.1"]);
+    let mut worst = Duration::ZERO;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let (s, v) = serve.post("/v1/events", &json!({"event": "agent:start"}));
+        worst = worst.max(t0.elapsed());
+        assert_eq!((s, v), (202, json!({"queued": 10})));
+    }
+    // Each emit fans out to ten 500 ms handlers; the original host would block 5 s per emit.
+    assert!(
+        worst < Duration::from_millis(400),
+        "slowest emit took {worst:?}"
+    );
+}
+
+#[test]
+fn sigterm_drains_the_queues_and_exits_cleanly() {
+    let hooks = Hooks::new();
+    let out = hooks.out().join("drained.txt");
+    hooks.python(
+        "slowish",
+        "[agent:step]",
+        &format!(
+            "import os, time\nopen({pid:?}, 'w').write(str(os.getpid()))\ndef handle(e, c):\n    time.sleep(0.2)\n    open({out:?}, 'a').write('x')\n",
+            out = out.display().to_string(),
+            pid = hooks.out().join("worker.pid").display().to_string()
+        ),
+    );
+    let mut serve = Serve::start(&hooks, &["--drain-timeout", "10"]);
+    for _ in 0..5 {
+        assert_eq!(
+            serve.post("/v1/events", &json!({"event": "agent:step"})).0,
+            202
+        );
+    }
+    assert_eq!(serve.terminate(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "xxxxx",
+        "every queued event delivered before exit"
+    );
+    let log = serve.log();
+    assert!(log.contains("undelivered=0"), "{log}");
+    // No Python worker survives the service.
+    let pid = std::fs::read_to_string(hooks.out().join("worker.pid")).unwrap();
+    poll(T, "the worker to be gone", || {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
+        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+    });
+}
+
+#[test]
+fn sigkill_of_a_python_worker_is_recovered_over_http() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "pid",
+        "[command:pid]",
+        "import os\ndef handle(e, c):\n    return os.getpid()\n",
+    );
+    let serve = Serve::start(&hooks, &[]);
+    let ask = || {
+        serve
+            .post("/v1/collect", &json!({"event": "command:pid"}))
+            .1["results"][0]["result"]
+            .as_i64()
+    };
+    let first = ask().expect("a pid");
+    signal(first as u32, 9);
+    let second = poll(T, "a new worker", || {
+        let (_, v) = serve.post("/v1/collect", &json!({"event": "command:pid"}));
+        v["results"][0]["result"].as_i64()
+    });
+    assert_ne!(first, second);
+    assert_eq!(serve.get("/v1/hooks/pid").1["counters"]["restarts"], 1);
+}

@@ -1,0 +1,222 @@
+//! The Python handler kind: the persistent worker, its protocol and its recovery.
+
+use std::time::{Duration, Instant};
+
+use hermes_hooks::Host;
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, config, poll_async, set_mode};
+
+const T: Duration = Duration::from_secs(20);
+
+async fn one(host: &Host, event: &str, ctx: Value) -> Result<Option<Value>, String> {
+    let out = host
+        .emit_collect(event, ctx, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 1, "{out:?}");
+    out[0].result.clone()
+}
+
+#[tokio::test]
+async fn print_cannot_corrupt_the_protocol() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "printer",
+        "[command:x]",
+        "import os, sys\nprint('at import')\ndef handle(e, c):\n    print('{\"id\": 1, \"ok\": true, \"result\": \"forged\"}')\n    os.write(1, b'raw fd 1 write\\n')\n    sys.stdout.flush()\n    return 'real'\n",
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    for _ in 0..3 {
+        assert_eq!(
+            one(&host, "command:x", json!({})).await,
+            Ok(Some(json!("real")))
+        );
+    }
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn module_state_persists_between_events() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "counter",
+        "[command:x]",
+        "count = 0\ndef handle(e, c):\n    global count\n    count += 1\n    return count\n",
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    for i in 1..=5 {
+        assert_eq!(one(&host, "command:x", json!({})).await, Ok(Some(json!(i))));
+    }
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn create_task_work_and_threads_outlive_the_call() {
+    let hooks = Hooks::new();
+    let task_out = hooks.out().join("task.txt");
+    let thread_out = hooks.out().join("thread.txt");
+    hooks.python(
+        "bg",
+        "[agent:start]",
+        &format!(
+            "import asyncio, threading, time\n\
+             async def later():\n    await asyncio.sleep(0.3)\n    open({task:?}, 'w').write('task done')\n\
+             def worker():\n    time.sleep(0.3)\n    open({thread:?}, 'w').write('thread done')\n\
+             def handle(e, c):\n    asyncio.get_event_loop().create_task(later())\n    threading.Thread(target=worker).start()\n    return 'returned first'\n",
+            task = task_out.display().to_string(),
+            thread = thread_out.display().to_string()
+        ),
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    assert_eq!(
+        one(&host, "agent:start", json!({})).await,
+        Ok(Some(json!("returned first")))
+    );
+    assert!(!task_out.exists(), "the call returned before the task ran");
+    poll_async(T, "the background task", || {
+        std::fs::read_to_string(&task_out).ok()
+    })
+    .await;
+    poll_async(T, "the background thread", || {
+        std::fs::read_to_string(&thread_out).ok()
+    })
+    .await;
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn os_exit_and_signals_are_recovered() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "fragile",
+        "[command:x]",
+        "import os, signal\ncount = 0\ndef handle(e, c):\n    global count\n    count += 1\n    if c.get('exit'):\n        os._exit(3)\n    if c.get('kill'):\n        os.kill(os.getpid(), signal.SIGKILL)\n    return count\n",
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    assert_eq!(one(&host, "command:x", json!({})).await, Ok(Some(json!(1))));
+    let err = one(&host, "command:x", json!({"exit": true}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("exit code 3"), "{err}");
+    // Restarted after backoff; the module state was lost (count starts again).
+    assert_eq!(one(&host, "command:x", json!({})).await, Ok(Some(json!(1))));
+    let err = one(&host, "command:x", json!({"kill": true}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("signal 9"), "{err}");
+    assert_eq!(one(&host, "command:x", json!({})).await, Ok(Some(json!(1))));
+    let info = host.hook("fragile").unwrap();
+    assert_eq!(info.counters.restarts, 2);
+    assert_eq!(info.counters.failed, 2);
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn hang_past_timeout_is_killed_and_replaced() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "hang",
+        &[
+            ("HOOK.yaml", "events: [command:x]\ntimeout: 0.5\n"),
+            ("handler.py", "import time\ndef handle(e, c):\n    if c.get('hang'):\n        time.sleep(60)\n    return 'alive'\n"),
+        ],
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    let t0 = Instant::now();
+    let err = one(&host, "command:x", json!({"hang": true}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("timed out after 500ms"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        one(&host, "command:x", json!({})).await,
+        Ok(Some(json!("alive")))
+    );
+    let info = host.hook("hang").unwrap();
+    assert_eq!(info.counters.timeouts, 1);
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn env_and_python_are_honoured() {
+    let hooks = Hooks::new();
+    // A wrapper interpreter that marks its environment, then runs the real python3.
+    let wrapper = hooks.tmp.path().join("mypython");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\nexport VIA_WRAPPER=yes\nexec python3 \"$@\"\n",
+    )
+    .unwrap();
+    set_mode(&wrapper, 0o755);
+    hooks.add(
+        "envy",
+        &[
+            (
+                "HOOK.yaml",
+                &format!("events: [command:x]\nenv: {{GREETING: hello, NUM: 3}}\npython: {}\n", wrapper.display()),
+            ),
+            (
+                "handler.py",
+                "import os\ndef handle(e, c):\n    return {k: os.environ.get(k) for k in ['GREETING', 'NUM', 'VIA_WRAPPER', 'HERMES_HOOK_NAME', 'HERMES_HOOK_DIR', 'HERMES_HOME']}\n",
+            ),
+        ],
+    );
+    let (host, report) = Host::start(config(&hooks)).await;
+    assert_eq!(report.loaded, vec!["envy"], "{:?}", report.skipped);
+    let v = one(&host, "command:x", json!({})).await.unwrap().unwrap();
+    assert_eq!(v["GREETING"], "hello");
+    assert_eq!(v["NUM"], "3");
+    assert_eq!(v["VIA_WRAPPER"], "yes");
+    assert_eq!(v["HERMES_HOOK_NAME"], "envy");
+    assert_eq!(
+        v["HERMES_HOOK_DIR"],
+        hooks.root().join("envy").display().to_string()
+    );
+    assert_eq!(v["HERMES_HOME"], hooks.home().display().to_string());
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn missing_interpreter_is_a_load_error() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "nopython",
+        &[
+            (
+                "HOOK.yaml",
+                "events: [command:x]\npython: /no/such/python\n",
+            ),
+            ("handler.py", "def handle(e, c): pass\n"),
+        ],
+    );
+    let (host, report) = Host::start(config(&hooks)).await;
+    assert!(report.loaded.is_empty());
+    assert!(
+        report.skipped[0].reason.contains("/no/such/python"),
+        "{}",
+        report.skipped[0].reason
+    );
+    host.shutdown(T).await;
+}
+
+#[tokio::test]
+async fn unserialisable_result_is_an_error_not_a_crash() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "weird",
+        "[command:x]",
+        "def handle(e, c):\n    return {1, 2} if c.get('set') else 'fine'\n",
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    let err = one(&host, "command:x", json!({"set": true}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("not JSON serializable"), "{err}");
+    assert_eq!(
+        one(&host, "command:x", json!({})).await,
+        Ok(Some(json!("fine")))
+    );
+    assert_eq!(host.hook("weird").unwrap().counters.restarts, 0);
+    host.shutdown(T).await;
+}
