@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::discovery::Skipped;
 use crate::host::{Host, HostConfig};
 use crate::server::{self, ApiConfig};
+use crate::trust::{TrustMode, TrustPolicy};
 
 /// Hosts the event hooks of a messaging gateway.
 #[derive(Debug, Parser)]
@@ -41,6 +42,27 @@ pub struct RootArgs {
     /// A hook root (repeatable; earlier roots win name clashes). Default: $HERMES_HOME/hooks.
     #[arg(long = "hooks-dir", value_name = "DIR")]
     pub hooks_dir: Vec<PathBuf>,
+    /// Load hooks whose directory or files are writable by group/others or owned by another user.
+    #[arg(long)]
+    pub insecure_permissions: bool,
+    /// Which hooks may load: all, or only those approved with `enable NAME` (explicit).
+    #[arg(long, value_enum, value_name = "MODE", env = "HERMES_HOOKS_TRUST", default_value_t = TrustMode::All)]
+    pub trust: TrustMode,
+}
+
+impl RootArgs {
+    /// The host settings these options describe.
+    pub fn config(&self) -> HostConfig {
+        let mut config = HostConfig::from_env(self.hooks_dir.clone());
+        config.trust = TrustPolicy {
+            mode: self.trust,
+            insecure_permissions: self.insecure_permissions,
+        };
+        if self.insecure_permissions {
+            tracing::warn!("--insecure-permissions: hooks writable by other users will load");
+        }
+        config
+    }
 }
 
 /// The commands.
@@ -73,6 +95,26 @@ pub enum Command {
     ///
     /// Example: hermes-hooks test command:reset --context '{"user_id": "42"}'
     Test(TestArgs),
+    /// Allow hook NAME: approve it (--trust explicit) or set `enabled: true` in its HOOK.yaml.
+    ///
+    /// Example: hermes-hooks enable command-logger --trust explicit
+    Enable {
+        /// The hook's name.
+        name: String,
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
+    /// Stop hook NAME: revoke its approval (--trust explicit) or set `enabled: false` in HOOK.yaml.
+    ///
+    /// Example: hermes-hooks disable command-logger
+    Disable {
+        /// The hook's name.
+        name: String,
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
 }
 
 /// Options of `serve`.
@@ -151,6 +193,8 @@ pub fn main() -> i32 {
             Command::List { roots, json } => list(roots, json).await,
             Command::Check { roots } => check(roots).await,
             Command::Test(args) => test(args).await,
+            Command::Enable { name, roots } => set_enabled(&roots, &name, true),
+            Command::Disable { name, roots } => set_enabled(&roots, &name, false),
         }
     });
     // Workers were stopped by the commands; do not wait for stray blocking tasks.
@@ -222,7 +266,7 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Bound, Option<St
 }
 
 async fn serve(args: ServeArgs) -> i32 {
-    let config = HostConfig::from_env(args.roots.hooks_dir.clone());
+    let config = args.roots.config();
     let (bound, token) = match bind(&args, &config).await {
         Ok(b) => b,
         Err(e) => return fail(e),
@@ -314,11 +358,23 @@ async fn with_loaded_hooks<T>(
     roots: RootArgs,
     f: impl AsyncFnOnce(&Host, &crate::host::LoadReport) -> T,
 ) -> T {
-    let config = HostConfig::from_env(roots.hooks_dir);
+    let config = roots.config();
     let (host, report) = Host::start(config).await;
     let out = f(&host, &report).await;
     host.shutdown(Duration::from_secs(5)).await;
     out
+}
+
+/// `enable NAME` / `disable NAME`: the work is in [`crate::trust::set_enabled`].
+fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
+    let config = roots.config();
+    match crate::trust::set_enabled(&config.roots, &config.hermes_home, &config.trust, name, on) {
+        Ok(msg) => {
+            println!("{msg}");
+            0
+        }
+        Err(e) => fail(e),
+    }
 }
 
 fn skipped_json(s: &Skipped) -> Value {
@@ -344,11 +400,16 @@ async fn list(roots: RootArgs, as_json: bool) -> i32 {
         for h in &hooks {
             let _ = writeln!(
                 out,
-                "{:<24} {:<7} {:<40} {}",
+                "{:<24} {:<7} {:<40} {}{}",
                 h.name,
                 h.kind,
                 h.events.join(","),
-                h.path.display()
+                h.path.display(),
+                if h.signed == Some(false) {
+                    "  UNSIGNED"
+                } else {
+                    ""
+                }
             );
         }
         if !report.skipped.is_empty() {

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::manifest::{Manifest, parse_manifest};
 use crate::pattern::PatternSet;
+use crate::trust::Gate;
 
 /// What runs a hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -144,6 +145,11 @@ pub struct Discovery {
 /// Scans `roots` in order. Missing roots load nothing; entries that are not directories are
 /// ignored; every hook directory yields either a [`HookSpec`] or a [`Skipped`].
 pub fn discover(roots: &[PathBuf]) -> Discovery {
+    discover_with(roots, &Gate::default())
+}
+
+/// [`discover`] under a trust gate (permission checks, explicit approvals).
+pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
     let mut out = Discovery::default();
     let mut by_name: HashMap<String, PathBuf> = HashMap::new();
     for root in roots {
@@ -158,7 +164,7 @@ pub fn discover(roots: &[PathBuf]) -> Discovery {
             .collect();
         dirs.sort();
         for dir in dirs {
-            match load_dir(root, &dir) {
+            match load_dir_with(root, &dir, gate) {
                 Ok(mut spec) => {
                     if let Some(first) = by_name.get(&spec.name) {
                         out.skipped.push(Skipped {
@@ -199,6 +205,11 @@ fn dir_name(dir: &Path) -> String {
 
 /// Loads one hook directory.
 pub fn load_dir(root: &Path, dir: &Path) -> Result<HookSpec, Box<Skipped>> {
+    load_dir_with(root, dir, &Gate::default())
+}
+
+/// [`load_dir`] under a trust gate.
+pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, Box<Skipped>> {
     let manifest_path = dir.join("HOOK.yaml");
     let mut name = dir_name(dir);
     let skip = |name: &str, file: &Path, code: SkipCode, reason: String| {
@@ -226,7 +237,7 @@ pub fn load_dir(root: &Path, dir: &Path) -> Result<HookSpec, Box<Skipped>> {
             format!("cannot read HOOK.yaml: {e}"),
         )
     })?;
-    let manifest = parse_manifest(&text).map_err(|e| {
+    let mut manifest = parse_manifest(&text).map_err(|e| {
         use crate::manifest::ManifestError as M;
         let code = match e {
             M::Yaml(_) => SkipCode::YamlError,
@@ -268,12 +279,21 @@ pub fn load_dir(root: &Path, dir: &Path) -> Result<HookSpec, Box<Skipped>> {
                 format!("`url`: {url:?} is not an http:// or https:// URL"),
             ));
         }
+        // The worker's timeout covers the whole delivery (both attempts); `timeout:` is per attempt.
+        manifest.timeout = crate::handler::webhook::delivery_budget(&manifest);
+        manifest
+            .warnings
+            .extend(crate::handler::webhook::unsigned_warning(&manifest));
         (HandlerKind::Webhook, None)
     } else {
         let (kind, path) = find_handler(dir, manifest.handler.as_deref())
             .map_err(|(code, file, reason)| skip(&name, &file, code, reason))?;
+        crate::trust::check_inside(dir, &path)
+            .map_err(|r| skip(&name, &path, SkipCode::HandlerOutside, r))?;
         (kind, Some(path))
     };
+    gate.check_permissions(dir, &manifest_path, handler_path.as_deref())
+        .map_err(|(file, reason)| skip(&name, &file, SkipCode::Permissions, reason))?;
 
     let mut hasher = DefaultHasher::new();
     text.hash(&mut hasher);
@@ -290,6 +310,11 @@ pub fn load_dir(root: &Path, dir: &Path) -> Result<HookSpec, Box<Skipped>> {
             }
         }
     }
+    gate.check_approved(&name, kind, handler_path.as_deref(), &manifest)
+        .map_err(|r| {
+            let file = handler_path.as_deref().unwrap_or(&manifest_path);
+            skip(&name, file, SkipCode::NotApproved, r)
+        })?;
     Ok(HookSpec {
         name,
         dir: dir.to_path_buf(),
@@ -308,7 +333,7 @@ type HandlerProblem = (SkipCode, PathBuf, String);
 
 /// Finds the handler: the explicit `handler:` path, or the first of handler.py, handler (with the
 /// run bit), handler.sh, handler.so/.dylib/.dll.
-fn find_handler(
+pub(crate) fn find_handler(
     dir: &Path,
     explicit: Option<&str>,
 ) -> Result<(HandlerKind, PathBuf), HandlerProblem> {

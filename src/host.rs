@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use crate::discovery::{HookSpec, SkipCode, Skipped, discover};
+use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
 use crate::dispatch::{CallOutcome, Job, LoadedHook};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::{self, HandlerContext};
@@ -30,6 +30,8 @@ pub struct HostConfig {
     pub python: String,
     /// Where the Python runner is written.
     pub runtime_dir: PathBuf,
+    /// `--trust` and `--insecure-permissions`.
+    pub trust: crate::trust::TrustPolicy,
 }
 
 impl HostConfig {
@@ -58,6 +60,7 @@ impl HostConfig {
             hermes_home,
             python,
             runtime_dir,
+            trust: crate::trust::TrustPolicy::default(),
         }
     }
 }
@@ -158,6 +161,9 @@ pub struct HookInfo {
     pub last_error: Option<LastError>,
     /// Warnings from HOOK.yaml.
     pub warnings: Vec<String>,
+    /// Webhooks only: false when deliveries go out UNSIGNED (`secret_env` unset or absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed: Option<bool>,
 }
 
 /// Queue part of [`HookInfo`].
@@ -233,6 +239,8 @@ impl HookInfo {
                 message: m,
             }),
             warnings: spec.manifest.warnings.clone(),
+            signed: (spec.kind == crate::discovery::HandlerKind::Webhook)
+                .then(|| crate::handler::webhook::is_signed(&spec.manifest)),
         }
     }
 }
@@ -454,7 +462,12 @@ impl Host {
     pub async fn reload(&self) -> LoadReport {
         let _guard = self.inner.reload_lock.lock().await;
         let roots = self.inner.config.roots.clone();
-        let discovery = match tokio::task::spawn_blocking(move || discover(&roots)).await {
+        let (trust, home) = (
+            self.inner.config.trust,
+            self.inner.config.hermes_home.clone(),
+        );
+        let scan = move || discover_with(&roots, &trust.gate(&home));
+        let discovery = match tokio::task::spawn_blocking(scan).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!("hook discovery failed: {e}");
@@ -551,9 +564,15 @@ impl Host {
         // A loaded hook whose directory now fails discovery keeps running (last good version),
         // unless it was deliberately disabled or removed.
         for s in skipped.iter_mut() {
+            // Trust refusals stop the old version too: an executable re-reads its file per event.
             if matches!(
                 s.code,
-                SkipCode::Disabled | SkipCode::Shadowed | SkipCode::LoadFailed
+                SkipCode::Disabled
+                    | SkipCode::Shadowed
+                    | SkipCode::LoadFailed
+                    | SkipCode::Permissions
+                    | SkipCode::NotApproved
+                    | SkipCode::HandlerOutside
             ) {
                 continue;
             }

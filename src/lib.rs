@@ -35,6 +35,7 @@ pub mod pattern;
 pub mod registry;
 pub mod server;
 pub mod time;
+pub mod trust;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};

@@ -109,6 +109,8 @@ pub struct Manifest {
     pub handler: Option<String>,
     /// Time allowed per invocation.
     pub timeout: Duration,
+    /// `timeout:` as written; `None` when HOOK.yaml has none (webhooks then default to 10 s).
+    pub explicit_timeout: Option<Duration>,
     /// Bound of the hook's queue.
     pub queue_capacity: usize,
     /// What a full queue does.
@@ -256,6 +258,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         enabled: raw.enabled.unwrap_or(true),
         handler: raw.handler,
         timeout: Duration::from_secs_f64(timeout),
+        explicit_timeout: raw.timeout.map(|_| Duration::from_secs_f64(timeout)),
         queue_capacity: capacity as usize,
         overflow: queue.overflow.unwrap_or(Overflow::DropOldest),
         python: raw.python,

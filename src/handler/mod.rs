@@ -18,6 +18,7 @@ use crate::discovery::{HandlerKind, HookSpec};
 pub mod exec;
 pub mod process;
 pub mod python;
+pub mod webhook;
 
 /// A boxed, sendable future (the trait must be object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -56,6 +57,8 @@ pub struct HandlerContext {
     pub timeout: Duration,
     /// Where the embedded Python runner is written.
     pub runtime_dir: PathBuf,
+    /// URL, secret variable and per-attempt timeout of a webhook hook.
+    pub webhook: Option<webhook::WebhookTarget>,
 }
 
 impl HandlerContext {
@@ -88,6 +91,7 @@ impl HandlerContext {
             env,
             timeout: spec.manifest.timeout,
             runtime_dir,
+            webhook: webhook::WebhookTarget::of(spec),
         }
     }
 }
@@ -132,8 +136,6 @@ pub async fn start(
         HandlerKind::Dylib => Err(HandlerError::Load(
             "dynamic-library handlers are not supported by this build yet".into(),
         )),
-        HandlerKind::Webhook => Err(HandlerError::Load(
-            "webhook handlers are not supported by this build yet".into(),
-        )),
+        HandlerKind::Webhook => Ok(Box::new(webhook::WebhookHandler::new(&ctx)?)),
     }
 }

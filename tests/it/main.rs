@@ -7,3 +7,5 @@ mod core;
 mod exec;
 mod http;
 mod python;
+mod trust;
+mod webhook;

@@ -151,6 +151,7 @@ pub fn config(hooks: &Hooks) -> hermes_hooks::HostConfig {
         hermes_home: hooks.home(),
         python: "python3".into(),
         runtime_dir: hooks.home().join("cache"),
+        trust: Default::default(),
     }
 }
 
