@@ -291,6 +291,21 @@ async fn serve(args: ServeArgs) -> i32 {
             tokio::spawn(server::serve(l, router, shutdown_signal))
         }
     };
+    // Watch before the first load, so that a change made while loading is not missed.
+    let _watch = if args.no_watch {
+        tracing::info!(
+            "not watching the hook roots (--no-watch): reload with POST /v1/reload or SIGHUP"
+        );
+        None
+    } else {
+        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
+                None
+            }
+        }
+    };
     tracing::info!(roots = ?config.roots, "loading hooks");
     let report = host.reload().await;
     tracing::info!(
@@ -299,11 +314,6 @@ async fn serve(args: ServeArgs) -> i32 {
         "hooks loaded: {}",
         report.loaded.join(", ")
     );
-    if !args.no_watch {
-        tracing::debug!(
-            "file watching arrives with hot reload; use POST /v1/reload or SIGHUP meanwhile"
-        );
-    }
 
     let signals = wait_for_stop(host.clone()).await;
     if let Err(e) = signals {

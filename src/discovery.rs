@@ -310,6 +310,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             }
         }
     }
+    hash_other_files(dir, &mut hasher);
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest)
         .map_err(|r| {
             let file = handler_path.as_deref().unwrap_or(&manifest_path);
@@ -327,6 +328,50 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         fingerprint: hasher.finish(),
         order: 0,
     })
+}
+
+/// Most files looked at per hook directory when fingerprinting its helper files.
+const MAX_FINGERPRINT_FILES: usize = 512;
+
+/// Folds the identity (path, size, mtime, inode) of the other Python files in the hook directory
+/// into the fingerprint, so that editing a module `handler.py` imports also reloads the hook.
+/// Other files are left out on purpose: a hook that writes data into its own directory must not
+/// restart itself. Hidden files and `__pycache__` are skipped.
+fn hash_other_files(dir: &Path, hasher: &mut DefaultHasher) {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        let mut entries: Vec<_> = entries.filter_map(|e| e.ok()).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let fname = e.file_name();
+            let n = fname.to_string_lossy();
+            if n.starts_with('.') || n == "__pycache__" || n == "HOOK.yaml" {
+                continue;
+            }
+            seen += 1;
+            if seen > MAX_FINGERPRINT_FILES {
+                return;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if n.ends_with(".py") {
+                (
+                    e.path(),
+                    meta.len(),
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    meta.ino(),
+                )
+                    .hash(hasher);
+            }
+        }
+    }
 }
 
 type HandlerProblem = (SkipCode, PathBuf, String);

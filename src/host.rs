@@ -281,10 +281,7 @@ pub fn normalize_context(context: Value) -> Result<Value, EmitError> {
 impl Host {
     /// A host with no hooks loaded yet; call [`Host::reload`] to load.
     pub fn new(config: HostConfig) -> Self {
-        let registry = Registry {
-            roots: config.roots.clone(),
-            ..Registry::default()
-        };
+        let registry = Registry::new(Vec::new(), Vec::new(), config.roots.clone(), 0);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -363,14 +360,14 @@ impl Host {
         }
         self.inner.events_received.fetch_add(1, Ordering::Relaxed);
         let reg = self.inner.registry.load();
-        let matching = reg.matching(event);
+        let matching = reg.match_indices(event);
         if matching.is_empty() {
             return Ok(0);
         }
         let event: Arc<str> = Arc::from(event);
         let context = Arc::new(context);
         let mut queued = 0;
-        for hook in matching {
+        for hook in matching.iter().map(|&i| &reg.hooks[i]) {
             let job = Job {
                 event: event.clone(),
                 context: context.clone(),
@@ -598,12 +595,12 @@ impl Host {
         });
 
         let generation = old.generation + 1;
-        let registry = Registry {
-            hooks: new_hooks,
-            skipped: skipped.clone(),
-            roots: self.inner.config.roots.clone(),
+        let registry = Registry::new(
+            new_hooks,
+            skipped.clone(),
+            self.inner.config.roots.clone(),
             generation,
-        };
+        );
         report.loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
         self.inner.registry.store(Arc::new(registry));
 

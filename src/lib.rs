@@ -11,6 +11,7 @@
 //! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
 //! - [`metrics`]: Prometheus text.
+//! - [`watch`]: hot reload: watches the roots, debounces, rescans.
 //! - [`cli`]: the command-line interface; `main.rs` only calls [`cli::main`].
 //!
 //! # The path of an event
@@ -36,6 +37,7 @@ pub mod registry;
 pub mod server;
 pub mod time;
 pub mod trust;
+pub mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};

@@ -32,6 +32,11 @@ pub struct PatternSet {
     /// Patterns without metacharacters, compared by string equality (the common case, and the
     /// one that decides match order).
     exact: Vec<String>,
+    /// `ns:*` patterns (no other metacharacter), kept as the prefix `ns:`: the common wildcard,
+    /// matched without a regex.
+    prefixes: Vec<String>,
+    /// A bare `*`: matches every event.
+    match_all: bool,
     /// The wildcard patterns, compiled together; `None` when the hook has none.
     globs: Option<GlobSet>,
     /// The patterns as written, for display.
@@ -47,6 +52,8 @@ impl PatternSet {
     /// control characters, or is not valid glob syntax.
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
         let mut exact = Vec::new();
+        let mut prefixes = Vec::new();
+        let mut match_all = false;
         let mut builder = GlobSetBuilder::new();
         let mut any_glob = false;
         let mut source = Vec::new();
@@ -66,7 +73,14 @@ impl PatternSet {
                 return Err(err("longer than 256 bytes"));
             }
             source.push(p.to_string());
-            if is_glob(p) {
+            if p == "*" {
+                match_all = true;
+            } else if let Some(prefix) = p
+                .strip_suffix('*')
+                .filter(|pre| pre.ends_with(':') && !is_glob(pre))
+            {
+                prefixes.push(prefix.to_string());
+            } else if is_glob(p) {
                 let glob = Glob::new(p).map_err(|e| err(&glob_reason(&e)))?;
                 builder.add(glob);
                 any_glob = true;
@@ -84,6 +98,8 @@ impl PatternSet {
         };
         Ok(Self {
             exact,
+            prefixes,
+            match_all,
             globs,
             source,
         })
@@ -93,6 +109,9 @@ impl PatternSet {
     pub fn matches(&self, event: &str) -> Option<MatchKind> {
         if self.exact.iter().any(|e| e == event) {
             return Some(MatchKind::Exact);
+        }
+        if self.match_all || self.prefixes.iter().any(|p| event.starts_with(p.as_str())) {
+            return Some(MatchKind::Wildcard);
         }
         match &self.globs {
             Some(g) if g.is_match(event) => Some(MatchKind::Wildcard),

@@ -247,7 +247,21 @@ fn event_of(
     Ok((event, context))
 }
 
+/// Events sent before the first load would match nothing and be lost: refuse them (503) so the
+/// client retries.
+fn require_ready(host: &Host) -> Result<(), ApiError> {
+    if host.is_ready() || host.is_draining() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "hooks are still loading; retry shortly (GET /readyz answers 200 when ready)",
+    ))
+}
+
 async fn post_event(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    require_ready(&state.host)?;
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
@@ -256,6 +270,7 @@ async fn post_event(State(state): State<AppState>, req: Request) -> Result<Respo
 }
 
 async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    require_ready(&state.host)?;
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BATCH_BODY_LIMIT).await?;
     let events = match obj.remove("events") {
@@ -298,6 +313,7 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
 }
 
 async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    require_ready(&state.host)?;
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;

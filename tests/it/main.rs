@@ -7,5 +7,6 @@ mod core;
 mod exec;
 mod http;
 mod python;
+mod reload;
 mod trust;
 mod webhook;

@@ -1,0 +1,150 @@
+//! Gateway-side emit latency, hermes-hooks against the original in-gateway host, in one run.
+//!
+//! `cargo bench --bench compare` (builds the release binary first). Starts `hermes-hooks serve`
+//! on 127.0.0.1:0 with 10 Python hooks that each sleep 50 ms, sends 300 `POST /v1/events` over
+//! one keep-alive connection and times each until its 202; then runs the baseline
+//! (`benches/baseline_host.py`, the original host re-created) on the same shapes and prints
+//! medians, p99s and ratios side by side.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn write_hooks(root: &std::path::Path, n: usize, code: &str) {
+    for i in 0..n {
+        let dir = root.join(format!("hook{i:02}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("HOOK.yaml"), "events: [agent:start]\n").expect("write");
+        std::fs::write(dir.join("handler.py"), code).expect("write");
+    }
+}
+
+/// Sends `count` events over one keep-alive connection; returns per-request latencies in µs.
+fn http_emits(addr: &str, count: usize) -> Vec<f64> {
+    let mut sock = TcpStream::connect(addr).expect("connect");
+    sock.set_nodelay(true).expect("nodelay");
+    let mut reader = BufReader::new(sock.try_clone().expect("clone"));
+    let body = br#"{"event": "agent:start", "context": {"platform": "telegram", "user_id": "42", "message": "hello"}}"#;
+    let req = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t0 = Instant::now();
+        sock.write_all(req.as_bytes()).expect("write");
+        sock.write_all(body).expect("write");
+        let mut len = 0usize;
+        let mut line = String::new();
+        let mut status = String::new();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).expect("read");
+            if status.is_empty() {
+                status = line.clone();
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().expect("length");
+            }
+        }
+        let mut buf = vec![0; len];
+        reader.read_exact(&mut buf).expect("body");
+        out.push(t0.elapsed().as_secs_f64() * 1e6);
+        assert!(status.contains(" 202 "), "{status}");
+    }
+    out
+}
+
+fn main() {
+    let bin = env!("CARGO_BIN_EXE_hermes-hooks");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("hooks");
+    write_hooks(
+        &root,
+        10,
+        "import time\ndef handle(e, c):\n    time.sleep(0.05)\n",
+    );
+    let mut child = Command::new(bin)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout",
+            "0",
+            "--hooks-dir",
+        ])
+        .arg(&root)
+        .env("HERMES_HOME", tmp.path())
+        .env("HERMES_HOOKS_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_string());
+            }
+            if line.contains("hooks loaded") {
+                let _ = tx.send("loaded".into());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("address");
+    let _ = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("hooks loaded");
+
+    let _ = http_emits(&addr, 20); // warm-up
+    let mut lat = http_emits(&addr, 300);
+    lat.sort_by(f64::total_cmp);
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/baseline_host.py");
+    let base = Command::new("python3")
+        .arg(script)
+        .arg("--json")
+        .output()
+        .expect("run baseline");
+    let base: serde_json::Value = serde_json::from_slice(&base.stdout).expect("baseline JSON");
+    let b50 = base["ten_sleep_50ms"]["p50_ms"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        * 1000.0;
+    let b99 = base["ten_sleep_50ms"]["p99_ms"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        * 1000.0;
+    let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
+    println!("emit with 10 hooks that each sleep 50 ms (gateway-side time per emit)");
+    println!("{:<44} {:>12} {:>12}", "", "p50 µs", "p99 µs");
+    println!(
+        "{:<44} {:>12.1} {:>12.1}",
+        "original host (awaits inline), 20 emits", b50, b99
+    );
+    println!(
+        "{:<44} {:>12.1} {:>12.1}",
+        "hermes-hooks POST /v1/events, 300 emits", p50, p99
+    );
+    println!(
+        "{:<44} {:>11.0}x {:>11.0}x",
+        "ratio (original / hermes-hooks)",
+        b50 / p50,
+        b99 / p99
+    );
+    println!();
+    println!("baseline raw: {base}");
+}

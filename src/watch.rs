@@ -1,0 +1,209 @@
+//! Hot reload: watches the hook roots and rescans (via [`Host::reload`]) when something in them
+//! changes.
+//!
+//! notify's callback runs on notify's own thread and only forwards a wake-up into a bounded
+//! channel; the watcher task debounces (a burst of changes gives one rescan: it waits until the
+//! roots have been quiet for the debounce period, at most one second in all), re-arms watches on
+//! roots that appeared or were recreated, then reloads. Roots that do not exist yet are watched
+//! through their nearest existing ancestor so that their creation is seen. A kernel queue
+//! overflow (a `Rescan` event) is just another reason to rescan.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use notify::{EventKind, RecursiveMode, Watcher as _};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::host::Host;
+
+/// Default quiet period before a rescan.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Longest a burst can postpone a rescan.
+const MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// A watch that could not be set up.
+#[derive(Debug, Error)]
+pub enum WatchError {
+    /// The per-user inotify limits were reached.
+    #[error(
+        "cannot watch {path}: too many watches (raise fs.inotify.max_user_watches / max_user_instances)"
+    )]
+    TooManyWatches {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Any other notify error.
+    #[error("cannot watch {path}: {source}")]
+    Notify {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: notify::Error,
+    },
+}
+
+fn watch_error(path: &Path, e: notify::Error) -> WatchError {
+    let too_many = matches!(e.kind, notify::ErrorKind::MaxFilesWatch)
+        || matches!(&e.kind, notify::ErrorKind::Io(io) if matches!(io.raw_os_error(), Some(28) | Some(24)));
+    if too_many {
+        WatchError::TooManyWatches {
+            path: path.to_path_buf(),
+        }
+    } else {
+        WatchError::Notify {
+            path: path.to_path_buf(),
+            source: e,
+        }
+    }
+}
+
+/// The running watcher; dropping it stops watching.
+pub struct WatchHandle {
+    task: JoinHandle<()>,
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// True for paths whose changes cannot matter to a hook: bytecode caches, editor swap and
+/// backup files, hidden files.
+fn ignorable(path: &Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "__pycache__")
+        || path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.starts_with('.') || n.ends_with('~') || n.ends_with(".pyc") || n == "4913"
+        })
+}
+
+struct Roots {
+    watcher: notify::RecommendedWatcher,
+    /// Root -> whether it currently has a recursive watch.
+    watched: HashMap<PathBuf, bool>,
+    /// Ancestors watched non-recursively to see roots appear.
+    ancestors: Vec<PathBuf>,
+}
+
+impl Roots {
+    /// Arms a recursive watch on every existing root (again, when `force` names it) and an
+    /// ancestor watch for missing ones.
+    fn arm(&mut self, force: &[PathBuf]) {
+        let roots: Vec<PathBuf> = self.watched.keys().cloned().collect();
+        for root in roots {
+            let exists = root.is_dir();
+            let was = self.watched.get(&root).copied().unwrap_or(false);
+            if exists && (!was || force.contains(&root)) {
+                let _ = self.watcher.unwatch(&root);
+                match self.watcher.watch(&root, RecursiveMode::Recursive) {
+                    Ok(()) => {
+                        self.watched.insert(root.clone(), true);
+                        tracing::debug!(root = %root.display(), "watching");
+                    }
+                    Err(e) => tracing::error!("{}", watch_error(&root, e)),
+                }
+            } else if !exists {
+                self.watched.insert(root.clone(), false);
+                let mut up = root.parent();
+                while let Some(a) = up {
+                    if a.is_dir() {
+                        if !self.ancestors.iter().any(|x| x == a) {
+                            match self.watcher.watch(a, RecursiveMode::NonRecursive) {
+                                Ok(()) => self.ancestors.push(a.to_path_buf()),
+                                Err(e) => tracing::error!("{}", watch_error(a, e)),
+                            }
+                        }
+                        break;
+                    }
+                    up = a.parent();
+                }
+            }
+        }
+    }
+}
+
+/// A wake-up from notify: which paths changed, and whether the kernel asked for a rescan.
+struct Change {
+    paths: Vec<PathBuf>,
+}
+
+/// Starts watching `host`'s roots; changes trigger a debounced reload.
+pub fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> {
+    let (tx, rx) = mpsc::channel::<Change>(256);
+    let watcher =
+        notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+            Ok(event) => {
+                if matches!(event.kind, EventKind::Access(_)) {
+                    return;
+                }
+                let rescan = event.need_rescan();
+                let paths: Vec<PathBuf> = event
+                    .paths
+                    .into_iter()
+                    .filter(|p| rescan || !ignorable(p))
+                    .collect();
+                if paths.is_empty() && !rescan {
+                    return;
+                }
+                // A full channel already holds a pending rescan: nothing is lost by dropping.
+                let _ = tx.try_send(Change { paths });
+            }
+            Err(e) => {
+                tracing::warn!("file watcher error: {e}; rescanning");
+                let _ = tx.try_send(Change { paths: Vec::new() });
+            }
+        })
+        .map_err(|e| watch_error(Path::new("."), e))?;
+    let mut roots = Roots {
+        watcher,
+        watched: host
+            .config()
+            .roots
+            .iter()
+            .map(|r| (r.clone(), false))
+            .collect(),
+        ancestors: Vec::new(),
+    };
+    roots.arm(&[]);
+    let task = tokio::spawn(run(host, roots, rx, debounce));
+    Ok(WatchHandle { task })
+}
+
+async fn run(host: Host, mut roots: Roots, mut rx: mpsc::Receiver<Change>, debounce: Duration) {
+    while let Some(first) = rx.recv().await {
+        let started = Instant::now();
+        let mut touched: Vec<PathBuf> = first.paths;
+        loop {
+            let left = MAX_DELAY.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match tokio::time::timeout(debounce.min(left), rx.recv()).await {
+                Ok(Some(c)) => touched.extend(c.paths),
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        // A root that was itself removed, created or renamed needs its watch re-armed.
+        let force: Vec<PathBuf> = roots
+            .watched
+            .keys()
+            .filter(|r| touched.iter().any(|p| p == *r))
+            .cloned()
+            .collect();
+        roots.arm(&force);
+        if host.is_draining() {
+            return;
+        }
+        let report = host.reload().await;
+        tracing::info!(
+            started = ?report.started,
+            stopped = ?report.stopped,
+            problems = report.skipped.iter().filter(|s| s.is_problem()).count(),
+            "hooks reloaded after a change on disk"
+        );
+    }
+}

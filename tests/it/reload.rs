@@ -1,0 +1,336 @@
+//! Hot reload through the file system and the HTTP API of a real `serve` process: every editor
+//! save pattern, broken edits, renames, no lost or doubled events.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, Serve, poll, signal};
+
+const T: Duration = Duration::from_secs(30);
+
+fn versioned(v: &str) -> String {
+    format!("VERSION = {v:?}\ndef handle(e, c):\n    return VERSION\n")
+}
+
+/// The results of collecting `event`, as (hook, result) pairs.
+fn results(serve: &Serve, event: &str) -> Vec<(String, Value)> {
+    let (_, v) = serve.post("/v1/collect", &json!({"event": event}));
+    v["results"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    (
+                        r["hook"].as_str().unwrap_or("").to_string(),
+                        r["result"].clone(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn wait_result(serve: &Serve, event: &str, want: Value) {
+    poll(T, &format!("{event} to answer {want}"), || {
+        let r = results(serve, event);
+        (r.len() == 1 && r[0].1 == want).then_some(())
+    });
+}
+
+fn hook_names(serve: &Serve) -> Vec<String> {
+    let (_, v) = serve.get("/v1/hooks");
+    v["hooks"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|h| h["name"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn write_atomic(path: &Path, content: &str) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn new_hook_directory_and_late_root_are_picked_up() {
+    let hooks = Hooks::new();
+    let late_root = hooks.tmp.path().join("later/hooks");
+    let mut cmd = std::process::Command::new(crate::util::bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--hooks-dir"])
+        .arg(hooks.root())
+        .arg("--hooks-dir")
+        .arg(&late_root);
+    let serve = Serve::spawn(cmd, &hooks);
+    assert!(hook_names(&serve).is_empty());
+
+    hooks.python("fresh", "[command:x]", &versioned("fresh"));
+    wait_result(&serve, "command:x", json!("fresh"));
+
+    // A root that did not exist at start.
+    std::fs::create_dir_all(late_root.join("late")).unwrap();
+    std::fs::write(late_root.join("late/HOOK.yaml"), "events: [command:y]\n").unwrap();
+    std::fs::write(late_root.join("late/handler.py"), versioned("late")).unwrap();
+    wait_result(&serve, "command:y", json!("late"));
+
+    // A root deleted and recreated.
+    std::fs::remove_dir_all(hooks.root()).unwrap();
+    poll(T, "the removed hook to go", || {
+        (!hook_names(&serve).contains(&"fresh".to_string())).then_some(())
+    });
+    hooks.python("again", "[command:z]", &versioned("again"));
+    wait_result(&serve, "command:z", json!("again"));
+}
+
+#[test]
+fn every_editor_save_pattern_is_seen() {
+    let hooks = Hooks::new();
+    let dir = hooks.python("ed", "[command:x]", &versioned("v0"));
+    let serve = Serve::start(&hooks, &[]);
+    wait_result(&serve, "command:x", json!("v0"));
+    let handler = dir.join("handler.py");
+
+    // Write in place.
+    std::fs::write(&handler, versioned("in-place")).unwrap();
+    wait_result(&serve, "command:x", json!("in-place"));
+    // Write a temp file and rename it over the handler.
+    write_atomic(&handler, &versioned("renamed-over"));
+    wait_result(&serve, "command:x", json!("renamed-over"));
+    // Delete, then create.
+    std::fs::remove_file(&handler).unwrap();
+    std::fs::write(&handler, versioned("recreated")).unwrap();
+    wait_result(&serve, "command:x", json!("recreated"));
+    // vim without backupcopy: probe file 4913, handler -> handler~, write new, delete backup.
+    std::fs::write(dir.join("4913"), "").unwrap();
+    std::fs::remove_file(dir.join("4913")).unwrap();
+    std::fs::rename(&handler, dir.join("handler.py~")).unwrap();
+    std::fs::write(&handler, versioned("vim")).unwrap();
+    std::fs::remove_file(dir.join("handler.py~")).unwrap();
+    wait_result(&serve, "command:x", json!("vim"));
+    // cp -r of a whole directory from elsewhere.
+    let staging = hooks.tmp.path().join("staging/copied");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::write(staging.join("HOOK.yaml"), "events: [command:copied]\n").unwrap();
+    std::fs::write(staging.join("handler.py"), versioned("copied")).unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&staging)
+        .arg(hooks.root())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_result(&serve, "command:copied", json!("copied"));
+    // Many files at once, as a git checkout does.
+    for i in 0..15 {
+        hooks.python(
+            &format!("many{i:02}"),
+            "[command:many]",
+            &versioned(&format!("m{i}")),
+        );
+    }
+    poll(T, "all 15 hooks", || {
+        (results(&serve, "command:many").len() == 15).then_some(())
+    });
+}
+
+#[test]
+fn broken_edits_keep_the_last_good_version_and_a_fix_brings_the_new_one() {
+    let hooks = Hooks::new();
+    let dir = hooks.python("fragile", "[command:x]", &versioned("good"));
+    let serve = Serve::start(&hooks, &[]);
+    wait_result(&serve, "command:x", json!("good"));
+    let check_kept = |what: &str| {
+        poll(T, &format!("{what} reported"), || {
+            let (_, v) = serve.get("/v1/hooks/fragile");
+            let msg = v["last_error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            msg.contains(what).then_some(())
+        });
+        let (_, v) = serve.get("/v1/hooks");
+        let skipped = v["skipped"].to_string();
+        assert!(
+            skipped.contains("previous version keeps running"),
+            "{skipped}"
+        );
+        assert_eq!(
+            results(&serve, "command:x"),
+            vec![("fragile".to_string(), json!("good"))]
+        );
+    };
+    std::fs::write(
+        dir.join("handler.py"),
+        "def handle(e, c)\n    return 'syntax'\n",
+    )
+    .unwrap();
+    check_kept("SyntaxError");
+    std::fs::write(dir.join("HOOK.yaml"), "name: fragile\nevents: [command:x\n").unwrap();
+    check_kept("YAML error");
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: fragile\nevents: [command:x]\n",
+    )
+    .unwrap();
+    std::fs::remove_file(dir.join("handler.py")).unwrap();
+    check_kept("no handler");
+    std::fs::write(dir.join("handler.py"), versioned("fixed")).unwrap();
+    wait_result(&serve, "command:x", json!("fixed"));
+    let (_, v) = serve.get("/v1/hooks");
+    assert_eq!(v["skipped"], json!([]));
+}
+
+#[test]
+fn renames_and_name_clashes() {
+    let hooks = Hooks::new();
+    hooks.python("first", "[command:x]", &versioned("first"));
+    let serve = Serve::start(&hooks, &[]);
+    wait_result(&serve, "command:x", json!("first"));
+    // Renaming the directory = removal + addition (the name comes from HOOK.yaml here).
+    std::fs::rename(hooks.root().join("first"), hooks.root().join("zz-moved")).unwrap();
+    poll(T, "the moved hook", || {
+        let (_, v) = serve.get("/v1/hooks/first");
+        v["path"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("zz-moved"))
+            .then_some(())
+    });
+    // A second hook renamed by an edit to the same name: the earlier directory wins.
+    let other = hooks.python("aa-other", "[command:x]", &versioned("other"));
+    poll(T, "two hooks", || {
+        (results(&serve, "command:x").len() == 2).then_some(())
+    });
+    std::fs::write(
+        other.join("HOOK.yaml"),
+        "name: first\nevents: [command:x]\n",
+    )
+    .unwrap();
+    poll(T, "the clash reported", || {
+        let (_, v) = serve.get("/v1/hooks");
+        let s = v["skipped"].to_string();
+        (s.contains("shadowed") && s.contains("zz-moved")).then_some(())
+    });
+    assert_eq!(
+        results(&serve, "command:x"),
+        vec![("first".to_string(), json!("other"))]
+    );
+}
+
+#[test]
+fn no_watch_reloads_only_on_request_or_sighup() {
+    let hooks = Hooks::new();
+    let dir = hooks.python("h", "[command:x]", &versioned("one"));
+    let serve = Serve::start(&hooks, &["--no-watch"]);
+    std::fs::write(dir.join("handler.py"), versioned("two")).unwrap();
+    hooks.python("added", "[command:y]", &versioned("added"));
+    // Give a watcher, were there one, ample time to act: then nothing may have changed.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        results(&serve, "command:x"),
+        vec![("h".to_string(), json!("one"))]
+    );
+    let (s, report) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200);
+    assert_eq!(report["started"], json!(["added", "h"]));
+    assert_eq!(
+        results(&serve, "command:x"),
+        vec![("h".to_string(), json!("two"))]
+    );
+    std::fs::write(dir.join("handler.py"), versioned("three")).unwrap();
+    signal(serve.child.id(), libc::SIGHUP);
+    wait_result(&serve, "command:x", json!("three"));
+}
+
+#[test]
+fn unchanged_hooks_keep_their_worker_and_module_state() {
+    let hooks = Hooks::new();
+    hooks.python("counter", "[command:count]", "import os\nn = 0\ndef handle(e, c):\n    global n\n    n += 1\n    return [os.getpid(), n]\n");
+    let other = hooks.python("other", "[command:x]", &versioned("a"));
+    let serve = Serve::start(&hooks, &[]);
+    let first = results(&serve, "command:count")[0].1.clone();
+    assert_eq!(first[1], 1);
+    std::fs::write(other.join("handler.py"), versioned("b")).unwrap();
+    wait_result(&serve, "command:x", json!("b"));
+    let second = results(&serve, "command:count")[0].1.clone();
+    assert_eq!(second[0], first[0], "same worker process");
+    assert_eq!(second[1], 2, "module state kept");
+}
+
+#[test]
+fn a_thousand_events_across_ten_rewrites_are_delivered_exactly_once_in_order() {
+    let hooks = Hooks::new();
+    let out = hooks.out().join("seen.jsonl");
+    let code = |v: usize| {
+        format!(
+            "import json\nV = {v}\ndef handle(e, c):\n    with open({out:?}, 'a') as f:\n        f.write(json.dumps([c['seq'], V]) + '\\n')\n",
+            out = out.display().to_string()
+        )
+    };
+    let dir = hooks.python("seq", "[agent:step]", &code(0));
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: seq\nevents: [agent:step]\nqueue: {capacity: 100000}\n",
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &[]);
+    // Events flow continuously while the handler is rewritten every 100 events.
+    for seq in 0..1000 {
+        let (s, _) = serve.post(
+            "/v1/events",
+            &json!({"event": "agent:step", "context": {"seq": seq}}),
+        );
+        assert_eq!(s, 202);
+        if seq % 100 == 99 {
+            write_atomic(&dir.join("handler.py"), &code(seq / 100 + 1));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let seen = poll(Duration::from_secs(90), "all 1000 events", || {
+        let r = crate::util::read_jsonl(&out);
+        (r.len() >= 1000).then_some(r)
+    });
+    let seqs: Vec<i64> = seen.iter().map(|v| v[0].as_i64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (0..1000).collect::<Vec<_>>(),
+        "every event exactly once, in order"
+    );
+    let versions: std::collections::BTreeSet<i64> =
+        seen.iter().map(|v| v[1].as_i64().unwrap()).collect();
+    assert!(
+        versions.len() >= 3,
+        "events reached several versions: {versions:?}"
+    );
+    let (_, v) = serve.get("/v1/hooks/seq");
+    assert_eq!(v["counters"]["dropped"], 0);
+}
+
+#[test]
+fn removed_hook_finishes_its_queue_before_stopping() {
+    let hooks = Hooks::new();
+    let out = hooks.out().join("slow.txt");
+    let dir = hooks.python(
+        "slow",
+        "[agent:step]",
+        &format!(
+            "import time\ndef handle(e, c):\n    time.sleep(0.1)\n    open({:?}, 'a').write('x')\n",
+            out.display().to_string()
+        ),
+    );
+    let serve = Serve::start(&hooks, &[]);
+    for _ in 0..10 {
+        serve.post("/v1/events", &json!({"event": "agent:step"}));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    poll(T, "the hook to be removed", || {
+        hook_names(&serve).is_empty().then_some(())
+    });
+    poll(T, "all 10 queued events delivered", || {
+        (std::fs::read_to_string(&out).unwrap_or_default().len() == 10).then_some(())
+    });
+}
