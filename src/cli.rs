@@ -91,6 +91,10 @@ pub enum Command {
         #[command(flatten)]
         roots: RootArgs,
     },
+    /// Send an event to the running service (its Unix socket by default) and print the answer.
+    ///
+    /// Example: hermes-hooks emit message:pre_route --context '{"message": "hi"}' --collect
+    Emit(EmitArgs),
     /// Run the handlers matching EVENT here and print each result, error and duration.
     ///
     /// Example: hermes-hooks test command:reset --context '{"user_id": "42"}'
@@ -137,6 +141,34 @@ pub struct ServeArgs {
     /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
     #[arg(long)]
     no_watch: bool,
+}
+
+/// Options of `emit`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EmitArgs {
+    /// Event name, e.g. agent:start or command:reset.
+    event: String,
+    /// Context as a JSON object.
+    #[arg(long, value_name = "JSON", conflicts_with = "context_file")]
+    context: Option<String>,
+    /// File holding the context as a JSON object.
+    #[arg(long, value_name = "FILE")]
+    context_file: Option<PathBuf>,
+    /// Wait for the handlers' results (POST /v1/collect) instead of only queuing the event.
+    #[arg(long)]
+    collect: bool,
+    /// Deadline for --collect, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    timeout_ms: u64,
+    /// The service's TCP address HOST:PORT (default: the Unix socket).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// The service's Unix socket. Default: $HERMES_HOOKS_ADDRESS, else $HERMES_HOME/hooks.sock.
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    socket: Option<PathBuf>,
+    /// File holding the bearer token (default: $HERMES_HOOKS_TOKEN when set).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
 }
 
 /// Options of `test`.
@@ -193,6 +225,7 @@ pub fn main() -> i32 {
             Command::List { roots, json } => list(roots, json).await,
             Command::Check { roots } => check(roots).await,
             Command::Test(args) => test(args).await,
+            Command::Emit(args) => emit(args).await,
             Command::Enable { name, roots } => set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => set_enabled(&roots, &name, false),
         }
@@ -324,9 +357,10 @@ async fn serve(args: ServeArgs) -> i32 {
         args.drain_timeout
     );
     let drain = Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
-    let host_stop = host.shutdown(drain);
+    // The API stays up while the queues drain: events get 503 (clients keep them and retry),
+    // /v1/hooks and /metrics keep answering. Then the listener closes.
+    let report = host.shutdown(drain).await;
     let _ = stop_tx.send(true);
-    let report = host_stop.await;
     match tokio::time::timeout(Duration::from_secs(5), server_task).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => tracing::error!("server error: {e}"),
@@ -493,18 +527,90 @@ async fn check(roots: RootArgs) -> i32 {
     .await
 }
 
+/// The context given by `--context JSON` or `--context-file F` (`null` when neither).
+fn read_context(text: Option<&str>, file: Option<&std::path::Path>) -> Result<Value, String> {
+    match (text, file) {
+        (Some(text), _) => {
+            serde_json::from_str(text).map_err(|e| format!("--context is not valid JSON: {e}"))
+        }
+        (None, Some(f)) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            serde_json::from_str(&t).map_err(|e| format!("{} is not valid JSON: {e}", f.display()))
+        }
+        (None, None) => Ok(Value::Null),
+    }
+}
+
+async fn emit(args: EmitArgs) -> i32 {
+    use crate::client::{Address, request};
+    let context = match read_context(args.context.as_deref(), args.context_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let address = match (&args.listen, &args.socket) {
+        (Some(l), _) => Address::Tcp(l.clone()),
+        (None, Some(p)) => Address::Unix(p.clone()),
+        (None, None) => match std::env::var("HERMES_HOOKS_ADDRESS")
+            .ok()
+            .filter(|a| !a.is_empty())
+        {
+            Some(a) => Address::parse(&a),
+            None => Address::Unix(crate::host::hermes_home().join("hooks.sock")),
+        },
+    };
+    let token = match &args.token_file {
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(t) => Some(t.trim().to_string()),
+            Err(e) => return fail(format!("cannot read --token-file {}: {e}", f.display())),
+        },
+        None => std::env::var("HERMES_HOOKS_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+    };
+    let (path, body) = if args.collect {
+        (
+            "/v1/collect",
+            json!({"event": args.event, "context": context, "timeout_ms": args.timeout_ms}),
+        )
+    } else {
+        (
+            "/v1/events",
+            json!({"event": args.event, "context": context}),
+        )
+    };
+    let wait = Duration::from_millis(args.timeout_ms.saturating_add(5000));
+    let body = body.to_string();
+    match request(
+        &address,
+        "POST",
+        path,
+        token.as_deref(),
+        Some(body.as_bytes()),
+        wait,
+    )
+    .await
+    {
+        Ok((status, answer)) if (200..300).contains(&status) => {
+            println!("{}", String::from_utf8_lossy(&answer).trim());
+            0
+        }
+        Ok((status, answer)) => {
+            let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+            let msg = v["error"]["message"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| String::from_utf8_lossy(&answer).into_owned());
+            fail(format!("HTTP {status}: {msg}"))
+        }
+        Err(e) => fail(e),
+    }
+}
+
 async fn test(args: TestArgs) -> i32 {
-    let context: Value = match (&args.context, &args.context_file) {
-        (Some(text), _) => match serde_json::from_str(text) {
-            Ok(v) => v,
-            Err(e) => return fail(format!("--context is not valid JSON: {e}")),
-        },
-        (None, Some(f)) => match std::fs::read_to_string(f).map(|t| serde_json::from_str(&t)) {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => return fail(format!("{} is not valid JSON: {e}", f.display())),
-            Err(e) => return fail(format!("cannot read {}: {e}", f.display())),
-        },
-        (None, None) => Value::Null,
+    let context = match read_context(args.context.as_deref(), args.context_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
     };
     if let Err(e) = crate::events::validate_event_name(&args.event) {
         return fail(format!("{e}"));

@@ -12,6 +12,7 @@
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
 //! - [`metrics`]: Prometheus text.
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
+//! - [`client`]: the tiny HTTP client the CLI's `emit` uses.
 //! - [`cli`]: the command-line interface; `main.rs` only calls [`cli::main`].
 //!
 //! # The path of an event
@@ -25,6 +26,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod cli;
+pub mod client;
 pub mod discovery;
 pub mod dispatch;
 pub mod events;

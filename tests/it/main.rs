@@ -3,10 +3,12 @@
 mod util;
 
 mod cli;
+mod client;
 mod core;
 mod exec;
 mod http;
 mod python;
 mod reload;
+mod service;
 mod trust;
 mod webhook;

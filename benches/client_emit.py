@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Gateway-side cost of ``await registry.emit(...)`` through the Python client.
+
+Measures what the gateway's event loop pays per emit with ``hermes_hooks.HookRegistry`` (from
+``clients/python``) talking to a running service, timing each ``await`` with
+``time.perf_counter_ns``, then waits for the service to acknowledge everything. Prints one
+JSON object (latencies in microseconds): p50/p99 of ``await registry.emit``, the loop thread's
+CPU per emit (including the sender wake-ups ``emit`` defers to the loop) and the whole
+process's CPU per event (including the sender thread's JSON encoding and socket writes).
+
+    hermes-hooks serve --hooks-dir DIR --socket /tmp/hh.sock &
+    python3 benches/client_emit.py /tmp/hh.sock              # or http://127.0.0.1:PORT
+
+The hooks behind the service (for BENCHMARKS.md: 10 hooks on agent:start, one sleeping 200 ms)
+do not change this figure: emit never waits for them. ``--pace-us`` inserts an
+``asyncio.sleep`` between emits to look like a gateway (emits interleaved with other work)
+rather than a tight loop, which is the worst case for contention with the sender thread.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "clients", "python"))
+
+from hermes_hooks import HookRegistry  # noqa: E402
+
+
+def percentile(sorted_values: list, q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, int(round(q / 100.0 * len(sorted_values) + 0.5)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def run(args: argparse.Namespace) -> dict:
+    registry = HookRegistry(address=args.address, queue_size=args.queue_size or
+                            (args.count + args.warmup), batch_max=args.batch_max)
+    registry.discover_and_load()
+    context = {"platform": "telegram", "user_id": "1234567", "chat_id": "-100987654",
+               "thread_id": "", "chat_type": "group", "session_id": "sess-0001",
+               "message": "m" * 200}
+    emit = registry.emit
+    pace = args.pace_us / 1e6
+
+    for _ in range(args.warmup):
+        await emit(args.event, context)
+    if not registry.flush(args.flush_timeout):
+        print("warning: warm-up events not acknowledged within %.0f s" % args.flush_timeout,
+              file=sys.stderr)
+    sent_before = registry.sent
+
+    clock = time.perf_counter_ns
+
+    async def phase(do_emit: bool) -> tuple:
+        """The same loop with or without the emit; returns (loop-thread CPU ns, samples)."""
+        samples = []
+        cpu0 = time.thread_time_ns()
+        for _ in range(args.count):
+            if pace:
+                await asyncio.sleep(pace)
+            t0 = clock()
+            if do_emit:
+                await emit(args.event, context)
+            samples.append(clock() - t0)
+        await asyncio.sleep(0)  # run a wake deferred by the last emit, so it is counted
+        return time.thread_time_ns() - cpu0, samples
+
+    proc0 = time.process_time_ns()
+    base_cpu, base_samples = await phase(False)
+    base_process = time.process_time_ns() - proc0
+    proc0 = time.process_time_ns()
+    started = clock()
+    emit_cpu, samples = await phase(True)
+    emitted_s = (clock() - started) / 1e9
+
+    drain_start = time.perf_counter()
+    flushed = registry.flush(args.flush_timeout)
+    drain_s = time.perf_counter() - drain_start
+    process_cpu = time.process_time_ns() - proc0 - base_process
+    registry.close(0)
+
+    us = sorted(s / 1000.0 for s in samples)
+    floor = sorted(s / 1000.0 for s in base_samples)
+    return {
+        "bench": "client_emit",
+        "address": registry.address,
+        "event": args.event,
+        "python": platform.python_version(),
+        "count": args.count,
+        "warmup": args.warmup,
+        "pace_us": args.pace_us,
+        "loaded_hooks": len(registry.loaded_hooks),
+        "p50_us": round(percentile(us, 50), 2),
+        "p90_us": round(percentile(us, 90), 2),
+        "p99_us": round(percentile(us, 99), 2),
+        "p999_us": round(percentile(us, 99.9), 2),
+        "max_us": round(us[-1], 2) if us else None,
+        "mean_us": round(statistics.fmean(us), 2) if us else None,
+        # The same timing with no emit between the two clock reads (timer cost, cold caches).
+        "empty_p50_us": round(percentile(floor, 50), 2),
+        "empty_p99_us": round(percentile(floor, 99), 2),
+        "emit_loop_s": round(emitted_s, 4),
+        # Everything emitting cost the event loop's thread (emit + deferred sender wake-ups),
+        # from thread CPU time, minus the same loop without emits.
+        "loop_cpu_per_emit_us": round((emit_cpu - base_cpu) / 1000.0 / args.count, 2),
+        # Whole gateway process (loop + sender thread encoding and sending) per event, minus
+        # the same loop without emits.
+        "process_cpu_per_event_us": round(process_cpu / 1000.0 / args.count, 2),
+        "acknowledged": registry.sent - sent_before,
+        "flushed": flushed,
+        "drain_after_loop_s": round(drain_s, 4),
+        "dropped": registry.dropped,
+        "rejected": registry.rejected,
+        "last_error": registry.last_error,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("address", help="service socket path or http://host:port")
+    parser.add_argument("--count", type=int, default=10000, help="measured emits (10000)")
+    parser.add_argument("--warmup", type=int, default=1000, help="unmeasured emits first (1000)")
+    parser.add_argument("--event", default="agent:start", help="event name (agent:start)")
+    parser.add_argument("--pace-us", type=float, default=0.0,
+                        help="asyncio.sleep between emits, microseconds (0: tight loop)")
+    parser.add_argument("--queue-size", type=int, default=0,
+                        help="client buffer bound (default: count + warmup, so nothing drops)")
+    parser.add_argument("--batch-max", type=int, default=500, help="events per batch (500)")
+    parser.add_argument("--flush-timeout", type=float, default=60.0,
+                        help="seconds to wait for the service to acknowledge (60)")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print(json.dumps(result))
+    return 0 if result["flushed"] and not result["dropped"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+//! HTTP ingest throughput of the service on this machine (load generator: this file, plain
+//! threads with keep-alive connections over loopback; no external tool needed).
+//!
+//! `cargo bench --bench ingest`. Starts the release `hermes-hooks serve` on 127.0.0.1:0 with one
+//! Python hook matching the events (queue large enough that nothing is dropped in the run), then:
+//! 1. single-event `POST /v1/events`, CONNS connections with keep-alive, for SECS seconds;
+//! 2. `POST /v1/events/batch` with 1,000 events per request, one connection, for SECS seconds.
+//!
+//! Prints requests/s and events/s (each the median of 3 runs).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SECS: f64 = 3.0;
+const CONNS: usize = 2;
+
+/// Sends `body` to `path` repeatedly for SECS seconds over one connection; returns requests.
+fn hammer(addr: &str, path: &str, body: &[u8]) -> u64 {
+    let mut sock = TcpStream::connect(addr).expect("connect");
+    sock.set_nodelay(true).expect("nodelay");
+    let mut reader = BufReader::new(sock.try_clone().expect("clone"));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut req = head.into_bytes();
+    req.extend_from_slice(body);
+    let start = Instant::now();
+    let mut n = 0;
+    let mut line = String::new();
+    while start.elapsed().as_secs_f64() < SECS {
+        sock.write_all(&req).expect("write");
+        let mut len = 0usize;
+        let mut first = true;
+        loop {
+            line.clear();
+            reader.read_line(&mut line).expect("read");
+            if first {
+                assert!(line.contains(" 202 "), "{line}");
+                first = false;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().expect("length");
+            }
+        }
+        let mut buf = vec![0; len];
+        reader.read_exact(&mut buf).expect("body");
+        n += 1;
+    }
+    n
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let bin = env!("CARGO_BIN_EXE_hermes-hooks");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let hook = tmp.path().join("hooks/sink");
+    std::fs::create_dir_all(&hook).expect("mkdir");
+    std::fs::write(
+        hook.join("HOOK.yaml"),
+        "events: [agent:step]\nqueue: {capacity: 1000000}\n",
+    )
+    .expect("write");
+    std::fs::write(hook.join("handler.py"), "def handle(e, c):\n    pass\n").expect("write");
+    let mut child = Command::new(bin)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout",
+            "0",
+            "--hooks-dir",
+        ])
+        .arg(tmp.path().join("hooks"))
+        .env("HERMES_HOME", tmp.path())
+        .env("HERMES_HOOKS_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_string());
+            }
+            if line.contains("hooks loaded") {
+                let _ = tx.send(String::new());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("address");
+    let _ = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("hooks loaded");
+
+    let single = br#"{"event": "agent:step", "context": {"platform": "telegram", "user_id": "42", "session_id": "s", "iteration": 3, "tool_names": ["web"]}}"#;
+    let mut singles = Vec::new();
+    for _ in 0..3 {
+        let handles: Vec<_> = (0..CONNS)
+            .map(|_| {
+                let addr = addr.clone();
+                std::thread::spawn(move || hammer(&addr, "/v1/events", single))
+            })
+            .collect();
+        let total: u64 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
+        singles.push(total as f64 / SECS);
+    }
+
+    let item = r#"{"event": "agent:step", "context": {"platform": "telegram", "user_id": "42", "session_id": "s", "iteration": 3, "tool_names": ["web"]}}"#;
+    let batch = format!("{{\"events\": [{}]}}", vec![item; 1000].join(","));
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        let n = hammer(&addr, "/v1/events/batch", batch.as_bytes());
+        batches.push(n as f64 * 1000.0 / SECS);
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+
+    println!("HTTP ingest over loopback, 1 matching Python hook, median of 3 runs of {SECS} s");
+    println!(
+        "single-event POST /v1/events, {CONNS} keep-alive connections: {:>10.0} requests/s (= events/s)",
+        median(singles.clone())
+    );
+    println!(
+        "POST /v1/events/batch, 1,000 events per request, 1 connection: {:>10.0} events/s",
+        median(batches.clone())
+    );
+    println!("raw: singles {singles:?}, batches {batches:?}");
+}

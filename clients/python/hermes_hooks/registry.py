@@ -1,0 +1,857 @@
+"""``HookRegistry``: the gateway's hook registry, backed by the hermes-hooks service.
+
+Same surface as the gateway's original ``gateway.hooks.HookRegistry``: ``discover_and_load()``,
+``loaded_hooks``, ``async emit(event_type, context=None)``, ``async emit_collect(event_type,
+context=None)``. See the package docstring for the guarantees.
+
+Path of an event: ``emit`` validates the name, copies the context (shallow) and appends to a
+bounded deque under a lock; if the sender thread is idle, its wake-up is scheduled on the event
+loop (``call_soon``) -> the sender takes up to ``batch_max`` events, encodes them to JSON
+(``default=``: anything becomes a string) -> ``POST /v1/events/batch`` over one keep-alive
+connection -> on 202 they are counted ``sent``; on a connection error or 503 the same batch is
+retried after a backoff; on 400/413 the batch is halved until the bad event is alone, and that one
+is counted ``rejected``.
+"""
+
+import asyncio
+import atexit
+import collections
+import collections.abc
+import datetime
+import decimal
+import enum
+import http.client
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import _transport
+
+log = logging.getLogger("hermes_hooks")
+
+#: Longest event name the service accepts, in UTF-8 bytes (DESIGN 5).
+MAX_EVENT_NAME_BYTES = 256
+#: Most events the service takes in one ``/v1/events/batch`` request.
+MAX_BATCH_EVENTS = 10000
+#: Body size the client keeps each batch under (the service's limit is 16 MiB).
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: How many distinct valid event names are remembered to skip re-validation.
+_NAME_CACHE_MAX = 4096
+#: Consecutive 5xx answers (other than 502/503/504) for the same batch before it is split.
+_MAX_SERVER_ERRORS = 3
+
+# Outcomes of one batch request.
+_OK, _RETRY, _SPLIT, _REJECT = "ok", "retry", "split", "reject"
+# ``_enqueue`` result: buffered, and the idle sender needs a wake.
+_WAKE = "wake"
+#: Seconds an idle sender sleeps before looking at the buffer anyway: the safety net for a
+#: wake scheduled on an event loop that stopped before running it.
+_IDLE_RECHECK = 1.0
+
+
+class _RateLimited:
+    """Logs the first occurrence of a kind of message, then at most one per ``interval``
+    seconds, saying how many were suppressed in between (a dead service must not flood logs)."""
+
+    def __init__(self, interval: float = 30.0) -> None:
+        self.interval = interval
+        self._last = {}  # type: Dict[str, float]
+        self._suppressed = collections.Counter()  # type: collections.Counter
+
+    def __call__(self, key: str, level: int, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._suppressed[key] += 1
+            return
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        if skipped:
+            msg += " (%d similar messages suppressed)"
+            args = args + (skipped,)
+        log.log(level, msg, *args)
+
+
+def check_event_name(name: object) -> Optional[str]:
+    """Why the service would reject ``name`` (DESIGN 5), or ``None`` when it is acceptable."""
+    if not isinstance(name, str):
+        return "event name must be a string, not %s" % type(name).__name__
+    if not name:
+        return "event name is empty"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_EVENT_NAME_BYTES:
+        return "event name is longer than %d bytes" % MAX_EVENT_NAME_BYTES
+    for ch in name:
+        if ch.isspace() or ch < " " or "\x7f" <= ch <= "\x9f":
+            return "event name %r contains whitespace or a control character" % name
+    return None
+
+
+def _json_default(obj: Any) -> Any:
+    """Makes any context value JSON-safe: the gateway's contexts are not checked by anyone."""
+    if isinstance(obj, (datetime.datetime, datetime.date, datetime.time)):
+        return obj.isoformat()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return bytes(obj).decode("utf-8", "replace")
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (decimal.Decimal, uuid.UUID)):
+        return str(obj)
+    if isinstance(obj, collections.abc.Mapping):
+        return dict(obj)
+    return str(obj)
+
+
+def _sanitize(obj: Any, depth: int = 0, seen: Optional[set] = None) -> Any:
+    """Slow path when ``json.dumps`` failed: NaN/inf -> null, non-string keys -> strings,
+    reference cycles and very deep nesting -> short strings."""
+    if seen is None:
+        seen = set()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    if depth > 64:
+        return "<nested too deep>"
+    if isinstance(obj, (dict, list, tuple, set, frozenset, collections.abc.Mapping)):
+        if id(obj) in seen:
+            return "<circular reference>"
+        seen.add(id(obj))
+        try:
+            if isinstance(obj, collections.abc.Mapping):
+                return {k if isinstance(k, str) else _safe_str(k): _sanitize(v, depth + 1, seen)
+                        for k, v in obj.items()}
+            return [_sanitize(v, depth + 1, seen) for v in obj]
+        finally:
+            seen.discard(id(obj))
+    try:
+        return _sanitize(_json_default(obj), depth + 1, seen)
+    except Exception:
+        return _safe_str(obj)
+
+
+def _safe_str(obj: Any) -> str:
+    try:
+        return str(obj)
+    except Exception:
+        return "<unprintable %s>" % type(obj).__name__
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), default=_json_default, allow_nan=False)
+
+
+def encode_event(event_type: str, context: Dict[str, Any]) -> bytes:
+    """One ``{"event", "context"}`` object as compact JSON bytes; never raises for odd values."""
+    try:
+        return _dumps({"event": event_type, "context": context}).encode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        return _dumps({"event": event_type, "context": _sanitize(context)}).encode("utf-8")
+
+
+def _error_detail(status: int, body: bytes) -> str:
+    """``"400 bad_request: message"`` from the service's ``{"error": {"code", "message"}}``."""
+    try:
+        err = json.loads(body.decode("utf-8"))["error"]
+        return "%d %s: %s" % (status, err.get("code", "?"), err.get("message", ""))
+    except Exception:
+        text = body[:200].decode("utf-8", "replace").strip()
+        return "%d %s" % (status, text or http.client.responses.get(status, ""))
+
+
+def _hook_entry(raw: Any) -> Dict[str, Any]:
+    """A ``loaded_hooks`` entry: the original's keys (name, description, events, path) first,
+    then whatever else the service reports (kind, root, status, counters...)."""
+    raw = raw if isinstance(raw, dict) else {}
+    entry = {
+        "name": raw.get("name", ""),
+        "description": raw.get("description") or "",
+        "events": list(raw.get("events") or []),
+        "path": raw.get("path", ""),
+    }
+    for key, value in raw.items():
+        entry.setdefault(key, value)
+    return entry
+
+
+# Registries alive in this process, for the exit flush and the fork reset.
+_live = weakref.WeakSet()  # type: weakref.WeakSet
+
+
+def _at_exit() -> None:
+    for registry in list(_live):
+        try:
+            registry._close_at_exit()
+        except Exception:  # pragma: no cover - never let exit handling raise
+            pass
+
+
+def _after_fork_in_child() -> None:
+    for registry in list(_live):
+        registry._reset_after_fork()
+
+
+atexit.register(_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class HookRegistry:
+    """Drop-in for the gateway's ``HookRegistry``, sending events to the hermes-hooks service.
+
+    Usage, exactly as with the original::
+
+        registry = HookRegistry()
+        registry.discover_and_load()
+        await registry.emit("agent:start", {"platform": "telegram", ...})
+        decisions = await registry.emit_collect("message:pre_route", ctx)
+
+    Counters (read them any time, from any thread): ``sent`` (events the service acknowledged
+    with 202), ``dropped`` (events discarded because the buffer was full, or emitted after
+    ``close()``), ``rejected`` (events the client or the service refused as invalid: bad event
+    name, context not a mapping, 4xx answer), ``pending`` (buffered + in flight), ``connected``
+    (the service answered the last batch request) and ``last_error`` (text of the last send
+    failure, kept after recovery).
+
+    When the buffer is full the **oldest** buffered event is dropped to make room (the service
+    side's default overflow policy too): after an outage the hooks get the most recent events.
+    Events already in the batch being sent are never dropped; if the whole buffer is one
+    in-flight batch the new event is the one dropped.
+    """
+
+    def __init__(self, address: Any = None, token: Optional[str] = None, queue_size: int = 10000,
+                 batch_max: int = 500, collect_timeout: float = 5.0, autostart: bool = False, *,
+                 binary: Optional[str] = None, serve_args: Sequence[str] = (),
+                 autostart_timeout: float = 5.0, autostart_log: Optional[str] = None,
+                 request_timeout: float = 5.0, backoff_initial: float = 0.05,
+                 backoff_max: float = 5.0, exit_flush_timeout: float = 1.0,
+                 validate_events: bool = True) -> None:
+        """
+        :param address: Unix socket path or ``http://host:port``; default
+            ``$HERMES_HOOKS_ADDRESS``, else ``$HERMES_HOME/hooks.sock``. ``ValueError`` if
+            malformed: the only exception this class raises, at construction.
+        :param token: bearer token; default ``$HERMES_HOOKS_TOKEN``.
+        :param queue_size: most events buffered (queued + in flight) while the service is slow
+            or down; beyond it the oldest are dropped and counted.
+        :param batch_max: most events per ``/v1/events/batch`` request (1..10,000).
+        :param collect_timeout: seconds ``emit_collect`` gives the handlers (sent as
+            ``timeout_ms``); the call itself gives up one second later.
+        :param autostart: start ``hermes-hooks serve`` from ``discover_and_load`` when no service
+            answers at the address.
+        :param binary: the ``hermes-hooks`` executable for autostart; default
+            ``$HERMES_HOOKS_BIN``, else ``hermes-hooks`` on ``PATH``.
+        :param serve_args: extra ``serve`` arguments for autostart (``["--hooks-dir", d]``...).
+        :param autostart_timeout: seconds to wait for ``/readyz`` after starting the service.
+        :param autostart_log: file receiving the started service's output; default
+            ``$HERMES_HOME/logs/hermes-hooks.log``.
+        :param request_timeout: socket timeout for each batch request and for
+            ``discover_and_load``'s request.
+        :param backoff_initial, backoff_max: reconnect delays, doubling from the first to the second.
+        :param exit_flush_timeout: at interpreter exit, seconds spent delivering what is still
+            buffered (0: don't wait).
+        :param validate_events: check event names on the client (the service's rules) so one bad
+            name is refused alone instead of costing a round of batch splitting.
+        """
+        self._address = _transport.resolve_address(address)
+        if token is None:
+            token = os.environ.get(_transport.TOKEN_ENV) or None
+        self._headers = {"Authorization": "Bearer %s" % token.strip()} if token else {}
+        self._batch_headers = dict(self._headers, **{"Content-Type": "application/json",
+                                                      "Accept": "application/json"})
+        if int(queue_size) < 1:
+            raise ValueError("queue_size must be at least 1, got %r" % (queue_size,))
+        if not 1 <= int(batch_max) <= MAX_BATCH_EVENTS:
+            raise ValueError("batch_max must be between 1 and %d, got %r"
+                             % (MAX_BATCH_EVENTS, batch_max))
+        if not float(collect_timeout) > 0:
+            raise ValueError("collect_timeout must be positive, got %r" % (collect_timeout,))
+        self._queue_size = int(queue_size)
+        self._batch_max = int(batch_max)
+        self.collect_timeout = float(collect_timeout)
+        self._autostart = bool(autostart)
+        self._binary = binary
+        self._serve_args = list(serve_args)
+        self._autostart_timeout = float(autostart_timeout)
+        self._autostart_log = autostart_log
+        self._request_timeout = float(request_timeout)
+        self._backoff_initial = max(0.001, float(backoff_initial))
+        self._backoff_max = max(self._backoff_initial, float(backoff_max))
+        self._exit_flush_timeout = max(0.0, float(exit_flush_timeout))
+        self._validate = bool(validate_events)
+
+        #: Counters, see the class docstring.
+        self.sent = 0
+        self.dropped = 0
+        self.rejected = 0
+        self.connected = False
+        self.last_error = None  # type: Optional[str]
+        #: LoadReport entries from the service: ``{"dir", "name", "reason"}``.
+        self.skipped = []  # type: List[Dict[str, Any]]
+        #: The ``hermes-hooks serve`` process started by autostart, if any (it is not stopped
+        #: by ``close()``: it serves whoever comes next).
+        self.service_process = None  # type: Optional[subprocess.Popen]
+
+        self._hooks = []  # type: List[Dict[str, Any]]
+        self._names_ok = set()  # type: set
+        self._say = _RateLimited()
+        self._init_sender_state()
+        _live.add(self)
+
+    def _init_sender_state(self) -> None:
+        # One lock guards the buffer, the in-flight count and the counters emitters touch.
+        self._lock = threading.Lock()
+        # The sender waits here for work; emitters notify only when it is idle.
+        self._wake = threading.Condition(self._lock)
+        # flush() waits here until buffer and in-flight batch are both empty.
+        self._drained = threading.Condition(self._lock)
+        # Cuts a reconnect backoff short (flush, close).
+        self._kick = threading.Event()
+        self._queue = collections.deque()  # type: collections.deque
+        self._inflight = 0
+        self._sender_idle = False
+        self._wake_pending = False
+        self._thread = None  # type: Optional[threading.Thread]
+        self._stopping = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ the original surface
+
+    @property
+    def address(self) -> str:
+        """Where this registry sends events (socket path or ``http://host:port``)."""
+        return str(self._address)
+
+    @property
+    def loaded_hooks(self) -> List[dict]:
+        """Hooks the service reported at the last ``discover_and_load()``: dicts with at least
+        ``name``, ``description``, ``events``, ``path`` (plus the service's ``kind``, ``status``...)."""
+        return list(self._hooks)
+
+    def discover_and_load(self) -> None:
+        """Ask the service which hooks it loaded (``GET /v1/hooks``) and start the sender.
+
+        Never raises: when the service is down, logs a warning and leaves ``loaded_hooks``
+        empty (events emitted meanwhile wait in the buffer). With ``autostart=True`` it first
+        starts the service when none answers.
+        """
+        try:
+            status, body, exc = self._fetch("/v1/hooks")
+            if exc is not None and self._autostart and self._nobody_listening(exc):
+                if self._start_service():
+                    status, body, exc = self._fetch("/v1/hooks")
+            if exc is not None:
+                log.warning("hermes-hooks service not reachable at %s (%s): no hooks listed; "
+                            "events are buffered (up to %d) until it answers",
+                            self._address, exc, self._queue_size)
+            elif status != 200:
+                log.warning("hermes-hooks service at %s answered GET /v1/hooks with %s",
+                            self._address, _error_detail(status, body))
+            else:
+                data = json.loads(body.decode("utf-8"))
+                self._hooks = [_hook_entry(h) for h in data.get("hooks") or []]
+                self.skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
+                for hook in self._hooks:
+                    log.info("[hooks] Loaded hook '%s' for events: %s", hook["name"], hook["events"])
+                for entry in self.skipped:
+                    log.warning("[hooks] Skipping %s: %s", entry.get("name") or entry.get("dir"),
+                                entry.get("reason"))
+        except Exception:
+            log.exception("hermes-hooks: discover_and_load failed")
+        finally:
+            self._ensure_sender()
+
+    async def emit(self, event_type: str, context: Optional[Dict[str, Any]] = None) -> None:
+        """Queue an event for the hooks and return at once: never raises, never waits on the
+        network (the coroutine completes without suspending).
+
+        When the sender thread is idle, waking it (a futex wake and usually a context switch,
+        some microseconds) is not done here but scheduled with ``loop.call_soon``: it runs when
+        the calling task next yields, off the message's path, and one wake serves every event
+        emitted until then."""
+        try:
+            if self._enqueue(event_type, context) is _WAKE:
+                try:
+                    asyncio.get_running_loop().call_soon(self._wake_sender)
+                except RuntimeError:  # driven without a running loop
+                    self._wake_sender()
+        except Exception as exc:  # never into the gateway
+            self._emit_failed(event_type, exc)
+
+    def emit_nowait(self, event_type: str, context: Optional[Dict[str, Any]] = None) -> bool:
+        """``emit`` for synchronous code and other threads (wakes the sender directly).
+        Returns whether the event was buffered (``False``: rejected as invalid, dropped, or the
+        registry is closed). Never raises."""
+        try:
+            result = self._enqueue(event_type, context)
+            if result is _WAKE:
+                self._wake_sender()
+            return bool(result)
+        except Exception as exc:  # never into the gateway
+            self._emit_failed(event_type, exc)
+            return False
+
+    def _enqueue(self, event_type: Any, context: Any) -> Any:
+        """Buffer one event. Returns ``False`` (not buffered), ``True`` (buffered) or ``_WAKE``
+        (buffered, and the idle sender must be woken by the caller)."""
+        if context is None:
+            ctx = {}  # type: Dict[str, Any]
+        elif type(context) is dict:
+            ctx = context.copy()  # the gateway may reuse its dict after emit returns
+        elif isinstance(context, collections.abc.Mapping):
+            ctx = dict(context)
+        else:
+            return self._reject_early(
+                "context for %r must be a dict, not %s" % (event_type, type(context).__name__))
+        if self._validate and (type(event_type) is not str or event_type not in self._names_ok):
+            problem = check_event_name(event_type)
+            if problem is not None:
+                return self._reject_early(problem)
+            if len(self._names_ok) < _NAME_CACHE_MAX:
+                self._names_ok.add(event_type)
+        wake = False
+        with self._lock:
+            if self._closed:
+                self.dropped += 1
+                lost = "closed"
+            else:
+                queue = self._queue
+                lost = None
+                if len(queue) + self._inflight >= self._queue_size:
+                    self.dropped += 1
+                    if queue:
+                        queue.popleft()
+                        lost = "oldest"
+                    else:
+                        lost = "newest"
+                if lost != "newest":
+                    queue.append((event_type, ctx))
+                    if self._sender_idle and not self._wake_pending:
+                        self._wake_pending = wake = True
+        if self._thread is None and lost != "closed":
+            self._ensure_sender()
+        if lost is not None:
+            self._note_drop(lost)
+            if lost != "oldest":
+                return False
+        return _WAKE if wake else True
+
+    def _wake_sender(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+            if self._sender_idle:
+                self._sender_idle = False
+                self._wake.notify()
+
+    def _emit_failed(self, event_type: Any, exc: BaseException) -> None:
+        try:
+            self._say("emit-error", logging.ERROR, "hermes-hooks: emit(%r) failed: %r",
+                      event_type, exc)
+        except Exception:
+            pass
+
+    async def emit_collect(self, event_type: str, context: Optional[Dict[str, Any]] = None, *,
+                           timeout: Optional[float] = None) -> List[Any]:
+        """Run the matching handlers now (``POST /v1/collect``) and return their non-None
+        results in match order (exact-pattern hooks first, then wildcard hooks), like the
+        original. ``[]`` when the service is down, errs or times out: never raises (a failed
+        handler is logged and contributes nothing)."""
+        detailed = await self.emit_collect_detailed(event_type, context, timeout=timeout)
+        return [item.get("result") for item in detailed["results"]
+                if isinstance(item, dict) and item.get("result") is not None]
+
+    async def emit_collect_detailed(self, event_type: str,
+                                    context: Optional[Dict[str, Any]] = None, *,
+                                    timeout: Optional[float] = None) -> Dict[str, Any]:
+        """``emit_collect`` with everything the service said: ``{"results": [{"hook",
+        "result"}], "errors": [{"hook", "error"}], "error": None | str}``; ``error`` is set when
+        the call itself failed (service down, timeout, refused request). Never raises."""
+        out = {"results": [], "errors": [], "error": None}  # type: Dict[str, Any]
+        try:
+            wait = self.collect_timeout if timeout is None else float(timeout)
+            if not wait > 0:
+                raise ValueError("timeout must be positive, got %r" % (timeout,))
+            if context is None:
+                context = {}
+            elif not isinstance(context, collections.abc.Mapping):
+                raise ValueError("context must be a dict, not %s" % type(context).__name__)
+            problem = check_event_name(event_type) if self._validate else None
+            if problem is not None:
+                raise ValueError(problem)
+            request = {"event": event_type, "context": context,
+                       "timeout_ms": max(1, int(wait * 1000))}
+            try:
+                body = _dumps(request).encode("utf-8")
+            except (TypeError, ValueError, RecursionError):
+                request["context"] = _sanitize(context)
+                body = _dumps(request).encode("utf-8")
+        except Exception as exc:
+            out["error"] = str(exc)
+            self._say("collect-bad", logging.WARNING,
+                      "hermes-hooks: emit_collect(%r) not sent: %s", event_type, out["error"])
+            return out
+        try:
+            status, raw = await asyncio.wait_for(
+                _transport.arequest(self._address, "POST", "/v1/collect", body, self._headers),
+                wait + 1.0)
+            if status != 200:
+                out["error"] = _error_detail(status, raw)
+            else:
+                data = json.loads(raw.decode("utf-8"))
+                out["results"] = [r for r in data.get("results") or [] if isinstance(r, dict)]
+                out["errors"] = [e for e in data.get("errors") or [] if isinstance(e, dict)]
+                for err in out["errors"]:
+                    self._say("collect-hook-error:%s" % err.get("hook"), logging.WARNING,
+                              "[hooks] Error in handler %s for '%s': %s",
+                              err.get("hook"), event_type, err.get("error"))
+        except asyncio.TimeoutError:
+            out["error"] = "no answer from %s within %.1f s" % (self._address, wait + 1.0)
+        except Exception as exc:
+            out["error"] = "%s: %s" % (type(exc).__name__, exc)
+        if out["error"] is not None:
+            self._say("collect-failed", logging.WARNING,
+                      "hermes-hooks: emit_collect(%r) got no decision: %s",
+                      event_type, out["error"])
+        return out
+
+    # ------------------------------------------------------------------ extras
+
+    @property
+    def pending(self) -> int:
+        """Events buffered or in the batch being sent (not yet acknowledged)."""
+        return len(self._queue) + self._inflight
+
+    def stats(self) -> Dict[str, Any]:
+        """The counters in one dict (for a status page or a log line)."""
+        return {"address": self.address, "sent": self.sent, "dropped": self.dropped,
+                "rejected": self.rejected, "pending": self.pending,
+                "connected": self.connected, "last_error": self.last_error}
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Block until every buffered event was acknowledged (or rejected); ``False`` if that
+        did not happen within ``timeout`` seconds. For synchronous code; see ``aflush``."""
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        with self._lock:
+            if not self._queue and not self._inflight:
+                return True
+        self._ensure_sender()
+        self._kick.set()  # retry now rather than at the end of a backoff
+        self._wake_sender()  # in case the loop that scheduled the wake is not running
+        with self._lock:
+            while self._queue or self._inflight:
+                remaining = deadline - time.monotonic()
+                thread = self._thread
+                if remaining <= 0 or thread is None or not thread.is_alive():
+                    return False
+                self._drained.wait(remaining)
+            return True
+
+    async def aflush(self, timeout: float = 5.0) -> bool:
+        """``flush`` without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.flush, timeout)
+
+    def close(self, timeout: float = 2.0) -> bool:
+        """Deliver what is buffered (for up to ``timeout`` s), then stop the sender. Later
+        emits are dropped (counted). Returns whether everything was delivered. Idempotent."""
+        if self._closed:
+            return not self.pending
+        delivered = self.flush(timeout)
+        with self._lock:
+            self._closed = True
+            self._stopping = True
+            self._wake.notify_all()
+        self._kick.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        left = self.pending
+        if left:
+            log.warning("hermes-hooks: closed with %d event(s) undelivered to %s (last error: %s)",
+                        left, self._address, self.last_error)
+        return delivered
+
+    async def aclose(self, timeout: float = 2.0) -> bool:
+        """``close`` without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
+
+    def __enter__(self) -> "HookRegistry":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "HookRegistry":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return "<HookRegistry %s sent=%d pending=%d dropped=%d rejected=%d connected=%s>" % (
+            self._address, self.sent, self.pending, self.dropped, self.rejected, self.connected)
+
+    # ------------------------------------------------------------------ internals: emit side
+
+    def _reject_early(self, problem: str) -> bool:
+        with self._lock:
+            self.rejected += 1
+        self._say("reject", logging.WARNING, "hermes-hooks: event not sent: %s", problem)
+        return False
+
+    def _note_drop(self, which: str) -> None:
+        if which == "closed":
+            self._say("drop-closed", logging.WARNING,
+                      "hermes-hooks: event emitted after close() was dropped")
+        else:
+            self._say("drop", logging.WARNING,
+                      "hermes-hooks: buffer full (%d events, service at %s: %s); dropping the %s "
+                      "event (%d dropped so far)", self._queue_size, self._address,
+                      "connected" if self.connected else
+                      "unreachable: %s" % (self.last_error or "not connected yet"),
+                      which, self.dropped)
+
+    def _ensure_sender(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(target=self._run_sender, name="hermes-hooks-sender",
+                                            daemon=True)
+        self._thread.start()
+
+    def _close_at_exit(self) -> None:
+        if not self._closed:
+            self.close(self._exit_flush_timeout if self.pending else 0.0)
+
+    def _reset_after_fork(self) -> None:
+        # The sender thread does not exist in the child, and the parent still owns (and will
+        # send) what was buffered: start empty; a new sender starts at the first emit.
+        self._init_sender_state()
+
+    # ------------------------------------------------------------------ internals: sender thread
+
+    def _run_sender(self) -> None:
+        conn = None  # type: Optional[_transport.KeepAliveConnection]
+        parts = []  # type: List[bytes]   # encoded events taken from the buffer, oldest first
+        chunk_limit = self._batch_max  # halved on 400/413 to isolate a bad event
+        server_errors = 0
+        delay = self._backoff_initial
+        down_since = None  # type: Optional[float]
+        try:
+            while True:
+                if not parts:
+                    with self._lock:
+                        while not self._queue:
+                            if self._stopping:
+                                return
+                            self._sender_idle = True
+                            self._wake.wait(_IDLE_RECHECK)
+                        self._sender_idle = False
+                        self._wake_pending = False  # a wake lost with its loop blocks no later one
+                        if self._stopping:
+                            return
+                        take = min(len(self._queue), self._batch_max)
+                        popleft = self._queue.popleft
+                        items = [popleft() for _ in range(take)]
+                        self._inflight += take
+                    parts = self._encode(items)
+                    if not parts:
+                        continue
+                elif self._stopping:
+                    return
+
+                chunk = self._next_chunk(parts, chunk_limit)
+                body = b'{"events":[' + b",".join(chunk) + b"]}"
+                conn, outcome, status, detail = self._post_batch(conn, body)
+                self.connected = status != 0  # the service answered, whatever it said
+
+                # 502/503/504/429 and connection errors are transient (service restarting or
+                # draining): retried as long as it takes. Another 5xx may be this batch's
+                # fault: after a few, treat it like a 400 and isolate the event.
+                if status >= 500 and status not in (502, 503, 504):
+                    server_errors += 1
+                    if server_errors >= _MAX_SERVER_ERRORS:
+                        outcome = _SPLIT
+                        server_errors = 0
+                elif outcome != _RETRY:
+                    server_errors = 0
+
+                if outcome == _OK:
+                    del parts[:len(chunk)]
+                    self._settle(sent=len(chunk))
+                    delay = self._backoff_initial
+                    chunk_limit = min(self._batch_max, chunk_limit * 2)
+                    if down_since is not None:
+                        log.info("hermes-hooks: service at %s reachable again after %.1f s",
+                                 self._address, time.monotonic() - down_since)
+                        down_since = None
+                elif outcome == _SPLIT and len(chunk) > 1:
+                    chunk_limit = max(1, len(chunk) // 2)
+                elif outcome in (_SPLIT, _REJECT):
+                    del parts[:len(chunk)]
+                    self._settle(rejected=len(chunk))
+                    self.last_error = detail
+                    level = logging.WARNING if outcome == _SPLIT else logging.ERROR
+                    self._say("batch-rejected:" + detail[:3], level,
+                              "hermes-hooks: service at %s refused %d event(s): %s",
+                              self._address, len(chunk), detail)
+                else:  # _RETRY: keep the batch, wait, try again
+                    self.last_error = detail
+                    if down_since is None:
+                        down_since = time.monotonic()
+                        log.warning("hermes-hooks: cannot deliver events to %s (%s); buffering "
+                                    "up to %d events and retrying", self._address, detail,
+                                    self._queue_size)
+                    if self.service_process is not None:
+                        self.service_process.poll()  # reap an autostarted service that died
+                    self._kick.wait(delay)
+                    self._kick.clear()
+                    delay = min(delay * 2, self._backoff_max)
+        except Exception:  # pragma: no cover - a bug here must be visible, not silent
+            log.exception("hermes-hooks: sender thread crashed; events are no longer delivered")
+            self.last_error = "sender thread crashed"
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _encode(self, items: List[Tuple[str, Dict[str, Any]]]) -> List[bytes]:
+        parts = []
+        bad = 0
+        for event_type, ctx in items:
+            try:
+                part = encode_event(event_type, ctx)
+            except Exception as exc:
+                bad += 1
+                self._say("encode", logging.WARNING,
+                          "hermes-hooks: event %r not sent: context not encodable (%r)",
+                          event_type, exc)
+                continue
+            if len(part) > MAX_BATCH_BYTES:
+                bad += 1
+                self._say("too-big", logging.WARNING,
+                          "hermes-hooks: event %r not sent: %d bytes encoded (limit %d)",
+                          event_type, len(part), MAX_BATCH_BYTES)
+                continue
+            parts.append(part)
+        if bad:
+            self._settle(rejected=bad)
+        return parts
+
+    @staticmethod
+    def _next_chunk(parts: List[bytes], limit: int) -> List[bytes]:
+        size = 0
+        end = 0
+        for part in parts[:limit]:
+            if end and size + len(part) + 1 > MAX_BATCH_BYTES:
+                break
+            size += len(part) + 1
+            end += 1
+        return parts[:max(1, end)]
+
+    def _settle(self, sent: int = 0, rejected: int = 0) -> None:
+        with self._lock:
+            self._inflight -= sent + rejected
+            self.sent += sent
+            self.rejected += rejected
+            if not self._queue and not self._inflight:
+                self._drained.notify_all()
+
+    def _post_batch(self, conn: Optional[_transport.KeepAliveConnection], body: bytes
+                    ) -> Tuple[Optional[_transport.KeepAliveConnection], str, int, str]:
+        """Send one batch; returns the connection to keep, the outcome, the HTTP status (0 for
+        a connection failure) and a detail text for logs and ``last_error``."""
+        if conn is None:
+            conn = _transport.KeepAliveConnection(self._address, self._request_timeout)
+        for attempt in (1, 2):
+            reused = conn.sock is not None
+            try:
+                if not conn.ready:
+                    # A new connection: a service that is starting accepts connections before
+                    # its hooks are loaded; events sent then would match nothing. Wait for it.
+                    status, data = conn.request("GET", "/readyz", b"", self._headers)
+                    if status == 503:
+                        return conn, _RETRY, status, "service not ready yet: %s" % (
+                            _error_detail(status, data))
+                    conn.ready = True
+                status, data = conn.request("POST", "/v1/events/batch", body,
+                                            self._batch_headers)
+            except OSError as exc:  # the connection is closed by request()
+                if reused and attempt == 1:
+                    continue  # the service closed an idle keep-alive connection: reconnect now
+                return conn, _RETRY, 0, "%s: %s" % (type(exc).__name__, exc)
+            if 200 <= status < 300:
+                return conn, _OK, status, ""
+            detail = _error_detail(status, data)
+            if status in (400, 413, 422):
+                return conn, _SPLIT, status, detail
+            if status >= 500 or status == 429:
+                return conn, _RETRY, status, detail
+            return conn, _REJECT, status, detail
+        return conn, _RETRY, 0, "unreachable"  # pragma: no cover - the loop always returns
+
+    # ------------------------------------------------------------------ internals: control calls
+
+    def _fetch(self, path: str) -> Tuple[int, bytes, Optional[BaseException]]:
+        try:
+            status, body = _transport.request(self._address, "GET", path, None, self._headers,
+                                              self._request_timeout)
+            return status, body, None
+        except (OSError, http.client.HTTPException) as exc:
+            return 0, b"", exc
+
+    @staticmethod
+    def _nobody_listening(exc: BaseException) -> bool:
+        # A missing socket or a refused connection: nobody serves there. A timeout is a hung
+        # service, which must not be answered with a second one.
+        return isinstance(exc, (FileNotFoundError, ConnectionRefusedError))
+
+    def _start_service(self) -> bool:
+        binary = (self._binary or os.environ.get(_transport.BIN_ENV)
+                  or shutil.which("hermes-hooks"))
+        if not binary:
+            log.warning("hermes-hooks: autostart wanted but no binary found (pass binary=, set "
+                        "%s, or put hermes-hooks on PATH)", _transport.BIN_ENV)
+            return False
+        argv = [binary, "serve"] + self._address.serve_args() + self._serve_args
+        log_path = self._autostart_log or os.path.join(_transport.hermes_home(), "logs",
+                                                       "hermes-hooks.log")
+        try:
+            if self._address.kind == "unix":
+                os.makedirs(os.path.dirname(os.path.abspath(str(self._address.path))),
+                            mode=0o700, exist_ok=True)
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                        close_fds=True, start_new_session=True)
+        except OSError as exc:
+            log.warning("hermes-hooks: autostart of %s failed: %s", argv, exc)
+            return False
+        self.service_process = proc
+        log.info("hermes-hooks: started %s (pid %d, log %s)", " ".join(argv), proc.pid, log_path)
+        deadline = time.monotonic() + self._autostart_timeout
+        pause = 0.01
+        while True:
+            status, _, _ = self._fetch("/readyz")
+            if status == 200:
+                return True
+            if proc.poll() is not None:
+                # Perhaps another gateway started one first; take it if it is ready.
+                if self._fetch("/readyz")[0] == 200:
+                    return True
+                log.warning("hermes-hooks: autostarted service exited with status %s; see %s",
+                            proc.returncode, log_path)
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("hermes-hooks: autostarted service not ready after %.1f s; see %s",
+                            self._autostart_timeout, log_path)
+                return False
+            time.sleep(min(pause, remaining))  # polling readiness against a deadline
+            pause = min(pause * 2, 0.2)

@@ -1,0 +1,422 @@
+"""Client behaviour that needs no hermes-hooks binary: addresses, validation, JSON safety, the
+buffer bound, and the sender's answers to each status code (against a scripted HTTP server
+on a Unix socket that records what arrives and on how many connections).
+
+Run: ``python3 -m unittest discover -s clients/python/tests -v``.
+"""
+
+import asyncio
+import datetime
+import json
+import os
+import shutil
+import socket
+import socketserver
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import warnings
+from http.server import BaseHTTPRequestHandler
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hermes_hooks import HookRegistry, check_event_name, parse_address, resolve_address  # noqa: E402
+from hermes_hooks import _transport  # noqa: E402
+from hermes_hooks.registry import encode_event  # noqa: E402
+
+TIMEOUT = 20.0
+
+
+def eventually(predicate, what: str, timeout: float = TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
+        time.sleep(0.01)
+
+
+class AddressTest(unittest.TestCase):
+    def test_socket_paths(self) -> None:
+        self.assertEqual(parse_address("/run/hooks.sock").path, "/run/hooks.sock")
+        self.assertEqual(parse_address("unix:/run/hooks.sock").path, "/run/hooks.sock")
+        self.assertEqual(parse_address("unix:///run/hooks.sock").path, "/run/hooks.sock")
+        with mock.patch.dict(os.environ, {"HOME": "/home/op"}):
+            self.assertEqual(parse_address("~/.hermes/hooks.sock").path,
+                             "/home/op/.hermes/hooks.sock")
+        self.assertEqual(parse_address("/run/hooks.sock").serve_args(),
+                         ["--socket", "/run/hooks.sock"])
+
+    def test_tcp(self) -> None:
+        addr = parse_address("http://127.0.0.1:8787")
+        self.assertEqual((addr.kind, addr.host, addr.port), ("tcp", "127.0.0.1", 8787))
+        self.assertEqual(str(addr), "http://127.0.0.1:8787")
+        self.assertEqual(addr.serve_args(), ["--listen", "127.0.0.1:8787"])
+        self.assertEqual(parse_address("http://[::1]:9000/").serve_args(), ["--listen", "[::1]:9000"])
+
+    def test_malformed(self) -> None:
+        for bad in ["", "   ", "https://host:1", "http://host:1/prefix", "http://:80",
+                    "http://host:notaport", "unix:", None, 12]:
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                parse_address(bad)
+        with self.assertRaises(ValueError):
+            HookRegistry(address="ftp://x:1")
+
+    def test_resolution_order(self) -> None:
+        env = {"HERMES_HOME": "/srv/hermes"}
+        with mock.patch.dict(os.environ, env):
+            os.environ.pop("HERMES_HOOKS_ADDRESS", None)
+            self.assertEqual(resolve_address().path, "/srv/hermes/hooks.sock")
+            self.assertEqual(HookRegistry().address, "/srv/hermes/hooks.sock")
+            os.environ["HERMES_HOOKS_ADDRESS"] = "http://127.0.0.1:1234"
+            self.assertEqual(HookRegistry().address, "http://127.0.0.1:1234")
+            self.assertEqual(HookRegistry(address="/tmp/x.sock").address, "/tmp/x.sock")
+        with mock.patch.dict(os.environ, {"HOME": "/home/op"}):
+            os.environ.pop("HERMES_HOME", None)
+            os.environ.pop("HERMES_HOOKS_ADDRESS", None)
+            self.assertEqual(resolve_address().path, "/home/op/.hermes/hooks.sock")
+
+    def test_settings_checked(self) -> None:
+        for kwargs in ({"queue_size": 0}, {"batch_max": 0}, {"batch_max": 10001},
+                       {"collect_timeout": 0}):
+            with self.assertRaises(ValueError, msg=kwargs):
+                HookRegistry(address="/tmp/x.sock", **kwargs)
+
+
+class EventTest(unittest.TestCase):
+    def test_event_names(self) -> None:
+        for good in ["agent:start", "command:reset", "a", "x" * 256, "sessión:start"]:
+            self.assertIsNone(check_event_name(good), good)
+        for bad in ["", "agent start", "agent:\tstart", "agent:\x00", "agent:\x85", "x" * 257,
+                    "é" * 129, None, 3, b"agent:start"]:
+            self.assertIsNotNone(check_event_name(bad), repr(bad))
+
+    def test_contexts_become_json(self) -> None:
+        class Odd:
+            def __str__(self) -> str:
+                return "odd"
+
+        class Unprintable:
+            def __str__(self) -> str:
+                raise RuntimeError("no")
+
+        loop = {"name": "loop"}
+        loop["self"] = loop
+        ctx = {"when": datetime.datetime(2026, 1, 2, 3, 4, 5), "tags": {"a"}, "pair": (1, 2),
+               "raw": b"\xff\x00ok", "nan": float("nan"), "odd": Odd(), 1: "int key",
+               ("t", 1): "tuple key", "loop": loop, "bad": Unprintable()}
+        data = encode_event("agent:start", ctx)
+        decoded = json.loads(data.decode("utf-8"), parse_constant=lambda c: self.fail(c))
+        got = decoded["context"]
+        self.assertEqual(decoded["event"], "agent:start")
+        self.assertEqual(got["when"], "2026-01-02T03:04:05")
+        self.assertEqual(got["tags"], ["a"])
+        self.assertEqual(got["pair"], [1, 2])
+        self.assertIsNone(got["nan"])
+        self.assertEqual(got["odd"], "odd")
+        self.assertEqual(got["1"], "int key")
+        self.assertEqual(got["loop"]["self"], "<circular reference>")
+        self.assertIn("Unprintable", got["bad"])
+
+
+class NoServiceTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="hh-unit-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.sock = os.path.join(self.tmp, "absent.sock")
+
+    def registry(self, **kwargs) -> HookRegistry:
+        registry = HookRegistry(address=self.sock, **kwargs)
+        self.addCleanup(registry.close, 0)
+        return registry
+
+    def test_emit_never_raises(self) -> None:
+        registry = self.registry()
+        registry.discover_and_load()
+        self.assertEqual(registry.loaded_hooks, [])
+        bad = [(["list"], {}), ({"a": 1}, {}), ("agent:start", 5), ("agent:start", "text"),
+               (None, None), ("bad name", {})]
+        for event, ctx in bad:
+            self.assertFalse(registry.emit_nowait(event, ctx))  # type: ignore[arg-type]
+            self.assertIsNone(asyncio.run(registry.emit(event, ctx)))  # type: ignore[arg-type]
+        self.assertEqual(registry.rejected, 2 * len(bad))
+        self.assertTrue(registry.emit_nowait("agent:start", {"x": object()}))
+        self.assertEqual(registry.pending, 1)
+
+    def test_bound_drops_oldest(self) -> None:
+        registry = self.registry(queue_size=10)
+        results = [registry.emit_nowait("agent:start", {"i": i}) for i in range(50)]
+        self.assertEqual(registry.dropped, 40)
+        self.assertEqual(registry.pending, 10)
+        self.assertTrue(results[-1], "the newest event is kept")
+
+    def test_flush_and_close_without_service(self) -> None:
+        registry = self.registry()
+        self.assertTrue(registry.flush(0), "nothing buffered: flushed")
+        registry.emit_nowait("agent:start")
+        start = time.monotonic()
+        self.assertFalse(registry.flush(0.2))
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertFalse(registry.close(0.1))
+        self.assertFalse(registry.close(0.1), "close is idempotent")
+        self.assertFalse(registry.emit_nowait("agent:start"))
+        self.assertEqual(registry.dropped, 1)
+
+    def test_collect_without_service(self) -> None:
+        registry = self.registry()
+        self.assertEqual(asyncio.run(registry.emit_collect("message:pre_route", {})), [])
+        detailed = asyncio.run(registry.emit_collect_detailed("bad name"))
+        self.assertIn("whitespace", detailed["error"])
+        detailed = asyncio.run(registry.emit_collect_detailed("a:b", "not a dict"))  # type: ignore
+        self.assertIn("dict", detailed["error"])
+
+    @unittest.skipUnless(hasattr(os, "fork"), "needs fork")
+    def test_forked_child_starts_empty(self) -> None:
+        registry = self.registry()
+        registry.emit_nowait("agent:start", {"parent": True})
+        with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock"
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # child: report through the exit status, never run the parent's tests
+            ok = registry.pending == 0 and registry.emit_nowait("agent:start", {"child": True})
+            os._exit(0 if ok and registry.pending == 1 else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.WEXITSTATUS(status), 0)
+        self.assertEqual(registry.pending, 1)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+            self.server.open_sockets.append(self.connection)
+
+    def _reply(self, status: int, payload: object, chunked: bool = False) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            half = len(body) // 2
+            for part in (body[:half], body[half:]):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.readyz += 1
+            ready = self.server.readyz > self.server.not_ready_for
+        if self.path == "/readyz" and ready:
+            return self._reply(200, {"ready": True})
+        self._reply(503, {"error": {"code": "not_ready", "message": "loading hooks"}})
+
+    def do_POST(self) -> None:
+        server = self.server
+        data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server.auth.append(self.headers.get("Authorization"))
+        if self.path == "/v1/collect":
+            server.collect_requests.append(data)
+            return self._reply(200, {"results": [{"hook": "h1", "result": {"allow": True}},
+                                                 {"hook": "h2", "result": 7}],
+                                     "errors": [{"hook": "h3", "error": "boom"}]}, chunked=True)
+        events = data["events"]
+        with server.lock:
+            if server.readyz <= server.not_ready_for:
+                server.early_batches += 1
+            status = server.script.pop(0) if server.script else 202
+            server.attempts.append(len(events))
+        if status == 202:
+            bad = [i for i, e in enumerate(events) if e["event"] in server.poison]
+            if bad:
+                return self._reply(400, {"error": {"code": "bad_event",
+                                                   "message": "events[%d] invalid" % bad[0]}})
+            with server.lock:
+                server.events.extend(events)
+            return self._reply(202, {"queued": [1] * len(events)})
+        self._reply(status, {"error": {"code": "scripted", "message": "status %d" % status}})
+
+
+class ScriptedServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Answers batches with the statuses in ``script`` (then 202), records events and the
+    number of connections."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, _Handler)
+        self.lock = threading.Lock()
+        self.script = []  # type: list
+        self.poison = set()  # type: set
+        self.events = []  # type: list
+        self.attempts = []  # type: list
+        self.auth = []  # type: list
+        self.collect_requests = []  # type: list
+        self.connections = 0
+        self.readyz = 0  # GET /readyz requests seen
+        self.early_batches = 0  # batches that arrived before /readyz said 200
+        self.not_ready_for = 0  # how many of them answer 503 before the service is "ready"
+        self.open_sockets = []  # type: list
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    def get_request(self):
+        sock, _ = super().get_request()
+        return sock, ("unix-peer", 0)
+
+    def stop(self) -> None:
+        """Like a service going away: stop listening and cut the open connections."""
+        if self.thread.is_alive():
+            self.shutdown()
+        self.server_close()
+        with self.lock:
+            for sock in self.open_sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class SenderTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="hh-unit-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.sock = os.path.join(self.tmp, "s.sock")
+        self.server = ScriptedServer(self.sock)
+        self.addCleanup(self.server.stop)
+
+    def registry(self, **kwargs) -> HookRegistry:
+        kwargs.setdefault("backoff_initial", 0.01)
+        kwargs.setdefault("backoff_max", 0.05)
+        registry = HookRegistry(address=self.sock, **kwargs)
+        self.addCleanup(registry.close, 0)
+        return registry
+
+    def ids(self) -> list:
+        with self.server.lock:
+            return [e["context"]["i"] for e in self.server.events]
+
+    def test_one_keep_alive_connection_and_order(self) -> None:
+        registry = self.registry(batch_max=50, token="s3cret")
+        for i in range(2000):
+            registry.emit_nowait("agent:step", {"i": i})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(self.ids(), list(range(2000)))
+        self.assertEqual(registry.sent, 2000)
+        self.assertLessEqual(max(self.server.attempts), 50)
+        self.assertEqual(self.server.connections, 1, "all batches on one connection")
+        self.assertEqual(set(self.server.auth), {"Bearer s3cret"})
+
+    def test_waits_for_readiness_on_each_new_connection(self) -> None:
+        self.server.not_ready_for = 3  # a service still loading its hooks
+        registry = self.registry()
+        for i in range(5):
+            registry.emit_nowait("agent:step", {"i": i})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(self.ids(), list(range(5)))
+        self.assertEqual(self.server.readyz, 4)
+        self.assertEqual(self.server.early_batches, 0, "a batch sent before ready")
+        self.assertEqual(self.server.connections, 1)
+
+    def test_503_and_500_are_retried_without_loss(self) -> None:
+        self.server.script = [503, 503, 500, 502]
+        registry = self.registry()
+        for i in range(20):
+            registry.emit_nowait("agent:step", {"i": i})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(sorted(set(self.ids())), list(range(20)))
+        self.assertEqual((registry.sent, registry.rejected, registry.dropped), (20, 0, 0))
+
+    def test_persistent_500_isolates_then_rejects(self) -> None:
+        self.server.script = [500] * 3 + [202] + [500] * 3
+        registry = self.registry()
+        for i in range(2):
+            registry.emit_nowait("agent:step", {"i": i})
+        # Whatever the batching, three 500s in a row for one batch make the client stop
+        # retrying it: it is split (or, alone, rejected); nothing is retried forever.
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(registry.sent + registry.rejected, 2)
+        self.assertGreaterEqual(registry.rejected, 1)
+
+    def test_400_costs_only_the_bad_event(self) -> None:
+        self.server.poison = {"poison:event"}
+        registry = self.registry(validate_events=False)
+        self.server.script = [503]  # hold the first batch so the rest accumulate
+        for i in range(30):
+            registry.emit_nowait("agent:step" if i != 17 else "poison:event", {"i": i})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(self.ids(), [i for i in range(30) if i != 17])
+        self.assertEqual((registry.sent, registry.rejected), (29, 1))
+
+    def test_401_rejects_the_batch(self) -> None:
+        self.server.script = [401]
+        registry = self.registry()
+        registry.emit_nowait("agent:step", {"i": 0})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(registry.rejected, 1)
+        self.assertIn("401", registry.last_error)
+        registry.emit_nowait("agent:step", {"i": 1})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(self.ids(), [1])
+
+    def test_server_gone_and_back(self) -> None:
+        registry = self.registry()
+        registry.emit_nowait("agent:step", {"i": 0})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.server.stop()
+        os.unlink(self.sock)
+        for i in range(1, 100):
+            registry.emit_nowait("agent:step", {"i": i})
+        eventually(lambda: not registry.connected, "the client to see the outage")
+        first = self.server
+        self.server = ScriptedServer(self.sock)
+        self.addCleanup(self.server.stop)
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual([e["context"]["i"] for e in first.events] + self.ids(), list(range(100)))
+        self.assertTrue(registry.connected)
+
+    def test_collect_parses_chunked_answer(self) -> None:
+        registry = self.registry(collect_timeout=2.5)
+        self.assertEqual(asyncio.run(registry.emit_collect("command:deploy", {"args": "x"})),
+                         [{"allow": True}, 7])
+        request = self.server.collect_requests[0]
+        self.assertEqual(request, {"event": "command:deploy", "context": {"args": "x"},
+                                   "timeout_ms": 2500})
+        detailed = asyncio.run(registry.emit_collect_detailed("command:deploy"))
+        self.assertEqual(detailed["errors"], [{"hook": "h3", "error": "boom"}])
+        self.assertIsNone(detailed["error"])
+
+    def test_discover_and_load_reads_hooks(self) -> None:
+        def fake(address, method, path, body=None, headers=None, timeout=5.0):
+            self.assertEqual((method, path), ("GET", "/v1/hooks"))
+            return 200, json.dumps({
+                "hooks": [{"name": "h", "events": ["agent:*"], "path": "/x/h", "kind": "python",
+                           "description": None}],
+                "skipped": [{"dir": "/x/b", "name": "b", "reason": "no events"}]}).encode()
+
+        registry = self.registry()
+        with mock.patch.object(_transport, "request", fake):
+            registry.discover_and_load()
+        self.assertEqual(registry.loaded_hooks, [{"name": "h", "description": "",
+                                                  "events": ["agent:*"], "path": "/x/h",
+                                                  "kind": "python"}])
+        self.assertEqual(registry.skipped[0]["reason"], "no events")
+
+
+if __name__ == "__main__":
+    unittest.main()

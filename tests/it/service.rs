@@ -1,0 +1,208 @@
+//! The service as deployed: the Unix socket default, stale and live sockets, tokens, refusing
+//! to expose itself, 503 while draining, and the `emit` command talking to it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, Serve, bin, http, poll};
+
+const T: Duration = Duration::from_secs(30);
+
+/// `serve` on the default socket ($HERMES_HOME/hooks.sock); returns the child once ready.
+fn serve_on_socket(hooks: &Hooks) -> std::process::Child {
+    let child = Command::new(bin())
+        .args(["serve", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = hooks.home().join("hooks.sock");
+    poll(T, "the socket to answer", || {
+        let o = emit_cli(hooks, &["agent:none"]);
+        (sock.exists() && o.status.success()).then_some(())
+    });
+    child
+}
+
+fn emit_cli(hooks: &Hooks, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .arg("emit")
+        .args(args)
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap()
+}
+
+fn stop(mut child: std::process::Child) {
+    crate::util::signal(child.id(), libc::SIGTERM);
+    let _ = child.wait();
+}
+
+#[test]
+fn unix_socket_by_default_with_mode_0600_and_emit_talks_to_it() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "pol",
+        "[message:pre_route]",
+        "def handle(e, c):\n    return {'seen': c['message']}\n",
+    );
+    hooks.recorder("rec", "[agent:start]", "None");
+    let child = serve_on_socket(&hooks);
+    let sock = hooks.home().join("hooks.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let o = emit_cli(&hooks, &["agent:start", "--context", r#"{"user_id": "9"}"#]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&o.stdout).unwrap(),
+        json!({"queued": 1})
+    );
+    poll(T, "delivery", || {
+        (hooks.recorded("rec").len() == 1).then_some(())
+    });
+
+    let o = emit_cli(
+        &hooks,
+        &[
+            "message:pre_route",
+            "--collect",
+            "--context",
+            r#"{"message": "m"}"#,
+        ],
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["results"],
+        json!([{"hook": "pol", "result": {"seen": "m"}}])
+    );
+
+    let o = emit_cli(&hooks, &["bad name"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("HTTP 400"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A second service on the same socket is refused, naming the running one.
+    let o = Command::new(bin())
+        .args(["serve", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("already running") && err.contains(&format!("pid {}", child.id())),
+        "{err}"
+    );
+    stop(child);
+    assert!(!sock.exists(), "socket removed on exit");
+    let o = emit_cli(&hooks, &["agent:start"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is `hermes-hooks serve` running?"));
+}
+
+#[test]
+fn stale_socket_file_is_replaced() {
+    let hooks = Hooks::new();
+    let sock = hooks.home().join("hooks.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists(), "a stale socket file is left behind");
+    let child = serve_on_socket(&hooks);
+    stop(child);
+}
+
+#[test]
+fn non_loopback_tcp_needs_a_token_and_the_token_is_checked() {
+    let hooks = Hooks::new();
+    hooks.recorder("rec", "[agent:start]", "None");
+    let o = Command::new(bin())
+        .args(["serve", "--listen", "0.0.0.0:0", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without --token-file"));
+
+    let token_file = hooks.tmp.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--hooks-dir"])
+        .arg(hooks.root())
+        .arg("--token-file")
+        .arg(&token_file);
+    // Health probes need no token, so the harness's readiness poll works as is.
+    let serve = Serve::spawn(cmd, &hooks);
+    let addr = serve.addr.clone();
+    let body = br#"{"event": "agent:start"}"#;
+    let ct = ("Content-Type", "application/json");
+    let (s, _, b) = http(&addr, "POST", "/v1/events", &[ct], body);
+    assert_eq!(s, 401);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&b).unwrap()["error"]["code"],
+        "unauthorized"
+    );
+    let (s, _, _) = http(
+        &addr,
+        "POST",
+        "/v1/events",
+        &[ct, ("Authorization", "Bearer wrong")],
+        body,
+    );
+    assert_eq!(s, 401);
+    let (s, _, _) = http(
+        &addr,
+        "POST",
+        "/v1/events",
+        &[ct, ("Authorization", "Bearer s3cret-token")],
+        body,
+    );
+    assert_eq!(s, 202);
+    let o = Command::new(bin())
+        .args(["emit", "agent:start", "--listen", &addr, "--token-file"])
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    poll(T, "both deliveries", || {
+        (hooks.recorded("rec").len() == 2).then_some(())
+    });
+    let (s, _, _) = http(&addr, "GET", "/v1/hooks", &[], b"");
+    assert_eq!(s, 401, "everything but the health probes needs the token");
+}
+
+#[test]
+fn events_get_503_while_the_service_drains() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "slow",
+        "[agent:step]",
+        "import time\ndef handle(e, c):\n    time.sleep(0.3)\n",
+    );
+    let serve = Serve::start(&hooks, &["--drain-timeout", "30"]);
+    for _ in 0..10 {
+        assert_eq!(
+            serve.post("/v1/events", &json!({"event": "agent:step"})).0,
+            202
+        );
+    }
+    crate::util::signal(serve.child.id(), libc::SIGTERM);
+    let (s, v) = poll(T, "a 503", || {
+        let r = serve.post("/v1/events", &json!({"event": "agent:step"}));
+        (r.0 == 503).then_some(r)
+    });
+    assert_eq!(s, 503);
+    assert_eq!(v["error"]["code"], "shutting_down");
+    assert_eq!(serve.get("/readyz").0, 503);
+    // Status stays readable while draining.
+    assert_eq!(serve.get("/v1/hooks").0, 200);
+}
