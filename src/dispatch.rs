@@ -190,6 +190,9 @@ pub enum Status {
     Stopped = 3,
     /// Waiting for the previous version of the hook to finish its queue.
     Pending = 4,
+    /// A call past its timeout that cannot be interrupted (a dynamic library) is still running;
+    /// no new calls until it returns.
+    Stuck = 5,
 }
 
 impl Status {
@@ -201,6 +204,7 @@ impl Status {
             Status::Restarting => "restarting",
             Status::Stopped => "stopped",
             Status::Pending => "pending",
+            Status::Stuck => "stuck",
         }
     }
 
@@ -210,6 +214,7 @@ impl Status {
             2 => Status::Restarting,
             3 => Status::Stopped,
             4 => Status::Pending,
+            5 => Status::Stuck,
             _ => Status::Idle,
         }
     }
@@ -476,7 +481,11 @@ async fn run_worker(
         hook.stats
             .busy_us
             .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
-        running(Status::Idle);
+        running(if handler.stuck() {
+            Status::Stuck
+        } else {
+            Status::Idle
+        });
         let result = match result {
             Ok(v) => {
                 hook.stats.ok.fetch_add(1, Ordering::Relaxed);
@@ -495,6 +504,23 @@ async fn run_worker(
         };
         if let Some(reply) = job.reply {
             let _ = reply.send(CallOutcome { result, duration });
+        }
+        if handler.stuck() {
+            // The abandoned call cannot be interrupted: no new calls until it returns (the queue
+            // applies its overflow policy meanwhile); a newer version of the hook does not wait.
+            let superseded = tokio::select! {
+                r = handler.ready() => {
+                    if let Err(e) = r {
+                        tracing::warn!(hook = %hook.spec.name, "handler failed: {e}");
+                        hook.stats.set_last_error(e.to_string());
+                    }
+                    false
+                }
+                _ = hook.supersede_notify.notified() => true,
+            };
+            if !superseded {
+                running(Status::Idle);
+            }
         }
     }
     handler.shutdown().await;

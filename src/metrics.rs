@@ -103,5 +103,20 @@ pub fn render(host: &Host) -> String {
         "Events waiting in a hook's queue.",
         per_hook(&|h| h.queue.len() as f64),
     );
+    family(
+        "hook_stuck",
+        "gauge",
+        "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
+        per_hook(&|h| f64::from(u8::from(h.stats.status() == crate::dispatch::Status::Stuck))),
+    );
+    family(
+        "dylibs_retained",
+        "gauge",
+        "Dynamic libraries no longer called but kept mapped (never unloaded), process-wide.",
+        vec![(
+            String::new(),
+            crate::handler::dylib::retained_libraries() as f64,
+        )],
+    );
     out
 }

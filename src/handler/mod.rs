@@ -15,6 +15,7 @@ use thiserror::Error;
 
 use crate::discovery::{HandlerKind, HookSpec};
 
+pub mod dylib;
 pub mod exec;
 pub mod process;
 pub mod python;
@@ -122,6 +123,13 @@ pub trait Handler: Send {
     fn restarts(&self) -> u64 {
         0
     }
+
+    /// True while a call abandoned at the timeout is still running and cannot be interrupted (a
+    /// dynamic library): the worker shows the hook as `stuck` and waits in `ready` for that call
+    /// to return before making another.
+    fn stuck(&self) -> bool {
+        false
+    }
 }
 
 /// Starts the handler for `spec`: for Python this spawns the worker and waits for its ready
@@ -133,9 +141,7 @@ pub async fn start(
     match kind {
         HandlerKind::Python => Ok(Box::new(python::PythonHandler::start(ctx).await?)),
         HandlerKind::Exec => Ok(Box::new(exec::ExecHandler::new(ctx)?)),
-        HandlerKind::Dylib => Err(HandlerError::Load(
-            "dynamic-library handlers are not supported by this build yet".into(),
-        )),
+        HandlerKind::Dylib => Ok(Box::new(dylib::DylibHandler::start(ctx).await?)),
         HandlerKind::Webhook => Ok(Box::new(webhook::WebhookHandler::new(&ctx)?)),
     }
 }

@@ -5,6 +5,7 @@ mod util;
 mod cli;
 mod client;
 mod core;
+mod dylib;
 mod exec;
 mod http;
 mod python;

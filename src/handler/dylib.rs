@@ -1,0 +1,707 @@
+//! Dynamic-library handlers (`handler.so` / `.dylib` / `.dll`): the C ABI v1 of DESIGN 7.3.
+//!
+//! ```c
+//! typedef struct { uint8_t *ptr; size_t len; } HermesHookBuf;
+//! uint32_t hermes_hook_abi_version(void);                          /* must return 1 */
+//! int32_t  hermes_hook_handle(const uint8_t *event, size_t event_len,
+//!                             const uint8_t *context_json, size_t context_len,
+//!                             HermesHookBuf *out);  /* 0: out = JSON or empty; else out = message */
+//! void     hermes_hook_free(HermesHookBuf buf);     /* frees what the library put in out */
+//! int32_t  hermes_hook_init(const uint8_t *hook_dir, size_t len);   /* optional; non-zero refuses */
+//! void     hermes_hook_shutdown(void);                                /* optional */
+//! ```
+//!
+//! - **Private copy.** The file is copied to a unique path under the runtime directory and loaded
+//!   from there (then the copy is unlinked; the mapping stays). glibc hands back an already loaded
+//!   library for the same path or inode, so this is what makes a rebuilt `handler.so` at the same
+//!   path really load anew on reload.
+//! - **One OS thread per loaded library.** Loading, `hermes_hook_init`, every call and
+//!   `hermes_hook_shutdown` run on that thread, never on the async runtime's workers. Calls reach
+//!   it over a channel, one at a time, and results come back over a oneshot.
+//! - **Timeouts.** A call cannot be interrupted. When the dispatcher's timeout fires, the call is
+//!   left running and the handler reports [`Handler::stuck`]: the worker marks the hook `stuck` and
+//!   waits in [`Handler::ready`] until the call returns; the hook gets no new calls meanwhile (its
+//!   queue applies its overflow policy), then resumes.
+//! - **Retirement.** When the handler is shut down or dropped (reload, removal, host stop), the
+//!   library gets no new calls; after its in-flight call returns, `hermes_hook_shutdown` runs on
+//!   its thread and the library stays mapped for the life of the process (never `dlclose`:
+//!   unloading a Rust cdylib with thread-local destructors is unsound). Retained libraries are
+//!   counted ([`retained_libraries`], metric `hermes_hooks_dylibs_retained`).
+//!
+//! A library that fails the ABI checks before any of its hook code ran (missing symbol, wrong
+//! version) is closed again, so a broken file retried on every rescan does not pile up mappings;
+//! one whose `hermes_hook_init` ran (and refused) is retained like any other.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use thiserror::Error;
+use tokio::sync::oneshot;
+
+use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+
+/// The ABI version this host speaks.
+pub const ABI_VERSION: u32 = 1;
+/// Largest result accepted from a library (it is discarded beyond, with an error).
+pub const MAX_RESULT: usize = 16 * 1024 * 1024;
+/// Largest error message kept from a library.
+const MAX_MESSAGE: usize = 4096;
+/// Time `hermes_hook_init` gets, at least.
+const MIN_INIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time `hermes_hook_shutdown` gets before a host shutdown stops waiting for it.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Stack of a library's thread (the size of a main thread's, for C code that expects it).
+const THREAD_STACK: usize = 8 * 1024 * 1024;
+/// How long a library thread busy-waits for the next call before it blocks: a hook under load
+/// then takes its next call without a futex wake-up. Zero on a single CPU.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+
+/// Libraries retired (or refused after their init ran) and kept mapped, process-wide.
+static RETAINED: AtomicU64 = AtomicU64::new(0);
+/// Makes every private copy's name unique within the process.
+static COPY_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Number of dynamic libraries this process stopped calling but keeps mapped (never `dlclose`d).
+pub fn retained_libraries() -> u64 {
+    RETAINED.load(Ordering::Relaxed)
+}
+
+/// `HermesHookBuf` of the C ABI.
+#[repr(C)]
+struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+type AbiVersionFn = unsafe extern "C" fn() -> u32;
+type HandleFn = unsafe extern "C" fn(*const u8, usize, *const u8, usize, *mut RawBuf) -> i32;
+type FreeFn = unsafe extern "C" fn(RawBuf);
+type InitFn = unsafe extern "C" fn(*const u8, usize) -> i32;
+type ShutdownFn = unsafe extern "C" fn();
+
+/// Why a library did not load; becomes a LoadReport entry (`load_failed`).
+#[derive(Debug, Error)]
+pub enum DylibError {
+    /// The hook has no handler file.
+    #[error("dynamic-library hook {hook:?} has no handler file")]
+    NoFile {
+        /// Hook name.
+        hook: String,
+    },
+    /// The private copy could not be made.
+    #[error("cannot copy {file} to {copy} before loading it: {source}")]
+    Copy {
+        /// The handler file.
+        file: PathBuf,
+        /// Where the copy was going.
+        copy: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The loader refused the file (not a library, wrong architecture, missing dependency...).
+    #[error("cannot load {file}: {message}")]
+    Open {
+        /// The handler file.
+        file: PathBuf,
+        /// The loader's message.
+        message: String,
+    },
+    /// A required symbol is missing.
+    #[error(
+        "{file} does not export {symbols} (C ABI v1 needs hermes_hook_abi_version, \
+         hermes_hook_handle and hermes_hook_free)"
+    )]
+    MissingSymbol {
+        /// The handler file.
+        file: PathBuf,
+        /// The missing symbol names, comma-separated.
+        symbols: String,
+    },
+    /// `hermes_hook_abi_version` returned something else than 1.
+    #[error(
+        "{file} implements hook ABI version {found} (hermes_hook_abi_version); this host supports \
+         version {ABI_VERSION}"
+    )]
+    AbiVersion {
+        /// The handler file.
+        file: PathBuf,
+        /// What the library returned.
+        found: u32,
+    },
+    /// `hermes_hook_init` returned non-zero.
+    #[error(
+        "hermes_hook_init of {file} returned {code}: the library refused to load (its own message, \
+         if it wrote one, is in the service log)"
+    )]
+    InitFailed {
+        /// The handler file.
+        file: PathBuf,
+        /// The return code.
+        code: i32,
+    },
+    /// `hermes_hook_init` did not return in time.
+    #[error(
+        "hermes_hook_init of {file} did not return within {}; the library is not used",
+        crate::dispatch::fmt_duration(*timeout)
+    )]
+    InitTimeout {
+        /// The handler file.
+        file: PathBuf,
+        /// The time it had.
+        timeout: Duration,
+    },
+    /// The thread for the library could not be started.
+    #[error("cannot start a thread for hook {hook:?}: {source}")]
+    Thread {
+        /// Hook name.
+        hook: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The library's thread ended before reporting (a bug; the library is not used).
+    #[error("the thread loading {file} ended before reporting")]
+    ThreadLost {
+        /// The handler file.
+        file: PathBuf,
+    },
+}
+
+impl From<DylibError> for HandlerError {
+    fn from(e: DylibError) -> Self {
+        HandlerError::Load(e.to_string())
+    }
+}
+
+/// One call for the library's thread.
+struct Request {
+    event: Box<str>,
+    context: Vec<u8>,
+    reply: oneshot::Sender<HandlerResult>,
+}
+
+/// What the library's thread needs to load.
+struct Setup {
+    hook: String,
+    file: PathBuf,
+    dir: PathBuf,
+    copy_dir: PathBuf,
+}
+
+/// A loaded library: its entry points, valid for the life of the process once it is retained.
+struct Loaded {
+    /// `Some` until retained; dropping it would `dlclose`.
+    lib: Option<libloading::Library>,
+    handle: HandleFn,
+    free: FreeFn,
+    shutdown: Option<ShutdownFn>,
+    /// The handler file's name, for messages.
+    label: String,
+}
+
+impl Loaded {
+    /// Runs one call and always hands the returned buffer back to the library.
+    fn call(&self, event: &str, context: &[u8]) -> HandlerResult {
+        let mut out = RawBuf {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+        };
+        // SAFETY: the library exports `hermes_hook_handle` with the ABI v1 signature (checked by
+        // name and version at load); the input buffers outlive the call and `out` is writable.
+        let rc = unsafe {
+            (self.handle)(
+                event.as_ptr(),
+                event.len(),
+                context.as_ptr(),
+                context.len(),
+                &mut out,
+            )
+        };
+        let result = if out.ptr.is_null() || out.len == 0 {
+            interpret(rc, &[], &self.label)
+        } else {
+            // SAFETY: ABI v1: on return `out` holds `len` readable bytes owned by the library
+            // until `hermes_hook_free`.
+            let bytes = unsafe { std::slice::from_raw_parts(out.ptr, out.len) };
+            interpret(rc, bytes, &self.label)
+        };
+        if !out.ptr.is_null() {
+            // SAFETY: handing back exactly what the library returned, once.
+            unsafe { (self.free)(out) };
+        }
+        result
+    }
+
+    /// No more calls: runs `hermes_hook_shutdown` and keeps the library mapped for good.
+    fn retire(mut self, hook: &str) {
+        if let Some(shutdown) = self.shutdown {
+            // SAFETY: exported by the library with the ABI v1 signature; called once, after the
+            // last call, on the thread that made every call.
+            unsafe { shutdown() };
+        }
+        self.keep_mapped();
+        tracing::info!(
+            hook = %hook,
+            retained = retained_libraries(),
+            "{} retired: it gets no more calls and stays mapped (never unloaded)",
+            self.label
+        );
+    }
+
+    fn keep_mapped(&mut self) {
+        if let Some(lib) = self.lib.take() {
+            std::mem::forget(lib);
+            RETAINED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Turns what `hermes_hook_handle` produced into a call result.
+fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
+    if rc != 0 {
+        let mut msg = String::from_utf8_lossy(&out[..out.len().min(MAX_MESSAGE)])
+            .trim()
+            .to_string();
+        if out.len() > MAX_MESSAGE {
+            msg.push_str("...");
+        }
+        return Err(HandlerError::Failed(if msg.is_empty() {
+            format!("{label} returned error {rc}")
+        } else {
+            format!("{label} returned error {rc}: {msg}")
+        }));
+    }
+    if out.len() > MAX_RESULT {
+        return Err(HandlerError::Failed(format!(
+            "{label} returned a result larger than {} MiB; it was discarded",
+            MAX_RESULT >> 20
+        )));
+    }
+    let text = std::str::from_utf8(out).map_err(|e| {
+        HandlerError::Failed(format!(
+            "{label} returned a result that is not valid UTF-8 ({e})"
+        ))
+    })?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Null) => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(e) => {
+            let snippet: String = text.chars().take(120).collect();
+            Err(HandlerError::Failed(format!(
+                "{label} returned a result that is not JSON ({e}): {snippet:?}"
+            )))
+        }
+    }
+}
+
+/// A file name safe to use in the private copy's name.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+/// Copies the library to a fresh unique path in `copy_dir`.
+fn private_copy(setup: &Setup) -> Result<PathBuf, DylibError> {
+    let ext = setup
+        .file
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("so");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let copy = setup.copy_dir.join(format!(
+        "{}-{}-{}-{nanos:09}.{ext}",
+        sanitize(&setup.hook),
+        std::process::id(),
+        COPY_SEQ.fetch_add(1, Ordering::Relaxed),
+    ));
+    let fail = |source| DylibError::Copy {
+        file: setup.file.clone(),
+        copy: copy.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&setup.copy_dir).map_err(fail)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&setup.copy_dir, std::fs::Permissions::from_mode(0o700));
+    }
+    std::fs::copy(&setup.file, &copy).map_err(fail)?;
+    Ok(copy)
+}
+
+#[cfg(unix)]
+fn open(path: &Path) -> Result<libloading::Library, libloading::Error> {
+    use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    // RTLD_NOW: an unresolved symbol fails the load here, not as a crash in the middle of a call.
+    // SAFETY: loading runs the library's initialisers; running the operator's hook code is what
+    // this handler kind is for. It is never unloaded once its hook code ran.
+    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Into::into)
+}
+
+#[cfg(not(unix))]
+fn open(path: &Path) -> Result<libloading::Library, libloading::Error> {
+    // SAFETY: as above.
+    unsafe { libloading::Library::new(path) }
+}
+
+/// Copies, opens and checks the library, then runs `hermes_hook_init`. On the library's thread.
+fn load(setup: &Setup) -> Result<Loaded, DylibError> {
+    let copy = private_copy(setup)?;
+    let opened = open(&copy);
+    // The mapping outlives the file: remove the copy now so none pile up. (Windows cannot delete
+    // a loaded file; the copy stays there.)
+    if cfg!(unix) || opened.is_err() {
+        let _ = std::fs::remove_file(&copy);
+    }
+    let lib = opened.map_err(|e| DylibError::Open {
+        file: setup.file.clone(),
+        // The loader names the private copy; name the operator's file instead.
+        message: e.to_string().replace(
+            &copy.display().to_string(),
+            &setup.file.display().to_string(),
+        ),
+    })?;
+    let label = setup
+        .file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| setup.file.display().to_string());
+
+    // SAFETY (all `get`s): the symbol types are those of the ABI v1; a library exporting these
+    // names with other signatures breaks the contract it claims by its version.
+    let version: Option<AbiVersionFn> =
+        unsafe { lib.get::<AbiVersionFn>(b"hermes_hook_abi_version\0") }
+            .ok()
+            .map(|s| *s);
+    let handle: Option<HandleFn> = unsafe { lib.get::<HandleFn>(b"hermes_hook_handle\0") }
+        .ok()
+        .map(|s| *s);
+    let free: Option<FreeFn> = unsafe { lib.get::<FreeFn>(b"hermes_hook_free\0") }
+        .ok()
+        .map(|s| *s);
+    let (Some(version), Some(handle), Some(free)) = (version, handle, free) else {
+        let missing: Vec<&str> = [
+            ("hermes_hook_abi_version", version.is_none()),
+            ("hermes_hook_handle", handle.is_none()),
+            ("hermes_hook_free", free.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, missing)| missing.then_some(name))
+        .collect();
+        // No hook code ran: closing it again is as safe as loading it was.
+        drop(lib);
+        return Err(DylibError::MissingSymbol {
+            file: setup.file.clone(),
+            symbols: missing.join(", "),
+        });
+    };
+    // SAFETY: ABI v1 signature, no arguments.
+    let found = unsafe { version() };
+    if found != ABI_VERSION {
+        drop(lib);
+        return Err(DylibError::AbiVersion {
+            file: setup.file.clone(),
+            found,
+        });
+    }
+    let init: Option<InitFn> = unsafe { lib.get::<InitFn>(b"hermes_hook_init\0") }
+        .ok()
+        .map(|s| *s);
+    let shutdown: Option<ShutdownFn> = unsafe { lib.get::<ShutdownFn>(b"hermes_hook_shutdown\0") }
+        .ok()
+        .map(|s| *s);
+    let mut loaded = Loaded {
+        lib: Some(lib),
+        handle,
+        free,
+        shutdown,
+        label,
+    };
+    if let Some(init) = init {
+        let dir = setup.dir.as_os_str().as_encoded_bytes();
+        // SAFETY: ABI v1 signature; `dir` outlives the call.
+        let code = unsafe { init(dir.as_ptr(), dir.len()) };
+        if code != 0 {
+            // Its code ran (threads, thread-locals...): keep it mapped like a retired library.
+            loaded.keep_mapped();
+            return Err(DylibError::InitFailed {
+                file: setup.file.clone(),
+                code,
+            });
+        }
+    }
+    tracing::debug!(hook = %setup.hook, file = %setup.file.display(), "dynamic library loaded from a private copy");
+    Ok(loaded)
+}
+
+/// Waits for the next request, spinning briefly first so a busy hook avoids a wake-up per call.
+fn next_request(rx: &mpsc::Receiver<Request>, spin: bool) -> Option<Request> {
+    if spin {
+        let start = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return Some(r),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            if start.elapsed() >= SPIN_FOR {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    rx.recv().ok()
+}
+
+/// The library's thread: load, report, serve calls until the handler goes away, retire.
+fn thread_main(
+    setup: Setup,
+    loaded_tx: oneshot::Sender<Result<(), DylibError>>,
+    rx: mpsc::Receiver<Request>,
+    retired_tx: oneshot::Sender<()>,
+) {
+    let loaded = match load(&setup) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = loaded_tx.send(Err(e));
+            return;
+        }
+    };
+    if loaded_tx.send(Ok(())).is_err() {
+        // The start gave up waiting (init too slow): nothing will ever call this library.
+        loaded.retire(&setup.hook);
+        return;
+    }
+    let spin = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    while let Some(req) = next_request(&rx, spin) {
+        let result = loaded.call(&req.event, &req.context);
+        // The receiver is gone only if the hook was torn down mid-call; nothing to tell.
+        let _ = req.reply.send(result);
+    }
+    loaded.retire(&setup.hook);
+    let _ = retired_tx.send(());
+}
+
+/// The dynamic-library handler of one hook (one loaded copy of the library).
+pub struct DylibHandler {
+    hook: String,
+    label: String,
+    timeout: Duration,
+    /// Calls to the library's thread; dropped to retire the library.
+    tx: Option<mpsc::Sender<Request>>,
+    /// The reply of a call in flight; still `Some` after `call` returns only when the call was
+    /// abandoned at the timeout (the hook is stuck).
+    pending: Option<oneshot::Receiver<HandlerResult>>,
+    /// When the stuck call was abandoned.
+    stuck_since: Option<Instant>,
+    /// Fires once `hermes_hook_shutdown` has run.
+    retired: Option<oneshot::Receiver<()>>,
+}
+
+impl DylibHandler {
+    /// Copies and loads the library on a new thread, checks its ABI and runs its optional
+    /// `hermes_hook_init`; any failure is a [`HandlerError::Load`] naming the file.
+    pub async fn start(ctx: HandlerContext) -> Result<Self, HandlerError> {
+        let file = ctx.handler_path.clone().ok_or_else(|| DylibError::NoFile {
+            hook: ctx.name.clone(),
+        })?;
+        let label = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| file.display().to_string());
+        let setup = Setup {
+            hook: ctx.name.clone(),
+            file: file.clone(),
+            dir: ctx.dir.clone(),
+            copy_dir: ctx.runtime_dir.join("dylib"),
+        };
+        let (loaded_tx, loaded_rx) = oneshot::channel();
+        let (tx, rx) = mpsc::channel();
+        let (retired_tx, retired_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("hook-{}", ctx.name))
+            .stack_size(THREAD_STACK)
+            .spawn(move || thread_main(setup, loaded_tx, rx, retired_tx))
+            .map_err(|source| DylibError::Thread {
+                hook: ctx.name.clone(),
+                source,
+            })?;
+        let init_timeout = ctx.timeout.max(MIN_INIT_TIMEOUT);
+        match tokio::time::timeout(init_timeout, loaded_rx).await {
+            Ok(Ok(Ok(()))) => Ok(Self {
+                hook: ctx.name,
+                label,
+                timeout: ctx.timeout,
+                tx: Some(tx),
+                pending: None,
+                stuck_since: None,
+                retired: Some(retired_rx),
+            }),
+            Ok(Ok(Err(e))) => Err(e.into()),
+            Ok(Err(_)) => Err(DylibError::ThreadLost { file }.into()),
+            Err(_) => Err(DylibError::InitTimeout {
+                file,
+                timeout: init_timeout,
+            }
+            .into()),
+        }
+    }
+
+    async fn run(&mut self, event: &str, context: &Value) -> HandlerResult {
+        let context = serde_json::to_vec(context)
+            .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
+        let (reply, rx) = oneshot::channel();
+        let sent = self.tx.as_ref().is_some_and(|tx| {
+            tx.send(Request {
+                event: event.into(),
+                context,
+                reply,
+            })
+            .is_ok()
+        });
+        if !sent {
+            return Err(self.thread_gone());
+        }
+        // Kept in `self` so that a call abandoned at the timeout can still be waited for.
+        let outcome = self.pending.insert(rx).await;
+        self.pending = None;
+        outcome.unwrap_or_else(|_| Err(self.thread_gone()))
+    }
+
+    fn thread_gone(&self) -> HandlerError {
+        HandlerError::Crashed(format!(
+            "the thread of {} is gone; the hook cannot be called",
+            self.label
+        ))
+    }
+}
+
+impl Handler for DylibHandler {
+    fn ready(&mut self) -> BoxFuture<'_, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let Some(rx) = self.pending.as_mut() else {
+                return Ok(());
+            };
+            let outcome = rx.await;
+            self.pending = None;
+            let waited = self.stuck_since.take().map(|t| t.elapsed());
+            let how = match &outcome {
+                Ok(Ok(_)) => "succeeded".to_string(),
+                Ok(Err(e)) => format!("failed: {e}"),
+                Err(_) => "never returned (its thread is gone)".to_string(),
+            };
+            tracing::info!(
+                hook = %self.hook,
+                "the call that exceeded the timeout returned {:.1?} later and {how} (result discarded); the hook resumes",
+                waited.unwrap_or_default()
+            );
+            match outcome {
+                Err(_) => Err(self.thread_gone()),
+                Ok(_) => Ok(()),
+            }
+        })
+    }
+
+    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
+        Box::pin(self.run(event, context))
+    }
+
+    fn abandon(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if self.pending.is_some() {
+                self.stuck_since = Some(Instant::now());
+                tracing::warn!(
+                    hook = %self.hook,
+                    "{} exceeded its {} timeout; a library call cannot be interrupted: the hook is stuck and gets no new calls until it returns",
+                    self.label,
+                    crate::dispatch::fmt_duration(self.timeout)
+                );
+            }
+        })
+    }
+
+    fn stuck(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // No new calls; the thread runs hermes_hook_shutdown after its in-flight call.
+            drop(self.tx.take());
+            let Some(retired) = self.retired.take() else {
+                return;
+            };
+            if self.pending.is_some() {
+                tracing::warn!(
+                    hook = %self.hook,
+                    "{} is still in a call that exceeded the timeout; hermes_hook_shutdown will run when it returns",
+                    self.label
+                );
+                return;
+            }
+            if tokio::time::timeout(SHUTDOWN_GRACE, retired).await.is_err() {
+                tracing::warn!(
+                    hook = %self.hook,
+                    "hermes_hook_shutdown of {} did not return within {}; not waiting for it",
+                    self.label,
+                    crate::dispatch::fmt_duration(SHUTDOWN_GRACE)
+                );
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn interpret_results() {
+        assert_eq!(interpret(0, b"", "h.so"), Ok(None));
+        assert_eq!(interpret(0, b"  null ", "h.so"), Ok(None));
+        assert_eq!(
+            interpret(0, b"{\"a\": 1}", "h.so"),
+            Ok(Some(json!({"a": 1})))
+        );
+        assert_eq!(
+            interpret(3, b"boom\n", "h.so"),
+            Err(HandlerError::Failed("h.so returned error 3: boom".into()))
+        );
+        assert_eq!(
+            interpret(-1, b"", "h.so"),
+            Err(HandlerError::Failed("h.so returned error -1".into()))
+        );
+        let Err(HandlerError::Failed(m)) = interpret(0, b"{nope", "h.so") else {
+            panic!("bad JSON accepted")
+        };
+        assert!(m.contains("not JSON"), "{m}");
+        let Err(HandlerError::Failed(m)) = interpret(0, b"\"\xff\"", "h.so") else {
+            panic!("bad UTF-8 accepted")
+        };
+        assert!(m.contains("UTF-8"), "{m}");
+    }
+
+    #[test]
+    fn sanitize_names() {
+        assert_eq!(sanitize("my-hook_1"), "my-hook_1");
+        assert_eq!(sanitize("a/b c"), "a_b_c");
+    }
+}
