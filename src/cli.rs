@@ -82,6 +82,10 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Ask the running service (its live status and counters) instead of scanning here;
+        /// the address is $HERMES_HOOKS_ADDRESS or $HERMES_HOME/hooks.sock unless given.
+        #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
+        live: Option<String>,
     },
     /// Validate every hook directory (Python handlers are import-checked); exit 1 on any problem.
     ///
@@ -99,6 +103,22 @@ pub enum Command {
     ///
     /// Example: hermes-hooks test command:reset --context '{"user_id": "42"}'
     Test(TestArgs),
+    /// Scaffold a working hook directory NAME in the first hook root (never overwrites).
+    ///
+    /// Example: hermes-hooks new command-logger --kind python --hooks-dir ~/.hermes/hooks
+    New {
+        /// The hook's name (also its directory name).
+        name: String,
+        /// What runs it.
+        #[arg(long, value_enum, default_value_t = crate::scaffold::Kind::Python)]
+        kind: crate::scaffold::Kind,
+        /// Endpoint for --kind webhook.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Hook roots (the hook is written into the first).
+        #[command(flatten)]
+        roots: RootArgs,
+    },
     /// Allow hook NAME: approve it (--trust explicit) or set `enabled: true` in its HOOK.yaml.
     ///
     /// Example: hermes-hooks enable command-logger --trust explicit
@@ -141,6 +161,19 @@ pub struct ServeArgs {
     /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
     #[arg(long)]
     no_watch: bool,
+    /// `json`: one JSON object per line on stdout for what the host does (host_start,
+    /// hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+}
+
+/// What `serve` writes on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Nothing (logs go to stderr).
+    Text,
+    /// The JSON event stream.
+    Json,
 }
 
 /// Options of `emit`.
@@ -222,10 +255,19 @@ pub fn main() -> i32 {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve(args).await,
-            Command::List { roots, json } => list(roots, json).await,
+            Command::List { roots, json, live } => match live {
+                Some(address) => list_live(&address, json).await,
+                None => list(roots, json).await,
+            },
             Command::Check { roots } => check(roots).await,
             Command::Test(args) => test(args).await,
             Command::Emit(args) => emit(args).await,
+            Command::New {
+                name,
+                kind,
+                url,
+                roots,
+            } => new_hook(&roots, &name, kind, url.as_deref()),
             Command::Enable { name, roots } => set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => set_enabled(&roots, &name, false),
         }
@@ -300,11 +342,28 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Bound, Option<St
 
 async fn serve(args: ServeArgs) -> i32 {
     let config = args.roots.config();
+    let notices = match args.output {
+        Output::Json => crate::notices::Notices::to_writer(std::io::stdout()),
+        Output::Text => crate::notices::Notices::default(),
+    };
+    let start_notice = |listen: Option<String>| {
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "listen": listen,
+            "roots": config.roots,
+            "watch": !args.no_watch,
+        })
+    };
     let (bound, token) = match bind(&args, &config).await {
         Ok(b) => b,
-        Err(e) => return fail(e),
+        Err(e) => {
+            notices.send("host_start", start_notice(None));
+            notices.finish("host_stop", json!({"error": e, "exit_code": 1}));
+            return fail(e);
+        }
     };
-    let host = Host::new(config.clone());
+    let host = Host::with_notices(config.clone(), notices.clone());
     let router = server::app(host.clone(), ApiConfig { token });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shutdown_signal = {
@@ -317,10 +376,15 @@ async fn serve(args: ServeArgs) -> i32 {
         Bound::Tcp(l) => {
             let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
             tracing::info!("listening on http://{addr}");
+            notices.send("host_start", start_notice(Some(format!("http://{addr}"))));
             tokio::spawn(server::serve(l, router, shutdown_signal))
         }
         Bound::Unix(l, path) => {
             tracing::info!("listening on unix:{}", path.display());
+            notices.send(
+                "host_start",
+                start_notice(Some(format!("unix:{}", path.display()))),
+            );
             tokio::spawn(server::serve(l, router, shutdown_signal))
         }
     };
@@ -375,6 +439,15 @@ async fn serve(args: ServeArgs) -> i32 {
     }
     let undelivered: usize = report.undelivered.iter().map(|(_, n)| n).sum();
     tracing::info!(undelivered, drain_ms = report.drain_ms, "stopped");
+    let per_hook: serde_json::Map<String, Value> = report
+        .undelivered
+        .iter()
+        .map(|(h, n)| (h.clone(), json!(n)))
+        .collect();
+    notices.finish(
+        "host_stop",
+        json!({"undelivered": undelivered, "undelivered_by_hook": per_hook, "drain_ms": report.drain_ms, "exit_code": 0}),
+    );
     0
 }
 
@@ -409,6 +482,21 @@ async fn with_loaded_hooks<T>(
     out
 }
 
+fn new_hook(roots: &RootArgs, name: &str, kind: crate::scaffold::Kind, url: Option<&str>) -> i32 {
+    let config = roots.config();
+    let Some(root) = config.roots.first() else {
+        return fail("no hook root");
+    };
+    match crate::scaffold::new_hook(root, name, kind, url) {
+        Ok(s) => {
+            println!("created {} ({})", s.dir.display(), s.files.join(", "));
+            println!("next: {}", s.next);
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
 /// `enable NAME` / `disable NAME`: the work is in [`crate::trust::set_enabled`].
 fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
     let config = roots.config();
@@ -427,44 +515,114 @@ fn skipped_json(s: &Skipped) -> Value {
 
 async fn list(roots: RootArgs, as_json: bool) -> i32 {
     with_loaded_hooks(roots, async |host, report| {
-        let hooks = host.hooks();
-        let mut out = std::io::stdout().lock();
-        if as_json {
-            let skipped: Vec<Value> = report.skipped.iter().map(skipped_json).collect();
-            let _ = writeln!(out, "{}", json!({"hooks": hooks, "skipped": skipped}));
-            return 0;
-        }
-        if hooks.is_empty() {
-            let _ = writeln!(
-                out,
-                "no hooks loaded (roots: {})",
-                display_roots(&host.config().roots)
-            );
-        }
-        for h in &hooks {
-            let _ = writeln!(
-                out,
-                "{:<24} {:<7} {:<40} {}{}",
-                h.name,
-                h.kind,
-                h.events.join(","),
-                h.path.display(),
-                if h.signed == Some(false) {
-                    "  UNSIGNED"
-                } else {
-                    ""
-                }
-            );
-        }
-        if !report.skipped.is_empty() {
-            let _ = writeln!(out, "\nnot loaded:");
-            for s in &report.skipped {
-                let _ = writeln!(out, "  {:<22} {s}", s.name);
-            }
-        }
+        let hooks: Vec<Value> = host.hooks().iter().map(|h| json!(h)).collect();
+        let skipped: Vec<Value> = report.skipped.iter().map(skipped_json).collect();
+        print_list(
+            &hooks,
+            &skipped,
+            as_json,
+            &display_roots(&host.config().roots),
+        );
         0
     })
     .await
+}
+
+/// `list --live`: the running service's view, with live status and counters.
+async fn list_live(address: &str, as_json: bool) -> i32 {
+    use crate::client::{Address, request};
+    let address = if address.is_empty() {
+        match std::env::var("HERMES_HOOKS_ADDRESS")
+            .ok()
+            .filter(|a| !a.is_empty())
+        {
+            Some(a) => Address::parse(&a),
+            None => Address::Unix(crate::host::hermes_home().join("hooks.sock")),
+        }
+    } else {
+        Address::parse(address)
+    };
+    let token = std::env::var("HERMES_HOOKS_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    match request(
+        &address,
+        "GET",
+        "/v1/hooks",
+        token.as_deref(),
+        None,
+        Duration::from_secs(10),
+    )
+    .await
+    {
+        Ok((200, body)) => {
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
+            let skipped = v["skipped"].as_array().cloned().unwrap_or_default();
+            print_list(&hooks, &skipped, as_json, &address.to_string());
+            0
+        }
+        Ok((status, body)) => fail(format!("HTTP {status}: {}", String::from_utf8_lossy(&body))),
+        Err(e) => fail(e),
+    }
+}
+
+/// Prints hooks (as `/v1/hooks` shows them) and the directories that did not load.
+fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
+    let mut out = std::io::stdout().lock();
+    if as_json {
+        let _ = writeln!(out, "{}", json!({"hooks": hooks, "skipped": skipped}));
+        return;
+    }
+    if hooks.is_empty() {
+        let _ = writeln!(out, "no hooks loaded ({source})");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<8} {:<10} {:<34} {:>7} {:>7} {:>7}  ROOT",
+            "NAME", "KIND", "STATUS", "EVENTS", "OK", "FAILED", "DROPPED"
+        );
+    }
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    for h in hooks {
+        let events: Vec<String> = h["events"]
+            .as_array()
+            .map(|a| a.iter().map(s).collect())
+            .unwrap_or_default();
+        let c = &h["counters"];
+        let _ = writeln!(
+            out,
+            "{:<24} {:<8} {:<10} {:<34} {:>7} {:>7} {:>7}  {}{}",
+            s(&h["name"]),
+            s(&h["kind"]),
+            s(&h["status"]),
+            events.join(","),
+            c["ok"].as_u64().unwrap_or(0),
+            c["failed"].as_u64().unwrap_or(0),
+            c["dropped"].as_u64().unwrap_or(0),
+            s(&h["root"]),
+            if h["signed"] == json!(false) {
+                "  UNSIGNED"
+            } else {
+                ""
+            }
+        );
+        if let Some(e) = h["last_error"]["message"].as_str() {
+            let _ = writeln!(out, "    last error: {e}");
+        }
+    }
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "\nnot loaded:");
+        for k in skipped {
+            let _ = writeln!(
+                out,
+                "  {:<22} {}: {}",
+                s(&k["name"]),
+                s(&k["file"]),
+                s(&k["reason"])
+            );
+        }
+    }
 }
 
 fn display_roots(roots: &[PathBuf]) -> String {

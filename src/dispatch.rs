@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::discovery::HookSpec;
 use crate::handler::{Handler, HandlerError};
 use crate::manifest::Overflow;
+use crate::notices::Notices;
 
 /// What one handler invocation produced, as reported to a waiting `emit_collect`.
 #[derive(Debug, Clone)]
@@ -291,26 +292,43 @@ pub struct LoadedHook {
     finished: watch::Sender<bool>,
     /// Start of the process, for rate-limited logging.
     epoch: Instant,
+    /// Where `handler_error`, `handler_timeout`, `worker_restart`, `queue_overflow` go.
+    notices: Notices,
 }
 
 impl LoadedHook {
     /// A hook with an empty queue and no worker yet.
     pub fn new(spec: HookSpec) -> Arc<Self> {
+        Self::new_with(spec, Notices::default())
+    }
+
+    /// A hook with an empty queue that reports to `notices`.
+    pub fn new_with(spec: HookSpec, notices: Notices) -> Arc<Self> {
         let queue = Arc::new(HookQueue::new(
             spec.manifest.queue_capacity,
             spec.manifest.overflow,
         ));
-        Self::with_queue(spec, queue, Arc::new(HookStats::default()))
+        Self::with_queue(spec, queue, Arc::new(HookStats::default()), notices)
     }
 
     /// The next version of `prev`: same queue and counters, new spec.
     pub fn successor(spec: HookSpec, prev: &LoadedHook) -> Arc<Self> {
         prev.queue
             .set_limits(spec.manifest.queue_capacity, spec.manifest.overflow);
-        Self::with_queue(spec, prev.queue.clone(), prev.stats.clone())
+        Self::with_queue(
+            spec,
+            prev.queue.clone(),
+            prev.stats.clone(),
+            prev.notices.clone(),
+        )
     }
 
-    fn with_queue(spec: HookSpec, queue: Arc<HookQueue>, stats: Arc<HookStats>) -> Arc<Self> {
+    fn with_queue(
+        spec: HookSpec,
+        queue: Arc<HookQueue>,
+        stats: Arc<HookStats>,
+        notices: Notices,
+    ) -> Arc<Self> {
         Arc::new(Self {
             spec,
             queue,
@@ -320,6 +338,7 @@ impl LoadedHook {
             worker: Mutex::new(None),
             finished: watch::channel(false).0,
             epoch: Instant::now(),
+            notices,
         })
     }
 
@@ -376,6 +395,16 @@ impl LoadedHook {
                 "queue full (capacity {}, {}): {n} event(s) dropped",
                 self.queue.capacity(),
                 self.queue.overflow().as_str()
+            );
+            self.notices.send(
+                "queue_overflow",
+                serde_json::json!({
+                    "hook": self.spec.name,
+                    "dropped": n,
+                    "total_dropped": self.stats.dropped.load(Ordering::Relaxed),
+                    "capacity": self.queue.capacity(),
+                    "overflow": self.queue.overflow().as_str(),
+                }),
             );
         }
     }
@@ -457,9 +486,16 @@ async fn run_worker(
             }
         };
         running(Status::Restarting);
+        let before = handler.restarts();
         let ready = handler.ready().await;
         let restarts = handler.restarts();
         hook.stats.restarts.store(restarts, Ordering::Relaxed);
+        if restarts > before {
+            hook.notices.send(
+                "worker_restart",
+                serde_json::json!({"hook": hook.spec.name, "restarts": restarts}),
+            );
+        }
         running(Status::Busy);
         let started = Instant::now();
         let result = match ready {
@@ -499,6 +535,21 @@ async fn run_worker(
                 let msg = e.to_string();
                 tracing::warn!(hook = %hook.spec.name, event = %job.event, "handler failed: {msg}");
                 hook.stats.set_last_error(format!("{}: {msg}", job.event));
+                if timed_out {
+                    hook.notices.send(
+                        "handler_timeout",
+                        serde_json::json!({
+                            "hook": hook.spec.name,
+                            "event": &*job.event,
+                            "timeout_s": timeout.as_secs_f64(),
+                        }),
+                    );
+                } else {
+                    hook.notices.send(
+                        "handler_error",
+                        serde_json::json!({"hook": hook.spec.name, "event": &*job.event, "error": msg}),
+                    );
+                }
                 Err(msg)
             }
         };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
@@ -258,6 +258,8 @@ struct Inner {
     events_received: AtomicU64,
     /// Completed reloads (not counting the first load).
     reloads: AtomicU64,
+    /// The JSON event stream (`serve --output json`); off by default.
+    notices: crate::notices::Notices,
 }
 
 /// The hook host. Cheap to clone; all clones share one registry.
@@ -281,6 +283,11 @@ pub fn normalize_context(context: Value) -> Result<Value, EmitError> {
 impl Host {
     /// A host with no hooks loaded yet; call [`Host::reload`] to load.
     pub fn new(config: HostConfig) -> Self {
+        Self::with_notices(config, crate::notices::Notices::default())
+    }
+
+    /// [`Host::new`], reporting loads, reloads and handler failures to `notices`.
+    pub fn with_notices(config: HostConfig, notices: crate::notices::Notices) -> Self {
         let registry = Registry::new(Vec::new(), Vec::new(), config.roots.clone(), 0);
         Self {
             inner: Arc::new(Inner {
@@ -291,6 +298,7 @@ impl Host {
                 ready: AtomicBool::new(false),
                 events_received: AtomicU64::new(0),
                 reloads: AtomicU64::new(0),
+                notices,
             }),
         }
     }
@@ -528,8 +536,20 @@ impl Host {
                 Ok(h) => {
                     let hook = match &prev {
                         Some(p) => LoadedHook::successor(spec, p),
-                        None => LoadedHook::new(spec),
+                        None => LoadedHook::new_with(spec, self.inner.notices.clone()),
                     };
+                    let spec = &hook.spec;
+                    let what = json!({
+                        "hook": spec.name,
+                        "kind": spec.kind.as_str(),
+                        "events": spec.manifest.events,
+                        "dir": spec.dir,
+                        "root": spec.root,
+                    });
+                    match &prev {
+                        Some(_) => self.inner.notices.send("hook_reloaded", what),
+                        None => self.inner.notices.send("hook_loaded", what),
+                    }
                     for w in &hook.spec.manifest.warnings {
                         tracing::warn!(hook = %hook.spec.name, file = %hook.spec.manifest_path.display(), "{w}");
                     }
@@ -546,6 +566,10 @@ impl Host {
                     if let Some(p) = &prev {
                         reason.push_str(" (the previous version keeps running)");
                         p.stats.set_last_error(format!("reload failed: {e}"));
+                        self.inner.notices.send(
+                            "hook_reloaded",
+                            json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
+                        );
                         new_hooks.push(p.clone());
                     }
                     skipped.push(Skipped {
@@ -578,6 +602,10 @@ impl Host {
             {
                 prev.stats
                     .set_last_error(format!("reload failed: {}", s.reason));
+                self.inner.notices.send(
+                    "hook_reloaded",
+                    json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": s.reason, "kept_previous": true}),
+                );
                 s.reason.push_str(" (the previous version keeps running)");
                 new_hooks.push(prev.clone());
             }
@@ -619,9 +647,23 @@ impl Host {
             } else {
                 h.close();
                 report.stopped.push(h.spec.name.clone());
+                self.inner.notices.send(
+                    "hook_unloaded",
+                    json!({"hook": h.spec.name, "dir": h.spec.dir, "queued": h.queue.len()}),
+                );
             }
         }
-        for s in &skipped {
+        // Report what is newly wrong; a rescan does not repeat problems already reported.
+        let fresh = skipped.iter().filter(|s| {
+            !old.skipped
+                .iter()
+                .any(|o| o.dir == s.dir && o.code == s.code && o.reason == s.reason)
+        });
+        for s in fresh {
+            self.inner.notices.send(
+                "hook_skipped",
+                json!({"name": s.name, "dir": s.dir, "file": s.file, "code": s.code, "reason": s.reason}),
+            );
             if s.is_problem() {
                 tracing::warn!(hook = %s.name, file = %s.file.display(), "not loaded: {}", s.reason);
             } else {

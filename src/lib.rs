@@ -11,6 +11,8 @@
 //! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
 //! - [`metrics`]: Prometheus text.
+//! - [`notices`]: the JSON event stream of `serve --output json`.
+//! - [`scaffold`]: `new NAME --kind ...`.
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
 //! - [`client`]: the tiny HTTP client the CLI's `emit` uses.
 //! - [`cli`]: the command-line interface; `main.rs` only calls [`cli::main`].
@@ -34,8 +36,10 @@ pub mod handler;
 pub mod host;
 pub mod manifest;
 pub mod metrics;
+pub mod notices;
 pub mod pattern;
 pub mod registry;
+pub mod scaffold;
 pub mod server;
 pub mod time;
 pub mod trust;

@@ -161,3 +161,124 @@ fn bundled_examples_pass_check() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
+
+/// A one-shot HTTP server on 127.0.0.1:0 answering every request with `answer` (JSON); returns
+/// its URL. Serves until the test process exits.
+fn tiny_server(answer: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 65536];
+            let mut got = Vec::new();
+            // Read the head and the body announced by Content-Length.
+            loop {
+                let Ok(n) = s.read(&mut buf) else { break };
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+                if let Some(p) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&got[..p]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if got.len() >= p + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    url
+}
+
+#[test]
+fn new_scaffolds_pass_check_and_test_for_every_kind() {
+    let hooks = Hooks::new();
+    let url = tiny_server(r#"{"from": "webhook"}"#);
+    for (name, kind) in [
+        ("py-hook", "python"),
+        ("sh-hook", "exec"),
+        ("wh-hook", "webhook"),
+    ] {
+        let mut args = vec!["new", name, "--kind", kind];
+        if kind == "webhook" {
+            args.extend(["--url", &url]);
+        }
+        let o = run(&hooks, &args);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(stdout(&o).contains("created"));
+        let o = run(&hooks, &["test", "agent:start", "--hook", name]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{kind}: {}\n{}",
+            stdout(&o),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if kind == "webhook" {
+            assert!(
+                stdout(&o).contains(r#"result: {"from":"webhook"}"#),
+                "{}",
+                stdout(&o)
+            );
+        }
+    }
+    let o = run(&hooks, &["check"]);
+    let out = stdout(&o);
+    // The webhook's secret variable is unset: a warning, not a problem.
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("3 hook(s) ok, 0 problem(s)"), "{out}");
+    // Never overwrites.
+    let o = run(&hooks, &["new", "py-hook", "--kind", "exec"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+    let o = run(&hooks, &["new", "bad/name"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn list_live_shows_the_running_services_counters() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "counted",
+        "[command:x]",
+        "def handle(e, c):\n    raise ValueError('nope')\n",
+    );
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    serve.post("/v1/collect", &serde_json::json!({"event": "command:x"}));
+    let o = run(
+        &hooks,
+        &["list", "--live", &format!("http://{}", serve.addr)],
+    );
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("counted"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[1..3], ["python", "ready"], "{row}");
+    assert_eq!(cols[4..7], ["0", "1", "0"], "ok, failed, dropped: {row}");
+    assert!(
+        out.contains("last error: command:x: ValueError: nope"),
+        "{out}"
+    );
+}

@@ -8,6 +8,7 @@ mod core;
 mod dylib;
 mod exec;
 mod http;
+mod notices;
 mod python;
 mod reload;
 mod service;

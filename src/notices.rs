@@ -1,0 +1,131 @@
+//! The machine-readable record of what the host does (`serve --output json`): one JSON object
+//! per line on stdout, `{"v": 1, "type", "time", ...}`, `host_start` first and `host_stop` last.
+//!
+//! Notices are sent from anywhere (reload, workers, the emit path on overflow) into a bounded
+//! channel and written by one dedicated thread, so a slow reader of stdout never blocks a runtime
+//! worker; when the channel is full a notice is counted as lost and the count is reported in
+//! `host_stop`.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use serde_json::{Map, Value, json};
+
+/// Version of the notice format; changes only when a field changes meaning or goes away.
+pub const VERSION: u64 = 1;
+/// Notices waiting for the writer before new ones are dropped (and counted).
+const CAPACITY: usize = 4096;
+
+struct Inner {
+    tx: Mutex<Option<SyncSender<String>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    lost: AtomicU64,
+}
+
+/// A handle for sending notices; cheap to clone. The default handle sends nothing.
+#[derive(Clone, Default)]
+pub struct Notices {
+    inner: Option<Arc<Inner>>,
+}
+
+impl std::fmt::Debug for Notices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.inner.is_some() {
+            "Notices(on)"
+        } else {
+            "Notices(off)"
+        })
+    }
+}
+
+impl Notices {
+    /// Notices written to `out` (stdout for `serve --output json`) by a dedicated thread.
+    pub fn to_writer(out: impl Write + Send + 'static) -> Self {
+        let (tx, rx) = sync_channel::<String>(CAPACITY);
+        let writer = std::thread::Builder::new()
+            .name("notices".into())
+            .spawn(move || {
+                let mut out = std::io::BufWriter::new(out);
+                while let Ok(line) = rx.recv() {
+                    let _ = out.write_all(line.as_bytes());
+                    let _ = out.write_all(b"\n");
+                    // Flush when nothing else is waiting: lines appear promptly, bursts batch.
+                    for l in rx.try_iter() {
+                        let _ = out.write_all(l.as_bytes());
+                        let _ = out.write_all(b"\n");
+                    }
+                    let _ = out.flush();
+                }
+                let _ = out.flush();
+            })
+            .ok();
+        Self {
+            inner: Some(Arc::new(Inner {
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(writer),
+                lost: AtomicU64::new(0),
+            })),
+        }
+    }
+
+    /// True when notices are being written.
+    pub fn enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Sends a notice of `kind` with `fields` (an object) added to the envelope.
+    pub fn send(&self, kind: &str, fields: Value) {
+        let Some(inner) = &self.inner else { return };
+        let mut obj = Map::new();
+        obj.insert("v".into(), json!(VERSION));
+        obj.insert("type".into(), json!(kind));
+        obj.insert("time".into(), json!(crate::time::now()));
+        if let Value::Object(f) = fields {
+            obj.extend(f);
+        }
+        let line = Value::Object(obj).to_string();
+        let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        match tx.as_ref().map(|t| t.try_send(line)) {
+            Some(Ok(())) | None => {}
+            Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) => {
+                inner.lost.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Sends the final notice (`host_stop`, with the count of lost notices), then waits until
+    /// everything is written. Later notices are ignored.
+    pub fn finish(&self, kind: &str, fields: Value) {
+        let Some(inner) = &self.inner else { return };
+        let mut fields = fields;
+        if let Value::Object(f) = &mut fields {
+            f.insert(
+                "notices_lost".into(),
+                json!(inner.lost.load(Ordering::Relaxed)),
+            );
+        }
+        // The last notice must not be lost: wait for room.
+        let mut obj = Map::new();
+        obj.insert("v".into(), json!(VERSION));
+        obj.insert("type".into(), json!(kind));
+        obj.insert("time".into(), json!(crate::time::now()));
+        if let Value::Object(f) = fields {
+            obj.extend(f);
+        }
+        let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = tx {
+            let _ = tx.send(Value::Object(obj).to_string());
+        }
+        if let Some(w) = inner
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = w.join();
+        }
+    }
+}

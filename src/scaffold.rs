@@ -1,0 +1,257 @@
+//! `hermes-hooks new NAME --kind ...`: writes a working hook directory to start from. Each
+//! scaffold passes `check` as written and runs under `test`; nothing is ever overwritten.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// The kinds `new` can scaffold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// `handler.py` run by a persistent Python worker.
+    Python,
+    /// An executable shell script, one process per event.
+    Exec,
+    /// A Rust dynamic library built with the SDK.
+    Rust,
+    /// An HTTP endpoint receiving signed POSTs.
+    Webhook,
+}
+
+/// Why a scaffold was not written.
+#[derive(Debug, Error)]
+pub enum ScaffoldError {
+    /// The name cannot be a hook name.
+    #[error("invalid hook name {name:?}: {reason}")]
+    BadName {
+        /// The name given.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The directory exists.
+    #[error("{0} already exists; choose another name or remove it first (nothing was overwritten)")]
+    Exists(PathBuf),
+    /// Writing failed.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// This kind cannot be scaffolded by this build.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct Scaffold {
+    /// The hook directory.
+    pub dir: PathBuf,
+    /// Files written, relative to `dir`.
+    pub files: Vec<String>,
+    /// What to do next, for the person.
+    pub next: String,
+}
+
+fn write(dir: &Path, rel: &str, content: &str, mode: u32) -> Result<(), ScaffoldError> {
+    let path = dir.join(rel);
+    let io = |source| ScaffoldError::Io {
+        path: path.clone(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    std::fs::write(&path, content).map_err(io)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(io)
+}
+
+/// Writes a new hook called `name` of `kind` into `root`. `url` is the endpoint of a webhook.
+pub fn new_hook(
+    root: &Path,
+    name: &str,
+    kind: Kind,
+    url: Option<&str>,
+) -> Result<Scaffold, ScaffoldError> {
+    crate::manifest::validate_name(name).map_err(|reason| ScaffoldError::BadName {
+        name: name.into(),
+        reason,
+    })?;
+    if name.starts_with('.') {
+        return Err(ScaffoldError::BadName {
+            name: name.into(),
+            reason: "starts with a dot (hidden directories are ignored)".into(),
+        });
+    }
+    let dir = root.join(name);
+    if dir.exists() {
+        return Err(ScaffoldError::Exists(dir));
+    }
+    let io = |source| ScaffoldError::Io {
+        path: dir.clone(),
+        source,
+    };
+    std::fs::create_dir_all(root).map_err(io)?;
+    std::fs::create_dir(&dir).map_err(io)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+    let env_name = name
+        .to_ascii_uppercase()
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    let (files, next): (Vec<(&str, String, u32)>, String) = match kind {
+        Kind::Python => (
+            vec![
+                (
+                    "HOOK.yaml",
+                    manifest(name, "A Python hook", "", None),
+                    0o644,
+                ),
+                ("handler.py", python_handler(name), 0o644),
+            ],
+            format!(
+                "edit {0}/handler.py, then: hermes-hooks test agent:start --hook {name}",
+                dir.display()
+            ),
+        ),
+        Kind::Exec => (
+            vec![
+                (
+                    "HOOK.yaml",
+                    manifest(name, "An executable hook (one process per event)", "", None),
+                    0o644,
+                ),
+                ("handler.sh", exec_handler(name), 0o755),
+            ],
+            format!(
+                "edit {0}/handler.sh, then: hermes-hooks test agent:start --hook {name}",
+                dir.display()
+            ),
+        ),
+        Kind::Webhook => {
+            let url = url.unwrap_or("http://127.0.0.1:8080/hermes-hook");
+            let extra = format!(
+                "# Deliveries are POSTed here; 2xx JSON answers are the hook's result.\nurl: {url}\n\
+                 # HMAC-SHA256 signature (X-Hermes-Signature-256) with the secret in this variable;\n\
+                 # unset = deliveries go out unsigned (listed as UNSIGNED).\nsecret_env: {env_name}_SECRET\n"
+            );
+            (
+                vec![(
+                    "HOOK.yaml",
+                    manifest(
+                        name,
+                        "A webhook: events are POSTed to an HTTP endpoint",
+                        &extra,
+                        None,
+                    ),
+                    0o644,
+                )],
+                format!(
+                    "set url: in {0}/HOOK.yaml and export {env_name}_SECRET, then: hermes-hooks test agent:start --hook {name}",
+                    dir.display()
+                ),
+            )
+        }
+        Kind::Rust => {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(ScaffoldError::Unsupported(
+                "`new --kind rust` is not available in this build; see examples/dylib-rust".into(),
+            ));
+        }
+    };
+    let mut written = Vec::new();
+    for (rel, content, mode) in files {
+        write(&dir, rel, &content, mode)?;
+        written.push(rel.to_string());
+    }
+    Ok(Scaffold {
+        dir,
+        files: written,
+        next,
+    })
+}
+
+fn manifest(name: &str, description: &str, extra: &str, handler: Option<&str>) -> String {
+    let handler = handler
+        .map(|h| format!("handler: {h}\n"))
+        .unwrap_or_default();
+    format!(
+        "# {name}: {description}. See `hermes-hooks --help` and the README for every field.\n\
+         name: {name}\n\
+         description: {description:?}\n\
+         # Exact event names or globs: \"agent:*\", \"command:*\", \"{{session,agent}}:start\", \"*\".\n\
+         events: [\"agent:start\", \"command:*\"]\n\
+         # Seconds per invocation (at most 300).\n\
+         timeout: 10\n\
+         {handler}{extra}"
+    )
+}
+
+fn python_handler(name: &str) -> String {
+    format!(
+        r#""""{name}: called once per matching event, in a long-lived worker.
+
+handle() may be sync or async. Whatever it returns (a JSON value) is its result for
+decision events (emit_collect); return None for "nothing". print() goes to the service log.
+Module globals persist between events until the worker restarts.
+"""
+
+import json
+import os
+
+HERMES_HOME = os.environ.get("HERMES_HOME", os.path.expanduser("~/.hermes"))
+seen = 0
+
+
+def handle(event_type, context):
+    global seen
+    seen += 1
+    print("{name}: event #%d %s %s" % (seen, event_type, json.dumps(context)[:200]))
+    return None
+"#
+    )
+}
+
+fn exec_handler(name: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+# {name}: runs once per matching event.
+# stdin:  one JSON object {{"hook_event_name", "event", "context", "hook"}}
+# stdout: nothing, or one JSON value (the result for decision events)
+# stderr: goes to the service log. A non-zero exit is reported as an error.
+set -eu
+payload=$(cat)
+echo "{name} got: $payload" >&2
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_to_overwrite_and_bad_names() {
+        let tmp = std::env::temp_dir().join(format!("hh-scaffold-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let s = new_hook(&tmp, "demo", Kind::Python, None).unwrap();
+        assert_eq!(s.files, vec!["HOOK.yaml", "handler.py"]);
+        assert!(matches!(
+            new_hook(&tmp, "demo", Kind::Exec, None),
+            Err(ScaffoldError::Exists(_))
+        ));
+        assert!(matches!(
+            new_hook(&tmp, "a/b", Kind::Exec, None),
+            Err(ScaffoldError::BadName { .. })
+        ));
+        assert!(
+            crate::manifest::parse_manifest(
+                &std::fs::read_to_string(s.dir.join("HOOK.yaml")).unwrap()
+            )
+            .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+}
