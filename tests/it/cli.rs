@@ -174,8 +174,7 @@ fn tiny_server(answer: &'static str) -> String {
             let mut buf = [0u8; 65536];
             let mut got = Vec::new();
             // Read the head and the body announced by Content-Length.
-            loop {
-                let Ok(n) = s.read(&mut buf) else { break };
+            while let Ok(n) = s.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
