@@ -238,6 +238,9 @@ pub struct HookStats {
     pub restarts: AtomicU64,
     /// Total handler time in microseconds.
     pub busy_us: AtomicU64,
+    /// Handler durations, per bucket of [`DURATION_BUCKETS`] (the last one is +Inf); not
+    /// cumulative (the exposition sums them).
+    pub duration_buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
     status: AtomicU8,
     /// Drops not yet logged (logging is rate-limited to one line a second).
     drops_unlogged: AtomicU64,
@@ -246,7 +249,24 @@ pub struct HookStats {
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
 
+/// Upper bounds (seconds) of the handler duration histogram.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0,
+];
+
 impl HookStats {
+    /// Records one handler duration.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.duration_buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.busy_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
     /// Current worker state.
     pub fn status(&self) -> Status {
         Status::from_u8(self.status.load(Ordering::Relaxed))
@@ -514,9 +534,7 @@ async fn run_worker(
             },
         };
         let duration = started.elapsed();
-        hook.stats
-            .busy_us
-            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+        hook.stats.observe(duration);
         running(if handler.stuck() {
             Status::Stuck
         } else {

@@ -118,5 +118,41 @@ pub fn render(host: &Host) -> String {
             crate::handler::dylib::retained_libraries() as f64,
         )],
     );
+    {
+        let _ = writeln!(
+            out,
+            "# HELP hermes_hooks_handler_duration_seconds Time per handler invocation."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE hermes_hooks_handler_duration_seconds histogram"
+        );
+        for h in &reg.hooks {
+            let name = escape(&h.spec.name);
+            let mut cumulative = 0u64;
+            for (i, bound) in crate::dispatch::DURATION_BUCKETS.iter().enumerate() {
+                cumulative += h.stats.duration_buckets[i].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "hermes_hooks_handler_duration_seconds_bucket{{hook=\"{name}\",le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            cumulative += h.stats.duration_buckets[crate::dispatch::DURATION_BUCKETS.len()]
+                .load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "hermes_hooks_handler_duration_seconds_bucket{{hook=\"{name}\",le=\"+Inf\"}} {cumulative}"
+            );
+            let sum = h.stats.busy_us.load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "hermes_hooks_handler_duration_seconds_sum{{hook=\"{name}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "hermes_hooks_handler_duration_seconds_count{{hook=\"{name}\"}} {cumulative}"
+            );
+        }
+    }
     out
 }

@@ -100,6 +100,18 @@ fn events_collect_and_hooks_routes() {
         text.contains("hermes_hooks_handler_errors_total{hook=\"broken\"} 1"),
         "{text}"
     );
+    for needle in [
+        "hermes_hooks_handler_duration_seconds_count{hook=\"decide\"} 1",
+        "hermes_hooks_handler_duration_seconds_bucket{hook=\"decide\",le=\"+Inf\"} 1",
+        "# TYPE hermes_hooks_handler_duration_seconds histogram",
+        "hermes_hooks_queue_depth{hook=\"rec\"}",
+        "hermes_hooks_dispatched_total{hook=\"rec\"} 3",
+        "hermes_hooks_dropped_total{hook=\"rec\"} 0",
+        "hermes_hooks_worker_restarts_total{hook=\"rec\"} 0",
+        "hermes_hooks_reloads_total 0",
+    ] {
+        assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
 }
 
 #[test]
