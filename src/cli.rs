@@ -115,6 +115,9 @@ pub enum Command {
         /// Endpoint for --kind webhook.
         #[arg(long, value_name = "URL")]
         url: Option<String>,
+        /// Where --kind rust puts the crate (default: $HERMES_HOME/hook-src/NAME).
+        #[arg(long, value_name = "DIR")]
+        src: Option<PathBuf>,
         /// Hook roots (the hook is written into the first).
         #[command(flatten)]
         roots: RootArgs,
@@ -266,8 +269,9 @@ pub fn main() -> i32 {
                 name,
                 kind,
                 url,
+                src,
                 roots,
-            } => new_hook(&roots, &name, kind, url.as_deref()),
+            } => new_hook(&roots, &name, kind, url.as_deref(), src),
             Command::Enable { name, roots } => set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => set_enabled(&roots, &name, false),
         }
@@ -482,12 +486,19 @@ async fn with_loaded_hooks<T>(
     out
 }
 
-fn new_hook(roots: &RootArgs, name: &str, kind: crate::scaffold::Kind, url: Option<&str>) -> i32 {
+fn new_hook(
+    roots: &RootArgs,
+    name: &str,
+    kind: crate::scaffold::Kind,
+    url: Option<&str>,
+    src: Option<PathBuf>,
+) -> i32 {
     let config = roots.config();
     let Some(root) = config.roots.first() else {
         return fail("no hook root");
     };
-    match crate::scaffold::new_hook(root, name, kind, url) {
+    let src = src.unwrap_or_else(|| crate::scaffold::rust_source_dir(&config.hermes_home, name));
+    match crate::scaffold::new_hook(root, name, kind, url, Some(&src)) {
         Ok(s) => {
             println!("created {} ({})", s.dir.display(), s.files.join(", "));
             println!("next: {}", s.next);

@@ -70,12 +70,20 @@ fn write(dir: &Path, rel: &str, content: &str, mode: u32) -> Result<(), Scaffold
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(io)
 }
 
-/// Writes a new hook called `name` of `kind` into `root`. `url` is the endpoint of a webhook.
+/// Where `new --kind rust` keeps the crate it builds the hook from (outside the hook roots, so
+/// builds never wake the watcher).
+pub fn rust_source_dir(hermes_home: &Path, name: &str) -> PathBuf {
+    hermes_home.join("hook-src").join(name)
+}
+
+/// Writes a new hook called `name` of `kind` into `root`. `url` is the endpoint of a webhook;
+/// `src` is where a Rust hook's crate goes.
 pub fn new_hook(
     root: &Path,
     name: &str,
     kind: Kind,
     url: Option<&str>,
+    src: Option<&Path>,
 ) -> Result<Scaffold, ScaffoldError> {
     crate::manifest::validate_name(name).map_err(|reason| ScaffoldError::BadName {
         name: name.into(),
@@ -155,10 +163,20 @@ pub fn new_hook(
             )
         }
         Kind::Rust => {
-            let _ = std::fs::remove_dir(&dir);
-            return Err(ScaffoldError::Unsupported(
-                "`new --kind rust` is not available in this build; see examples/dylib-rust".into(),
-            ));
+            let Some(src) = src else {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(ScaffoldError::Unsupported(
+                    "a Rust hook needs a source directory".into(),
+                ));
+            };
+            return match rust_hook(&dir, src, name) {
+                Ok(s) => Ok(s),
+                Err(e) => {
+                    // Leave no half-made hook directory behind (the sources stay for a retry).
+                    let _ = std::fs::remove_dir_all(&dir);
+                    Err(e)
+                }
+            };
         }
     };
     let mut written = Vec::new();
@@ -171,6 +189,115 @@ pub fn new_hook(
         files: written,
         next,
     })
+}
+
+/// The SDK, embedded so a scaffolded Rust hook builds without this repository.
+const SDK_LIB: &str = include_str!("../sdk/src/lib.rs");
+const SDK_MANIFEST: &str = include_str!("../sdk/Cargo.toml");
+
+/// Writes the crate of a Rust hook into `src`, builds it with cargo (its `build.sh`) and installs
+/// HOOK.yaml and handler.so into `dir`. `CARGO` and `CARGO_TARGET_DIR` are honoured;
+/// `HERMES_HOOK_PROFILE=debug` builds without optimisations.
+fn rust_hook(dir: &Path, src: &Path, name: &str) -> Result<Scaffold, ScaffoldError> {
+    if src.exists() {
+        return Err(ScaffoldError::Exists(src.to_path_buf()));
+    }
+    let crate_name = format!(
+        "hermes_hook_{}",
+        name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    );
+    let cargo_toml = format!(
+        r#"[package]
+name = "{crate_name}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+crate-type = ["cdylib"]
+
+[dependencies]
+hermes-hooks-sdk = {{ path = "hermes-hooks-sdk" }}
+
+# A workspace of its own, wherever this directory lives.
+[workspace]
+"#
+    );
+    let lib_rs = format!(
+        r#"//! {name}: a hermes-hooks dynamic-library hook (C ABI v1 through hermes-hooks-sdk).
+//!
+//! After an edit, `./build.sh` rebuilds and installs it; the running service reloads it.
+//! Calls come one at a time on one thread; a panic becomes an error result.
+
+use hermes_hooks_sdk::serde_json::{{Value, json}};
+
+fn handle(event: &str, context: &Value) -> Result<Option<Value>, String> {{
+    let keys = context.as_object().map(|o| o.len()).unwrap_or(0);
+    Ok(Some(json!({{"hook": "{name}", "event": event, "context_keys": keys}})))
+}}
+
+hermes_hooks_sdk::export_hook!(handle);
+"#
+    );
+    let ext = if cfg!(target_os = "macos") {
+        "dylib"
+    } else {
+        "so"
+    };
+    let dest = shell_quote(&dir.display().to_string());
+    let build_sh = format!(
+        r#"#!/bin/sh
+# Builds {name} and installs handler.{ext} into its hook directory (by rename: the service never
+# sees a half-written library).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+profile=${{HERMES_HOOK_PROFILE:-release}}
+target=${{CARGO_TARGET_DIR:-$here/target}}
+flag=
+[ "$profile" = release ] && flag=--release
+# shellcheck disable=SC2086
+"${{CARGO:-cargo}}" build $flag --manifest-path "$here/Cargo.toml" --target-dir "$target"
+mkdir -p {dest}
+cp "$target/$profile/lib{crate_name}.{ext}" {dest}/.handler.{ext}.tmp
+mv -f {dest}/.handler.{ext}.tmp {dest}/handler.{ext}
+echo "installed handler.{ext} in {dest}"
+"#
+    );
+    write(src, "Cargo.toml", &cargo_toml, 0o644)?;
+    write(src, "src/lib.rs", &lib_rs, 0o644)?;
+    write(src, "hermes-hooks-sdk/Cargo.toml", SDK_MANIFEST, 0o644)?;
+    write(src, "hermes-hooks-sdk/src/lib.rs", SDK_LIB, 0o644)?;
+    write(src, "build.sh", &build_sh, 0o755)?;
+    let status = std::process::Command::new("sh")
+        .arg(src.join("build.sh"))
+        .status()
+        .map_err(|e| {
+            ScaffoldError::Unsupported(format!("cannot run {}/build.sh: {e}", src.display()))
+        })?;
+    if !status.success() {
+        return Err(ScaffoldError::Unsupported(format!(
+            "building the hook failed ({status}); the crate is in {0}: fix it and run {0}/build.sh, then write HOOK.yaml next to handler.{ext}",
+            src.display()
+        )));
+    }
+    write(
+        dir,
+        "HOOK.yaml",
+        &manifest(name, "A Rust dynamic-library hook", "", None),
+        0o644,
+    )?;
+    Ok(Scaffold {
+        dir: dir.to_path_buf(),
+        files: vec!["HOOK.yaml".into(), format!("handler.{ext}")],
+        next: format!(
+            "edit {0}/src/lib.rs, run {0}/build.sh, then: hermes-hooks test agent:start --hook {name}",
+            src.display()
+        ),
+    })
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 fn manifest(name: &str, description: &str, extra: &str, handler: Option<&str>) -> String {
@@ -236,14 +363,14 @@ mod tests {
     fn refuses_to_overwrite_and_bad_names() {
         let tmp = std::env::temp_dir().join(format!("hh-scaffold-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        let s = new_hook(&tmp, "demo", Kind::Python, None).unwrap();
+        let s = new_hook(&tmp, "demo", Kind::Python, None, None).unwrap();
         assert_eq!(s.files, vec!["HOOK.yaml", "handler.py"]);
         assert!(matches!(
-            new_hook(&tmp, "demo", Kind::Exec, None),
+            new_hook(&tmp, "demo", Kind::Exec, None, None),
             Err(ScaffoldError::Exists(_))
         ));
         assert!(matches!(
-            new_hook(&tmp, "a/b", Kind::Exec, None),
+            new_hook(&tmp, "a/b", Kind::Exec, None, None),
             Err(ScaffoldError::BadName { .. })
         ));
         assert!(

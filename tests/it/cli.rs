@@ -281,3 +281,54 @@ fn list_live_shows_the_running_services_counters() {
         "{out}"
     );
 }
+
+#[test]
+fn new_rust_hook_builds_installs_and_runs() {
+    let hooks = Hooks::new();
+    // Shared target dir: the SDK and serde_json are built once across runs.
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/scaffold-hooks");
+    let o = Command::new(bin())
+        .args(["new", "rusty", "--kind", "rust", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .env("CARGO_TARGET_DIR", &target)
+        .env("HERMES_HOOK_PROFILE", "debug")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(hooks.root().join("rusty/handler.so").is_file());
+    assert!(
+        hooks.home().join("hook-src/rusty/src/lib.rs").is_file(),
+        "sources outside the hook root"
+    );
+    let o = run(&hooks, &["check"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let o = run(
+        &hooks,
+        &[
+            "test",
+            "agent:start",
+            "--hook",
+            "rusty",
+            "--json",
+            "--context",
+            r#"{"a": 1}"#,
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        line["result"],
+        serde_json::json!({"hook": "rusty", "event": "agent:start", "context_keys": 1})
+    );
+}
