@@ -284,10 +284,13 @@ pub fn main() -> i32 {
 fn init_logging(format: LogFormat, default: &str) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = std::env::var("HERMES_HOOKS_LOG")
-        .ok()
-        .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new(default));
+    let filter = match std::env::var("HERMES_HOOKS_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v).unwrap_or_else(|e| {
+            eprintln!("hermes-hooks: ignoring HERMES_HOOKS_LOG={v:?} ({e}); using {default:?}");
+            EnvFilter::new(default)
+        }),
+        _ => EnvFilter::new(default),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -301,6 +304,12 @@ fn init_logging(format: LogFormat, default: &str) {
 fn fail(msg: impl std::fmt::Display) -> i32 {
     eprintln!("hermes-hooks: {msg}");
     1
+}
+
+/// A usage error (bad argument value): one line, exit code 2.
+fn usage(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("hermes-hooks: {msg}");
+    2
 }
 
 /// The listener `serve` binds.
@@ -347,7 +356,7 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Bound, Option<St
 async fn serve(args: ServeArgs) -> i32 {
     let config = args.roots.config();
     let notices = match args.output {
-        Output::Json => crate::notices::Notices::to_writer(std::io::stdout()),
+        Output::Json => crate::notices::Notices::to_writer(private_stdout()),
         Output::Text => crate::notices::Notices::default(),
     };
     let start_notice = |listen: Option<String>| {
@@ -453,6 +462,24 @@ async fn serve(args: ServeArgs) -> i32 {
         json!({"undelivered": undelivered, "undelivered_by_hook": per_hook, "drain_ms": report.drain_ms, "exit_code": 0}),
     );
     0
+}
+
+/// Takes the real stdout for the JSON stream and points fd 1 at stderr, so nothing else (a
+/// dynamic library's `printf`, a stray `println!`) can write into the stream.
+fn private_stdout() -> Box<dyn std::io::Write + Send> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: dup/dup2 on this process's own standard descriptors; the duplicate is owned by the
+    // File created from it and nothing else.
+    unsafe {
+        let fd = libc::dup(1);
+        if fd >= 0 && libc::dup2(2, 1) >= 0 {
+            return Box::new(std::fs::File::from_raw_fd(fd));
+        }
+        if fd >= 0 {
+            libc::close(fd);
+        }
+    }
+    Box::new(std::io::stdout())
 }
 
 /// Waits for SIGINT or SIGTERM; reloads on SIGHUP meanwhile.
@@ -715,7 +742,7 @@ async fn emit(args: EmitArgs) -> i32 {
     use crate::client::{Address, request};
     let context = match read_context(args.context.as_deref(), args.context_file.as_deref()) {
         Ok(c) => c,
-        Err(e) => return fail(e),
+        Err(e) => return usage(e),
     };
     let address = match (&args.listen, &args.socket) {
         (Some(l), _) => Address::Tcp(l.clone()),
@@ -779,14 +806,14 @@ async fn emit(args: EmitArgs) -> i32 {
 async fn test(args: TestArgs) -> i32 {
     let context = match read_context(args.context.as_deref(), args.context_file.as_deref()) {
         Ok(c) => c,
-        Err(e) => return fail(e),
+        Err(e) => return usage(e),
     };
     if let Err(e) = crate::events::validate_event_name(&args.event) {
-        return fail(format!("{e}"));
+        return usage(format!("{e}"));
     }
     let context = match crate::host::normalize_context(context) {
         Ok(c) => c,
-        Err(e) => return fail(e),
+        Err(e) => return usage(e),
     };
     let event = args.event.clone();
     let only = args.hook.clone();

@@ -20,12 +20,12 @@ pub enum Address {
 }
 
 impl Address {
-    /// Parses `http://host:port`, `host:port` (with `tcp` true) or a socket path.
+    /// Parses `http://host:port`, `unix:/path` or a plain socket path.
     pub fn parse(text: &str) -> Self {
-        match text.strip_prefix("http://") {
-            Some(rest) => Address::Tcp(rest.trim_end_matches('/').to_string()),
-            None => Address::Unix(PathBuf::from(text)),
+        if let Some(rest) = text.strip_prefix("http://") {
+            return Address::Tcp(rest.trim_end_matches('/').to_string());
         }
+        Address::Unix(PathBuf::from(text.strip_prefix("unix:").unwrap_or(text)))
     }
 }
 

@@ -398,35 +398,51 @@ impl LoadedHook {
     fn count_drop(&self) {
         self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         self.stats.drops_unlogged.fetch_add(1, Ordering::Relaxed);
-        let now = self.epoch.elapsed().as_millis() as u64;
+        self.report_drops(false);
+    }
+
+    /// Logs (and sends `queue_overflow` for) drops not reported yet: at most once a second, or
+    /// now when `force`. The worker calls it after each event, so a burst's tail is reported
+    /// even when no further drop comes.
+    pub fn report_drops(&self, force: bool) {
+        if self.stats.drops_unlogged.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
         let last = self.stats.last_drop_log_ms.load(Ordering::Relaxed);
-        if (now.saturating_sub(last) >= 1000 || last == 0)
-            && self
+        let due = force || last == 0 || now.saturating_sub(last) >= 1000;
+        if !due
+            || self
                 .stats
                 .last_drop_log_ms
-                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
         {
-            let n = self.stats.drops_unlogged.swap(0, Ordering::Relaxed);
-            tracing::warn!(
-                hook = %self.spec.name,
-                dropped = n,
-                total_dropped = self.stats.dropped.load(Ordering::Relaxed),
-                "queue full (capacity {}, {}): {n} event(s) dropped",
-                self.queue.capacity(),
-                self.queue.overflow().as_str()
-            );
-            self.notices.send(
-                "queue_overflow",
-                serde_json::json!({
-                    "hook": self.spec.name,
-                    "dropped": n,
-                    "total_dropped": self.stats.dropped.load(Ordering::Relaxed),
-                    "capacity": self.queue.capacity(),
-                    "overflow": self.queue.overflow().as_str(),
-                }),
-            );
+            return;
         }
+        let n = self.stats.drops_unlogged.swap(0, Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        let total = self.stats.dropped.load(Ordering::Relaxed);
+        tracing::warn!(
+            hook = %self.spec.name,
+            dropped = n,
+            total_dropped = total,
+            "queue full (capacity {}, {}): {n} event(s) dropped",
+            self.queue.capacity(),
+            self.queue.overflow().as_str()
+        );
+        self.notices.send(
+            "queue_overflow",
+            serde_json::json!({
+                "hook": self.spec.name,
+                "dropped": n,
+                "total_dropped": total,
+                "capacity": self.queue.capacity(),
+                "overflow": self.queue.overflow().as_str(),
+            }),
+        );
     }
 
     /// Starts the worker; when `after` is given, it first waits for that hook's worker to finish
@@ -506,16 +522,8 @@ async fn run_worker(
             }
         };
         running(Status::Restarting);
-        let before = handler.restarts();
         let ready = handler.ready().await;
-        let restarts = handler.restarts();
-        hook.stats.restarts.store(restarts, Ordering::Relaxed);
-        if restarts > before {
-            hook.notices.send(
-                "worker_restart",
-                serde_json::json!({"hook": hook.spec.name, "restarts": restarts}),
-            );
-        }
+        note_restarts(&hook, handler.as_ref());
         running(Status::Busy);
         let started = Instant::now();
         let result = match ready {
@@ -574,6 +582,9 @@ async fn run_worker(
         if let Some(reply) = job.reply {
             let _ = reply.send(CallOutcome { result, duration });
         }
+        // A worker replaced at once after a timeout counts (and is announced) now.
+        note_restarts(&hook, handler.as_ref());
+        hook.report_drops(false);
         if handler.stuck() {
             // The abandoned call cannot be interrupted: no new calls until it returns (the queue
             // applies its overflow policy meanwhile); a newer version of the hook does not wait.
@@ -597,6 +608,18 @@ async fn run_worker(
         hook.stats.set_status(Status::Stopped);
     }
     hook.finished.send_replace(true);
+}
+
+/// Publishes the handler's restart count; a new restart is announced (`worker_restart`).
+fn note_restarts(hook: &LoadedHook, handler: &dyn Handler) {
+    let restarts = handler.restarts();
+    let before = hook.stats.restarts.swap(restarts, Ordering::Relaxed);
+    if restarts > before {
+        hook.notices.send(
+            "worker_restart",
+            serde_json::json!({"hook": hook.spec.name, "restarts": restarts}),
+        );
+    }
 }
 
 /// "30s", "1.5s", "250ms".

@@ -192,6 +192,15 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
 
     let events = raw.events.unwrap_or_default();
     if events.is_empty() {
+        // A misspelt `events:` shows up as an unknown key: say so, it is the likely fix.
+        if let Some(typo) = map.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(ManifestError::BadField {
+                field: "events",
+                reason: format!(
+                    "no events: `events:` must be a non-empty list of patterns (is the unknown key `{typo}` a misspelling of `events`?)"
+                ),
+            });
+        }
         return Err(ManifestError::NoEvents);
     }
     if let Some(name) = &raw.name {
@@ -343,6 +352,15 @@ mod tests {
 
     #[test]
     fn unknown_keys_warn() {
+        match parse_manifest("evnts: [b]\n") {
+            Err(ManifestError::BadField {
+                field: "events",
+                reason,
+            }) => {
+                assert!(reason.contains("`evnts`"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
         let m = parse_manifest("events: [a]\nevnts: [b]\n").unwrap();
         assert_eq!(m.warnings.len(), 1);
         assert!(m.warnings[0].contains("evnts"));

@@ -333,7 +333,19 @@ impl Handler for PythonHandler {
                     self.ctx.timeout
                 );
             }
+            // Replace it now, so the next event does not pay for the start-up.
             self.restart_at = None;
+            match self.spawn().await {
+                Ok(w) => {
+                    self.worker = Some(w);
+                    self.restarts += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(hook = %self.ctx.name, "python worker could not be restarted: {e}");
+                    self.restart_at = Some(Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                }
+            }
         })
     }
 

@@ -136,8 +136,14 @@ fn test_runs_matching_handlers_and_prints_results_errors_durations() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no loaded hook matches"));
     let o = run(&hooks, &["test", "command:x", "--context", "not json"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a bad argument value is a usage error"
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("--context is not valid JSON"));
+    let o = run(&hooks, &["test", "bad event"]);
+    assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]
