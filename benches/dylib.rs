@@ -125,7 +125,7 @@ fn emit_through_noop_dylib(b: divan::Bencher) {
                 debug_assert_eq!(queued.ok(), Some(1));
             }
             while stats.ok.load(Ordering::Relaxed) < done {
-                std::thread::yield_now();
+                std::thread::sleep(Duration::from_micros(200));
             }
         });
     assert_eq!(
@@ -133,6 +133,55 @@ fn emit_through_noop_dylib(b: divan::Bencher) {
         0,
         "events were dropped"
     );
+}
+
+/// A handler that does nothing, inline on the worker task: the dispatcher's own ceiling.
+struct Inline;
+
+impl hermes_hooks::handler::Handler for Inline {
+    fn call<'a>(
+        &'a mut self,
+        _event: &'a str,
+        _context: &'a Value,
+    ) -> hermes_hooks::handler::BoxFuture<'a, hermes_hooks::handler::HandlerResult> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// The same 100,000 events through the dispatcher to an inline no-op handler (no library, no
+/// thread hand-off): the ceiling the dispatcher itself puts on any handler kind.
+#[divan::bench(sample_count = 15, sample_size = 1)]
+fn emit_through_inline_noop_handler(b: divan::Bencher) {
+    let fx = &*NOOP;
+    let spec = fx
+        .host
+        .snapshot()
+        .get("noop")
+        .expect("hook noop")
+        .spec
+        .clone();
+    let hook = hermes_hooks::dispatch::LoadedHook::new(spec);
+    {
+        let _guard = fx.rt.enter();
+        hook.start_worker(Box::new(Inline), None);
+    }
+    let stats = hook.stats.clone();
+    b.counter(divan::counter::ItemsCount::new(EVENTS))
+        .bench_local(|| {
+            let done = stats.ok.load(Ordering::Relaxed) + EVENTS;
+            let event: std::sync::Arc<str> = std::sync::Arc::from("bench:noop");
+            for _ in 0..EVENTS {
+                hook.enqueue(hermes_hooks::dispatch::Job {
+                    event: event.clone(),
+                    context: std::sync::Arc::new(context()),
+                    reply: None,
+                });
+            }
+            while stats.ok.load(Ordering::Relaxed) < done {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+    hook.close();
 }
 
 /// p50/p99 of `emit_collect` for a C hook and the same hook in Python.

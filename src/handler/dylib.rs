@@ -17,7 +17,10 @@
 //!   path really load anew on reload.
 //! - **One OS thread per loaded library.** Loading, `hermes_hook_init`, every call and
 //!   `hermes_hook_shutdown` run on that thread, never on the async runtime's workers. Calls reach
-//!   it over a channel, one at a time, and results come back over a oneshot.
+//!   it over a channel, one at a time, and results come back over a oneshot. Both sides poll
+//!   briefly (yielding the CPU between polls) before they block, so a busy hook does not pay two
+//!   thread wake-ups per event: the library thread for [`SPIN_FOR`] after each call, the
+//!   caller for up to [`WAIT_SPIN`] while the library keeps answering that fast.
 //! - **Timeouts.** A call cannot be interrupted. When the dispatcher's timeout fires, the call is
 //!   left running and the handler reports [`Handler::stuck`]: the worker marks the hook `stuck` and
 //!   waits in [`Handler::ready`] until the call returns; the hook gets no new calls meanwhile (its
@@ -55,9 +58,14 @@ const MIN_INIT_TIMEOUT: Duration = Duration::from_secs(10);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Stack of a library's thread (the size of a main thread's, for C code that expects it).
 const THREAD_STACK: usize = 8 * 1024 * 1024;
-/// How long a library thread busy-waits for the next call before it blocks: a hook under load
-/// then takes its next call without a futex wake-up. Zero on a single CPU.
+/// How long a library thread keeps polling for the next call (yielding the CPU between polls)
+/// before it blocks: a hook under load then takes its next call without a wake-up. Not on a
+/// single CPU.
 const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How long a call polls for its reply (yielding between polls) before the task parks, while the
+/// library answers that fast: parking and waking the task costs more than a fast call. Not on a
+/// single CPU; switched off while calls take longer than this.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
 
 /// Libraries retired (or refused after their init ran) and kept mapped, process-wide.
 static RETAINED: AtomicU64 = AtomicU64::new(0);
@@ -464,10 +472,16 @@ fn next_request(rx: &mpsc::Receiver<Request>, spin: bool) -> Option<Request> {
             if start.elapsed() >= SPIN_FOR {
                 break;
             }
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     }
     rx.recv().ok()
+}
+
+/// True on a machine with more than one CPU (where polling for a hand-off can pay off).
+fn multi_core() -> bool {
+    static MULTI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MULTI.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
 }
 
 /// The library's thread: load, report, serve calls until the handler goes away, retire.
@@ -489,8 +503,7 @@ fn thread_main(
         loaded.retire(&setup.hook);
         return;
     }
-    let spin = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-    while let Some(req) = next_request(&rx, spin) {
+    while let Some(req) = next_request(&rx, multi_core()) {
         let result = loaded.call(&req.event, &req.context);
         // The receiver is gone only if the hook was torn down mid-call; nothing to tell.
         let _ = req.reply.send(result);
@@ -513,6 +526,8 @@ pub struct DylibHandler {
     stuck_since: Option<Instant>,
     /// Fires once `hermes_hook_shutdown` has run.
     retired: Option<oneshot::Receiver<()>>,
+    /// Poll for the reply before parking (the last call answered within [`WAIT_SPIN`]).
+    spin_wait: bool,
 }
 
 impl DylibHandler {
@@ -553,6 +568,7 @@ impl DylibHandler {
                 pending: None,
                 stuck_since: None,
                 retired: Some(retired_rx),
+                spin_wait: multi_core(),
             }),
             Ok(Ok(Err(e))) => Err(e.into()),
             Ok(Err(_)) => Err(DylibError::ThreadLost { file }.into()),
@@ -579,9 +595,28 @@ impl DylibHandler {
         if !sent {
             return Err(self.thread_gone());
         }
+        let sent = Instant::now();
         // Kept in `self` so that a call abandoned at the timeout can still be waited for.
-        let outcome = self.pending.insert(rx).await;
+        let rx = self.pending.insert(rx);
+        if self.spin_wait {
+            loop {
+                match rx.try_recv() {
+                    Ok(result) => {
+                        self.pending = None;
+                        return result;
+                    }
+                    Err(oneshot::error::TryRecvError::Closed) => break,
+                    Err(oneshot::error::TryRecvError::Empty) => {}
+                }
+                if sent.elapsed() >= WAIT_SPIN {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        let outcome = rx.await;
         self.pending = None;
+        self.spin_wait = multi_core() && sent.elapsed() < WAIT_SPIN;
         outcome.unwrap_or_else(|_| Err(self.thread_gone()))
     }
 
