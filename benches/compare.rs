@@ -1,10 +1,13 @@
 //! Gateway-side emit latency, hermes-hooks against the original in-gateway host, in one run.
 //!
-//! `cargo bench --bench compare` (builds the release binary first). Starts `hermes-hooks serve`
-//! on 127.0.0.1:0 with 10 Python hooks that each sleep 50 ms, sends 300 `POST /v1/events` over
-//! one keep-alive connection and times each until its 202; then runs the baseline
-//! (`benches/baseline_host.py`, the original host re-created) on the same shapes and prints
-//! medians, p99s and ratios side by side.
+//! `cargo bench --bench compare` (builds the release binary first).
+//! 1. HTTP: `hermes-hooks serve` on 127.0.0.1:0 with 10 Python hooks that each sleep 50 ms;
+//!    300 `POST /v1/events` over one keep-alive connection, each timed until its 202.
+//! 2. Drop-in client: `serve` on a Unix socket with 10 hooks on agent:start, one sleeping
+//!    200 ms; `benches/client_emit.py` times 10,000 `await registry.emit(...)` through
+//!    `clients/python`.
+//! 3. The baseline (`benches/baseline_host.py`, the original host re-created) on the same
+//!    shapes. Prints medians, p99s and ratios side by side.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -113,6 +116,45 @@ fn main() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
 
+    // 2. The drop-in client against a service on a Unix socket.
+    let tmp2 = tempfile::tempdir().expect("tempdir");
+    let root2 = tmp2.path().join("hooks");
+    write_hooks(&root2, 9, "def handle(e, c):\n    return None\n");
+    let slow = root2.join("hook99-slow");
+    std::fs::create_dir_all(&slow).expect("mkdir");
+    std::fs::write(slow.join("HOOK.yaml"), "events: [agent:start]\n").expect("write");
+    std::fs::write(
+        slow.join("handler.py"),
+        "import time\ndef handle(e, c):\n    time.sleep(0.2)\n",
+    )
+    .expect("write");
+    let sock = tmp2.path().join("hooks.sock");
+    let mut child2 = Command::new(bin)
+        .args(["serve", "--drain-timeout", "0", "--hooks-dir"])
+        .arg(&root2)
+        .arg("--socket")
+        .arg(&sock)
+        .env("HERMES_HOME", tmp2.path())
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let client_script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/client_emit.py");
+    let client = Command::new("python3")
+        .arg(client_script)
+        .arg(&sock)
+        .output()
+        .expect("run client bench");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(child2.id() as i32, libc::SIGTERM) };
+    let _ = child2.wait();
+    let client: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|_| {
+        panic!(
+            "client bench output: {}",
+            String::from_utf8_lossy(&client.stderr)
+        )
+    });
+
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/baseline_host.py");
     let base = Command::new("python3")
         .arg(script)
@@ -146,5 +188,45 @@ fn main() {
         b99 / p99
     );
     println!();
+    let c50 = client["p50_us"].as_f64().unwrap_or(f64::NAN);
+    let c99 = client["p99_us"].as_f64().unwrap_or(f64::NAN);
+    let t50 = base["trivial_10"]["p50_us"].as_f64().unwrap_or(f64::NAN);
+    let t99 = base["trivial_10"]["p99_us"].as_f64().unwrap_or(f64::NAN);
+    let s50 = base["one_slow_200ms"]["p50_ms"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        * 1000.0;
+    let s99 = base["one_slow_200ms"]["p99_ms"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
+        * 1000.0;
+    println!("await registry.emit(...) with 10 hooks on agent:start (gateway-side time per emit)");
+    println!("{:<52} {:>12} {:>12}", "", "p50 µs", "p99 µs");
+    println!(
+        "{:<52} {:>12.2} {:>12.2}",
+        "original host, 10 trivial hooks, 10,000 emits", t50, t99
+    );
+    println!(
+        "{:<52} {:>12.1} {:>12.1}",
+        "original host, one of 10 hooks sleeps 200 ms, 20 emits", s50, s99
+    );
+    println!(
+        "{:<52} {:>12.2} {:>12.2}",
+        "clients/python -> hermes-hooks, one sleeps 200 ms, 10,000", c50, c99
+    );
+    println!(
+        "{:<52} {:>11.2}x {:>11.2}x",
+        "ratio vs original with trivial hooks",
+        t50 / c50,
+        t99 / c99
+    );
+    println!(
+        "{:<52} {:>11.0}x {:>11.0}x",
+        "ratio vs original with the 200 ms hook",
+        s50 / c50,
+        s99 / c99
+    );
+    println!();
     println!("baseline raw: {base}");
+    println!("client raw: {client}");
 }

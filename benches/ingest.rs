@@ -2,7 +2,9 @@
 //! threads with keep-alive connections over loopback; no external tool needed).
 //!
 //! `cargo bench --bench ingest`. Starts the release `hermes-hooks serve` on 127.0.0.1:0 with one
-//! Python hook matching the events (queue large enough that nothing is dropped in the run), then:
+//! Python hook matching the events whose handler blocks (so what is measured is the ingest path:
+//! HTTP, JSON, match, queue; not a Python worker competing for the 2 cores) and a queue large
+//! enough that nothing is dropped in the run, then:
 //! 1. single-event `POST /v1/events`, CONNS connections with keep-alive, for SECS seconds;
 //! 2. `POST /v1/events/batch` with 1,000 events per request, one connection, for SECS seconds.
 //!
@@ -70,7 +72,16 @@ fn main() {
         "events: [agent:step]\nqueue: {capacity: 1000000}\n",
     )
     .expect("write");
-    std::fs::write(hook.join("handler.py"), "def handle(e, c):\n    pass\n").expect("write");
+    std::fs::write(
+        hook.join("handler.py"),
+        "import time\ndef handle(e, c):\n    time.sleep(3600)\n",
+    )
+    .expect("write");
+    std::fs::write(
+        hook.join("HOOK.yaml"),
+        "events: [agent:step]\ntimeout: 300\nqueue: {capacity: 1000000}\n",
+    )
+    .expect("write");
     let mut child = Command::new(bin)
         .args([
             "serve",
@@ -128,7 +139,9 @@ fn main() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
 
-    println!("HTTP ingest over loopback, 1 matching Python hook, median of 3 runs of {SECS} s");
+    println!(
+        "HTTP ingest over loopback, 1 matching hook (blocked handler, queue 1M), median of 3 runs of {SECS} s"
+    );
     println!(
         "single-event POST /v1/events, {CONNS} keep-alive connections: {:>10.0} requests/s (= events/s)",
         median(singles.clone())

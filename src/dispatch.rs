@@ -104,6 +104,25 @@ impl HookQueue {
     /// Pushes `job`, applying the overflow policy when full.
     pub fn push(&self, job: Job) -> Pushed {
         let mut st = self.lock();
+        let outcome = self.push_locked(&mut st, job);
+        drop(st);
+        self.notify.notify_one();
+        outcome
+    }
+
+    /// Pushes several jobs under one lock and one wake-up (the batch endpoint).
+    pub fn push_many(&self, jobs: Vec<Job>) -> Vec<Pushed> {
+        let mut st = self.lock();
+        let out = jobs
+            .into_iter()
+            .map(|j| self.push_locked(&mut st, j))
+            .collect();
+        drop(st);
+        self.notify.notify_one();
+        out
+    }
+
+    fn push_locked(&self, st: &mut QueueState, job: Job) -> Pushed {
         if st.closed {
             return Pushed::Refused(job);
         }
@@ -119,8 +138,6 @@ impl HookQueue {
             Pushed::Queued
         };
         st.jobs.push_back(job);
-        drop(st);
-        self.notify.notify_one();
         outcome
     }
 
@@ -369,7 +386,21 @@ impl LoadedHook {
 
     /// Queues `job`, counting and logging drops. Returns false when the job was refused.
     pub fn enqueue(&self, job: Job) -> bool {
-        match self.queue.push(job) {
+        self.account(self.queue.push(job))
+    }
+
+    /// Queues several jobs under one lock; returns, per job, whether it was accepted.
+    pub fn enqueue_many(&self, jobs: Vec<Job>) -> Vec<bool> {
+        self.queue
+            .push_many(jobs)
+            .into_iter()
+            .map(|p| self.account(p))
+            .collect()
+    }
+
+    /// Counts one push outcome and fails the jobs that were dropped or refused.
+    fn account(&self, pushed: Pushed) -> bool {
+        match pushed {
             Pushed::Queued => {
                 self.stats.queued.fetch_add(1, Ordering::Relaxed);
                 true

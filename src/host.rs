@@ -388,6 +388,71 @@ impl Host {
         Ok(queued)
     }
 
+    /// Queues many events at once (the batch endpoint): every event is validated first, so a bad
+    /// one refuses the whole batch (its index is returned with the error) and nothing is
+    /// half-delivered; then each hook's share is pushed under one lock. Returns, per event, the
+    /// number of hooks it was queued to.
+    pub fn emit_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> Result<Vec<usize>, (usize, EmitError)> {
+        let mut checked = Vec::with_capacity(events.len());
+        for (i, (event, context)) in events.into_iter().enumerate() {
+            validate_event_name(&event).map_err(|e| (i, e.into()))?;
+            checked.push((event, normalize_context(context).map_err(|e| (i, e))?));
+        }
+        if self.is_draining() {
+            return Err((0, EmitError::ShuttingDown));
+        }
+        self.inner
+            .events_received
+            .fetch_add(checked.len() as u64, Ordering::Relaxed);
+        let reg = self.inner.registry.load();
+        let mut per_hook: Vec<Vec<(usize, Job)>> =
+            (0..reg.hooks.len()).map(|_| Vec::new()).collect();
+        let mut counts = Vec::with_capacity(checked.len());
+        // Batches repeat event names: reuse the last name's match list and shared string.
+        let mut last: Option<(Arc<str>, Arc<[usize]>)> = None;
+        for (i, (event, context)) in checked.into_iter().enumerate() {
+            let (name, matching) = match &last {
+                Some((n, m)) if **n == *event => (n.clone(), m.clone()),
+                _ => {
+                    let m = reg.match_indices(&event);
+                    let n: Arc<str> = Arc::from(event);
+                    last = Some((n.clone(), m.clone()));
+                    (n, m)
+                }
+            };
+            counts.push(matching.len());
+            if matching.is_empty() {
+                continue;
+            }
+            let context = Arc::new(context);
+            for &h in matching.iter() {
+                per_hook[h].push((
+                    i,
+                    Job {
+                        event: name.clone(),
+                        context: context.clone(),
+                        reply: None,
+                    },
+                ));
+            }
+        }
+        for (h, jobs) in per_hook.into_iter().enumerate() {
+            if jobs.is_empty() {
+                continue;
+            }
+            let (idx, jobs): (Vec<usize>, Vec<Job>) = jobs.into_iter().unzip();
+            for (i, ok) in idx.into_iter().zip(reg.hooks[h].enqueue_many(jobs)) {
+                if !ok {
+                    counts[i] -= 1;
+                }
+            }
+        }
+        Ok(counts)
+    }
+
     /// Runs the matching handlers and waits for their outcomes until `timeout` has passed.
     /// Outcomes come in match order; a hook that has not answered by then gets an error entry.
     pub async fn emit_collect(

@@ -246,10 +246,39 @@ fn every_error_status_is_json_with_a_message() {
                 .any(|(k, v)| k == "content-type" && v.contains("json"))
         );
     }
+    // Batch limits: 10,000 events, 16 MiB; a bad item is named by its index.
+    let many: Vec<serde_json::Value> = (0..10_001).map(|_| json!({"event": "a:b"})).collect();
+    let (s, v) = serve.post("/v1/events/batch", &json!({"events": many}));
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (413, Some("payload_too_large")),
+        "{v}"
+    );
+    let big = vec![b' '; 16 * 1024 * 1024 + 1];
+    let (s, _, _) = http(&serve.addr, "POST", "/v1/events/batch", &json_ct, &big);
+    assert_eq!(s, 413);
+    let (s, v) = serve.post(
+        "/v1/events/batch",
+        &json!({"events": [{"event": "a:b"}, {"event": "a:b", "context": 3}]}),
+    );
+    assert_eq!(s, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("events[1]: context must be a JSON object"),
+        "{v}"
+    );
+    let (s, _) = serve.post("/v1/events/batch", &json!({"events": [{"event": "agent:start", "context": {"k": 1}}, {"event": "agent:start"}]}));
+    assert_eq!(s, 202);
+    poll(T, "the batch's two events", || {
+        let (_, v) = serve.get("/v1/hooks/rec");
+        (v["counters"]["queued"] == 2).then_some(())
+    });
     // A bad batch delivers nothing (validated whole before queuing).
     let (s, v) = serve.get("/v1/hooks/rec");
     assert_eq!(s, 200);
-    assert_eq!(v["counters"]["queued"], 0);
+    assert_eq!(v["counters"]["queued"], 2, "only the good batch was queued");
     // Raw garbage on the socket does not hurt the service.
     {
         use std::io::Write;
