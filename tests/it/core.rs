@@ -635,7 +635,7 @@ async fn slow_handler_does_not_delay_emit_or_other_hooks() {
     }
     let emit_time = t0.elapsed();
     assert!(
-        emit_time < Duration::from_millis(100),
+        emit_time < Duration::from_millis(500),
         "5 emits took {emit_time:?}"
     );
     poll_async(T, "the fast hook to see all 5", || {

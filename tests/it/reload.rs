@@ -16,7 +16,8 @@ fn versioned(v: &str) -> String {
 
 /// The results of collecting `event`, as (hook, result) pairs.
 fn results(serve: &Serve, event: &str) -> Vec<(String, Value)> {
-    let (_, v) = serve.post("/v1/collect", &json!({"event": event}));
+    // A generous deadline: a reload under a loaded CI machine can take seconds.
+    let (_, v) = serve.post("/v1/collect", &json!({"event": event, "timeout_ms": 20000}));
     v["results"]
         .as_array()
         .map(|a| {
