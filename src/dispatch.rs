@@ -158,6 +158,13 @@ impl HookQueue {
         }
     }
 
+    /// Up to `max` queued jobs, without waiting.
+    pub fn try_pop_many(&self, max: usize) -> Vec<Job> {
+        let mut st = self.lock();
+        let n = max.min(st.jobs.len());
+        st.jobs.drain(..n).collect()
+    }
+
     /// Refuses new jobs; the worker drains what is queued, then stops.
     pub fn close(&self) {
         self.lock().closed = true;
@@ -537,84 +544,71 @@ async fn run_worker(
             hook.stats.set_status(Status::Idle);
         }
     }
-    let timeout = hook.spec.manifest.timeout;
+    if handler.batch_limit() > 1 {
+        run_batches(&hook, handler.as_mut()).await;
+    } else {
+        run_one_by_one(&hook, handler.as_mut()).await;
+    }
+    handler.shutdown().await;
+    if !hook.superseded.load(Ordering::SeqCst) {
+        hook.stats.set_status(Status::Stopped);
+    }
+    hook.finished.send_replace(true);
+}
+
+/// Sets the worker state unless the hook was stopped meanwhile.
+fn set_running(hook: &LoadedHook, s: Status) {
+    if hook.stats.status() != Status::Stopped {
+        hook.stats.set_status(s);
+    }
+}
+
+/// The next job, or `None` when the queue is closed or the hook was superseded.
+async fn next_job(hook: &LoadedHook) -> Option<Job> {
     loop {
         if hook.superseded.load(Ordering::SeqCst) {
-            break;
+            return None;
         }
-        let job = tokio::select! {
-            job = hook.queue.pop() => job,
+        tokio::select! {
+            job = hook.queue.pop() => return job,
             _ = hook.supersede_notify.notified() => continue,
-        };
-        let Some(job) = job else { break };
-        let running = |s: Status| {
-            if hook.stats.status() != Status::Stopped {
-                hook.stats.set_status(s);
-            }
-        };
-        running(Status::Restarting);
+        }
+    }
+}
+
+/// One call at a time: the shape every kind supports.
+async fn run_one_by_one(hook: &LoadedHook, handler: &mut dyn Handler) {
+    let timeout = hook.spec.manifest.timeout;
+    while let Some(job) = next_job(hook).await {
+        set_running(hook, Status::Restarting);
         let ready = handler.ready().await;
-        note_restarts(&hook, handler.as_ref());
-        running(Status::Busy);
+        note_restarts(hook, handler);
+        set_running(hook, Status::Busy);
         let started = Instant::now();
         let result = match ready {
             Err(e) => Err((e, false)),
-            Ok(()) => match tokio::time::timeout(timeout, handler.call(&job.event, &job.context))
-                .await
-            {
-                Ok(r) => r.map_err(|e| (e, false)),
-                Err(_) => {
-                    handler.abandon().await;
-                    Err((
-                        HandlerError::Failed(format!("timed out after {}", fmt_duration(timeout))),
-                        true,
-                    ))
+            Ok(()) => {
+                match tokio::time::timeout(timeout, handler.call(&job.event, &job.context)).await {
+                    Ok(r) => r.map_err(|e| (e, false)),
+                    Err(_) => {
+                        handler.abandon().await;
+                        Err((timed_out(timeout), true))
+                    }
                 }
-            },
+            }
         };
         let duration = started.elapsed();
-        hook.stats.observe(duration);
-        running(if handler.stuck() {
-            Status::Stuck
-        } else {
-            Status::Idle
-        });
-        let result = match result {
-            Ok(v) => {
-                hook.stats.ok.fetch_add(1, Ordering::Relaxed);
-                Ok(v)
-            }
-            Err((e, timed_out)) => {
-                hook.stats.failed.fetch_add(1, Ordering::Relaxed);
-                if timed_out {
-                    hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                }
-                let msg = e.to_string();
-                tracing::warn!(hook = %hook.spec.name, event = %job.event, "handler failed: {msg}");
-                hook.stats.set_last_error(format!("{}: {msg}", job.event));
-                if timed_out {
-                    hook.notices.send(
-                        "handler_timeout",
-                        serde_json::json!({
-                            "hook": hook.spec.name,
-                            "event": &*job.event,
-                            "timeout_s": timeout.as_secs_f64(),
-                        }),
-                    );
-                } else {
-                    hook.notices.send(
-                        "handler_error",
-                        serde_json::json!({"hook": hook.spec.name, "event": &*job.event, "error": msg}),
-                    );
-                }
-                Err(msg)
-            }
-        };
-        if let Some(reply) = job.reply {
-            let _ = reply.send(CallOutcome { result, duration });
-        }
+        set_running(
+            hook,
+            if handler.stuck() {
+                Status::Stuck
+            } else {
+                Status::Idle
+            },
+        );
+        finish(hook, job, result, duration);
         // A worker replaced at once after a timeout counts (and is announced) now.
-        note_restarts(&hook, handler.as_ref());
+        note_restarts(hook, handler);
         hook.report_drops(false);
         if handler.stuck() {
             // The abandoned call cannot be interrupted: no new calls until it returns (the queue
@@ -630,15 +624,157 @@ async fn run_worker(
                 _ = hook.supersede_notify.notified() => true,
             };
             if !superseded {
-                running(Status::Idle);
+                set_running(hook, Status::Idle);
             }
         }
     }
-    handler.shutdown().await;
-    if !hook.superseded.load(Ordering::SeqCst) {
-        hook.stats.set_status(Status::Stopped);
+}
+
+/// Several queued events per hand-off (handlers whose `batch_limit` is above 1: dynamic
+/// libraries). Results come back one by one, in order, each under the hook's timeout; a call past
+/// it makes the hook `stuck`: the worker then waits for that call to return (no new calls; the
+/// queue applies its overflow policy) and carries on with the rest of the batch. If the hook is
+/// superseded meanwhile, the calls of the batch that have not started are not made and are
+/// reported failed.
+async fn run_batches(hook: &LoadedHook, handler: &mut dyn Handler) {
+    let timeout = hook.spec.manifest.timeout;
+    let limit = handler.batch_limit();
+    while let Some(first) = next_job(hook).await {
+        let mut jobs = vec![first];
+        jobs.extend(hook.queue.try_pop_many(limit - 1));
+        set_running(hook, Status::Restarting);
+        let ready = handler.ready().await;
+        note_restarts(hook, handler);
+        let events: Vec<(Arc<str>, Arc<Value>)> = jobs
+            .iter()
+            .map(|j| (j.event.clone(), j.context.clone()))
+            .collect();
+        let mut results = match ready.and_then(|()| handler.start_batch(events)) {
+            Ok(rx) => rx,
+            Err(e) => {
+                for job in jobs {
+                    finish(hook, job, Err((e.clone(), false)), Duration::ZERO);
+                }
+                continue;
+            }
+        };
+        set_running(hook, Status::Busy);
+        let mut jobs = jobs.into_iter();
+        let mut started = Instant::now();
+        while let Some(job) = jobs.next() {
+            // Most results of a fast library are already there: no timer needed for those.
+            let next = match results.try_recv() {
+                Ok(r) => Ok(Some(r)),
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Ok(None),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                    tokio::time::timeout(timeout, results.recv()).await
+                }
+            };
+            let result = match next {
+                Ok(Some(r)) => r.map_err(|e| (e, false)),
+                Ok(None) => Err((
+                    HandlerError::Crashed("the handler's thread is gone".into()),
+                    false,
+                )),
+                Err(_) => {
+                    // Past the timeout: report it, then wait for the call (it cannot be
+                    // interrupted) unless a newer version takes over.
+                    finish(
+                        hook,
+                        job,
+                        Err((timed_out(timeout), true)),
+                        started.elapsed(),
+                    );
+                    set_running(hook, Status::Stuck);
+                    tracing::warn!(
+                        hook = %hook.spec.name,
+                        "a call exceeded its {} timeout and cannot be interrupted: the hook is stuck and gets no new calls until it returns",
+                        fmt_duration(timeout)
+                    );
+                    let superseded = tokio::select! {
+                        _ = results.recv() => false,
+                        _ = hook.supersede_notify.notified() => true,
+                    };
+                    if superseded {
+                        hook.superseded.store(true, Ordering::SeqCst);
+                        handler.cancel_batch();
+                        for job in jobs.by_ref() {
+                            finish(
+                                hook,
+                                job,
+                                Err((
+                                    HandlerError::Failed(
+                                        "not run: the hook was reloaded while an earlier call was stuck".into(),
+                                    ),
+                                    false,
+                                )),
+                                Duration::ZERO,
+                            );
+                        }
+                        return;
+                    }
+                    tracing::info!(hook = %hook.spec.name, "the stuck call returned (result discarded); the hook resumes");
+                    set_running(hook, Status::Busy);
+                    started = Instant::now();
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            finish(hook, job, result, now - started);
+            started = now;
+        }
+        set_running(hook, Status::Idle);
+        hook.report_drops(false);
     }
-    hook.finished.send_replace(true);
+}
+
+fn timed_out(timeout: Duration) -> HandlerError {
+    HandlerError::Failed(format!("timed out after {}", fmt_duration(timeout)))
+}
+
+/// Counts an outcome, logs and announces failures, and answers whoever waits for it.
+fn finish(
+    hook: &LoadedHook,
+    job: Job,
+    result: Result<Option<Value>, (HandlerError, bool)>,
+    duration: Duration,
+) {
+    hook.stats.observe(duration);
+    let timeout = hook.spec.manifest.timeout;
+    let result = match result {
+        Ok(v) => {
+            hook.stats.ok.fetch_add(1, Ordering::Relaxed);
+            Ok(v)
+        }
+        Err((e, timed_out)) => {
+            hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+            if timed_out {
+                hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            let msg = e.to_string();
+            tracing::warn!(hook = %hook.spec.name, event = %job.event, "handler failed: {msg}");
+            hook.stats.set_last_error(format!("{}: {msg}", job.event));
+            if timed_out {
+                hook.notices.send(
+                    "handler_timeout",
+                    serde_json::json!({
+                        "hook": hook.spec.name,
+                        "event": &*job.event,
+                        "timeout_s": timeout.as_secs_f64(),
+                    }),
+                );
+            } else {
+                hook.notices.send(
+                    "handler_error",
+                    serde_json::json!({"hook": hook.spec.name, "event": &*job.event, "error": msg}),
+                );
+            }
+            Err(msg)
+        }
+    };
+    if let Some(reply) = job.reply {
+        let _ = reply.send(CallOutcome { result, duration });
+    }
 }
 
 /// Publishes the handler's restart count; a new restart is announced (`worker_restart`).

@@ -36,7 +36,8 @@
 //! one whose `hermes_hook_init` ran (and refused) is retained like any other.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +45,10 @@ use serde_json::Value;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+use super::{BatchResults, BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+
+/// Most queued events handed to the library's thread at once (one wake-up for all of them).
+const BATCH_LIMIT: usize = 256;
 
 /// The ABI version this host speaks.
 pub const ABI_VERSION: u32 = 1;
@@ -183,11 +187,22 @@ impl From<DylibError> for HandlerError {
     }
 }
 
-/// One call for the library's thread.
-struct Request {
-    event: Box<str>,
-    context: Vec<u8>,
-    reply: oneshot::Sender<HandlerResult>,
+/// Work for the library's thread.
+enum Request {
+    /// One call (emit_collect of a single event, or a batch of one).
+    One {
+        event: Box<str>,
+        context: Vec<u8>,
+        reply: oneshot::Sender<HandlerResult>,
+    },
+    /// Several calls in order; each result is sent as soon as its call returns. The contexts are
+    /// encoded on this thread, off the async runtime.
+    Batch {
+        events: Vec<(Arc<str>, Arc<Value>)>,
+        replies: tokio::sync::mpsc::Sender<HandlerResult>,
+        /// Set when the calls not started yet must not be made.
+        cancel: Arc<AtomicBool>,
+    },
 }
 
 /// What the library's thread needs to load.
@@ -504,9 +519,39 @@ fn thread_main(
         return;
     }
     while let Some(req) = next_request(&rx, multi_core()) {
-        let result = loaded.call(&req.event, &req.context);
-        // The receiver is gone only if the hook was torn down mid-call; nothing to tell.
-        let _ = req.reply.send(result);
+        match req {
+            Request::One {
+                event,
+                context,
+                reply,
+            } => {
+                let result = loaded.call(&event, &context);
+                // The receiver is gone only if the hook was torn down mid-call; nothing to tell.
+                let _ = reply.send(result);
+            }
+            Request::Batch {
+                events,
+                replies,
+                cancel,
+            } => {
+                let mut context = Vec::new();
+                for (event, ctx) in events {
+                    if cancel.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    context.clear();
+                    let result = match serde_json::to_writer(&mut context, &*ctx) {
+                        Ok(()) => loaded.call(&event, &context),
+                        Err(e) => Err(HandlerError::Failed(format!(
+                            "cannot encode the event: {e}"
+                        ))),
+                    };
+                    if replies.blocking_send(result).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
     }
     loaded.retire(&setup.hook);
     let _ = retired_tx.send(());
@@ -526,6 +571,8 @@ pub struct DylibHandler {
     stuck_since: Option<Instant>,
     /// Fires once `hermes_hook_shutdown` has run.
     retired: Option<oneshot::Receiver<()>>,
+    /// The cancel flag of the batch in progress.
+    batch_cancel: Option<Arc<AtomicBool>>,
     /// Poll for the reply before parking (the last call answered within [`WAIT_SPIN`]).
     spin_wait: bool,
 }
@@ -568,6 +615,7 @@ impl DylibHandler {
                 pending: None,
                 stuck_since: None,
                 retired: Some(retired_rx),
+                batch_cancel: None,
                 spin_wait: multi_core(),
             }),
             Ok(Ok(Err(e))) => Err(e.into()),
@@ -585,7 +633,7 @@ impl DylibHandler {
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.as_ref().is_some_and(|tx| {
-            tx.send(Request {
+            tx.send(Request::One {
                 event: event.into(),
                 context,
                 reply,
@@ -674,6 +722,38 @@ impl Handler for DylibHandler {
 
     fn stuck(&self) -> bool {
         self.pending.is_some()
+    }
+
+    fn batch_limit(&self) -> usize {
+        BATCH_LIMIT
+    }
+
+    fn start_batch(
+        &mut self,
+        events: Vec<(Arc<str>, Arc<Value>)>,
+    ) -> Result<BatchResults, HandlerError> {
+        let (replies, rx) = tokio::sync::mpsc::channel(events.len().max(1));
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.batch_cancel = Some(cancel.clone());
+        let sent = self.tx.as_ref().is_some_and(|tx| {
+            tx.send(Request::Batch {
+                events,
+                replies,
+                cancel,
+            })
+            .is_ok()
+        });
+        if sent {
+            Ok(rx)
+        } else {
+            Err(self.thread_gone())
+        }
+    }
+
+    fn cancel_batch(&mut self) {
+        if let Some(c) = self.batch_cancel.take() {
+            c.store(true, Ordering::SeqCst);
+        }
     }
 
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -23,6 +24,9 @@ pub mod webhook;
 
 /// A boxed, sendable future (the trait must be object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Results of a batch, in order (see [`Handler::start_batch`]).
+pub type BatchResults = tokio::sync::mpsc::Receiver<HandlerResult>;
 
 /// What one invocation produced: a JSON result (`None` for "nothing") or an error.
 pub type HandlerResult = Result<Option<Value>, HandlerError>;
@@ -123,6 +127,27 @@ pub trait Handler: Send {
     fn restarts(&self) -> u64 {
         0
     }
+
+    /// Most queued events this handler takes per [`Handler::start_batch`]; 1 (the default)
+    /// means one [`Handler::call`] at a time.
+    fn batch_limit(&self) -> usize {
+        1
+    }
+
+    /// Starts the calls for `events`, in order, at once; their results arrive on the returned
+    /// channel one by one, in the same order. Only used when [`Handler::batch_limit`] is above 1.
+    fn start_batch(
+        &mut self,
+        events: Vec<(Arc<str>, Arc<Value>)>,
+    ) -> Result<BatchResults, HandlerError> {
+        let _ = events;
+        Err(HandlerError::Failed(
+            "this handler kind takes one event at a time".into(),
+        ))
+    }
+
+    /// The calls of the current batch that have not started are not to be made.
+    fn cancel_batch(&mut self) {}
 
     /// True while a call abandoned at the timeout is still running and cannot be interrupted (a
     /// dynamic library): the worker shows the hook as `stuck` and waits in `ready` for that call

@@ -512,3 +512,89 @@ int32_t hermes_hook_handle(const uint8_t *ev, size_t n, const uint8_t *c, size_t
         json!({"fast": true})
     );
 }
+
+#[test]
+fn a_batch_with_a_stuck_call_keeps_order_and_reports_each_call() {
+    let hooks = Hooks::new();
+    let log = hooks.out().join("calls.log");
+    let release = hooks.out().join("release");
+    c_hook(
+        &hooks,
+        "batcher",
+        "timeout: 0.3\nqueue: {capacity: 1000}\n",
+        &format!(
+            r#"
+uint32_t hermes_hook_abi_version(void) {{ return 1; }}
+int32_t hermes_hook_handle(const uint8_t *ev, size_t n, const uint8_t *c, size_t cn, HermesHookBuf *out) {{
+    if (is(ev, n, "test:slow")) {{
+        while (access({release:?}, F_OK) != 0) usleep(5000);
+    }}
+    FILE *f = fopen({log:?}, "a");
+    if (f) {{ fwrite(c, 1, cn, f); fputc('\n', f); fclose(f); }}
+    (void)out;
+    return 0;
+}}
+{C_FREE}"#,
+            release = release.display().to_string(),
+            log = log.display().to_string()
+        ),
+    );
+    let serve = Serve::start(&hooks, &["--no-watch"]);
+    // One request: the hook's worker takes these events as one batch.
+    let events: Vec<Value> = (0..6)
+        .map(|i| json!({"event": if i == 2 { "test:slow" } else { "test:fast" }, "context": {"i": i}}))
+        .collect();
+    let (s, _) = serve.post("/v1/events/batch", &json!({"events": events}));
+    assert_eq!(s, 202);
+    let info = poll(T, "the slow call to be reported stuck", || {
+        let (_, info) = serve.get("/v1/hooks/batcher");
+        (info["status"] == "stuck").then_some(info)
+    });
+    assert_eq!(info["counters"]["timeouts"], 1, "{info}");
+    std::fs::write(&release, "").unwrap();
+    let info = poll(T, "the rest of the batch", || {
+        let (_, info) = serve.get("/v1/hooks/batcher");
+        (info["counters"]["ok"] == 5 && info["status"] == "ready").then_some(info)
+    });
+    assert_eq!(
+        info["counters"]["failed"], 1,
+        "only the slow call failed: {info}"
+    );
+    let order: Vec<i64> = crate::util::read_jsonl(&log)
+        .iter()
+        .map(|v| v["i"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        vec![0, 1, 2, 3, 4, 5],
+        "each call once, in emit order"
+    );
+}
+
+#[test]
+fn a_rebuilt_library_is_picked_up_by_the_watcher() {
+    let hooks = Hooks::new();
+    let log = hooks.out().join("shutdown.log");
+    let dir = hooks.add(
+        "watched",
+        &[("HOOK.yaml", "name: watched\nevents: [\"test:*\"]\n")],
+    );
+    let lib = dir.join("handler.so");
+    cc(&versioned(1, &log), &lib, false);
+    let serve = Serve::start(&hooks, &[]);
+    assert_eq!(
+        one(&serve, "watched", "test:x", json!({})).unwrap(),
+        json!({"version": 1})
+    );
+    // Rebuilt as a build script does (temp file + rename): no reload request, the watcher sees it.
+    cc(&versioned(2, &log), &lib, false);
+    poll(T, "the rebuilt library to answer", || {
+        (one(&serve, "watched", "test:x", json!({})).ok()? == json!({"version": 2})).then_some(())
+    });
+    poll(T, "the old copy's shutdown", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("shutdown 1")
+            .then_some(())
+    });
+}
