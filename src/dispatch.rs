@@ -578,54 +578,58 @@ async fn next_job(hook: &LoadedHook) -> Option<Job> {
 
 /// One call at a time: the shape every kind supports.
 async fn run_one_by_one(hook: &LoadedHook, handler: &mut dyn Handler) {
-    let timeout = hook.spec.manifest.timeout;
     while let Some(job) = next_job(hook).await {
-        set_running(hook, Status::Restarting);
-        let ready = handler.ready().await;
-        note_restarts(hook, handler);
-        set_running(hook, Status::Busy);
-        let started = Instant::now();
-        let result = match ready {
-            Err(e) => Err((e, false)),
-            Ok(()) => {
-                match tokio::time::timeout(timeout, handler.call(&job.event, &job.context)).await {
-                    Ok(r) => r.map_err(|e| (e, false)),
-                    Err(_) => {
-                        handler.abandon().await;
-                        Err((timed_out(timeout), true))
-                    }
-                }
+        run_single(hook, handler, job).await;
+    }
+}
+
+/// Runs one job: get ready, call under the timeout, report; waits out a stuck call.
+async fn run_single(hook: &LoadedHook, handler: &mut dyn Handler, job: Job) {
+    let timeout = hook.spec.manifest.timeout;
+    set_running(hook, Status::Restarting);
+    let ready = handler.ready().await;
+    note_restarts(hook, handler);
+    set_running(hook, Status::Busy);
+    let started = Instant::now();
+    let result = match ready {
+        Err(e) => Err((e, false)),
+        Ok(()) => match tokio::time::timeout(timeout, handler.call(&job.event, &job.context)).await
+        {
+            Ok(r) => r.map_err(|e| (e, false)),
+            Err(_) => {
+                handler.abandon().await;
+                Err((timed_out(timeout), true))
             }
-        };
-        let duration = started.elapsed();
-        set_running(
-            hook,
-            if handler.stuck() {
-                Status::Stuck
-            } else {
-                Status::Idle
-            },
-        );
-        finish(hook, job, result, duration);
-        // A worker replaced at once after a timeout counts (and is announced) now.
-        note_restarts(hook, handler);
-        hook.report_drops(false);
+        },
+    };
+    let duration = started.elapsed();
+    set_running(
+        hook,
         if handler.stuck() {
-            // The abandoned call cannot be interrupted: no new calls until it returns (the queue
-            // applies its overflow policy meanwhile); a newer version of the hook does not wait.
-            let superseded = tokio::select! {
-                r = handler.ready() => {
-                    if let Err(e) = r {
-                        tracing::warn!(hook = %hook.spec.name, "handler failed: {e}");
-                        hook.stats.set_last_error(e.to_string());
-                    }
-                    false
+            Status::Stuck
+        } else {
+            Status::Idle
+        },
+    );
+    finish(hook, job, result, duration);
+    // A worker replaced at once after a timeout counts (and is announced) now.
+    note_restarts(hook, handler);
+    hook.report_drops(false);
+    if handler.stuck() {
+        // The abandoned call cannot be interrupted: no new calls until it returns (the queue
+        // applies its overflow policy meanwhile); a newer version of the hook does not wait.
+        let superseded = tokio::select! {
+            r = handler.ready() => {
+                if let Err(e) = r {
+                    tracing::warn!(hook = %hook.spec.name, "handler failed: {e}");
+                    hook.stats.set_last_error(e.to_string());
                 }
-                _ = hook.supersede_notify.notified() => true,
-            };
-            if !superseded {
-                set_running(hook, Status::Idle);
+                false
             }
+            _ = hook.supersede_notify.notified() => true,
+        };
+        if !superseded {
+            set_running(hook, Status::Idle);
         }
     }
 }
@@ -640,8 +644,14 @@ async fn run_batches(hook: &LoadedHook, handler: &mut dyn Handler) {
     let timeout = hook.spec.manifest.timeout;
     let limit = handler.batch_limit();
     while let Some(first) = next_job(hook).await {
+        let more = hook.queue.try_pop_many(limit - 1);
+        if more.is_empty() {
+            // A lone event (a collect, a quiet hook): the direct path answers fastest.
+            run_single(hook, handler, first).await;
+            continue;
+        }
         let mut jobs = vec![first];
-        jobs.extend(hook.queue.try_pop_many(limit - 1));
+        jobs.extend(more);
         set_running(hook, Status::Restarting);
         let ready = handler.ready().await;
         note_restarts(hook, handler);
