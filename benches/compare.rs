@@ -12,12 +12,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
+mod common;
 
 fn write_hooks(root: &std::path::Path, n: usize, code: &str) {
     for i in 0..n {
@@ -76,45 +73,12 @@ fn main() {
         10,
         "import time\ndef handle(e, c):\n    time.sleep(0.05)\n",
     );
-    let mut child = Command::new(bin)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-timeout",
-            "0",
-            "--hooks-dir",
-        ])
-        .arg(&root)
-        .env("HERMES_HOME", tmp.path())
-        .env("HERMES_HOOKS_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_string());
-            }
-            if line.contains("hooks loaded") {
-                let _ = tx.send("loaded".into());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("address");
-    let _ = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("hooks loaded");
+    let service = common::Service::start(&root, tmp.path());
+    let addr = service.addr.clone();
 
     let _ = http_emits(&addr, 20); // warm-up
     let mut lat = http_emits(&addr, 300);
-    lat.sort_by(f64::total_cmp);
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    drop(service);
 
     // 2. The drop-in client against a service on a Unix socket.
     let tmp2 = tempfile::tempdir().expect("tempdir");
@@ -170,7 +134,7 @@ fn main() {
         .as_f64()
         .unwrap_or(f64::NAN)
         * 1000.0;
-    let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
+    let (p50, p99) = (common::pct(&mut lat, 0.5), common::pct(&mut lat, 0.99));
     println!("emit with 10 hooks that each sleep 50 ms (gateway-side time per emit)");
     println!("{:<44} {:>12} {:>12}", "", "p50 µs", "p99 µs");
     println!(

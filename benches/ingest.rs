@@ -12,8 +12,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const SECS: f64 = 3.0;
 const CONNS: usize = 2;
@@ -57,21 +56,17 @@ fn hammer(addr: &str, path: &str, body: &[u8]) -> u64 {
     n
 }
 
+mod common;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 fn main() {
-    let bin = env!("CARGO_BIN_EXE_hermes-hooks");
     let tmp = tempfile::tempdir().expect("tempdir");
     let hook = tmp.path().join("hooks/sink");
     std::fs::create_dir_all(&hook).expect("mkdir");
-    std::fs::write(
-        hook.join("HOOK.yaml"),
-        "events: [agent:step]\nqueue: {capacity: 1000000}\n",
-    )
-    .expect("write");
     std::fs::write(
         hook.join("handler.py"),
         "import time\ndef handle(e, c):\n    time.sleep(3600)\n",
@@ -82,38 +77,8 @@ fn main() {
         "events: [agent:step]\ntimeout: 300\nqueue: {capacity: 1000000}\n",
     )
     .expect("write");
-    let mut child = Command::new(bin)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-timeout",
-            "0",
-            "--hooks-dir",
-        ])
-        .arg(tmp.path().join("hooks"))
-        .env("HERMES_HOME", tmp.path())
-        .env("HERMES_HOOKS_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_string());
-            }
-            if line.contains("hooks loaded") {
-                let _ = tx.send(String::new());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("address");
-    let _ = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("hooks loaded");
+    let service = common::Service::start(&tmp.path().join("hooks"), tmp.path());
+    let addr = service.addr.clone();
 
     let single = br#"{"event": "agent:step", "context": {"platform": "telegram", "user_id": "42", "session_id": "s", "iteration": 3, "tool_names": ["web"]}}"#;
     let mut singles = Vec::new();
@@ -135,9 +100,7 @@ fn main() {
         let n = hammer(&addr, "/v1/events/batch", batch.as_bytes());
         batches.push(n as f64 * 1000.0 / SECS);
     }
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    drop(service);
 
     println!(
         "HTTP ingest over loopback, 1 matching hook (blocked handler, queue 1M), median of 3 runs of {SECS} s"

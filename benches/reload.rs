@@ -9,10 +9,9 @@
 //!    `Host::reload` when nothing changed (median of 10). The hooks are executables so that
 //!    loading 1,000 of them starts no processes.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn collect(addr: &str, event: &str) -> serde_json::Value {
@@ -53,13 +52,10 @@ fn write_atomic(path: &Path, content: &str) {
     std::fs::rename(&tmp, path).expect("rename");
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[(((v.len() - 1) as f64) * p).round() as usize]
-}
+mod common;
+use common::pct;
 
 fn pickup() -> (Vec<f64>, Vec<f64>) {
-    let bin = env!("CARGO_BIN_EXE_hermes-hooks");
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("hooks");
     let edit = root.join("edited");
@@ -70,32 +66,8 @@ fn pickup() -> (Vec<f64>, Vec<f64>) {
         "def handle(e, c):\n    return -1\n",
     )
     .expect("write");
-    let mut child = Command::new(bin)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-timeout",
-            "0",
-            "--hooks-dir",
-        ])
-        .arg(&root)
-        .env("HERMES_HOME", tmp.path())
-        .env("HERMES_HOOKS_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("address");
+    let service = common::Service::start(&root, tmp.path());
+    let addr = service.addr.clone();
     wait_for(&addr, "command:edited", &serde_json::json!(-1));
 
     let mut new_dir = Vec::new();
@@ -129,9 +101,7 @@ fn pickup() -> (Vec<f64>, Vec<f64>) {
         let _ = wait_for(&addr, "command:edited", &serde_json::json!(i));
         edited.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
+    drop(service);
     (new_dir, edited)
 }
 

@@ -566,17 +566,23 @@ async fn list(roots: RootArgs, as_json: bool) -> i32 {
     .await
 }
 
+/// Where the running service is when no option says: `$HERMES_HOOKS_ADDRESS`, else
+/// `$HERMES_HOME/hooks.sock` (as the Python client finds it).
+fn default_address() -> crate::client::Address {
+    match std::env::var("HERMES_HOOKS_ADDRESS")
+        .ok()
+        .filter(|a| !a.is_empty())
+    {
+        Some(a) => crate::client::Address::parse(&a),
+        None => crate::client::Address::Unix(crate::host::hermes_home().join("hooks.sock")),
+    }
+}
+
 /// `list --live`: the running service's view, with live status and counters.
 async fn list_live(address: &str, as_json: bool) -> i32 {
     use crate::client::{Address, request};
     let address = if address.is_empty() {
-        match std::env::var("HERMES_HOOKS_ADDRESS")
-            .ok()
-            .filter(|a| !a.is_empty())
-        {
-            Some(a) => Address::parse(&a),
-            None => Address::Unix(crate::host::hermes_home().join("hooks.sock")),
-        }
+        default_address()
     } else {
         Address::parse(address)
     };
@@ -747,13 +753,7 @@ async fn emit(args: EmitArgs) -> i32 {
     let address = match (&args.listen, &args.socket) {
         (Some(l), _) => Address::Tcp(l.clone()),
         (None, Some(p)) => Address::Unix(p.clone()),
-        (None, None) => match std::env::var("HERMES_HOOKS_ADDRESS")
-            .ok()
-            .filter(|a| !a.is_empty())
-        {
-            Some(a) => Address::parse(&a),
-            None => Address::Unix(crate::host::hermes_home().join("hooks.sock")),
-        },
+        (None, None) => default_address(),
     };
     let token = match &args.token_file {
         Some(f) => match std::fs::read_to_string(f) {

@@ -73,31 +73,26 @@ pub async fn request(
         address: shown.clone(),
         reason,
     };
+    let connect_err = |source| ClientError::Connect {
+        address: shown.clone(),
+        source,
+    };
     let fut = async {
-        match address {
+        let result = match address {
             Address::Unix(p) => {
-                let s = tokio::net::UnixStream::connect(p).await.map_err(|source| {
-                    ClientError::Connect {
-                        address: shown.clone(),
-                        source,
-                    }
-                })?;
-                exchange(s, method, path, token, body)
+                let s = tokio::net::UnixStream::connect(p)
                     .await
-                    .map_err(|e| io(e.to_string()))
+                    .map_err(connect_err)?;
+                exchange(s, method, path, token, body).await
             }
             Address::Tcp(a) => {
-                let s = tokio::net::TcpStream::connect(a).await.map_err(|source| {
-                    ClientError::Connect {
-                        address: shown.clone(),
-                        source,
-                    }
-                })?;
-                exchange(s, method, path, token, body)
+                let s = tokio::net::TcpStream::connect(a)
                     .await
-                    .map_err(|e| io(e.to_string()))
+                    .map_err(connect_err)?;
+                exchange(s, method, path, token, body).await
             }
-        }
+        };
+        result.map_err(|e| io(e.to_string()))
     };
     tokio::time::timeout(timeout, fut)
         .await

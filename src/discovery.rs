@@ -153,16 +153,7 @@ pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
     let mut out = Discovery::default();
     let mut by_name: HashMap<String, PathBuf> = HashMap::new();
     for root in roots {
-        let Ok(entries) = std::fs::read_dir(root) else {
-            continue;
-        };
-        let mut dirs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.is_dir())
-            .filter(|p| !is_hidden(p))
-            .collect();
-        dirs.sort();
+        let dirs = hook_dirs(root);
         for dir in dirs {
             match load_dir_with(root, &dir, gate) {
                 Ok(mut spec) => {
@@ -189,6 +180,22 @@ pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
         }
     }
     out
+}
+
+/// The hook directories of `root` in discovery order (name ascending; hidden entries and
+/// files ignored; a missing root has none).
+pub fn hook_dirs(root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .filter(|p| !is_hidden(p))
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 fn is_hidden(p: &Path) -> bool {

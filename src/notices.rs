@@ -25,6 +25,18 @@ struct Inner {
     lost: AtomicU64,
 }
 
+/// `{"v", "type", "time", ...fields}` as one line.
+fn envelope(kind: &str, fields: Value) -> String {
+    let mut obj = Map::new();
+    obj.insert("v".into(), json!(VERSION));
+    obj.insert("type".into(), json!(kind));
+    obj.insert("time".into(), json!(crate::time::now()));
+    if let Value::Object(f) = fields {
+        obj.extend(f);
+    }
+    Value::Object(obj).to_string()
+}
+
 /// A handle for sending notices; cheap to clone. The default handle sends nothing.
 #[derive(Clone, Default)]
 pub struct Notices {
@@ -79,14 +91,7 @@ impl Notices {
     /// Sends a notice of `kind` with `fields` (an object) added to the envelope.
     pub fn send(&self, kind: &str, fields: Value) {
         let Some(inner) = &self.inner else { return };
-        let mut obj = Map::new();
-        obj.insert("v".into(), json!(VERSION));
-        obj.insert("type".into(), json!(kind));
-        obj.insert("time".into(), json!(crate::time::now()));
-        if let Value::Object(f) = fields {
-            obj.extend(f);
-        }
-        let line = Value::Object(obj).to_string();
+        let line = envelope(kind, fields);
         let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner());
         match tx.as_ref().map(|t| t.try_send(line)) {
             Some(Ok(())) | None => {}
@@ -108,16 +113,9 @@ impl Notices {
             );
         }
         // The last notice must not be lost: wait for room.
-        let mut obj = Map::new();
-        obj.insert("v".into(), json!(VERSION));
-        obj.insert("type".into(), json!(kind));
-        obj.insert("time".into(), json!(crate::time::now()));
-        if let Value::Object(f) = fields {
-            obj.extend(f);
-        }
         let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tx) = tx {
-            let _ = tx.send(Value::Object(obj).to_string());
+            let _ = tx.send(envelope(kind, fields));
         }
         if let Some(w) = inner
             .writer

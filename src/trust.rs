@@ -411,20 +411,7 @@ pub struct Located {
 /// `name:` or the directory name; the first match wins).
 pub fn locate(roots: &[PathBuf], name: &str) -> Result<Located, TrustError> {
     for root in roots {
-        let Ok(entries) = std::fs::read_dir(root) else {
-            continue;
-        };
-        let mut dirs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.is_dir())
-            .filter(|p| {
-                !p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with('.'))
-            })
-            .collect();
-        dirs.sort();
+        let dirs = crate::discovery::hook_dirs(root);
         for dir in dirs {
             let manifest_path = dir.join("HOOK.yaml");
             let Ok(text) = std::fs::read_to_string(&manifest_path) else {

@@ -307,20 +307,7 @@ fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
             "{label} returned a result that is not valid UTF-8 ({e})"
         ))
     })?;
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(None);
-    }
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Null) => Ok(None),
-        Ok(v) => Ok(Some(v)),
-        Err(e) => {
-            let snippet: String = text.chars().take(120).collect();
-            Err(HandlerError::Failed(format!(
-                "{label} returned a result that is not JSON ({e}): {snippet:?}"
-            )))
-        }
-    }
+    super::parse_json_result(text, &format!("the result of {label}"), "")
 }
 
 /// A file name safe to use in the private copy's name.
@@ -807,7 +794,7 @@ mod tests {
         let Err(HandlerError::Failed(m)) = interpret(0, b"{nope", "h.so") else {
             panic!("bad JSON accepted")
         };
-        assert!(m.contains("not JSON"), "{m}");
+        assert!(m.contains("not one JSON value"), "{m}");
         let Err(HandlerError::Failed(m)) = interpret(0, b"\"\xff\"", "h.so") else {
             panic!("bad UTF-8 accepted")
         };

@@ -120,21 +120,11 @@ impl ExecHandler {
                 MAX_STDOUT >> 20
             )));
         }
-        let text = String::from_utf8_lossy(&stdout);
-        let text = text.trim();
-        if text.is_empty() {
-            return Ok(None);
-        }
-        match serde_json::from_str::<Value>(text) {
-            Ok(Value::Null) => Ok(None),
-            Ok(v) => Ok(Some(v)),
-            Err(e) => {
-                let snippet: String = text.chars().take(120).collect();
-                Err(HandlerError::Failed(format!(
-                    "stdout is not one JSON value ({e}): {snippet:?}; print a JSON result or nothing, log to stderr"
-                )))
-            }
-        }
+        super::parse_json_result(
+            &String::from_utf8_lossy(&stdout),
+            "stdout",
+            "; print a JSON result or nothing, log to stderr",
+        )
     }
 }
 

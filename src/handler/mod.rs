@@ -45,6 +45,25 @@ pub enum HandlerError {
     Load(String),
 }
 
+/// A handler's textual answer as a result: empty or `null` is no result, anything else must
+/// be one JSON value. `what` names the source and `hint` says how to fix a bad answer.
+pub fn parse_json_result(text: &str, what: &str, hint: &str) -> HandlerResult {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Null) => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(e) => {
+            let snippet: String = text.chars().take(120).collect();
+            Err(HandlerError::Failed(format!(
+                "{what} is not one JSON value ({e}): {snippet:?}{hint}"
+            )))
+        }
+    }
+}
+
 /// Everything a handler needs to start, independent of the manifest format.
 #[derive(Debug, Clone)]
 pub struct HandlerContext {

@@ -286,7 +286,7 @@ int32_t hermes_hook_handle(const uint8_t *ev, size_t n, const uint8_t *c, size_t
     );
     let serve = Serve::start(&hooks, &["--no-watch"]);
     let err = one(&serve, "sloppy", "test:badjson", json!({})).unwrap_err();
-    assert!(err.contains("not JSON"), "{err}");
+    assert!(err.contains("not one JSON value"), "{err}");
     let err = one(&serve, "sloppy", "test:badutf8", json!({})).unwrap_err();
     assert!(err.contains("not valid UTF-8"), "{err}");
     let err = one(&serve, "sloppy", "test:fail", json!({})).unwrap_err();

@@ -5,18 +5,9 @@ use std::time::{Duration, Instant};
 use hermes_hooks::Host;
 use serde_json::{Value, json};
 
-use crate::util::{Hooks, config, poll_async};
+use crate::util::{Hooks, collect_one as one, config, poll_async};
 
 const T: Duration = Duration::from_secs(20);
-
-async fn one(host: &Host, event: &str, ctx: Value) -> Result<Option<Value>, String> {
-    let out = host
-        .emit_collect(event, ctx, Duration::from_secs(15))
-        .await
-        .unwrap();
-    assert_eq!(out.len(), 1, "{out:?}");
-    out[0].result.clone()
-}
 
 #[tokio::test]
 async fn gets_the_json_payload_and_its_stdout_reaches_collect() {

@@ -3,20 +3,11 @@
 use std::time::{Duration, Instant};
 
 use hermes_hooks::Host;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::util::{Hooks, config, poll_async, set_mode};
+use crate::util::{Hooks, collect_one as one, config, poll_async, set_mode};
 
 const T: Duration = Duration::from_secs(20);
-
-async fn one(host: &Host, event: &str, ctx: Value) -> Result<Option<Value>, String> {
-    let out = host
-        .emit_collect(event, ctx, Duration::from_secs(15))
-        .await
-        .unwrap();
-    assert_eq!(out.len(), 1, "{out:?}");
-    out[0].result.clone()
-}
 
 #[tokio::test]
 async fn print_cannot_corrupt_the_protocol() {

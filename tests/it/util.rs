@@ -45,6 +45,20 @@ pub async fn poll_async<T>(timeout: Duration, what: &str, mut f: impl FnMut() ->
     }
 }
 
+/// `emit_collect` of `event` on a host where exactly one hook matches: that hook's outcome.
+pub async fn collect_one(
+    host: &hermes_hooks::Host,
+    event: &str,
+    ctx: Value,
+) -> Result<Option<Value>, String> {
+    let out = host
+        .emit_collect(event, ctx, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 1, "{out:?}");
+    out[0].result.clone()
+}
+
 /// Reads a JSON-lines file, ignoring a missing file.
 pub fn read_jsonl(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)

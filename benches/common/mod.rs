@@ -1,0 +1,68 @@
+//! Shared by the benches: the release service on 127.0.0.1:0, started and stopped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// `hermes-hooks serve --listen 127.0.0.1:0` on one hook root; stopped (SIGTERM) on drop.
+pub struct Service {
+    pub child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl Service {
+    /// Starts the service on `root` with `HERMES_HOME=home` and waits until its hooks are loaded.
+    pub fn start(root: &Path, home: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hermes-hooks"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--drain-timeout",
+                "0",
+                "--hooks-dir",
+            ])
+            .arg(root)
+            .env("HERMES_HOME", home)
+            .env("HERMES_HOOKS_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn hermes-hooks");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut addr = None;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(a) = line.split("listening on http://").nth(1) {
+                    addr = a.split_whitespace().next().map(str::to_string);
+                }
+                if line.contains("hooks loaded") {
+                    let _ = tx.send(addr.clone().unwrap_or_default());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("hooks loaded");
+        Self { child, addr }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// The `p` quantile (0..=1) of `v`, nearest rank.
+pub fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[(((v.len() - 1) as f64) * p).round() as usize]
+}
