@@ -206,3 +206,89 @@ fn events_get_503_while_the_service_drains() {
     // Status stays readable while draining.
     assert_eq!(serve.get("/v1/hooks").0, 200);
 }
+
+#[test]
+fn events_before_the_first_load_get_503_not_ready_and_a_reload_never_blocks_emit() {
+    let hooks = Hooks::new();
+    // Importing this handler takes a while: the first load, and every reload of it, is slow.
+    let slow_import = "import time\ntime.sleep(2)\ndef handle(e, c):\n    return 'loaded'\n";
+    let dir = hooks.python("slow-import", "[command:x]", slow_import);
+    hooks.recorder("rec", "[agent:start]", "None");
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .env("HERMES_HOOKS_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(a.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(T).expect("listening line");
+    let ct = [("Content-Type", "application/json")];
+    let (s, _, b) = http(
+        &addr,
+        "POST",
+        "/v1/events",
+        &ct,
+        br#"{"event": "agent:start"}"#,
+    );
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("not_ready")),
+        "{v}"
+    );
+    assert_eq!(http(&addr, "GET", "/readyz", &[], b"").0, 503);
+    poll(T, "ready", || {
+        (http(&addr, "GET", "/readyz", &[], b"").0 == 200).then_some(())
+    });
+
+    // Edit the slow hook: its new version takes 2 s to start; emit must not wait for that.
+    std::fs::write(
+        dir.join("handler.py"),
+        slow_import.replace("'loaded'", "'reloaded'"),
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut worst = Duration::ZERO;
+    while t0.elapsed() < Duration::from_secs(3) {
+        let t = std::time::Instant::now();
+        let (s, _, _) = http(
+            &addr,
+            "POST",
+            "/v1/events",
+            &ct,
+            br#"{"event": "agent:start"}"#,
+        );
+        assert_eq!(s, 202);
+        worst = worst.max(t.elapsed());
+    }
+    assert!(
+        worst < Duration::from_millis(500),
+        "an emit waited {worst:?} during the reload"
+    );
+    poll(T, "the new version", || {
+        let (_, _, b) = http(
+            &addr,
+            "POST",
+            "/v1/collect",
+            &ct,
+            br#"{"event": "command:x"}"#,
+        );
+        let v: Value = serde_json::from_slice(&b).ok()?;
+        (v["results"][0]["result"] == "reloaded").then_some(())
+    });
+    stop(child);
+}
