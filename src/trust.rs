@@ -101,6 +101,11 @@ pub fn trust_file(hermes_home: &Path) -> PathBuf {
 pub struct Approval {
     /// SHA-256 (hex) of the handler file, or of a webhook's `url` and `secret_env`.
     pub sha256: String,
+    /// SHA-256 (hex) of the HOOK.yaml settings that change what runs (`handler`, `python`,
+    /// `env`): editing them needs approving again too. Absent in approvals written before it
+    /// existed (then not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_sha256: Option<String>,
     /// Handler kind at approval time.
     #[serde(default)]
     pub kind: String,
@@ -309,6 +314,30 @@ pub fn approval_hash(
     Ok(crate::handler::webhook::hex(&digest))
 }
 
+/// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file: the
+/// `handler` path, the `python` interpreter and the `env` it gets (`LD_PRELOAD`, `PYTHONPATH`...).
+/// Comments, `description`, `events`, `timeout` and `queue` are not covered.
+pub fn settings_hash(manifest: &Manifest) -> String {
+    let mut h = Sha256::new();
+    for (key, value) in [
+        ("handler", manifest.handler.as_deref().unwrap_or("")),
+        ("python", manifest.python.as_deref().unwrap_or("")),
+    ] {
+        h.update(key.as_bytes());
+        h.update(b"=");
+        h.update(value.as_bytes());
+        h.update(b"\n");
+    }
+    for (k, v) in &manifest.env {
+        h.update(b"env ");
+        h.update(k.as_bytes());
+        h.update(b"=");
+        h.update(v.as_bytes());
+        h.update(b"\n");
+    }
+    crate::handler::webhook::hex(&h.finalize())
+}
+
 /// What discovery consults for every hook: built once per scan from a [`TrustPolicy`] (the
 /// approvals file is read once).
 #[derive(Debug, Clone, Default)]
@@ -384,6 +413,14 @@ impl Gate {
                  then run `hermes-hooks enable {name}` to approve it again",
                 short(&approval.sha256),
                 short(&now)
+            ));
+        }
+        if let Some(approved) = &approval.settings_sha256
+            && *approved != settings_hash(manifest)
+        {
+            return Err(format!(
+                "its HOOK.yaml settings (handler, python or env) changed since it was approved: \
+                 review them, then run `hermes-hooks enable {name}` to approve it again"
             ));
         }
         Ok(())
@@ -508,6 +545,7 @@ fn approve(
         name.to_string(),
         Approval {
             sha256: sha256.clone(),
+            settings_sha256: Some(settings_hash(manifest)),
             kind: kind.as_str().to_string(),
             handler: match (&handler, &manifest.url) {
                 (Some(p), _) => p.display().to_string(),
@@ -718,6 +756,7 @@ mod tests {
             "a".into(),
             Approval {
                 sha256: "00".into(),
+                settings_sha256: Some("11".into()),
                 kind: "exec".into(),
                 handler: "h".into(),
                 dir: PathBuf::from("/x"),

@@ -303,6 +303,29 @@ fn explicit_mode_approve_change_reapprove_revoke() {
     let (code, out, _) = run(&hooks, &["enable", "audited", "--trust", "explicit"]);
     assert_eq!(code, 0);
     assert!(out.contains("approved audited again"), "{out}");
+    // Settings that change what runs (env, python, handler) need approving again too; a
+    // comment or the description does not.
+    let manifest = dir.join("HOOK.yaml");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        format!("# reviewed\n{original}description: audited hook\n"),
+    )
+    .unwrap();
+    assert_eq!(list_skipped(&hooks, &explicit).0, vec!["audited"]);
+    std::fs::write(
+        &manifest,
+        format!("{original}env: {{LD_PRELOAD: /tmp/evil.so}}\n"),
+    )
+    .unwrap();
+    let (loaded, skipped) = list_skipped(&hooks, &explicit);
+    assert!(loaded.is_empty());
+    let (_, _, reason) = skipped.iter().find(|s| s.0 == "audited").unwrap();
+    assert!(
+        reason.contains("settings (handler, python or env) changed"),
+        "{reason}"
+    );
+    std::fs::write(&manifest, &original).unwrap();
     assert_eq!(list_skipped(&hooks, &explicit).0, vec!["audited"]);
     let (code, out, _) = run(
         &hooks,
