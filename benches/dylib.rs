@@ -135,6 +135,32 @@ fn emit_through_noop_dylib(b: divan::Bencher) {
     );
 }
 
+/// The same, with the 100,000 contexts built before the timed part: what the host costs, without
+/// the caller's own cost of building a context per event.
+#[divan::bench(sample_count = 15, sample_size = 1)]
+fn emit_through_noop_dylib_contexts_prebuilt(b: divan::Bencher) {
+    let fx = &*NOOP;
+    let stats = fx
+        .host
+        .snapshot()
+        .get("noop")
+        .expect("hook noop")
+        .stats
+        .clone();
+    b.counter(divan::counter::ItemsCount::new(EVENTS))
+        .with_inputs(|| (0..EVENTS).map(|_| context()).collect::<Vec<_>>())
+        .bench_local_values(|contexts| {
+            let done = stats.ok.load(Ordering::Relaxed) + EVENTS;
+            for ctx in contexts {
+                let queued = fx.host.emit("bench:noop", ctx);
+                debug_assert_eq!(queued.ok(), Some(1));
+            }
+            while stats.ok.load(Ordering::Relaxed) < done {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+}
+
 /// A handler that does nothing, inline on the worker task: the dispatcher's own ceiling.
 struct Inline;
 
