@@ -77,36 +77,60 @@ where
         let mut window = Instant::now();
         let mut in_window = 0u32;
         let mut suppressed = 0u64;
+        let summary = |n: u64| {
+            tracing::warn!(target: "hook", hook = %hook, "{n} output lines not logged (more than {LOG_LINES_PER_SEC}/s)");
+        };
         loop {
-            line.clear();
-            match read_line_limited(&mut reader, &mut line, MAX_LOG_LINE).await {
-                Ok(None) | Err(_) => break,
-                Ok(Some(cut)) => {
-                    if window.elapsed() >= Duration::from_secs(1) {
-                        if suppressed > 0 {
-                            tracing::warn!(target: "hook", hook = %hook, "{suppressed} output lines not logged (more than {LOG_LINES_PER_SEC}/s)");
-                        }
+            // While lines are being suppressed, report them when the window ends even if the
+            // flood has stopped (the partial line read so far stays in `line`).
+            let read = if suppressed > 0 {
+                let left = Duration::from_secs(1).saturating_sub(window.elapsed());
+                match tokio::time::timeout(
+                    left,
+                    read_line_limited(&mut reader, &mut line, MAX_LOG_LINE),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        summary(suppressed);
                         window = Instant::now();
                         in_window = 0;
                         suppressed = 0;
-                    }
-                    in_window += 1;
-                    if in_window > LOG_LINES_PER_SEC {
-                        suppressed += 1;
                         continue;
                     }
-                    let text = String::from_utf8_lossy(&line);
-                    let text = text.trim_end();
-                    if cut {
-                        tracing::info!(target: "hook", hook = %hook, "{text} [line cut at {MAX_LOG_LINE} bytes]");
-                    } else {
-                        tracing::info!(target: "hook", hook = %hook, "{text}");
-                    }
+                }
+            } else {
+                read_line_limited(&mut reader, &mut line, MAX_LOG_LINE).await
+            };
+            let cut = match read {
+                Ok(None) | Err(_) => break,
+                Ok(Some(cut)) => cut,
+            };
+            if window.elapsed() >= Duration::from_secs(1) {
+                if suppressed > 0 {
+                    summary(suppressed);
+                }
+                window = Instant::now();
+                in_window = 0;
+                suppressed = 0;
+            }
+            in_window += 1;
+            if in_window > LOG_LINES_PER_SEC {
+                suppressed += 1;
+            } else {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end();
+                if cut {
+                    tracing::info!(target: "hook", hook = %hook, "{text} [line cut at {MAX_LOG_LINE} bytes]");
+                } else {
+                    tracing::info!(target: "hook", hook = %hook, "{text}");
                 }
             }
+            line.clear();
         }
         if suppressed > 0 {
-            tracing::warn!(target: "hook", hook = %hook, "{suppressed} output lines not logged (more than {LOG_LINES_PER_SEC}/s)");
+            summary(suppressed);
         }
     })
 }

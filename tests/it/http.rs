@@ -374,3 +374,38 @@ fn sigkill_of_a_python_worker_is_recovered_over_http() {
     assert_ne!(first, second);
     assert_eq!(serve.get("/v1/hooks/pid").1["counters"]["restarts"], 1);
 }
+
+#[test]
+fn a_handler_flooding_its_output_is_rate_limited_and_keeps_working() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "noisy",
+        "[command:x]",
+        "import sys\nsys.stdout.write('x' * 100000 + '\\n')\ndef handle(e, c):\n    for i in range(50000):\n        print('line', i)\n    return 'still fine'\n",
+    );
+    let serve = Serve::start(&hooks, &[]);
+    for _ in 0..2 {
+        let (s, v) = serve.post(
+            "/v1/collect",
+            &json!({"event": "command:x", "timeout_ms": 20000}),
+        );
+        assert_eq!(s, 200);
+        assert_eq!(v["results"][0]["result"], "still fine", "{v}");
+    }
+    poll(T, "the suppressed-lines summary", || {
+        serve
+            .log()
+            .contains("output lines not logged")
+            .then_some(())
+    });
+    let log = serve.log();
+    assert!(
+        log.contains("[line cut at 4096 bytes]"),
+        "a 100 KB line is cut"
+    );
+    assert!(
+        log.lines().count() < 5000,
+        "the log was flooded: {} lines",
+        log.lines().count()
+    );
+}
