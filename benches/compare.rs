@@ -9,7 +9,7 @@
 //! 3. The baseline (`benches/baseline_host.py`, the original host re-created) on the same
 //!    shapes. Prints medians, p99s and ratios side by side.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -40,24 +40,7 @@ fn http_emits(addr: &str, count: usize) -> Vec<f64> {
         let t0 = Instant::now();
         sock.write_all(req.as_bytes()).expect("write");
         sock.write_all(body).expect("write");
-        let mut len = 0usize;
-        let mut line = String::new();
-        let mut status = String::new();
-        loop {
-            line.clear();
-            reader.read_line(&mut line).expect("read");
-            if status.is_empty() {
-                status = line.clone();
-            }
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().expect("length");
-            }
-        }
-        let mut buf = vec![0; len];
-        reader.read_exact(&mut buf).expect("body");
+        let status = common::read_response(&mut reader);
         out.push(t0.elapsed().as_secs_f64() * 1e6);
         assert!(status.contains(" 202 "), "{status}");
     }

@@ -10,7 +10,7 @@
 //!
 //! Prints requests/s and events/s (each the median of 3 runs).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
@@ -30,27 +30,10 @@ fn hammer(addr: &str, path: &str, body: &[u8]) -> u64 {
     req.extend_from_slice(body);
     let start = Instant::now();
     let mut n = 0;
-    let mut line = String::new();
     while start.elapsed().as_secs_f64() < SECS {
         sock.write_all(&req).expect("write");
-        let mut len = 0usize;
-        let mut first = true;
-        loop {
-            line.clear();
-            reader.read_line(&mut line).expect("read");
-            if first {
-                assert!(line.contains(" 202 "), "{line}");
-                first = false;
-            }
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().expect("length");
-            }
-        }
-        let mut buf = vec![0; len];
-        reader.read_exact(&mut buf).expect("body");
+        let status = common::read_response(&mut reader);
+        assert!(status.contains(" 202 "), "{status}");
         n += 1;
     }
     n

@@ -66,3 +66,25 @@ pub fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[(((v.len() - 1) as f64) * p).round() as usize]
 }
+
+/// Reads one keep-alive HTTP/1.1 response (status line, headers, Content-Length body); returns
+/// the status line.
+pub fn read_response(reader: &mut impl std::io::BufRead) -> String {
+    let mut status = String::new();
+    reader.read_line(&mut status).expect("status line");
+    let mut len = 0usize;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("header");
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().expect("length");
+        }
+    }
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).expect("body");
+    status
+}
