@@ -3,43 +3,21 @@
 //! Roots are scanned in the order given, each root's directories by name ascending; that is the
 //! discovery order, which is also the order hooks fire in within a match group. On a name clash the
 //! earlier hook wins and the later one is reported as shadowed. Nothing here starts a process:
-//! Python import checks happen when a handler starts ([`crate::host`]).
+//! Python import checks happen when a handler starts ([`crate::host`]), and what a handler kind
+//! derives from its manifest (a webhook's delivery budget) is applied there too. The layout of a
+//! hook directory (which file is the handler, the order of directories) is [`crate::layout`]'s.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::layout::{HandlerFault, dir_name, find_handler};
+pub use crate::layout::{HandlerKind, find_on_path, hook_dirs, is_executable, is_shell_script};
 use crate::manifest::{Manifest, parse_manifest};
 use crate::pattern::PatternSet;
 use crate::trust::Gate;
-
-/// What runs a hook.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HandlerKind {
-    /// `handler.py`, run in a persistent Python worker.
-    Python,
-    /// An executable (or a shell script), one process per event.
-    Exec,
-    /// A dynamic library with the C ABI v1.
-    Dylib,
-    /// An HTTP endpoint (`url:`).
-    Webhook,
-}
-
-impl HandlerKind {
-    /// Lower-case name, as shown by the API and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HandlerKind::Python => "python",
-            HandlerKind::Exec => "exec",
-            HandlerKind::Dylib => "dylib",
-            HandlerKind::Webhook => "webhook",
-        }
-    }
-}
 
 /// Why a directory did not load, in a form scripts can match on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -92,6 +70,17 @@ pub struct Skipped {
     pub code: SkipCode,
     /// Human-readable reason, saying what to change.
     pub reason: String,
+}
+
+impl SkipCode {
+    /// The code for a handler file problem found by [`crate::layout::find_handler`].
+    pub fn of(fault: HandlerFault) -> Self {
+        match fault {
+            HandlerFault::Missing => SkipCode::NoHandler,
+            HandlerFault::Unusable => SkipCode::BadHandler,
+            HandlerFault::Outside => SkipCode::HandlerOutside,
+        }
+    }
 }
 
 impl Skipped {
@@ -152,62 +141,100 @@ pub fn discover(roots: &[PathBuf]) -> Discovery {
 pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
     let mut out = Discovery::default();
     let mut by_name: HashMap<String, PathBuf> = HashMap::new();
-    for root in roots {
-        let dirs = hook_dirs(root);
-        for dir in dirs {
-            match load_dir_with(root, &dir, gate) {
-                Ok(mut spec) => {
-                    if let Some(first) = by_name.get(&spec.name) {
-                        out.skipped.push(Skipped {
-                            name: spec.name.clone(),
-                            file: spec.manifest_path.clone(),
-                            code: SkipCode::Shadowed,
-                            reason: format!(
-                                "shadowed: a hook named '{}' was already loaded from {}; rename one of them (`name:` in HOOK.yaml)",
-                                spec.name,
-                                first.display()
-                            ),
-                            dir,
-                        });
-                        continue;
-                    }
-                    by_name.insert(spec.name.clone(), dir.clone());
-                    spec.order = out.hooks.len();
-                    out.hooks.push(spec);
+    for (root, dir) in walk(roots) {
+        match load_dir_with(root, &dir, gate) {
+            Ok(mut spec) => {
+                if let Some(first) = by_name.get(&spec.name) {
+                    out.skipped.push(Skipped {
+                        name: spec.name.clone(),
+                        file: spec.manifest_path.clone(),
+                        code: SkipCode::Shadowed,
+                        reason: format!(
+                            "shadowed: a hook named '{}' was already loaded from {}; rename one of them (`name:` in HOOK.yaml)",
+                            spec.name,
+                            first.display()
+                        ),
+                        dir,
+                    });
+                    continue;
                 }
-                Err(skip) => out.skipped.push(*skip),
+                by_name.insert(spec.name.clone(), dir.clone());
+                spec.order = out.hooks.len();
+                out.hooks.push(spec);
             }
+            Err(skip) => out.skipped.push(*skip),
         }
     }
     out
 }
 
-/// The hook directories of `root` in discovery order (name ascending; hidden entries and
-/// files ignored; a missing root has none).
-pub fn hook_dirs(root: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return Vec::new();
-    };
-    let mut dirs: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .filter(|p| !is_hidden(p))
-        .collect();
-    dirs.sort();
-    dirs
+/// Every candidate hook directory of `roots`, in discovery order: roots in the order given,
+/// each root's directories by name ([`hook_dirs`]).
+pub fn walk(roots: &[PathBuf]) -> impl Iterator<Item = (&Path, PathBuf)> {
+    roots.iter().flat_map(|root| {
+        hook_dirs(root)
+            .into_iter()
+            .map(move |d| (root.as_path(), d))
+    })
 }
 
-fn is_hidden(p: &Path) -> bool {
-    p.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with('.'))
+/// A hook's name: `name:` in its HOOK.yaml, else its directory's name.
+pub fn hook_name(dir: &Path, manifest: Option<&Manifest>) -> String {
+    manifest
+        .and_then(|m| m.name.clone())
+        .unwrap_or_else(|| dir_name(dir))
 }
 
-fn dir_name(dir: &Path) -> String {
-    dir.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+/// A hook directory found by name, read but not checked.
+#[derive(Debug)]
+pub struct Located {
+    /// The hook directory.
+    pub dir: PathBuf,
+    /// Its HOOK.yaml.
+    pub manifest_path: PathBuf,
+    /// HOOK.yaml's text.
+    pub text: String,
+    /// HOOK.yaml parsed, or why it does not parse.
+    pub manifest: Result<Manifest, String>,
+}
+
+/// Finds hook `name` the way discovery names hooks, in discovery order ([`walk`],
+/// [`hook_name`]; the first match wins, as on a name clash). Directories without a readable
+/// HOOK.yaml are passed over; nothing else is checked.
+pub fn locate(roots: &[PathBuf], name: &str) -> Option<Located> {
+    walk(roots).find_map(|(_, dir)| {
+        let manifest_path = dir.join("HOOK.yaml");
+        let text = std::fs::read_to_string(&manifest_path).ok()?;
+        let manifest = parse_manifest(&text).map_err(|e| e.to_string());
+        (hook_name(&dir, manifest.as_ref().ok()) == name).then_some(Located {
+            dir,
+            manifest_path,
+            text,
+            manifest,
+        })
+    })
+}
+
+/// What runs the hook in `dir`: a webhook (`url:`, which must be http(s)), or the handler file
+/// found by [`crate::layout::find_handler`]. On refusal: the code, the file and the reason.
+pub fn resolve_handler(
+    dir: &Path,
+    manifest_path: &Path,
+    manifest: &Manifest,
+) -> Result<(HandlerKind, Option<PathBuf>), (SkipCode, PathBuf, String)> {
+    if let Some(url) = &manifest.url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err((
+                SkipCode::BadField,
+                manifest_path.to_path_buf(),
+                format!("`url`: {url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        return Ok((HandlerKind::Webhook, None));
+    }
+    let (kind, path) = find_handler(dir, manifest.handler.as_deref())
+        .map_err(|p| (SkipCode::of(p.fault), p.file, p.reason))?;
+    Ok((kind, Some(path)))
 }
 
 /// Loads one hook directory.
@@ -244,7 +271,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             format!("cannot read HOOK.yaml: {e}"),
         )
     })?;
-    let mut manifest = parse_manifest(&text).map_err(|e| {
+    let manifest = parse_manifest(&text).map_err(|e| {
         use crate::manifest::ManifestError as M;
         let code = match e {
             M::Yaml(_) => SkipCode::YamlError,
@@ -254,9 +281,10 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         };
         skip(&name, &manifest_path, code, e.to_string())
     })?;
-    if let Some(n) = &manifest.name {
-        name = n.clone();
-    } else if let Err(reason) = crate::manifest::validate_name(&name) {
+    name = hook_name(dir, Some(&manifest));
+    if manifest.name.is_none()
+        && let Err(reason) = crate::manifest::validate_name(&name)
+    {
         return Err(skip(
             &name,
             &manifest_path,
@@ -277,28 +305,8 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     check_requires(&manifest)
         .map_err(|r| skip(&name, &manifest_path, SkipCode::Requirements, r))?;
 
-    let (kind, handler_path) = if let Some(url) = &manifest.url {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(skip(
-                &name,
-                &manifest_path,
-                SkipCode::BadField,
-                format!("`url`: {url:?} is not an http:// or https:// URL"),
-            ));
-        }
-        // The worker's timeout covers the whole delivery (both attempts); `timeout:` is per attempt.
-        manifest.timeout = crate::handler::webhook::delivery_budget(&manifest);
-        manifest
-            .warnings
-            .extend(crate::handler::webhook::unsigned_warning(&manifest));
-        (HandlerKind::Webhook, None)
-    } else {
-        let (kind, path) = find_handler(dir, manifest.handler.as_deref())
-            .map_err(|(code, file, reason)| skip(&name, &file, code, reason))?;
-        crate::trust::check_inside(dir, &path)
-            .map_err(|r| skip(&name, &path, SkipCode::HandlerOutside, r))?;
-        (kind, Some(path))
-    };
+    let (kind, handler_path) = resolve_handler(dir, &manifest_path, &manifest)
+        .map_err(|(code, file, reason)| skip(&name, &file, code, reason))?;
     gate.check_permissions(dir, &manifest_path, handler_path.as_deref())
         .map_err(|(file, reason)| skip(&name, &file, SkipCode::Permissions, reason))?;
 
@@ -381,117 +389,6 @@ fn hash_other_files(dir: &Path, hasher: &mut DefaultHasher) {
     }
 }
 
-type HandlerProblem = (SkipCode, PathBuf, String);
-
-/// Finds the handler: the explicit `handler:` path, or the first of handler.py, handler (with the
-/// run bit), handler.sh, handler.so/.dylib/.dll.
-pub(crate) fn find_handler(
-    dir: &Path,
-    explicit: Option<&str>,
-) -> Result<(HandlerKind, PathBuf), HandlerProblem> {
-    if let Some(rel) = explicit {
-        let path = resolve_inside(dir, rel)?;
-        if !path.is_file() {
-            return Err((
-                SkipCode::NoHandler,
-                path.clone(),
-                format!("handler {rel:?} (named in HOOK.yaml) does not exist or is not a file"),
-            ));
-        }
-        let kind = kind_of(&path);
-        if kind == HandlerKind::Exec && !is_executable(&path) && !is_shell_script(&path) {
-            return Err((
-                SkipCode::BadHandler,
-                path,
-                format!("handler {rel:?} is not executable: run `chmod +x` on it"),
-            ));
-        }
-        return Ok((kind, path));
-    }
-    let py = dir.join("handler.py");
-    if py.is_file() {
-        return Ok((HandlerKind::Python, py));
-    }
-    let bin = dir.join("handler");
-    if bin.is_file() && is_executable(&bin) {
-        return Ok((HandlerKind::Exec, bin));
-    }
-    let sh = dir.join("handler.sh");
-    if sh.is_file() {
-        return Ok((HandlerKind::Exec, sh));
-    }
-    for ext in ["so", "dylib", "dll"] {
-        let lib = dir.join(format!("handler.{ext}"));
-        if lib.is_file() {
-            return Ok((HandlerKind::Dylib, lib));
-        }
-    }
-    let reason = if bin.is_file() {
-        "no handler: `handler` exists but is not executable (chmod +x handler)".to_string()
-    } else {
-        "no handler: expected handler.py, an executable `handler`, handler.sh or handler.so \
-         next to HOOK.yaml (or `handler:`/`url:` in HOOK.yaml)"
-            .to_string()
-    };
-    Err((SkipCode::NoHandler, dir.to_path_buf(), reason))
-}
-
-/// Resolves `rel` against `dir`, refusing absolute paths, `..` and symlinks that lead outside.
-fn resolve_inside(dir: &Path, rel: &str) -> Result<PathBuf, HandlerProblem> {
-    let rel_path = Path::new(rel);
-    let outside = |reason: String| (SkipCode::HandlerOutside, dir.join("HOOK.yaml"), reason);
-    if rel_path.is_absolute() {
-        return Err(outside(format!(
-            "handler {rel:?} is an absolute path; it must be a file inside the hook directory"
-        )));
-    }
-    if rel_path
-        .components()
-        .any(|c| matches!(c, Component::ParentDir))
-    {
-        return Err(outside(format!(
-            "handler {rel:?} uses `..`; it must be a file inside the hook directory"
-        )));
-    }
-    let path = dir.join(rel_path);
-    if path.exists() {
-        let real_dir = dir
-            .canonicalize()
-            .map_err(|e| outside(format!("cannot resolve directory: {e}")))?;
-        let real = path
-            .canonicalize()
-            .map_err(|e| outside(format!("cannot resolve handler: {e}")))?;
-        if !real.starts_with(&real_dir) {
-            return Err(outside(format!(
-                "handler {rel:?} resolves to {} outside the hook directory (symlink escape)",
-                real.display()
-            )));
-        }
-    }
-    Ok(path)
-}
-
-fn kind_of(path: &Path) -> HandlerKind {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("py") => HandlerKind::Python,
-        Some("so" | "dylib" | "dll") => HandlerKind::Dylib,
-        _ => HandlerKind::Exec,
-    }
-}
-
-/// True for `*.sh` files, which run with `sh` when they lack the run bit.
-pub fn is_shell_script(path: &Path) -> bool {
-    path.extension().and_then(|e| e.to_str()) == Some("sh")
-}
-
-/// True when the file has any execute bit.
-pub fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path)
-        .map(|m| m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
 fn check_requires(m: &Manifest) -> Result<(), String> {
     let req = &m.requires;
     if !req.os.is_empty() {
@@ -532,16 +429,4 @@ fn check_requires(m: &Manifest) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Looks `program` up on `PATH` (or checks it directly when it contains a slash).
-pub fn find_on_path(program: &str) -> Option<PathBuf> {
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return (p.is_file() && is_executable(&p)).then_some(p);
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file() && is_executable(p))
 }

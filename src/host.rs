@@ -65,16 +65,7 @@ impl HostConfig {
     }
 }
 
-/// `$HERMES_HOME`, defaulting to `~/.hermes`.
-pub fn hermes_home() -> PathBuf {
-    match std::env::var_os("HERMES_HOME").filter(|v| !v.is_empty()) {
-        Some(h) => PathBuf::from(h),
-        None => std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_default()
-            .join(".hermes"),
-    }
-}
+pub use crate::layout::hermes_home;
 
 /// Why an event was refused.
 #[derive(Debug, Error)]
@@ -536,7 +527,13 @@ impl Host {
             self.inner.config.trust,
             self.inner.config.hermes_home.clone(),
         );
-        let scan = move || discover_with(&roots, &trust.gate(&home));
+        let scan = move || {
+            let mut found = discover_with(&roots, &trust.gate(&home));
+            for spec in &mut found.hooks {
+                with_kind_settings(spec);
+            }
+            found
+        };
         let discovery = match tokio::task::spawn_blocking(scan).await {
             Ok(d) => d,
             Err(e) => {
@@ -771,5 +768,16 @@ impl Host {
         // to be reaped.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
+    }
+}
+
+/// What a handler kind derives from its manifest, applied to a freshly discovered spec: a
+/// webhook's worker timeout covers the whole delivery (both attempts; `timeout:` is per
+/// attempt), and an unset `secret_env` is a load-time warning.
+fn with_kind_settings(spec: &mut HookSpec) {
+    if spec.kind == crate::discovery::HandlerKind::Webhook {
+        spec.manifest.timeout = crate::handler::webhook::delivery_budget(&spec.manifest);
+        let warning = crate::handler::webhook::unsigned_warning(&spec.manifest);
+        spec.manifest.warnings.extend(warning);
     }
 }

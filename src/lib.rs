@@ -27,6 +27,7 @@
 #![warn(missing_docs, clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod atomic;
 pub mod cli;
 pub mod client;
 pub mod discovery;
@@ -34,6 +35,7 @@ pub mod dispatch;
 pub mod events;
 pub mod handler;
 pub mod host;
+pub mod layout;
 pub mod manifest;
 pub mod metrics;
 pub mod notices;

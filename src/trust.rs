@@ -19,14 +19,13 @@
 //! [`SkipCode::NotApproved`]: crate::discovery::SkipCode::NotApproved
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::discovery::HandlerKind;
+use crate::layout::{HandlerKind, find_handler, hook_dirs};
 use crate::manifest::{Manifest, parse_manifest};
 
 /// Name of the approvals file inside `$HERMES_HOME`.
@@ -89,6 +88,16 @@ pub enum TrustError {
         /// What is wrong and what to do.
         reason: String,
     },
+}
+
+impl From<crate::atomic::WriteError> for TrustError {
+    fn from(e: crate::atomic::WriteError) -> Self {
+        TrustError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 /// `$HERMES_HOME/hooks-trust.json`.
@@ -177,51 +186,8 @@ impl TrustFile {
                 source,
             })?;
         }
-        write_atomically(path, &text, 0o600)
+        Ok(crate::atomic::write(path, &text, 0o600)?)
     }
-}
-
-/// Writes `bytes` to a temporary sibling of `path` with `mode`, syncs it and renames it over
-/// `path`.
-fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TrustError> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let io = |op, p: &Path| {
-        let p = p.to_path_buf();
-        move |source| TrustError::Io {
-            op,
-            path: p,
-            source,
-        }
-    };
-    let _ = std::fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(io("create", &tmp))?;
-        // The umask may have narrowed the mode; set it exactly.
-        f.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(io("set the mode of", &tmp))?;
-        f.write_all(bytes).map_err(io("write", &tmp))?;
-        f.sync_all().map_err(io("sync", &tmp))?;
-        std::fs::rename(&tmp, path).map_err(io("replace", path))?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// The uid this process runs as.
@@ -273,25 +239,7 @@ pub fn permission_problem(path: &Path) -> Option<String> {
     None
 }
 
-/// Refuses a handler that resolves (through symlinks) outside the hook directory.
-pub fn check_inside(dir: &Path, handler: &Path) -> Result<(), String> {
-    let real_dir = dir
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
-    let real = handler
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve {}: {e}", handler.display()))?;
-    if real.starts_with(&real_dir) {
-        Ok(())
-    } else {
-        Err(format!(
-            "handler {} resolves to {} outside the hook directory (symlink escape); copy the \
-             handler into the hook directory",
-            handler.display(),
-            real.display()
-        ))
-    }
-}
+pub use crate::layout::check_inside;
 
 /// SHA-256 (hex) of what an approval covers: the handler file's bytes, or for a webhook its
 /// `url` and `secret_env`.
@@ -311,7 +259,7 @@ pub fn approval_hash(
         }
         (_, Some(path)) => Sha256::digest(std::fs::read(path)?),
     };
-    Ok(crate::handler::webhook::hex(&digest))
+    Ok(hex::encode(digest))
 }
 
 /// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file: the
@@ -335,7 +283,7 @@ pub fn settings_hash(manifest: &Manifest) -> String {
         h.update(v.as_bytes());
         h.update(b"\n");
     }
-    crate::handler::webhook::hex(&h.finalize())
+    hex::encode(h.finalize())
 }
 
 /// What discovery consults for every hook: built once per scan from a [`TrustPolicy`] (the
@@ -448,7 +396,7 @@ pub struct Located {
 /// `name:` or the directory name; the first match wins).
 pub fn locate(roots: &[PathBuf], name: &str) -> Result<Located, TrustError> {
     for root in roots {
-        let dirs = crate::discovery::hook_dirs(root);
+        let dirs = hook_dirs(root);
         for dir in dirs {
             let manifest_path = dir.join("HOOK.yaml");
             let Ok(text) = std::fs::read_to_string(&manifest_path) else {
@@ -520,9 +468,8 @@ fn approve(
     let (kind, handler) = if manifest.url.is_some() {
         (HandlerKind::Webhook, None)
     } else {
-        let (kind, path) = crate::discovery::find_handler(&hook.dir, manifest.handler.as_deref())
-            .map_err(|(_, file, reason)| refused(&file, reason))?;
-        check_inside(&hook.dir, &path).map_err(|r| refused(&path, r))?;
+        let (kind, path) = find_handler(&hook.dir, manifest.handler.as_deref())
+            .map_err(|p| refused(&p.file, p.reason))?;
         (kind, Some(path))
     };
     if !policy.insecure_permissions {
@@ -635,7 +582,7 @@ fn flip_enabled(hook: &Located, on: bool) -> Result<String, TrustError> {
             path: path.clone(),
             source,
         })?;
-    write_atomically(path, new_text.as_bytes(), mode)?;
+    crate::atomic::write(path, new_text.as_bytes(), mode)?;
     Ok(format!(
         "{word} {} ({}); a running service picks it up on reload",
         path.display(),

@@ -8,6 +8,7 @@ mod core;
 mod dylib;
 mod exec;
 mod http;
+mod modules;
 mod notices;
 mod python;
 mod reload;
