@@ -17,7 +17,7 @@ use crate::layout::{HandlerFault, dir_name, find_handler};
 pub use crate::layout::{HandlerKind, find_on_path, hook_dirs, is_executable, is_shell_script};
 use crate::manifest::{Manifest, parse_manifest};
 use crate::pattern::PatternSet;
-use crate::trust::Gate;
+use crate::trust::policy::Gate;
 
 /// Why a directory did not load, in a form scripts can match on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,0 +1,185 @@
+//! `hermes-hooks enable NAME` / `disable NAME`: find the hook the way discovery does
+//! ([`crate::discovery::locate`]), resolve its handler with discovery's rules, then approve or
+//! revoke it (explicit mode) or flip `enabled:` in its HOOK.yaml.
+
+use std::path::{Path, PathBuf};
+
+use crate::discovery::{Located, locate, resolve_handler};
+use crate::manifest::parse_manifest;
+use crate::trust::approvals::{
+    Approval, TrustFile, approval_hash, settings_hash, short, trust_file,
+};
+use crate::trust::edit::edit_enabled;
+use crate::trust::error::TrustError;
+use crate::trust::policy::{Gate, TrustMode, TrustPolicy};
+
+/// `hermes-hooks enable NAME` (`on`) or `disable NAME`: approve/revoke in explicit mode, else set
+/// `enabled:` in HOOK.yaml. Returns the message to print.
+pub fn set_enabled(
+    roots: &[PathBuf],
+    hermes_home: &Path,
+    policy: &TrustPolicy,
+    name: &str,
+    on: bool,
+) -> Result<String, TrustError> {
+    match (policy.mode, on) {
+        (TrustMode::Explicit, true) => approve(roots, hermes_home, policy, name),
+        (TrustMode::Explicit, false) => revoke(hermes_home, name),
+        (TrustMode::All, _) => {
+            let hook = find(roots, name)?;
+            flip_enabled(&hook, on)
+        }
+    }
+}
+
+/// Hook `name` as discovery finds it (roots in order, directories in discovery order, named by
+/// `name:` or the directory; the first match wins).
+fn find(roots: &[PathBuf], name: &str) -> Result<Located, TrustError> {
+    locate(roots, name).ok_or_else(|| TrustError::NotFound {
+        name: name.to_string(),
+        roots: roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+fn approve(
+    roots: &[PathBuf],
+    hermes_home: &Path,
+    policy: &TrustPolicy,
+    name: &str,
+) -> Result<String, TrustError> {
+    let hook = find(roots, name)?;
+    let refused = |path: &Path, reason: String| TrustError::Refused {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let manifest = hook
+        .manifest
+        .as_ref()
+        .map_err(|e| refused(&hook.manifest_path, format!("{e}; fix HOOK.yaml first")))?;
+    let (kind, handler) = resolve_handler(&hook.dir, &hook.manifest_path, manifest)
+        .map_err(|(_, file, reason)| refused(&file, reason))?;
+    if !policy.insecure_permissions {
+        let gate = Gate::default();
+        gate.check_permissions(&hook.dir, &hook.manifest_path, handler.as_deref())
+            .map_err(|(p, r)| refused(&p, format!("cannot approve: {r}")))?;
+    }
+    let sha256 =
+        approval_hash(kind, handler.as_deref(), manifest).map_err(|source| TrustError::Io {
+            op: "read",
+            path: handler
+                .clone()
+                .unwrap_or_else(|| hook.manifest_path.clone()),
+            source,
+        })?;
+    let file = trust_file(hermes_home);
+    let mut approvals = TrustFile::load(&file)?;
+    let previous = approvals.hooks.get(name).map(|a| a.sha256.clone());
+    approvals.hooks.insert(
+        name.to_string(),
+        Approval {
+            sha256: sha256.clone(),
+            settings_sha256: Some(settings_hash(manifest)),
+            kind: kind.as_str().to_string(),
+            handler: match (&handler, &manifest.url) {
+                (Some(p), _) => p.display().to_string(),
+                (None, Some(u)) => u.clone(),
+                _ => String::new(),
+            },
+            dir: hook.dir.clone(),
+            approved_at: crate::time::now(),
+        },
+    );
+    approvals.save(&file)?;
+    let mut msg = match previous {
+        Some(p) if p == sha256 => format!(
+            "{name} was already approved (sha256 {}) in {}",
+            short(&sha256),
+            file.display()
+        ),
+        Some(p) => format!(
+            "approved {name} again (sha256 {} replaces {}) in {}",
+            short(&sha256),
+            short(&p),
+            file.display()
+        ),
+        None => format!(
+            "approved {name} (sha256 {}) in {}",
+            short(&sha256),
+            file.display()
+        ),
+    };
+    msg.push_str("; a running service picks it up on reload (SIGHUP or POST /v1/reload)");
+    if !manifest.enabled {
+        msg.push_str(&format!(
+            "\nnote: {} has `enabled: false`; the hook stays disabled until that changes",
+            hook.manifest_path.display()
+        ));
+    }
+    Ok(msg)
+}
+
+fn revoke(hermes_home: &Path, name: &str) -> Result<String, TrustError> {
+    let file = trust_file(hermes_home);
+    let mut approvals = TrustFile::load(&file)?;
+    if approvals.hooks.remove(name).is_none() {
+        return Ok(format!(
+            "{name} was not approved in {}; nothing to revoke",
+            file.display()
+        ));
+    }
+    approvals.save(&file)?;
+    Ok(format!(
+        "revoked the approval of {name} in {}; a running service unloads it on reload (SIGHUP or POST /v1/reload)",
+        file.display()
+    ))
+}
+
+fn flip_enabled(hook: &Located, on: bool) -> Result<String, TrustError> {
+    let path = &hook.manifest_path;
+    let manifest = hook.manifest.as_ref().map_err(|e| TrustError::Refused {
+        path: path.clone(),
+        reason: format!("{e}; fix HOOK.yaml first"),
+    })?;
+    let word = if on { "enabled" } else { "disabled" };
+    let new_text = match edit_enabled(&hook.text, on) {
+        Some(t) if manifest.enabled != on => t,
+        _ => return Ok(format!("{} is already {word}", path.display())),
+    };
+    // The edit must change `enabled` and nothing else the manifest says.
+    let verified = parse_manifest(&new_text).map(|new| {
+        let mut expected = manifest.clone();
+        expected.enabled = on;
+        new == expected
+    });
+    if !matches!(verified, Ok(true)) {
+        return Err(TrustError::Refused {
+            path: path.clone(),
+            reason: format!(
+                "cannot set `enabled: {on}` by editing one line (is HOOK.yaml a one-line {{...}} \
+                 mapping?); edit it by hand"
+            ),
+        });
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .map_err(|source| TrustError::Io {
+            op: "inspect",
+            path: path.clone(),
+            source,
+        })?;
+    crate::atomic::write(path, new_text.as_bytes(), mode)?;
+    Ok(format!(
+        "{word} {} ({}); a running service picks it up on reload",
+        path.display(),
+        if on {
+            "enabled: true"
+        } else {
+            "enabled: false"
+        }
+    ))
+}

@@ -1,0 +1,40 @@
+//! Trust: which hooks this host is willing to run (DESIGN section 12).
+//!
+//! - [`policy`]: the checks discovery makes (permissions, the approvals gate); the path rules
+//!   (a handler stays inside its hook directory) are [`crate::layout`]'s, shared with discovery.
+//! - [`approvals`]: the approvals file `$HERMES_HOME/hooks-trust.json` and what its hashes cover.
+//! - [`edit`]: the `enabled:` line editor for HOOK.yaml.
+//! - [`commands`]: `enable NAME` / `disable NAME`, which find the hook through
+//!   [`crate::discovery`] and use the three above.
+//! - [`error`]: what trust refused or could not do.
+//!
+//! Hooks run with the service user's rights, so discovery refuses:
+//! - a hook directory, HOOK.yaml or handler file writable by group or others, or owned by a user
+//!   other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
+//!   turns this off);
+//! - a handler that resolves outside its hook directory (`..`, absolute path, symlink escape);
+//! - with `--trust explicit`, any hook not approved in `$HERMES_HOME/hooks-trust.json`, or whose
+//!   handler's SHA-256 differs from the approved one ([`SkipCode::NotApproved`]).
+//!
+//! `hermes-hooks enable NAME` / `disable NAME` approve or revoke in explicit mode; otherwise they
+//! flip `enabled:` in the hook's HOOK.yaml by editing that one line (or appending
+//! `enabled: false`), so comments, order and quoting stay byte for byte as they were.
+//!
+//! What an approval covers: the handler file's bytes (for a webhook, its `url` and `secret_env`).
+//! HOOK.yaml itself is covered by the permission checks, not by the hash.
+//!
+//! [`SkipCode::Permissions`]: crate::discovery::SkipCode::Permissions
+//! [`SkipCode::NotApproved`]: crate::discovery::SkipCode::NotApproved
+
+pub mod approvals;
+pub mod commands;
+pub mod edit;
+pub mod error;
+pub mod policy;
+
+pub use crate::layout::check_inside;
+pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_hash, trust_file};
+pub use commands::set_enabled;
+pub use edit::edit_enabled;
+pub use error::TrustError;
+pub use policy::{Gate, TrustMode, TrustPolicy, permission_problem};

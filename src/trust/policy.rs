@@ -1,0 +1,169 @@
+//! Trust policy: the `--trust` mode and `--insecure-permissions`, and the [`Gate`] discovery
+//! consults for every hook: ownership and mode of the hook directory, HOOK.yaml and the handler,
+//! and in explicit mode the approval with its current hash.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::layout::HandlerKind;
+use crate::manifest::Manifest;
+use crate::trust::approvals::{TrustFile, approval_hash, settings_hash, short, trust_file};
+
+/// Which hooks may load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrustMode {
+    /// Every hook that passes the checks (the default).
+    #[default]
+    All,
+    /// Only hooks approved with `hermes-hooks enable NAME`, with an unchanged handler.
+    Explicit,
+}
+
+/// The trust settings of a host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrustPolicy {
+    /// `--trust`.
+    pub mode: TrustMode,
+    /// `--insecure-permissions`: skip the ownership and mode checks.
+    pub insecure_permissions: bool,
+}
+
+/// The uid this process runs as.
+fn service_uid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Why `path` is unsafe to run hooks from, or `None` when it is fine: writable by group or
+/// others, or owned by a user other than the service user or root. The reason names the path,
+/// the problem and the fix.
+pub fn permission_problem(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("cannot inspect {}: {e}", path.display())),
+    };
+    let mode = meta.mode() & 0o7777;
+    let what = if meta.is_dir() {
+        "hook directory"
+    } else {
+        "file"
+    };
+    let override_hint = "or start with --insecure-permissions if this is intended";
+    let me = service_uid();
+    let owner = meta.uid();
+    if owner != me && owner != 0 {
+        return Some(format!(
+            "{what} {} is owned by uid {owner}, not by the service user (uid {me}) or root: that \
+             user could change what this hook runs; fix: `chown {me} {}` ({override_hint})",
+            path.display(),
+            path.display()
+        ));
+    }
+    let writable = mode & 0o022;
+    if writable != 0 {
+        let by = match (writable & 0o020 != 0, writable & 0o002 != 0) {
+            (true, true) => "group and others",
+            (true, false) => "its group",
+            _ => "others",
+        };
+        return Some(format!(
+            "{what} {} is writable by {by} (mode {mode:04o}): they could change what this hook \
+             runs; fix: `chmod go-w {}` ({override_hint})",
+            path.display(),
+            path.display()
+        ));
+    }
+    None
+}
+
+/// What discovery consults for every hook: built once per scan from a [`TrustPolicy`] (the
+/// approvals file is read once).
+#[derive(Debug, Clone, Default)]
+pub struct Gate {
+    insecure_permissions: bool,
+    /// `Some` in explicit mode: the approvals, or why they could not be read.
+    approvals: Option<Result<TrustFile, String>>,
+}
+
+impl TrustPolicy {
+    /// The gate for one discovery scan.
+    pub fn gate(&self, hermes_home: &Path) -> Gate {
+        Gate {
+            insecure_permissions: self.insecure_permissions,
+            approvals: (self.mode == TrustMode::Explicit)
+                .then(|| TrustFile::load(&trust_file(hermes_home)).map_err(|e| e.to_string())),
+        }
+    }
+}
+
+impl Gate {
+    /// Checks the hook directory, HOOK.yaml and the handler file; on refusal returns the
+    /// offending path and the reason.
+    pub fn check_permissions(
+        &self,
+        dir: &Path,
+        manifest_path: &Path,
+        handler: Option<&Path>,
+    ) -> Result<(), (PathBuf, String)> {
+        if self.insecure_permissions {
+            return Ok(());
+        }
+        for p in [Some(dir), Some(manifest_path), handler]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(reason) = permission_problem(p) {
+                return Err((p.to_path_buf(), reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// In explicit mode, checks that `name` is approved with the current hash.
+    pub fn check_approved(
+        &self,
+        name: &str,
+        kind: HandlerKind,
+        handler: Option<&Path>,
+        manifest: &Manifest,
+    ) -> Result<(), String> {
+        let Some(approvals) = &self.approvals else {
+            return Ok(());
+        };
+        let approvals = approvals
+            .as_ref()
+            .map_err(|e| format!("not approved: {e}"))?;
+        let Some(approval) = approvals.hooks.get(name) else {
+            return Err(format!(
+                "not approved (--trust explicit): review the hook, then run `hermes-hooks enable {name}`"
+            ));
+        };
+        let now = approval_hash(kind, handler, manifest)
+            .map_err(|e| format!("cannot hash the handler: {e}"))?;
+        if now != approval.sha256 {
+            let what = if kind == HandlerKind::Webhook {
+                "its url/secret_env"
+            } else {
+                "its handler"
+            };
+            return Err(format!(
+                "{what} changed since it was approved (sha256 {} approved, now {}): review it, \
+                 then run `hermes-hooks enable {name}` to approve it again",
+                short(&approval.sha256),
+                short(&now)
+            ));
+        }
+        if let Some(approved) = &approval.settings_sha256
+            && *approved != settings_hash(manifest)
+        {
+            return Err(format!(
+                "its HOOK.yaml settings (handler, python or env) changed since it was approved: \
+                 review them, then run `hermes-hooks enable {name}` to approve it again"
+            ));
+        }
+        Ok(())
+    }
+}
