@@ -301,6 +301,11 @@ impl Host {
         (host, report)
     }
 
+    /// Where loads, reloads, handler failures and the service's start and stop are reported.
+    pub fn notices(&self) -> &crate::notices::Notices {
+        &self.inner.notices
+    }
+
     /// The settings.
     pub fn config(&self) -> &HostConfig {
         &self.inner.config

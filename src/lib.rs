@@ -43,6 +43,7 @@ pub mod pattern;
 pub mod registry;
 pub mod scaffold;
 pub mod server;
+pub mod service;
 pub mod time;
 pub mod trust;
 pub mod watch;

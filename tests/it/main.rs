@@ -8,6 +8,7 @@ mod core;
 mod dylib;
 mod exec;
 mod http;
+mod lifecycle;
 mod modules;
 mod notices;
 mod python;

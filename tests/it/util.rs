@@ -190,8 +190,18 @@ impl Serve {
         Self::spawn(cmd, hooks)
     }
 
-    /// Starts a prepared `serve` command.
-    pub fn spawn(mut cmd: Command, hooks: &Hooks) -> Self {
+    /// Starts a prepared `serve` command and waits until it is ready (first load done).
+    pub fn spawn(cmd: Command, hooks: &Hooks) -> Self {
+        let serve = Self::spawn_listening(cmd, hooks);
+        poll(Duration::from_secs(30), "readyz", || {
+            (serve.get("/readyz").0 == 200).then_some(())
+        });
+        serve
+    }
+
+    /// Starts a prepared `serve` command and waits until it listens (the first load may still
+    /// be running).
+    pub fn spawn_listening(mut cmd: Command, hooks: &Hooks) -> Self {
         cmd.env("HERMES_HOME", hooks.home())
             .env("HERMES_HOOKS_LOG", "info")
             .stdin(Stdio::null())
@@ -225,16 +235,12 @@ impl Serve {
                 })
             },
         );
-        let serve = Self {
+        Self {
             child,
             addr,
             stderr,
             stdout,
-        };
-        poll(Duration::from_secs(30), "readyz", || {
-            (serve.get("/readyz").0 == 200).then_some(())
-        });
-        serve
+        }
     }
 
     /// Everything the service logged so far.

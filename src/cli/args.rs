@@ -1,0 +1,224 @@
+//! The command line as clap parses it: the commands and their options, and the host settings
+//! the common options describe. No command's work happens here.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::host::HostConfig;
+use crate::trust::policy::{TrustMode, TrustPolicy};
+
+/// Hosts the event hooks of a messaging gateway.
+#[derive(Debug, Parser)]
+#[command(name = "hermes-hooks", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (tracing's JSON format).
+    Json,
+}
+
+/// Options naming the hook roots, shared by every command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RootArgs {
+    /// A hook root (repeatable; earlier roots win name clashes). Default: $HERMES_HOME/hooks.
+    #[arg(long = "hooks-dir", value_name = "DIR")]
+    pub hooks_dir: Vec<PathBuf>,
+    /// Load hooks whose directory or files are writable by group/others or owned by another user.
+    #[arg(long)]
+    pub insecure_permissions: bool,
+    /// Which hooks may load: all, or only those approved with `enable NAME` (explicit).
+    #[arg(long, value_enum, value_name = "MODE", env = "HERMES_HOOKS_TRUST", default_value_t = TrustMode::All)]
+    pub trust: TrustMode,
+}
+
+impl RootArgs {
+    /// The host settings these options describe.
+    pub fn config(&self) -> HostConfig {
+        let mut config = HostConfig::from_env(self.hooks_dir.clone());
+        config.trust = TrustPolicy {
+            mode: self.trust,
+            insecure_permissions: self.insecure_permissions,
+        };
+        if self.insecure_permissions {
+            tracing::warn!("--insecure-permissions: hooks writable by other users will load");
+        }
+        config
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service: load hooks, listen for events, dispatch them.
+    ///
+    /// Example: hermes-hooks serve --hooks-dir hooks-examples --listen 127.0.0.1:8787
+    Serve(ServeArgs),
+    /// List loaded hooks and why other directories were not loaded.
+    ///
+    /// Example: hermes-hooks list --hooks-dir hooks-examples --json
+    List {
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Ask the running service (its live status and counters) instead of scanning here;
+        /// the address is $HERMES_HOOKS_ADDRESS or $HERMES_HOME/hooks.sock unless given.
+        #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
+        live: Option<String>,
+    },
+    /// Validate every hook directory (Python handlers are import-checked); exit 1 on any problem.
+    ///
+    /// Example: hermes-hooks check --hooks-dir ~/.hermes/hooks
+    Check {
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
+    /// Send an event to the running service (its Unix socket by default) and print the answer.
+    ///
+    /// Example: hermes-hooks emit message:pre_route --context '{"message": "hi"}' --collect
+    Emit(EmitArgs),
+    /// Run the handlers matching EVENT here and print each result, error and duration.
+    ///
+    /// Example: hermes-hooks test command:reset --context '{"user_id": "42"}'
+    Test(TestArgs),
+    /// Scaffold a working hook directory NAME in the first hook root (never overwrites).
+    ///
+    /// Example: hermes-hooks new command-logger --kind python --hooks-dir ~/.hermes/hooks
+    New {
+        /// The hook's name (also its directory name).
+        name: String,
+        /// What runs it.
+        #[arg(long, value_enum, default_value_t = crate::scaffold::Kind::Python)]
+        kind: crate::scaffold::Kind,
+        /// Endpoint for --kind webhook.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Where --kind rust puts the crate (default: $HERMES_HOME/hook-src/NAME).
+        #[arg(long, value_name = "DIR")]
+        src: Option<PathBuf>,
+        /// Hook roots (the hook is written into the first).
+        #[command(flatten)]
+        roots: RootArgs,
+    },
+    /// Allow hook NAME: approve it (--trust explicit) or set `enabled: true` in its HOOK.yaml.
+    ///
+    /// Example: hermes-hooks enable command-logger --trust explicit
+    Enable {
+        /// The hook's name.
+        name: String,
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
+    /// Stop hook NAME: revoke its approval (--trust explicit) or set `enabled: false` in HOOK.yaml.
+    ///
+    /// Example: hermes-hooks disable command-logger
+    Disable {
+        /// The hook's name.
+        name: String,
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
+}
+
+/// Options of `serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Hook roots.
+    #[command(flatten)]
+    pub roots: RootArgs,
+    /// Listen on TCP HOST:PORT instead of the Unix socket (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+    /// Unix socket path. Default: $HERMES_HOME/hooks.sock.
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// File holding the bearer token required on every request (needed for non-loopback TCP).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Seconds to let queues drain on SIGINT/SIGTERM before stopping workers.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub drain_timeout: f64,
+    /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
+    #[arg(long)]
+    pub no_watch: bool,
+    /// `json`: one JSON object per line on stdout for what the host does (host_start,
+    /// hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// What `serve` writes on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Nothing (logs go to stderr).
+    Text,
+    /// The JSON event stream.
+    Json,
+}
+
+/// Options of `emit`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EmitArgs {
+    /// Event name, e.g. agent:start or command:reset.
+    pub event: String,
+    /// Context as a JSON object.
+    #[arg(long, value_name = "JSON", conflicts_with = "context_file")]
+    pub context: Option<String>,
+    /// File holding the context as a JSON object.
+    #[arg(long, value_name = "FILE")]
+    pub context_file: Option<PathBuf>,
+    /// Wait for the handlers' results (POST /v1/collect) instead of only queuing the event.
+    #[arg(long)]
+    pub collect: bool,
+    /// Deadline for --collect, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    pub timeout_ms: u64,
+    /// The service's TCP address HOST:PORT (default: the Unix socket).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+    /// The service's Unix socket. Default: $HERMES_HOOKS_ADDRESS, else $HERMES_HOME/hooks.sock.
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// File holding the bearer token (default: $HERMES_HOOKS_TOKEN when set).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// Options of `test`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TestArgs {
+    /// Event name, e.g. agent:start or command:reset.
+    pub event: String,
+    /// Hook roots.
+    #[command(flatten)]
+    pub roots: RootArgs,
+    /// Context as a JSON object.
+    #[arg(long, value_name = "JSON", conflicts_with = "context_file")]
+    pub context: Option<String>,
+    /// File holding the context as a JSON object.
+    #[arg(long, value_name = "FILE")]
+    pub context_file: Option<PathBuf>,
+    /// Run only this hook.
+    #[arg(long, value_name = "NAME")]
+    pub hook: Option<String>,
+    /// One JSON line per hook instead of text.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,60 @@
+//! `check`: load every hook here (Python handlers are import-checked) and report problems and
+//! warnings; exit 1 on any problem.
+
+use std::io::Write;
+
+use crate::cli::args::RootArgs;
+use crate::cli::common::{display_roots, with_loaded_hooks};
+
+/// Runs `check`; returns the exit code.
+pub async fn check(roots: RootArgs) -> i32 {
+    with_loaded_hooks(roots, async |host, report| {
+        let mut out = std::io::stdout().lock();
+        let snapshot = host.snapshot();
+        let mut warnings = 0;
+        for h in &snapshot.hooks {
+            let _ = writeln!(
+                out,
+                "ok      {} ({}, {})",
+                h.spec.name,
+                h.spec.kind.as_str(),
+                h.spec.manifest.events.join(", ")
+            );
+            for w in &h.spec.manifest.warnings {
+                warnings += 1;
+                let _ = writeln!(out, "warning {}: {w}", h.spec.manifest_path.display());
+            }
+            for p in h.spec.patterns.patterns() {
+                if !crate::pattern::matches_known_event(p) {
+                    warnings += 1;
+                    let hint = match crate::events::suggest(p) {
+                        Some(s) => format!("; did you mean {s:?}?"),
+                        None => " (fine for custom events)".to_string(),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "warning {}: pattern {p:?} matches no known gateway event{hint}",
+                        h.spec.manifest_path.display()
+                    );
+                }
+            }
+        }
+        let mut problems = 0;
+        for s in &report.skipped {
+            if s.is_problem() {
+                problems += 1;
+                let _ = writeln!(out, "error   {s}");
+            } else {
+                let _ = writeln!(out, "skip    {s}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{} hook(s) ok, {problems} problem(s), {warnings} warning(s) in {}",
+            snapshot.hooks.len(),
+            display_roots(&host.config().roots)
+        );
+        i32::from(problems > 0)
+    })
+    .await
+}

@@ -1,0 +1,70 @@
+//! What several commands share: the exit-code helpers, reading `--context`, loading the hooks
+//! in this process, where the running service is.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::cli::args::RootArgs;
+use crate::host::{Host, LoadReport};
+
+/// A problem found or a failure: one line on stderr, exit code 1.
+pub fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("hermes-hooks: {msg}");
+    1
+}
+
+/// A usage error (bad argument value): one line, exit code 2.
+pub fn usage(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("hermes-hooks: {msg}");
+    2
+}
+
+/// Loads the hooks in this process (Python handlers are import-checked), runs `f`, stops them.
+pub async fn with_loaded_hooks<T>(
+    roots: RootArgs,
+    f: impl AsyncFnOnce(&Host, &LoadReport) -> T,
+) -> T {
+    let config = roots.config();
+    let (host, report) = Host::start(config).await;
+    let out = f(&host, &report).await;
+    host.shutdown(Duration::from_secs(5)).await;
+    out
+}
+
+/// Where the running service is when no option says: `$HERMES_HOOKS_ADDRESS`, else
+/// `$HERMES_HOME/hooks.sock` (as the Python client finds it).
+pub fn default_address() -> crate::client::Address {
+    match std::env::var("HERMES_HOOKS_ADDRESS")
+        .ok()
+        .filter(|a| !a.is_empty())
+    {
+        Some(a) => crate::client::Address::parse(&a),
+        None => crate::client::Address::Unix(crate::layout::hermes_home().join("hooks.sock")),
+    }
+}
+
+/// The roots as one line, for messages.
+pub fn display_roots(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The context given by `--context JSON` or `--context-file F` (`null` when neither).
+pub fn read_context(text: Option<&str>, file: Option<&std::path::Path>) -> Result<Value, String> {
+    match (text, file) {
+        (Some(text), _) => {
+            serde_json::from_str(text).map_err(|e| format!("--context is not valid JSON: {e}"))
+        }
+        (None, Some(f)) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            serde_json::from_str(&t).map_err(|e| format!("{} is not valid JSON: {e}", f.display()))
+        }
+        (None, None) => Ok(Value::Null),
+    }
+}

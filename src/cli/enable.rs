@@ -1,0 +1,22 @@
+//! `enable NAME` / `disable NAME`: the work is in [`crate::trust::commands::set_enabled`].
+
+use crate::cli::args::RootArgs;
+use crate::cli::common::fail;
+
+/// Runs `enable` (`on`) or `disable`; returns the exit code.
+pub fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
+    let config = roots.config();
+    match crate::trust::commands::set_enabled(
+        &config.roots,
+        &config.hermes_home,
+        &config.trust,
+        name,
+        on,
+    ) {
+        Ok(msg) => {
+            println!("{msg}");
+            0
+        }
+        Err(e) => fail(e),
+    }
+}

@@ -1,0 +1,93 @@
+//! The command-line interface: [`main`] parses the arguments ([`args`]), sets up logging and
+//! the runtime, and hands each command to its own module, which does the work and returns the
+//! exit code: 0 ok, 1 a problem was found or the service failed, 2 usage error (errors are one
+//! line on stderr saying what to do).
+
+pub mod args;
+pub mod check;
+pub mod common;
+pub mod emit;
+pub mod enable;
+pub mod list;
+pub mod new;
+pub mod serve;
+pub mod test_cmd;
+
+use std::time::Duration;
+
+use clap::Parser;
+
+pub use args::{Cli, Command, EmitArgs, LogFormat, Output, RootArgs, ServeArgs, TestArgs};
+
+/// Parses the arguments, sets up logging, runs the command; returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let default_filter = match cli.command {
+        Command::Serve(_) => "info",
+        // The command prints what matters; the handlers' own output is still shown.
+        Command::Test(_) => "error,hook=info",
+        _ => "error",
+    };
+    init_logging(cli.log_format, default_filter);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("hermes-hooks: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve::serve(args).await,
+            Command::List { roots, json, live } => match live {
+                Some(address) => list::list_live(&address, json).await,
+                None => list::list(roots, json).await,
+            },
+            Command::Check { roots } => check::check(roots).await,
+            Command::Test(args) => test_cmd::test(args).await,
+            Command::Emit(args) => emit::emit(args).await,
+            Command::New {
+                name,
+                kind,
+                url,
+                src,
+                roots,
+            } => new::new_hook(&roots, &name, kind, url.as_deref(), src),
+            Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
+            Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
+        }
+    });
+    // Workers were stopped by the commands; do not wait for stray blocking tasks.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+fn init_logging(format: LogFormat, default: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("HERMES_HOOKS_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v).unwrap_or_else(|e| {
+            eprintln!("hermes-hooks: ignoring HERMES_HOOKS_LOG={v:?} ({e}); using {default:?}");
+            EnvFilter::new(default)
+        }),
+        _ => EnvFilter::new(default),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_target(false).try_init(),
+    };
+}

@@ -1,0 +1,29 @@
+//! `new NAME --kind ...`: scaffold a hook directory in the first root.
+
+use std::path::PathBuf;
+
+use crate::cli::args::RootArgs;
+use crate::cli::common::fail;
+
+/// Runs `new`; returns the exit code.
+pub fn new_hook(
+    roots: &RootArgs,
+    name: &str,
+    kind: crate::scaffold::Kind,
+    url: Option<&str>,
+    src: Option<PathBuf>,
+) -> i32 {
+    let config = roots.config();
+    let Some(root) = config.roots.first() else {
+        return fail("no hook root");
+    };
+    let src = src.unwrap_or_else(|| crate::scaffold::rust_source_dir(&config.hermes_home, name));
+    match crate::scaffold::new_hook(root, name, kind, url, Some(&src)) {
+        Ok(s) => {
+            println!("created {} ({})", s.dir.display(), s.files.join(", "));
+            println!("next: {}", s.next);
+            0
+        }
+        Err(e) => fail(e),
+    }
+}

@@ -1,0 +1,98 @@
+//! `serve`: binds the listener the options name, then runs [`crate::service::run`] until
+//! SIGINT/SIGTERM. With `--output json` the real stdout carries the notices only.
+
+use std::time::Duration;
+
+use crate::cli::args::{Output, ServeArgs};
+use crate::cli::common::fail;
+use crate::host::{Host, HostConfig};
+use crate::server::{self, ApiConfig};
+use crate::service::{self, Listener, ServiceConfig};
+
+/// Binds the listener the options name and reads the token; refuses a non-loopback TCP
+/// address without one.
+async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Listener, Option<String>), String> {
+    let token = match &args.token_file {
+        Some(f) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read --token-file {}: {e}", f.display()))?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                return Err(format!("--token-file {} is empty", f.display()));
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    if let Some(addr) = &args.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        if !local.ip().is_loopback() && token.is_none() {
+            return Err(format!(
+                "refusing to listen on non-loopback address {local} without --token-file (anyone on the network could send events)"
+            ));
+        }
+        return Ok((Listener::Tcp(listener), token));
+    }
+    let path = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| config.hermes_home.join("hooks.sock"));
+    let listener = server::bind_unix(&path).map_err(|e| e.to_string())?;
+    Ok((Listener::Unix(listener, path), token))
+}
+
+/// Runs `serve`; returns the exit code.
+pub async fn serve(args: ServeArgs) -> i32 {
+    let config = args.roots.config();
+    let notices = match args.output {
+        Output::Json => crate::notices::Notices::to_writer(private_stdout()),
+        Output::Text => crate::notices::Notices::default(),
+    };
+    let watch = !args.no_watch;
+    let (listener, token) = match bind(&args, &config).await {
+        Ok(b) => b,
+        Err(e) => {
+            service::report_failed_start(&notices, &config.roots, watch, &e);
+            return fail(e);
+        }
+    };
+    let service_config = ServiceConfig {
+        api: ApiConfig { token },
+        drain: Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0)),
+        watch,
+        signals: true,
+    };
+    let host = Host::with_notices(config.clone(), notices.clone());
+    // Only SIGINT/SIGTERM stop the CLI's service.
+    match service::run(listener, host, service_config, std::future::pending()).await {
+        Ok(_) => 0,
+        Err(e) => {
+            let e = e.to_string();
+            service::report_failed_start(&notices, &config.roots, watch, &e);
+            fail(e)
+        }
+    }
+}
+
+/// Takes the real stdout for the JSON stream and points fd 1 at stderr, so nothing else (a
+/// dynamic library's `printf`, a stray `println!`) can write into the stream.
+fn private_stdout() -> Box<dyn std::io::Write + Send> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: dup/dup2 on this process's own standard descriptors; the duplicate is owned by the
+    // File created from it and nothing else.
+    unsafe {
+        let fd = libc::dup(1);
+        if fd >= 0 && libc::dup2(2, 1) >= 0 {
+            return Box::new(std::fs::File::from_raw_fd(fd));
+        }
+        if fd >= 0 {
+            libc::close(fd);
+        }
+    }
+    Box::new(std::io::stdout())
+}

@@ -1,0 +1,101 @@
+//! `test EVENT`: run the matching handlers here and print each result, error and duration.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::cli::args::TestArgs;
+use crate::cli::common::{fail, read_context, usage, with_loaded_hooks};
+
+/// Runs `test`; returns the exit code.
+pub async fn test(args: TestArgs) -> i32 {
+    let context = match read_context(args.context.as_deref(), args.context_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    if let Err(e) = crate::events::validate_event_name(&args.event) {
+        return usage(format!("{e}"));
+    }
+    let context = match crate::host::normalize_context(context) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let event = args.event.clone();
+    let only = args.hook.clone();
+    let as_json = args.json;
+    with_loaded_hooks(args.roots, async move |host, report| {
+        for s in report.skipped.iter().filter(|s| s.is_problem()) {
+            eprintln!("not loaded: {s}");
+        }
+        let snapshot = host.snapshot();
+        let matching: Vec<String> = snapshot
+            .matching(&event)
+            .into_iter()
+            .map(|h| h.spec.name.clone())
+            .filter(|n| only.as_ref().is_none_or(|o| o == n))
+            .collect();
+        if matching.is_empty() {
+            return fail(match &only {
+                Some(o) => format!("hook {o:?} is not loaded or does not match {event:?}"),
+                None => format!("no loaded hook matches {event:?}"),
+            });
+        }
+        let timeout = snapshot
+            .hooks
+            .iter()
+            .filter(|h| matching.contains(&h.spec.name))
+            .map(|h| h.spec.manifest.timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(30))
+            + Duration::from_secs(1);
+        let started = Instant::now();
+        let outcomes = match host
+            .emit_collect_only(&event, context, timeout, only.as_deref())
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        };
+        let mut out = std::io::stdout().lock();
+        let mut errors = 0;
+        for o in &outcomes {
+            let ms = o.duration.map(|d| d.as_secs_f64() * 1000.0);
+            if o.result.is_err() {
+                errors += 1;
+            }
+            if as_json {
+                let line = match &o.result {
+                    Ok(r) => json!({"hook": o.hook, "ok": true, "result": r, "duration_ms": ms}),
+                    Err(e) => json!({"hook": o.hook, "ok": false, "error": e, "duration_ms": ms}),
+                };
+                let _ = writeln!(out, "{line}");
+            } else {
+                let dur = ms
+                    .map(|m| format!("{m:.1} ms"))
+                    .unwrap_or_else(|| "-".into());
+                match &o.result {
+                    Ok(Some(v)) => {
+                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  result: {v}", o.hook);
+                    }
+                    Ok(None) => {
+                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  (no result)", o.hook);
+                    }
+                    Err(e) => {
+                        let _ = writeln!(out, "{:<24} error  {dur:>10}  {e}", o.hook);
+                    }
+                }
+            }
+        }
+        if !as_json {
+            let _ = writeln!(
+                out,
+                "{} hook(s) ran for {event} in {:.1} ms, {errors} error(s)",
+                outcomes.len(),
+                started.elapsed().as_secs_f64() * 1000.0
+            );
+        }
+        i32::from(errors > 0)
+    })
+    .await
+}

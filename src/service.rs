@@ -1,0 +1,311 @@
+//! The service's lifecycle, usable without the CLI: [`run`] takes a bound [`Listener`], a
+//! [`Host`] and a shutdown future, and owns everything between: the HTTP API (axum, graceful
+//! shutdown), the watcher on the hook roots, SIGHUP reloads and SIGINT/SIGTERM stops (when
+//! [`ServiceConfig::signals`] is on), the first load, the drain and the `host_start` /
+//! `host_stop` notices.
+//!
+//! Signal handlers are installed before anything else, so a SIGHUP while the first load runs
+//! reloads once that load is done (instead of killing the process), and a SIGTERM then still
+//! drains and reports `host_stop`.
+//!
+//! ```no_run
+//! # async fn demo(config: hermes_hooks::HostConfig) -> Result<(), Box<dyn std::error::Error>> {
+//! use hermes_hooks::service::{self, Listener, ServiceConfig};
+//! let listener = Listener::Tcp(tokio::net::TcpListener::bind("127.0.0.1:0").await?);
+//! let host = hermes_hooks::Host::new(config);
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let service = tokio::spawn(service::run(listener, host, ServiceConfig::default(), async {
+//!     let _ = stopped.await;
+//! }));
+//! // ... later:
+//! let _ = stop.send(());
+//! let report = service.await??;
+//! println!("{} event(s) undelivered", report.undelivered());
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use thiserror::Error;
+
+use crate::host::{Host, LoadReport, ShutdownReport};
+use crate::server::{self, ApiConfig};
+
+/// How long the HTTP server may take to finish in-flight requests once the drain is over.
+const SERVER_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A bound listener for the API.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(tokio::net::TcpListener),
+    /// A Unix socket, and its path (removed when the service stops).
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Where it listens, as `http://HOST:PORT` or `unix:PATH` (`None` when the OS will not say).
+    pub fn address(&self) -> Option<String> {
+        match self {
+            Listener::Tcp(l) => l.local_addr().ok().map(|a| format!("http://{a}")),
+            Listener::Unix(_, path) => Some(format!("unix:{}", path.display())),
+        }
+    }
+}
+
+/// Settings of [`run`].
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The API's settings (bearer token).
+    pub api: ApiConfig,
+    /// How long queued events may take to drain when stopping.
+    pub drain: Duration,
+    /// Watch the hook roots and reload on change.
+    pub watch: bool,
+    /// Handle SIGINT/SIGTERM (stop) and SIGHUP (reload) for the whole process. Off for a
+    /// service embedded in a program that handles signals itself.
+    pub signals: bool,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            api: ApiConfig::default(),
+            drain: Duration::from_secs(5),
+            watch: true,
+            signals: false,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The first load, when it finished before the stop.
+    pub first_load: Option<LoadReport>,
+    /// The drain.
+    pub shutdown: ShutdownReport,
+}
+
+impl Report {
+    /// Events still queued when the drain deadline passed, over all hooks.
+    pub fn undelivered(&self) -> usize {
+        self.shutdown.undelivered.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// Why the service could not run.
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    /// The signal handlers could not be installed (nothing was started).
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// The signals the service handles, installed once.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// What woke the service's loop.
+enum Wake {
+    Stop(&'static str),
+    Reload,
+}
+
+/// Waits for the next signal; never returns without signals.
+async fn next_signal(signals: &mut Option<Signals>) -> Wake {
+    let Some(s) = signals else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = s.term.recv() => Wake::Stop("SIGTERM"),
+        _ = s.int.recv() => Wake::Stop("SIGINT"),
+        _ = s.hup.recv() => Wake::Reload,
+    }
+}
+
+/// Runs the service on `listener` until `shutdown` resolves (or, with
+/// [`ServiceConfig::signals`], SIGINT/SIGTERM arrives): serves the API, loads the hooks, watches
+/// the roots, then drains the queues for up to [`ServiceConfig::drain`] while the API still
+/// answers (events get 503), stops the API and removes a Unix socket. Sends `host_start` once
+/// listening and `host_stop` at the end to the host's notices.
+pub async fn run(
+    listener: Listener,
+    host: Host,
+    config: ServiceConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Report, ServiceError> {
+    let mut signals = if config.signals {
+        Some(Signals::install().map_err(ServiceError::Signals)?)
+    } else {
+        None
+    };
+    let address = listener.address();
+    let router = server::app(host.clone(), config.api.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server_stop = {
+        let mut rx = stop_rx;
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    tracing::info!("listening on {}", address.as_deref().unwrap_or("?"));
+    host.notices()
+        .send("host_start", start_notice(&host, address, config.watch));
+    let (server_task, socket) = match listener {
+        Listener::Tcp(l) => (tokio::spawn(server::serve(l, router, server_stop)), None),
+        Listener::Unix(l, path) => (
+            tokio::spawn(server::serve(l, router, server_stop)),
+            Some(path),
+        ),
+    };
+    // Watch before the first load, so that a change made while loading is not missed.
+    let watch = if config.watch {
+        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
+                None
+            }
+        }
+    } else {
+        tracing::info!(
+            "not watching the hook roots (--no-watch): reload with POST /v1/reload or SIGHUP"
+        );
+        None
+    };
+
+    tracing::info!(roots = ?host.config().roots, "loading hooks");
+    // The first load runs as its own task, so signals are handled while it runs.
+    let mut first_load = {
+        let host = host.clone();
+        tokio::spawn(async move { host.reload().await })
+    };
+    let mut report = Report::default();
+    let mut loading = true;
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            r = &mut first_load, if loading => {
+                loading = false;
+                match r {
+                    Ok(load) => {
+                        tracing::info!(
+                            loaded = load.loaded.len(),
+                            skipped = load.skipped.len(),
+                            "hooks loaded: {}",
+                            load.loaded.join(", ")
+                        );
+                        report.first_load = Some(load);
+                    }
+                    Err(e) => tracing::error!("the first load failed: {e}"),
+                }
+            }
+            wake = next_signal(&mut signals) => match wake {
+                Wake::Stop(name) => {
+                    tracing::info!("{name}: stopping");
+                    break;
+                }
+                Wake::Reload => {
+                    if loading {
+                        tracing::info!("SIGHUP during the first load: reloading once it is done");
+                    } else {
+                        tracing::info!("SIGHUP: reloading hooks");
+                    }
+                    // Waits for a load in progress (the reload lock), then rescans.
+                    let r = host.reload().await;
+                    tracing::info!(loaded = r.loaded.len(), skipped = r.skipped.len(), "reloaded");
+                }
+            },
+            _ = &mut shutdown => {
+                tracing::info!("shutdown requested: stopping");
+                break;
+            }
+        }
+    }
+
+    tracing::info!(
+        "shutting down: draining queues for up to {}s",
+        config.drain.as_secs_f64()
+    );
+    // The API stays up while the queues drain: events get 503 (clients keep them and retry),
+    // /v1/hooks and /metrics keep answering. Then the listener closes. A first load still
+    // running finishes first (the drain waits for the reload lock).
+    report.shutdown = host.shutdown(config.drain).await;
+    drop(watch);
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(SERVER_STOP_GRACE, server_task).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::error!("server error: {e}"),
+        Ok(Err(e)) => tracing::error!("server task failed: {e}"),
+        Err(_) => tracing::warn!(
+            "server did not stop within {}s",
+            SERVER_STOP_GRACE.as_secs()
+        ),
+    }
+    if let Some(path) = &socket {
+        let _ = std::fs::remove_file(path);
+    }
+    let undelivered = report.undelivered();
+    tracing::info!(undelivered, drain_ms = report.shutdown.drain_ms, "stopped");
+    let per_hook: serde_json::Map<String, Value> = report
+        .shutdown
+        .undelivered
+        .iter()
+        .map(|(h, n)| (h.clone(), json!(n)))
+        .collect();
+    host.notices().finish(
+        "host_stop",
+        json!({"undelivered": undelivered, "undelivered_by_hook": per_hook, "drain_ms": report.shutdown.drain_ms, "exit_code": 0}),
+    );
+    Ok(report)
+}
+
+/// The fields of `host_start`.
+fn start_notice(host: &Host, listen: Option<String>, watch: bool) -> Value {
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "listen": listen,
+        "roots": host.config().roots,
+        "watch": watch,
+    })
+}
+
+/// `host_start` then `host_stop` with the error, for a service that could not start (the
+/// listener could not be bound, ...).
+pub fn report_failed_start(
+    notices: &crate::notices::Notices,
+    roots: &[PathBuf],
+    watch: bool,
+    error: &str,
+) {
+    notices.send(
+        "host_start",
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "listen": Value::Null,
+            "roots": roots,
+            "watch": watch,
+        }),
+    );
+    notices.finish("host_stop", json!({"error": error, "exit_code": 1}));
+}
