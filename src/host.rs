@@ -1,5 +1,6 @@
-//! The host: owns the registry snapshot, loads and reloads hooks, and is the API that the CLI,
-//! the HTTP server and the tests drive (`emit`, `emit_collect`, `reload`, `shutdown`).
+//! The host: owns the registry snapshot, loads and reloads hooks, and is the API that the
+//! service, the CLI, the HTTP server and the tests drive (`emit`, `emit_collect`, `reload`,
+//! `shutdown`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -745,8 +746,9 @@ impl Host {
         report
     }
 
-    /// Stops accepting events, lets every worker drain its queue for up to `drain`, then stops
-    /// the rest and reports what was left undelivered.
+    /// Stops accepting events, waits for a reload in progress (the first load included), lets
+    /// every worker drain its queue for up to `drain`, then stops the rest and reports what was
+    /// left undelivered.
     pub async fn shutdown(&self, drain: Duration) -> ShutdownReport {
         self.inner.draining.store(true, Ordering::SeqCst);
         let _guard = self.inner.reload_lock.lock().await;
@@ -769,8 +771,10 @@ impl Host {
                 report.undelivered.push((h.spec.name.clone(), left));
             }
         }
-        // Handlers that were still running were dropped by abort; give their processes a moment
-        // to be reaped.
+        // `abort` cancelled the workers still running: each handler is dropped when its task is
+        // cancelled, which SIGKILLs the process group of a process-based handler (python,
+        // exec); tokio collects the exit statuses in the background. Nothing here waits for
+        // those processes to be gone.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
     }

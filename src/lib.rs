@@ -1,21 +1,34 @@
 //! hermes-hooks: hosts the event hooks of a messaging gateway off the gateway's message path.
 //!
 //! # Layout
-//! - [`events`]: event names, their validation, the catalogue of gateway events.
-//! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
-//! - [`manifest`]: the HOOK.yaml schema and its validation.
-//! - [`discovery`]: hook roots -> [`discovery::HookSpec`]s plus a report of what did not load.
+//! Top-down: each module uses only modules below it (`tests/it/modules.rs` checks that no
+//! import cycle exists).
+//! - [`cli`]: the command-line interface, one file per command; `main.rs` only calls
+//!   [`cli::main`].
+//! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
+//!   usable without the CLI ([`service::run`]).
+//! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
+//! - [`metrics`]: Prometheus text exposition of the host's counters.
+//! - [`client`]: the tiny HTTP client the CLI's `emit` and `list --live` use.
+//! - [`watch`]: hot reload: watches the roots, debounces, rescans.
+//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
 //! - [`dispatch`]: per-hook bounded queues and workers, overflow accounting.
-//! - [`handler`]: the handler kinds behind one trait (Python workers, executables).
-//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
-//! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
-//! - [`metrics`]: Prometheus text.
-//! - [`notices`]: the JSON event stream of `serve --output json`.
+//! - [`handler`]: the four handler kinds behind one trait: [`handler::python`] (a persistent
+//!   Python worker), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
+//!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
+//!   shared child-process plumbing.
+//! - [`discovery`]: hook roots -> [`discovery::HookSpec`]s plus a report of what did not load.
+//! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
+//!   [`trust::approvals`] (`hooks-trust.json`), [`trust::edit`] (the `enabled:` editor),
+//!   [`trust::commands`] (`enable`/`disable`).
+//! - [`manifest`]: the HOOK.yaml schema and its validation.
+//! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
+//! - [`events`]: event names, their validation, the catalogue of gateway events.
 //! - [`scaffold`]: `new NAME --kind ...`.
-//! - [`watch`]: hot reload: watches the roots, debounces, rescans.
-//! - [`client`]: the tiny HTTP client the CLI's `emit` uses.
-//! - [`cli`]: the command-line interface; `main.rs` only calls [`cli::main`].
+//! - [`notices`]: the JSON event stream of `serve --output json`.
+//! - Leaves shared by several of the above: [`layout`] (the layout of a hook directory and
+//!   `$HERMES_HOME`), [`atomic`] (atomic file writes), [`time`] (RFC 3339 timestamps).
 //!
 //! # The path of an event
 //! receive (`POST /v1/events` or [`host::Host::emit`]) -> validate the name and context ->
