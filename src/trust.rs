@@ -311,7 +311,7 @@ pub fn approval_hash(
         }
         (_, Some(path)) => Sha256::digest(std::fs::read(path)?),
     };
-    Ok(crate::handler::webhook::hex(&digest))
+    Ok(hex::encode(digest))
 }
 
 /// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file: the
@@ -335,7 +335,7 @@ pub fn settings_hash(manifest: &Manifest) -> String {
         h.update(v.as_bytes());
         h.update(b"\n");
     }
-    crate::handler::webhook::hex(&h.finalize())
+    hex::encode(h.finalize())
 }
 
 /// What discovery consults for every hook: built once per scan from a [`TrustPolicy`] (the
