@@ -232,7 +232,7 @@ impl WebhookHandler {
                     return Ok(v);
                 }
                 Err(AttemptError::Retry(e)) if attempt == 1 => {
-                    tracing::warn!(hook = %self.name, delivery = %id, "{e}; retrying once in {}", crate::dispatch::fmt_duration(RETRY_BACKOFF));
+                    tracing::warn!(hook = %self.name, delivery = %id, "{e}; retrying once in {}", crate::time::fmt_duration(RETRY_BACKOFF));
                     first_error = Some(e);
                     tokio::time::sleep(RETRY_BACKOFF).await;
                 }
@@ -273,7 +273,7 @@ impl WebhookHandler {
             AttemptError::Final(format!(
                 "{} did not answer within {} (not retried: it may have received the event)",
                 self.display_url(),
-                crate::dispatch::fmt_duration(limit)
+                crate::time::fmt_duration(limit)
             ))
         };
         let exchange = async {
@@ -298,7 +298,7 @@ impl WebhookHandler {
             return AttemptError::Final(format!(
                 "{} did not answer within {} ({detail})",
                 self.display_url(),
-                crate::dispatch::fmt_duration(self.attempt_timeout)
+                crate::time::fmt_duration(self.attempt_timeout)
             ));
         }
         if connect {
