@@ -432,15 +432,15 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = crate::metrics::render(&state.host);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    match crate::metrics::render(&state.host) {
+        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("encoding the metrics failed: {e}"),
+        )
+        .into_response(),
+    }
 }
 
 /// Why the Unix socket could not be bound.
