@@ -1,11 +1,16 @@
-//! A minimal HTTP/1.1 client for the CLI's `emit`: one request per connection, over the Unix
-//! socket or TCP, so the CLI needs no HTTP client crate.
+//! The CLI's HTTP/1.1 client (`emit`, `list --live`): one request per connection over the Unix
+//! socket or TCP, on `hyper`'s connection-level client (`hyper-util` adapts the tokio socket), so
+//! no HTTP is parsed here and no second HTTP stack is built in.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header;
+use hyper_util::rt::TokioIo;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Largest answer read.
 const MAX_RESPONSE: usize = 64 * 1024 * 1024;
@@ -49,7 +54,7 @@ pub enum ClientError {
         /// Why.
         source: std::io::Error,
     },
-    /// The connection broke or timed out.
+    /// The connection broke or timed out, or the request could not be built.
     #[error("talking to hermes-hooks at {address}: {reason}")]
     Io {
         /// The address.
@@ -78,83 +83,75 @@ pub async fn request(
         source,
     };
     let fut = async {
-        let result = match address {
+        match address {
             Address::Unix(p) => {
                 let s = tokio::net::UnixStream::connect(p)
                     .await
                     .map_err(connect_err)?;
-                exchange(s, method, path, token, body).await
+                exchange(s, method, path, token, body).await.map_err(io)
             }
             Address::Tcp(a) => {
                 let s = tokio::net::TcpStream::connect(a)
                     .await
                     .map_err(connect_err)?;
-                exchange(s, method, path, token, body).await
+                exchange(s, method, path, token, body).await.map_err(io)
             }
-        };
-        result.map_err(|e| io(e.to_string()))
+        }
     };
     tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| io(format!("no answer within {timeout:?}")))?
 }
 
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
+/// Aborts the task driving the connection when the exchange ends or is cancelled (timeout).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn exchange<S>(
+    stream: S,
     method: &str,
     path: &str,
     token: Option<&str>,
     body: Option<&[u8]>,
-) -> std::io::Result<(u16, Vec<u8>)> {
-    let body = body.unwrap_or_default();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: hermes-hooks\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+) -> Result<(u16, Vec<u8>), String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let body = Bytes::copy_from_slice(body.unwrap_or_default());
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, "hermes-hooks")
+        .header(header::CONNECTION, "close");
     if !body.is_empty() {
-        head.push_str("Content-Type: application/json\r\n");
+        req = req.header(header::CONTENT_TYPE, "application/json");
     }
     if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).await?;
-    s.write_all(body).await?;
-    s.flush().await?;
-    let mut raw = Vec::new();
-    (&mut s)
-        .take(MAX_RESPONSE as u64)
-        .read_to_end(&mut raw)
-        .await?;
-    parse(&raw).ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP answer")
-    })
-}
+    let req = req
+        .body(Full::new(body))
+        .map_err(|e| format!("cannot build the request: {e}"))?;
 
-fn parse(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let chunked = lines.any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let mut body = raw[split + 4..].to_vec();
-    if chunked {
-        let mut out = Vec::new();
-        let mut rest = &body[..];
-        while let Some(p) = rest.windows(2).position(|w| w == b"\r\n") {
-            let size =
-                usize::from_str_radix(std::str::from_utf8(&rest[..p]).ok()?.trim(), 16).ok()?;
-            if size == 0 {
-                break;
-            }
-            let chunk = rest.get(p + 2..p + 2 + size)?;
-            out.extend_from_slice(chunk);
-            rest = rest.get(p + 2 + size + 2..)?;
-        }
-        body = out;
-    }
-    Some((status, body))
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    // The connection is driven by its own task; errors surface through `send_request` and the
+    // body, so the task's own result carries nothing more.
+    let _conn = AbortOnDrop(tokio::spawn(async move {
+        let _ = conn.await;
+    }));
+    let answer = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let bytes = Limited::new(answer.into_body(), MAX_RESPONSE)
+        .collect()
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?
+        .to_bytes();
+    Ok((status, bytes.to_vec()))
 }

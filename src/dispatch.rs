@@ -19,6 +19,7 @@ use crate::discovery::HookSpec;
 use crate::handler::{Handler, HandlerError};
 use crate::manifest::Overflow;
 use crate::notices::Notices;
+use crate::time::fmt_duration;
 
 /// What one handler invocation produced, as reported to a waiting `emit_collect`.
 #[derive(Debug, Clone)]
@@ -796,19 +797,5 @@ fn note_restarts(hook: &LoadedHook, handler: &dyn Handler) {
             "worker_restart",
             serde_json::json!({"hook": hook.spec.name, "restarts": restarts}),
         );
-    }
-}
-
-/// "30s", "1.5s", "250ms".
-pub fn fmt_duration(d: Duration) -> String {
-    if d >= Duration::from_secs(1) {
-        let s = d.as_secs_f64();
-        if s.fract() == 0.0 {
-            format!("{s:.0}s")
-        } else {
-            format!("{s:.1}s")
-        }
-    } else {
-        format!("{}ms", d.as_millis())
     }
 }

@@ -153,29 +153,13 @@ pub fn suggest(pattern: &str) -> Option<&'static str> {
         ]);
     let mut best: Option<(usize, &'static str)> = None;
     for c in candidates {
-        let d = edit_distance(pattern, c);
+        let d = strsim::levenshtein(pattern, c);
         if best.is_none_or(|(bd, _)| d < bd) {
             best = Some((d, c));
         }
     }
     let limit = (pattern.len() / 4).clamp(1, 3);
     best.filter(|(d, _)| *d <= limit && *d > 0).map(|(_, c)| c)
-}
-
-/// Levenshtein distance over chars.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
-        cur[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
 }
 
 #[cfg(test)]

@@ -512,7 +512,7 @@ impl Host {
                     hook,
                     result: Err(format!(
                         "no result within the deadline of {}",
-                        crate::dispatch::fmt_duration(timeout)
+                        crate::time::fmt_duration(timeout)
                     )),
                     duration: None,
                 },

@@ -1,158 +1,213 @@
-//! Prometheus text exposition of the host's counters; every metric is named `hermes_hooks_*`.
-//! Rendered on request from the counters the dispatcher keeps, so there is no second source of
-//! truth.
+//! OpenMetrics exposition of the host's counters via `prometheus-client`; every metric is named
+//! `hermes_hooks_*`. A fresh [`Registry`] per request holds one collector that reads the counters
+//! the host and the dispatcher keep at encode time, so there is no second source of truth.
+//!
+//! Counters are registered without `_total`: the encoder appends it, so the samples keep the names
+//! the dashboards use (`hermes_hooks_dispatched_total{hook="..."}`).
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::dispatch::{DURATION_BUCKETS, LoadedHook, Status};
 use crate::host::Host;
 
-fn escape(label: &str) -> String {
-    label
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The `Content-Type` of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The exposition text, ending with `# EOF`.
+pub fn render(host: &Host) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::with_prefix("hermes_hooks");
+    registry.register_collector(Box::new(HostCollector(host.clone())));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+    Ok(out)
 }
 
-/// The exposition text.
-pub fn render(host: &Host) -> String {
-    let reg = host.snapshot();
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
-        let _ = writeln!(out, "# HELP hermes_hooks_{name} {help}");
-        let _ = writeln!(out, "# TYPE hermes_hooks_{name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(out, "hermes_hooks_{name}{labels} {v}");
-        }
-    };
-    family(
-        "events_received_total",
-        "counter",
-        "Events accepted by emit and collect.",
-        vec![(String::new(), host.events_received() as f64)],
-    );
-    family(
-        "reloads_total",
-        "counter",
-        "Reloads of the hook set after the first load.",
-        vec![(String::new(), host.reloads() as f64)],
-    );
-    family(
-        "hooks_loaded",
-        "gauge",
-        "Hooks loaded.",
-        vec![(String::new(), reg.hooks.len() as f64)],
-    );
-    family(
-        "hooks_skipped",
-        "gauge",
-        "Hook directories that did not load.",
-        vec![(String::new(), reg.skipped.len() as f64)],
-    );
-    let per_hook = |f: &dyn Fn(&crate::dispatch::LoadedHook) -> f64| -> Vec<(String, f64)> {
-        reg.hooks
-            .iter()
-            .map(|h| (format!("{{hook=\"{}\"}}", escape(&h.spec.name)), f(h)))
-            .collect()
-    };
-    family(
-        "dispatched_total",
-        "counter",
-        "Events queued to a hook.",
-        per_hook(&|h| h.stats.queued.load(Ordering::Relaxed) as f64),
-    );
-    family(
-        "handler_ok_total",
-        "counter",
-        "Invocations that succeeded.",
-        per_hook(&|h| h.stats.ok.load(Ordering::Relaxed) as f64),
-    );
-    family(
-        "handler_errors_total",
-        "counter",
-        "Invocations that failed (errors, crashes, timeouts).",
-        per_hook(&|h| h.stats.failed.load(Ordering::Relaxed) as f64),
-    );
-    family(
-        "handler_timeouts_total",
-        "counter",
-        "Invocations that exceeded the hook's timeout.",
-        per_hook(&|h| h.stats.timeouts.load(Ordering::Relaxed) as f64),
-    );
-    family(
-        "dropped_total",
-        "counter",
-        "Events dropped by a full queue.",
-        per_hook(&|h| h.stats.dropped.load(Ordering::Relaxed) as f64),
-    );
-    family(
-        "worker_restarts_total",
-        "counter",
-        "Worker process restarts.",
-        per_hook(&|h| h.stats.restarts.load(Ordering::Relaxed) as f64),
-    );
-    family(
-        "handler_seconds_total",
-        "counter",
-        "Time spent in handlers.",
-        per_hook(&|h| h.stats.busy_us.load(Ordering::Relaxed) as f64 / 1e6),
-    );
-    family(
-        "queue_depth",
-        "gauge",
-        "Events waiting in a hook's queue.",
-        per_hook(&|h| h.queue.len() as f64),
-    );
-    family(
-        "hook_stuck",
-        "gauge",
-        "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
-        per_hook(&|h| f64::from(u8::from(h.stats.status() == crate::dispatch::Status::Stuck))),
-    );
-    family(
-        "dylibs_retained",
-        "gauge",
-        "Dynamic libraries no longer called but kept mapped (never unloaded), process-wide.",
-        vec![(
-            String::new(),
-            crate::handler::dylib::retained_libraries() as f64,
-        )],
-    );
-    {
-        let _ = writeln!(
-            out,
-            "# HELP hermes_hooks_handler_duration_seconds Time per handler invocation."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE hermes_hooks_handler_duration_seconds histogram"
-        );
-        for h in &reg.hooks {
-            let name = escape(&h.spec.name);
-            let mut cumulative = 0u64;
-            for (i, bound) in crate::dispatch::DURATION_BUCKETS.iter().enumerate() {
-                cumulative += h.stats.duration_buckets[i].load(Ordering::Relaxed);
-                let _ = writeln!(
-                    out,
-                    "hermes_hooks_handler_duration_seconds_bucket{{hook=\"{name}\",le=\"{bound}\"}} {cumulative}"
-                );
-            }
-            cumulative += h.stats.duration_buckets[crate::dispatch::DURATION_BUCKETS.len()]
-                .load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "hermes_hooks_handler_duration_seconds_bucket{{hook=\"{name}\",le=\"+Inf\"}} {cumulative}"
-            );
-            let sum = h.stats.busy_us.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(
-                out,
-                "hermes_hooks_handler_duration_seconds_sum{{hook=\"{name}\"}} {sum}"
-            );
-            let _ = writeln!(
-                out,
-                "hermes_hooks_handler_duration_seconds_count{{hook=\"{name}\"}} {cumulative}"
-            );
-        }
+/// Reads the host's counters when the registry is encoded.
+struct HostCollector(Host);
+
+impl std::fmt::Debug for HostCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostCollector")
     }
-    out
+}
+
+/// One metric family with a value per loaded hook, labelled `hook`.
+fn per_hook<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    hooks: &[std::sync::Arc<LoadedHook>],
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    metric_type: MetricType,
+    value: impl Fn(&LoadedHook) -> M,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, unit, metric_type)?;
+    for h in hooks {
+        value(h).encode(family.encode_family(&[("hook", h.spec.name.as_str())])?)?;
+    }
+    Ok(())
+}
+
+fn load(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+impl Collector for HostCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let host = &self.0;
+        let reg = host.snapshot();
+        let hooks = &reg.hooks;
+        let e = &mut encoder;
+
+        let single = |e: &mut DescriptorEncoder,
+                      name: &str,
+                      help: &str,
+                      metric: &dyn EncodeMetric|
+         -> Result<(), std::fmt::Error> {
+            metric.encode(e.encode_descriptor(name, help, None, metric.metric_type())?)
+        };
+        single(
+            e,
+            "events_received",
+            "Events accepted by emit and collect.",
+            &ConstCounter::new(host.events_received()),
+        )?;
+        single(
+            e,
+            "reloads",
+            "Reloads of the hook set after the first load.",
+            &ConstCounter::new(host.reloads()),
+        )?;
+        single(
+            e,
+            "hooks_loaded",
+            "Hooks loaded.",
+            &ConstGauge::new(hooks.len() as i64),
+        )?;
+        single(
+            e,
+            "hooks_skipped",
+            "Hook directories that did not load.",
+            &ConstGauge::new(reg.skipped.len() as i64),
+        )?;
+
+        let counter = MetricType::Counter;
+        per_hook(
+            e,
+            hooks,
+            "dispatched",
+            "Events queued to a hook.",
+            None,
+            counter,
+            |h| ConstCounter::new(load(&h.stats.queued)),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "handler_ok",
+            "Invocations that succeeded.",
+            None,
+            counter,
+            |h| ConstCounter::new(load(&h.stats.ok)),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "handler_errors",
+            "Invocations that failed (errors, crashes, timeouts).",
+            None,
+            counter,
+            |h| ConstCounter::new(load(&h.stats.failed)),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "handler_timeouts",
+            "Invocations that exceeded the hook's timeout.",
+            None,
+            counter,
+            |h| ConstCounter::new(load(&h.stats.timeouts)),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "dropped",
+            "Events dropped by a full queue.",
+            None,
+            counter,
+            |h| ConstCounter::new(load(&h.stats.dropped)),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "worker_restarts",
+            "Worker process restarts.",
+            None,
+            counter,
+            |h| ConstCounter::new(load(&h.stats.restarts)),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "handler",
+            "Time spent in handlers.",
+            Some(&Unit::Seconds),
+            counter,
+            |h| ConstCounter::new(load(&h.stats.busy_us) as f64 / 1e6),
+        )?;
+        let gauge = MetricType::Gauge;
+        per_hook(
+            e,
+            hooks,
+            "queue_depth",
+            "Events waiting in a hook's queue.",
+            None,
+            gauge,
+            |h| ConstGauge::new(h.queue.len() as i64),
+        )?;
+        per_hook(
+            e,
+            hooks,
+            "hook_stuck",
+            "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
+            None,
+            gauge,
+            |h| ConstGauge::new(i64::from(h.stats.status() == Status::Stuck)),
+        )?;
+        single(
+            e,
+            "dylibs_retained",
+            "Dynamic libraries no longer called but kept mapped (never unloaded), process-wide.",
+            &ConstGauge::new(crate::handler::dylib::retained_libraries() as i64),
+        )?;
+
+        let mut family = e.encode_descriptor(
+            "handler_duration",
+            "Time per handler invocation.",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for h in hooks {
+            // Per-bucket counts, not cumulative: the encoder sums them; the last is +Inf.
+            let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
+                .iter()
+                .copied()
+                .chain([f64::INFINITY])
+                .zip(h.stats.duration_buckets.iter().map(load))
+                .collect();
+            let count = buckets.iter().map(|(_, n)| n).sum();
+            let sum = load(&h.stats.busy_us) as f64 / 1e6;
+            family
+                .encode_family(&[("hook", h.spec.name.as_str())])?
+                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        Ok(())
+    }
 }

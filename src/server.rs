@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
 
 use crate::host::{EmitError, Host};
 
@@ -138,7 +139,9 @@ async fn auth(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        // `subtle` compares in time independent of where the bytes differ; a length mismatch
+        // returns early, which reveals only the token's length.
+        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -148,16 +151,6 @@ async fn auth(
         }
     }
     next.run(req).await
-}
-
-/// Compares without an early exit on the first differing byte.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        let y = b.get(i % b.len().max(1)).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -439,15 +432,15 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = crate::metrics::render(&state.host);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    match crate::metrics::render(&state.host) {
+        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("encoding the metrics failed: {e}"),
+        )
+        .into_response(),
+    }
 }
 
 /// Why the Unix socket could not be bound.

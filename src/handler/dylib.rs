@@ -157,7 +157,7 @@ pub enum DylibError {
     /// `hermes_hook_init` did not return in time.
     #[error(
         "hermes_hook_init of {file} did not return within {}; the library is not used",
-        crate::dispatch::fmt_duration(*timeout)
+        crate::time::fmt_duration(*timeout)
     )]
     InitTimeout {
         /// The handler file.
@@ -701,7 +701,7 @@ impl Handler for DylibHandler {
                     hook = %self.hook,
                     "{} exceeded its {} timeout; a library call cannot be interrupted: the hook is stuck and gets no new calls until it returns",
                     self.label,
-                    crate::dispatch::fmt_duration(self.timeout)
+                    crate::time::fmt_duration(self.timeout)
                 );
             }
         })
@@ -763,7 +763,7 @@ impl Handler for DylibHandler {
                     hook = %self.hook,
                     "hermes_hook_shutdown of {} did not return within {}; not waiting for it",
                     self.label,
-                    crate::dispatch::fmt_duration(SHUTDOWN_GRACE)
+                    crate::time::fmt_duration(SHUTDOWN_GRACE)
                 );
             }
         })

@@ -114,21 +114,10 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     match <Hmac<Sha256> as KeyInit>::new_from_slice(secret) {
         Ok(mut mac) => {
             mac.update(body);
-            format!("sha256={}", hex(&mac.finalize().into_bytes()))
+            format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
         }
         Err(_) => String::new(),
     }
-}
-
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 /// A delivery id unique per event per hook: 32 hex digits from the clock, the process id, a
@@ -149,7 +138,7 @@ pub fn delivery_id(hook: &str) -> String {
     h.update(n.to_le_bytes());
     h.update(nanos.to_le_bytes());
     h.update(hook.as_bytes());
-    hex(&h.finalize()[..16])
+    hex::encode(&h.finalize()[..16])
 }
 
 /// Why one attempt failed, and whether a retry may help.
@@ -243,7 +232,7 @@ impl WebhookHandler {
                     return Ok(v);
                 }
                 Err(AttemptError::Retry(e)) if attempt == 1 => {
-                    tracing::warn!(hook = %self.name, delivery = %id, "{e}; retrying once in {}", crate::dispatch::fmt_duration(RETRY_BACKOFF));
+                    tracing::warn!(hook = %self.name, delivery = %id, "{e}; retrying once in {}", crate::time::fmt_duration(RETRY_BACKOFF));
                     first_error = Some(e);
                     tokio::time::sleep(RETRY_BACKOFF).await;
                 }
@@ -284,7 +273,7 @@ impl WebhookHandler {
             AttemptError::Final(format!(
                 "{} did not answer within {} (not retried: it may have received the event)",
                 self.display_url(),
-                crate::dispatch::fmt_duration(limit)
+                crate::time::fmt_duration(limit)
             ))
         };
         let exchange = async {
@@ -309,7 +298,7 @@ impl WebhookHandler {
             return AttemptError::Final(format!(
                 "{} did not answer within {} ({detail})",
                 self.display_url(),
-                crate::dispatch::fmt_duration(self.attempt_timeout)
+                crate::time::fmt_duration(self.attempt_timeout)
             ));
         }
         if connect {
@@ -474,7 +463,7 @@ mod tests {
 
     #[test]
     fn hex_and_signature() {
-        assert_eq!(hex(&[0, 15, 16, 255]), "000f10ff");
+        assert_eq!(hex::encode([0, 15, 16, 255]), "000f10ff");
         // RFC 4231 test case 2.
         assert_eq!(
             signature(b"Jefe", b"what do ya want for nothing?"),

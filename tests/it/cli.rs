@@ -289,6 +289,41 @@ fn list_live_shows_the_running_services_counters() {
 }
 
 #[test]
+fn emit_and_list_live_report_a_peer_that_hangs_up_or_is_not_http() {
+    use std::io::{Read, Write};
+    // A peer that reads the request and closes, then one that answers with something not HTTP:
+    // both are clear errors naming the address, exit code 1, never a hang or a panic.
+    for answer in [&b""[..], b"garbage\r\n\r\n"] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+        let addr = listener.local_addr().expect("local addr").to_string();
+        let peer = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut c, _) = listener.accept().expect("accept");
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(answer);
+            }
+        });
+        let hooks = Hooks::new();
+        let emit = Command::new(bin())
+            .args(["emit", "agent:start", "--listen", &addr])
+            .env("HERMES_HOME", hooks.home())
+            .output()
+            .expect("run hermes-hooks emit");
+        let live = run(&hooks, &["list", "--live", &format!("http://{addr}")]);
+        peer.join().expect("peer thread");
+        for o in [emit, live] {
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{err}");
+            assert!(
+                err.contains(&format!("talking to hermes-hooks at http://{addr}: ")),
+                "expected an error naming the address, got: {err}"
+            );
+        }
+    }
+}
+
+#[test]
 fn new_rust_hook_builds_installs_and_runs() {
     let hooks = Hooks::new();
     // Shared target dir: the SDK and serde_json are built once across runs.

@@ -87,11 +87,24 @@ fn events_collect_and_hooks_routes() {
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "not_found");
 
-    let (s, text) = {
-        let (s, _, b) = http(&serve.addr, "GET", "/metrics", &[], b"");
-        (s, String::from_utf8(b).unwrap())
+    let (s, headers, text) = {
+        let (s, h, b) = http(&serve.addr, "GET", "/metrics", &[], b"");
+        (s, h, String::from_utf8(b).unwrap())
     };
     assert_eq!(s, 200);
+    let content_type = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.as_str());
+    assert_eq!(
+        content_type,
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        "/metrics should be served as OpenMetrics"
+    );
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics text must end with # EOF:\n{text}"
+    );
     assert!(
         text.contains("hermes_hooks_events_received_total"),
         "{text}"
@@ -102,13 +115,22 @@ fn events_collect_and_hooks_routes() {
     );
     for needle in [
         "hermes_hooks_handler_duration_seconds_count{hook=\"decide\"} 1",
-        "hermes_hooks_handler_duration_seconds_bucket{hook=\"decide\",le=\"+Inf\"} 1",
+        "hermes_hooks_handler_duration_seconds_bucket{le=\"+Inf\",hook=\"decide\"} 1",
         "# TYPE hermes_hooks_handler_duration_seconds histogram",
         "hermes_hooks_queue_depth{hook=\"rec\"}",
         "hermes_hooks_dispatched_total{hook=\"rec\"} 3",
         "hermes_hooks_dropped_total{hook=\"rec\"} 0",
         "hermes_hooks_worker_restarts_total{hook=\"rec\"} 0",
         "hermes_hooks_reloads_total 0",
+        // Every other sample name the dashboards use, unchanged by the OpenMetrics encoder.
+        "hermes_hooks_hooks_loaded 3",
+        "hermes_hooks_hooks_skipped ",
+        "hermes_hooks_handler_ok_total{hook=\"decide\"} 1",
+        "hermes_hooks_handler_timeouts_total{hook=\"decide\"} 0",
+        "hermes_hooks_handler_seconds_total{hook=\"decide\"} ",
+        "hermes_hooks_handler_duration_seconds_sum{hook=\"decide\"} ",
+        "hermes_hooks_hook_stuck{hook=\"decide\"} 0",
+        "hermes_hooks_dylibs_retained ",
     ] {
         assert!(text.contains(needle), "{needle} missing:\n{text}");
     }
