@@ -107,7 +107,7 @@ pub fn render(host: &Host) -> String {
         "hook_stuck",
         "gauge",
         "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
-        per_hook(&|h| f64::from(u8::from(h.stats.status() == crate::dispatch::Status::Stuck))),
+        per_hook(&|h| f64::from(u8::from(h.status() == crate::dispatch::Status::Stuck))),
     );
     family(
         "dylibs_retained",

@@ -1,7 +1,7 @@
 //! RFC 3339 UTC timestamps, without a date crate (the JSON event stream and `/v1/hooks` need
 //! only this one format).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `2026-11-29T18:39:20.123Z`.
 pub fn rfc3339(t: SystemTime) -> String {
@@ -35,6 +35,20 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// "30s", "1.5s", "250ms".
+pub fn fmt_duration(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        let s = d.as_secs_f64();
+        if s.fract() == 0.0 {
+            format!("{s:.0}s")
+        } else {
+            format!("{s:.1}s")
+        }
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 #[cfg(test)]

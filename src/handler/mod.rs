@@ -9,10 +9,12 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
 use thiserror::Error;
+use tokio::sync::Notify;
 
 use crate::discovery::{HandlerKind, HookSpec};
 
@@ -25,11 +27,82 @@ pub mod webhook;
 /// A boxed, sendable future (the trait must be object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Results of a batch, in order (see [`Handler::start_batch`]).
-pub type BatchResults = tokio::sync::mpsc::Receiver<HandlerResult>;
-
 /// What one invocation produced: a JSON result (`None` for "nothing") or an error.
 pub type HandlerResult = Result<Option<Value>, HandlerError>;
+
+/// Where a handler reports the outcome of call `i` of the calls it was given (see
+/// [`Handler::call`]).
+pub type Report<'a> = dyn FnMut(usize, HandlerResult) + Send + 'a;
+
+/// One event handed to a handler. Name and context are shared with the other hooks the event
+/// was queued to.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Event name.
+    pub event: Arc<str>,
+    /// Event context.
+    pub context: Arc<Value>,
+}
+
+/// What a hook's worker ([`crate::dispatch`]) and its handler share, for one version of the hook:
+/// the handler says when it restarted a process or is stuck in a call it cannot interrupt; the
+/// worker says when a newer version of the hook takes over.
+#[derive(Debug, Default)]
+pub struct Signals {
+    /// Worker processes (re)started after the first start.
+    restarts: AtomicU64,
+    /// A call past its timeout that cannot be interrupted is still running.
+    stuck: AtomicBool,
+    /// A newer version of the hook takes over its queue.
+    superseded: AtomicBool,
+    /// Wakes whoever waits for `superseded`.
+    supersede_notify: Notify,
+}
+
+impl Signals {
+    /// Counts one process restart.
+    pub fn restarted(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Process restarts so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Marks (or clears) a call that exceeded its timeout and cannot be interrupted.
+    pub fn set_stuck(&self, stuck: bool) {
+        self.stuck.store(stuck, Ordering::Relaxed);
+    }
+
+    /// True while such a call runs.
+    pub fn stuck(&self) -> bool {
+        self.stuck.load(Ordering::Relaxed)
+    }
+
+    /// A newer version takes over: the handler finishes what it is doing, starts nothing new.
+    pub fn supersede(&self) {
+        self.superseded.store(true, Ordering::SeqCst);
+        self.supersede_notify.notify_waiters();
+        self.supersede_notify.notify_one();
+    }
+
+    /// True once superseded.
+    pub fn superseded(&self) -> bool {
+        self.superseded.load(Ordering::SeqCst)
+    }
+
+    /// Returns when the hook is superseded (at once if it already is).
+    pub async fn wait_superseded(&self) {
+        loop {
+            let notified = self.supersede_notify.notified();
+            if self.superseded() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
 
 /// A failed invocation or start, worded for an operator.
 #[derive(Debug, Clone, Error, PartialEq)]
@@ -43,6 +116,22 @@ pub enum HandlerError {
     /// The handler could not be started or loaded.
     #[error("{0}")]
     Load(String),
+    /// The call exceeded the hook's timeout (its process was killed, its request cancelled, or,
+    /// for a library call that cannot be interrupted, it was abandoned).
+    #[error("timed out after {}", crate::time::fmt_duration(*.0))]
+    TimedOut(Duration),
+    /// The call was never started (the hook was reloaded while an earlier call was stuck); the
+    /// event goes back to the front of the hook's queue for the new version.
+    #[error("not started")]
+    NotStarted,
+}
+
+/// Runs `call` under `timeout`: past it the future is dropped (a child process with it) and the
+/// call is [`HandlerError::TimedOut`].
+pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>) -> HandlerResult {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or(Err(HandlerError::TimedOut(timeout)))
 }
 
 /// A handler's textual answer as a result: empty or `null` is no result, anything else must
@@ -83,6 +172,8 @@ pub struct HandlerContext {
     pub runtime_dir: PathBuf,
     /// URL, secret variable and per-attempt timeout of a webhook hook.
     pub webhook: Option<webhook::WebhookTarget>,
+    /// Shared with the hook's worker (restarts, stuck, superseded).
+    pub signals: Arc<Signals>,
 }
 
 impl HandlerContext {
@@ -116,63 +207,40 @@ impl HandlerContext {
             timeout: spec.manifest.timeout,
             runtime_dir,
             webhook: webhook::WebhookTarget::of(spec),
+            signals: Arc::new(Signals::default()),
         }
     }
 }
 
-/// One handler kind. The dispatcher calls `ready`, then `call` under the hook's timeout; when the
-/// timeout fires the `call` future is dropped and `abandon` runs.
+/// One handler kind: readiness, calls, shutdown.
+///
+/// The hook's worker takes up to [`Handler::max_calls`] queued events, waits for
+/// [`Handler::ready`], hands them to [`Handler::call`] and counts each outcome as the handler
+/// reports it. Everything specific to a kind stays inside it: the hook's timeout (a Python
+/// worker killed and replaced, an executable's process group killed, a webhook request
+/// cancelled, a library call abandoned while the hook shows `stuck`), restarts after a crash,
+/// batching (a library takes a batch in one hand-off) and concurrency.
 pub trait Handler: Send {
+    /// Most queued events one [`Handler::call`] takes. The default, 1, is one at a time.
+    fn max_calls(&self) -> usize {
+        1
+    }
+
     /// Gets ready for the next call: e.g. restarts a crashed worker after its backoff. The default
     /// has nothing to prepare.
     fn ready(&mut self) -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async { Ok(()) })
     }
 
-    /// Runs the handler for one event.
-    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult>;
-
-    /// Cleans up after a call that exceeded the timeout and was dropped (kill the worker...).
-    fn abandon(&mut self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
-    }
+    /// Runs `calls` (at most [`Handler::max_calls`]), each under the hook's timeout, in order
+    /// unless the kind allows concurrency, and reports every call exactly once through `report`
+    /// (by its index), as soon as its outcome is known. A call that was never started is
+    /// reported [`HandlerError::NotStarted`].
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
 
     /// Stops for good: lets a worker finish pending background work briefly, then kills it.
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
-    }
-
-    /// How many times a worker process was restarted.
-    fn restarts(&self) -> u64 {
-        0
-    }
-
-    /// Most queued events this handler takes per [`Handler::start_batch`]; 1 (the default)
-    /// means one [`Handler::call`] at a time.
-    fn batch_limit(&self) -> usize {
-        1
-    }
-
-    /// Starts the calls for `events`, in order, at once; their results arrive on the returned
-    /// channel one by one, in the same order. Only used when [`Handler::batch_limit`] is above 1.
-    fn start_batch(
-        &mut self,
-        events: Vec<(Arc<str>, Arc<Value>)>,
-    ) -> Result<BatchResults, HandlerError> {
-        let _ = events;
-        Err(HandlerError::Failed(
-            "this handler kind takes one event at a time".into(),
-        ))
-    }
-
-    /// The calls of the current batch that have not started are not to be made.
-    fn cancel_batch(&mut self) {}
-
-    /// True while a call abandoned at the timeout is still running and cannot be interrupted (a
-    /// dynamic library): the worker shows the hook as `stuck` and waits in `ready` for that call
-    /// to return before making another.
-    fn stuck(&self) -> bool {
-        false
     }
 }
 

@@ -22,7 +22,9 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue, LOCATION};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+use super::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
+};
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
 
@@ -167,6 +169,8 @@ pub struct WebhookHandler {
     secret: Option<Vec<u8>>,
     client: reqwest::Client,
     attempt_timeout: Duration,
+    /// The hook's timeout for a whole delivery (both attempts).
+    timeout: Duration,
 }
 
 impl WebhookHandler {
@@ -213,6 +217,7 @@ impl WebhookHandler {
             secret,
             client,
             attempt_timeout: target.attempt_timeout,
+            timeout: ctx.timeout,
         })
     }
 
@@ -243,7 +248,7 @@ impl WebhookHandler {
                     return Ok(v);
                 }
                 Err(AttemptError::Retry(e)) if attempt == 1 => {
-                    tracing::warn!(hook = %self.name, delivery = %id, "{e}; retrying once in {}", crate::dispatch::fmt_duration(RETRY_BACKOFF));
+                    tracing::warn!(hook = %self.name, delivery = %id, "{e}; retrying once in {}", crate::time::fmt_duration(RETRY_BACKOFF));
                     first_error = Some(e);
                     tokio::time::sleep(RETRY_BACKOFF).await;
                 }
@@ -284,7 +289,7 @@ impl WebhookHandler {
             AttemptError::Final(format!(
                 "{} did not answer within {} (not retried: it may have received the event)",
                 self.display_url(),
-                crate::dispatch::fmt_duration(limit)
+                crate::time::fmt_duration(limit)
             ))
         };
         let exchange = async {
@@ -309,7 +314,7 @@ impl WebhookHandler {
             return AttemptError::Final(format!(
                 "{} did not answer within {} ({detail})",
                 self.display_url(),
-                crate::dispatch::fmt_duration(self.attempt_timeout)
+                crate::time::fmt_duration(self.attempt_timeout)
             ));
         }
         if connect {
@@ -463,8 +468,16 @@ fn interpret(
 }
 
 impl Handler for WebhookHandler {
-    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
-        Box::pin(self.deliver(event, context))
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for (i, call) in calls.iter().enumerate() {
+                // Past the hook's timeout the request is dropped (cancelled).
+                report(
+                    i,
+                    within(self.timeout, self.deliver(&call.event, &call.context)).await,
+                );
+            }
+        })
     }
 }
 
