@@ -154,10 +154,14 @@ struct Inline;
 impl hermes_hooks::handler::Handler for Inline {
     fn call<'a>(
         &'a mut self,
-        _event: &'a str,
-        _context: &'a Value,
-    ) -> hermes_hooks::handler::BoxFuture<'a, hermes_hooks::handler::HandlerResult> {
-        Box::pin(async { Ok(None) })
+        calls: &'a [hermes_hooks::handler::Call],
+        report: &'a mut hermes_hooks::handler::Report<'_>,
+    ) -> hermes_hooks::handler::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for i in 0..calls.len() {
+                report(i, Ok(None));
+            }
+        })
     }
 }
 

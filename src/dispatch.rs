@@ -7,7 +7,7 @@
 //! overflow policy and counts the drop.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -16,10 +16,9 @@ use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::discovery::HookSpec;
-use crate::handler::{Handler, HandlerError};
+use crate::handler::{Call, Handler, HandlerError, HandlerResult, Signals};
 use crate::manifest::Overflow;
 use crate::notices::Notices;
-use crate::time::fmt_duration;
 
 /// What one handler invocation produced, as reported to a waiting `emit_collect`.
 #[derive(Debug, Clone)]
@@ -157,6 +156,18 @@ impl HookQueue {
             // Single consumer: a notify_one without a waiter leaves a permit, so no wake-up is lost.
             self.notify.notified().await;
         }
+    }
+
+    /// Puts `jobs` back at the front of the queue, in their order (calls a reloaded hook's
+    /// previous version never started). They were accepted once: neither the bound nor a closed
+    /// queue refuses them.
+    pub fn push_front_many(&self, jobs: Vec<Job>) {
+        let mut st = self.lock();
+        for job in jobs.into_iter().rev() {
+            st.jobs.push_front(job);
+        }
+        drop(st);
+        self.notify.notify_one();
     }
 
     /// Up to `max` queued jobs, without waiting.
@@ -327,10 +338,10 @@ pub struct LoadedHook {
     pub queue: Arc<HookQueue>,
     /// Counters and state (shared across versions of the hook).
     pub stats: Arc<HookStats>,
-    /// Set when a newer version takes over the queue: the worker stops after its current call.
-    superseded: AtomicBool,
-    /// Wakes a worker waiting on an empty queue when it is superseded.
-    supersede_notify: Notify,
+    /// Shared with the handler: its restarts and stuck calls; that a newer version took over.
+    signals: Arc<Signals>,
+    /// The handler's restart count already added to `stats.restarts`.
+    restarts_seen: AtomicU64,
     /// The worker task, taken when the hook is stopped.
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Becomes true when the worker has finished (drained and shut its handler down).
@@ -344,20 +355,26 @@ pub struct LoadedHook {
 impl LoadedHook {
     /// A hook with an empty queue and no worker yet.
     pub fn new(spec: HookSpec) -> Arc<Self> {
-        Self::new_with(spec, Notices::default())
+        Self::new_with(spec, Notices::default(), Arc::default())
     }
 
-    /// A hook with an empty queue that reports to `notices`.
-    pub fn new_with(spec: HookSpec, notices: Notices) -> Arc<Self> {
+    /// A hook with an empty queue that reports to `notices`; `signals` are its handler's.
+    pub fn new_with(spec: HookSpec, notices: Notices, signals: Arc<Signals>) -> Arc<Self> {
         let queue = Arc::new(HookQueue::new(
             spec.manifest.queue_capacity,
             spec.manifest.overflow,
         ));
-        Self::with_queue(spec, queue, Arc::new(HookStats::default()), notices)
+        Self::with_queue(
+            spec,
+            queue,
+            Arc::new(HookStats::default()),
+            notices,
+            signals,
+        )
     }
 
-    /// The next version of `prev`: same queue and counters, new spec.
-    pub fn successor(spec: HookSpec, prev: &LoadedHook) -> Arc<Self> {
+    /// The next version of `prev`: same queue and counters, new spec and handler.
+    pub fn successor(spec: HookSpec, prev: &LoadedHook, signals: Arc<Signals>) -> Arc<Self> {
         prev.queue
             .set_limits(spec.manifest.queue_capacity, spec.manifest.overflow);
         Self::with_queue(
@@ -365,6 +382,7 @@ impl LoadedHook {
             prev.queue.clone(),
             prev.stats.clone(),
             prev.notices.clone(),
+            signals,
         )
     }
 
@@ -373,13 +391,14 @@ impl LoadedHook {
         queue: Arc<HookQueue>,
         stats: Arc<HookStats>,
         notices: Notices,
+        signals: Arc<Signals>,
     ) -> Arc<Self> {
         Arc::new(Self {
             spec,
             queue,
             stats,
-            superseded: AtomicBool::new(false),
-            supersede_notify: Notify::new(),
+            signals,
+            restarts_seen: AtomicU64::new(0),
             worker: Mutex::new(None),
             finished: watch::channel(false).0,
             epoch: Instant::now(),
@@ -390,6 +409,16 @@ impl LoadedHook {
     /// The hook's name.
     pub fn name(&self) -> &str {
         &self.spec.name
+    }
+
+    /// The worker's state; `stuck` while the handler waits out a call it could not interrupt.
+    pub fn status(&self) -> Status {
+        match self.stats.status() {
+            Status::Busy | Status::Idle | Status::Restarting if self.signals.stuck() => {
+                Status::Stuck
+            }
+            s => s,
+        }
     }
 
     /// Queues `job`, counting and logging drops. Returns false when the job was refused.
@@ -500,8 +529,7 @@ impl LoadedHook {
 
     /// Hands the queue to a newer version: this worker stops after its current call.
     pub fn supersede(&self) {
-        self.superseded.store(true, Ordering::SeqCst);
-        self.supersede_notify.notify_one();
+        self.signals.supersede();
     }
 
     /// Stops accepting events; the worker finishes the queue, then stops.
@@ -545,13 +573,16 @@ async fn run_worker(
             hook.stats.set_status(Status::Idle);
         }
     }
-    if handler.batch_limit() > 1 {
-        run_batches(&hook, handler.as_mut()).await;
-    } else {
-        run_one_by_one(&hook, handler.as_mut()).await;
+    let max_calls = handler.max_calls().max(1);
+    while let Some(first) = next_job(&hook).await {
+        let mut jobs = vec![first];
+        if max_calls > 1 {
+            jobs.extend(hook.queue.try_pop_many(max_calls - 1));
+        }
+        run_jobs(&hook, handler.as_mut(), jobs).await;
     }
     handler.shutdown().await;
-    if !hook.superseded.load(Ordering::SeqCst) {
+    if !hook.signals.superseded() {
         hook.stats.set_status(Status::Stopped);
     }
     hook.finished.send_replace(true);
@@ -566,190 +597,79 @@ fn set_running(hook: &LoadedHook, s: Status) {
 
 /// The next job, or `None` when the queue is closed or the hook was superseded.
 async fn next_job(hook: &LoadedHook) -> Option<Job> {
-    loop {
-        if hook.superseded.load(Ordering::SeqCst) {
-            return None;
-        }
-        tokio::select! {
-            job = hook.queue.pop() => return job,
-            _ = hook.supersede_notify.notified() => continue,
-        }
+    tokio::select! {
+        biased;
+        _ = hook.signals.wait_superseded() => None,
+        job = hook.queue.pop() => job,
     }
 }
 
-/// One call at a time: the shape every kind supports.
-async fn run_one_by_one(hook: &LoadedHook, handler: &mut dyn Handler) {
-    while let Some(job) = next_job(hook).await {
-        run_single(hook, handler, job).await;
-    }
-}
-
-/// Runs one job: get ready, call under the timeout, report; waits out a stuck call.
-async fn run_single(hook: &LoadedHook, handler: &mut dyn Handler, job: Job) {
-    let timeout = hook.spec.manifest.timeout;
+/// Gets the handler ready, hands it `jobs` and settles each as the handler reports it; jobs the
+/// handler did not start go back to the front of the queue (for the hook's next version).
+async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) {
     set_running(hook, Status::Restarting);
     let ready = handler.ready().await;
-    note_restarts(hook, handler);
-    set_running(hook, Status::Busy);
-    let started = Instant::now();
-    let result = match ready {
-        Err(e) => Err((e, false)),
-        Ok(()) => match tokio::time::timeout(timeout, handler.call(&job.event, &job.context)).await
-        {
-            Ok(r) => r.map_err(|e| (e, false)),
-            Err(_) => {
-                handler.abandon().await;
-                Err((timed_out(timeout), true))
-            }
-        },
-    };
-    let duration = started.elapsed();
-    set_running(
-        hook,
-        if handler.stuck() {
-            Status::Stuck
-        } else {
-            Status::Idle
-        },
-    );
-    finish(hook, job, result, duration);
-    // A worker replaced at once after a timeout counts (and is announced) now.
-    note_restarts(hook, handler);
-    hook.report_drops(false);
-    if handler.stuck() {
-        // The abandoned call cannot be interrupted: no new calls until it returns (the queue
-        // applies its overflow policy meanwhile); a newer version of the hook does not wait.
-        let superseded = tokio::select! {
-            r = handler.ready() => {
-                if let Err(e) = r {
-                    tracing::warn!(hook = %hook.spec.name, "handler failed: {e}");
-                    hook.stats.set_last_error(e.to_string());
-                }
-                false
-            }
-            _ = hook.supersede_notify.notified() => true,
-        };
-        if !superseded {
-            set_running(hook, Status::Idle);
-        }
-    }
-}
-
-/// Several queued events per hand-off (handlers whose `batch_limit` is above 1: dynamic
-/// libraries). Results come back one by one, in order, each under the hook's timeout; a call past
-/// it makes the hook `stuck`: the worker then waits for that call to return (no new calls; the
-/// queue applies its overflow policy) and carries on with the rest of the batch. If the hook is
-/// superseded meanwhile, the calls of the batch that have not started are not made and are
-/// reported failed.
-async fn run_batches(hook: &LoadedHook, handler: &mut dyn Handler) {
-    let timeout = hook.spec.manifest.timeout;
-    let limit = handler.batch_limit();
-    while let Some(first) = next_job(hook).await {
-        let more = hook.queue.try_pop_many(limit - 1);
-        if more.is_empty() {
-            // A lone event (a collect, a quiet hook): the direct path answers fastest.
-            run_single(hook, handler, first).await;
-            continue;
-        }
-        let mut jobs = vec![first];
-        jobs.extend(more);
-        set_running(hook, Status::Restarting);
-        let ready = handler.ready().await;
-        note_restarts(hook, handler);
-        let events: Vec<(Arc<str>, Arc<Value>)> = jobs
-            .iter()
-            .map(|j| (j.event.clone(), j.context.clone()))
-            .collect();
-        let mut results = match ready.and_then(|()| handler.start_batch(events)) {
-            Ok(rx) => rx,
-            Err(e) => {
-                for job in jobs {
-                    finish(hook, job, Err((e.clone(), false)), Duration::ZERO);
-                }
-                continue;
-            }
-        };
-        set_running(hook, Status::Busy);
-        let mut jobs = jobs.into_iter();
-        let mut started = Instant::now();
-        while let Some(job) = jobs.next() {
-            // Most results of a fast library are already there: no timer needed for those.
-            let next = match results.try_recv() {
-                Ok(r) => Ok(Some(r)),
-                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Ok(None),
-                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                    tokio::time::timeout(timeout, results.recv()).await
-                }
-            };
-            let result = match next {
-                Ok(Some(r)) => r.map_err(|e| (e, false)),
-                Ok(None) => Err((
-                    HandlerError::Crashed("the handler's thread is gone".into()),
-                    false,
-                )),
-                Err(_) => {
-                    // Past the timeout: report it, then wait for the call (it cannot be
-                    // interrupted) unless a newer version takes over.
-                    finish(
-                        hook,
-                        job,
-                        Err((timed_out(timeout), true)),
-                        started.elapsed(),
-                    );
-                    set_running(hook, Status::Stuck);
-                    tracing::warn!(
-                        hook = %hook.spec.name,
-                        "a call exceeded its {} timeout and cannot be interrupted: the hook is stuck and gets no new calls until it returns",
-                        fmt_duration(timeout)
-                    );
-                    let superseded = tokio::select! {
-                        _ = results.recv() => false,
-                        _ = hook.supersede_notify.notified() => true,
-                    };
-                    if superseded {
-                        hook.superseded.store(true, Ordering::SeqCst);
-                        handler.cancel_batch();
-                        for job in jobs.by_ref() {
-                            finish(
-                                hook,
-                                job,
-                                Err((
-                                    HandlerError::Failed(
-                                        "not run: the hook was reloaded while an earlier call was stuck".into(),
-                                    ),
-                                    false,
-                                )),
-                                Duration::ZERO,
-                            );
-                        }
-                        return;
-                    }
-                    tracing::info!(hook = %hook.spec.name, "the stuck call returned (result discarded); the hook resumes");
-                    set_running(hook, Status::Busy);
-                    started = Instant::now();
-                    continue;
-                }
-            };
-            let now = Instant::now();
-            finish(hook, job, result, now - started);
-            started = now;
+    note_restarts(hook);
+    if let Err(e) = ready {
+        for job in jobs {
+            finish(hook, job, Err(e.clone()), Duration::ZERO);
         }
         set_running(hook, Status::Idle);
-        hook.report_drops(false);
+        return;
     }
-}
-
-fn timed_out(timeout: Duration) -> HandlerError {
-    HandlerError::Failed(format!("timed out after {}", fmt_duration(timeout)))
+    set_running(hook, Status::Busy);
+    let calls: Vec<Call> = jobs
+        .iter()
+        .map(|j| Call {
+            event: j.event.clone(),
+            context: j.context.clone(),
+        })
+        .collect();
+    let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
+    let mut not_started = Vec::new();
+    let mut last = Instant::now();
+    {
+        let mut report = |i: usize, result: HandlerResult| {
+            let Some(job) = slots.get_mut(i).and_then(Option::take) else {
+                tracing::error!(hook = %hook.spec.name, "handler reported call {i} twice or out of range");
+                return;
+            };
+            if matches!(result, Err(HandlerError::NotStarted)) {
+                not_started.push(job);
+                return;
+            }
+            let now = Instant::now();
+            finish(hook, job, result, now - last);
+            last = now;
+        };
+        handler.call(&calls, &mut report).await;
+    }
+    for job in slots.into_iter().flatten() {
+        finish(
+            hook,
+            job,
+            Err(HandlerError::Crashed(
+                "the handler returned without an outcome for this event".into(),
+            )),
+            Duration::ZERO,
+        );
+    }
+    if !not_started.is_empty() {
+        tracing::info!(
+            hook = %hook.spec.name,
+            events = not_started.len(),
+            "events not started by the previous version go back to the front of the queue"
+        );
+        hook.queue.push_front_many(not_started);
+    }
+    set_running(hook, Status::Idle);
+    // A worker replaced at once after a timeout counts (and is announced) now.
+    note_restarts(hook);
+    hook.report_drops(false);
 }
 
 /// Counts an outcome, logs and announces failures, and answers whoever waits for it.
-fn finish(
-    hook: &LoadedHook,
-    job: Job,
-    result: Result<Option<Value>, (HandlerError, bool)>,
-    duration: Duration,
-) {
+fn finish(hook: &LoadedHook, job: Job, result: HandlerResult, duration: Duration) {
     hook.stats.observe(duration);
     let timeout = hook.spec.manifest.timeout;
     let result = match result {
@@ -757,7 +677,8 @@ fn finish(
             hook.stats.ok.fetch_add(1, Ordering::Relaxed);
             Ok(v)
         }
-        Err((e, timed_out)) => {
+        Err(e) => {
+            let timed_out = matches!(e, HandlerError::TimedOut(_));
             hook.stats.failed.fetch_add(1, Ordering::Relaxed);
             if timed_out {
                 hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
@@ -788,14 +709,16 @@ fn finish(
     }
 }
 
-/// Publishes the handler's restart count; a new restart is announced (`worker_restart`).
-fn note_restarts(hook: &LoadedHook, handler: &dyn Handler) {
-    let restarts = handler.restarts();
-    let before = hook.stats.restarts.swap(restarts, Ordering::Relaxed);
-    if restarts > before {
+/// Adds the restarts the handler made since the last look to the hook's count (shared across
+/// versions, so it never goes backwards) and announces them (`worker_restart`).
+fn note_restarts(hook: &LoadedHook) {
+    let now = hook.signals.restarts();
+    let seen = hook.restarts_seen.swap(now, Ordering::Relaxed);
+    if now > seen {
+        let total = hook.stats.restarts.fetch_add(now - seen, Ordering::Relaxed) + (now - seen);
         hook.notices.send(
             "worker_restart",
-            serde_json::json!({"hook": hook.spec.name, "restarts": restarts}),
+            serde_json::json!({"hook": hook.spec.name, "restarts": total}),
         );
     }
 }

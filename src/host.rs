@@ -211,7 +211,7 @@ impl HookInfo {
                 _ => String::new(),
             },
             root: spec.root.clone(),
-            status: s.status().as_str(),
+            status: h.status().as_str(),
             timeout_s: spec.manifest.timeout.as_secs_f64(),
             queue: QueueInfo {
                 depth: h.queue.len(),
@@ -573,6 +573,7 @@ impl Host {
 
         // Start new and changed hooks concurrently (Python workers import in parallel).
         let mut set = tokio::task::JoinSet::new();
+        let mut signals = Vec::with_capacity(to_start.len());
         for (i, (spec, _)) in to_start.iter().enumerate() {
             let ctx = HandlerContext::new(
                 spec,
@@ -580,8 +581,9 @@ impl Host {
                 &self.inner.config.python,
                 self.inner.config.runtime_dir.clone(),
             );
-            let kind = spec.kind;
-            set.spawn(async move { (i, handler::start(kind, ctx).await) });
+            signals.push(ctx.signals.clone());
+            let spec = spec.clone();
+            set.spawn(async move { (i, handler::start(&spec, ctx).await) });
         }
         let mut started: Vec<Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>> =
             (0..to_start.len()).map(|_| None).collect();
@@ -594,7 +596,7 @@ impl Host {
 
         let mut report = LoadReport::default();
         let mut new_hooks: Vec<Arc<LoadedHook>> = kept;
-        for ((spec, prev), result) in to_start.into_iter().zip(started) {
+        for (((spec, prev), result), signals) in to_start.into_iter().zip(started).zip(signals) {
             let result = result.unwrap_or_else(|| {
                 Err(handler::HandlerError::Load(
                     "handler start was interrupted".into(),
@@ -603,8 +605,8 @@ impl Host {
             match result {
                 Ok(h) => {
                     let hook = match &prev {
-                        Some(p) => LoadedHook::successor(spec, p),
-                        None => LoadedHook::new_with(spec, self.inner.notices.clone()),
+                        Some(p) => LoadedHook::successor(spec, p, signals),
+                        None => LoadedHook::new_with(spec, self.inner.notices.clone(), signals),
                     };
                     let spec = &hook.spec;
                     let what = json!({

@@ -179,7 +179,7 @@ impl Collector for HostCollector {
             "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
             None,
             gauge,
-            |h| ConstGauge::new(i64::from(h.stats.status() == Status::Stuck)),
+            |h| ConstGauge::new(i64::from(h.status() == Status::Stuck)),
         )?;
         single(
             e,

@@ -36,16 +36,18 @@
 //! one whose `hermes_hook_init` ran (and refused) is retained like any other.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use super::{BatchResults, BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+use super::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, Signals,
+};
 
 /// Most queued events handed to the library's thread at once (one wake-up for all of them).
 const BATCH_LIMIT: usize = 256;
@@ -198,11 +200,39 @@ enum Request {
     /// Several calls in order; each result is sent as soon as its call returns. The contexts are
     /// encoded on this thread, off the async runtime.
     Batch {
-        events: Vec<(Arc<str>, Arc<Value>)>,
+        events: Vec<Call>,
         replies: tokio::sync::mpsc::Sender<HandlerResult>,
-        /// Set when the calls not started yet must not be made.
-        cancel: Arc<AtomicBool>,
+        /// Which calls have started; lets the handler stop the rest.
+        ctl: Arc<Mutex<BatchCtl>>,
     },
+}
+
+/// How far the library's thread got in a batch, and whether it must stop.
+#[derive(Debug, Default)]
+struct BatchCtl {
+    /// Calls of the batch started so far.
+    started: usize,
+    /// The calls not started yet must not be made (the hook was reloaded).
+    cancelled: bool,
+}
+
+impl BatchCtl {
+    /// The thread claims the next call; false when the batch was cancelled.
+    fn claim(ctl: &Mutex<BatchCtl>) -> bool {
+        let mut c = ctl.lock().unwrap_or_else(|p| p.into_inner());
+        if c.cancelled {
+            return false;
+        }
+        c.started += 1;
+        true
+    }
+
+    /// Cancels what has not started; returns how many calls had started.
+    fn cancel(ctl: &Mutex<BatchCtl>) -> usize {
+        let mut c = ctl.lock().unwrap_or_else(|p| p.into_inner());
+        c.cancelled = true;
+        c.started
+    }
 }
 
 /// What the library's thread needs to load.
@@ -307,7 +337,7 @@ fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
             "{label} returned a result that is not valid UTF-8 ({e})"
         ))
     })?;
-    super::parse_json_result(text, &format!("the result of {label}"), "")
+    super::api::parse_json_result(text, &format!("the result of {label}"), "")
 }
 
 /// A file name safe to use in the private copy's name.
@@ -519,16 +549,16 @@ fn thread_main(
             Request::Batch {
                 events,
                 replies,
-                cancel,
+                ctl,
             } => {
                 let mut context = Vec::new();
-                for (event, ctx) in events {
-                    if cancel.load(Ordering::SeqCst) {
+                for call in events {
+                    if !BatchCtl::claim(&ctl) {
                         break;
                     }
                     context.clear();
-                    let result = match serde_json::to_writer(&mut context, &*ctx) {
-                        Ok(()) => loaded.call(&event, &context),
+                    let result = match serde_json::to_writer(&mut context, &*call.context) {
+                        Ok(()) => loaded.call(&call.event, &context),
                         Err(e) => Err(HandlerError::Failed(format!(
                             "cannot encode the event: {e}"
                         ))),
@@ -552,16 +582,17 @@ pub struct DylibHandler {
     /// Calls to the library's thread; dropped to retire the library.
     tx: Option<mpsc::Sender<Request>>,
     /// The reply of a call in flight; still `Some` after `call` returns only when the call was
-    /// abandoned at the timeout (the hook is stuck).
+    /// abandoned at the timeout and the hook was reloaded before it returned.
     pending: Option<oneshot::Receiver<HandlerResult>>,
-    /// When the stuck call was abandoned.
-    stuck_since: Option<Instant>,
+    /// A library call cannot be interrupted: a stuck call is still running while the
+    /// handler's thread is held by it (shown as `stuck`; no new calls meanwhile).
+    stuck: bool,
     /// Fires once `hermes_hook_shutdown` has run.
     retired: Option<oneshot::Receiver<()>>,
-    /// The cancel flag of the batch in progress.
-    batch_cancel: Option<Arc<AtomicBool>>,
     /// Poll for the reply before parking (the last call answered within [`WAIT_SPIN`]).
     spin_wait: bool,
+    /// Restarts, stuck, superseded: shared with the hook's worker.
+    signals: Arc<Signals>,
 }
 
 impl DylibHandler {
@@ -600,10 +631,10 @@ impl DylibHandler {
                 timeout: ctx.timeout,
                 tx: Some(tx),
                 pending: None,
-                stuck_since: None,
+                stuck: false,
                 retired: Some(retired_rx),
-                batch_cancel: None,
                 spin_wait: multi_core(),
+                signals: ctx.signals,
             }),
             Ok(Ok(Err(e))) => Err(e.into()),
             Ok(Err(_)) => Err(DylibError::ThreadLost { file }.into()),
@@ -663,84 +694,134 @@ impl DylibHandler {
     }
 }
 
-impl Handler for DylibHandler {
-    fn ready(&mut self) -> BoxFuture<'_, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let Some(rx) = self.pending.as_mut() else {
-                return Ok(());
-            };
-            let outcome = rx.await;
-            self.pending = None;
-            let waited = self.stuck_since.take().map(|t| t.elapsed());
-            let how = match &outcome {
-                Ok(Ok(_)) => "succeeded".to_string(),
-                Ok(Err(e)) => format!("failed: {e}"),
-                Err(_) => "never returned (its thread is gone)".to_string(),
-            };
-            tracing::info!(
-                hook = %self.hook,
-                "the call that exceeded the timeout returned {:.1?} later and {how} (result discarded); the hook resumes",
-                waited.unwrap_or_default()
-            );
-            match outcome {
-                Err(_) => Err(self.thread_gone()),
-                Ok(_) => Ok(()),
+impl DylibHandler {
+    /// One call, straight to the library's thread (a lone event: the fastest path).
+    async fn call_one(&mut self, call: &Call, report: &mut Report<'_>) {
+        match tokio::time::timeout(self.timeout, self.run(&call.event, &call.context)).await {
+            Ok(result) => report(0, result),
+            Err(_) => {
+                report(0, Err(HandlerError::TimedOut(self.timeout)));
+                self.became_stuck();
+                let Some(rx) = self.pending.as_mut() else {
+                    return;
+                };
+                let started = Instant::now();
+                tokio::select! {
+                    outcome = rx => {
+                        self.pending = None;
+                        self.resumed(started, outcome.ok());
+                    }
+                    // A newer version takes over; the call keeps running until it returns.
+                    _ = self.signals.wait_superseded() => {}
+                }
             }
-        })
+        }
     }
 
-    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
-        Box::pin(self.run(event, context))
-    }
-
-    fn abandon(&mut self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if self.pending.is_some() {
-                self.stuck_since = Some(Instant::now());
-                tracing::warn!(
-                    hook = %self.hook,
-                    "{} exceeded its {} timeout; a library call cannot be interrupted: the hook is stuck and gets no new calls until it returns",
-                    self.label,
-                    crate::time::fmt_duration(self.timeout)
-                );
-            }
-        })
-    }
-
-    fn stuck(&self) -> bool {
-        self.pending.is_some()
-    }
-
-    fn batch_limit(&self) -> usize {
-        BATCH_LIMIT
-    }
-
-    fn start_batch(
-        &mut self,
-        events: Vec<(Arc<str>, Arc<Value>)>,
-    ) -> Result<BatchResults, HandlerError> {
-        let (replies, rx) = tokio::sync::mpsc::channel(events.len().max(1));
-        let cancel = Arc::new(AtomicBool::new(false));
-        self.batch_cancel = Some(cancel.clone());
+    /// Several calls in one hand-off: the contexts are encoded on the library's thread and the
+    /// results come back in order, each under the hook's timeout (counted from the previous
+    /// result). Past it the hook is stuck until the call returns; if the hook is reloaded
+    /// meanwhile, the calls not started are reported [`HandlerError::NotStarted`] and go back to
+    /// the queue for the new version.
+    async fn call_batch(&mut self, calls: &[Call], report: &mut Report<'_>) {
+        let (replies, mut results) = tokio::sync::mpsc::channel(calls.len());
+        let ctl = Arc::new(Mutex::new(BatchCtl::default()));
         let sent = self.tx.as_ref().is_some_and(|tx| {
             tx.send(Request::Batch {
-                events,
+                events: calls.to_vec(),
                 replies,
-                cancel,
+                ctl: ctl.clone(),
             })
             .is_ok()
         });
-        if sent {
-            Ok(rx)
-        } else {
-            Err(self.thread_gone())
+        if !sent {
+            for i in 0..calls.len() {
+                report(i, Err(self.thread_gone()));
+            }
+            return;
+        }
+        let mut i = 0;
+        while i < calls.len() {
+            // Most results of a fast library are already there: no timer needed for those.
+            let next = match results.try_recv() {
+                Ok(r) => Ok(Some(r)),
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Ok(None),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                    tokio::time::timeout(self.timeout, results.recv()).await
+                }
+            };
+            match next {
+                Ok(Some(r)) => report(i, r),
+                Ok(None) => {
+                    for j in i..calls.len() {
+                        report(j, Err(self.thread_gone()));
+                    }
+                    return;
+                }
+                Err(_) => {
+                    report(i, Err(HandlerError::TimedOut(self.timeout)));
+                    self.became_stuck();
+                    let started = Instant::now();
+                    tokio::select! {
+                        r = results.recv() => self.resumed(started, r.map(Some).unwrap_or(None)),
+                        _ = self.signals.wait_superseded() => {
+                            let began = BatchCtl::cancel(&ctl);
+                            for j in i + 1..calls.len() {
+                                report(j, if j < began {
+                                    Err(HandlerError::Failed("the hook was reloaded while an earlier call was stuck; this call's result is discarded".into()))
+                                } else {
+                                    Err(HandlerError::NotStarted)
+                                });
+                            }
+                            return;
+                        }
+                    }
+                }
+            }
+            i += 1;
         }
     }
 
-    fn cancel_batch(&mut self) {
-        if let Some(c) = self.batch_cancel.take() {
-            c.store(true, Ordering::SeqCst);
-        }
+    fn became_stuck(&mut self) {
+        self.stuck = true;
+        self.signals.set_stuck(true);
+        tracing::warn!(
+            hook = %self.hook,
+            "{} exceeded its {} timeout; a library call cannot be interrupted: the hook is stuck and gets no new calls until it returns",
+            self.label,
+            crate::time::fmt_duration(self.timeout)
+        );
+    }
+
+    fn resumed(&mut self, since: Instant, outcome: Option<HandlerResult>) {
+        self.stuck = false;
+        self.signals.set_stuck(false);
+        let how = match &outcome {
+            Some(Ok(_)) => "succeeded".to_string(),
+            Some(Err(e)) => format!("failed: {e}"),
+            None => "never returned (its thread is gone)".to_string(),
+        };
+        tracing::info!(
+            hook = %self.hook,
+            "the call that exceeded the timeout returned {:.1?} later and {how} (result discarded); the hook resumes",
+            since.elapsed()
+        );
+    }
+}
+
+impl Handler for DylibHandler {
+    fn max_calls(&self) -> usize {
+        BATCH_LIMIT
+    }
+
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match calls {
+                [] => {}
+                [one] => self.call_one(one, report).await,
+                _ => self.call_batch(calls, report).await,
+            }
+        })
     }
 
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {
@@ -750,7 +831,7 @@ impl Handler for DylibHandler {
             let Some(retired) = self.retired.take() else {
                 return;
             };
-            if self.pending.is_some() {
+            if self.pending.is_some() || self.stuck {
                 tracing::warn!(
                     hook = %self.hook,
                     "{} is still in a call that exceeded the timeout; hermes_hook_shutdown will run when it returns",

@@ -12,8 +12,10 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
+use super::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
+};
 use super::process::{GroupKill, command, describe_exit};
-use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
 
 /// Largest stdout kept; beyond it the output is cut and the call fails.
 pub const MAX_STDOUT: usize = 1024 * 1024;
@@ -120,7 +122,7 @@ impl ExecHandler {
                 MAX_STDOUT >> 20
             )));
         }
-        super::parse_json_result(
+        super::api::parse_json_result(
             &String::from_utf8_lossy(&stdout),
             "stdout",
             "; print a JSON result or nothing, log to stderr",
@@ -171,7 +173,15 @@ async fn collect(mut task: JoinHandle<(Vec<u8>, bool)>) -> (Vec<u8>, bool) {
 }
 
 impl Handler for ExecHandler {
-    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
-        Box::pin(self.run(event, context))
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for (i, call) in calls.iter().enumerate() {
+                // Past the timeout the call is dropped, and its process group killed with it.
+                report(
+                    i,
+                    within(self.ctx.timeout, self.run(&call.event, &call.context)).await,
+                );
+            }
+        })
     }
 }

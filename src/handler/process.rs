@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 
-use super::HandlerContext;
+use super::api::HandlerContext;
 
 /// Longest stderr line logged; the rest of the line is cut.
 const MAX_LOG_LINE: usize = 4096;

@@ -18,8 +18,10 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::task::JoinHandle;
 
+use super::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
+};
 use super::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
-use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
@@ -60,7 +62,6 @@ pub struct PythonHandler {
     next_id: u64,
     backoff: Duration,
     restart_at: Option<Instant>,
-    restarts: u64,
 }
 
 /// Writes the runner into `dir` (once per content version) and returns its path.
@@ -112,7 +113,6 @@ impl PythonHandler {
             next_id: 0,
             backoff: FIRST_BACKOFF,
             restart_at: None,
-            restarts: 0,
         };
         this.worker = Some(this.spawn().await?);
         Ok(this)
@@ -237,6 +237,32 @@ impl PythonHandler {
         HandlerError::Crashed(format!("python worker exited {during} ({how})"))
     }
 
+    /// The worker exceeded the timeout: kill it and start a new one at once, so the next event
+    /// does not pay for the start-up.
+    async fn replace_after_timeout(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.kill().await;
+            tracing::warn!(
+                hook = %self.ctx.name,
+                "python worker killed after exceeding its {:?} timeout; restarting, module state is lost",
+                self.ctx.timeout
+            );
+        }
+        // Replace it now, so the next event does not pay for the start-up.
+        self.restart_at = None;
+        match self.spawn().await {
+            Ok(w) => {
+                self.worker = Some(w);
+                self.ctx.signals.restarted();
+            }
+            Err(e) => {
+                tracing::warn!(hook = %self.ctx.name, "python worker could not be restarted: {e}");
+                self.restart_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+
     async fn exchange(&mut self, event: &str, context: &Value) -> HandlerResult {
         self.next_id += 1;
         let id = self.next_id;
@@ -304,8 +330,8 @@ impl Handler for PythonHandler {
             match self.spawn().await {
                 Ok(w) => {
                     self.worker = Some(w);
-                    self.restarts += 1;
-                    tracing::info!(hook = %self.ctx.name, restarts = self.restarts, "python worker restarted");
+                    self.ctx.signals.restarted();
+                    tracing::info!(hook = %self.ctx.name, restarts = self.ctx.signals.restarts(), "python worker restarted");
                     Ok(())
                 }
                 Err(e) => {
@@ -319,31 +345,15 @@ impl Handler for PythonHandler {
         })
     }
 
-    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
-        Box::pin(self.exchange(event, context))
-    }
-
-    fn abandon(&mut self) -> BoxFuture<'_, ()> {
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            if let Some(w) = self.worker.take() {
-                w.kill().await;
-                tracing::warn!(
-                    hook = %self.ctx.name,
-                    "python worker killed after exceeding its {:?} timeout; restarting, module state is lost",
-                    self.ctx.timeout
-                );
-            }
-            // Replace it now, so the next event does not pay for the start-up.
-            self.restart_at = None;
-            match self.spawn().await {
-                Ok(w) => {
-                    self.worker = Some(w);
-                    self.restarts += 1;
-                }
-                Err(e) => {
-                    tracing::warn!(hook = %self.ctx.name, "python worker could not be restarted: {e}");
-                    self.restart_at = Some(Instant::now() + self.backoff);
-                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            for (i, call) in calls.iter().enumerate() {
+                let result =
+                    within(self.ctx.timeout, self.exchange(&call.event, &call.context)).await;
+                let timed_out = matches!(result, Err(HandlerError::TimedOut(_)));
+                report(i, result);
+                if timed_out {
+                    self.replace_after_timeout().await;
                 }
             }
         })
@@ -363,9 +373,5 @@ impl Handler for PythonHandler {
                 w.kill().await;
             }
         })
-    }
-
-    fn restarts(&self) -> u64 {
-        self.restarts
     }
 }

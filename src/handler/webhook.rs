@@ -22,7 +22,9 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue, LOCATION};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{BoxFuture, Handler, HandlerContext, HandlerError, HandlerResult};
+use super::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
+};
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
 
@@ -156,15 +158,15 @@ pub struct WebhookHandler {
     secret: Option<Vec<u8>>,
     client: reqwest::Client,
     attempt_timeout: Duration,
+    /// The hook's timeout for a whole delivery (both attempts).
+    timeout: Duration,
 }
 
 impl WebhookHandler {
     /// Checks the URL, reads the secret and builds the hook's HTTP client; nothing is sent yet.
-    pub fn new(ctx: &HandlerContext) -> Result<Self, HandlerError> {
-        let target = ctx
-            .webhook
-            .clone()
-            .ok_or_else(|| HandlerError::Load("webhook hook without `url:`".into()))?;
+    pub fn new(ctx: &HandlerContext, target: Option<WebhookTarget>) -> Result<Self, HandlerError> {
+        let target =
+            target.ok_or_else(|| HandlerError::Load("webhook hook without `url:`".into()))?;
         let url = reqwest::Url::parse(&target.url).map_err(|e| {
             HandlerError::Load(format!("`url`: {:?} is not a URL: {e}", target.url))
         })?;
@@ -202,6 +204,7 @@ impl WebhookHandler {
             secret,
             client,
             attempt_timeout: target.attempt_timeout,
+            timeout: ctx.timeout,
         })
     }
 
@@ -452,8 +455,16 @@ fn interpret(
 }
 
 impl Handler for WebhookHandler {
-    fn call<'a>(&'a mut self, event: &'a str, context: &'a Value) -> BoxFuture<'a, HandlerResult> {
-        Box::pin(self.deliver(event, context))
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for (i, call) in calls.iter().enumerate() {
+                // Past the hook's timeout the request is dropped (cancelled).
+                report(
+                    i,
+                    within(self.timeout, self.deliver(&call.event, &call.context)).await,
+                );
+            }
+        })
     }
 }
 

@@ -281,33 +281,9 @@ fn cycles(g: &Graph) -> Vec<Vec<String>> {
     s.out
 }
 
-/// Edges left out of the check while issue 11's other items are in flight, each naming the move
-/// that removes it. An entry whose edge no longer exists is harmless here but stale: delete it
-/// (a stale entry would hide the edge if it came back). The list must end empty.
-const PENDING: &[(&str, &str, &str)] = &[
-    // Issue 11 item 5: `fmt_duration` moves from dispatch to time.
-    (
-        "handler/dylib.rs",
-        "dispatch.rs",
-        "crate::dispatch::fmt_duration -> crate::time",
-    ),
-    (
-        "handler/webhook.rs",
-        "dispatch.rs",
-        "crate::dispatch::fmt_duration -> crate::time",
-    ),
-    // Issue 11 item 3: the kinds use the trait from handler/mod.rs, which also starts them (and
-    // holds webhook::WebhookTarget); the trait and its types move to a file the kinds use and
-    // mod.rs only re-exports and starts them, or the factory moves out.
-    ("handler/mod.rs", "handler/dylib.rs", "handler trait split"),
-    ("handler/mod.rs", "handler/exec.rs", "handler trait split"),
-    ("handler/mod.rs", "handler/python.rs", "handler trait split"),
-    (
-        "handler/mod.rs",
-        "handler/webhook.rs",
-        "handler trait split",
-    ),
-];
+/// Edges deliberately left out of the check, each with the reason. Must stay empty unless a
+/// move is in flight; an entry whose edge no longer exists is stale and fails the test.
+const PENDING: &[(&str, &str, &str)] = &[];
 
 #[test]
 fn src_modules_form_no_import_cycle() {
@@ -319,11 +295,10 @@ fn src_modules_form_no_import_cycle() {
             stale.push(format!("{from} -> {to} ({why})"));
         }
     }
-    if !stale.is_empty() {
-        eprintln!(
-            "PENDING entries whose edge is gone (delete them from tests/it/modules.rs): {stale:?}"
-        );
-    }
+    assert!(
+        stale.is_empty(),
+        "PENDING entries whose edge is gone (delete them from tests/it/modules.rs): {stale:?}"
+    );
     assert!(
         g.len() > 10 && g.values().map(BTreeMap::len).sum::<usize>() > 10,
         "expected the graph of src/ to have modules and edges, got {g:?}"

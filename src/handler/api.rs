@@ -1,0 +1,235 @@
+//! What every handler kind is built on: the [`Handler`] trait, the [`HandlerContext`] a kind
+//! starts from, calls, results, errors and the [`Signals`] a handler shares with its hook's
+//! worker. The kinds (`python`, `exec`, `dylib`, `webhook`) import this file; `handler/mod.rs`
+//! starts them, so nothing here knows any kind.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use thiserror::Error;
+use tokio::sync::Notify;
+
+use crate::discovery::HookSpec;
+
+/// A boxed, sendable future (the trait must be object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What one invocation produced: a JSON result (`None` for "nothing") or an error.
+pub type HandlerResult = Result<Option<Value>, HandlerError>;
+
+/// Where a handler reports the outcome of call `i` of the calls it was given (see
+/// [`Handler::call`]).
+pub type Report<'a> = dyn FnMut(usize, HandlerResult) + Send + 'a;
+
+/// One event handed to a handler. Name and context are shared with the other hooks the event
+/// was queued to.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Event name.
+    pub event: Arc<str>,
+    /// Event context.
+    pub context: Arc<Value>,
+}
+
+/// What a hook's worker ([`crate::dispatch`]) and its handler share, for one version of the hook:
+/// the handler says when it restarted a process or is stuck in a call it cannot interrupt; the
+/// worker says when a newer version of the hook takes over.
+#[derive(Debug, Default)]
+pub struct Signals {
+    /// Worker processes (re)started after the first start.
+    restarts: AtomicU64,
+    /// A call past its timeout that cannot be interrupted is still running.
+    stuck: AtomicBool,
+    /// A newer version of the hook takes over its queue.
+    superseded: AtomicBool,
+    /// Wakes whoever waits for `superseded`.
+    supersede_notify: Notify,
+}
+
+impl Signals {
+    /// Counts one process restart.
+    pub fn restarted(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Process restarts so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Marks (or clears) a call that exceeded its timeout and cannot be interrupted.
+    pub fn set_stuck(&self, stuck: bool) {
+        self.stuck.store(stuck, Ordering::Relaxed);
+    }
+
+    /// True while such a call runs.
+    pub fn stuck(&self) -> bool {
+        self.stuck.load(Ordering::Relaxed)
+    }
+
+    /// A newer version takes over: the handler finishes what it is doing, starts nothing new.
+    pub fn supersede(&self) {
+        self.superseded.store(true, Ordering::SeqCst);
+        self.supersede_notify.notify_waiters();
+        self.supersede_notify.notify_one();
+    }
+
+    /// True once superseded.
+    pub fn superseded(&self) -> bool {
+        self.superseded.load(Ordering::SeqCst)
+    }
+
+    /// Returns when the hook is superseded (at once if it already is).
+    pub async fn wait_superseded(&self) {
+        loop {
+            let notified = self.supersede_notify.notified();
+            if self.superseded() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A failed invocation or start, worded for an operator.
+#[derive(Debug, Clone, Error, PartialEq)]
+pub enum HandlerError {
+    /// The handler ran and reported an error (a Python exception, a non-zero exit...).
+    #[error("{0}")]
+    Failed(String),
+    /// The handler process died or broke its protocol; it will be restarted.
+    #[error("{0}")]
+    Crashed(String),
+    /// The handler could not be started or loaded.
+    #[error("{0}")]
+    Load(String),
+    /// The call exceeded the hook's timeout (its process was killed, its request cancelled, or,
+    /// for a library call that cannot be interrupted, it was abandoned).
+    #[error("timed out after {}", crate::time::fmt_duration(*.0))]
+    TimedOut(Duration),
+    /// The call was never started (the hook was reloaded while an earlier call was stuck); the
+    /// event goes back to the front of the hook's queue for the new version.
+    #[error("not started")]
+    NotStarted,
+}
+
+/// Runs `call` under `timeout`: past it the future is dropped (a child process with it) and the
+/// call is [`HandlerError::TimedOut`].
+pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>) -> HandlerResult {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or(Err(HandlerError::TimedOut(timeout)))
+}
+
+/// A handler's textual answer as a result: empty or `null` is no result, anything else must
+/// be one JSON value. `what` names the source and `hint` says how to fix a bad answer.
+pub fn parse_json_result(text: &str, what: &str, hint: &str) -> HandlerResult {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Null) => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(e) => {
+            let snippet: String = text.chars().take(120).collect();
+            Err(HandlerError::Failed(format!(
+                "{what} is not one JSON value ({e}): {snippet:?}{hint}"
+            )))
+        }
+    }
+}
+
+/// Everything a handler needs to start, independent of the manifest format.
+#[derive(Debug, Clone)]
+pub struct HandlerContext {
+    /// Hook name (logs, environment).
+    pub name: String,
+    /// Hook directory (working directory of processes).
+    pub dir: PathBuf,
+    /// The handler file.
+    pub handler_path: Option<PathBuf>,
+    /// Interpreter for Python handlers.
+    pub python: String,
+    /// Environment added to the host's: HERMES_HOME, HERMES_HOOK_NAME, HERMES_HOOK_DIR, `env:`.
+    pub env: BTreeMap<String, String>,
+    /// Time allowed per invocation (and for a Python worker to start).
+    pub timeout: Duration,
+    /// Where the embedded Python runner is written.
+    pub runtime_dir: PathBuf,
+    /// Shared with the hook's worker (restarts, stuck, superseded).
+    pub signals: Arc<Signals>,
+}
+
+impl HandlerContext {
+    /// Builds the context for `spec` under the host settings.
+    pub fn new(
+        spec: &HookSpec,
+        hermes_home: &std::path::Path,
+        default_python: &str,
+        runtime_dir: PathBuf,
+    ) -> Self {
+        let mut env = BTreeMap::new();
+        env.insert("HERMES_HOME".to_string(), hermes_home.display().to_string());
+        env.insert("HERMES_HOOK_NAME".to_string(), spec.name.clone());
+        env.insert(
+            "HERMES_HOOK_DIR".to_string(),
+            spec.dir.display().to_string(),
+        );
+        for (k, v) in &spec.manifest.env {
+            env.insert(k.clone(), v.clone());
+        }
+        Self {
+            name: spec.name.clone(),
+            dir: spec.dir.clone(),
+            handler_path: spec.handler_path.clone(),
+            python: spec
+                .manifest
+                .python
+                .clone()
+                .unwrap_or_else(|| default_python.to_string()),
+            env,
+            timeout: spec.manifest.timeout,
+            runtime_dir,
+            signals: Arc::new(Signals::default()),
+        }
+    }
+}
+
+/// One handler kind: readiness, calls, shutdown.
+///
+/// The hook's worker takes up to [`Handler::max_calls`] queued events, waits for
+/// [`Handler::ready`], hands them to [`Handler::call`] and counts each outcome as the handler
+/// reports it. Everything specific to a kind stays inside it: the hook's timeout (a Python
+/// worker killed and replaced, an executable's process group killed, a webhook request
+/// cancelled, a library call abandoned while the hook shows `stuck`), restarts after a crash,
+/// batching (a library takes a batch in one hand-off) and concurrency.
+pub trait Handler: Send {
+    /// Most queued events one [`Handler::call`] takes. The default, 1, is one at a time.
+    fn max_calls(&self) -> usize {
+        1
+    }
+
+    /// Gets ready for the next call: e.g. restarts a crashed worker after its backoff. The default
+    /// has nothing to prepare.
+    fn ready(&mut self) -> BoxFuture<'_, Result<(), HandlerError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Runs `calls` (at most [`Handler::max_calls`]), each under the hook's timeout, in order
+    /// unless the kind allows concurrency, and reports every call exactly once through `report`
+    /// (by its index), as soon as its outcome is known. A call that was never started is
+    /// reported [`HandlerError::NotStarted`].
+    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
+
+    /// Stops for good: lets a worker finish pending background work briefly, then kills it.
+    fn shutdown(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
