@@ -15,6 +15,8 @@ use crate::host::{Host, HostConfig};
 use crate::server::{self, ApiConfig};
 use crate::trust::{TrustMode, TrustPolicy};
 
+mod completions;
+
 /// Hosts the event hooks of a messaging gateway.
 #[derive(Debug, Parser)]
 #[command(name = "hermes-hooks", version, about, long_about = None)]
@@ -141,6 +143,22 @@ pub enum Command {
         /// Hook roots.
         #[command(flatten)]
         roots: RootArgs,
+    },
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
+    ///
+    /// Example: hermes-hooks completions bash > ~/.local/share/bash-completion/completions/hermes-hooks
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page hermes-hooks(1) (roff) on stdout, or write every page into --out DIR.
+    ///
+    /// Example: hermes-hooks man --out /usr/local/share/man/man1
+    Man {
+        /// Write hermes-hooks.1 and one page per command (hermes-hooks-serve.1, ...) here.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -274,6 +292,8 @@ pub fn main() -> i32 {
             } => new_hook(&roots, &name, kind, url.as_deref(), src),
             Command::Enable { name, roots } => set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => set_enabled(&roots, &name, false),
+            Command::Completions { shell } => completions::completions(shell),
+            Command::Man { out } => completions::man(out.as_deref()),
         }
     });
     // Workers were stopped by the commands; do not wait for stray blocking tasks.

@@ -4,6 +4,7 @@ mod util;
 
 mod cli;
 mod client;
+mod completions;
 mod core;
 mod dylib;
 mod exec;
