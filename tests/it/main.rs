@@ -10,6 +10,7 @@ mod dylib;
 mod exec;
 mod http;
 mod notices;
+mod openapi;
 mod python;
 mod reload;
 mod service;
