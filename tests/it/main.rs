@@ -5,6 +5,7 @@ mod util;
 mod cli;
 mod client;
 mod completions;
+mod contrib;
 mod core;
 mod dylib;
 mod exec;
