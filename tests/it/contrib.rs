@@ -167,3 +167,36 @@ fn dashboard_and_alerts_use_only_exposed_metrics() {
         );
     }
 }
+
+#[test]
+fn launchd_plist_is_a_well_formed_property_list() {
+    // The plist cannot be run here (no launchd); check it is what launchd would parse, with
+    // python3's plistlib (python3 is needed by the tests anyway).
+    let (path, _) = repo_file("contrib/launchd/dev.hermes-hooks.plist");
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, plistlib, sys; print(json.dumps(plistlib.load(open(sys.argv[1], 'rb'))))",
+        ])
+        .arg(&path)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{} is not a well-formed property list: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plist: Value = serde_json::from_slice(&out.stdout).expect("plist as JSON");
+    assert_eq!(plist["Label"], "dev.hermes-hooks");
+    assert_eq!(plist["ProgramArguments"][1], "serve");
+    assert!(
+        plist["ExitTimeOut"].as_u64().is_some_and(|t| t > 5),
+        "launchd must wait longer than the 5 s drain before SIGKILL: {plist}"
+    );
+    assert_eq!(
+        plist["Umask"],
+        json!(0o027),
+        "files hooks create must not be group/other-writable"
+    );
+}
