@@ -242,7 +242,11 @@ fn event_name_limit_counts_characters_as_documented() {
     for (path, ok, status) in [
         ("/v1/events", json!({"event": at_limit}), 202),
         ("/v1/collect", json!({"event": at_limit}), 200),
-        ("/v1/events/batch", json!({"events": [{"event": at_limit}]}), 202),
+        (
+            "/v1/events/batch",
+            json!({"events": [{"event": at_limit}]}),
+            202,
+        ),
     ] {
         let (s, v) = serve.post(path, &ok);
         assert_eq!(s, status, "{path}: a 256-character name is valid: {v}");
