@@ -38,7 +38,9 @@ pub fn completion_script(shell: Shell) -> Vec<u8> {
 pub fn man_page() -> Vec<u8> {
     let mut out = Vec::new();
     // Rendering into a Vec cannot fail.
-    let _ = clap_mangen::Man::new(Cli::command()).render(&mut out);
+    // Without the `help` subcommand, as in `write_man_pages`: no hermes-hooks-help(1) page exists.
+    let cmd = Cli::command().disable_help_subcommand(true);
+    let _ = clap_mangen::Man::new(cmd).render(&mut out);
     out
 }
 

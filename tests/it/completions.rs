@@ -232,6 +232,10 @@ fn man_page_has_its_sections_and_renders() {
             "the rendered page should have a {section} section; got:\n{text}"
         );
     }
+    assert!(
+        !text.contains("hermes-hooks-help(1)"),
+        "the page should not point at a hermes-hooks-help(1) page that is never written"
+    );
     let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         words.contains("hermes-hooks - Hosts the event hooks"),
