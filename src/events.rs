@@ -5,7 +5,8 @@
 
 use thiserror::Error;
 
-/// Longest accepted event name, in bytes.
+/// Longest accepted event name, in characters (Unicode scalar values, as JSON Schema's
+/// `maxLength` counts them, so the OpenAPI document can state the limit exactly).
 pub const MAX_EVENT_NAME_LEN: usize = 256;
 
 /// The events the gateway emits, with the context keys it sends for each.
@@ -115,21 +116,25 @@ pub enum EventNameError {
     #[error("event name is empty")]
     Empty,
     /// The name is longer than [`MAX_EVENT_NAME_LEN`].
-    #[error("event name is {0} bytes long; the limit is {MAX_EVENT_NAME_LEN}")]
+    #[error("event name is {0} characters long; the limit is {MAX_EVENT_NAME_LEN}")]
     TooLong(usize),
     /// The name contains whitespace or a control character.
     #[error("event name {0:?} contains whitespace or a control character")]
     BadCharacter(String),
 }
 
-/// Checks that `name` can be an event name: non-empty, at most 256 bytes, no whitespace or
+/// Checks that `name` can be an event name: non-empty, at most 256 characters, no whitespace or
 /// control characters.
 pub fn validate_event_name(name: &str) -> Result<(), EventNameError> {
     if name.is_empty() {
         return Err(EventNameError::Empty);
     }
+    // Bytes bound characters from above: count only when it can matter.
     if name.len() > MAX_EVENT_NAME_LEN {
-        return Err(EventNameError::TooLong(name.len()));
+        let chars = name.chars().count();
+        if chars > MAX_EVENT_NAME_LEN {
+            return Err(EventNameError::TooLong(chars));
+        }
     }
     if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(EventNameError::BadCharacter(name.to_string()));
@@ -182,6 +187,12 @@ mod tests {
         let long = "a".repeat(257);
         assert_eq!(
             validate_event_name(&long),
+            Err(EventNameError::TooLong(257))
+        );
+        // The limit counts characters, not bytes (512 bytes here).
+        assert_eq!(validate_event_name(&"é".repeat(256)), Ok(()));
+        assert_eq!(
+            validate_event_name(&"é".repeat(257)),
             Err(EventNameError::TooLong(257))
         );
     }

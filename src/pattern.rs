@@ -69,8 +69,8 @@ impl PatternSet {
             if p.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(err("contains whitespace or a control character"));
             }
-            if p.len() > crate::events::MAX_EVENT_NAME_LEN {
-                return Err(err("longer than 256 bytes"));
+            if p.chars().count() > crate::events::MAX_EVENT_NAME_LEN {
+                return Err(err("longer than 256 characters"));
             }
             source.push(p.to_string());
             if p == "*" {

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::MethodRouter;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
@@ -94,21 +95,56 @@ pub fn app(host: Host, config: ApiConfig) -> Router {
         host,
         config: Arc::new(config),
     };
-    Router::new()
-        .route("/v1/events", post(post_event))
-        .route("/v1/events/batch", post(post_batch))
-        .route("/v1/collect", post(post_collect))
-        .route("/v1/hooks", get(get_hooks))
-        .route("/v1/hooks/{name}", get(get_hook))
-        .route("/v1/reload", post(post_reload))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    route_table()
+        .into_iter()
+        .fold(Router::new(), |r, (_, path, handler)| {
+            r.route(path, handler)
+        })
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
 }
+
+/// One row of [`route_table`]: the method's name and its routing filter come from one token.
+macro_rules! route {
+    ($method:ident $path:literal => $handler:expr) => {
+        (
+            stringify!($method),
+            $path,
+            axum::routing::on(axum::routing::MethodFilter::$method, $handler),
+        )
+    };
+}
+
+/// Every route of the API, once: the router is built from this table, and a test checks that
+/// the OpenAPI document ([`OPENAPI`]) lists exactly these (method, path) pairs.
+fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
+    vec![
+        route!(POST "/v1/events" => post_event),
+        route!(POST "/v1/events/batch" => post_batch),
+        route!(POST "/v1/collect" => post_collect),
+        route!(GET "/v1/hooks" => get_hooks),
+        route!(GET "/v1/hooks/{name}" => get_hook),
+        route!(POST "/v1/reload" => post_reload),
+        route!(GET "/v1/openapi.json" => openapi),
+        route!(GET "/healthz" => healthz),
+        route!(GET "/readyz" => readyz),
+        route!(GET "/metrics" => metrics),
+    ]
+}
+
+/// The (method, path) of every route the router serves, paths in the router's `{param}` syntax
+/// (the same as OpenAPI's).
+pub fn routes() -> Vec<(&'static str, &'static str)> {
+    route_table()
+        .into_iter()
+        .map(|(method, path, _)| (method, path))
+        .collect()
+}
+
+/// The OpenAPI 3 document of this API (`docs/openapi.json`), served at `GET /v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("../docs/openapi.json");
 
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes in-flight requests.
 pub async fn serve<L>(
@@ -386,8 +422,10 @@ async fn get_hooks(State(state): State<AppState>) -> Response {
 
 async fn get_hook(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    // A name that does not decode (say `%FF`) gets the API's JSON error, not axum's plain text.
+    let Path(name) = name.map_err(|e| ApiError::bad_request(format!("hook name: {e}")))?;
     match state.host.hook(&name) {
         Some(h) => Ok(axum::Json(h).into_response()),
         None => Err(ApiError::new(
@@ -404,6 +442,10 @@ async fn post_reload(State(state): State<AppState>) -> Result<Response, ApiError
     }
     let report = state.host.reload().await;
     Ok(axum::Json(report).into_response())
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 async fn healthz() -> Response {

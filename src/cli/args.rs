@@ -135,6 +135,22 @@ pub enum Command {
         #[command(flatten)]
         roots: RootArgs,
     },
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
+    ///
+    /// Example: hermes-hooks completions bash > ~/.local/share/bash-completion/completions/hermes-hooks
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page hermes-hooks(1) (roff) on stdout, or write every page into --out DIR.
+    ///
+    /// Example: hermes-hooks man --out /usr/local/share/man/man1
+    Man {
+        /// Write hermes-hooks.1 and one page per command (hermes-hooks-serve.1, ...) here.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
 }
 
 /// Options of `serve`.

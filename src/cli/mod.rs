@@ -6,6 +6,7 @@
 pub mod args;
 pub mod check;
 pub mod common;
+pub mod completions;
 pub mod emit;
 pub mod enable;
 pub mod list;
@@ -65,6 +66,8 @@ pub fn main() -> i32 {
             } => new::new_hook(&roots, &name, kind, url.as_deref(), src),
             Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
+            Command::Completions { shell } => completions::completions(shell),
+            Command::Man { out } => completions::man(out.as_deref()),
         }
     });
     // Workers were stopped by the commands; do not wait for stray blocking tasks.

@@ -4,6 +4,8 @@ mod util;
 
 mod cli;
 mod client;
+mod completions;
+mod contrib;
 mod core;
 mod dylib;
 mod exec;
@@ -11,6 +13,7 @@ mod http;
 mod lifecycle;
 mod modules;
 mod notices;
+mod openapi;
 mod python;
 mod reload;
 mod service;

@@ -37,8 +37,8 @@ from . import _transport
 
 log = logging.getLogger("hermes_hooks")
 
-#: Longest event name the service accepts, in UTF-8 bytes (DESIGN 5).
-MAX_EVENT_NAME_BYTES = 256
+#: Longest event name the service accepts, in characters (code points, as JSON Schema counts).
+MAX_EVENT_NAME_CHARS = 256
 #: Most events the service takes in one ``/v1/events/batch`` request.
 MAX_BATCH_EVENTS = 10000
 #: Body size the client keeps each batch under (the service's limit is 16 MiB).
@@ -86,8 +86,8 @@ def check_event_name(name: object) -> Optional[str]:
         return "event name must be a string, not %s" % type(name).__name__
     if not name:
         return "event name is empty"
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_EVENT_NAME_BYTES:
-        return "event name is longer than %d bytes" % MAX_EVENT_NAME_BYTES
+    if len(name) > MAX_EVENT_NAME_CHARS:
+        return "event name is longer than %d characters" % MAX_EVENT_NAME_CHARS
     for ch in name:
         if ch.isspace() or ch < " " or "\x7f" <= ch <= "\x9f":
             return "event name %r contains whitespace or a control character" % name

@@ -90,10 +90,10 @@ class AddressTest(unittest.TestCase):
 
 class EventTest(unittest.TestCase):
     def test_event_names(self) -> None:
-        for good in ["agent:start", "command:reset", "a", "x" * 256, "sessión:start"]:
+        for good in ["agent:start", "command:reset", "a", "x" * 256, "sessión:start", "é" * 256]:
             self.assertIsNone(check_event_name(good), good)
         for bad in ["", "agent start", "agent:\tstart", "agent:\x00", "agent:\x85", "x" * 257,
-                    "é" * 129, None, 3, b"agent:start"]:
+                    "é" * 257, None, 3, b"agent:start"]:
             self.assertIsNotNone(check_event_name(bad), repr(bad))
 
     def test_contexts_become_json(self) -> None:
