@@ -654,6 +654,9 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
         if let Some(e) = h["last_error"]["message"].as_str() {
             let _ = writeln!(out, "    last error: {e}");
         }
+        for line in crate::ingateway::list_lines(h) {
+            let _ = writeln!(out, "    {line}");
+        }
     }
     if !skipped.is_empty() {
         let _ = writeln!(out, "\nnot loaded:");
@@ -690,6 +693,17 @@ async fn check(roots: RootArgs) -> i32 {
                 h.spec.kind.as_str(),
                 h.spec.manifest.events.join(", ")
             );
+            let config = host.config();
+            let placement =
+                crate::ingateway::HookPlacement::of(&h.spec, &config.python, &config.hermes_home);
+            let _ = writeln!(out, "        {}", placement.summary());
+            if let Some(r) = &placement.restart_needed {
+                warnings += 1;
+                let _ = writeln!(out, "warning {}: {r}", h.spec.name);
+            }
+            for n in &h.spec.manifest.notes {
+                let _ = writeln!(out, "note    {}: {n}", h.spec.manifest_path.display());
+            }
             for w in &h.spec.manifest.warnings {
                 warnings += 1;
                 let _ = writeln!(out, "warning {}: {w}", h.spec.manifest_path.display());
@@ -823,6 +837,16 @@ async fn test(args: TestArgs) -> i32 {
             eprintln!("not loaded: {s}");
         }
         let snapshot = host.snapshot();
+        let in_gateway: Vec<String> = snapshot
+            .hooks
+            .iter()
+            .filter(|h| h.spec.placement.in_gateway() && h.spec.patterns.matches(&event).is_some())
+            .filter(|h| only.as_ref().is_none_or(|o| *o == h.spec.name))
+            .map(|h| crate::ingateway::not_run_by_test(&h.spec))
+            .collect();
+        for line in &in_gateway {
+            println!("{line}");
+        }
         let matching: Vec<String> = snapshot
             .matching(&event)
             .into_iter()
@@ -832,6 +856,9 @@ async fn test(args: TestArgs) -> i32 {
         if matching.is_empty() {
             return fail(match &only {
                 Some(o) => format!("hook {o:?} is not loaded or does not match {event:?}"),
+                None if !in_gateway.is_empty() => {
+                    format!("no hook that runs here matches {event:?} (see above)")
+                }
                 None => format!("no loaded hook matches {event:?}"),
             });
         }

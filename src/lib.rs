@@ -5,6 +5,9 @@
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
 //! - [`discovery`]: hook roots -> [`discovery::HookSpec`]s plus a report of what did not load.
+//! - [`placement`]: `runs: service | gateway | auto`, decided by reading the hook's source.
+//! - [`interpreter`]: which Python runs a hook's handler.py, and why.
+//! - [`ingateway`]: hooks that run inside the gateway: what `list`/`check` say about them.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
 //! - [`dispatch`]: per-hook bounded queues and workers, overflow accounting.
 //! - [`handler`]: the handler kinds behind one trait (Python workers, executables).
@@ -34,10 +37,13 @@ pub mod dispatch;
 pub mod events;
 pub mod handler;
 pub mod host;
+pub mod ingateway;
+pub mod interpreter;
 pub mod manifest;
 pub mod metrics;
 pub mod notices;
 pub mod pattern;
+pub mod placement;
 pub mod registry;
 pub mod scaffold;
 pub mod server;
