@@ -62,6 +62,8 @@ Logging goes to the ``hermes_hooks`` logger. The only exception raised anywhere 
 
 from ._transport import Address, parse_address, resolve_address
 from .registry import HookRegistry, check_event_name
+from .profiles import ProfileHookRegistries
 
-__all__ = ["HookRegistry", "Address", "parse_address", "resolve_address", "check_event_name"]
+__all__ = ["HookRegistry", "ProfileHookRegistries", "Address", "parse_address",
+           "resolve_address", "check_event_name"]
 __version__ = "0.1.0"
