@@ -60,7 +60,10 @@ impl HookPlacement {
     pub fn summary(&self) -> String {
         let mut s = format!("runs in the {}: {}", self.runs, self.why);
         if let Some(p) = &self.python {
-            s.push_str(&format!("; python {} ({})", p.path, p.why));
+            s.push_str(&format!("; interpreter {} ({})", p.path, p.why));
+        }
+        if self.runs == "gateway" {
+            s.push_str("; the gateway's client imports it (not import-checked here)");
         }
         s
     }
@@ -74,7 +77,7 @@ pub fn list_lines(hook: &serde_json::Value) -> Vec<String> {
         let mut line = format!("runs in the {}: {}", s("runs"), s("why"));
         if let Some(p) = hook["python"]["path"].as_str() {
             line.push_str(&format!(
-                "; python {p} ({})",
+                "; interpreter {p} ({})",
                 hook["python"]["why"].as_str().unwrap_or("")
             ));
         }

@@ -7,6 +7,7 @@ mod client;
 mod core;
 mod dylib;
 mod exec;
+mod gateway;
 mod http;
 mod notices;
 mod python;

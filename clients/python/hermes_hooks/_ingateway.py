@@ -45,6 +45,8 @@ RECORD_FILE = "hooks-in-gateway.json"
 #: Events waiting per in-gateway sync hook before the oldest is dropped.
 DEFAULT_QUEUE = 1024
 _MATCH_CACHE_MAX = 4096
+#: Seconds between two "queue full" warnings of one hook.
+_DROP_LOG_INTERVAL = 10.0
 
 
 def _glob_regex(pattern: str) -> "re.Pattern":
@@ -128,6 +130,7 @@ class _Hook:
         except (TypeError, ValueError, AttributeError):
             self.capacity = DEFAULT_QUEUE
         self.dropped = 0
+        self._drop_logged = -_DROP_LOG_INTERVAL
         self.failed = 0
         self.ok = 0
         self._queue = collections.deque()  # type: collections.deque
@@ -142,8 +145,12 @@ class _Hook:
             if len(self._queue) >= self.capacity:
                 _, _, _, old_done = self._queue.popleft()
                 self.dropped += 1
-                log.warning("[hooks] %s: queue full (%d); oldest event dropped (%d dropped so far)",
-                            self.name, self.capacity, self.dropped)
+                now = time.monotonic()
+                if now - self._drop_logged >= _DROP_LOG_INTERVAL:
+                    self._drop_logged = now
+                    log.warning("[hooks] %s: queue full (%d events waiting for its thread); "
+                                "oldest dropped (%d dropped so far)", self.name, self.capacity,
+                                self.dropped)
                 if old_done is not None:
                     old_done(None, "dropped: the hook's queue was full")
             self._queue.append((event, context, loop, done))
