@@ -211,7 +211,11 @@ fn client_bench(bin: &str, root: &std::path::Path, home: &std::path::Path) -> se
     // The client lists the hooks once (and imports the in-gateway ones): wait until loaded.
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     while !unix_ready(&sock) {
-        assert!(Instant::now() < deadline, "service not ready at {}", sock.display());
+        assert!(
+            Instant::now() < deadline,
+            "service not ready at {}",
+            sock.display()
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let client_script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/client_emit.py");
@@ -238,8 +242,7 @@ fn unix_ready(sock: &std::path::Path) -> bool {
     let Ok(mut s) = std::os::unix::net::UnixStream::connect(sock) else {
         return false;
     };
-    if s
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .is_err()
     {
         return false;

@@ -308,12 +308,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         .map_err(|(file, reason)| skip(&name, &file, SkipCode::Permissions, reason))?;
 
     let placement = match &handler_path {
-        Some(p) => crate::placement::decide(
-            manifest.runs,
-            kind == HandlerKind::Python,
-            dir,
-            p,
-        ),
+        Some(p) => crate::placement::decide(manifest.runs, kind == HandlerKind::Python, dir, p),
         None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;

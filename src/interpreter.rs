@@ -90,8 +90,8 @@ pub fn missing_module_hint(interpreter: &Interpreter) -> String {
 /// True when `python` is an executable file that exits 0 for `-c pass` within the probe timeout.
 fn runs(python: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    let executable = std::fs::metadata(python)
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let executable =
+        std::fs::metadata(python).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if !executable {
         return false;
     }

@@ -230,12 +230,11 @@ fn imported_modules(statement: &str) -> Vec<String> {
                 out.push(name.trim_matches(['(', ')']).to_string());
             }
         }
-    } else if let Some(rest) = statement.strip_prefix("from ") {
-        if let Some(name) = rest.split_whitespace().next()
-            && !name.starts_with('.')
-        {
-            out.push(name.to_string());
-        }
+    } else if let Some(rest) = statement.strip_prefix("from ")
+        && let Some(name) = rest.split_whitespace().next()
+        && !name.starts_with('.')
+    {
+        out.push(name.to_string());
     }
     for call in ["import_module(", "__import__("] {
         let mut rest = statement;
@@ -278,7 +277,10 @@ mod tests {
             first("import importlib\nm = importlib.import_module('hermes_cli.config')\n"),
             Some(("hermes_cli.config".into(), 2))
         );
-        assert_eq!(first("import tools.registry\n"), Some(("tools.registry".into(), 1)));
+        assert_eq!(
+            first("import tools.registry\n"),
+            Some(("tools.registry".into(), 1))
+        );
     }
 
     #[test]
@@ -298,7 +300,10 @@ mod tests {
             tools: true,
             agent: false,
         };
-        assert_eq!(first_gateway_import("from tools import util\n", local), None);
+        assert_eq!(
+            first_gateway_import("from tools import util\n", local),
+            None
+        );
         assert_eq!(
             first_gateway_import("from agent.core import x\n", local),
             Some(("agent.core".into(), 1))
@@ -309,9 +314,18 @@ mod tests {
     fn explicit_settings_and_other_kinds() {
         let d = Path::new("/nonexistent");
         let h = d.join("handler.py");
-        assert_eq!(decide(Runs::Service, true, d, &h).unwrap().runs, Site::Service);
-        assert_eq!(decide(Runs::Gateway, true, d, &h).unwrap().runs, Site::Gateway);
+        assert_eq!(
+            decide(Runs::Service, true, d, &h).unwrap().runs,
+            Site::Service
+        );
+        assert_eq!(
+            decide(Runs::Gateway, true, d, &h).unwrap().runs,
+            Site::Gateway
+        );
         assert!(decide(Runs::Gateway, false, d, &h).is_err());
-        assert_eq!(decide(Runs::Auto, false, d, &h).unwrap().runs, Site::Service);
+        assert_eq!(
+            decide(Runs::Auto, false, d, &h).unwrap().runs,
+            Site::Service
+        );
     }
 }

@@ -111,7 +111,10 @@ fn the_gateway_venv_is_chosen_when_present_and_a_missing_module_says_how_to_pick
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{err}");
     assert!(
-        out.contains(&format!("interpreter {} (the gateway's venv", venv.display())),
+        out.contains(&format!(
+            "interpreter {} (the gateway's venv",
+            venv.display()
+        )),
         "check should name the venv interpreter and why:\n{out}"
     );
     let serve = Serve::start(&hooks, &[]);
@@ -127,7 +130,10 @@ fn the_gateway_venv_is_chosen_when_present_and_a_missing_module_says_how_to_pick
     let (_, hook) = serve.get("/v1/hooks/venv-only");
     assert_eq!(hook["python"]["path"], json!(venv.display().to_string()));
     assert!(
-        hook["python"]["why"].as_str().unwrap_or("").contains("venv"),
+        hook["python"]["why"]
+            .as_str()
+            .unwrap_or("")
+            .contains("venv"),
         "{hook}"
     );
     drop(serve);
@@ -159,10 +165,8 @@ fn hook_logging_reaches_the_service_log_tagged_with_hook_level_and_logger() {
     );
     let serve = Serve::start(&hooks, &[]);
     for event in ["command:chat", "command:own"] {
-        let (status, body) = serve.post(
-            "/v1/collect",
-            &json!({"event": event, "timeout_ms": 20000}),
-        );
+        let (status, body) =
+            serve.post("/v1/collect", &json!({"event": event, "timeout_ms": 20000}));
         assert_eq!(status, 200, "{body}");
     }
     let log = poll(T, "the hooks' log lines", || {
@@ -279,7 +283,10 @@ fn cli_shows_placement_and_test_does_not_pretend_to_run_in_gateway_hooks() {
 
     let o = run(&hooks, &["list"], &[]);
     let (out, _) = text(&o);
-    assert!(out.contains("runs in the gateway: imports gateway.platforms.base"), "{out}");
+    assert!(
+        out.contains("runs in the gateway: imports gateway.platforms.base"),
+        "{out}"
+    );
 
     let o = run(&hooks, &["test", "gateway:startup"], &[]);
     let (out, err) = text(&o);
