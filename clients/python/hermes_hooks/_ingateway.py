@@ -366,6 +366,8 @@ class InGatewayHooks:
         hooks = self._match(event)[1]
         if not hooks:
             return
+        if context is None:
+            context = {}  # as the original host: handlers always get a dict
         try:
             loop = asyncio.get_running_loop()  # type: Optional[asyncio.AbstractEventLoop]
             self._loop = loop

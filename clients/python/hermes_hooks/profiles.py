@@ -44,11 +44,13 @@ class ProfileHookRegistries:
     ``emit_collect``...), delegating each call to the active profile home's registry.
 
     Keyword arguments are passed to every ``HookRegistry`` it builds (``autostart=True``,
-    ``collect_timeout=``...); ``address`` is always ``<home>/hooks.sock``.
+    ``collect_timeout=``...); ``address`` is always ``<home>/hooks.sock`` and ``hermes_home`` the
+    home. ``home`` replaces :func:`active_home` (a callable returning the home to use now).
     """
 
     def __init__(self, home: Optional[Callable[[], str]] = None, **registry_kwargs: Any) -> None:
         registry_kwargs.pop("address", None)
+        registry_kwargs.pop("hermes_home", None)
         self._kwargs = registry_kwargs
         self._home = home or active_home
         self._by_home = {}  # type: Dict[str, HookRegistry]
