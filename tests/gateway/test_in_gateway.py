@@ -151,6 +151,25 @@ class GatewayCase(unittest.IsolatedAsyncioTestCase):
                               capture_output=True, text=True, timeout=60)
 
 
+class Matching(unittest.TestCase):
+    """The client's match order for merging must be the service's (DESIGN 5)."""
+
+    def test_patterns_and_order(self):
+        from hermes_hooks._ingateway import InGatewayHooks as Hooks, _Patterns
+        self.assertIsNone(_Patterns(["agent"]).match("agent:start"))
+        self.assertEqual(_Patterns(["command:*"]).match("command:reset"), "wildcard")
+        self.assertEqual(_Patterns(["*"]).match("a:b:c"), "wildcard")
+        self.assertEqual(_Patterns(["{agent,session}:st?rt"]).match("session:start"), "wildcard")
+        self.assertIsNone(_Patterns(["{agent,session}:start"]).match("gateway:start"))
+        self.assertEqual(_Patterns(["x:[ab]"]).match("x:b"), "wildcard")
+        self.assertEqual(_Patterns(["agent:start", "agent:*"]).match("agent:start"), "exact")
+        hooks = Hooks()
+        hooks.load([{"name": "w1", "events": ["agent:*"]}, {"name": "e1", "events": ["agent:end"]},
+                    {"name": "w2", "events": ["*"]}, {"name": "e2", "events": ["agent:end"]},
+                    {"name": "no", "events": ["agent:start"]}], None)
+        self.assertEqual(hooks.match_order("agent:end"), ["e1", "e2", "w1", "w2"])
+
+
 class InGatewayHooks(GatewayCase):
     async def test_import_time_patch_is_live_in_the_gateway_after_discover_and_load(self):
         hook_dir = _copy_hook("stamp-outgoing", self.hooks())
