@@ -136,6 +136,7 @@ class _Hook:
         self._queue = collections.deque()  # type: collections.deque
         self._cond = threading.Condition()
         self._thread = None  # type: Optional[threading.Thread]
+        self._idle = False  # the thread waits for work (only then does submit notify it)
 
     # -- sync handlers: the hook's own thread, its events in order
 
@@ -158,13 +159,17 @@ class _Hook:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="hermes-hook-" + self.name)
                 self._thread.start()
-            self._cond.notify()
+            elif self._idle:
+                self._idle = False  # one wake per idle period; a busy thread needs none
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._queue:
+                    self._idle = True
                     self._cond.wait()
+                self._idle = False
                 event, context, loop, done = self._queue.popleft()
             result, error = self._call_sync(event, context, loop)
             if done is not None:
