@@ -6,7 +6,9 @@
 //! 2. Drop-in client: `serve` on a Unix socket with 10 hooks on agent:start, one sleeping
 //!    200 ms; `benches/client_emit.py` times 10,000 `await registry.emit(...)` through
 //!    `clients/python`.
-//! 3. The baseline (`benches/baseline_host.py`, the original host re-created) on the same
+//! 3. The same with the slow hook inside the gateway (`runs: gateway`: the client imports it
+//!    and runs its sync handler on the hook's own thread) next to nine service hooks.
+//! 4. The baseline (`benches/baseline_host.py`, the original host re-created) on the same
 //!    shapes. Prints medians, p99s and ratios side by side.
 
 use std::io::{BufReader, Write};
@@ -75,32 +77,25 @@ fn main() {
         "import time\ndef handle(e, c):\n    time.sleep(0.2)\n",
     )
     .expect("write");
-    let sock = tmp2.path().join("hooks.sock");
-    let mut child2 = Command::new(bin)
-        .args(["serve", "--drain-timeout", "0", "--hooks-dir"])
-        .arg(&root2)
-        .arg("--socket")
-        .arg(&sock)
-        .env("HERMES_HOME", tmp2.path())
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let client_script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/client_emit.py");
-    let client = Command::new("python3")
-        .arg(client_script)
-        .arg(&sock)
-        .output()
-        .expect("run client bench");
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe { libc::kill(child2.id() as i32, libc::SIGTERM) };
-    let _ = child2.wait();
-    let client: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap_or_else(|_| {
-        panic!(
-            "client bench output: {}",
-            String::from_utf8_lossy(&client.stderr)
-        )
-    });
+    let client = client_bench(bin, &root2, tmp2.path());
+
+    // 3. The slow hook inside the gateway, next to nine service hooks.
+    let tmp3 = tempfile::tempdir().expect("tempdir");
+    let root3 = tmp3.path().join("hooks");
+    write_hooks(&root3, 9, "def handle(e, c):\n    return None\n");
+    let slow = root3.join("hook99-in-gateway");
+    std::fs::create_dir_all(&slow).expect("mkdir");
+    std::fs::write(
+        slow.join("HOOK.yaml"),
+        "events: [agent:start]\nruns: gateway\n",
+    )
+    .expect("write");
+    std::fs::write(
+        slow.join("handler.py"),
+        "import time\ndef handle(e, c):\n    time.sleep(0.2)\n",
+    )
+    .expect("write");
+    let in_gateway = client_bench(bin, &root3, tmp3.path());
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/baseline_host.py");
     let base = Command::new("python3")
@@ -174,6 +169,85 @@ fn main() {
         s99 / c99
     );
     println!();
+    let g50 = in_gateway["p50_us"].as_f64().unwrap_or(f64::NAN);
+    let g99 = in_gateway["p99_us"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "await registry.emit(...), one in-gateway sync hook sleeping 200 ms + 9 service hooks"
+    );
+    println!("{:<52} {:>12} {:>12}", "", "p50 µs", "p99 µs");
+    println!(
+        "{:<52} {:>12.1} {:>12.1}",
+        "original host, one of 10 hooks sleeps 200 ms, 20 emits", s50, s99
+    );
+    println!(
+        "{:<52} {:>12.2} {:>12.2}",
+        "clients/python, 200 ms hook in the gateway, 10,000", g50, g99
+    );
+    println!(
+        "{:<52} {:>11.0}x {:>11.0}x",
+        "ratio vs original with the 200 ms hook",
+        s50 / g50,
+        s99 / g99
+    );
+    println!();
     println!("baseline raw: {base}");
     println!("client raw: {client}");
+    println!("in-gateway raw: {in_gateway}");
+}
+
+/// Runs `serve` on a Unix socket over `root` and `benches/client_emit.py` against it.
+fn client_bench(bin: &str, root: &std::path::Path, home: &std::path::Path) -> serde_json::Value {
+    let sock = home.join("hooks.sock");
+    let mut child = Command::new(bin)
+        .args(["serve", "--drain-timeout", "0", "--hooks-dir"])
+        .arg(root)
+        .arg("--socket")
+        .arg(&sock)
+        .env("HERMES_HOME", home)
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    // The client lists the hooks once (and imports the in-gateway ones): wait until loaded.
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while !unix_ready(&sock) {
+        assert!(
+            Instant::now() < deadline,
+            "service not ready at {}",
+            sock.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let client_script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/client_emit.py");
+    let client = Command::new("python3")
+        .arg(client_script)
+        .arg(&sock)
+        .env("HERMES_HOME", home)
+        .output()
+        .expect("run client bench");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    serde_json::from_slice(&client.stdout).unwrap_or_else(|_| {
+        panic!(
+            "client bench output: {}",
+            String::from_utf8_lossy(&client.stderr)
+        )
+    })
+}
+
+/// `GET /readyz` over the Unix socket answered 200.
+fn unix_ready(sock: &std::path::Path) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(sock) else {
+        return false;
+    };
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
 }

@@ -120,6 +120,11 @@ pub struct HookSpec {
     pub fingerprint: u64,
     /// Position in discovery order.
     pub order: usize,
+    /// Where the hook runs (service or gateway) and why.
+    pub placement: crate::placement::Placement,
+    /// SHA-256 (hex) of the handler file as discovered; the gateway's client refuses to import
+    /// an in-gateway hook whose file no longer has it.
+    pub sha256: Option<String>,
 }
 
 /// Result of scanning the roots.
@@ -310,11 +315,22 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     gate.check_permissions(dir, &manifest_path, handler_path.as_deref())
         .map_err(|(file, reason)| skip(&name, &file, SkipCode::Permissions, reason))?;
 
+    let placement = match &handler_path {
+        Some(p) => crate::placement::decide(manifest.runs, kind == HandlerKind::Python, dir, p),
+        None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
+    }
+    .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
+
     let mut hasher = DefaultHasher::new();
     text.hash(&mut hasher);
+    let mut sha256 = None;
     if let Some(p) = &handler_path {
         match std::fs::read(p) {
-            Ok(bytes) => bytes.hash(&mut hasher),
+            Ok(bytes) => {
+                use sha2::Digest;
+                sha256 = Some(crate::handler::webhook::hex(&sha2::Sha256::digest(&bytes)));
+                bytes.hash(&mut hasher)
+            }
             Err(e) => {
                 return Err(skip(
                     &name,
@@ -342,6 +358,8 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         patterns,
         fingerprint: hasher.finish(),
         order: 0,
+        placement,
+        sha256,
     })
 }
 

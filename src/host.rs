@@ -37,7 +37,7 @@ pub struct HostConfig {
 
 impl HostConfig {
     /// Settings from the environment: `HERMES_HOME` (default `~/.hermes`); `roots` or, when empty,
-    /// `$HERMES_HOME/hooks`; `HERMES_HOOKS_PYTHON` or `python3`.
+    /// `$HERMES_HOME/hooks`; the default interpreter of [`crate::interpreter::default_python`].
     pub fn from_env(roots: Vec<PathBuf>) -> Self {
         let hermes_home = hermes_home();
         let roots = if roots.is_empty() {
@@ -51,10 +51,7 @@ impl HostConfig {
             .map(|r| std::path::absolute(&r).unwrap_or(r))
             .collect();
         let hermes_home = std::path::absolute(&hermes_home).unwrap_or(hermes_home);
-        let python = std::env::var("HERMES_HOOKS_PYTHON")
-            .ok()
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| "python3".to_string());
+        let python = crate::interpreter::default_python(&hermes_home);
         let runtime_dir = hermes_home.join("cache").join("hermes-hooks");
         Self {
             roots,
@@ -156,6 +153,9 @@ pub struct HookInfo {
     /// Webhooks only: false when deliveries go out UNSIGNED (`secret_env` unset or absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signed: Option<bool>,
+    /// Where it runs (`runs`, `why`), its interpreter, the handler's SHA-256.
+    #[serde(flatten)]
+    pub placement: crate::ingateway::HookPlacement,
 }
 
 /// Queue part of [`HookInfo`].
@@ -196,7 +196,7 @@ pub struct LastError {
 }
 
 impl HookInfo {
-    fn of(h: &LoadedHook) -> Self {
+    fn of(h: &LoadedHook, config: &HostConfig) -> Self {
         let s = &h.stats;
         let spec = &h.spec;
         Self {
@@ -211,7 +211,11 @@ impl HookInfo {
                 _ => String::new(),
             },
             root: spec.root.clone(),
-            status: h.status().as_str(),
+            status: if spec.placement.in_gateway() {
+                "in_gateway"
+            } else {
+                h.status().as_str()
+            },
             timeout_s: spec.manifest.timeout.as_secs_f64(),
             queue: QueueInfo {
                 depth: h.queue.len(),
@@ -233,6 +237,11 @@ impl HookInfo {
             warnings: spec.manifest.warnings.clone(),
             signed: (spec.kind == crate::discovery::HandlerKind::Webhook)
                 .then(|| crate::handler::webhook::is_signed(&spec.manifest)),
+            placement: crate::ingateway::HookPlacement::of(
+                spec,
+                &config.python,
+                &config.hermes_home,
+            ),
         }
     }
 }
@@ -342,13 +351,15 @@ impl Host {
         self.snapshot()
             .hooks
             .iter()
-            .map(|h| HookInfo::of(h))
+            .map(|h| HookInfo::of(h, &self.inner.config))
             .collect()
     }
 
     /// One loaded hook, for display.
     pub fn hook(&self, name: &str) -> Option<HookInfo> {
-        self.snapshot().get(name).map(|h| HookInfo::of(h))
+        self.snapshot()
+            .get(name)
+            .map(|h| HookInfo::of(h, &self.inner.config))
     }
 
     /// Directories that did not load at the last (re)load.
@@ -563,7 +574,8 @@ impl Host {
                 {
                     kept.push((*prev).clone());
                 }
-                Some(prev) if prev.spec.dir == spec.dir => {
+                // An in-gateway version has no worker and a closed queue: nothing to take over.
+                Some(prev) if prev.spec.dir == spec.dir && !prev.spec.placement.in_gateway() => {
                     to_start.push((spec, Some((*prev).clone())))
                 }
                 _ => to_start.push((spec, None)),
@@ -575,6 +587,10 @@ impl Host {
         let mut set = tokio::task::JoinSet::new();
         let mut signals = Vec::with_capacity(to_start.len());
         for (i, (spec, _)) in to_start.iter().enumerate() {
+            if spec.placement.in_gateway() {
+                signals.push(Arc::default());
+                continue; // the gateway's client runs it: no worker here
+            }
             let ctx = HandlerContext::new(
                 spec,
                 &self.inner.config.hermes_home,
@@ -597,6 +613,20 @@ impl Host {
         let mut report = LoadReport::default();
         let mut new_hooks: Vec<Arc<LoadedHook>> = kept;
         for (((spec, prev), result), signals) in to_start.into_iter().zip(started).zip(signals) {
+            if spec.placement.in_gateway() {
+                let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                // No worker: close the queue and mark it finished, so shutdown waits for nothing.
+                hook.abort();
+                tracing::info!(hook = %hook.spec.name, "runs in the gateway ({}); no worker here", hook.spec.placement.why);
+                self.inner.notices.send(
+                    "hook_loaded",
+                    json!({"hook": hook.spec.name, "kind": hook.spec.kind.as_str(), "runs": "gateway",
+                           "events": hook.spec.manifest.events, "dir": hook.spec.dir, "root": hook.spec.root}),
+                );
+                report.started.push(hook.spec.name.clone());
+                new_hooks.push(hook);
+                continue;
+            }
             let result = result.unwrap_or_else(|| {
                 Err(handler::HandlerError::Load(
                     "handler start was interrupted".into(),

@@ -8,8 +8,8 @@
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
-//! - [`metrics`]: Prometheus text exposition of the host's counters.
-//! - [`client`]: the tiny HTTP client the CLI's `emit` and `list --live` use.
+//! - [`metrics`]: OpenMetrics exposition of the host's counters (prometheus-client).
+//! - [`client`]: the CLI's HTTP client (hyper, TCP or Unix socket) for `emit` and `list --live`.
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
 //! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
@@ -18,7 +18,10 @@
 //!   Python worker), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
 //!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
 //!   shared child-process plumbing.
+//! - [`ingateway`]: hooks that run inside the gateway: what `list`/`check` say about them.
 //! - [`discovery`]: hook roots -> [`discovery::HookSpec`]s plus a report of what did not load.
+//! - [`placement`]: `runs: service | gateway | auto`, decided by reading the hook's source.
+//! - [`interpreter`]: which Python runs a hook's handler.py, and why.
 //! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
 //!   [`trust::approvals`] (`hooks-trust.json`), [`trust::edit`] (the `enabled:` editor),
 //!   [`trust::commands`] (`enable`/`disable`).
@@ -48,11 +51,14 @@ pub mod dispatch;
 pub mod events;
 pub mod handler;
 pub mod host;
+pub mod ingateway;
+pub mod interpreter;
 pub mod layout;
 pub mod manifest;
 pub mod metrics;
 pub mod notices;
 pub mod pattern;
+pub mod placement;
 pub mod registry;
 pub mod scaffold;
 pub mod server;

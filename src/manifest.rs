@@ -33,7 +33,34 @@ const KNOWN_KEYS: &[&str] = &[
     "requires",
     "url",
     "secret_env",
+    "runs",
 ];
+
+/// Keys that published hooks carry for their own use: accepted with an informational note.
+const TOLERATED_KEYS: &[&str] = &["version", "platforms", "author"];
+
+/// `runs:`: where a Python hook runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runs {
+    /// Decide from the hook's Python source (the default): see [`crate::placement`].
+    Auto,
+    /// In a worker of the service.
+    Service,
+    /// Inside the gateway process, imported by the gateway's client.
+    Gateway,
+}
+
+impl Runs {
+    /// The name used in HOOK.yaml.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runs::Auto => "auto",
+            Runs::Service => "service",
+            Runs::Gateway => "gateway",
+        }
+    }
+}
 
 /// What a full queue does with a new event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -92,6 +119,7 @@ struct RawManifest {
     requires: Option<Requires>,
     url: Option<String>,
     secret_env: Option<String>,
+    runs: Option<Runs>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -125,8 +153,12 @@ pub struct Manifest {
     pub url: Option<String>,
     /// Environment variable holding the webhook HMAC secret.
     pub secret_env: Option<String>,
+    /// `runs:` (default `auto`).
+    pub runs: Runs,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
+    /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
+    pub notes: Vec<String>,
 }
 
 /// Why a HOOK.yaml was refused.
@@ -179,8 +211,13 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         other => return Err(ManifestError::NotMapping(describe(other))),
     };
     let mut warnings = Vec::new();
+    let mut notes = Vec::new();
     for key in map.keys() {
-        if !KNOWN_KEYS.contains(&key.as_str()) {
+        if TOLERATED_KEYS.contains(&key.as_str()) {
+            notes.push(format!(
+                "`{key}` is kept for the hook's own use; hermes-hooks does not read it"
+            ));
+        } else if !KNOWN_KEYS.contains(&key.as_str()) {
             warnings.push(format!(
                 "unknown key `{key}` ignored (known keys: {})",
                 KNOWN_KEYS.join(", ")
@@ -193,7 +230,10 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
     let events = raw.events.unwrap_or_default();
     if events.is_empty() {
         // A misspelt `events:` shows up as an unknown key: say so, it is the likely fix.
-        if let Some(typo) = map.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+        if let Some(typo) = map
+            .keys()
+            .find(|k| !KNOWN_KEYS.contains(&k.as_str()) && !TOLERATED_KEYS.contains(&k.as_str()))
+        {
             return Err(ManifestError::BadField {
                 field: "events",
                 reason: format!(
@@ -275,7 +315,9 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         requires: raw.requires.unwrap_or_default(),
         url: raw.url,
         secret_env: raw.secret_env,
+        runs: raw.runs.unwrap_or(Runs::Auto),
         warnings,
+        notes,
     })
 }
 
@@ -364,5 +406,21 @@ mod tests {
         let m = parse_manifest("events: [a]\nevnts: [b]\n").unwrap();
         assert_eq!(m.warnings.len(), 1);
         assert!(m.warnings[0].contains("evnts"));
+    }
+
+    #[test]
+    fn published_keys_are_only_noted() {
+        let m = parse_manifest(
+            "events: [a]\nversion: 1.2.0\nplatforms: [telegram]\nauthor: someone\nruns: gateway\n",
+        )
+        .unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert_eq!(m.notes.len(), 3, "{:?}", m.notes);
+        assert_eq!(m.runs, Runs::Gateway);
+        assert_eq!(parse_manifest("events: [a]\n").unwrap().runs, Runs::Auto);
+        assert!(matches!(
+            parse_manifest("events: [a]\nruns: elsewhere\n"),
+            Err(ManifestError::Yaml(_))
+        ));
     }
 }

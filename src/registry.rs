@@ -49,7 +49,8 @@ impl Registry {
     }
 
     /// Hooks matching `event` in match order: exact-pattern hooks first, then wildcard-only
-    /// hooks, each group in discovery order. A hook appears once.
+    /// hooks, each group in discovery order. A hook appears once. Hooks that run in the gateway
+    /// are not included (the service has no worker for them).
     pub fn matching(&self, event: &str) -> Vec<&Arc<LoadedHook>> {
         self.match_indices(event)
             .iter()
@@ -68,6 +69,9 @@ impl Registry {
         let mut exact = Vec::new();
         let mut wild = Vec::new();
         for (i, hook) in self.hooks.iter().enumerate() {
+            if hook.spec.placement.in_gateway() {
+                continue; // run by the gateway's client, never queued here
+            }
             match hook.spec.patterns.matches(event) {
                 Some(MatchKind::Exact) => exact.push(i),
                 Some(MatchKind::Wildcard) => wild.push(i),

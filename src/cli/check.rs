@@ -20,6 +20,17 @@ pub async fn check(roots: RootArgs) -> i32 {
                 h.spec.kind.as_str(),
                 h.spec.manifest.events.join(", ")
             );
+            let config = host.config();
+            let placement =
+                crate::ingateway::HookPlacement::of(&h.spec, &config.python, &config.hermes_home);
+            let _ = writeln!(out, "        {}", placement.summary());
+            if let Some(r) = &placement.restart_needed {
+                warnings += 1;
+                let _ = writeln!(out, "warning {}: {r}", h.spec.name);
+            }
+            for n in &h.spec.manifest.notes {
+                let _ = writeln!(out, "note    {}: {n}", h.spec.manifest_path.display());
+            }
             for w in &h.spec.manifest.warnings {
                 warnings += 1;
                 let _ = writeln!(out, "warning {}: {w}", h.spec.manifest_path.display());

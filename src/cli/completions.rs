@@ -89,7 +89,7 @@ pub fn man(out: Option<&Path>) -> i32 {
                 }
                 0
             }
-            Err(e) => super::fail(e),
+            Err(e) => super::common::fail(e),
         },
     }
 }
@@ -98,6 +98,6 @@ fn print_bytes(bytes: &[u8]) -> i32 {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         Ok(()) => 0,
-        Err(e) => super::fail(format!("cannot write to stdout: {e}")),
+        Err(e) => super::common::fail(format!("cannot write to stdout: {e}")),
     }
 }

@@ -105,6 +105,9 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
         if let Some(e) = h["last_error"]["message"].as_str() {
             let _ = writeln!(out, "    last error: {e}");
         }
+        for line in crate::ingateway::list_lines(h) {
+            let _ = writeln!(out, "    {line}");
+        }
     }
     if !skipped.is_empty() {
         let _ = writeln!(out, "\nnot loaded:");

@@ -29,6 +29,16 @@ pub async fn test(args: TestArgs) -> i32 {
             eprintln!("not loaded: {s}");
         }
         let snapshot = host.snapshot();
+        let in_gateway: Vec<String> = snapshot
+            .hooks
+            .iter()
+            .filter(|h| h.spec.placement.in_gateway() && h.spec.patterns.matches(&event).is_some())
+            .filter(|h| only.as_ref().is_none_or(|o| *o == h.spec.name))
+            .map(|h| crate::ingateway::not_run_by_test(&h.spec))
+            .collect();
+        for line in &in_gateway {
+            println!("{line}");
+        }
         let matching: Vec<String> = snapshot
             .matching(&event)
             .into_iter()
@@ -38,6 +48,9 @@ pub async fn test(args: TestArgs) -> i32 {
         if matching.is_empty() {
             return fail(match &only {
                 Some(o) => format!("hook {o:?} is not loaded or does not match {event:?}"),
+                None if !in_gateway.is_empty() => {
+                    format!("no hook that runs here matches {event:?} (see above)")
+                }
                 None => format!("no loaded hook matches {event:?}"),
             });
         }

@@ -157,6 +157,8 @@ pub struct HandlerContext {
     pub handler_path: Option<PathBuf>,
     /// Interpreter for Python handlers.
     pub python: String,
+    /// Why that interpreter (for the hint on a missing module).
+    pub python_why: String,
     /// Environment added to the host's: HERMES_HOME, HERMES_HOOK_NAME, HERMES_HOOK_DIR, `env:`.
     pub env: BTreeMap<String, String>,
     /// Time allowed per invocation (and for a Python worker to start).
@@ -194,6 +196,12 @@ impl HandlerContext {
                 .python
                 .clone()
                 .unwrap_or_else(|| default_python.to_string()),
+            python_why: crate::interpreter::for_hook(
+                spec.manifest.python.as_deref(),
+                default_python,
+                hermes_home,
+            )
+            .why,
             env,
             timeout: spec.manifest.timeout,
             runtime_dir,

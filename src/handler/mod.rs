@@ -10,6 +10,7 @@ mod api;
 pub mod dylib;
 pub mod exec;
 pub mod process;
+pub mod pylog;
 pub mod python;
 pub mod webhook;
 

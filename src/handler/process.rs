@@ -121,11 +121,12 @@ where
             } else {
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim_end();
-                if cut {
-                    tracing::info!(target: "hook", hook = %hook, "{text} [line cut at {MAX_LOG_LINE} bytes]");
+                let note = if cut {
+                    format!(" [line cut at {MAX_LOG_LINE} bytes]")
                 } else {
-                    tracing::info!(target: "hook", hook = %hook, "{text}");
-                }
+                    String::new()
+                };
+                super::pylog::log_line(&hook, text, &note);
             }
             line.clear();
         }

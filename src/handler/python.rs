@@ -209,8 +209,24 @@ impl PythonHandler {
                 .unwrap_or("python worker refused to start")
                 .to_string();
             worker.kill().await;
-            Err(HandlerError::Load(reason))
+            Err(HandlerError::Load(self.with_hint(reason)))
         }
+    }
+
+    /// A load failure caused by a module the interpreter lacks says which interpreter ran and
+    /// how to pick another.
+    fn with_hint(&self, reason: String) -> String {
+        if !reason.contains("ModuleNotFoundError") {
+            return reason;
+        }
+        let interpreter = crate::interpreter::Interpreter {
+            path: self.ctx.python.clone(),
+            why: self.ctx.python_why.clone(),
+        };
+        format!(
+            "{reason}: {}",
+            crate::interpreter::missing_module_hint(&interpreter)
+        )
     }
 
     /// The worker died: collect its exit status, schedule a restart after the backoff.

@@ -14,12 +14,19 @@ Only this file writes to the protocol descriptors: fd 1 and fd 0 are re-pointed 
 /dev/null, so a handler's print() (or a child process it starts) becomes a log line on stderr and can
 neither corrupt the replies nor swallow requests. Tasks and threads a handler starts keep running
 between events. On stdin EOF the runner gives pending tasks up to 2 s, then exits 0.
+
+Logging: records of the ``logging`` module at INFO and above reach the service log, one stderr
+line each, ``\x1ehermes-log {"level", "levelno", "logger", "msg"}``; the host logs it at the
+record's level, tagged with the hook's name and the logger's. The handler is installed as
+``logging.lastResort`` with the root logger at INFO, so it only sees records no other handler
+took: a hook that configures logging itself (``basicConfig``, its own handlers) keeps its own.
 """
 import asyncio
 import importlib.machinery
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import platform
 import re
@@ -48,6 +55,36 @@ sys.stdin = open(os.devnull, "r")
 # host's hot-reload watcher.
 sys.dont_write_bytecode = True
 _send_lock = threading.Lock()
+_log_lock = threading.Lock()
+LOG_MARK = "\x1ehermes-log "
+#: Longest message sent per record (the host cuts longer stderr lines, which would break the JSON).
+MAX_LOG_CHARS = 3500
+
+
+class ServiceLogHandler(logging.Handler):
+    """Sends each record to the service log as one structured stderr line."""
+
+    def emit(self, record):
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            if len(msg) > MAX_LOG_CHARS:
+                msg = msg[:MAX_LOG_CHARS] + " [cut]"
+            line = LOG_MARK + json.dumps({"level": record.levelname, "levelno": record.levelno,
+                                          "logger": record.name, "msg": msg})
+            data = (line + "\n").encode("utf-8", "replace")
+            with _log_lock:
+                os.write(2, data)
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging():
+    """Records nobody else handles go to the service log, from INFO up (see the module doc)."""
+    logging.lastResort = ServiceLogHandler(logging.INFO)
+    if not logging.root.handlers and logging.root.level == logging.WARNING:
+        logging.root.setLevel(logging.INFO)
 
 
 def send(obj):
@@ -213,6 +250,7 @@ def main():
     # The host owns our lifetime (stdin EOF, or a kill on timeout); a Ctrl-C meant for the host must
     # not kill the worker while the host is still draining its queue.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging()
     if not _proto_in.readline():  # the hello; EOF before it means the host is gone
         os._exit(0)
     loop = asyncio.new_event_loop()

@@ -9,6 +9,7 @@ mod contrib;
 mod core;
 mod dylib;
 mod exec;
+mod gateway;
 mod http;
 mod lifecycle;
 mod modules;

@@ -56,12 +56,25 @@ Guarantees
   ``close()``/``aclose()`` flush explicitly. A forked child starts with an empty buffer and its
   own sender (the parent delivers what it had buffered).
 
+Hooks that run inside the gateway
+---------------------------------
+Hooks the service lists with ``"runs": "gateway"`` (they import the gateway's own modules) are
+imported by ``discover_and_load`` in this process, after a SHA-256 check, as the original host
+did, and called off the message path: ``emit`` starts them and returns (async handlers as tasks
+under the hook's timeout, sync handlers on the hook's own thread), ``emit_collect`` awaits them
+and merges their results with the service's in match order; their errors are logged, never
+raised. See ``hermes_hooks._ingateway``. ``ProfileHookRegistries`` keeps one registry per profile
+home (``hermes_hooks.profiles``); ``hermes_hooks.shim`` makes ``gateway.hooks`` hand out these
+classes without editing the gateway.
+
 Logging goes to the ``hermes_hooks`` logger. The only exception raised anywhere is
 ``ValueError`` from the constructor for a malformed address or a nonsensical setting.
 """
 
 from ._transport import Address, parse_address, resolve_address
 from .registry import HookRegistry, check_event_name
+from .profiles import ProfileHookRegistries
 
-__all__ = ["HookRegistry", "Address", "parse_address", "resolve_address", "check_event_name"]
+__all__ = ["HookRegistry", "ProfileHookRegistries", "Address", "parse_address",
+           "resolve_address", "check_event_name"]
 __version__ = "0.1.0"

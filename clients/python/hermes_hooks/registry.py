@@ -33,7 +33,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _transport
+from . import _ingateway, _transport
 
 log = logging.getLogger("hermes_hooks")
 
@@ -234,7 +234,7 @@ class HookRegistry:
                  autostart_timeout: float = 5.0, autostart_log: Optional[str] = None,
                  request_timeout: float = 5.0, backoff_initial: float = 0.05,
                  backoff_max: float = 5.0, exit_flush_timeout: float = 1.0,
-                 validate_events: bool = True) -> None:
+                 validate_events: bool = True, hermes_home: Optional[str] = None) -> None:
         """
         :param address: Unix socket path or ``http://host:port``; default
             ``$HERMES_HOOKS_ADDRESS``, else ``$HERMES_HOME/hooks.sock``. ``ValueError`` if
@@ -260,6 +260,8 @@ class HookRegistry:
             buffered (0: don't wait).
         :param validate_events: check event names on the client (the service's rules) so one bad
             name is refused alone instead of costing a round of batch splitting.
+        :param hermes_home: the service's ``HERMES_HOME`` (default ``$HERMES_HOME``): where the
+            in-gateway hooks imported are recorded, and the home an autostarted service gets.
         """
         self._address = _transport.resolve_address(address)
         if token is None:
@@ -301,6 +303,10 @@ class HookRegistry:
         self.service_process = None  # type: Optional[subprocess.Popen]
 
         self._hooks = []  # type: List[Dict[str, Any]]
+        self._home = hermes_home or _transport.hermes_home()
+        self._home_given = hermes_home is not None
+        #: Hooks that run inside the gateway (``"runs": "gateway"``), imported here.
+        self._ingateway = _ingateway.InGatewayHooks()
         self._names_ok = set()  # type: set
         self._say = _RateLimited()
         self._init_sender_state()
@@ -359,6 +365,7 @@ class HookRegistry:
                 data = json.loads(body.decode("utf-8"))
                 self._hooks = [_hook_entry(h) for h in data.get("hooks") or []]
                 self.skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
+                self._ingateway.load(self._hooks, self._home)
                 for hook in self._hooks:
                     log.info("[hooks] Loaded hook '%s' for events: %s", hook["name"], hook["events"])
                 for entry in self.skipped:
@@ -378,6 +385,8 @@ class HookRegistry:
         the calling task next yields, off the message's path, and one wake serves every event
         emitted until then."""
         try:
+            if self._ingateway:
+                self._ingateway.dispatch(event_type, context)
             if self._enqueue(event_type, context) is _WAKE:
                 try:
                     asyncio.get_running_loop().call_soon(self._wake_sender)
@@ -391,6 +400,8 @@ class HookRegistry:
         Returns whether the event was buffered (``False``: rejected as invalid, dropped, or the
         registry is closed). Never raises."""
         try:
+            if self._ingateway:
+                self._ingateway.dispatch(event_type, context)
             result = self._enqueue(event_type, context)
             if result is _WAKE:
                 self._wake_sender()
@@ -473,7 +484,39 @@ class HookRegistry:
                                     timeout: Optional[float] = None) -> Dict[str, Any]:
         """``emit_collect`` with everything the service said: ``{"results": [{"hook",
         "result"}], "errors": [{"hook", "error"}], "error": None | str}``; ``error`` is set when
-        the call itself failed (service down, timeout, refused request). Never raises."""
+        the call itself failed (service down, timeout, refused request). Never raises.
+        In-gateway hooks run here at the same time; their results and errors are merged into
+        the one match order (exact-pattern hooks, then wildcard hooks, each in discovery order)."""
+        try:
+            local = self._ingateway.matches(event_type)
+        except Exception:
+            local = False
+        if not local:
+            return await self._service_collect(event_type, context, timeout=timeout)
+        if context is None:
+            context = {}
+        try:
+            wait = self.collect_timeout if timeout is None else float(timeout)
+        except (TypeError, ValueError):
+            wait = self.collect_timeout
+        service, local_part = await asyncio.gather(
+            self._service_collect(event_type, context, timeout=timeout),
+            self._ingateway.collect(event_type, context, max(wait, 0.001)),
+            return_exceptions=True)
+        if isinstance(service, BaseException):  # pragma: no cover - it never raises
+            service = {"results": [], "errors": [], "error": repr(service)}
+        if isinstance(local_part, BaseException):
+            log.error("hermes-hooks: in-gateway hooks failed on %r: %r", event_type, local_part)
+            return service
+        results, errors = local_part
+        order = self._ingateway.match_order(event_type)
+        service["results"] = _ingateway.merge(order, service["results"], results)
+        service["errors"] = _ingateway.merge(order, service["errors"], errors)
+        return service
+
+    async def _service_collect(self, event_type: str, context: Optional[Dict[str, Any]] = None,
+                               *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The service's part of ``emit_collect_detailed`` (``POST /v1/collect``)."""
         out = {"results": [], "errors": [], "error": None}  # type: Dict[str, Any]
         try:
             wait = self.collect_timeout if timeout is None else float(timeout)
@@ -820,7 +863,7 @@ class HookRegistry:
                         "%s, or put hermes-hooks on PATH)", _transport.BIN_ENV)
             return False
         argv = [binary, "serve"] + self._address.serve_args() + self._serve_args
-        log_path = self._autostart_log or os.path.join(_transport.hermes_home(), "logs",
+        log_path = self._autostart_log or os.path.join(self._home, "logs",
                                                        "hermes-hooks.log")
         try:
             if self._address.kind == "unix":
@@ -828,8 +871,9 @@ class HookRegistry:
                             mode=0o700, exist_ok=True)
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             with open(log_path, "ab") as out:
+                env = dict(os.environ, HERMES_HOME=self._home) if self._home_given else None
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                        close_fds=True, start_new_session=True)
+                                        close_fds=True, start_new_session=True, env=env)
         except OSError as exc:
             log.warning("hermes-hooks: autostart of %s failed: %s", argv, exc)
             return False

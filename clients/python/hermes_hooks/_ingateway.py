@@ -1,0 +1,456 @@
+"""Hooks that run inside the gateway: import them as the original host did, call them off the
+message path.
+
+The service lists such hooks in ``/v1/hooks`` with ``"runs": "gateway"`` (they import the
+gateway's own modules: patch its classes, reach ``gateway.run._gateway_runner_ref()``, schedule
+watchers on its loop) and runs no worker for them. ``InGatewayHooks`` owns the rest:
+
+* **Import** (``load``, from ``discover_and_load``): the handler file is read once, its SHA-256
+  compared with the one the service reported (a mismatch refuses the hook: the file changed
+  after the service looked at it, possibly after an approval), then executed from those same
+  bytes as module ``hermes_hook_<name>`` (registered in ``sys.modules`` first, hook directory on
+  ``sys.path``), so import-time patches are in place before the gateway goes on. What was
+  imported is recorded in ``$HERMES_HOME/hooks-in-gateway.json`` (pid, SHA-256 per hook) so that
+  ``hermes-hooks list``/``check`` can say when a changed hook needs a gateway restart.
+* **emit** (``dispatch``): returns at once. An ``async def`` handler becomes a task on the
+  gateway's loop under the hook's ``timeout``; a sync handler runs on the hook's own worker
+  thread (one per hook: its events in order; bounded queue, oldest dropped and counted). An
+  exception or a timeout is logged with the hook's name, never raised into the gateway.
+* **emit_collect** (``collect``): awaits both kinds under the timeout and returns
+  ``{"hook", "result"}`` / ``{"hook", "error"}`` items; ``match_order`` gives the one match
+  order of every hook (exact-pattern hooks, then wildcard hooks, each in discovery order) to
+  merge them with the service's results.
+
+Handlers get the caller's real ``context`` dict, as with the original host.
+"""
+
+import asyncio
+import collections
+import hashlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+log = logging.getLogger("hermes_hooks")
+
+#: Record of the hooks this gateway imported, in the service's ``HERMES_HOME``.
+RECORD_FILE = "hooks-in-gateway.json"
+#: Events waiting per in-gateway sync hook before the oldest is dropped.
+DEFAULT_QUEUE = 1024
+_MATCH_CACHE_MAX = 4096
+#: Seconds between two "queue full" warnings of one hook.
+_DROP_LOG_INTERVAL = 10.0
+
+
+def _glob_regex(pattern: str) -> "re.Pattern":
+    """The service's glob syntax (``*``, ``?``, ``[...]``, ``{a,b}``) as a regex; ``*`` crosses
+    ``:`` as it does in the service."""
+    out, i, depth = [], 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1:end]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end
+        elif c == "{":
+            depth += 1
+            out.append("(?:")
+        elif c == "}" and depth:
+            depth -= 1
+            out.append(")")
+        elif c == "," and depth:
+            out.append("|")
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+class _Patterns:
+    """One hook's ``events:``: exact names and compiled globs."""
+
+    def __init__(self, patterns: List[str]) -> None:
+        self.exact = set()
+        self.globs = []
+        for p in patterns:
+            if isinstance(p, str):
+                if any(ch in p for ch in "*?[{"):
+                    self.globs.append(_glob_regex(p))
+                else:
+                    self.exact.add(p)
+
+    def match(self, event: str) -> Optional[str]:
+        """``"exact"``, ``"wildcard"`` or ``None``."""
+        if event in self.exact:
+            return "exact"
+        for g in self.globs:
+            if g.match(event):
+                return "wildcard"
+        return None
+
+
+def module_name(hook_name: str) -> str:
+    """``hermes_hook_<name>``, the name as written (the original host's module name)."""
+    return "hermes_hook_" + hook_name
+
+
+class _Hook:
+    """One imported in-gateway hook and its worker thread."""
+
+    def __init__(self, entry: Dict[str, Any], handle: Callable, module: Any) -> None:
+        self.name = entry["name"]
+        self.entry = entry
+        self.handle = handle
+        self.module = module
+        self.is_async = inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(
+            getattr(handle, "__call__", None))
+        try:
+            self.timeout = float(entry.get("timeout_s") or 30.0)
+        except (TypeError, ValueError):
+            self.timeout = 30.0
+        try:
+            self.capacity = int((entry.get("queue") or {}).get("capacity") or DEFAULT_QUEUE)
+        except (TypeError, ValueError, AttributeError):
+            self.capacity = DEFAULT_QUEUE
+        self.dropped = 0
+        self._drop_logged = -_DROP_LOG_INTERVAL
+        self.failed = 0
+        self.ok = 0
+        self._queue = collections.deque()  # type: collections.deque
+        self._cond = threading.Condition()
+        self._thread = None  # type: Optional[threading.Thread]
+        self._idle = False  # the thread waits for work (only then does submit notify it)
+
+    # -- sync handlers: the hook's own thread, its events in order
+
+    def submit(self, event: str, context: Dict[str, Any], loop: Optional[asyncio.AbstractEventLoop],
+               done: Optional[Callable[[Any, Optional[str]], None]] = None) -> None:
+        with self._cond:
+            if len(self._queue) >= self.capacity:
+                _, _, _, old_done = self._queue.popleft()
+                self.dropped += 1
+                now = time.monotonic()
+                if now - self._drop_logged >= _DROP_LOG_INTERVAL:
+                    self._drop_logged = now
+                    log.warning("[hooks] %s: queue full (%d events waiting for its thread); "
+                                "oldest dropped (%d dropped so far)", self.name, self.capacity,
+                                self.dropped)
+                if old_done is not None:
+                    old_done(None, "dropped: the hook's queue was full")
+            self._queue.append((event, context, loop, done))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="hermes-hook-" + self.name)
+                self._thread.start()
+            elif self._idle:
+                self._idle = False  # one wake per idle period; a busy thread needs none
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._idle = True
+                    self._cond.wait()
+                self._idle = False
+                event, context, loop, done = self._queue.popleft()
+            result, error = self._call_sync(event, context, loop)
+            if done is not None:
+                try:
+                    done(result, error)
+                except Exception:  # pragma: no cover - the waiter's side is already gone
+                    pass
+
+    def _call_sync(self, event: str, context: Dict[str, Any],
+                   loop: Optional[asyncio.AbstractEventLoop]) -> Tuple[Any, Optional[str]]:
+        started = time.monotonic()
+        try:
+            result = self.handle(event, context)
+            if inspect.isawaitable(result):
+                # A sync def that returned a coroutine: it belongs on the gateway's loop.
+                if loop is None or loop.is_closed():
+                    raise RuntimeError("handler returned a coroutine but the gateway's loop is gone")
+                result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result(
+                    self.timeout)
+        except Exception as exc:
+            return None, self._failed(event, exc)
+        elapsed = time.monotonic() - started
+        if elapsed > self.timeout:
+            log.warning("[hooks] %s took %.1f s for '%s' (timeout %.1f s; a sync handler in the "
+                        "gateway cannot be interrupted, it only delays this hook's own events)",
+                        self.name, elapsed, event, self.timeout)
+        self.ok += 1
+        return result, None
+
+    def _failed(self, event: str, exc: BaseException) -> str:
+        self.failed += 1
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            text = "timed out after %.1f s" % self.timeout
+            log.warning("[hooks] Handler %s for '%s' %s", self.name, event, text)
+        else:
+            text = "%s: %s" % (type(exc).__name__, exc) if str(exc) else type(exc).__name__
+            log.error("[hooks] Error in handler %s for '%s': %s", self.name, event, text,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+        return text
+
+    # -- async handlers: tasks on the gateway's loop
+
+    async def call_async(self, event: str, context: Dict[str, Any],
+                         limit: Optional[float] = None) -> Tuple[Any, Optional[str]]:
+        try:
+            result = await asyncio.wait_for(_awaited(self.handle(event, context)),
+                                            self.timeout if limit is None else limit)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return None, self._failed(event, exc)
+        self.ok += 1
+        return result, None
+
+
+async def _awaited(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class InGatewayHooks:
+    """The in-gateway hooks of one registry (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._hooks = {}  # type: Dict[str, _Hook]
+        self._order = []  # type: List[Tuple[str, _Patterns]]   # every hook, discovery order
+        self._cache = {}  # type: Dict[str, Tuple[List[str], List[_Hook]]]
+        self._tasks = set()  # type: set
+        self._loop = None  # type: Optional[asyncio.AbstractEventLoop]
+
+    def __bool__(self) -> bool:
+        return bool(self._hooks)
+
+    @property
+    def names(self) -> List[str]:
+        return list(self._hooks)
+
+    # ------------------------------------------------------------------ import
+
+    def load(self, entries: List[Dict[str, Any]], hermes_home: Optional[str]) -> None:
+        """Import the entries with ``runs == "gateway"`` (once per name: a hook already imported
+        is kept, re-importing patching code is not safe). Marks each entry's ``status``."""
+        self._order = [(e.get("name", ""), _Patterns(list(e.get("events") or [])))
+                       for e in entries]
+        self._cache = {}
+        for entry in entries:
+            if entry.get("runs") != "gateway":
+                continue
+            name = entry.get("name", "")
+            if name in self._hooks:
+                entry["status"] = "imported"
+                if entry.get("sha256") != self._hooks[name].entry.get("sha256"):
+                    entry["restart_needed"] = "changed since this gateway imported it"
+                    log.warning("[hooks] %s changed since it was imported; restart the gateway "
+                                "to run the new version", name)
+                continue
+            hook = self._import(entry)
+            if hook is not None:
+                self._hooks[name] = hook
+        if hermes_home:
+            self._write_record(hermes_home)
+
+    def _import(self, entry: Dict[str, Any]) -> Optional[_Hook]:
+        name = entry.get("name", "")
+        handler = entry.get("handler") or ""
+        hook_dir = entry.get("path") or os.path.dirname(handler)
+
+        def refuse(status: str, why: str) -> None:
+            entry["status"] = status
+            entry["error"] = why
+            log.error("[hooks] Skipping %s (runs in the gateway): %s", name, why)
+
+        try:
+            with open(handler, "rb") as f:
+                source = f.read()
+        except OSError as exc:
+            refuse("failed", "cannot read %s: %s" % (handler, exc))
+            return None
+        digest = hashlib.sha256(source).hexdigest()
+        if not entry.get("sha256") or digest != entry.get("sha256"):
+            refuse("refused", "%s has SHA-256 %s, not %s as the service reported: it changed "
+                   "after the service checked it; not imported (reload the service, then "
+                   "restart the gateway)" % (handler, digest[:12], str(entry.get("sha256"))[:12]))
+            return None
+        mod_name = module_name(name)
+        spec = importlib.util.spec_from_file_location(mod_name, handler)
+        if spec is None:
+            refuse("failed", "cannot make a module of %s" % handler)
+            return None
+        module = importlib.util.module_from_spec(spec)
+        if hook_dir and hook_dir not in sys.path:
+            sys.path.insert(0, hook_dir)
+        sys.modules[mod_name] = module
+        try:
+            code = compile(source, handler, "exec", dont_inherit=True)
+            exec(code, module.__dict__)  # the bytes whose digest was checked, not a re-read
+        except BaseException as exc:  # a hook's SystemExit must not stop the gateway either
+            sys.modules.pop(mod_name, None)
+            refuse("failed", "import failed: %s: %s" % (type(exc).__name__, exc))
+            log.debug("import traceback", exc_info=(type(exc), exc, exc.__traceback__))
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return None
+        handle = getattr(module, "handle", None)
+        if not callable(handle):
+            sys.modules.pop(mod_name, None)
+            refuse("failed", "no 'handle' function found in %s" % os.path.basename(handler))
+            return None
+        entry["status"] = "imported"
+        log.info("[hooks] Imported %s into the gateway (%s)", name, entry.get("why", ""))
+        return _Hook(entry, handle, module)
+
+    def _write_record(self, hermes_home: str) -> None:
+        record = {"pid": os.getpid(),
+                  "hooks": {n: {"sha256": h.entry.get("sha256", ""), "handler": h.entry.get(
+                      "handler", "")} for n, h in self._hooks.items()}}
+        path = os.path.join(hermes_home, RECORD_FILE)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("hermes-hooks: cannot record the in-gateway hooks in %s: %s", path, exc)
+
+    # ------------------------------------------------------------------ matching
+
+    def _match(self, event: str) -> Tuple[List[str], List[_Hook]]:
+        """(every matching hook's name in match order, the in-gateway ones among them)."""
+        hit = self._cache.get(event)
+        if hit is not None:
+            return hit
+        exact, wild = [], []
+        for name, patterns in self._order:
+            kind = patterns.match(event)
+            if kind == "exact":
+                exact.append(name)
+            elif kind == "wildcard":
+                wild.append(name)
+        names = exact + wild
+        hit = (names, [self._hooks[n] for n in names if n in self._hooks])
+        if len(self._cache) < _MATCH_CACHE_MAX:
+            self._cache[event] = hit
+        return hit
+
+    def matches(self, event: str) -> bool:
+        return bool(self._hooks) and bool(self._match(event)[1])
+
+    def match_order(self, event: str) -> List[str]:
+        return self._match(event)[0]
+
+    # ------------------------------------------------------------------ emit
+
+    def dispatch(self, event: str, context: Dict[str, Any]) -> None:
+        """Start every matching in-gateway handler and return at once (never raises)."""
+        if not self._hooks or not isinstance(event, str):
+            return
+        hooks = self._match(event)[1]
+        if not hooks:
+            return
+        if context is None:
+            context = {}  # as the original host: handlers always get a dict
+        try:
+            loop = asyncio.get_running_loop()  # type: Optional[asyncio.AbstractEventLoop]
+            self._loop = loop
+            running_here = True
+        except RuntimeError:
+            loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
+            running_here = False
+        for hook in hooks:
+            try:
+                if not hook.is_async:
+                    hook.submit(event, context, loop)
+                elif running_here:
+                    task = loop.create_task(hook.call_async(event, context))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                elif loop is not None:
+                    asyncio.run_coroutine_threadsafe(hook.call_async(event, context), loop)
+                else:
+                    log.warning("[hooks] %s not run for '%s': async handler and no event loop "
+                                "known yet", hook.name, event)
+            except Exception as exc:  # never into the gateway
+                log.error("[hooks] %s not run for '%s': %r", hook.name, event, exc)
+
+    # ------------------------------------------------------------------ emit_collect
+
+    async def collect(self, event: str, context: Dict[str, Any], timeout: float
+                      ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+        """Run the matching in-gateway handlers now; (results, errors) tagged with hook names."""
+        hooks = self._match(event)[1] if self._hooks else []
+        if not hooks:
+            return [], []
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        waits = []
+        for hook in hooks:
+            limit = min(hook.timeout, timeout)
+            if hook.is_async:
+                waits.append(hook.call_async(event, context, limit))
+            else:
+                fut = loop.create_future()
+
+                def done(result: Any, error: Optional[str], fut: "asyncio.Future" = fut) -> None:
+                    def settle() -> None:
+                        if not fut.done():
+                            fut.set_result((result, error))
+                    try:
+                        loop.call_soon_threadsafe(settle)
+                    except RuntimeError:  # loop closed meanwhile
+                        pass
+                hook.submit(event, context, loop, done)
+                waits.append(_bounded(fut, hook, limit))
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        results, errors = [], []
+        for hook, outcome in zip(hooks, outcomes):
+            if isinstance(outcome, BaseException):
+                errors.append({"hook": hook.name, "error": "%s: %s" % (
+                    type(outcome).__name__, outcome)})
+                continue
+            result, error = outcome
+            if error is not None:
+                errors.append({"hook": hook.name, "error": error})
+            elif result is not None:
+                results.append({"hook": hook.name, "result": result})
+        return results, errors
+
+
+async def _bounded(fut: "asyncio.Future", hook: _Hook, limit: float
+                   ) -> Tuple[Any, Optional[str]]:
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut), limit)
+    except asyncio.TimeoutError:
+        log.warning("[hooks] Handler %s gave no result within %.1f s; emit_collect goes on "
+                    "without it", hook.name, limit)
+        return None, "no result within %.1f s" % limit
+
+
+def merge(order: List[str], *parts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Items of several sources, each tagged with ``hook``, in the one match order."""
+    rank = {name: i for i, name in enumerate(order)}
+    items = [item for part in parts for item in part]
+    return sorted(items, key=lambda item: rank.get(item.get("hook"), len(rank)))
