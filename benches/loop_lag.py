@@ -14,6 +14,8 @@ over ``--rounds`` rounds:
              hooks on ``agent:step``
   frozen     the same client while the service is frozen (SIGSTOP) for the whole measurement:
              the client buffers (and drops the oldest past its bound)
+  thaw       the service was frozen until the client's buffer was full (10,000 events) and
+             goes on at the start of the measurement: the client sends its backlog meanwhile
 
 at the base rate and at 4x the rate (bursts of 100 every 5 ms, 20,000 events/s).
 
@@ -185,9 +187,15 @@ def run_case(args: argparse.Namespace) -> dict:
         assert len(registry.loaded_hooks) == 10, registry.loaded_hooks
 
         async def freeze() -> None:
-            if args.case == "frozen":
+            if args.case in ("frozen", "thaw"):
                 await registry.aflush(10.0)
                 os.kill(args.service_pid, signal.SIGSTOP)
+            if args.case == "thaw":
+                # Let the buffer fill (the emitter keeps going), then measure the drain.
+                deadline = time.monotonic() + 30
+                while registry.pending < 10000 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                os.kill(args.service_pid, signal.SIGCONT)
 
         samples = asyncio.run(workload(registry.emit, args.seconds, args.burst, interval,
                                        args.warmup, freeze))
@@ -259,9 +267,11 @@ def driver(args: argparse.Namespace) -> None:
             ("original", "original host, 10 trivial sync hooks", args.burst, args.interval_ms),
             ("client", "clients/python -> hermes-hooks", args.burst, args.interval_ms),
             ("frozen", "clients/python, service frozen", args.burst, args.interval_ms),
+            ("thaw", "clients/python, backlog after a freeze", args.burst, args.interval_ms),
             ("original", "original host, 10 trivial sync hooks", args.burst, fast),
             ("client", "clients/python -> hermes-hooks", args.burst, fast),
-            ("frozen", "clients/python, service frozen", args.burst, fast)]
+            ("frozen", "clients/python, service frozen", args.burst, fast),
+            ("thaw", "clients/python, backlog after a freeze", args.burst, fast)]
     results = {i: [] for i in range(len(plan))}
     try:
         deadline = time.monotonic() + 60
@@ -324,7 +334,7 @@ def driver(args: argparse.Namespace) -> None:
           "alone shows the machine's own stalls, which every max includes)")
     for rate in sorted({r["events_per_s"] for r in table if r["case"] == "original"}):
         orig = next(r for r in table if r["case"] == "original" and r["events_per_s"] == rate)
-        for case in ("client", "frozen"):
+        for case in ("client", "frozen", "thaw"):
             row = next(r for r in table if r["case"] == case and r["events_per_s"] == rate)
             print("  %-6s %6d ev/s: lag p99 %.2fx, p99.9 %.2fx, max %.2fx (worst rounds %.2fx), "
                   "emit p99 %.2fx" % (case, rate, orig["lag_ms_p99"] / row["lag_ms_p99"],
@@ -353,7 +363,7 @@ def main() -> None:
     ap.add_argument("--rt", action="store_true",
                     help="run each case's gateway process under SCHED_FIFO (needs root or "
                          "CAP_SYS_NICE): isolates the figures from other load on the machine")
-    ap.add_argument("--case", choices=["none", "original", "client", "frozen"],
+    ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--service-pid", type=int, help=argparse.SUPPRESS)
