@@ -328,7 +328,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         match std::fs::read(p) {
             Ok(bytes) => {
                 use sha2::Digest;
-                sha256 = Some(crate::handler::webhook::hex(&sha2::Sha256::digest(&bytes)));
+                sha256 = Some(hex::encode(sha2::Sha256::digest(&bytes)));
                 bytes.hash(&mut hasher)
             }
             Err(e) => {

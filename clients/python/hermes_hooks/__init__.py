@@ -21,14 +21,17 @@ Guarantees
 * **emit never raises and never blocks.** ``await registry.emit(...)`` (and the synchronous
   ``emit_nowait``) validates the event name, copies the context dict (a shallow copy: nested
   objects the gateway mutates later may be seen mutated) and appends it to an in-memory buffer;
-  it does no I/O and completes without suspending. A background daemon thread sends the buffer
-  in batches (``POST /v1/events/batch``) over one keep-alive connection. Waking that thread
+  it does no encoding and no I/O and completes without suspending. A background daemon thread
+  encodes the events a few at a time, pausing between chunks so that it never keeps the event
+  loop waiting for the GIL (the interpreter's switch interval is left alone), and sends them in
+  batches (``POST /v1/events/batch``) over one keep-alive connection. Waking that thread
   when it is idle is scheduled on the event loop (``call_soon``), so it happens when the
   calling task next yields, not inside ``emit`` (``emit_nowait`` wakes it directly).
-* **Bounded buffer.** At most ``queue_size`` events (default 10,000) wait for the service,
-  counting the batch in flight. When full, the oldest waiting event is dropped and counted in
-  ``dropped`` (events in the batch being sent are kept; if they fill the whole buffer, the new
-  event is dropped instead). Memory stays bounded however long the service is down.
+* **Bounded buffer.** At most ``queue_size`` events (default 10,000) and ``queue_bytes`` bytes
+  of JSON (default 32 MiB; for events not encoded yet, the average encoded size so far) wait for
+  the service, counting the batch in flight. When full, the oldest waiting events are dropped
+  and counted in ``dropped`` (events in the batch being sent are kept; that batch takes at most
+  half of either bound). Memory stays bounded however long the service is down.
 * **Service down or restarting.** Events wait in the buffer while the sender reconnects with
   exponential backoff (``backoff_initial`` 50 ms doubling to ``backoff_max`` 5 s). A batch
   leaves the buffer only when the service answered 202, so nothing is lost unless the bound

@@ -4,13 +4,27 @@ Same surface as the gateway's original ``gateway.hooks.HookRegistry``: ``discove
 ``loaded_hooks``, ``async emit(event_type, context=None)``, ``async emit_collect(event_type,
 context=None)``. See the package docstring for the guarantees.
 
-Path of an event: ``emit`` validates the name, copies the context (shallow) and appends to a
-bounded deque under a lock; if the sender thread is idle, its wake-up is scheduled on the event
-loop (``call_soon``) -> the sender takes up to ``batch_max`` events, encodes them to JSON
-(``default=``: anything becomes a string) -> ``POST /v1/events/batch`` over one keep-alive
-connection -> on 202 they are counted ``sent``; on a connection error or 503 the same batch is
-retried after a backoff; on 400/413 the batch is halved until the bad event is alone, and that one
-is counted ``rejected``.
+Path of an event: ``emit`` validates the name, copies the context (shallow) and appends it to a
+deque bounded by count and by bytes, under a lock; if the sender thread is idle, its wake-up is
+scheduled on the event loop (``call_soon``) -> the sender takes the events a few at a time
+(``_ENCODE_CHUNK``), encodes them to JSON (``default=``: anything becomes a string) and sleeps
+briefly between chunks, up to ``batch_max`` events or ``_BATCH_BYTES`` -> ``POST
+/v1/events/batch`` over one keep-alive connection -> on 202 they are counted ``sent``; on a
+connection error or 503 the same batch is retried after a backoff; on 400/413 the batch is halved
+until the bad event is alone, and that one is counted ``rejected``.
+
+Why the sender works in small pieces: in the gateway's process it competes with the event loop
+for the GIL, and CPython takes the GIL from a thread that does not give it up only after
+``sys.getswitchinterval()`` (5 ms; never changed here: it is the whole interpreter's setting).
+A sender that encoded a whole batch at once held the GIL for milliseconds and the loop stalled
+that long (measured: loop lag p99 2.4 ms at 20,000 events/s, against 0.6 ms for the original
+in-process host). Now every GIL hold of the sender is short: one chunk of encoding (about 30 us),
+then ``time.sleep(_ENCODE_NAP)``, which releases the GIL long enough for a waiting loop to take
+it (a bare release is retaken before the waiting thread wakes); then a join bounded by
+``_BATCH_BYTES`` and socket I/O, which runs without the GIL. Encoding in ``emit`` instead was
+measured too: it keeps the sender lighter but costs every emit ~2 us on the loop's own thread,
+which in a burst of emits is lag itself (p99 0.5 ms against 0.3 ms this way).
+``benches/loop_lag.py`` measures it.
 """
 
 import asyncio
@@ -41,8 +55,20 @@ log = logging.getLogger("hermes_hooks")
 MAX_EVENT_NAME_CHARS = 256
 #: Most events the service takes in one ``/v1/events/batch`` request.
 MAX_BATCH_EVENTS = 10000
-#: Body size the client keeps each batch under (the service's limit is 16 MiB).
+#: Largest encoded event the client sends (the service's body limit is 16 MiB); a bigger one
+#: is counted ``rejected``.
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: Body size the sender stops filling a batch at: joining a batch holds the GIL (a memcpy of
+#: this size, about 0.1 ms), so it stays well under the service's limit.
+_BATCH_BYTES = 1024 * 1024
+#: Default bound on the bytes buffered (queued + in flight), beside the bound on events.
+DEFAULT_QUEUE_BYTES = 32 * 1024 * 1024
+#: Events the sender encodes per GIL hold (a 400-byte context takes about 2 us)...
+_ENCODE_CHUNK = 16
+#: ...and the sleep after each chunk, which lets a thread waiting for the GIL take it.
+_ENCODE_NAP = 0.0001
+#: Encoded size assumed for a buffered event before the sender has measured any (bytes).
+_INITIAL_EVENT_BYTES = 512
 #: How many distinct valid event names are remembered to skip re-validation.
 _NAME_CACHE_MAX = 4096
 #: Consecutive 5xx answers (other than 502/503/504) for the same batch before it is split.
@@ -65,6 +91,15 @@ class _RateLimited:
         self.interval = interval
         self._last = {}  # type: Dict[str, float]
         self._suppressed = collections.Counter()  # type: collections.Counter
+
+    def quiet(self, key: str) -> bool:
+        """True (and counted as suppressed) when a ``key`` message was logged too recently:
+        lets a hot path skip building the message."""
+        last = self._last.get(key)
+        if last is not None and time.monotonic() - last < self.interval:
+            self._suppressed[key] += 1
+            return True
+        return False
 
     def __call__(self, key: str, level: int, msg: str, *args: Any) -> None:
         now = time.monotonic()
@@ -151,11 +186,58 @@ def _dumps(obj: Any) -> str:
 
 
 def encode_event(event_type: str, context: Dict[str, Any]) -> bytes:
-    """One ``{"event", "context"}`` object as compact JSON bytes; never raises for odd values."""
+    """One ``{"event", "context"}`` object as compact JSON bytes, as the sender encodes it;
+    never raises for odd values."""
+    return _event_prefix(event_type) + _encode_context(context) + b"}"
+
+
+def _context_encoder() -> Any:
+    """``encode(obj) -> str``, compact JSON as ``_dumps`` makes it, with the C encoder built once
+    instead of on every call (``json.dumps`` with options builds a ``JSONEncoder`` and a C
+    encoder per call: 3.6 us against 1.8 us for a 400-byte context). ``reset()`` clears the
+    circular-reference markers a failed call may leave behind."""
+    markers = {}  # type: Dict[int, Any]
+    make = getattr(json.encoder, "c_make_encoder", None)
+    escape = getattr(json.encoder, "c_encode_basestring_ascii", None)
+    c_encode = None
+    if make is not None and escape is not None:
+        try:
+            c_encode = make(markers, _json_default, escape, None, ":", ",", False, False, False)
+        except Exception:  # pragma: no cover - another interpreter's signature
+            c_encode = None
+    if c_encode is None:  # pragma: no cover - CPython without the _json accelerator
+        py = json.JSONEncoder(separators=(",", ":"), default=_json_default, allow_nan=False)
+
+        def encode(obj: Any) -> str:
+            return py.encode(obj)
+    else:
+        join = "".join
+
+        def encode(obj: Any) -> str:
+            return join(c_encode(obj, 0))
+    encode.reset = markers.clear  # type: ignore[attr-defined]
+    return encode
+
+
+_encode_json = _context_encoder()
+
+
+def _event_prefix(event_type: Any) -> bytes:
+    """``{"event":NAME,"context":`` for one event name."""
     try:
-        return _dumps({"event": event_type, "context": context}).encode("utf-8")
+        name = _dumps(event_type)
     except (TypeError, ValueError, RecursionError):
-        return _dumps({"event": event_type, "context": _sanitize(context)}).encode("utf-8")
+        name = _dumps(_sanitize(event_type))
+    return b'{"event":' + name.encode("utf-8") + b',"context":'
+
+
+def _encode_context(context: Dict[str, Any]) -> bytes:
+    """The context as compact JSON bytes (the fast encoder, else the forgiving slow path)."""
+    try:
+        return _encode_json(context).encode("utf-8")
+    except Exception:  # TypeError, ValueError (NaN, cycle), RecursionError, a dict mutated...
+        _encode_json.reset()
+        return _dumps(_sanitize(context)).encode("utf-8")
 
 
 def _error_detail(status: int, body: bytes) -> str:
@@ -218,14 +300,15 @@ class HookRegistry:
     Counters (read them any time, from any thread): ``sent`` (events the service acknowledged
     with 202), ``dropped`` (events discarded because the buffer was full, or emitted after
     ``close()``), ``rejected`` (events the client or the service refused as invalid: bad event
-    name, context not a mapping, 4xx answer), ``pending`` (buffered + in flight), ``connected``
-    (the service answered the last batch request) and ``last_error`` (text of the last send
-    failure, kept after recovery).
+    name, context not a mapping, 4xx answer), ``pending`` (buffered + in flight),
+    ``pending_bytes`` (their size as JSON), ``connected`` (the service answered the last batch
+    request) and ``last_error`` (text of the last send failure, kept after recovery).
 
-    When the buffer is full the **oldest** buffered event is dropped to make room (the service
-    side's default overflow policy too): after an outage the hooks get the most recent events.
-    Events already in the batch being sent are never dropped; if the whole buffer is one
-    in-flight batch the new event is the one dropped.
+    When the buffer is full (``queue_size`` events or ``queue_bytes`` bytes) the **oldest**
+    buffered events are dropped to make room (the service side's default overflow policy too):
+    after an outage the hooks get the most recent events. Events already in the batch being sent
+    are never dropped; that batch takes at most half the buffer, so new events still find
+    room.
     """
 
     def __init__(self, address: Any = None, token: Optional[str] = None, queue_size: int = 10000,
@@ -234,7 +317,8 @@ class HookRegistry:
                  autostart_timeout: float = 5.0, autostart_log: Optional[str] = None,
                  request_timeout: float = 5.0, backoff_initial: float = 0.05,
                  backoff_max: float = 5.0, exit_flush_timeout: float = 1.0,
-                 validate_events: bool = True, hermes_home: Optional[str] = None) -> None:
+                 validate_events: bool = True, queue_bytes: int = DEFAULT_QUEUE_BYTES,
+                 hermes_home: Optional[str] = None) -> None:
         """
         :param address: Unix socket path or ``http://host:port``; default
             ``$HERMES_HOOKS_ADDRESS``, else ``$HERMES_HOME/hooks.sock``. ``ValueError`` if
@@ -260,6 +344,9 @@ class HookRegistry:
             buffered (0: don't wait).
         :param validate_events: check event names on the client (the service's rules) so one bad
             name is refused alone instead of costing a round of batch splitting.
+        :param queue_bytes: most bytes buffered (queued + in flight, as JSON; for events not
+            encoded yet, the average encoded size so far), beside ``queue_size``: past either
+            bound the oldest are dropped and counted (default 32 MiB).
         :param hermes_home: the service's ``HERMES_HOME`` (default ``$HERMES_HOME``): where the
             in-gateway hooks imported are recorded, and the home an autostarted service gets.
         """
@@ -274,9 +361,12 @@ class HookRegistry:
         if not 1 <= int(batch_max) <= MAX_BATCH_EVENTS:
             raise ValueError("batch_max must be between 1 and %d, got %r"
                              % (MAX_BATCH_EVENTS, batch_max))
+        if int(queue_bytes) < 1:
+            raise ValueError("queue_bytes must be at least 1, got %r" % (queue_bytes,))
         if not float(collect_timeout) > 0:
             raise ValueError("collect_timeout must be positive, got %r" % (collect_timeout,))
         self._queue_size = int(queue_size)
+        self._queue_bytes = int(queue_bytes)
         self._batch_max = int(batch_max)
         self.collect_timeout = float(collect_timeout)
         self._autostart = bool(autostart)
@@ -307,7 +397,9 @@ class HookRegistry:
         self._home_given = hermes_home is not None
         #: Hooks that run inside the gateway (``"runs": "gateway"``), imported here.
         self._ingateway = _ingateway.InGatewayHooks()
-        self._names_ok = set()  # type: set
+        # Event name -> the encoded ``{"event":NAME,"context":`` prefix; a name is here once it
+        # passed validation (bounded: past _NAME_CACHE_MAX names each emit computes its own).
+        self._prefixes = {}  # type: Dict[Any, bytes]
         self._say = _RateLimited()
         self._init_sender_state()
         _live.add(self)
@@ -321,8 +413,19 @@ class HookRegistry:
         self._drained = threading.Condition(self._lock)
         # Cuts a reconnect backoff short (flush, close).
         self._kick = threading.Event()
+        # Buffered events, oldest first, not encoded yet: the context copies (None for no
+        # context) and, in step, their encoded ``{"event":NAME,"context":`` prefixes. Two deques
+        # rather than one of tuples: a dict of plain values is not tracked by the garbage
+        # collector, a tuple is, and a backlog of tuples would lengthen the gateway's collections.
         self._queue = collections.deque()  # type: collections.deque
+        self._queue_prefixes = collections.deque()  # type: collections.deque
+        # Events (and their encoded bytes) taken by the sender, not yet acknowledged or rejected.
         self._inflight = 0
+        self._inflight_bytes = 0
+        # Running average of the encoded size of an event: the byte bound's estimate for the
+        # events still in the queue (a guess until the sender has encoded some).
+        self._event_bytes = float(_INITIAL_EVENT_BYTES)
+        self._event_bytes_measured = False
         self._sender_idle = False
         self._wake_pending = False
         self._thread = None  # type: Optional[threading.Thread]
@@ -414,7 +517,7 @@ class HookRegistry:
         """Buffer one event. Returns ``False`` (not buffered), ``True`` (buffered) or ``_WAKE``
         (buffered, and the idle sender must be woken by the caller)."""
         if context is None:
-            ctx = {}  # type: Dict[str, Any]
+            ctx = None  # type: Optional[Dict[str, Any]]
         elif type(context) is dict:
             ctx = context.copy()  # the gateway may reuse its dict after emit returns
         elif isinstance(context, collections.abc.Mapping):
@@ -422,12 +525,15 @@ class HookRegistry:
         else:
             return self._reject_early(
                 "context for %r must be a dict, not %s" % (event_type, type(context).__name__))
-        if self._validate and (type(event_type) is not str or event_type not in self._names_ok):
-            problem = check_event_name(event_type)
-            if problem is not None:
-                return self._reject_early(problem)
-            if len(self._names_ok) < _NAME_CACHE_MAX:
-                self._names_ok.add(event_type)
+        prefix = self._prefixes.get(event_type) if type(event_type) is str else None
+        if prefix is None:
+            if self._validate:
+                problem = check_event_name(event_type)
+                if problem is not None:
+                    return self._reject_early(problem)
+            prefix = _event_prefix(event_type)
+            if type(event_type) is str and len(self._prefixes) < _NAME_CACHE_MAX:
+                self._prefixes[event_type] = prefix
         wake = False
         with self._lock:
             if self._closed:
@@ -435,16 +541,26 @@ class HookRegistry:
                 lost = "closed"
             else:
                 queue = self._queue
+                prefixes = self._queue_prefixes
                 lost = None
-                if len(queue) + self._inflight >= self._queue_size:
-                    self.dropped += 1
-                    if queue:
-                        queue.popleft()
-                        lost = "oldest"
-                    else:
+                # Room beside the batch in flight (never dropped); queued events count for the
+                # average encoded size.
+                count_room = self._queue_size - self._inflight
+                fits = int((self._queue_bytes - self._inflight_bytes) / self._event_bytes)
+                room = count_room if count_room < fits else fits
+                if len(queue) >= room:
+                    if room <= 0:
+                        self.dropped += 1
                         lost = "newest"
+                    else:
+                        lost = "oldest"
+                        while len(queue) >= room:
+                            queue.popleft()
+                            prefixes.popleft()
+                            self.dropped += 1
                 if lost != "newest":
-                    queue.append((event_type, ctx))
+                    queue.append(ctx)
+                    prefixes.append(prefix)
                     if self._sender_idle and not self._wake_pending:
                         self._wake_pending = wake = True
         if self._thread is None and lost != "closed":
@@ -572,11 +688,18 @@ class HookRegistry:
         """Events buffered or in the batch being sent (not yet acknowledged)."""
         return len(self._queue) + self._inflight
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of JSON the pending events amount to: exact for the batch being sent, from
+        the average encoded size for the events not encoded yet (what ``queue_bytes`` bounds)."""
+        return int(self._inflight_bytes + len(self._queue) * self._event_bytes)
+
     def stats(self) -> Dict[str, Any]:
         """The counters in one dict (for a status page or a log line)."""
         return {"address": self.address, "sent": self.sent, "dropped": self.dropped,
                 "rejected": self.rejected, "pending": self.pending,
-                "connected": self.connected, "last_error": self.last_error}
+                "pending_bytes": self.pending_bytes, "connected": self.connected,
+                "last_error": self.last_error}
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Block until every buffered event was acknowledged (or rejected); ``False`` if that
@@ -653,7 +776,7 @@ class HookRegistry:
         if which == "closed":
             self._say("drop-closed", logging.WARNING,
                       "hermes-hooks: event emitted after close() was dropped")
-        else:
+        elif not self._say.quiet("drop"):
             self._say("drop", logging.WARNING,
                       "hermes-hooks: buffer full (%d events, service at %s: %s); dropping the %s "
                       "event (%d dropped so far)", self._queue_size, self._address,
@@ -683,6 +806,9 @@ class HookRegistry:
     def _run_sender(self) -> None:
         conn = None  # type: Optional[_transport.KeepAliveConnection]
         parts = []  # type: List[bytes]   # encoded events taken from the buffer, oldest first
+        # Every GIL hold here is short (one chunk of encoding, one join bounded by _BATCH_BYTES,
+        # a few header lines): the rest is naps, socket I/O and lock waits, which release the
+        # GIL, so the gateway's event loop gets it back at once (see the module docstring).
         chunk_limit = self._batch_max  # halved on 400/413 to isolate a bad event
         server_errors = 0
         delay = self._backoff_initial
@@ -700,18 +826,14 @@ class HookRegistry:
                         self._wake_pending = False  # a wake lost with its loop blocks no later one
                         if self._stopping:
                             return
-                        take = min(len(self._queue), self._batch_max)
-                        popleft = self._queue.popleft
-                        items = [popleft() for _ in range(take)]
-                        self._inflight += take
-                    parts = self._encode(items)
+                    parts = self._fill_batch()
                     if not parts:
                         continue
                 elif self._stopping:
                     return
 
-                chunk = self._next_chunk(parts, chunk_limit)
-                body = b'{"events":[' + b",".join(chunk) + b"]}"
+                chunk = parts if len(parts) <= chunk_limit else parts[:chunk_limit]
+                body = b",".join(chunk).join((b'{"events":[', b"]}"))
                 conn, outcome, status, detail = self._post_batch(conn, body)
                 self.connected = status != 0  # the service answered, whatever it said
 
@@ -726,9 +848,10 @@ class HookRegistry:
                 elif outcome != _RETRY:
                     server_errors = 0
 
+                # (``chunk`` may be ``parts`` itself: settle before deleting.)
                 if outcome == _OK:
+                    self._settle(chunk, sent=True)
                     del parts[:len(chunk)]
-                    self._settle(sent=len(chunk))
                     delay = self._backoff_initial
                     chunk_limit = min(self._batch_max, chunk_limit * 2)
                     if down_since is not None:
@@ -738,13 +861,14 @@ class HookRegistry:
                 elif outcome == _SPLIT and len(chunk) > 1:
                     chunk_limit = max(1, len(chunk) // 2)
                 elif outcome in (_SPLIT, _REJECT):
-                    del parts[:len(chunk)]
-                    self._settle(rejected=len(chunk))
+                    refused = len(chunk)
+                    self._settle(chunk, sent=False)
+                    del parts[:refused]
                     self.last_error = detail
                     level = logging.WARNING if outcome == _SPLIT else logging.ERROR
                     self._say("batch-rejected:" + detail[:3], level,
                               "hermes-hooks: service at %s refused %d event(s): %s",
-                              self._address, len(chunk), detail)
+                              self._address, refused, detail)
                 else:  # _RETRY: keep the batch, wait, try again
                     self.last_error = detail
                     if down_since is None:
@@ -764,45 +888,82 @@ class HookRegistry:
             if conn is not None:
                 conn.close()
 
-    def _encode(self, items: List[Tuple[str, Dict[str, Any]]]) -> List[bytes]:
-        parts = []
+    def _fill_batch(self) -> List[bytes]:
+        """Takes events from the buffer ``_ENCODE_CHUNK`` at a time and encodes them, sleeping
+        after each chunk (see the module docstring), until ``batch_max`` events or
+        ``_BATCH_BYTES`` (or half the buffer's bounds); returns the encoded batch (empty if every
+        event was refused)."""
+        parts = []  # type: List[bytes]
+        size = 0
         bad = 0
-        for event_type, ctx in items:
-            try:
-                part = encode_event(event_type, ctx)
-            except Exception as exc:
-                bad += 1
-                self._say("encode", logging.WARNING,
-                          "hermes-hooks: event %r not sent: context not encodable (%r)",
-                          event_type, exc)
-                continue
-            if len(part) > MAX_BATCH_BYTES:
-                bad += 1
-                self._say("too-big", logging.WARNING,
-                          "hermes-hooks: event %r not sent: %d bytes encoded (limit %d)",
-                          event_type, len(part), MAX_BATCH_BYTES)
-                continue
-            parts.append(part)
+        # A batch in flight is never dropped: at most half the buffer, so that while the
+        # service is away the newest events always find room.
+        limit = min(self._batch_max, max(1, self._queue_size // 2))
+        max_bytes = min(_BATCH_BYTES, max(1, self._queue_bytes // 2))
+        while len(parts) < limit and size < max_bytes:
+            if parts:
+                time.sleep(_ENCODE_NAP)  # give the GIL to a waiting event loop
+            with self._lock:
+                queue = self._queue
+                take = min(len(queue), _ENCODE_CHUNK, limit - len(parts))
+                if not take:
+                    break
+                popleft, popleft_prefix = queue.popleft, self._queue_prefixes.popleft
+                items = [(popleft_prefix(), popleft()) for _ in range(take)]
+                self._inflight += take
+            chunk_size = 0
+            kept = 0
+            for index, (prefix, ctx) in enumerate(items):
+                try:
+                    part = prefix + (b"{}" if ctx is None else _encode_context(ctx)) + b"}"
+                except Exception as exc:
+                    bad += 1
+                    self._say("encode", logging.WARNING,
+                              "hermes-hooks: event %s...} not sent: context not encodable (%r)",
+                              prefix[:80].decode("utf-8", "replace"), exc)
+                    continue
+                if len(part) > MAX_BATCH_BYTES:
+                    bad += 1
+                    self._say("too-big", logging.WARNING,
+                              "hermes-hooks: event %s...} not sent: %d bytes encoded (limit %d)",
+                              prefix[:80].decode("utf-8", "replace"), len(part), MAX_BATCH_BYTES)
+                    continue
+                parts.append(part)
+                chunk_size += len(part)
+                kept += 1
+                if size + chunk_size >= max_bytes and index + 1 < len(items):
+                    rest = items[index + 1:]  # the batch is full: back to the front, in order
+                    with self._lock:
+                        self._queue.extendleft(ctx for _, ctx in reversed(rest))
+                        self._queue_prefixes.extendleft(prefix for prefix, _ in reversed(rest))
+                        self._inflight -= len(rest)
+                    break
+            size += chunk_size
+            with self._lock:
+                self._inflight_bytes += chunk_size
+                if kept:  # the byte bound's estimate for what is still queued
+                    average = chunk_size / kept
+                    if self._event_bytes_measured:
+                        self._event_bytes += 0.25 * (average - self._event_bytes)
+                    else:
+                        self._event_bytes = average
+                        self._event_bytes_measured = True
         if bad:
-            self._settle(rejected=bad)
+            self._settle([], sent=False, count=bad)
         return parts
 
-    @staticmethod
-    def _next_chunk(parts: List[bytes], limit: int) -> List[bytes]:
-        size = 0
-        end = 0
-        for part in parts[:limit]:
-            if end and size + len(part) + 1 > MAX_BATCH_BYTES:
-                break
-            size += len(part) + 1
-            end += 1
-        return parts[:max(1, end)]
-
-    def _settle(self, sent: int = 0, rejected: int = 0) -> None:
+    def _settle(self, chunk: List[bytes], sent: bool, count: int = 0) -> None:
+        """The service acknowledged (``sent``) or refused ``chunk`` (plus ``count`` events
+        refused before encoding ended): count them, release them."""
+        size = sum(map(len, chunk))
+        count += len(chunk)
         with self._lock:
-            self._inflight -= sent + rejected
-            self.sent += sent
-            self.rejected += rejected
+            self._inflight -= count
+            self._inflight_bytes -= size
+            if sent:
+                self.sent += count
+            else:
+                self.rejected += count
             if not self._queue and not self._inflight:
                 self._drained.notify_all()
 

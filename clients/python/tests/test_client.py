@@ -410,6 +410,34 @@ class OutageTest(ServiceCase):
         self.assertEqual(len(seen), 10, seen)
         self.assertEqual(len(set(seen)), 10, seen)
 
+    async def test_frozen_service_costs_emit_nothing(self) -> None:
+        out = os.path.join(self.tmp, "steps.jsonl")
+        self.add_logger_hook("step-logger", ["agent:step"], out)
+        service = self.start_service()
+        registry = self.registry(address=self.sock, queue_size=200)
+        registry.discover_and_load()
+        await registry.emit("agent:step", {"i": -1})
+        self.assertTrue(await registry.aflush(DELIVERY_TIMEOUT))
+
+        service.proc.send_signal(signal.SIGSTOP)  # alive, connected, and answering nothing
+        self.addCleanup(service.proc.send_signal, signal.SIGCONT)
+        ctx = {"platform": "telegram", "message": "m" * 300}
+        for i in range(1000):
+            start = time.perf_counter()
+            await registry.emit("agent:step", dict(ctx, i=i))
+            elapsed = time.perf_counter() - start
+            self.assertLess(elapsed, EMIT_LIMIT_S, "emit #%d took %.2f ms" % (i, elapsed * 1e3))
+            if i % 100 == 99:
+                await asyncio.sleep(0.01)  # the sender runs meanwhile; it must not block emit
+        self.assertLessEqual(registry.pending, 200, registry.stats())
+        self.assertEqual(registry.pending + registry.dropped, 1000, registry.stats())
+        self.assertEqual(registry.sent, 1)
+
+        service.proc.send_signal(signal.SIGCONT)
+        self.assertTrue(await registry.aflush(DELIVERY_TIMEOUT), registry.stats())
+        lines = await self.wait_lines(out, registry.sent)
+        self.assertEqual(lines[-1]["context"]["i"], 999, "the newest event is delivered")
+
     async def test_ten_thousand_emits_without_service(self) -> None:
         registry = self.registry(address=os.path.join(self.tmp, "nobody-here.sock"))
         ctx = {"platform": "telegram", "user_id": "42", "message": "x" * 200}

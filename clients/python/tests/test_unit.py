@@ -155,6 +155,19 @@ class NoServiceTest(unittest.TestCase):
         self.assertEqual(registry.pending, 10)
         self.assertTrue(results[-1], "the newest event is kept")
 
+    def test_bound_by_bytes_drops_oldest(self) -> None:
+        registry = self.registry(queue_bytes=40000, batch_max=5)
+        blob = "x" * 1000  # about 1,030 bytes per event as JSON
+        self.assertTrue(registry.emit_nowait("agent:step", {"i": -1, "blob": blob}))
+        # Once the sender has encoded (and failed to send) its batch, it knows the event size.
+        eventually(lambda: registry.last_error, "a first failed send")
+        results = [registry.emit_nowait("agent:step", {"i": i, "blob": blob}) for i in range(200)]
+        self.assertLessEqual(registry.pending_bytes, 40000, registry.stats())
+        self.assertGreater(registry.pending, 30, registry.stats())
+        self.assertEqual(registry.pending + registry.dropped, 201, registry.stats())
+        self.assertTrue(results[-1], "the newest event is kept")
+        self.assertEqual(registry.stats()["pending_bytes"], registry.pending_bytes)
+
     def test_flush_and_close_without_service(self) -> None:
         registry = self.registry()
         self.assertTrue(registry.flush(0), "nothing buffered: flushed")
@@ -321,6 +334,26 @@ class SenderTest(unittest.TestCase):
         self.assertLessEqual(max(self.server.attempts), 50)
         self.assertEqual(self.server.connections, 1, "all batches on one connection")
         self.assertEqual(set(self.server.auth), {"Bearer s3cret"})
+
+    def test_context_is_copied_at_emit(self) -> None:
+        registry = self.registry()
+        ctx = {"i": 0, "note": "as emitted"}
+        registry.emit_nowait("agent:step", ctx)
+        ctx["note"] = "changed by the gateway afterwards"
+        ctx["extra"] = True
+        self.assertTrue(registry.flush(TIMEOUT))
+        with self.server.lock:
+            self.assertEqual(self.server.events[0]["context"], {"i": 0, "note": "as emitted"})
+
+    def test_big_events_batched_by_bytes(self) -> None:
+        registry = self.registry()
+        blob = "y" * 300000  # four of these pass the sender's 1 MiB batch target
+        for i in range(12):
+            registry.emit_nowait("agent:step", {"i": i, "blob": blob})
+        self.assertTrue(registry.flush(TIMEOUT))
+        self.assertEqual(self.ids(), list(range(12)))
+        self.assertLessEqual(max(self.server.attempts), 4, self.server.attempts)
+        self.assertEqual(registry.pending_bytes, 0)
 
     def test_waits_for_readiness_on_each_new_connection(self) -> None:
         self.server.not_ready_for = 3  # a service still loading its hooks

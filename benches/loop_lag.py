@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""How much the hooks disturb the gateway's asyncio event loop (loop lag), per host, in one run.
+
+The gateway's loop runs a monitor task, ``await asyncio.sleep(0.001)`` in a loop, whose overshoot
+is the loop lag (how late the loop gets back to a ready task), while an emitter task sends
+``agent:step`` events with a 400-byte gateway context in bursts (default: 100 every 20 ms, 5,000
+events/s), timing each ``await registry.emit(...)``. Cases, each in a fresh process, interleaved
+over ``--rounds`` rounds:
+
+  none       the monitor alone (no emits): the machine's own floor
+  original   the original in-gateway host (``benches/baseline_host.py``) with 10 trivial sync
+             hooks (``def handle(e, c): return None``) awaited inline
+  client     ``clients/python`` -> ``hermes-hooks serve`` (Unix socket) with 10 trivial Python
+             hooks on ``agent:step``
+  frozen     the same client while the service is frozen (SIGSTOP) for the whole measurement:
+             the client buffers (and drops the oldest past its bound)
+  thaw       the service was frozen until the client's buffer was full (10,000 events) and
+             goes on at the start of the measurement: the client sends its backlog meanwhile
+
+at the base rate and at 4x the rate (bursts of 100 every 5 ms, 20,000 events/s).
+
+    python3 benches/loop_lag.py --bin target/release/hermes-hooks [--seconds 4] [--rounds 3]
+
+(``cargo bench --bench loop_lag`` runs it with the release binary.) Prints a table: for each case
+the median over rounds of emit p50/p99/max (us) and loop lag p50/p99/max (ms), the worst round's
+max, and the ratios client/original; ``--json`` prints the raw figures too.
+"""
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EVENT = "agent:step"
+TRIVIAL_SYNC = "def handle(event_type, context):\n    return None\n"
+
+
+def gateway_context(i: int) -> dict:
+    """A fresh gateway context per event, about 400 bytes as JSON."""
+    return {"platform": "telegram", "user_id": "1234567", "chat_id": "-1009876543210",
+            "thread_id": "", "chat_type": "group", "session_id": "sess-0001-%08d" % i,
+            "step": i, "tool": "web_search",
+            "message": "what is the weather like in Lisbon tomorrow and should I bring an "
+                       "umbrella to the harbour walk? " * 2 + "x" * 30}
+
+
+def percentile(sorted_values: list, q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, int(round(q / 100.0 * len(sorted_values) + 0.5)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+# ---------------------------------------------------------------------------- one case (child)
+
+async def workload(emit, seconds: float, burst: int, interval: float, warmup: float,
+                   after_warmup=None) -> dict:
+    """Runs the monitor and the emitter together; returns emit and lag samples (seconds)."""
+    stop = False
+    measuring = False
+    lags = []
+    emits = []
+    clock = time.perf_counter
+
+    async def monitor() -> None:
+        while not stop:
+            t0 = clock()
+            await asyncio.sleep(0.001)
+            lag = clock() - t0 - 0.001
+            if measuring:
+                lags.append(lag)
+
+    async def emitter() -> None:
+        i = 0
+        nxt = clock()
+        while not stop:
+            if emit is not None:
+                contexts = [gateway_context(i + k) for k in range(burst)]
+                for ctx in contexts:
+                    t0 = clock()
+                    await emit(EVENT, ctx)
+                    dt = clock() - t0
+                    if measuring:
+                        emits.append(dt)
+                i += burst
+            nxt += interval
+            await asyncio.sleep(max(0.0, nxt - clock()))
+
+    gc_pauses = []
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_started[0] = clock()
+        elif measuring:
+            gc_pauses.append((clock() - gc_started[0], info.get("generation")))
+
+    # A long-running gateway has long since collected its start-up garbage; a fresh process
+    # would pay for it in its first collections, during the measurement.
+    gc.collect()
+    gc.callbacks.append(on_gc)
+    tasks = [asyncio.ensure_future(monitor()), asyncio.ensure_future(emitter())]
+    await asyncio.sleep(warmup)
+    if after_warmup is not None:
+        await after_warmup()
+    measuring = True
+    await asyncio.sleep(seconds)
+    measuring = False
+    stop = True
+    await asyncio.gather(*tasks)
+    gc.callbacks.remove(on_gc)
+    return {"lags": lags, "emits": emits, "gc": gc_pauses}
+
+
+def summarize(samples: dict) -> dict:
+    lags = sorted(samples["lags"])
+    emits = sorted(samples["emits"])
+    over = sum(1 for v in lags if v > 0.001)
+    out = {"lag_n": len(lags), "emit_n": len(emits),
+           # Stalls of the loop longer than 1 ms, per 10,000 monitor wake-ups.
+           "lag_over_1ms_per_10k": round(over * 1e4 / max(1, len(lags)), 1)}
+    for name, values, scale in (("lag_ms", lags, 1e3), ("emit_us", emits, 1e6)):
+        for q, key in ((50, "p50"), (99, "p99"), (99.9, "p999")):
+            out["%s_%s" % (name, key)] = round(percentile(values, q) * scale, 3) if values else None
+        out["%s_max" % name] = round(values[-1] * scale, 3) if values else None
+    # The gateway's own garbage collections during the measurement: how many, the longest.
+    pauses = samples.get("gc", [])
+    out["gc_collections"] = len(pauses)
+    out["gc_max_ms"] = round(max(p for p, _ in pauses) * 1e3, 3) if pauses else 0.0
+    out["gc_full"] = sum(1 for _, gen in pauses if gen == 2)
+    return out
+
+
+def run_case(args: argparse.Namespace) -> dict:
+    interval = args.interval_ms / 1000.0
+    rt = False
+    if args.rt:
+        # Real-time priority for this (gateway) process and the threads it starts: on a shared
+        # machine the other processes' load would otherwise dominate the lag of every case.
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+            rt = True
+        except (OSError, AttributeError) as exc:
+            sys.stderr.write("loop_lag: no SCHED_FIFO (%s); measuring at normal priority\n" % exc)
+    extra = {}
+    if args.case == "none":
+        samples = asyncio.run(workload(None, args.seconds, args.burst, interval, args.warmup))
+    elif args.case == "original":
+        sys.path.insert(0, HERE)
+        import baseline_host  # noqa: E402  (the original host, re-created)
+
+        hooks = tempfile.mkdtemp(prefix="loop-lag-original-")
+        try:
+            for i in range(10):
+                d = os.path.join(hooks, "hook-%02d" % i)
+                os.makedirs(d)
+                with open(os.path.join(d, "HOOK.yaml"), "w") as f:
+                    f.write("name: trivial-%02d\nevents: [\"%s\"]\n" % (i, EVENT))
+                with open(os.path.join(d, "handler.py"), "w") as f:
+                    f.write(TRIVIAL_SYNC)
+            registry = baseline_host.HookRegistry(hooks)
+            registry.discover_and_load()
+            assert len(registry.loaded_hooks) == 10, registry.loaded_hooks
+            samples = asyncio.run(workload(registry.emit, args.seconds, args.burst, interval,
+                                           args.warmup))
+        finally:
+            shutil.rmtree(hooks, True)
+    else:
+        sys.path.insert(0, args.client)
+        from hermes_hooks import HookRegistry  # noqa: E402
+
+        registry = HookRegistry(address=args.address)
+        registry.discover_and_load()
+        assert len(registry.loaded_hooks) == 10, registry.loaded_hooks
+
+        async def freeze() -> None:
+            if args.case in ("frozen", "thaw"):
+                await registry.aflush(10.0)
+                os.kill(args.service_pid, signal.SIGSTOP)
+            if args.case == "thaw":
+                # Let the buffer fill (the emitter keeps going), then measure the drain.
+                deadline = time.monotonic() + 30
+                while registry.pending < 10000 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                os.kill(args.service_pid, signal.SIGCONT)
+
+        samples = asyncio.run(workload(registry.emit, args.seconds, args.burst, interval,
+                                       args.warmup, freeze))
+        stats = registry.stats()
+        if args.case == "frozen":
+            os.kill(args.service_pid, signal.SIGCONT)
+        extra = {"flushed": registry.flush(30.0), "stats_at_end": stats,
+                 "sent": registry.sent, "dropped": registry.dropped}
+        registry.close(0)
+    out = summarize(samples)
+    out["rt"] = rt
+    out.update(extra)
+    return out
+
+
+# ---------------------------------------------------------------------------- driver
+
+def write_service_hooks(root: str) -> None:
+    for i in range(10):
+        d = os.path.join(root, "hook%02d" % i)
+        os.makedirs(d)
+        with open(os.path.join(d, "HOOK.yaml"), "w") as f:
+            f.write("events: [\"%s\"]\n" % EVENT)
+        with open(os.path.join(d, "handler.py"), "w") as f:
+            f.write(TRIVIAL_SYNC)
+
+
+def ready(sock_path: str) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(sock_path)
+            s.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return s.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def child(args: argparse.Namespace, case: str, burst: int, interval_ms: float,
+          address: str, pid: int) -> dict:
+    argv = [sys.executable, os.path.abspath(__file__), "--case", case, "--burst", str(burst),
+            "--interval-ms", str(interval_ms), "--seconds", str(args.seconds),
+            "--warmup", str(args.warmup), "--address", address, "--service-pid", str(pid),
+            "--client", args.client]
+    if args.rt:
+        argv.append("--rt")
+    try:
+        res = subprocess.run(argv, capture_output=True, timeout=args.seconds + 120)
+    finally:
+        os.kill(pid, signal.SIGCONT)  # never leave the service frozen
+    if res.returncode != 0:
+        raise SystemExit("case %s failed:\n%s" % (case, res.stderr.decode(errors="replace")))
+    return json.loads(res.stdout)
+
+
+def driver(args: argparse.Namespace) -> None:
+    if not args.bin:
+        raise SystemExit("--bin PATH (the hermes-hooks binary) is needed")
+    tmp = tempfile.mkdtemp(prefix="loop-lag-")
+    hooks = os.path.join(tmp, "hooks")
+    write_service_hooks(hooks)
+    sock = os.path.join(tmp, "hooks.sock")
+    log = open(os.path.join(tmp, "service.log"), "wb")
+    service = subprocess.Popen([args.bin, "serve", "--drain-timeout", "0", "--hooks-dir", hooks,
+                                "--socket", sock], env=dict(os.environ, HERMES_HOME=tmp),
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    fast = args.interval_ms / 4.0
+    plan = [("none", "monitor alone (no emits)", args.burst, args.interval_ms),
+            ("original", "original host, 10 trivial sync hooks", args.burst, args.interval_ms),
+            ("client", "clients/python -> hermes-hooks", args.burst, args.interval_ms),
+            ("frozen", "clients/python, service frozen", args.burst, args.interval_ms),
+            ("thaw", "clients/python, backlog after a freeze", args.burst, args.interval_ms),
+            ("original", "original host, 10 trivial sync hooks", args.burst, fast),
+            ("client", "clients/python -> hermes-hooks", args.burst, fast),
+            ("frozen", "clients/python, service frozen", args.burst, fast),
+            ("thaw", "clients/python, backlog after a freeze", args.burst, fast)]
+    results = {i: [] for i in range(len(plan))}
+    try:
+        deadline = time.monotonic() + 60
+        while not ready(sock):
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("service did not become ready; see %s" % log.name)
+            time.sleep(0.05)  # polling readiness against a deadline
+        for _ in range(args.rounds):
+            for i, (case, _, burst, interval) in enumerate(plan):
+                results[i].append(child(args, case, burst, interval, sock, service.pid))
+    finally:
+        service.send_signal(signal.SIGCONT)
+        service.terminate()
+        try:
+            service.wait(10)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait()
+        log.close()
+        shutil.rmtree(tmp, True)
+
+    keys = ["emit_us_p50", "emit_us_p99", "emit_us_max", "lag_ms_p50", "lag_ms_p99", "lag_ms_p999",
+            "lag_ms_max", "lag_over_1ms_per_10k"]
+    table = []
+    for i, (case, label, burst, interval) in enumerate(plan):
+        runs = results[i]
+        row = {"case": case, "label": label, "events_per_s": int(round(burst * 1000 / interval)),
+               "rounds": len(runs)}
+        for k in keys:
+            vals = [r[k] for r in runs if r.get(k) is not None]
+            row[k] = round(statistics.median(vals), 3) if vals else None
+        row["lag_ms_max_worst"] = max(r["lag_ms_max"] for r in runs)
+        row["emit_us_max_worst"] = max((r["emit_us_max"] or 0) for r in runs) if burst else None
+        if case != "none" and case != "original":
+            row["dropped"] = [r.get("dropped") for r in runs]
+        table.append(row)
+
+    def fmt(v: object, width: int, digits: int) -> str:
+        if isinstance(v, (int, float)):
+            return "%*.*f" % (width, digits, v)
+        return "%*s" % (width, "-")
+
+    rt = all(r.get("rt") for runs in results.values() for r in runs)
+    print("loop lag of the gateway's asyncio loop, %s events in bursts of %d; Python %s, %d CPUs%s;"
+          " median of %d rounds x %.0f s (worst round's max in brackets)"
+          % (EVENT, args.burst, platform.python_version(), os.cpu_count() or 0,
+             ", gateway under SCHED_FIFO" if rt else "", args.rounds, args.seconds))
+    print("%-40s %6s | %20s | %7s %7s %8s %16s %9s" % (
+        "", "ev/s", "emit p50/p99/max us", "lag p50", "lag p99", "p99.9", "lag max ms", ">1ms/10k"))
+    for row in table:
+        emit = "-" if row["emit_us_p50"] is None else "%s/%s/%s" % (
+            fmt(row["emit_us_p50"], 0, 1), fmt(row["emit_us_p99"], 0, 1),
+            fmt(row["emit_us_max"], 0, 0))
+        print("%-40s %6d | %20s | %7.3f %7.3f %8.3f %7.2f [%6.2f] %9.1f" % (
+            row["label"], row["events_per_s"], emit, row["lag_ms_p50"], row["lag_ms_p99"],
+            row["lag_ms_p999"], row["lag_ms_max"], row["lag_ms_max_worst"],
+            row["lag_over_1ms_per_10k"]))
+    print()
+    print("ratios, original / client (above 1: the client disturbs the loop less; the monitor "
+          "alone shows the machine's own stalls, which every max includes)")
+    for rate in sorted({r["events_per_s"] for r in table if r["case"] == "original"}):
+        orig = next(r for r in table if r["case"] == "original" and r["events_per_s"] == rate)
+        for case in ("client", "frozen", "thaw"):
+            row = next(r for r in table if r["case"] == case and r["events_per_s"] == rate)
+            print("  %-6s %6d ev/s: lag p99 %.2fx, p99.9 %.2fx, max %.2fx (worst rounds %.2fx), "
+                  "emit p99 %.2fx" % (case, rate, orig["lag_ms_p99"] / row["lag_ms_p99"],
+                                      orig["lag_ms_p999"] / row["lag_ms_p999"],
+                                      orig["lag_ms_max"] / row["lag_ms_max"],
+                                      orig["lag_ms_max_worst"] / row["lag_ms_max_worst"],
+                                      orig["emit_us_p99"] / row["emit_us_p99"]))
+    if args.json:
+        print(json.dumps({"table": table, "raw": results}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("HERMES_HOOKS_BIN"),
+                    help="hermes-hooks binary (default $HERMES_HOOKS_BIN)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per case (4)")
+    ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first (1)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over all cases (3)")
+    ap.add_argument("--burst", type=int, default=100, help="events per burst (100)")
+    ap.add_argument("--interval-ms", type=float, default=20.0,
+                    help="ms between bursts at the base rate (20); the fast rate is 4x")
+    ap.add_argument("--client", default=os.path.join(ROOT, "clients", "python"),
+                    help="directory holding the hermes_hooks package (default clients/python; "
+                         "another checkout's to compare versions)")
+    ap.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
+    ap.add_argument("--rt", action="store_true",
+                    help="run each case's gateway process under SCHED_FIFO (needs root or "
+                         "CAP_SYS_NICE): isolates the figures from other load on the machine")
+    ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw"],
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--service-pid", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.case:
+        print(json.dumps(run_case(args)))
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
