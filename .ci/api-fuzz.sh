@@ -50,7 +50,7 @@ start() {
   local name=$1; shift
   mkdir -p "$work/$name/home"
   : >"$work/$name/stderr" # exists before the service opens it, for the sed below
-  HERMES_HOME="$work/$name/home" HERMES_HOOKS_LOG=warn,hermes_hooks::cli=info \
+  HERMES_HOME="$work/$name/home" HERMES_HOOKS_LOG=warn,hermes_hooks::service=info \
     "$bin" serve --hooks-dir "$root/hooks-examples" --listen 127.0.0.1:0 "$@" \
     >"$work/$name/stdout" 2>"$work/$name/stderr" &
   pids+=($!)

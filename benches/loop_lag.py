@@ -16,6 +16,9 @@ over ``--rounds`` rounds:
              the client buffers (and drops the oldest past its bound)
   thaw       the service was frozen until the client's buffer was full (10,000 events) and
              goes on at the start of the measurement: the client sends its backlog meanwhile
+  ingateway  the same 10 trivial hooks with ``runs: gateway``: the client imports them into this
+             process and calls them off the message path (one thread per sync hook); their cost
+             is the hooks' own, the machinery around them must add no lag beyond the original's
 
 at the base rate and at 4x the rate (bursts of 100 every 5 ms, 20,000 events/s).
 
@@ -182,9 +185,13 @@ def run_case(args: argparse.Namespace) -> dict:
         sys.path.insert(0, args.client)
         from hermes_hooks import HookRegistry  # noqa: E402
 
-        registry = HookRegistry(address=args.address)
+        registry = HookRegistry(address=args.address,
+                                hermes_home=os.path.dirname(os.path.abspath(args.address)))
         registry.discover_and_load()
         assert len(registry.loaded_hooks) == 10, registry.loaded_hooks
+        if args.case == "ingateway":
+            assert all(h.get("runs") == "gateway" for h in registry.loaded_hooks), \
+                registry.loaded_hooks
 
         async def freeze() -> None:
             if args.case in ("frozen", "thaw"):
@@ -213,12 +220,12 @@ def run_case(args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------- driver
 
-def write_service_hooks(root: str) -> None:
+def write_service_hooks(root: str, runs: str = "service") -> None:
     for i in range(10):
         d = os.path.join(root, "hook%02d" % i)
         os.makedirs(d)
         with open(os.path.join(d, "HOOK.yaml"), "w") as f:
-            f.write("events: [\"%s\"]\n" % EVENT)
+            f.write("events: [\"%s\"]\nruns: %s\n" % (EVENT, runs))
         with open(os.path.join(d, "handler.py"), "w") as f:
             f.write(TRIVIAL_SYNC)
 
@@ -251,46 +258,67 @@ def child(args: argparse.Namespace, case: str, burst: int, interval_ms: float,
     return json.loads(res.stdout)
 
 
+def start_service(args: argparse.Namespace, tmp: str, runs: str) -> tuple:
+    """A service on its own socket over 10 trivial hooks that run in the service or (`runs:
+    gateway`) in the gateway's process, imported there by the client."""
+    home = os.path.join(tmp, runs)
+    hooks = os.path.join(home, "hooks")
+    write_service_hooks(hooks, runs)
+    sock = os.path.join(home, "hooks.sock")
+    log = open(os.path.join(home, "service.log"), "wb")
+    service = subprocess.Popen([args.bin, "serve", "--drain-timeout", "0", "--hooks-dir", hooks,
+                                "--socket", sock], env=dict(os.environ, HERMES_HOME=home),
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    return service, sock, log
+
+
+def stop_service(service: subprocess.Popen, log) -> None:
+    service.send_signal(signal.SIGCONT)
+    service.terminate()
+    try:
+        service.wait(10)
+    except subprocess.TimeoutExpired:
+        service.kill()
+        service.wait()
+    log.close()
+
+
 def driver(args: argparse.Namespace) -> None:
     if not args.bin:
         raise SystemExit("--bin PATH (the hermes-hooks binary) is needed")
     tmp = tempfile.mkdtemp(prefix="loop-lag-")
-    hooks = os.path.join(tmp, "hooks")
-    write_service_hooks(hooks)
-    sock = os.path.join(tmp, "hooks.sock")
-    log = open(os.path.join(tmp, "service.log"), "wb")
-    service = subprocess.Popen([args.bin, "serve", "--drain-timeout", "0", "--hooks-dir", hooks,
-                                "--socket", sock], env=dict(os.environ, HERMES_HOME=tmp),
-                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    service, sock, log = start_service(args, tmp, "service")
+    gw_service, gw_sock, gw_log = start_service(args, tmp, "gateway")
     fast = args.interval_ms / 4.0
     plan = [("none", "monitor alone (no emits)", args.burst, args.interval_ms),
             ("original", "original host, 10 trivial sync hooks", args.burst, args.interval_ms),
             ("client", "clients/python -> hermes-hooks", args.burst, args.interval_ms),
             ("frozen", "clients/python, service frozen", args.burst, args.interval_ms),
             ("thaw", "clients/python, backlog after a freeze", args.burst, args.interval_ms),
+            ("ingateway", "clients/python, 10 hooks with runs: gateway", args.burst,
+             args.interval_ms),
             ("original", "original host, 10 trivial sync hooks", args.burst, fast),
             ("client", "clients/python -> hermes-hooks", args.burst, fast),
             ("frozen", "clients/python, service frozen", args.burst, fast),
-            ("thaw", "clients/python, backlog after a freeze", args.burst, fast)]
+            ("thaw", "clients/python, backlog after a freeze", args.burst, fast),
+            ("ingateway", "clients/python, 10 hooks with runs: gateway", args.burst, fast)]
     results = {i: [] for i in range(len(plan))}
     try:
         deadline = time.monotonic() + 60
-        while not ready(sock):
-            if service.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("service did not become ready; see %s" % log.name)
-            time.sleep(0.05)  # polling readiness against a deadline
+        for svc, path, svc_log in ((service, sock, log), (gw_service, gw_sock, gw_log)):
+            while not ready(path):
+                if svc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("service did not become ready; see %s" % svc_log.name)
+                time.sleep(0.05)  # polling readiness against a deadline
         for _ in range(args.rounds):
             for i, (case, _, burst, interval) in enumerate(plan):
-                results[i].append(child(args, case, burst, interval, sock, service.pid))
+                if case == "ingateway":
+                    results[i].append(child(args, case, burst, interval, gw_sock, gw_service.pid))
+                else:
+                    results[i].append(child(args, case, burst, interval, sock, service.pid))
     finally:
-        service.send_signal(signal.SIGCONT)
-        service.terminate()
-        try:
-            service.wait(10)
-        except subprocess.TimeoutExpired:
-            service.kill()
-            service.wait()
-        log.close()
+        stop_service(service, log)
+        stop_service(gw_service, gw_log)
         shutil.rmtree(tmp, True)
 
     keys = ["emit_us_p50", "emit_us_p99", "emit_us_max", "lag_ms_p50", "lag_ms_p99", "lag_ms_p999",
@@ -334,7 +362,7 @@ def driver(args: argparse.Namespace) -> None:
           "alone shows the machine's own stalls, which every max includes)")
     for rate in sorted({r["events_per_s"] for r in table if r["case"] == "original"}):
         orig = next(r for r in table if r["case"] == "original" and r["events_per_s"] == rate)
-        for case in ("client", "frozen", "thaw"):
+        for case in ("client", "frozen", "thaw", "ingateway"):
             row = next(r for r in table if r["case"] == case and r["events_per_s"] == rate)
             print("  %-6s %6d ev/s: lag p99 %.2fx, p99.9 %.2fx, max %.2fx (worst rounds %.2fx), "
                   "emit p99 %.2fx" % (case, rate, orig["lag_ms_p99"] / row["lag_ms_p99"],
@@ -363,7 +391,8 @@ def main() -> None:
     ap.add_argument("--rt", action="store_true",
                     help="run each case's gateway process under SCHED_FIFO (needs root or "
                          "CAP_SYS_NICE): isolates the figures from other load on the machine")
-    ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw"],
+    ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw",
+                                       "ingateway"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--service-pid", type=int, help=argparse.SUPPRESS)

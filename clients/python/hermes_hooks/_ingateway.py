@@ -106,6 +106,12 @@ class _Patterns:
         return None
 
 
+#: Seconds a sync hook's thread works through its queue before it naps (see ``_Hook._run``)...
+_BUSY_SLICE = 0.0005
+#: ...and the nap, long enough for the loop's thread to wake and take the GIL.
+_NAP = 0.0001
+
+
 def module_name(hook_name: str) -> str:
     """``hermes_hook_<name>``, the name as written (the original host's module name)."""
     return "hermes_hook_" + hook_name
@@ -164,13 +170,22 @@ class _Hook:
                 self._cond.notify()
 
     def _run(self) -> None:
+        busy_since = time.monotonic()
         while True:
             with self._cond:
                 while not self._queue:
                     self._idle = True
                     self._cond.wait()
+                    busy_since = time.monotonic()
                 self._idle = False
                 event, context, loop, done = self._queue.popleft()
+            # A thread working through a backlog keeps the GIL for up to the switch interval
+            # (5 ms), stalling the gateway's loop that long: after _BUSY_SLICE of work it naps
+            # briefly, so a waiting thread (the loop) takes the GIL. A bare release is not enough:
+            # this thread would take it back before the loop's thread wakes.
+            if time.monotonic() - busy_since > _BUSY_SLICE:
+                time.sleep(_NAP)
+                busy_since = time.monotonic()
             result, error = self._call_sync(event, context, loop)
             if done is not None:
                 try:
