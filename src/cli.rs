@@ -15,6 +15,9 @@ use crate::host::{Host, HostConfig};
 use crate::server::{self, ApiConfig};
 use crate::trust::{TrustMode, TrustPolicy};
 
+#[cfg(feature = "fleet")]
+mod fleet;
+
 /// Hosts the event hooks of a messaging gateway.
 #[derive(Debug, Parser)]
 #[command(name = "hermes-hooks", version, about, long_about = None)]
@@ -72,6 +75,18 @@ pub enum Command {
     ///
     /// Example: hermes-hooks serve --hooks-dir hooks-examples --listen 127.0.0.1:8787
     Serve(ServeArgs),
+    /// Run hooks for a fleet: take their events from NATS JetStream (serve's options apply).
+    ///
+    /// Example: hermes-hooks worker --fleet nats://broker:4222 --hooks-dir /srv/hooks --listen 127.0.0.1:8788
+    #[cfg(feature = "fleet")]
+    Worker(ServeArgs),
+    /// Events that failed on every delivery in fleet mode: list them, or queue them again.
+    #[cfg(feature = "fleet")]
+    Dead {
+        /// list or replay.
+        #[command(subcommand)]
+        command: fleet::DeadCommand,
+    },
     /// List loaded hooks and why other directories were not loaded.
     ///
     /// Example: hermes-hooks list --hooks-dir hooks-examples --json
@@ -168,6 +183,9 @@ pub struct ServeArgs {
     /// hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     output: Output,
+    #[cfg(feature = "fleet")]
+    #[command(flatten)]
+    fleet: fleet::FleetArgs,
 }
 
 /// What `serve` writes on stdout.
@@ -240,6 +258,8 @@ pub fn main() -> i32 {
     };
     let default_filter = match cli.command {
         Command::Serve(_) => "info",
+        #[cfg(feature = "fleet")]
+        Command::Worker(_) => "info",
         // The command prints what matters; the handlers' own output is still shown.
         Command::Test(_) => "error,hook=info",
         _ => "error",
@@ -258,6 +278,13 @@ pub fn main() -> i32 {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            #[cfg(feature = "fleet")]
+            Command::Worker(mut args) => {
+                args.fleet.worker = true;
+                serve(args).await
+            }
+            #[cfg(feature = "fleet")]
+            Command::Dead { command } => fleet::dead(command).await,
             Command::List { roots, json, live } => match live {
                 Some(address) => list_live(&address, json).await,
                 None => list(roots, json).await,
@@ -354,7 +381,10 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Bound, Option<St
 }
 
 async fn serve(args: ServeArgs) -> i32 {
-    let config = args.roots.config();
+    #[allow(unused_mut)]
+    let mut config = args.roots.config();
+    #[cfg(feature = "fleet")]
+    args.fleet.adjust(&mut config);
     let notices = match args.output {
         Output::Json => crate::notices::Notices::to_writer(private_stdout()),
         Output::Text => crate::notices::Notices::default(),
@@ -377,6 +407,15 @@ async fn serve(args: ServeArgs) -> i32 {
         }
     };
     let host = Host::with_notices(config.clone(), notices.clone());
+    #[cfg(feature = "fleet")]
+    let fleet = match args.fleet.attach(&host).await {
+        Ok(f) => f,
+        Err(e) => {
+            notices.send("host_start", start_notice(None));
+            notices.finish("host_stop", json!({"error": e, "exit_code": 1}));
+            return fail(e);
+        }
+    };
     let router = server::app(host.clone(), ApiConfig { token });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shutdown_signal = {
@@ -434,6 +473,9 @@ async fn serve(args: ServeArgs) -> i32 {
         args.drain_timeout
     );
     let drain = Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0));
+    // Fleet: the edge sends its buffer, the worker finishes its events in flight, first.
+    #[cfg(feature = "fleet")]
+    fleet.stop(drain).await;
     // The API stays up while the queues drain: events get 503 (clients keep them and retry),
     // /v1/hooks and /metrics keep answering. Then the listener closes.
     let report = host.shutdown(drain).await;
@@ -651,6 +693,14 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
                 ""
             }
         );
+        if let Some(workers) = h["workers"].as_array() {
+            let names: Vec<String> = workers.iter().map(s).collect();
+            let lag = h["lag"]
+                .as_u64()
+                .map(|l| l.to_string())
+                .unwrap_or("?".into());
+            let _ = writeln!(out, "    workers: {}; lag {lag}", names.join(", "));
+        }
         if let Some(e) = h["last_error"]["message"].as_str() {
             let _ = writeln!(out, "    last error: {e}");
         }

@@ -90,15 +90,15 @@ pub enum EmitError {
     ShuttingDown,
 }
 
-/// One hook's part in an `emit_collect`.
-#[derive(Debug, Clone)]
-pub struct HookOutcome {
-    /// Hook name.
-    pub hook: String,
-    /// Its result (`None` when it returned nothing) or its error.
-    pub result: Result<Option<Value>, String>,
-    /// Time in the handler, when it ran.
-    pub duration: Option<Duration>,
+pub use crate::sink::HookOutcome;
+use crate::sink::{EventSink, SinkError};
+
+impl From<SinkError> for EmitError {
+    fn from(e: SinkError) -> Self {
+        match e {
+            SinkError::ShuttingDown => EmitError::ShuttingDown,
+        }
+    }
 }
 
 /// Outcome of a load or reload.
@@ -260,6 +260,8 @@ struct Inner {
     reloads: AtomicU64,
     /// The JSON event stream (`serve --output json`); off by default.
     notices: crate::notices::Notices,
+    /// Where accepted events go instead of the local queues (fleet edge); unset = local mode.
+    sink: std::sync::OnceLock<Arc<dyn EventSink>>,
 }
 
 /// The hook host. Cheap to clone; all clones share one registry.
@@ -299,6 +301,7 @@ impl Host {
                 events_received: AtomicU64::new(0),
                 reloads: AtomicU64::new(0),
                 notices,
+                sink: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -523,6 +526,78 @@ impl Host {
             out.push(outcome);
         }
         Ok(out)
+    }
+
+    /// Sends accepted events to `sink` instead of the local queues from now on (the fleet
+    /// edge). Set once; returns false if a sink was already installed.
+    pub fn set_sink(&self, sink: Arc<dyn EventSink>) -> bool {
+        self.inner.sink.set(sink).is_ok()
+    }
+
+    /// The installed sink's view for `/v1/hooks` (`None` in local mode).
+    pub fn sink_status(&self) -> Option<Value> {
+        self.inner.sink.get().and_then(|s| s.status())
+    }
+
+    /// `Some(reason)` while the installed sink accepts events it cannot pass on yet.
+    pub fn degraded(&self) -> Option<String> {
+        self.inner.sink.get().and_then(|s| s.degraded())
+    }
+
+    /// [`Host::emit`] through the dispatch interface: the installed sink when there is one,
+    /// else the local queues.
+    pub async fn accept(&self, event: &str, context: Value) -> Result<usize, EmitError> {
+        let Some(sink) = self.inner.sink.get() else {
+            return self.emit(event, context);
+        };
+        validate_event_name(event)?;
+        let context = normalize_context(context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        Ok(sink.accept(event.to_string(), context).await?)
+    }
+
+    /// [`Host::emit_batch`] through the dispatch interface.
+    pub async fn accept_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> Result<Vec<usize>, (usize, EmitError)> {
+        let Some(sink) = self.inner.sink.get() else {
+            return self.emit_batch(events);
+        };
+        let mut checked = Vec::with_capacity(events.len());
+        for (i, (event, context)) in events.into_iter().enumerate() {
+            validate_event_name(&event).map_err(|e| (i, e.into()))?;
+            checked.push((event, normalize_context(context).map_err(|e| (i, e))?));
+        }
+        if self.is_draining() {
+            return Err((0, EmitError::ShuttingDown));
+        }
+        self.inner
+            .events_received
+            .fetch_add(checked.len() as u64, Ordering::Relaxed);
+        sink.accept_batch(checked).await.map_err(|e| (0, e.into()))
+    }
+
+    /// [`Host::emit_collect`] through the dispatch interface.
+    pub async fn collect(
+        &self,
+        event: &str,
+        context: Value,
+        timeout: Duration,
+    ) -> Result<Vec<HookOutcome>, EmitError> {
+        let Some(sink) = self.inner.sink.get() else {
+            return self.emit_collect(event, context, timeout).await;
+        };
+        validate_event_name(event)?;
+        let context = normalize_context(context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        Ok(sink.collect(event.to_string(), context, timeout).await?)
     }
 
     /// Rescans the roots and applies the difference: unchanged hooks keep their worker, queue and
@@ -771,5 +846,55 @@ impl Host {
         // to be reaped.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
+    }
+}
+
+/// Local mode behind the dispatch interface: a thin adapter over the host's own queues.
+pub struct LocalDispatch(pub Host);
+
+impl EventSink for LocalDispatch {
+    fn accept(
+        &self,
+        event: String,
+        context: Value,
+    ) -> crate::sink::SinkFuture<'_, Result<usize, SinkError>> {
+        let r = self
+            .0
+            .emit(&event, context)
+            .map_err(|_| SinkError::ShuttingDown);
+        Box::pin(async move { r })
+    }
+
+    fn accept_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> crate::sink::SinkFuture<'_, Result<Vec<usize>, SinkError>> {
+        let r = self
+            .0
+            .emit_batch(events)
+            .map_err(|_| SinkError::ShuttingDown);
+        Box::pin(async move { r })
+    }
+
+    fn collect(
+        &self,
+        event: String,
+        context: Value,
+        timeout: Duration,
+    ) -> crate::sink::SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
+        Box::pin(async move {
+            self.0
+                .emit_collect(&event, context, timeout)
+                .await
+                .map_err(|_| SinkError::ShuttingDown)
+        })
+    }
+
+    fn status(&self) -> Option<Value> {
+        None
+    }
+
+    fn degraded(&self) -> Option<String> {
+        None
     }
 }

@@ -10,6 +10,8 @@
 //! - [`handler`]: the handler kinds behind one trait (Python workers, executables).
 //! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
+//! - [`sink`]: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
+//! - `fleet` (feature `fleet`): edge sink, workers, collect, fleet view, dead letters.
 //! - [`metrics`]: Prometheus text.
 //! - [`notices`]: the JSON event stream of `serve --output json`.
 //! - [`scaffold`]: `new NAME --kind ...`.
@@ -32,6 +34,8 @@ pub mod client;
 pub mod discovery;
 pub mod dispatch;
 pub mod events;
+#[cfg(feature = "fleet")]
+pub mod fleet;
 pub mod handler;
 pub mod host;
 pub mod manifest;
@@ -41,6 +45,7 @@ pub mod pattern;
 pub mod registry;
 pub mod scaffold;
 pub mod server;
+pub mod sink;
 pub mod time;
 pub mod trust;
 pub mod watch;
