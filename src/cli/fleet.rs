@@ -112,7 +112,7 @@ impl ConnArgs {
             ));
         }
         c.prefix = self.fleet_prefix.clone();
-        if !(self.stream_max_age_hours > 0.0) {
+        if self.stream_max_age_hours.is_nan() || self.stream_max_age_hours <= 0.0 {
             return Err("--stream-max-age-hours must be more than 0".into());
         }
         c.stream.max_age = Duration::from_secs_f64(self.stream_max_age_hours * 3600.0);

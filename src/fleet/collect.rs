@@ -152,7 +152,7 @@ pub async fn serve(
 async fn run(host: &Host, hook: &str, req: CollectRequest) -> CollectReply {
     let env = req.envelope;
     let timeout = Duration::from_millis(req.timeout_ms.clamp(1, 300_000));
-    let ctx = env.handler_context(1);
+    let ctx = env.handler_context(1, 0);
     match host
         .emit_collect_only(&env.event, ctx, timeout, Some(hook))
         .await

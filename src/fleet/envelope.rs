@@ -11,7 +11,7 @@ use serde_json::Value;
 pub const VERSION: u32 = 1;
 
 /// The context key under which a fleet worker tells the handler about the delivery:
-/// `{"event_id", "gateway_id", "delivered"}`.
+/// `{"event_id", "gateway_id", "delivered", "stream_seq"}` (`stream_seq` 0 for collect).
 pub const CONTEXT_KEY: &str = "_fleet";
 
 /// One event as published to the stream.
@@ -41,12 +41,12 @@ impl Envelope {
     }
 
     /// The context a handler sees: the event's, plus [`CONTEXT_KEY`].
-    pub fn handler_context(&self, delivered: i64) -> Value {
+    pub fn handler_context(&self, delivered: i64, stream_seq: u64) -> Value {
         let mut ctx = self.context.clone();
         if let Value::Object(m) = &mut ctx {
             m.insert(
                 CONTEXT_KEY.into(),
-                serde_json::json!({"event_id": self.id, "gateway_id": self.gateway, "delivered": delivered}),
+                serde_json::json!({"event_id": self.id, "gateway_id": self.gateway, "delivered": delivered, "stream_seq": stream_seq}),
             );
         }
         ctx
@@ -120,7 +120,7 @@ mod tests {
             hook: None,
         };
         assert_eq!(e.msg_id(), "gw:x-1");
-        let c = e.handler_context(2);
+        let c = e.handler_context(2, 9);
         assert_eq!(c["a"], 1);
         assert_eq!(c["_fleet"]["delivered"], 2);
         assert_eq!(c["_fleet"]["gateway_id"], "gw");

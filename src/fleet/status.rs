@@ -28,6 +28,10 @@ pub struct FleetCounters {
     pub dead: u64,
     /// Not for this hook (no pattern matches, or a replay for another hook): acknowledged.
     pub skipped: u64,
+    /// Delivered again after this worker had finished them (a broker crash lost the
+    /// acknowledgement): acknowledged again without running the handler.
+    #[serde(default)]
+    pub already_done: u64,
 }
 
 /// One hook in a worker's status.
@@ -187,8 +191,9 @@ impl FleetView {
         };
         Self::expire(&mut st);
         let mut hooks: BTreeMap<String, Value> = BTreeMap::new();
-        let mut sums: HashMap<String, (Vec<String>, FleetCounters, BTreeMap<String, u64>)> =
-            HashMap::new();
+        // Per hook: its workers, the fleet counters and the local counters, summed.
+        type Sums = (Vec<String>, FleetCounters, BTreeMap<String, u64>);
+        let mut sums: HashMap<String, Sums> = HashMap::new();
         let mut workers = Vec::new();
         for (id, e) in &st.workers {
             workers.push(json!({
@@ -235,6 +240,7 @@ impl FleetView {
                 f.retried += h.fleet.retried;
                 f.dead += h.fleet.dead;
                 f.skipped += h.fleet.skipped;
+                f.already_done += h.fleet.already_done;
                 if let Value::Object(c) = &h.counters {
                     for (k, v) in c {
                         *s.2.entry(k.clone()).or_default() += v.as_u64().unwrap_or(0);

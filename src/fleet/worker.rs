@@ -49,8 +49,33 @@ impl Default for WorkerOptions {
     }
 }
 
+/// Stream sequences this worker finished for a hook, most recent [`RECENT`]: a broker that
+/// crashed may have lost their acknowledgements and deliver them again (as first deliveries).
+const RECENT: usize = 65_536;
+
+#[derive(Default)]
+struct Recent {
+    set: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Recent {
+    fn insert(&mut self, seq: u64) {
+        if self.set.insert(seq) {
+            self.order.push_back(seq);
+            if self.order.len() > RECENT
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
+    done: Mutex<Recent>,
+    already_done: AtomicU64,
     delivered: AtomicU64,
     redelivered: AtomicU64,
     acked: AtomicU64,
@@ -69,6 +94,7 @@ impl Counters {
             retried: g(&self.retried),
             dead: g(&self.dead),
             skipped: g(&self.skipped),
+            already_done: g(&self.already_done),
         }
     }
 }
@@ -388,6 +414,18 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         Err(_) => (1, 0),
     };
     counters.delivered.fetch_add(1, Ordering::Relaxed);
+    if seq > 0
+        && counters
+            .done
+            .lock()
+            .map(|d| d.set.contains(&seq))
+            .unwrap_or(false)
+    {
+        // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
+        let _ = msg.ack().await;
+        counters.already_done.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     if delivered > 1 {
         counters.redelivered.fetch_add(1, Ordering::Relaxed);
     }
@@ -423,7 +461,7 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         .host
         .emit_collect_only(
             &env.event,
-            env.handler_context(delivered),
+            env.handler_context(delivered, seq),
             s.timeout + Duration::from_secs(5),
             Some(&s.name),
         )
@@ -446,10 +484,7 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
                 }
                 return;
             }
-            Some(o) => match o.result {
-                Ok(_) => None,
-                Err(e) => Some(e),
-            },
+            Some(o) => o.result.err(),
         },
     };
     let Some(error) = error else {
@@ -457,6 +492,9 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
             tracing::warn!(hook = %s.name, seq, "fleet: acknowledgement not sent ({e}); the event will come again");
         }
         counters.acked.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut d) = counters.done.lock() {
+            d.insert(seq);
+        }
         return;
     };
     if delivered < s.max_deliver {
@@ -495,6 +533,9 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
             tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: handler failed on the last delivery ({error}); event moved to the dead-letter subject");
             let _ = msg.ack().await;
             counters.dead.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut d) = counters.done.lock() {
+                d.insert(seq);
+            }
         }
         Err(e) => {
             // Not acknowledged: the broker stops delivering it (max_deliver); log what is lost.

@@ -7,6 +7,8 @@ mod client;
 mod core;
 mod dylib;
 mod exec;
+#[cfg(feature = "fleet")]
+mod fleet;
 mod http;
 mod notices;
 mod python;
