@@ -118,6 +118,60 @@ pub fn render(host: &Host) -> String {
             crate::handler::dylib::retained_libraries() as f64,
         )],
     );
+    // Fleet edge: the sink's state (serve --fleet).
+    if let Some(st) = host.sink_status() {
+        let f = &st["fleet"];
+        let num = |k: &str| f[k].as_f64().unwrap_or(0.0);
+        let one = |v: f64| vec![(String::new(), v)];
+        family(
+            "fleet_degraded",
+            "gauge",
+            "1 while the broker is unreachable and events wait in the edge's buffer.",
+            one(f64::from(u8::from(f["state"] == "degraded"))),
+        );
+        family(
+            "fleet_buffered",
+            "gauge",
+            "Events in the edge's buffer, not yet stored by the stream.",
+            one(num("buffered")),
+        );
+        family(
+            "fleet_published_total",
+            "counter",
+            "Events the stream acknowledged.",
+            one(num("published")),
+        );
+        family(
+            "fleet_dropped_total",
+            "counter",
+            "Events dropped because the edge's buffer was full.",
+            one(num("dropped")),
+        );
+        family(
+            "fleet_workers",
+            "gauge",
+            "Workers in the fleet view.",
+            one(f["workers"].as_array().map_or(0, Vec::len) as f64),
+        );
+        let lag = st["hooks"]
+            .as_array()
+            .map(|hooks| {
+                hooks
+                    .iter()
+                    .filter_map(|h| {
+                        let name = h["name"].as_str()?;
+                        Some((format!("{{hook=\"{}\"}}", escape(name)), h["lag"].as_f64()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        family(
+            "fleet_hook_lag",
+            "gauge",
+            "Events in the stream a fleet hook has not finished.",
+            lag,
+        );
+    }
     {
         let _ = writeln!(
             out,

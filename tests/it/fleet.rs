@@ -552,6 +552,18 @@ fn broker_down_at_start_the_edge_buffers_counts_drops_and_delivers_later() {
         "80 into a buffer of 50: the 30 oldest dropped, counted: {f}"
     );
     assert_eq!(f["buffered"], 50, "{f}");
+    let (_, _, metrics) = crate::util::http(&edge.addr, "GET", "/metrics", &[], b"");
+    let metrics = String::from_utf8_lossy(&metrics);
+    for line in [
+        "hermes_hooks_fleet_degraded 1",
+        "hermes_hooks_fleet_dropped_total 30",
+        "hermes_hooks_fleet_buffered 50",
+    ] {
+        assert!(
+            metrics.contains(line),
+            "/metrics lacks {line:?}:\n{metrics}"
+        );
+    }
 
     nats.restart();
     let recs = poll(
@@ -675,4 +687,57 @@ fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
         duplicates += extra;
     }
     duplicates
+}
+
+#[test]
+fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "first", r#"["agent:*"]"#, "");
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "first", &["wa"]);
+
+    // An executable hook appears: hot reload starts it and its consumer.
+    let seen = hooks.out().join("exec.jsonl");
+    hooks.exec(
+        "second",
+        r#"["agent:*"]"#,
+        &format!(
+            "#!/bin/sh\ncat >> {}\necho >> {}\n",
+            seen.display(),
+            seen.display()
+        ),
+    );
+    wait_for_fleet(&edge, "second", &["wa"]);
+    let (status, _) = post_batch(&edge, 0..3, json!({}));
+    assert_eq!(status, 202);
+    let got = poll(Duration::from_secs(30), "the new exec hook to run", || {
+        let r = read_jsonl(&seen);
+        (r.len() >= 3).then_some(r)
+    });
+    assert_eq!(got[0]["event"], "agent:step");
+    assert_eq!(
+        got[0]["context"]["_fleet"]["gateway_id"], "gw-test",
+        "{}",
+        got[0]
+    );
+
+    // Removed: it leaves the fleet view.
+    std::fs::remove_dir_all(hooks.root().join("second")).unwrap();
+    poll(
+        Duration::from_secs(30),
+        "the removed hook to leave the fleet view",
+        || {
+            let (_, v) = edge.get("/v1/hooks");
+            let names: Vec<String> = v["hooks"]
+                .as_array()?
+                .iter()
+                .filter_map(|h| h["name"].as_str().map(str::to_string))
+                .collect();
+            (names == ["first"]).then_some(())
+        },
+    );
 }
