@@ -405,7 +405,18 @@ async fn get_hook(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    match state.host.hook(&name) {
+    let fleet_hook = || {
+        let st = state.host.sink_status()?;
+        st["hooks"]
+            .as_array()?
+            .iter()
+            .find(|h| h["name"] == name.as_str())
+            .cloned()
+    };
+    if let Some(h) = state.host.hook(&name) {
+        return Ok(axum::Json(h).into_response());
+    }
+    match fleet_hook() {
         Some(h) => Ok(axum::Json(h).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,

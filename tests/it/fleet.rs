@@ -428,6 +428,11 @@ fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
         .find(|h| h["name"] == "fragile")
         .unwrap()
         .clone();
+    assert_eq!(
+        edge.get("/v1/hooks/fragile").1,
+        fragile,
+        "one fleet hook by name, as in the list"
+    );
     assert_eq!(fragile["fleet"]["dead"], 1, "{fragile}");
     assert_eq!(fragile["fleet"]["retried"], 2, "{fragile}");
 }
