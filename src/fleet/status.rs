@@ -282,3 +282,66 @@ pub async fn follow(client: async_nats::Client, subject: String, view: FleetView
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hook(name: &str, events: &[&str], lag: u64) -> HookStatus {
+        HookStatus {
+            name: name.into(),
+            events: events.iter().map(|e| e.to_string()).collect(),
+            kind: "python".into(),
+            status: "idle".into(),
+            timeout_s: 30.0,
+            max_deliver: 4,
+            concurrency: 1,
+            lag: Some(lag),
+            counters: json!({"ok": 1}),
+            fleet: FleetCounters::default(),
+            last_error: None,
+        }
+    }
+
+    fn worker(id: &str, running: bool, hooks: Vec<HookStatus>) -> WorkerStatus {
+        WorkerStatus {
+            worker: id.into(),
+            host: "h".into(),
+            pid: 1,
+            interval_ms: 1000,
+            time: String::new(),
+            running,
+            hooks,
+        }
+    }
+
+    #[test]
+    fn matching_is_exact_first_then_wildcard_by_name_and_hooks_merge_across_workers() {
+        let view = FleetView::default();
+        view.update(worker(
+            "w1",
+            true,
+            vec![
+                hook("zeta", &["agent:start"], 2),
+                hook("alpha", &["agent:*"], 1),
+            ],
+        ));
+        view.update(worker(
+            "w2",
+            true,
+            vec![hook("beta", &["*"], 0), hook("zeta", &["agent:start"], 5)],
+        ));
+        assert_eq!(view.matching("agent:start"), ["zeta", "alpha", "beta"]);
+        assert_eq!(view.matching("session:start"), ["beta"]);
+        let (hooks, workers) = view.render();
+        assert_eq!(workers.len(), 2);
+        let zeta = hooks.iter().find(|h| h["name"] == "zeta").unwrap();
+        assert_eq!(zeta["workers"], json!(["w1", "w2"]));
+        assert_eq!(zeta["lag"], 5, "the largest lag reported");
+        assert_eq!(zeta["counters"]["ok"], 2, "counters summed over workers");
+        // A worker that says it stops leaves the view at once.
+        view.update(worker("w2", false, vec![]));
+        assert_eq!(view.matching("session:start"), Vec::<String>::new());
+        assert_eq!(view.workers(), 1);
+    }
+}
