@@ -486,6 +486,48 @@ fn collect_goes_through_the_fleet_in_match_order() {
     // Nothing for a name no hook matches.
     let (_, v) = edge.post("/v1/collect", &json!({"event": "agent:start"}));
     assert_eq!(v, json!({"results": [], "errors": []}));
+
+    // The gateway's Python client, unchanged, against the edge: it lists the fleet's hooks,
+    // emits, and collects in match order.
+    let script = r#"
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[2])
+from hermes_hooks import HookRegistry
+
+async def main():
+    reg = HookRegistry(address=sys.argv[1])
+    reg.discover_and_load()
+    names = sorted(h["name"] for h in reg.loaded_hooks)
+    await reg.emit("message:received", {"text": "x"})
+    results = await reg.emit_collect("message:pre_route", {"message": "hi"}, timeout=10)
+    flushed = reg.flush(10)
+    print(json.dumps({"names": names, "results": results, "flushed": flushed}))
+    reg.close()
+
+asyncio.run(main())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &format!("http://{}", edge.addr)])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python"))
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "client script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("the script's JSON line");
+    assert_eq!(
+        v["names"],
+        json!(["broken", "exact", "silent", "wild"]),
+        "{v}"
+    );
+    assert_eq!(
+        v["results"],
+        json!([{"from": "exact", "gw": "gw-test"}, {"from": "wild"}]),
+        "{v}"
+    );
+    assert_eq!(v["flushed"], true, "{v}");
 }
 
 #[test]
