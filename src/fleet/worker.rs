@@ -378,11 +378,17 @@ async fn consume(
             // Take a message only when it can start at once: its ack wait runs from delivery.
             let permit = tokio::select! {
                 p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'outer },
-                _ = stop.changed() => break 'outer,
+                _ = stop.changed() => {
+                    give_back(&mut messages).await;
+                    break 'outer;
+                }
             };
             let next = tokio::select! {
                 m = messages.next() => m,
-                _ = stop.changed() => break 'outer,
+                _ = stop.changed() => {
+                    give_back(&mut messages).await;
+                    break 'outer;
+                }
             };
             match next {
                 Some(Ok(msg)) => {
@@ -408,6 +414,15 @@ async fn consume(
         pause = (pause * 2).min(Duration::from_secs(1));
     }
     while running.join_next().await.is_some() {}
+}
+
+/// Stopping: hands back at once what the broker already delivered but no handler started, so
+/// that another worker gets it now rather than after the ack wait.
+async fn give_back(messages: &mut jetstream::consumer::pull::Stream) {
+    use futures_util::FutureExt;
+    while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
+        let _ = msg.ack_with(AckKind::Nak(None)).await;
+    }
 }
 
 /// One delivery: run the handler, then acknowledge, hand back for a retry, or dead-letter.

@@ -156,6 +156,8 @@ def handle(event, context):
             f.write(json.dumps(rec) + "\n")
         raise ValueError("poison event n=%s" % context.get("n"))
     if context.get("pause"):
+        with open({paused:?}, "a") as f:
+            f.write(json.dumps(rec) + "\n")
         time.sleep(float(context["pause"]))
     with open({out:?}, "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -164,6 +166,11 @@ def handle(event, context):
         started = started.display().to_string(),
         fixed = fixed.display().to_string(),
         out = out.display().to_string(),
+        paused = hooks
+            .out()
+            .join(format!("{name}.paused"))
+            .display()
+            .to_string(),
     );
     hooks.add(
         name,
@@ -786,5 +793,65 @@ fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
                 .collect();
             (names == ["first"]).then_some(())
         },
+    );
+}
+
+#[test]
+fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_others() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "graceful", r#"["agent:*"]"#, "");
+    let mut a = worker(&hooks, &nats, "wa");
+    let mut b = worker(&hooks, &nats, "wb");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "graceful", &["wa", "wb"]);
+    let (status, _) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 1, "pause": 1.0}}),
+    );
+    assert_eq!(status, 202);
+    let running = poll(Duration::from_secs(30), "the handler to start", || {
+        read_jsonl(&hooks.out().join("graceful.paused"))
+            .into_iter()
+            .next()
+    });
+    let victim = running["w"].as_str().unwrap().to_string();
+    let (stopping, other) = if victim == "wa" {
+        (&mut a, "wb")
+    } else {
+        (&mut b, "wa")
+    };
+    assert_eq!(stopping.terminate(), Some(0), "a clean exit on SIGTERM");
+    let recs = records(&hooks, "graceful");
+    assert_eq!(
+        recs.len(),
+        1,
+        "the event in flight was finished before the exit: {recs:?}"
+    );
+    assert_eq!(recs[0]["w"], victim.as_str());
+    assert_eq!(recs[0]["d"], 1, "not redelivered: it was acknowledged");
+    poll(
+        Duration::from_secs(10),
+        "the stopped worker to leave the fleet view",
+        || {
+            let (_, v) = edge.get("/v1/hooks");
+            (v["fleet"]["workers"].as_array()?.len() == 1).then_some(())
+        },
+    );
+    let (status, _) = post_batch(&edge, 10..15, json!({}));
+    assert_eq!(status, 202);
+    let recs = poll(
+        Duration::from_secs(30),
+        "later events handled by the other worker",
+        || {
+            let r = records(&hooks, "graceful");
+            (r.len() >= 6).then_some(r)
+        },
+    );
+    assert!(
+        recs[1..].iter().all(|r| r["w"] == other),
+        "only {other} is left: {recs:?}"
     );
 }
