@@ -367,6 +367,26 @@ fn failover(dir: &Path, ack_wait: &str) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
+/// Ingest alone: `total` events posted in batches of 1,000, timed until the last answer (202
+/// from the edge = stored by the stream; from local mode = queued).
+fn ingest(dir: &Path, fleet: Option<&str>, total: usize) -> f64 {
+    let root = hook_root(dir, Kind::Dylib, 1, None);
+    let svc = match fleet {
+        Some(url) => spawn(&["serve", "--fleet", url, "--gateway-id", "bench"], dir),
+        None => spawn(
+            &["serve", "--hooks-dir", root.to_str().expect("utf-8")],
+            dir,
+        ),
+    };
+    let bodies: Vec<Vec<u8>> = (0..total / 1000).map(|i| batch(1000, i * 1000)).collect();
+    let start = Instant::now();
+    for b in &bodies {
+        let (status, v) = http(&svc.addr, "POST", "/v1/events/batch", b);
+        assert_eq!(status, 202, "{v}");
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
 fn main() {
     if Command::new("nats-server")
         .arg("--version")
@@ -378,6 +398,20 @@ fn main() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
+    {
+        let sub = d.join("ingest");
+        std::fs::create_dir_all(&sub).expect("mkdir");
+        let total = 100_000;
+        let local = ingest(&sub, None, total);
+        let nats = Nats::start();
+        let edge = ingest(&sub, Some(&nats.url()), total);
+        println!(
+            "batch ingest, {total} events in requests of 1,000: local mode {local:.0}/s, edge (202 = stored by the stream) {edge:.0}/s"
+        );
+    }
+    if std::env::var_os("FLEET_BENCH_INGEST_ONLY").is_some() {
+        return;
+    }
     println!("| workload | local mode | fleet, 1 worker | fleet, 2 workers |");
     println!("|---|---|---|---|");
     for (kind, name, total) in [
