@@ -44,6 +44,7 @@ fn fixture(matching: usize, total: usize) -> Fixture {
         python: "python3".into(),
         runtime_dir: dir.path().join("cache"),
         trust: Default::default(),
+        gateway_hooks_only: false,
     };
     let (host, report) = rt.block_on(Host::start(config));
     assert_eq!(report.loaded.len(), total, "{:?}", report.skipped);

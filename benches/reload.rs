@@ -135,6 +135,7 @@ fn rescan_cost() -> (f64, f64) {
         python: "python3".into(),
         runtime_dir: tmp.path().join("cache"),
         trust: Default::default(),
+        gateway_hooks_only: false,
     };
     let (host, report) = rt.block_on(hermes_hooks::Host::start(config));
     assert_eq!(report.loaded.len(), 1000, "{:?}", report.skipped.first());

@@ -33,6 +33,9 @@ pub struct HostConfig {
     pub runtime_dir: PathBuf,
     /// `--trust` and `--insecure-permissions`.
     pub trust: crate::trust::TrustPolicy,
+    /// Load only the hooks that run inside the gateway (`runs: gateway`): a fleet edge, whose
+    /// other hooks run on the fleet's workers.
+    pub gateway_hooks_only: bool,
 }
 
 impl HostConfig {
@@ -59,6 +62,7 @@ impl HostConfig {
             python,
             runtime_dir,
             trust: crate::trust::TrustPolicy::default(),
+            gateway_hooks_only: false,
         }
     }
 }
@@ -79,15 +83,15 @@ pub enum EmitError {
     ShuttingDown,
 }
 
-/// One hook's part in an `emit_collect`.
-#[derive(Debug, Clone)]
-pub struct HookOutcome {
-    /// Hook name.
-    pub hook: String,
-    /// Its result (`None` when it returned nothing) or its error.
-    pub result: Result<Option<Value>, String>,
-    /// Time in the handler, when it ran.
-    pub duration: Option<Duration>,
+pub use crate::sink::HookOutcome;
+use crate::sink::{EventSink, SinkError};
+
+impl From<SinkError> for EmitError {
+    fn from(e: SinkError) -> Self {
+        match e {
+            SinkError::ShuttingDown => EmitError::ShuttingDown,
+        }
+    }
 }
 
 /// Outcome of a load or reload.
@@ -261,6 +265,8 @@ struct Inner {
     reloads: AtomicU64,
     /// The JSON event stream (`serve --output json`); off by default.
     notices: crate::notices::Notices,
+    /// Where accepted events go instead of the local queues (fleet edge); unset = local mode.
+    sink: std::sync::OnceLock<Arc<dyn EventSink>>,
 }
 
 /// The hook host. Cheap to clone; all clones share one registry.
@@ -300,6 +306,7 @@ impl Host {
                 events_received: AtomicU64::new(0),
                 reloads: AtomicU64::new(0),
                 notices,
+                sink: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -533,6 +540,78 @@ impl Host {
         Ok(out)
     }
 
+    /// Sends accepted events to `sink` instead of the local queues from now on (the fleet
+    /// edge). Set once; returns false if a sink was already installed.
+    pub fn set_sink(&self, sink: Arc<dyn EventSink>) -> bool {
+        self.inner.sink.set(sink).is_ok()
+    }
+
+    /// The installed sink's view for `/v1/hooks` (`None` in local mode).
+    pub fn sink_status(&self) -> Option<Value> {
+        self.inner.sink.get().and_then(|s| s.status())
+    }
+
+    /// `Some(reason)` while the installed sink accepts events it cannot pass on yet.
+    pub fn degraded(&self) -> Option<String> {
+        self.inner.sink.get().and_then(|s| s.degraded())
+    }
+
+    /// [`Host::emit`] through the dispatch interface: the installed sink when there is one,
+    /// else the local queues.
+    pub async fn accept(&self, event: &str, context: Value) -> Result<usize, EmitError> {
+        let Some(sink) = self.inner.sink.get() else {
+            return self.emit(event, context);
+        };
+        validate_event_name(event)?;
+        let context = normalize_context(context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        Ok(sink.accept(event.to_string(), context).await?)
+    }
+
+    /// [`Host::emit_batch`] through the dispatch interface.
+    pub async fn accept_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> Result<Vec<usize>, (usize, EmitError)> {
+        let Some(sink) = self.inner.sink.get() else {
+            return self.emit_batch(events);
+        };
+        let mut checked = Vec::with_capacity(events.len());
+        for (i, (event, context)) in events.into_iter().enumerate() {
+            validate_event_name(&event).map_err(|e| (i, e.into()))?;
+            checked.push((event, normalize_context(context).map_err(|e| (i, e))?));
+        }
+        if self.is_draining() {
+            return Err((0, EmitError::ShuttingDown));
+        }
+        self.inner
+            .events_received
+            .fetch_add(checked.len() as u64, Ordering::Relaxed);
+        sink.accept_batch(checked).await.map_err(|e| (0, e.into()))
+    }
+
+    /// [`Host::emit_collect`] through the dispatch interface.
+    pub async fn collect(
+        &self,
+        event: &str,
+        context: Value,
+        timeout: Duration,
+    ) -> Result<Vec<HookOutcome>, EmitError> {
+        let Some(sink) = self.inner.sink.get() else {
+            return self.emit_collect(event, context, timeout).await;
+        };
+        validate_event_name(event)?;
+        let context = normalize_context(context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        Ok(sink.collect(event.to_string(), context, timeout).await?)
+    }
+
     /// Rescans the roots and applies the difference: unchanged hooks keep their worker, queue and
     /// state; new hooks start; changed hooks get a new worker that takes over the same queue;
     /// removed hooks stop after their queue drains. A hook whose new version fails to load keeps
@@ -568,6 +647,9 @@ impl Host {
         let mut kept: Vec<Arc<LoadedHook>> = Vec::new();
         let mut to_start: Vec<(HookSpec, Option<Arc<LoadedHook>>)> = Vec::new();
         for spec in discovery.hooks {
+            if self.inner.config.gateway_hooks_only && !spec.placement.in_gateway() {
+                continue; // a fleet edge: the workers run it
+            }
             match old_by_name.get(spec.name.as_str()) {
                 Some(prev)
                     if prev.spec.dir == spec.dir && prev.spec.fingerprint == spec.fingerprint =>
@@ -820,5 +902,55 @@ fn with_kind_settings(spec: &mut HookSpec) {
         spec.manifest.timeout = crate::handler::webhook::delivery_budget(&spec.manifest);
         let warning = crate::handler::webhook::unsigned_warning(&spec.manifest);
         spec.manifest.warnings.extend(warning);
+    }
+}
+
+/// Local mode behind the dispatch interface: a thin adapter over the host's own queues.
+pub struct LocalDispatch(pub Host);
+
+impl EventSink for LocalDispatch {
+    fn accept(
+        &self,
+        event: String,
+        context: Value,
+    ) -> crate::sink::SinkFuture<'_, Result<usize, SinkError>> {
+        let r = self
+            .0
+            .emit(&event, context)
+            .map_err(|_| SinkError::ShuttingDown);
+        Box::pin(async move { r })
+    }
+
+    fn accept_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> crate::sink::SinkFuture<'_, Result<Vec<usize>, SinkError>> {
+        let r = self
+            .0
+            .emit_batch(events)
+            .map_err(|_| SinkError::ShuttingDown);
+        Box::pin(async move { r })
+    }
+
+    fn collect(
+        &self,
+        event: String,
+        context: Value,
+        timeout: Duration,
+    ) -> crate::sink::SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
+        Box::pin(async move {
+            self.0
+                .emit_collect(&event, context, timeout)
+                .await
+                .map_err(|_| SinkError::ShuttingDown)
+        })
+    }
+
+    fn status(&self) -> Option<Value> {
+        None
+    }
+
+    fn degraded(&self) -> Option<String> {
+        None
     }
 }

@@ -28,6 +28,8 @@
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
 //! - [`events`]: event names, their validation, the catalogue of gateway events.
+//! - [`sink`]: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
+//! - `fleet` (feature `fleet`): edge sink, workers, collect, fleet view, dead letters.
 //! - [`scaffold`]: `new NAME --kind ...`.
 //! - [`notices`]: the JSON event stream of `serve --output json`.
 //! - Leaves shared by several of the above: [`layout`] (the layout of a hook directory and
@@ -49,6 +51,8 @@ pub mod client;
 pub mod discovery;
 pub mod dispatch;
 pub mod events;
+#[cfg(feature = "fleet")]
+pub mod fleet;
 pub mod handler;
 pub mod host;
 pub mod ingateway;
@@ -63,6 +67,7 @@ pub mod registry;
 pub mod scaffold;
 pub mod server;
 pub mod service;
+pub mod sink;
 pub mod time;
 pub mod trust;
 pub mod watch;

@@ -19,6 +19,12 @@ pub const MAX_TIMEOUT_SECS: f64 = 300.0;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
 /// Largest accepted queue capacity.
 pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
+/// Fleet mode: default retries after the first delivery before the dead-letter subject.
+pub const DEFAULT_RETRIES: u32 = 3;
+/// Largest accepted `retries`.
+pub const MAX_RETRIES: u32 = 100;
+/// Largest accepted `concurrency`.
+pub const MAX_CONCURRENCY: u32 = 64;
 
 const KNOWN_KEYS: &[&str] = &[
     "name",
@@ -34,6 +40,8 @@ const KNOWN_KEYS: &[&str] = &[
     "url",
     "secret_env",
     "runs",
+    "retries",
+    "concurrency",
 ];
 
 /// Keys that published hooks carry for their own use: accepted with an informational note.
@@ -120,6 +128,8 @@ struct RawManifest {
     url: Option<String>,
     secret_env: Option<String>,
     runs: Option<Runs>,
+    retries: Option<i64>,
+    concurrency: Option<i64>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -155,6 +165,10 @@ pub struct Manifest {
     pub secret_env: Option<String>,
     /// `runs:` (default `auto`).
     pub runs: Runs,
+    /// Fleet mode: retries after the first delivery before the dead-letter subject.
+    pub retries: u32,
+    /// Events in flight at once (fleet mode: across the whole fleet); 1 keeps order.
+    pub concurrency: u32,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
     /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
@@ -300,6 +314,20 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: "a hook has either `handler:` or `url:`, not both".into(),
         });
     }
+    let retries = raw.retries.unwrap_or(DEFAULT_RETRIES as i64);
+    if !(0..=MAX_RETRIES as i64).contains(&retries) {
+        return Err(ManifestError::BadField {
+            field: "retries",
+            reason: format!("{retries} is out of range 0..={MAX_RETRIES}"),
+        });
+    }
+    let concurrency = raw.concurrency.unwrap_or(1);
+    if !(1..=MAX_CONCURRENCY as i64).contains(&concurrency) {
+        return Err(ManifestError::BadField {
+            field: "concurrency",
+            reason: format!("{concurrency} is out of range 1..={MAX_CONCURRENCY}"),
+        });
+    }
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -316,6 +344,8 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         url: raw.url,
         secret_env: raw.secret_env,
         runs: raw.runs.unwrap_or(Runs::Auto),
+        retries: retries as u32,
+        concurrency: concurrency as u32,
         warnings,
         notes,
     })
@@ -389,6 +419,28 @@ mod tests {
         match parse_manifest("events: 5\n") {
             Err(ManifestError::Yaml(m)) => assert!(m.contains("line 1"), "{m}"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn fleet_keys() {
+        let m = parse_manifest("events: [a]\nretries: 0\nconcurrency: 4\n").unwrap();
+        assert_eq!((m.retries, m.concurrency), (0, 4));
+        let m = parse_manifest("events: [a]\n").unwrap();
+        assert_eq!((m.retries, m.concurrency), (DEFAULT_RETRIES, 1));
+        for bad in [
+            "retries: -1",
+            "retries: 101",
+            "concurrency: 0",
+            "concurrency: 65",
+        ] {
+            assert!(
+                matches!(
+                    parse_manifest(&format!("events: [a]\n{bad}\n")),
+                    Err(ManifestError::BadField { .. })
+                ),
+                "{bad} should be refused"
+            );
         }
     }
 

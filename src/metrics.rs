@@ -208,6 +208,63 @@ impl Collector for HostCollector {
                 .encode_family(&[("hook", h.spec.name.as_str())])?
                 .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         }
+        if let Some(st) = host.sink_status() {
+            encode_fleet(e, &st)?;
+        }
         Ok(())
     }
+}
+
+/// The fleet edge's state (`serve --fleet`): only when a fleet sink is installed.
+fn encode_fleet(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<(), std::fmt::Error> {
+    let f = &st["fleet"];
+    let num = |k: &str| f[k].as_u64().unwrap_or(0);
+    let gauge = |e: &mut DescriptorEncoder, name: &str, help: &str, v: i64| {
+        ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+    };
+    let counter = |e: &mut DescriptorEncoder, name: &str, help: &str, v: u64| {
+        ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+    };
+    gauge(
+        e,
+        "fleet_degraded",
+        "1 while the broker is unreachable and events wait in the edge's buffer.",
+        i64::from(f["state"] == "degraded"),
+    )?;
+    gauge(
+        e,
+        "fleet_buffered",
+        "Events in the edge's buffer, not yet stored by the stream.",
+        num("buffered") as i64,
+    )?;
+    counter(
+        e,
+        "fleet_published",
+        "Events the stream acknowledged.",
+        num("published"),
+    )?;
+    counter(
+        e,
+        "fleet_dropped",
+        "Events dropped because the edge's buffer was full.",
+        num("dropped"),
+    )?;
+    gauge(
+        e,
+        "fleet_workers",
+        "Workers in the fleet view.",
+        f["workers"].as_array().map_or(0, Vec::len) as i64,
+    )?;
+    let mut family = e.encode_descriptor(
+        "fleet_hook_lag",
+        "Events in the stream a fleet hook has not finished.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for h in st["hooks"].as_array().into_iter().flatten() {
+        if let (Some(name), Some(lag)) = (h["name"].as_str(), h["lag"].as_i64()) {
+            ConstGauge::new(lag).encode(family.encode_family(&[("hook", name)])?)?;
+        }
+    }
+    Ok(())
 }

@@ -305,7 +305,7 @@ async fn post_event(State(state): State<AppState>, req: Request) -> Result<Respo
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
-    let queued = state.host.emit(&event, context)?;
+    let queued = state.host.accept(&event, context).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": queued}))).into_response())
 }
 
@@ -341,7 +341,7 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
             ),
         ));
     }
-    let queued = state.host.emit_batch(events).map_err(|(i, e)| {
+    let queued = state.host.accept_batch(events).await.map_err(|(i, e)| {
         let mut err = ApiError::from(e);
         if err.status == StatusCode::BAD_REQUEST {
             err.message = format!("events[{i}]: {}", err.message);
@@ -400,7 +400,7 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
     };
     let outcomes = state
         .host
-        .emit_collect(&event, context, Duration::from_millis(timeout_ms))
+        .collect(&event, context, Duration::from_millis(timeout_ms))
         .await?;
     let mut results = Vec::new();
     let mut errors = Vec::new();
@@ -417,7 +417,17 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
 async fn get_hooks(State(state): State<AppState>) -> Response {
     let hooks = state.host.hooks();
     let skipped = state.host.skipped();
-    axum::Json(json!({"hooks": hooks, "skipped": skipped})).into_response()
+    let mut body = json!({"hooks": hooks, "skipped": skipped});
+    // Fleet edge: the workers' hooks join the list, and the fleet's own state is added.
+    if let Some(Value::Object(extra)) = state.host.sink_status() {
+        for (k, v) in extra {
+            match (body.get_mut(&k), v) {
+                (Some(Value::Array(mine)), Value::Array(more)) => mine.extend(more),
+                (_, v) => body[k] = v,
+            }
+        }
+    }
+    axum::Json(body).into_response()
 }
 
 async fn get_hook(
@@ -426,7 +436,18 @@ async fn get_hook(
 ) -> Result<Response, ApiError> {
     // A name that does not decode (say `%FF`) gets the API's JSON error, not axum's plain text.
     let Path(name) = name.map_err(|e| ApiError::bad_request(format!("hook name: {e}")))?;
-    match state.host.hook(&name) {
+    let fleet_hook = || {
+        let st = state.host.sink_status()?;
+        st["hooks"]
+            .as_array()?
+            .iter()
+            .find(|h| h["name"] == name.as_str())
+            .cloned()
+    };
+    if let Some(h) = state.host.hook(&name) {
+        return Ok(axum::Json(h).into_response());
+    }
+    match fleet_hook() {
         Some(h) => Ok(axum::Json(h).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -460,6 +481,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
             "the host is shutting down",
         )
         .into_response()
+    } else if state.host.is_ready()
+        && let Some(reason) = state.host.degraded()
+    {
+        // Still accepting (into a bounded buffer): ready, but say what is wrong.
+        axum::Json(json!({"status": "degraded", "reason": reason})).into_response()
     } else if state.host.is_ready() {
         axum::Json(json!({"status": "ready", "hooks": state.host.snapshot().hooks.len()}))
             .into_response()

@@ -57,7 +57,7 @@ impl Listener {
 }
 
 /// Settings of [`run`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServiceConfig {
     /// The API's settings (bearer token).
     pub api: ApiConfig,
@@ -68,7 +68,15 @@ pub struct ServiceConfig {
     /// Handle SIGINT/SIGTERM (stop) and SIGHUP (reload) for the whole process. Off for a
     /// service embedded in a program that handles signals itself.
     pub signals: bool,
+    /// Runs when the stop begins, before the host drains, with the drain time (fleet mode: the
+    /// edge sends its buffer, a worker finishes the events it took).
+    pub before_drain: Option<BeforeDrain>,
 }
+
+/// See [`ServiceConfig::before_drain`].
+pub type BeforeDrain = std::sync::Arc<
+    dyn Fn(Duration) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
+>;
 
 impl Default for ServiceConfig {
     fn default() -> Self {
@@ -77,7 +85,20 @@ impl Default for ServiceConfig {
             drain: Duration::from_secs(5),
             watch: true,
             signals: false,
+            before_drain: None,
         }
+    }
+}
+
+impl std::fmt::Debug for ServiceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceConfig")
+            .field("api", &self.api)
+            .field("drain", &self.drain)
+            .field("watch", &self.watch)
+            .field("signals", &self.signals)
+            .field("before_drain", &self.before_drain.is_some())
+            .finish()
     }
 }
 
@@ -248,6 +269,9 @@ pub async fn run(
     // The API stays up while the queues drain: events get 503 (clients keep them and retry),
     // /v1/hooks and /metrics keep answering. Then the listener closes. A first load still
     // running finishes first (the drain waits for the reload lock).
+    if let Some(before) = &config.before_drain {
+        before(config.drain).await;
+    }
     report.shutdown = host.shutdown(config.drain).await;
     drop(watch);
     let _ = stop_tx.send(true);

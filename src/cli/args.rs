@@ -65,6 +65,18 @@ pub enum Command {
     ///
     /// Example: hermes-hooks serve --hooks-dir hooks-examples --listen 127.0.0.1:8787
     Serve(ServeArgs),
+    /// Run hooks for a fleet: take their events from NATS JetStream (serve's options apply).
+    ///
+    /// Example: hermes-hooks worker --fleet nats://broker:4222 --hooks-dir /srv/hooks --listen 127.0.0.1:8788
+    #[cfg(feature = "fleet")]
+    Worker(ServeArgs),
+    /// Events that failed on every delivery in fleet mode: list them, or queue them again.
+    #[cfg(feature = "fleet")]
+    Dead {
+        /// list or replay.
+        #[command(subcommand)]
+        command: crate::cli::fleet::DeadCommand,
+    },
     /// List loaded hooks and why other directories were not loaded.
     ///
     /// Example: hermes-hooks list --hooks-dir hooks-examples --json
@@ -178,6 +190,10 @@ pub struct ServeArgs {
     /// hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Fleet mode (`--fleet nats://...`): publish to JetStream (serve) or take from it (worker).
+    #[cfg(feature = "fleet")]
+    #[command(flatten)]
+    pub fleet: crate::cli::fleet::FleetArgs,
 }
 
 /// What `serve` writes on stdout.

@@ -9,17 +9,7 @@ use serde_json::Value;
 use crate::cli::args::RootArgs;
 use crate::host::{Host, LoadReport};
 
-/// A problem found or a failure: one line on stderr, exit code 1.
-pub fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("hermes-hooks: {msg}");
-    1
-}
-
-/// A usage error (bad argument value): one line, exit code 2.
-pub fn usage(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("hermes-hooks: {msg}");
-    2
-}
+pub use crate::cli::exit::{fail, usage};
 
 /// Loads the hooks in this process (Python handlers are import-checked), runs `f`, stops them.
 pub async fn with_loaded_hooks<T>(

@@ -102,6 +102,14 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
                 ""
             }
         );
+        if let Some(workers) = h["workers"].as_array() {
+            let names: Vec<String> = workers.iter().map(s).collect();
+            let lag = h["lag"]
+                .as_u64()
+                .map(|l| l.to_string())
+                .unwrap_or("?".into());
+            let _ = writeln!(out, "    workers: {}; lag {lag}", names.join(", "));
+        }
         if let Some(e) = h["last_error"]["message"].as_str() {
             let _ = writeln!(out, "    last error: {e}");
         }

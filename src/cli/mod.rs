@@ -9,6 +9,9 @@ pub mod common;
 pub mod completions;
 pub mod emit;
 pub mod enable;
+pub mod exit;
+#[cfg(feature = "fleet")]
+pub mod fleet;
 pub mod list;
 pub mod new;
 pub mod serve;
@@ -32,6 +35,8 @@ pub fn main() -> i32 {
     };
     let default_filter = match cli.command {
         Command::Serve(_) => "info",
+        #[cfg(feature = "fleet")]
+        Command::Worker(_) => "info",
         // The command prints what matters; the handlers' own output is still shown.
         Command::Test(_) => "error,hook=info",
         _ => "error",
@@ -50,6 +55,13 @@ pub fn main() -> i32 {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve::serve(args).await,
+            #[cfg(feature = "fleet")]
+            Command::Worker(mut args) => {
+                args.fleet.worker = true;
+                serve::serve(args).await
+            }
+            #[cfg(feature = "fleet")]
+            Command::Dead { command } => fleet::dead(command).await,
             Command::List { roots, json, live } => match live {
                 Some(address) => list::list_live(&address, json).await,
                 None => list::list(roots, json).await,

@@ -48,7 +48,10 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Listener, Option
 
 /// Runs `serve`; returns the exit code.
 pub async fn serve(args: ServeArgs) -> i32 {
-    let config = args.roots.config();
+    #[allow(unused_mut)]
+    let mut config = args.roots.config();
+    #[cfg(feature = "fleet")]
+    args.fleet.adjust(&mut config);
     let notices = match args.output {
         Output::Json => crate::notices::Notices::to_writer(private_stdout()),
         Output::Text => crate::notices::Notices::default(),
@@ -61,13 +64,23 @@ pub async fn serve(args: ServeArgs) -> i32 {
             return fail(e);
         }
     };
-    let service_config = ServiceConfig {
+    #[allow(unused_mut)]
+    let mut service_config = ServiceConfig {
         api: ApiConfig { token },
         drain: Duration::from_secs_f64(args.drain_timeout.clamp(0.0, 3600.0)),
         watch,
         signals: true,
+        before_drain: None,
     };
     let host = Host::with_notices(config.clone(), notices.clone());
+    #[cfg(feature = "fleet")]
+    match args.fleet.attach(&host).await {
+        Ok(running) => service_config.before_drain = Some(running.into_before_drain()),
+        Err(e) => {
+            service::report_failed_start(&notices, &config.roots, watch, &e);
+            return fail(e);
+        }
+    }
     // Only SIGINT/SIGTERM stop the CLI's service.
     match service::run(listener, host, service_config, std::future::pending()).await {
         Ok(_) => 0,

@@ -9,6 +9,8 @@ mod contrib;
 mod core;
 mod dylib;
 mod exec;
+#[cfg(feature = "fleet")]
+mod fleet;
 mod gateway;
 mod http;
 mod lifecycle;

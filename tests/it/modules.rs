@@ -197,9 +197,12 @@ fn graph(src: &Path) -> Graph {
                 while let Some(i) = code[at..].find(start.as_str()) {
                     let pos = at + i;
                     at = pos + start.len();
-                    // Only where a path begins: not `x::crate::`, `$crate::`, `my_child::`.
+                    // Only where a path begins: not `x::crate::`, `$crate::`, `my_child::`, nor
+                    // a method's turbofish (`.collect::<T>()` beside a child module `collect`).
                     let before = code[..pos].chars().next_back();
-                    if before.is_some_and(|c| is_ident(c) || c == '$' || c == ':') {
+                    if before.is_some_and(|c| is_ident(c) || c == '$' || c == ':' || c == '.')
+                        || code[at..].starts_with('<')
+                    {
                         continue;
                     }
                     let mut paths = Vec::new();

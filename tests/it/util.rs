@@ -166,6 +166,7 @@ pub fn config(hooks: &Hooks) -> hermes_hooks::HostConfig {
         python: "python3".into(),
         runtime_dir: hooks.home().join("cache"),
         trust: Default::default(),
+        gateway_hooks_only: false,
     }
 }
 

@@ -1,0 +1,126 @@
+//! Dead letters: `hermes-hooks dead list` reads the dead-letter stream; `dead replay` publishes
+//! the chosen events again for the one hook that failed them (a replay copy names its hook, so
+//! the other hooks' consumers skip it) and removes them from the dead-letter stream once the
+//! event stream has acknowledged the copy.
+
+use async_nats::jetstream;
+use serde::Serialize;
+
+use super::envelope::{DeadLetter, Envelope};
+use super::{FleetConfig, FleetError};
+
+/// One dead letter with its place in the dead-letter stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadEntry {
+    /// Sequence in the dead-letter stream (what `dead replay SEQ` takes).
+    pub seq: u64,
+    /// The record.
+    #[serde(flatten)]
+    pub letter: DeadLetter,
+}
+
+/// Which dead letters to act on.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only this hook's.
+    pub hook: Option<String>,
+    /// Only these sequences (empty: all that match `hook`).
+    pub seqs: Vec<u64>,
+}
+
+impl Selection {
+    fn wants(&self, e: &DeadEntry) -> bool {
+        self.hook.as_deref().is_none_or(|h| h == e.letter.hook)
+            && (self.seqs.is_empty() || self.seqs.contains(&e.seq))
+    }
+}
+
+async fn open(
+    cfg: &FleetConfig,
+) -> Result<(jetstream::Context, jetstream::stream::Stream), FleetError> {
+    let client = cfg.connect("hermes-hooks dead", true).await?;
+    let js = cfg.jetstream(client);
+    let stream = cfg.dead(&js).await?;
+    Ok((js, stream))
+}
+
+async fn read(
+    stream: &mut jetstream::stream::Stream,
+    sel: &Selection,
+) -> Result<Vec<DeadEntry>, String> {
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    let (first, last) = (info.state.first_sequence, info.state.last_sequence);
+    let mut out = Vec::new();
+    if info.state.messages == 0 {
+        return Ok(out);
+    }
+    for seq in first..=last {
+        if !sel.seqs.is_empty() && !sel.seqs.contains(&seq) {
+            continue;
+        }
+        // Deleted sequences (replayed letters) are gaps.
+        let Ok(msg) = stream.get_raw_message(seq).await else {
+            continue;
+        };
+        match serde_json::from_slice::<DeadLetter>(&msg.payload) {
+            Ok(letter) => {
+                let e = DeadEntry { seq, letter };
+                if sel.wants(&e) {
+                    out.push(e);
+                }
+            }
+            Err(e) => tracing::warn!("dead letter {seq} is unreadable: {e}"),
+        }
+    }
+    Ok(out)
+}
+
+/// The dead letters that `sel` picks, oldest first.
+pub async fn list(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>, FleetError> {
+    let (_, mut stream) = open(cfg).await?;
+    read(&mut stream, sel)
+        .await
+        .map_err(|why| FleetError::Broker {
+            url: cfg.url.clone(),
+            what: "read the dead-letter stream",
+            why,
+        })
+}
+
+/// Publishes the picked dead letters again, each for its own hook, and removes them from the
+/// dead-letter stream. Returns what was re-queued.
+pub async fn replay(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>, FleetError> {
+    let (js, mut stream) = open(cfg).await?;
+    let err = |what: &'static str, why: String| FleetError::Broker {
+        url: cfg.url.clone(),
+        what,
+        why,
+    };
+    cfg.events(&js).await?;
+    let entries = read(&mut stream, sel)
+        .await
+        .map_err(|e| err("read the dead-letter stream", e))?;
+    let mut done = Vec::new();
+    for e in entries {
+        let env = Envelope {
+            hook: Some(e.letter.hook.clone()),
+            ..e.letter.envelope.clone()
+        };
+        let payload = serde_json::to_vec(&env).unwrap_or_default();
+        // The same dead letter replayed twice within the duplicate window is stored once.
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(payload.into())
+            .message_id(format!("replay:{}:{}", cfg.dead_stream(), e.seq));
+        js.send_publish(cfg.replay_subject(&e.letter.hook), publish)
+            .await
+            .map_err(|x| err("publish a replay", x.to_string()))?
+            .await
+            .map_err(|x| err("store a replay", x.to_string()))?;
+        stream
+            .delete_message(e.seq)
+            .await
+            .map_err(|x| err("remove a replayed dead letter", x.to_string()))?;
+        done.push(e);
+    }
+    Ok(done)
+}

@@ -1,0 +1,415 @@
+//! The edge (`serve --fleet URL`): the sink that publishes each accepted event to the JetStream
+//! event stream with its event id as `Nats-Msg-Id`.
+//!
+//! Accepted events go into one bounded in-memory buffer; a publisher task sends them with up to
+//! [`WINDOW`] acknowledgements outstanding (pipelined), and an accept answers once the stream has
+//! acknowledged its event. While the broker is unreachable, accepts answer at once (the event is
+//! buffered), the edge reports itself degraded, a full buffer drops its oldest event (counted),
+//! and the buffer is sent when the broker is back; the stream's de-duplication absorbs what
+//! was sent twice across the outage.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage as Publish;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+
+use super::envelope::{Envelope, IdGen, VERSION};
+use super::status::FleetView;
+use super::{FleetConfig, FleetError};
+use crate::sink::{EventSink, HookOutcome, SinkError, SinkFuture};
+
+/// Publish acknowledgements outstanding at once.
+pub const WINDOW: usize = 512;
+/// Default bound of the buffer.
+pub const DEFAULT_BUFFER: usize = 100_000;
+/// How long an accept waits for the stream's acknowledgement before answering anyway (the
+/// event stays buffered and the edge reports degraded).
+pub const PUBLISH_WAIT: Duration = Duration::from_secs(5);
+
+struct Pending {
+    subject: String,
+    msg_id: String,
+    payload: Bytes,
+    done: Option<oneshot::Sender<()>>,
+}
+
+struct Inner {
+    cfg: FleetConfig,
+    gateway: String,
+    ids: IdGen,
+    capacity: usize,
+    buf: Mutex<VecDeque<Pending>>,
+    wake: Notify,
+    idle: Notify,
+    inflight: AtomicUsize,
+    published: AtomicU64,
+    duplicates: AtomicU64,
+    dropped: AtomicU64,
+    failures: AtomicU64,
+    degraded: Mutex<Option<String>>,
+    closing: AtomicBool,
+    view: FleetView,
+    client: async_nats::Client,
+}
+
+/// The fleet edge; cheap to clone.
+#[derive(Clone)]
+pub struct Edge {
+    inner: Arc<Inner>,
+}
+
+impl Edge {
+    /// Connects (in the background when the broker is down) and starts publishing.
+    pub async fn start(
+        cfg: FleetConfig,
+        gateway: String,
+        capacity: usize,
+    ) -> Result<Self, FleetError> {
+        let client = cfg
+            .connect(&format!("hermes-hooks edge {gateway}"), false)
+            .await?;
+        let view = FleetView::default();
+        let inner = Arc::new(Inner {
+            gateway,
+            ids: IdGen::default(),
+            capacity: capacity.max(1),
+            buf: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+            idle: Notify::new(),
+            inflight: AtomicUsize::new(0),
+            published: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            degraded: Mutex::new(None),
+            closing: AtomicBool::new(false),
+            view: view.clone(),
+            client: client.clone(),
+            cfg: cfg.clone(),
+        });
+        tokio::spawn(super::status::follow(client, cfg.status_filter(), view));
+        tokio::spawn(publisher(inner.clone()));
+        Ok(Self { inner })
+    }
+
+    /// The fleet view (workers and their hooks).
+    pub fn view(&self) -> &FleetView {
+        &self.inner.view
+    }
+
+    /// Events waiting to be sent or acknowledged.
+    pub fn buffered(&self) -> usize {
+        self.inner.held()
+    }
+
+    /// Events dropped because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting and sends what is buffered, for up to `drain`; returns what was left.
+    pub async fn stop(&self, drain: Duration) -> usize {
+        self.inner.closing.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_one();
+        let until_idle = async {
+            loop {
+                let idle = self.inner.idle.notified();
+                if self.inner.held() == 0 {
+                    return;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(100), idle).await;
+            }
+        };
+        let _ = tokio::time::timeout(drain, until_idle).await;
+        let left = self.inner.held();
+        if left > 0 {
+            tracing::warn!(
+                "fleet: {left} event(s) not yet stored in the stream at shutdown (broker unreachable)"
+            );
+        }
+        if let Err(e) = self.inner.client.flush().await {
+            tracing::debug!("fleet: flush at shutdown: {e}");
+        }
+        left
+    }
+
+    fn envelope(&self, event: String, context: Value) -> Pending {
+        let env = Envelope {
+            v: VERSION,
+            id: self.inner.ids.next(),
+            gateway: self.inner.gateway.clone(),
+            event,
+            context,
+            time: crate::time::now(),
+            hook: None,
+        };
+        let payload = serde_json::to_vec(&env).unwrap_or_default();
+        Pending {
+            subject: self.inner.cfg.event_subject(&env.event),
+            msg_id: env.msg_id(),
+            payload: Bytes::from(payload),
+            done: None,
+        }
+    }
+}
+
+impl Inner {
+    fn held(&self) -> usize {
+        self.buf.lock().map(|b| b.len()).unwrap_or(0) + self.inflight.load(Ordering::Relaxed)
+    }
+
+    fn push(&self, p: Pending) {
+        let dropped = {
+            let Ok(mut buf) = self.buf.lock() else {
+                return;
+            };
+            let mut dropped = None;
+            if buf.len() + self.inflight.load(Ordering::Relaxed) >= self.capacity {
+                // Oldest first: fresh events matter more (as the local queues' default).
+                dropped = Some(buf.pop_front());
+            }
+            if matches!(dropped, Some(None)) {
+                // Everything held is in flight: the new event is the one that cannot be kept.
+                Some(())
+            } else {
+                buf.push_back(p);
+                dropped.map(|_| ())
+            }
+        };
+        if dropped.is_some() {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    dropped = n,
+                    "fleet: buffer full ({} events) while the broker is unreachable: dropping the oldest",
+                    self.capacity
+                );
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    fn pop(&self) -> Option<Pending> {
+        self.buf.lock().ok()?.pop_front()
+    }
+
+    fn push_front(&self, items: Vec<Pending>) {
+        if let Ok(mut buf) = self.buf.lock() {
+            for p in items.into_iter().rev() {
+                buf.push_front(p);
+            }
+        }
+    }
+
+    fn set_degraded(&self, why: String) {
+        if let Ok(mut d) = self.degraded.lock() {
+            if d.is_none() {
+                tracing::warn!("fleet: degraded: {why}; accepting into the buffer");
+            }
+            *d = Some(why);
+        }
+    }
+
+    fn clear_degraded(&self) {
+        if let Ok(mut d) = self.degraded.lock()
+            && d.take().is_some()
+        {
+            tracing::info!("fleet: broker reachable again; sending the buffer");
+        }
+    }
+
+    fn degraded(&self) -> Option<String> {
+        use async_nats::connection::State;
+        if self.client.connection_state() != State::Connected {
+            return Some(format!("broker {} unreachable", self.cfg.url));
+        }
+        self.degraded.lock().ok()?.clone()
+    }
+}
+
+/// Sends the buffer to the stream, keeping up to [`WINDOW`] acknowledgements outstanding.
+async fn publisher(inner: Arc<Inner>) {
+    use async_nats::connection::State;
+    let js = inner.cfg.jetstream(inner.client.clone());
+    let mut stream_ok = false;
+    let mut backoff = Duration::from_millis(50);
+    let mut inflight: VecDeque<(Pending, async_nats::jetstream::context::PublishAckFuture)> =
+        VecDeque::new();
+    loop {
+        let mut failed: Option<String> = None;
+        if !stream_ok {
+            match inner.cfg.events(&js).await {
+                Ok(_) => stream_ok = true,
+                Err(e) => failed = Some(e.to_string()),
+            }
+        }
+        while failed.is_none() && inflight.len() < WINDOW {
+            if inner.client.connection_state() != State::Connected {
+                failed = Some(format!("broker {} unreachable", inner.cfg.url));
+                break;
+            }
+            let Some(p) = inner.pop() else { break };
+            let publish = Publish::build()
+                .payload(p.payload.clone())
+                .message_id(&p.msg_id);
+            match js.send_publish(p.subject.clone(), publish).await {
+                Ok(f) => {
+                    inflight.push_back((p, f));
+                    inner.inflight.store(inflight.len(), Ordering::Relaxed);
+                }
+                Err(e) => {
+                    inner.push_front(vec![p]);
+                    failed = Some(format!("publish: {e}"));
+                }
+            }
+        }
+        if let Some((p, f)) = inflight.pop_front() {
+            match f.await {
+                Ok(ack) => {
+                    inner.published.fetch_add(1, Ordering::Relaxed);
+                    if ack.duplicate {
+                        inner.duplicates.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if failed.is_none() {
+                        inner.clear_degraded();
+                        backoff = Duration::from_millis(50);
+                    }
+                    if let Some(done) = p.done {
+                        let _ = done.send(());
+                    }
+                }
+                Err(e) => {
+                    // Send this one and every later one again, in order; the stream
+                    // de-duplicates those that did arrive.
+                    let mut back = vec![p];
+                    back.extend(inflight.drain(..).map(|(p, _)| p));
+                    inner.push_front(back);
+                    failed = Some(format!("no acknowledgement from the stream: {e}"));
+                    stream_ok = false;
+                }
+            }
+            inner.inflight.store(inflight.len(), Ordering::Relaxed);
+        }
+        if let Some(why) = failed {
+            inner.failures.fetch_add(1, Ordering::Relaxed);
+            inner.set_degraded(why);
+            if inflight.is_empty() {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            continue;
+        }
+        if inflight.is_empty() {
+            let wake = inner.wake.notified();
+            if inner.buf.lock().map(|b| b.is_empty()).unwrap_or(true) {
+                inner.idle.notify_waiters();
+                if inner.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(1), wake).await;
+            }
+        }
+    }
+}
+
+impl EventSink for Edge {
+    fn accept(&self, event: String, context: Value) -> SinkFuture<'_, Result<usize, SinkError>> {
+        Box::pin(async move {
+            if self.inner.closing.load(Ordering::SeqCst) {
+                return Err(SinkError::ShuttingDown);
+            }
+            let queued = self.inner.view.matching(&event).len();
+            let mut p = self.envelope(event, context);
+            let (tx, rx) = oneshot::channel();
+            p.done = Some(tx);
+            self.inner.push(p);
+            if self.inner.degraded().is_none() {
+                let _ = tokio::time::timeout(PUBLISH_WAIT, rx).await;
+            }
+            Ok(queued)
+        })
+    }
+
+    fn accept_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> SinkFuture<'_, Result<Vec<usize>, SinkError>> {
+        Box::pin(async move {
+            if self.inner.closing.load(Ordering::SeqCst) {
+                return Err(SinkError::ShuttingDown);
+            }
+            let mut counts = Vec::with_capacity(events.len());
+            let mut waiting = Vec::with_capacity(events.len());
+            for (event, context) in events {
+                counts.push(self.inner.view.matching(&event).len());
+                let mut p = self.envelope(event, context);
+                let (tx, rx) = oneshot::channel();
+                p.done = Some(tx);
+                waiting.push(rx);
+                self.inner.push(p);
+            }
+            if self.inner.degraded().is_none() {
+                let deadline = tokio::time::Instant::now() + PUBLISH_WAIT;
+                for rx in waiting {
+                    if tokio::time::timeout_at(deadline, rx).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            Ok(counts)
+        })
+    }
+
+    fn collect(
+        &self,
+        event: String,
+        context: Value,
+        timeout: Duration,
+    ) -> SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
+        Box::pin(async move {
+            let hooks = self.inner.view.matching(&event);
+            Ok(super::collect::request(
+                &self.inner.client,
+                &self.inner.cfg,
+                &self.inner.gateway,
+                &self.inner.ids,
+                &hooks,
+                event,
+                context,
+                timeout,
+            )
+            .await)
+        })
+    }
+
+    fn status(&self) -> Option<Value> {
+        let (hooks, workers) = self.inner.view.render();
+        let degraded = self.inner.degraded();
+        Some(json!({
+            "fleet": {
+                "role": "edge",
+                "gateway_id": self.inner.gateway,
+                "broker": self.inner.cfg.url,
+                "stream": self.inner.cfg.events_stream(),
+                "state": if degraded.is_some() { "degraded" } else { "connected" },
+                "degraded_reason": degraded,
+                "buffered": self.inner.held(),
+                "buffer_capacity": self.inner.capacity,
+                "published": self.inner.published.load(Ordering::Relaxed),
+                "duplicates": self.inner.duplicates.load(Ordering::Relaxed),
+                "dropped": self.inner.dropped.load(Ordering::Relaxed),
+                "workers": workers,
+            },
+            "hooks": hooks,
+        }))
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.inner.degraded()
+    }
+}

@@ -1,0 +1,347 @@
+//! The fleet view: workers publish their status (hooks, counters, lag, last errors) on
+//! `<prefix>.status.<worker>` at a fixed interval; the edge keeps the latest of each, forgets a
+//! worker that has been silent for three intervals, and shows the whole fleet in `/v1/hooks` and
+//! `list --live`. The edge also matches events against the fleet's hooks from this view (for
+//! collect, and the `queued` count).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::pattern::{MatchKind, PatternSet};
+
+/// Fleet counters of one hook on one worker.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FleetCounters {
+    /// Messages received from the stream (for this hook's consumer).
+    pub delivered: u64,
+    /// Redeliveries among them (delivered more than once).
+    pub redelivered: u64,
+    /// Handled and acknowledged.
+    pub acked: u64,
+    /// Failed and handed back for a retry.
+    pub retried: u64,
+    /// Published to the dead-letter subject.
+    pub dead: u64,
+    /// Not for this hook (no pattern matches, or a replay for another hook): acknowledged.
+    pub skipped: u64,
+    /// Delivered again after this worker had finished them (a broker crash lost the
+    /// acknowledgement): acknowledged again without running the handler.
+    #[serde(default)]
+    pub already_done: u64,
+}
+
+/// One hook in a worker's status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HookStatus {
+    /// Hook name.
+    pub name: String,
+    /// `events:` patterns.
+    pub events: Vec<String>,
+    /// Handler kind.
+    pub kind: String,
+    /// Local worker state (`idle`, `running`, ...).
+    pub status: String,
+    /// Timeout per invocation, seconds.
+    pub timeout_s: f64,
+    /// Deliveries before the dead-letter subject.
+    pub max_deliver: i64,
+    /// Events in flight at once across the fleet.
+    pub concurrency: i64,
+    /// Events in the stream not yet handled by this hook (pending + unacknowledged), when known.
+    pub lag: Option<u64>,
+    /// The local counters (ok, failed, timeouts, ...), as `/v1/hooks` shows them.
+    pub counters: Value,
+    /// Fleet counters.
+    pub fleet: FleetCounters,
+    /// Last error, if any.
+    pub last_error: Option<Value>,
+}
+
+/// A worker's status message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Worker id.
+    pub worker: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Interval between status messages, ms.
+    pub interval_ms: u64,
+    /// RFC 3339 time of this message.
+    pub time: String,
+    /// False in the last message of a worker that is stopping.
+    pub running: bool,
+    /// Its hooks.
+    pub hooks: Vec<HookStatus>,
+}
+
+struct Entry {
+    seen: Instant,
+    status: WorkerStatus,
+}
+
+/// A hook of the fleet with its compiled patterns, for matching at the edge.
+struct FleetHook {
+    name: String,
+    patterns: PatternSet,
+}
+
+#[derive(Default)]
+struct ViewState {
+    workers: BTreeMap<String, Entry>,
+    /// Compiled hooks, rebuilt when the set of (hook, patterns) changes.
+    hooks: Vec<FleetHook>,
+    key: Vec<(String, Vec<String>)>,
+}
+
+/// The edge's view of the fleet.
+#[derive(Clone, Default)]
+pub struct FleetView {
+    state: Arc<Mutex<ViewState>>,
+}
+
+impl FleetView {
+    /// Records a status message.
+    pub fn update(&self, status: WorkerStatus) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        if status.running {
+            st.workers.insert(
+                status.worker.clone(),
+                Entry {
+                    seen: Instant::now(),
+                    status,
+                },
+            );
+        } else {
+            st.workers.remove(&status.worker);
+        }
+        Self::expire(&mut st);
+        Self::recompile(&mut st);
+    }
+
+    fn expire(st: &mut ViewState) {
+        st.workers.retain(|_, e| {
+            let silent = Duration::from_millis(e.status.interval_ms.saturating_mul(3) + 1000);
+            e.seen.elapsed() < silent
+        });
+    }
+
+    fn recompile(st: &mut ViewState) {
+        let mut key: Vec<(String, Vec<String>)> = st
+            .workers
+            .values()
+            .flat_map(|e| e.status.hooks.iter())
+            .map(|h| (h.name.clone(), h.events.clone()))
+            .collect();
+        key.sort();
+        key.dedup_by(|a, b| a.0 == b.0);
+        if key == st.key {
+            return;
+        }
+        st.hooks = key
+            .iter()
+            .filter_map(|(name, events)| {
+                PatternSet::new(events).ok().map(|patterns| FleetHook {
+                    name: name.clone(),
+                    patterns,
+                })
+            })
+            .collect();
+        st.key = key;
+    }
+
+    /// The fleet's hooks matching `event`, in match order: exact matches first, then wildcard
+    /// matches, each by hook name (the fleet has no single discovery order).
+    pub fn matching(&self, event: &str) -> Vec<String> {
+        let Ok(mut st) = self.state.lock() else {
+            return Vec::new();
+        };
+        Self::expire(&mut st);
+        Self::recompile(&mut st);
+        let mut exact = Vec::new();
+        let mut wild = Vec::new();
+        for h in &st.hooks {
+            match h.patterns.matches(event) {
+                Some(MatchKind::Exact) => exact.push(h.name.clone()),
+                Some(_) => wild.push(h.name.clone()),
+                None => {}
+            }
+        }
+        exact.extend(wild);
+        exact
+    }
+
+    /// Number of live workers.
+    pub fn workers(&self) -> usize {
+        self.state.lock().map(|s| s.workers.len()).unwrap_or(0)
+    }
+
+    /// The fleet's hooks as `/v1/hooks` shows them (one entry per hook, with the workers that
+    /// serve it and its lag), and the workers.
+    pub fn render(&self) -> (Vec<Value>, Vec<Value>) {
+        let Ok(mut st) = self.state.lock() else {
+            return (Vec::new(), Vec::new());
+        };
+        Self::expire(&mut st);
+        let mut hooks: BTreeMap<String, Value> = BTreeMap::new();
+        // Per hook: its workers, the fleet counters and the local counters, summed.
+        type Sums = (Vec<String>, FleetCounters, BTreeMap<String, u64>);
+        let mut sums: HashMap<String, Sums> = HashMap::new();
+        let mut workers = Vec::new();
+        for (id, e) in &st.workers {
+            workers.push(json!({
+                "worker": id,
+                "host": e.status.host,
+                "pid": e.status.pid,
+                "last_seen_ms": e.seen.elapsed().as_millis() as u64,
+                "hooks": e.status.hooks.iter().map(|h| h.name.clone()).collect::<Vec<_>>(),
+            }));
+            for h in &e.status.hooks {
+                let entry = hooks.entry(h.name.clone()).or_insert_with(|| {
+                    json!({
+                        "name": h.name,
+                        "description": "",
+                        "events": h.events,
+                        "kind": h.kind,
+                        "path": "",
+                        "root": format!("fleet:{id}"),
+                        "status": h.status,
+                        "timeout_s": h.timeout_s,
+                        "max_deliver": h.max_deliver,
+                        "concurrency": h.concurrency,
+                        "lag": h.lag,
+                        "last_error": h.last_error,
+                    })
+                });
+                if h.status == "running" {
+                    entry["status"] = json!("running");
+                }
+                if let (Some(l), Some(prev)) = (h.lag, entry["lag"].as_u64()) {
+                    entry["lag"] = json!(l.max(prev));
+                } else if h.lag.is_some() {
+                    entry["lag"] = json!(h.lag);
+                }
+                if h.last_error.is_some() {
+                    entry["last_error"] = h.last_error.clone().unwrap_or(Value::Null);
+                }
+                let s = sums.entry(h.name.clone()).or_default();
+                s.0.push(id.clone());
+                let f = &mut s.1;
+                f.delivered += h.fleet.delivered;
+                f.redelivered += h.fleet.redelivered;
+                f.acked += h.fleet.acked;
+                f.retried += h.fleet.retried;
+                f.dead += h.fleet.dead;
+                f.skipped += h.fleet.skipped;
+                f.already_done += h.fleet.already_done;
+                if let Value::Object(c) = &h.counters {
+                    for (k, v) in c {
+                        *s.2.entry(k.clone()).or_default() += v.as_u64().unwrap_or(0);
+                    }
+                }
+            }
+        }
+        let hooks = hooks
+            .into_iter()
+            .map(|(name, mut v)| {
+                if let Some((w, f, c)) = sums.remove(&name) {
+                    v["workers"] = json!(w);
+                    v["fleet"] = json!(f);
+                    v["counters"] = json!(c);
+                }
+                v
+            })
+            .collect();
+        (hooks, workers)
+    }
+}
+
+/// Listens to every worker's status and feeds `view` until the subscription ends.
+pub async fn follow(client: async_nats::Client, subject: String, view: FleetView) {
+    use futures_util::StreamExt;
+    let mut sub = match client.subscribe(subject.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(
+                "fleet: cannot subscribe to {subject}: {e}; the fleet view stays empty"
+            );
+            return;
+        }
+    };
+    while let Some(msg) = sub.next().await {
+        match serde_json::from_slice::<WorkerStatus>(&msg.payload) {
+            Ok(s) => view.update(s),
+            Err(e) => tracing::debug!("fleet: unreadable status on {}: {e}", msg.subject),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hook(name: &str, events: &[&str], lag: u64) -> HookStatus {
+        HookStatus {
+            name: name.into(),
+            events: events.iter().map(|e| e.to_string()).collect(),
+            kind: "python".into(),
+            status: "idle".into(),
+            timeout_s: 30.0,
+            max_deliver: 4,
+            concurrency: 1,
+            lag: Some(lag),
+            counters: json!({"ok": 1}),
+            fleet: FleetCounters::default(),
+            last_error: None,
+        }
+    }
+
+    fn worker(id: &str, running: bool, hooks: Vec<HookStatus>) -> WorkerStatus {
+        WorkerStatus {
+            worker: id.into(),
+            host: "h".into(),
+            pid: 1,
+            interval_ms: 1000,
+            time: String::new(),
+            running,
+            hooks,
+        }
+    }
+
+    #[test]
+    fn matching_is_exact_first_then_wildcard_by_name_and_hooks_merge_across_workers() {
+        let view = FleetView::default();
+        view.update(worker(
+            "w1",
+            true,
+            vec![
+                hook("zeta", &["agent:start"], 2),
+                hook("alpha", &["agent:*"], 1),
+            ],
+        ));
+        view.update(worker(
+            "w2",
+            true,
+            vec![hook("beta", &["*"], 0), hook("zeta", &["agent:start"], 5)],
+        ));
+        assert_eq!(view.matching("agent:start"), ["zeta", "alpha", "beta"]);
+        assert_eq!(view.matching("session:start"), ["beta"]);
+        let (hooks, workers) = view.render();
+        assert_eq!(workers.len(), 2);
+        let zeta = hooks.iter().find(|h| h["name"] == "zeta").unwrap();
+        assert_eq!(zeta["workers"], json!(["w1", "w2"]));
+        assert_eq!(zeta["lag"], 5, "the largest lag reported");
+        assert_eq!(zeta["counters"]["ok"], 2, "counters summed over workers");
+        // A worker that says it stops leaves the view at once.
+        view.update(worker("w2", false, vec![]));
+        assert_eq!(view.matching("session:start"), Vec::<String>::new());
+        assert_eq!(view.workers(), 1);
+    }
+}
