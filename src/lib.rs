@@ -63,4 +63,5 @@ pub mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
+pub use dispatch::Tally;
 pub use registry::Registry;

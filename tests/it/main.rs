@@ -2,6 +2,7 @@
 
 mod util;
 
+mod accounts;
 mod cli;
 mod client;
 mod core;
