@@ -386,8 +386,11 @@ async fn get_hooks(State(state): State<AppState>) -> Response {
 
 async fn get_hook(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, ApiError> {
+    // A name that is not UTF-8 once decoded gets the API's JSON error, not axum's plain text.
+    let Path(name) =
+        name.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", e.body_text()))?;
     match state.host.hook(&name) {
         Some(h) => Ok(axum::Json(h).into_response()),
         None => Err(ApiError::new(

@@ -69,7 +69,10 @@ fn overflow_log_lines_keep_coming_after_a_reload() {
     let yaml = "name: jam\nevents: [\"test:*\"]\ntimeout: 60\nqueue: {capacity: 1, overflow: drop_newest}\n";
     let dir = hooks.add(
         "jam",
-        &[("HOOK.yaml", yaml), ("handler.py", &blocker(&pid, &rel, "v1"))],
+        &[
+            ("HOOK.yaml", yaml),
+            ("handler.py", &blocker(&pid, &rel, "v1")),
+        ],
     );
     let serve = Serve::start(&hooks, &["--no-watch"]);
     let drops = |serve: &Serve| serve.log().matches("event(s) dropped").count();
@@ -81,10 +84,14 @@ fn overflow_log_lines_keep_coming_after_a_reload() {
     poll(T, "the first call to block", || pid.exists().then_some(()));
     // The rate limit measures from the last line: make it late on this version's clock.
     let late = Instant::now() + Duration::from_millis(1500);
-    poll(T, "1.5 s to pass", || (Instant::now() >= late).then_some(()));
+    poll(T, "1.5 s to pass", || {
+        (Instant::now() >= late).then_some(())
+    });
     emit(&serve);
     emit(&serve);
-    poll(T, "the first overflow line", || (drops(&serve) >= 1).then_some(()));
+    poll(T, "the first overflow line", || {
+        (drops(&serve) >= 1).then_some(())
+    });
     let window = Instant::now() + Duration::from_millis(1100);
     poll(T, "the rate-limit window to pass", || {
         (Instant::now() >= window).then_some(())
@@ -95,9 +102,11 @@ fn overflow_log_lines_keep_coming_after_a_reload() {
     assert_eq!(s, 200, "{report}");
     emit(&serve);
     let t0 = Instant::now();
-    poll(Duration::from_secs(5), "an overflow line after the reload", || {
-        (drops(&serve) >= 2).then_some(())
-    });
+    poll(
+        Duration::from_secs(5),
+        "an overflow line after the reload",
+        || (drops(&serve) >= 2).then_some(()),
+    );
     assert!(
         t0.elapsed() < Duration::from_millis(900),
         "the overflow after the reload was logged only after {:?}",
@@ -128,7 +137,11 @@ fn shutdown_waits_for_and_counts_a_removed_hooks_calls() {
     let (s, report) = serve.post("/v1/reload", &json!({}));
     assert_eq!(s, 200, "{report}");
     assert!(
-        report["stopped"].as_array().unwrap().iter().any(|n| n == "goner"),
+        report["stopped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "goner"),
         "{report}"
     );
     assert_eq!(serve.terminate(), Some(0));
@@ -166,8 +179,7 @@ fn shutdown_waits_for_and_counts_a_removed_hooks_calls() {
         "{stop}"
     );
     poll(T, "the removed hook's worker to be gone", || {
-        let status =
-            std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap_or_default();
         (status.is_empty() || status.contains("State:\tZ")).then_some(())
     });
 }

@@ -649,7 +649,11 @@ fn a_reload_while_a_batch_is_stuck_delivers_every_event_exactly_once() {
     let (status, report) = serve.post("/v1/reload", &json!({}));
     assert_eq!(status, 200, "{report}");
     assert!(
-        report["started"].as_array().unwrap().iter().any(|n| n == "reloader"),
+        report["started"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "reloader"),
         "the changed library must start a new version: {report}"
     );
     std::fs::write(&release, "").unwrap();
@@ -659,12 +663,18 @@ fn a_reload_while_a_batch_is_stuck_delivers_every_event_exactly_once() {
         (c["ok"].as_u64()? + c["failed"].as_u64()? == 6).then_some(info)
     });
     assert_eq!(
-        (info["counters"]["ok"].as_u64(), info["counters"]["failed"].as_u64()),
+        (
+            info["counters"]["ok"].as_u64(),
+            info["counters"]["failed"].as_u64()
+        ),
         (Some(5), Some(1)),
         "only the slow call fails (its timeout), no event fails for not being run: {info}"
     );
     let last = info["last_error"]["message"].as_str().unwrap_or("");
-    assert!(last.contains("timed out"), "the one failure is the timeout: {info}");
+    assert!(
+        last.contains("timed out"),
+        "the one failure is the timeout: {info}"
+    );
     let mut seen: Vec<i64> = crate::util::read_jsonl(&log)
         .iter()
         .map(|v| v["ctx"]["i"].as_i64().unwrap())

@@ -117,10 +117,7 @@ fn a_background_child_holding_the_pipes_keeps_the_result_and_logs_and_is_killed(
         ),
     );
     let serve = crate::util::Serve::start(&hooks, &[]);
-    let (status, body) = serve.post(
-        "/v1/collect",
-        &json!({"event": "command:x", "context": {}}),
-    );
+    let (status, body) = serve.post("/v1/collect", &json!({"event": "command:x", "context": {}}));
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["results"][0]["result"],

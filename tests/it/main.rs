@@ -8,6 +8,7 @@ mod client;
 mod core;
 mod dylib;
 mod exec;
+mod fuzz;
 mod http;
 mod lifecycle;
 mod modules;
