@@ -14,7 +14,6 @@
 //! the clients were told was queued; no handler process is left; RSS stayed bounded; `/healthz`
 //! answered every probe. `HERMES_SOAK_REPORT=<file>` also writes the figures as JSON.
 
-#[allow(dead_code)]
 #[path = "it/util.rs"]
 mod util;
 
