@@ -55,14 +55,14 @@ impl Rng {
 
 /// What an event asks its handler to do, with its weight.
 const BEHAVIOURS: [(&str, u64); 8] = [
-    ("ok", 78),
+    ("ok", 180),
+    ("slow", 6),
     ("raise", 5),
-    ("hang", 2),
-    ("crash", 3),
-    ("flood", 3),
-    ("huge", 3),
-    ("leak", 3),
-    ("slow", 3),
+    ("hang", 1),
+    ("crash", 2),
+    ("flood", 2),
+    ("huge", 2),
+    ("leak", 2),
 ];
 
 fn behaviour(rng: &mut Rng) -> &'static str {

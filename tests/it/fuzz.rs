@@ -400,3 +400,60 @@ fn every_route_answers_any_body_with_a_status_and_a_typed_error() {
     assert_eq!(out.unwrap()[0].result, Ok(Some(json!({"seen": true}))));
     rt.block_on(host.shutdown(Duration::from_secs(5)));
 }
+
+#[test]
+fn any_authorization_header_is_let_in_only_with_the_token() {
+    let hooks = Hooks::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let host = rt.block_on(async {
+        let (host, _) = Host::start(crate::util::config(&hooks)).await;
+        host
+    });
+    let token = "s3cret-token";
+    let router = app(
+        host.clone(),
+        ApiConfig {
+            token: Some(token.into()),
+        },
+    );
+    let header = prop_oneof![
+        "\\PC{0,40}",
+        "[Bb]earer [a-z0-9-]{0,14}",
+        Just(format!("Bearer {token}")),
+        Just(format!("Bearer {token}x")),
+        Just(format!("Bearer  {token}")),
+    ];
+    let mut runner = proptest::test_runner::TestRunner::new(cases(128));
+    runner
+        .run(&header, |h| {
+            let Ok(req) = Request::builder()
+                .method("GET")
+                .uri("/v1/hooks")
+                .header("authorization", h.as_str())
+                .body(Body::empty())
+            else {
+                return Ok(()); // not a valid header value: no request to send
+            };
+            let status = rt.block_on(router.clone().oneshot(req)).unwrap().status();
+            let exact = h == format!("Bearer {token}");
+            if exact {
+                prop_assert_eq!(status, StatusCode::OK, "{:?}", h);
+            } else if status == StatusCode::OK {
+                // Accepted only if it carries exactly the token after a case-insensitive scheme.
+                let (scheme, rest) = h.split_once(' ').unwrap_or(("", ""));
+                prop_assert!(
+                    scheme.eq_ignore_ascii_case("bearer") && rest.trim() == token,
+                    "{:?} was let in",
+                    h
+                );
+            } else {
+                prop_assert_eq!(status, StatusCode::UNAUTHORIZED, "{:?}", h);
+            }
+            Ok(())
+        })
+        .unwrap();
+    rt.block_on(host.shutdown(Duration::from_secs(5)));
+}
