@@ -308,6 +308,14 @@ struct ClientCounts {
     refused: AtomicU64,
     collect_results: AtomicU64,
     collect_errors: AtomicU64,
+    /// Events sent, by what they ask the handler to do.
+    behaviours: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl ClientCounts {
+    fn sent(&self, b: &'static str) {
+        *self.behaviours.lock().unwrap().entry(b).or_default() += 1;
+    }
 }
 
 fn client(addr: String, seed: u64, stop: Arc<AtomicBool>, counts: Arc<ClientCounts>) {
@@ -317,6 +325,7 @@ fn client(addr: String, seed: u64, stop: Arc<AtomicBool>, counts: Arc<ClientCoun
         let op = rng.below(10);
         if op < 6 {
             let b = behaviour(&mut rng);
+            counts.sent(b);
             let body = json!({"event": format!("soak:{b}"), "context": {"do": b}});
             match try_http(&addr, "POST", "/v1/events", body.to_string().as_bytes()) {
                 Some((202, v)) => {
@@ -333,6 +342,7 @@ fn client(addr: String, seed: u64, stop: Arc<AtomicBool>, counts: Arc<ClientCoun
             let events: Vec<Value> = (0..n)
                 .map(|_| {
                     let b = behaviour(&mut rng);
+                    counts.sent(b);
                     json!({"event": format!("soak:{b}"), "context": {"do": b}})
                 })
                 .collect();
@@ -358,6 +368,7 @@ fn client(addr: String, seed: u64, stop: Arc<AtomicBool>, counts: Arc<ClientCoun
             // Collect only well-behaved events: every handler answers them with a value, so
             // each hook the event was queued to shows up as a result or an error.
             let b = *rng.pick(&["ok", "ok", "slow", "raise"]);
+            counts.sent(b);
             let body =
                 json!({"event": format!("soak:{b}"), "context": {"do": b}, "timeout_ms": 1000});
             match try_http(&addr, "POST", "/v1/collect", body.to_string().as_bytes()) {
@@ -664,6 +675,7 @@ fn chaos_soak_keeps_every_promise() {
         "totals": totals,
         "hook_names": accounts.len(),
         "faults": faults,
+        "events_by_behaviour": *counts.behaviours.lock().unwrap(),
         "healthz": {"probes": probes, "failures": probe_failures, "worst_ms": worst_probe.as_millis() as u64},
         "rss_kb": {"start": rss_start, "max": rss_max_kb},
         "handler_processes_left": leftovers.len(),
