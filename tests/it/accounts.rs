@@ -183,3 +183,83 @@ fn shutdown_waits_for_and_counts_a_removed_hooks_calls() {
         (status.is_empty() || status.contains("State:\tZ")).then_some(())
     });
 }
+
+#[test]
+fn shutdown_waits_for_and_counts_a_superseded_versions_call() {
+    let hooks = Hooks::new();
+    let (pid, rel) = (hooks.out().join("pid"), hooks.out().join("release"));
+    let dir = hooks.python("busy", "[\"test:*\"]", &blocker(&pid, &rel, "v1"));
+    let mut serve = Serve::start(
+        &hooks,
+        &["--no-watch", "--output", "json", "--drain-timeout", "0.5"],
+    );
+    for _ in 0..3 {
+        let (s, _) = serve.post("/v1/events", &json!({"event": "test:block"}));
+        assert_eq!(s, 202);
+    }
+    let worker: i32 = poll(T, "the first call to block", || {
+        std::fs::read_to_string(&pid).ok()?.trim().parse().ok()
+    });
+    // A new version takes over the queue; the old one is still in its call.
+    std::fs::write(dir.join("handler.py"), blocker(&pid, &rel, "v2")).unwrap();
+    let (s, report) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{report}");
+    assert_eq!(hook_info(&serve, "busy")["status"], "pending");
+    assert_eq!(serve.terminate(), Some(0));
+    let stop: Value = serve
+        .stdout
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "host_stop")
+        .expect("a host_stop notice");
+    assert_eq!(
+        stop["accounts"]["busy"],
+        json!({"accepted": 3, "ok": 0, "failed": 0, "dropped": 0, "undelivered": 3}),
+        "the old version's running call and the two queued events: {stop}"
+    );
+    poll(T, "the old version's worker to be gone", || {
+        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap_or_default();
+        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+    });
+}
+
+#[test]
+fn shutdown_lets_a_removed_hook_finish_its_queue_within_the_drain() {
+    let hooks = Hooks::new();
+    let (pid, rel) = (hooks.out().join("pid"), hooks.out().join("release"));
+    let dir = hooks.python("leaving", "[\"test:*\"]", &blocker(&pid, &rel, "v1"));
+    let mut serve = Serve::start(
+        &hooks,
+        &["--no-watch", "--output", "json", "--drain-timeout", "15"],
+    );
+    for _ in 0..3 {
+        let (s, _) = serve.post("/v1/events", &json!({"event": "test:block"}));
+        assert_eq!(s, 202);
+    }
+    poll(T, "the first call to block", || pid.exists().then_some(()));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (s, report) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{report}");
+    crate::util::signal(serve.child.id(), libc::SIGTERM);
+    // The service is draining: the removed hook's calls may finish now.
+    poll(T, "the drain to begin", || {
+        serve.log().contains("shutting down").then_some(())
+    });
+    std::fs::write(&rel, "").unwrap();
+    assert_eq!(serve.terminate(), Some(0));
+    let stop: Value = serve
+        .stdout
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "host_stop")
+        .expect("a host_stop notice");
+    assert_eq!(
+        stop["accounts"]["leaving"],
+        json!({"accepted": 3, "ok": 3, "failed": 0, "dropped": 0, "undelivered": 0}),
+        "shutdown waited for the removed hook's queue: {stop}"
+    );
+}
