@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
@@ -262,6 +262,12 @@ impl Status {
 pub struct HookStats {
     /// Events accepted into the queue.
     pub queued: AtomicU64,
+    /// Events offered to the hook and not refused because it was stopping: `queued` plus those
+    /// a full `drop_newest` queue refused. Each ends up exactly once in `ok`, `failed`,
+    /// `dropped` or `undelivered`, or is still queued or running.
+    pub accepted: AtomicU64,
+    /// Events still queued or running when the host stopped after its drain deadline.
+    pub undelivered: AtomicU64,
     /// Invocations that returned normally.
     pub ok: AtomicU64,
     /// Invocations that failed (error, crash, timeout).
@@ -280,7 +286,7 @@ pub struct HookStats {
     status: AtomicU8,
     /// Drops not yet logged (logging is rate-limited to one line a second).
     drops_unlogged: AtomicU64,
-    /// Milliseconds since `epoch` at the last drop log line.
+    /// Milliseconds since the process [`epoch`] at the last drop log line.
     last_drop_log_ms: AtomicU64,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
@@ -320,10 +326,61 @@ impl HookStats {
             .clone()
     }
 
+    /// The account of every event offered: see [`Tally`].
+    pub fn tally(&self) -> Tally {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Tally {
+            accepted: get(&self.accepted),
+            ok: get(&self.ok),
+            failed: get(&self.failed),
+            dropped: get(&self.dropped),
+            undelivered: get(&self.undelivered),
+        }
+    }
+
     /// Records an error as the hook's last one.
     pub fn set_last_error(&self, msg: String) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((SystemTime::now(), msg));
     }
+}
+
+/// Where every event offered to a hook went. Once the host has stopped,
+/// `accepted == ok + failed + dropped + undelivered` for each hook and in total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Offered and not refused for a stopping hook.
+    pub accepted: u64,
+    /// Handled successfully.
+    pub ok: u64,
+    /// Handled with an error (crash, timeout, refused start...).
+    pub failed: u64,
+    /// Dropped by the overflow policy.
+    pub dropped: u64,
+    /// Queued or running when the host stopped.
+    pub undelivered: u64,
+}
+
+impl Tally {
+    /// Adds `other` in.
+    pub fn add(&mut self, other: Tally) {
+        self.accepted += other.accepted;
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.dropped += other.dropped;
+        self.undelivered += other.undelivered;
+    }
+
+    /// True when every accepted event is accounted for.
+    pub fn balanced(&self) -> bool {
+        self.accepted == self.ok + self.failed + self.dropped + self.undelivered
+    }
+}
+
+/// The one clock of the process for rate-limited logging: every version of every hook measures
+/// from it, so a reloaded hook's drop log keeps its rhythm.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
 /// A hook that is loaded: its spec, its queue, its counters and its worker.
@@ -346,8 +403,8 @@ pub struct LoadedHook {
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Becomes true when the worker has finished (drained and shut its handler down).
     finished: watch::Sender<bool>,
-    /// Start of the process, for rate-limited logging.
-    epoch: Instant,
+    /// Jobs this version's worker has taken from the queue and not settled yet.
+    in_flight: AtomicUsize,
     /// Where `handler_error`, `handler_timeout`, `worker_restart`, `queue_overflow` go.
     notices: Notices,
 }
@@ -401,7 +458,7 @@ impl LoadedHook {
             restarts_seen: AtomicU64::new(0),
             worker: Mutex::new(None),
             finished: watch::channel(false).0,
-            epoch: Instant::now(),
+            in_flight: AtomicUsize::new(0),
             notices,
         })
     }
@@ -440,10 +497,12 @@ impl LoadedHook {
         match pushed {
             Pushed::Queued => {
                 self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                self.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 true
             }
             Pushed::DroppedOldest(old) => {
                 self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                self.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 self.count_drop();
                 old.fail("dropped: the hook's queue was full (drop_oldest)");
                 true
@@ -451,6 +510,7 @@ impl LoadedHook {
             Pushed::Refused(job) => {
                 let closed = self.stats.status() == Status::Stopped;
                 if !closed {
+                    self.stats.accepted.fetch_add(1, Ordering::Relaxed);
                     self.count_drop();
                 }
                 job.fail(if closed {
@@ -476,7 +536,7 @@ impl LoadedHook {
         if self.stats.drops_unlogged.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        let now = (epoch().elapsed().as_millis() as u64).max(1);
         let last = self.stats.last_drop_log_ms.load(Ordering::Relaxed);
         let due = force || last == 0 || now.saturating_sub(last) >= 1000;
         if !due
@@ -544,18 +604,31 @@ impl LoadedHook {
         let _ = rx.wait_for(|done| *done).await;
     }
 
-    /// Kills the worker now (after a drain deadline); returns how many events were left.
-    pub fn abort(&self) -> usize {
+    /// True once the worker has finished (or was never started... and aborted).
+    pub fn is_finished(&self) -> bool {
+        *self.finished.borrow()
+    }
+
+    /// Kills the worker now (after a drain deadline) and waits until it is gone; returns how many
+    /// events were left: still queued, or taken by this version and not settled (counted in
+    /// `undelivered`).
+    pub async fn abort(&self) -> usize {
         self.queue.close();
+        let task = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            // Dropping the handler kills its processes (process group + kill_on_drop). Waiting
+            // for the cancelled task means no call settles after the count below.
+            task.abort();
+            let _ = task.await;
+        }
         let left = self.queue.take_all();
-        let n = left.len();
+        let n = left.len() + self.in_flight.swap(0, Ordering::SeqCst);
         for job in left {
             job.fail("the host stopped before this event was handled");
         }
-        if let Some(task) = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            // Dropping the handler kills its processes (process group + kill_on_drop).
-            task.abort();
-        }
+        self.stats
+            .undelivered
+            .fetch_add(n as u64, Ordering::Relaxed);
         self.stats.set_status(Status::Stopped);
         self.finished.send_replace(true);
         n
@@ -607,6 +680,7 @@ async fn next_job(hook: &LoadedHook) -> Option<Job> {
 /// Gets the handler ready, hands it `jobs` and settles each as the handler reports it; jobs the
 /// handler did not start go back to the front of the queue (for the hook's next version).
 async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) {
+    hook.in_flight.store(jobs.len(), Ordering::SeqCst);
     set_running(hook, Status::Restarting);
     let ready = handler.ready().await;
     note_restarts(hook);
@@ -614,6 +688,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         for job in jobs {
             finish(hook, job, Err(e.clone()), Duration::ZERO);
         }
+        hook.in_flight.store(0, Ordering::SeqCst);
         set_running(hook, Status::Idle);
         return;
     }
@@ -640,6 +715,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             }
             let now = Instant::now();
             finish(hook, job, result, now - last);
+            hook.in_flight.fetch_sub(1, Ordering::SeqCst);
             last = now;
         };
         handler.call(&calls, &mut report).await;
@@ -662,6 +738,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         );
         hook.queue.push_front_many(not_started);
     }
+    hook.in_flight.store(0, Ordering::SeqCst);
     set_running(hook, Status::Idle);
     // A worker replaced at once after a timeout counts (and is announced) now.
     note_restarts(hook);

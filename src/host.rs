@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
-use crate::dispatch::{CallOutcome, Job, LoadedHook};
+use crate::dispatch::{CallOutcome, HookStats, Job, LoadedHook, Tally};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::{self, HandlerContext};
 use crate::registry::Registry;
@@ -119,10 +119,16 @@ impl LoadReport {
 /// What a shutdown left behind.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ShutdownReport {
-    /// Events still queued when the drain deadline passed, per hook.
+    /// Events still queued or running when the drain deadline passed, per hook (every version,
+    /// removed and superseded ones included).
     pub undelivered: Vec<(String, usize)>,
     /// Time the drain took.
     pub drain_ms: u64,
+    /// Where every event offered to each hook name went, over the host's whole life (every
+    /// version, removed ones included).
+    pub by_hook: std::collections::BTreeMap<String, Tally>,
+    /// The sum of `by_hook`.
+    pub total: Tally,
 }
 
 /// A hook as shown by `/v1/hooks` and `list`.
@@ -188,6 +194,10 @@ pub struct Counters {
     pub dropped: u64,
     /// Worker restarts.
     pub restarts: u64,
+    /// Events offered and not refused for a stopping hook (`queued` plus `drop_newest` drops).
+    pub accepted: u64,
+    /// Events still queued or running when the host stopped.
+    pub undelivered: u64,
 }
 
 /// Last error part of [`HookInfo`].
@@ -233,6 +243,8 @@ impl HookInfo {
                 timeouts: s.timeouts.load(Ordering::Relaxed),
                 dropped: s.dropped.load(Ordering::Relaxed),
                 restarts: s.restarts.load(Ordering::Relaxed),
+                accepted: s.accepted.load(Ordering::Relaxed),
+                undelivered: s.undelivered.load(Ordering::Relaxed),
             },
             last_error: s.last_error().map(|(t, m)| LastError {
                 time: crate::time::rfc3339(t),
@@ -267,6 +279,42 @@ struct Inner {
     notices: crate::notices::Notices,
     /// Where accepted events go instead of the local queues (fleet edge); unset = local mode.
     sink: std::sync::OnceLock<Arc<dyn EventSink>>,
+    /// Versions taken out of the registry (removed or superseded) whose worker may still run:
+    /// shutdown waits for them too. Finished ones are pruned at each reload.
+    retired: std::sync::Mutex<Vec<Arc<LoadedHook>>>,
+    /// The accounts of every hook name: see [`Ledger`].
+    ledger: std::sync::Mutex<Ledger>,
+}
+
+/// The counters of every hook the host ever loaded, by name: live counter sets, and the sums of
+/// those no version uses any more (a removed hook), so the accounts survive removal.
+#[derive(Default)]
+struct Ledger {
+    live: Vec<(String, Arc<HookStats>)>,
+    folded: std::collections::BTreeMap<String, Tally>,
+}
+
+impl Ledger {
+    /// Folds the counter sets no hook version holds any more.
+    fn fold(&mut self) {
+        let folded = &mut self.folded;
+        self.live.retain(|(name, stats)| {
+            if Arc::strong_count(stats) > 1 {
+                return true;
+            }
+            folded.entry(name.clone()).or_default().add(stats.tally());
+            false
+        });
+    }
+
+    /// Accounts by name.
+    fn by_name(&self) -> std::collections::BTreeMap<String, Tally> {
+        let mut out = self.folded.clone();
+        for (name, stats) in &self.live {
+            out.entry(name.clone()).or_default().add(stats.tally());
+        }
+        out
+    }
 }
 
 /// The hook host. Cheap to clone; all clones share one registry.
@@ -307,6 +355,8 @@ impl Host {
                 reloads: AtomicU64::new(0),
                 notices,
                 sink: std::sync::OnceLock::new(),
+                retired: std::sync::Mutex::new(Vec::new()),
+                ledger: std::sync::Mutex::new(Ledger::default()),
             }),
         }
     }
@@ -638,6 +688,7 @@ impl Host {
             }
         };
         let old = self.inner.registry.load_full();
+        let old_skipped = old.skipped.clone();
         let old_by_name: HashMap<&str, &Arc<LoadedHook>> = old
             .hooks
             .iter()
@@ -698,7 +749,7 @@ impl Host {
             if spec.placement.in_gateway() {
                 let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
                 // No worker: close the queue and mark it finished, so shutdown waits for nothing.
-                hook.abort();
+                hook.abort().await;
                 tracing::info!(hook = %hook.spec.name, "runs in the gateway ({}); no worker here", hook.spec.placement.why);
                 self.inner.notices.send(
                     "hook_loaded",
@@ -718,7 +769,14 @@ impl Host {
                 Ok(h) => {
                     let hook = match &prev {
                         Some(p) => LoadedHook::successor(spec, p, signals),
-                        None => LoadedHook::new_with(spec, self.inner.notices.clone(), signals),
+                        None => {
+                            let hook =
+                                LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                            self.ledger()
+                                .live
+                                .push((hook.spec.name.clone(), hook.stats.clone()));
+                            hook
+                        }
                     };
                     let spec = &hook.spec;
                     let what = json!({
@@ -816,10 +874,13 @@ impl Host {
 
         // Retire what the new snapshot no longer holds.
         let current = self.snapshot();
+        let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.retain(|h| !h.is_finished());
         for h in &old.hooks {
             if current.hooks.iter().any(|n| Arc::ptr_eq(n, h)) {
                 continue;
             }
+            retired.push(h.clone());
             if current
                 .hooks
                 .iter()
@@ -835,9 +896,12 @@ impl Host {
                 );
             }
         }
+        drop(retired);
+        drop(old);
+        self.ledger().fold();
         // Report what is newly wrong; a rescan does not repeat problems already reported.
         let fresh = skipped.iter().filter(|s| {
-            !old.skipped
+            !old_skipped
                 .iter()
                 .any(|o| o.dir == s.dir && o.code == s.code && o.reason == s.reason)
         });
@@ -860,30 +924,58 @@ impl Host {
         report
     }
 
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.inner.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where every event offered to each hook name went so far, over the host's whole life.
+    pub fn accounts(&self) -> std::collections::BTreeMap<String, Tally> {
+        self.ledger().by_name()
+    }
+
     /// Stops accepting events, waits for a reload in progress (the first load included), lets
-    /// every worker drain its queue for up to `drain`, then stops the rest and reports what was
-    /// left undelivered.
+    /// every worker drain its queue for up to `drain` (the versions a reload removed or
+    /// superseded included), then stops the rest and reports what was left undelivered and where
+    /// every event went.
     pub async fn shutdown(&self, drain: Duration) -> ShutdownReport {
         self.inner.draining.store(true, Ordering::SeqCst);
         let _guard = self.inner.reload_lock.lock().await;
         let started = Instant::now();
         let reg = self.snapshot();
-        for h in &reg.hooks {
+        // Older versions first: a superseded version hands the shared queue to its successor.
+        let mut all: Vec<Arc<LoadedHook>> = self
+            .inner
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        all.extend(reg.hooks.iter().cloned());
+        for h in &all {
             h.close();
         }
-        let all = async {
-            for h in &reg.hooks {
+        let drained = async {
+            for h in &all {
                 h.finished().await;
             }
         };
-        let _ = tokio::time::timeout(drain, all).await;
+        let _ = tokio::time::timeout(drain, drained).await;
         let mut report = ShutdownReport::default();
-        for h in &reg.hooks {
-            let left = h.abort();
+        let mut left_by_name: std::collections::BTreeMap<String, usize> = Default::default();
+        for h in &all {
+            let left = h.abort().await;
             if left > 0 {
-                tracing::warn!(hook = %h.spec.name, "{left} event(s) undelivered at shutdown");
-                report.undelivered.push((h.spec.name.clone(), left));
+                *left_by_name.entry(h.spec.name.clone()).or_default() += left;
             }
+        }
+        for (name, left) in left_by_name {
+            tracing::warn!(hook = %name, "{left} event(s) undelivered at shutdown");
+            report.undelivered.push((name, left));
+        }
+        drop(all);
+        report.by_hook = self.accounts();
+        for t in report.by_hook.values() {
+            report.total.add(*t);
         }
         // `abort` cancelled the workers still running: each handler is dropped when its task is
         // cancelled, which SIGKILLs the process group of a process-based handler (python,

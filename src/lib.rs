@@ -73,5 +73,6 @@ pub mod trust;
 pub mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
+pub use dispatch::Tally;
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
 pub use registry::Registry;

@@ -485,7 +485,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
         && let Some(reason) = state.host.degraded()
     {
         // Still accepting (into a bounded buffer): ready, but say what is wrong.
-        axum::Json(json!({"status": "degraded", "reason": reason})).into_response()
+        axum::Json(json!({"status": "degraded", "reason": reason, "hooks": state.host.snapshot().hooks.len()}))
+            .into_response()
     } else if state.host.is_ready() {
         axum::Json(json!({"status": "ready", "hooks": state.host.snapshot().hooks.len()}))
             .into_response()

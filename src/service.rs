@@ -297,7 +297,14 @@ pub async fn run(
         .collect();
     host.notices().finish(
         "host_stop",
-        json!({"undelivered": undelivered, "undelivered_by_hook": per_hook, "drain_ms": report.shutdown.drain_ms, "exit_code": 0}),
+        json!({
+            "undelivered": undelivered,
+            "undelivered_by_hook": per_hook,
+            "drain_ms": report.shutdown.drain_ms,
+            "accounts": report.shutdown.by_hook,
+            "totals": report.shutdown.total,
+            "exit_code": 0
+        }),
     );
     Ok(report)
 }

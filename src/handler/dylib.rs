@@ -311,8 +311,8 @@ impl Loaded {
     }
 }
 
-/// Turns what `hermes_hook_handle` produced into a call result.
-fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
+/// Turns what `hermes_hook_handle` produced into a call result (public so it can be fuzzed).
+pub fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
     if rc != 0 {
         let mut msg = String::from_utf8_lossy(&out[..out.len().min(MAX_MESSAGE)])
             .trim()

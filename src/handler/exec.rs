@@ -3,9 +3,13 @@
 //!
 //! stdin: `{"hook_event_name", "event", "context", "hook"}`; stdout: empty or one JSON value (the
 //! result); stderr: logged. A non-zero exit is an error. The process runs in its own process group
-//! so a timeout (the dispatcher drops the call) kills it and everything it started.
+//! so a timeout (the dispatcher drops the call) kills it and everything it started. When the
+//! process exits while something it started in the background still holds its stdout or stderr,
+//! what was read so far is kept (result and log lines) and, after [`PIPE_GRACE`], the group is
+//! killed so the pipes close.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -21,8 +25,9 @@ use super::process::{GroupKill, command, describe_exit};
 pub const MAX_STDOUT: usize = 1024 * 1024;
 /// Largest stderr kept for the log.
 const MAX_STDERR: usize = 64 * 1024;
-/// How long pipes may stay open after the process exited (a background grandchild holding them).
-const PIPE_GRACE: Duration = Duration::from_millis(500);
+/// How long pipes may stay open after the process exited (a background grandchild holding them)
+/// before the group is killed; what was read until then is kept.
+pub const PIPE_GRACE: Duration = Duration::from_millis(500);
 
 /// The executable handler of one hook.
 pub struct ExecHandler {
@@ -86,15 +91,27 @@ impl ExecHandler {
             let _ = stdin.write_all(&input).await;
             let _ = stdin.shutdown().await;
         });
-        let out_task = read_capped(stdout, MAX_STDOUT);
-        let err_task = read_capped(stderr, MAX_STDERR);
+        let (mut out_task, out_buf) = read_capped(stdout, MAX_STDOUT);
+        let (mut err_task, err_buf) = read_capped(stderr, MAX_STDERR);
         let status = child.wait().await.map_err(|e| {
             HandlerError::Failed(format!("cannot wait for {}: {e}", self.program.display()))
         })?;
-        group.disarm();
         writer.abort();
-        let (stdout, out_cut) = collect(out_task).await;
-        let (stderr, _) = collect(err_task).await;
+        if tokio::time::timeout(PIPE_GRACE, both_eof(&mut out_task, &mut err_task))
+            .await
+            .is_err()
+        {
+            // Something the handler left in the background holds its pipes: keep what was read,
+            // kill the group so the pipes close, and stop reading.
+            tracing::debug!(hook = %self.ctx.name, "a background process held the handler's output; its group is killed");
+            group.kill();
+            let _ = tokio::time::timeout(PIPE_GRACE, both_eof(&mut out_task, &mut err_task)).await;
+            out_task.abort();
+            err_task.abort();
+        }
+        group.disarm();
+        let (stdout, out_cut) = take(&out_buf);
+        let (stderr, _) = take(&err_buf);
         let stderr_text = String::from_utf8_lossy(&stderr);
         for line in stderr_text.lines().filter(|l| !l.trim().is_empty()) {
             tracing::info!(target: "hook", hook = %self.ctx.name, "{line}");
@@ -136,40 +153,50 @@ fn file_name(p: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
-/// Reads a pipe to EOF keeping at most `max` bytes (the rest is drained so the child never blocks).
-fn read_capped<R>(mut pipe: R, max: usize) -> JoinHandle<(Vec<u8>, bool)>
+/// What a pipe reader has kept so far, and whether it had to cut.
+#[derive(Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    cut: bool,
+}
+
+/// Reads a pipe to EOF keeping at most `max` bytes (the rest is drained so the child never
+/// blocks). What was read is in the returned buffer even if the reader is stopped before EOF.
+fn read_capped<R>(mut pipe: R, max: usize) -> (JoinHandle<()>, Arc<Mutex<Captured>>)
 where
     R: AsyncRead + Unpin + Send + 'static,
 {
-    tokio::spawn(async move {
-        let mut kept = Vec::new();
-        let mut cut = false;
+    let kept = Arc::new(Mutex::new(Captured::default()));
+    let sink = kept.clone();
+    let task = tokio::spawn(async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             match pipe.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    let room = max.saturating_sub(kept.len());
+                    let mut k = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    let room = max.saturating_sub(k.bytes.len());
                     if n > room {
-                        cut = true;
+                        k.cut = true;
                     }
-                    kept.extend_from_slice(&buf[..n.min(room)]);
+                    k.bytes.extend_from_slice(&buf[..n.min(room)]);
                 }
             }
         }
-        (kept, cut)
-    })
+    });
+    (task, kept)
 }
 
-/// Waits briefly for a pipe reader after the process exited.
-async fn collect(mut task: JoinHandle<(Vec<u8>, bool)>) -> (Vec<u8>, bool) {
-    match tokio::time::timeout(PIPE_GRACE, &mut task).await {
-        Ok(Ok(out)) => out,
-        _ => {
-            task.abort();
-            (Vec::new(), false)
-        }
-    }
+/// Returns when both readers reached EOF.
+async fn both_eof(a: &mut JoinHandle<()>, b: &mut JoinHandle<()>) {
+    let _ = a.await;
+    let _ = b.await;
+}
+
+/// Takes what a reader kept.
+fn take(buf: &Mutex<Captured>) -> (Vec<u8>, bool) {
+    let mut k = buf.lock().unwrap_or_else(|p| p.into_inner());
+    (std::mem::take(&mut k.bytes), k.cut)
 }
 
 impl Handler for ExecHandler {

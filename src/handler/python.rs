@@ -197,19 +197,15 @@ impl PythonHandler {
                 )));
             }
         };
-        let answer: Value = serde_json::from_slice(&line).map_err(|e| {
-            HandlerError::Load(format!("python worker sent an invalid handshake: {e}"))
-        })?;
-        if answer.get("ready") == Some(&Value::Bool(true)) {
-            Ok(worker)
-        } else {
-            let reason = answer
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("python worker refused to start")
-                .to_string();
-            worker.kill().await;
-            Err(HandlerError::Load(self.with_hint(reason)))
+        match parse_handshake(&line) {
+            Ok(()) => Ok(worker),
+            Err(e) => {
+                worker.kill().await;
+                Err(match e {
+                    HandlerError::Load(reason) => HandlerError::Load(self.with_hint(reason)),
+                    e => e,
+                })
+            }
         }
     }
 
@@ -311,27 +307,71 @@ impl PythonHandler {
                 }
                 Ok(None) | Err(_) => return Err(self.crashed("while handling the event").await),
             }
-            let Ok(answer) = serde_json::from_slice::<Value>(&line) else {
-                return Err(self.crashed("after breaking the protocol").await);
-            };
-            if answer.get("id").and_then(Value::as_u64) != Some(id) {
-                continue; // an answer to an abandoned request
-            }
-            self.backoff = FIRST_BACKOFF;
-            return if answer.get("ok") == Some(&Value::Bool(true)) {
-                match answer.get("result") {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(v) => Ok(Some(v.clone())),
+            match parse_answer(&line, id) {
+                Answer::Broken => return Err(self.crashed("after breaking the protocol").await),
+                Answer::Stale => continue, // an answer to an abandoned request
+                Answer::Outcome(result) => {
+                    self.backoff = FIRST_BACKOFF;
+                    return result;
                 }
-            } else {
-                let msg = answer
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("handler failed");
-                Err(HandlerError::Failed(msg.to_string()))
-            };
+            }
         }
     }
+}
+
+/// What one line from a worker means for the request with id `id`.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    /// Not a JSON value: the worker broke the protocol (it is restarted).
+    Broken,
+    /// An answer to another (abandoned) request.
+    Stale,
+    /// The request's outcome.
+    Outcome(HandlerResult),
+}
+
+/// Reads one protocol line a worker sent in answer to request `id` (a pure function, so the
+/// protocol can be fuzzed).
+pub fn parse_answer(line: &[u8], id: u64) -> Answer {
+    let Ok(answer) = serde_json::from_slice::<Value>(line) else {
+        return Answer::Broken;
+    };
+    if answer.get("id").and_then(Value::as_u64) != Some(id) {
+        return Answer::Stale;
+    }
+    Answer::Outcome(if answer.get("ok") == Some(&Value::Bool(true)) {
+        match answer.get("result") {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => Ok(Some(v.clone())),
+        }
+    } else {
+        let msg = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or("handler failed without a message");
+        Err(HandlerError::Failed(msg.to_string()))
+    })
+}
+
+/// Reads a worker's handshake line: ready, or why it refused to start (a pure function, so the
+/// protocol can be fuzzed).
+pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
+    let answer: Value = serde_json::from_slice(line)
+        .map_err(|e| HandlerError::Load(format!("python worker sent an invalid handshake: {e}")))?;
+    if answer.get("ready") == Some(&Value::Bool(true)) {
+        return Ok(());
+    }
+    Err(HandlerError::Load(
+        answer
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or("python worker refused to start")
+            .to_string(),
+    ))
 }
 
 impl Handler for PythonHandler {

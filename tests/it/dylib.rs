@@ -598,3 +598,91 @@ fn a_rebuilt_library_is_picked_up_by_the_watcher() {
             .then_some(())
     });
 }
+
+/// C source of a batch hook that logs `v<version> <i>` per call and blocks on `test:slow` until
+/// `release` exists.
+fn blocking_logger(version: u32, log: &Path, release: &Path) -> String {
+    format!(
+        r#"{C_PRELUDE}
+uint32_t hermes_hook_abi_version(void) {{ return 1; }}
+int32_t hermes_hook_handle(const uint8_t *ev, size_t n, const uint8_t *c, size_t cn, HermesHookBuf *out) {{
+    if (is(ev, n, "test:slow")) {{
+        while (access({release:?}, F_OK) != 0) usleep(5000);
+    }}
+    FILE *f = fopen({log:?}, "a");
+    if (f) {{ fprintf(f, "{{\"v\": {version}, \"ctx\": "); fwrite(c, 1, cn, f); fputs("}}\n", f); fclose(f); }}
+    (void)out;
+    return 0;
+}}
+{C_FREE}"#,
+        release = release.display().to_string(),
+        log = log.display().to_string()
+    )
+}
+
+#[test]
+fn a_reload_while_a_batch_is_stuck_delivers_every_event_exactly_once() {
+    let hooks = Hooks::new();
+    let log = hooks.out().join("calls.log");
+    let release = hooks.out().join("release");
+    let dir = hooks.add(
+        "reloader",
+        &[(
+            "HOOK.yaml",
+            "name: reloader\nevents: [\"test:*\"]\ntimeout: 0.3\nqueue: {capacity: 1000}\n",
+        )],
+    );
+    let lib = dir.join("handler.so");
+    cc(&blocking_logger(1, &log, &release), &lib, false);
+    let serve = Serve::start(&hooks, &["--no-watch"]);
+    let events: Vec<Value> = (0..6)
+        .map(|i| json!({"event": if i == 2 { "test:slow" } else { "test:fast" }, "context": {"i": i}}))
+        .collect();
+    let (s, _) = serve.post("/v1/events/batch", &json!({"events": events}));
+    assert_eq!(s, 202);
+    poll(T, "the batch to be stuck on its slow call", || {
+        let (_, info) = serve.get("/v1/hooks/reloader");
+        (info["status"] == "stuck").then_some(())
+    });
+    // A new version while the old one is stuck in the middle of its batch.
+    cc(&blocking_logger(2, &log, &release), &lib, false);
+    let (status, report) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(status, 200, "{report}");
+    assert!(
+        report["started"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "reloader"),
+        "the changed library must start a new version: {report}"
+    );
+    std::fs::write(&release, "").unwrap();
+    let info = poll(T, "every event to be settled", || {
+        let (_, info) = serve.get("/v1/hooks/reloader");
+        let c = &info["counters"];
+        (c["ok"].as_u64()? + c["failed"].as_u64()? == 6).then_some(info)
+    });
+    assert_eq!(
+        (
+            info["counters"]["ok"].as_u64(),
+            info["counters"]["failed"].as_u64()
+        ),
+        (Some(5), Some(1)),
+        "only the slow call fails (its timeout), no event fails for not being run: {info}"
+    );
+    let last = info["last_error"]["message"].as_str().unwrap_or("");
+    assert!(
+        last.contains("timed out"),
+        "the one failure is the timeout: {info}"
+    );
+    let mut seen: Vec<i64> = crate::util::read_jsonl(&log)
+        .iter()
+        .map(|v| v["ctx"]["i"].as_i64().unwrap())
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![0, 1, 2, 3, 4, 5],
+        "each event delivered exactly once, to the old or the new version"
+    );
+}

@@ -103,3 +103,37 @@ async fn output_beyond_one_mib_is_cut_and_reported() {
     assert!(err.contains("exceeded 1 MiB"), "{err}");
     host.shutdown(T).await;
 }
+
+#[test]
+fn a_background_child_holding_the_pipes_keeps_the_result_and_logs_and_is_killed() {
+    let hooks = Hooks::new();
+    let pidfile = hooks.out().join("bg.pid");
+    hooks.exec(
+        "leaky",
+        "[command:x]",
+        &format!(
+            "#!/bin/sh\necho 'leaky says hello' >&2\necho '{{\"kept\": true}}'\nsleep 60 &\necho $! > {}\n",
+            pidfile.display()
+        ),
+    );
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    let (status, body) = serve.post("/v1/collect", &json!({"event": "command:x", "context": {}}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["result"],
+        json!({"kept": true}),
+        "the result printed before the process exited must be kept: {body}"
+    );
+    crate::util::poll(T, "the handler's stderr line in the service log", || {
+        serve.log().contains("leaky says hello").then_some(())
+    });
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    crate::util::poll(T, "the background child to be killed", || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+    });
+}

@@ -2,6 +2,7 @@
 
 mod util;
 
+mod accounts;
 mod cli;
 mod client;
 mod completions;
@@ -11,6 +12,7 @@ mod dylib;
 mod exec;
 #[cfg(feature = "fleet")]
 mod fleet;
+mod fuzz;
 mod gateway;
 mod http;
 mod lifecycle;

@@ -1,0 +1,460 @@
+//! Property tests ("fuzzing" on the stable toolchain, with `proptest`) of everything that reads
+//! input from outside: HOOK.yaml parsing and validation, event names and patterns, the HTTP
+//! request bodies of every route, the Python runner's protocol lines, and the decoding of a
+//! dynamic library's answer. The properties: no panic, no hang, every failure a typed error
+//! with a message. Case counts are bounded so the suite stays fast.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use hermes_hooks::events::validate_event_name;
+use hermes_hooks::handler::HandlerError;
+use hermes_hooks::handler::dylib::interpret;
+use hermes_hooks::handler::process::read_line_limited;
+use hermes_hooks::handler::python::{Answer, parse_answer, parse_handshake};
+use hermes_hooks::manifest::{parse_manifest, validate_name};
+use hermes_hooks::pattern::{PatternSet, matches_known_event};
+use hermes_hooks::server::{ApiConfig, app};
+use hermes_hooks::{Host, HostConfig};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::util::Hooks;
+
+fn cases(n: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: n,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// A scalar, list or mapping as YAML text, including the edge values HOOK.yaml fields see.
+fn yaml_value() -> impl Strategy<Value = String> {
+    let scalar = prop_oneof![
+        Just("".to_string()),
+        Just("~".to_string()),
+        Just("true".to_string()),
+        Just("no".to_string()),
+        Just("0".to_string()),
+        Just("-1".to_string()),
+        Just("1e309".to_string()),
+        Just(".nan".to_string()),
+        Just("18446744073709551616".to_string()),
+        Just("0.001".to_string()),
+        Just("\"agent:*\"".to_string()),
+        Just("drop_oldest".to_string()),
+        Just("drop_newest".to_string()),
+        Just("handler.py".to_string()),
+        Just("../../etc/passwd".to_string()),
+        Just("http://127.0.0.1:1/x".to_string()),
+        "[a-z:*?._\\[\\]{}!-]{0,16}",
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<f64>().prop_map(|n| n.to_string()),
+        "\\PC{0,24}".prop_map(|s| format!("{s:?}")),
+    ];
+    scalar.prop_recursive(2, 12, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(", "))),
+            prop::collection::vec(("[a-z_]{1,8}", inner), 0..4).prop_map(|kv| {
+                let body: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                format!("{{{}}}", body.join(", "))
+            }),
+        ]
+    })
+}
+
+/// A HOOK.yaml built from the real keys (and some unknown ones) with arbitrary values.
+fn manifest_text() -> impl Strategy<Value = String> {
+    let key = prop_oneof![
+        Just("name"),
+        Just("description"),
+        Just("events"),
+        Just("enabled"),
+        Just("handler"),
+        Just("timeout"),
+        Just("queue"),
+        Just("python"),
+        Just("env"),
+        Just("requires"),
+        Just("url"),
+        Just("secret_env"),
+        Just("runs"),
+        Just("metadata"),
+        Just("x-unknown"),
+    ];
+    prop::collection::vec((key, yaml_value()), 0..8).prop_map(|kv| {
+        kv.into_iter()
+            .map(|(k, v)| format!("{k}: {v}\n"))
+            .collect::<String>()
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(384))]
+
+    #[test]
+    fn hook_yaml_from_real_keys_parses_or_says_why(text in manifest_text()) {
+        check_manifest(&text);
+    }
+
+    #[test]
+    fn hook_yaml_from_any_text_parses_or_says_why(text in "\\PC{0,200}") {
+        check_manifest(&text);
+    }
+
+    #[test]
+    fn hook_names_are_accepted_or_refused_with_a_reason(name in "\\PC{0,40}") {
+        if let Err(why) = validate_name(&name) {
+            prop_assert!(!why.is_empty());
+        }
+    }
+
+    #[test]
+    fn event_names_are_accepted_or_refused_with_a_reason(name in prop_oneof!["\\PC{0,80}", "[a-z:._*-]{0,40}"]) {
+        match validate_event_name(&name) {
+            Ok(()) => prop_assert!(!name.is_empty()),
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+
+    #[test]
+    fn patterns_compile_or_name_the_bad_one(
+        patterns in prop::collection::vec(prop_oneof!["[a-z:*?._\\[\\]{}!,-]{0,24}", "\\PC{0,24}"], 0..5),
+        events in prop::collection::vec("[a-z:._-]{0,24}", 0..5),
+    ) {
+        match PatternSet::new(&patterns) {
+            Ok(set) => {
+                for e in &events {
+                    let _ = set.matches(e);
+                }
+                for p in &patterns {
+                    let _ = matches_known_event(p);
+                }
+            }
+            Err(e) => {
+                prop_assert!(patterns.contains(&e.pattern), "the error names a given pattern: {e:?}");
+                prop_assert!(!e.reason.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn runner_answer_lines_are_an_outcome_a_stale_answer_or_broken(
+        line in prop_oneof![
+            any::<Vec<u8>>(),
+            (any::<u64>(), any::<bool>(), yaml_json(), "\\PC{0,30}").prop_map(|(id, ok, result, error)| {
+                serde_json::to_vec(&json!({"id": id, "ok": ok, "result": result, "error": error})).unwrap()
+            }),
+            (0u64..3, any::<Option<bool>>()).prop_map(|(id, ok)| {
+                serde_json::to_vec(&json!({"id": id, "ok": ok})).unwrap()
+            }),
+        ],
+        id in 0u64..3,
+    ) {
+        match parse_answer(&line, id) {
+            Answer::Broken => prop_assert!(serde_json::from_slice::<Value>(&line).is_err()),
+            Answer::Stale => {}
+            Answer::Outcome(Ok(_)) => {}
+            Answer::Outcome(Err(HandlerError::Failed(msg))) => prop_assert!(!msg.is_empty()),
+            Answer::Outcome(Err(other)) => prop_assert!(false, "unexpected error kind {other:?}"),
+        }
+        if let Err(e) = parse_handshake(&line) {
+            prop_assert!(matches!(e, HandlerError::Load(ref m) if !m.is_empty()), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn protocol_lines_are_split_within_their_limit(
+        input in prop::collection::vec(prop_oneof![Just(b'\n'), any::<u8>()], 0..600),
+        max in 0usize..64,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let lines = rt.block_on(async {
+            let mut reader = tokio::io::BufReader::with_capacity(7, &input[..]);
+            let mut lines = Vec::new();
+            loop {
+                let mut buf = Vec::new();
+                match read_line_limited(&mut reader, &mut buf, max).await {
+                    Ok(None) => break,
+                    Ok(Some(cut)) => lines.push((buf, cut)),
+                    Err(e) => panic!("reading from memory failed: {e}"),
+                }
+                assert!(lines.len() <= input.len(), "more lines than bytes");
+            }
+            lines
+        });
+        let mut expected = input.split_inclusive(|b| *b == b'\n');
+        for (buf, cut) in &lines {
+            let whole = expected.next().unwrap_or_default();
+            prop_assert!(buf.len() <= max);
+            prop_assert_eq!(*cut, whole.len() > max);
+            prop_assert_eq!(&buf[..], &whole[..buf.len()]);
+        }
+        prop_assert!(expected.next().is_none(), "every line was read");
+    }
+
+    #[test]
+    fn library_answers_decode_to_a_result_or_a_failure(
+        rc in prop_oneof![Just(0i32), any::<i32>()],
+        out in prop_oneof![
+            any::<Vec<u8>>(),
+            yaml_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+            Just(vec![b'"'; 5000]),
+        ],
+    ) {
+        match interpret(rc, &out, "handler.so") {
+            Ok(_) => prop_assert_eq!(rc, 0),
+            Err(HandlerError::Failed(msg)) => {
+                prop_assert!(!msg.is_empty());
+                prop_assert!(msg.len() < 8 * 1024, "error text is capped, got {} bytes", msg.len());
+            }
+            Err(other) => prop_assert!(false, "unexpected error kind {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_oversized_library_result_is_a_failure() {
+    let big = vec![b' '; 17 * 1024 * 1024];
+    let err = interpret(0, &big, "handler.so").unwrap_err();
+    assert!(err.to_string().contains("larger than"), "{err}");
+}
+
+/// A JSON value of any shape, small.
+fn yaml_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        "\\PC{0,16}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z_]{0,8}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn check_manifest(text: &str) {
+    let t0 = Instant::now();
+    match parse_manifest(text) {
+        Ok(m) => {
+            assert!(
+                !m.events.is_empty(),
+                "a valid manifest has events: {text:?}"
+            );
+            assert!(m.queue_capacity >= 1, "{text:?}");
+            assert!(!m.timeout.is_zero(), "{text:?}");
+        }
+        Err(e) => assert!(!e.to_string().is_empty(), "{text:?}"),
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "parsing hung: {text:?}"
+    );
+}
+
+#[test]
+fn an_alias_bomb_in_hook_yaml_is_refused_quickly() {
+    let mut text = String::from("a: &a [\"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\"]\n");
+    for i in 0..12 {
+        let prev = if i == 0 {
+            "a".to_string()
+        } else {
+            format!("l{}", i - 1)
+        };
+        text.push_str(&format!(
+            "l{i}: &l{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+        ));
+    }
+    text.push_str("events: *l11\n");
+    let t0 = Instant::now();
+    let _ = parse_manifest(&text);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "an alias bomb took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// A request to one of the routes (and some that are not routes) with an arbitrary body.
+fn request() -> impl Strategy<Value = (String, String, Option<String>, Vec<u8>)> {
+    let path = prop_oneof![
+        Just("/v1/events"),
+        Just("/v1/events/batch"),
+        Just("/v1/collect"),
+        Just("/v1/hooks"),
+        Just("/v1/hooks/fuzzy"),
+        Just("/v1/hooks/%00%ff"),
+        Just("/v1/reload"),
+        Just("/healthz"),
+        Just("/readyz"),
+        Just("/metrics"),
+        Just("/v1/nope"),
+    ];
+    let method = prop_oneof![Just("POST"), Just("GET"), Just("PUT")];
+    let ctype = prop_oneof![
+        Just(Some("application/json".to_string())),
+        Just(None),
+        Just(Some("text/plain".to_string())),
+        Just(Some("application/json; charset=utf-8".to_string())),
+    ];
+    let body = prop_oneof![
+        any::<Vec<u8>>(),
+        yaml_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+        (
+            prop_oneof!["fuzz:[a-z]{1,6}", "\\PC{0,20}"],
+            yaml_json(),
+            0u64..3000
+        )
+            .prop_map(|(event, context, timeout_ms)| serde_json::to_vec(
+                &json!({"event": event, "context": context, "timeout_ms": timeout_ms})
+            )
+            .unwrap()),
+        prop::collection::vec(
+            (prop_oneof!["fuzz:[a-z]{1,6}", "\\PC{0,12}"], yaml_json()),
+            0..6
+        )
+        .prop_map(|evs| {
+            let events: Vec<Value> = evs
+                .into_iter()
+                .map(|(e, c)| json!({"event": e, "context": c}))
+                .collect();
+            serde_json::to_vec(&json!({"events": events})).unwrap()
+        }),
+    ];
+    (method, path, ctype, body).prop_map(|(m, p, c, b)| (m.to_string(), p.to_string(), c, b))
+}
+
+#[test]
+fn every_route_answers_any_body_with_a_status_and_a_typed_error() {
+    let hooks = Hooks::new();
+    hooks.exec(
+        "fuzzy",
+        "[\"fuzz:*\"]",
+        "#!/bin/sh\ncat >/dev/null\necho '{\"seen\": true}'\n",
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let host = rt.block_on(async {
+        let (host, _) = Host::start(HostConfig {
+            roots: vec![hooks.root()],
+            hermes_home: hooks.home(),
+            python: "python3".into(),
+            runtime_dir: hooks.home().join("cache"),
+            trust: Default::default(),
+            gateway_hooks_only: false,
+        })
+        .await;
+        host
+    });
+    let router = app(host.clone(), ApiConfig { token: None });
+    let mut runner = proptest::test_runner::TestRunner::new(cases(160));
+    runner
+        .run(&request(), |(method, path, ctype, body)| {
+            let mut req = Request::builder()
+                .method(method.as_str())
+                .uri(path.as_str());
+            if let Some(c) = &ctype {
+                req = req.header("content-type", c.as_str());
+            }
+            let req = req.body(Body::from(body.clone())).unwrap();
+            let router = router.clone();
+            let (status, bytes) = rt.block_on(async move {
+                let resp = tokio::time::timeout(Duration::from_secs(10), router.oneshot(req))
+                    .await
+                    .expect("the request hung")
+                    .expect("the router is infallible");
+                let status = resp.status();
+                let bytes = axum::body::to_bytes(resp.into_body(), 64 * 1024 * 1024)
+                    .await
+                    .expect("the response body");
+                (status, bytes)
+            });
+            prop_assert!(
+                !status.is_server_error() || status == StatusCode::SERVICE_UNAVAILABLE,
+                "{method} {path} answered {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+            if status.is_client_error() {
+                let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                prop_assert!(
+                    v["error"]["code"].is_string() && v["error"]["message"].is_string(),
+                    "{method} {path} -> {status}: the error is typed: {}",
+                    String::from_utf8_lossy(&bytes)
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+    // The service still works after the fuzzing.
+    let out = rt.block_on(host.emit_collect("fuzz:after", json!({}), Duration::from_secs(10)));
+    assert_eq!(out.unwrap()[0].result, Ok(Some(json!({"seen": true}))));
+    rt.block_on(host.shutdown(Duration::from_secs(5)));
+}
+
+#[test]
+fn any_authorization_header_is_let_in_only_with_the_token() {
+    let hooks = Hooks::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let host = rt.block_on(async {
+        let (host, _) = Host::start(crate::util::config(&hooks)).await;
+        host
+    });
+    let token = "s3cret-token";
+    let router = app(
+        host.clone(),
+        ApiConfig {
+            token: Some(token.into()),
+        },
+    );
+    let header = prop_oneof![
+        "\\PC{0,40}",
+        "[Bb]earer [a-z0-9-]{0,14}",
+        Just(format!("Bearer {token}")),
+        Just(format!("Bearer {token}x")),
+        Just(format!("Bearer  {token}")),
+    ];
+    let mut runner = proptest::test_runner::TestRunner::new(cases(128));
+    runner
+        .run(&header, |h| {
+            let Ok(req) = Request::builder()
+                .method("GET")
+                .uri("/v1/hooks")
+                .header("authorization", h.as_str())
+                .body(Body::empty())
+            else {
+                return Ok(()); // not a valid header value: no request to send
+            };
+            let status = rt.block_on(router.clone().oneshot(req)).unwrap().status();
+            let exact = h == format!("Bearer {token}");
+            if exact {
+                prop_assert_eq!(status, StatusCode::OK, "{:?}", h);
+            } else if status == StatusCode::OK {
+                // Accepted only if it carries exactly the token after a case-insensitive scheme.
+                let (scheme, rest) = h.split_once(' ').unwrap_or(("", ""));
+                prop_assert!(
+                    scheme.eq_ignore_ascii_case("bearer") && rest.trim() == token,
+                    "{:?} was let in",
+                    h
+                );
+            } else {
+                prop_assert_eq!(status, StatusCode::UNAUTHORIZED, "{:?}", h);
+            }
+            Ok(())
+        })
+        .unwrap();
+    rt.block_on(host.shutdown(Duration::from_secs(5)));
+}
