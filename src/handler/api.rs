@@ -165,6 +165,9 @@ pub struct HandlerContext {
     pub runtime_dir: PathBuf,
     /// Shared with the hook's worker (restarts, stuck, superseded).
     pub signals: Arc<Signals>,
+    /// The files that can run as this version loaded them: [`crate::trust::prestart::check`]
+    /// compares the tree with them before every process start.
+    pub files: Arc<crate::trust::RunFiles>,
 }
 
 impl HandlerContext {
@@ -198,6 +201,7 @@ impl HandlerContext {
             timeout: spec.manifest.timeout,
             runtime_dir,
             signals: Arc::new(Signals::default()),
+            files: spec.files.clone(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Trust policy: the `--trust` mode and `--insecure-permissions`, and the [`Gate`] discovery
-//! consults for every hook: ownership and mode of the hook directory, HOOK.yaml and the handler,
-//! and in explicit mode the approval with its current hash.
+//! consults for every hook: ownership and mode of the hook directory, HOOK.yaml and the handler
+//! (the rest of the tree is [`crate::trust::files`]'), and in explicit mode the approval with its
+//! current hashes.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,7 @@ use serde::Serialize;
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
 use crate::trust::approvals::{TrustFile, approval_hash, settings_hash, short, trust_file};
+use crate::trust::files::{RunFiles, describe_changes};
 
 /// Which hooks may load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
@@ -100,6 +102,11 @@ impl TrustPolicy {
 }
 
 impl Gate {
+    /// False with `--insecure-permissions`.
+    pub fn checks_permissions(&self) -> bool {
+        !self.insecure_permissions
+    }
+
     /// Checks the hook directory, HOOK.yaml and the handler file; on refusal returns the
     /// offending path and the reason.
     pub fn check_permissions(
@@ -129,6 +136,7 @@ impl Gate {
         kind: HandlerKind,
         handler: Option<&Path>,
         manifest: &Manifest,
+        files: &RunFiles,
     ) -> Result<(), String> {
         let Some(approvals) = &self.approvals else {
             return Ok(());
@@ -160,10 +168,25 @@ impl Gate {
             && *approved != settings_hash(manifest)
         {
             return Err(format!(
-                "its HOOK.yaml settings (handler, python or env) changed since it was approved: \
+                "its HOOK.yaml settings (handler, python, env, url or secret_env) changed since it was approved: \
                  review them, then run `hermes-hooks enable {name}` to approve it again"
             ));
         }
-        Ok(())
+        match &approval.files {
+            Some(approved) if *approved != files.files => Err(format!(
+                "its files changed since it was approved ({}): review them, then run \
+                 `hermes-hooks enable {name}` to approve it again",
+                describe_changes(approved, &files.files)
+            )),
+            Some(_) => Ok(()),
+            // An approval from before approvals covered every file: enough only when the
+            // handler (whose hash was checked above) is all that can run.
+            None if files.files.len() <= 1 => Ok(()),
+            None => Err(format!(
+                "the approval covers only the handler, but the hook has other files that can run \
+                 ({}): review them, then run `hermes-hooks enable {name}` to approve them too",
+                files.files.keys().take(5).cloned().collect::<Vec<_>>().join(", ")
+            )),
+        }
     }
 }

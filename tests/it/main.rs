@@ -7,6 +7,7 @@ mod client;
 mod core;
 mod dylib;
 mod exec;
+mod hardening;
 mod http;
 mod lifecycle;
 mod modules;

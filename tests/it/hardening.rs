@@ -1,0 +1,235 @@
+//! Issue 13 hardening: what runs is what was loaded and approved (every file that can run, before
+//! every process start), the permissions of the whole hook tree, a broken edit never replaces a
+//! working version across restarts, and the input edges of the service.
+
+use std::time::Duration;
+
+use hermes_hooks::trust::{TrustMode, TrustPolicy, set_enabled};
+use hermes_hooks::{Host, LoadReport, SkipCode};
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, collect_one, config, set_mode};
+
+const T: Duration = Duration::from_secs(20);
+
+/// A Python hook on `x:*` that returns `helper.value()` and exits hard on `x:crash`.
+const IMPORTS_HELPER: &str = "import os\nimport helper\n\ndef handle(event, context):\n    if event == 'x:crash':\n        os._exit(3)\n    return helper.value()\n";
+
+async fn start(hooks: &Hooks, mode: TrustMode) -> (Host, LoadReport) {
+    let mut cfg = config(hooks);
+    cfg.trust = TrustPolicy {
+        mode,
+        insecure_permissions: false,
+    };
+    Host::start(cfg).await
+}
+
+fn approve(hooks: &Hooks, name: &str) {
+    let policy = TrustPolicy {
+        mode: TrustMode::Explicit,
+        insecure_permissions: false,
+    };
+    set_enabled(&[hooks.root()], &hooks.home(), &policy, name, true)
+        .unwrap_or_else(|e| panic!("approving {name}: {e}"));
+}
+
+fn skip_of(report: &LoadReport, name: &str) -> (SkipCode, String) {
+    report
+        .skipped
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| (s.code, s.reason.clone()))
+        .unwrap_or_else(|| panic!("{name} was expected among the skipped: {report:#?}"))
+}
+
+/// The reproduction of issue 13: an approved hook imports helper.py; replacing helper.py must not
+/// change what runs, neither at the worker's restart nor at the next reload.
+#[tokio::test]
+async fn replaced_helper_never_runs_under_an_approval() {
+    let hooks = Hooks::new();
+    let dir = hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER);
+    std::fs::write(dir.join("helper.py"), "def value():\n    return 'approved'\n").unwrap();
+    approve(&hooks, "h");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["h"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("approved")))
+    );
+
+    std::fs::write(dir.join("helper.py"), "def value():\n    return 'injected'\n").unwrap();
+    let crashed = collect_one(&host, "x:crash", json!({})).await;
+    assert!(crashed.is_err(), "the crash event should fail: {crashed:?}");
+    let after = collect_one(&host, "x:go", json!({})).await;
+    let err = after.expect_err("the restart with a replaced helper.py must be refused");
+    assert!(
+        err.contains("not started") && err.contains("helper.py changed"),
+        "the refusal should name helper.py: {err}"
+    );
+    let info = host.hook("h").unwrap();
+    let last = serde_json::to_string(&info.last_error).unwrap();
+    assert!(last.contains("helper.py changed"), "last_error: {last}");
+
+    // The next scan refuses the hook: its approval does not cover the new helper.py.
+    let report = host.reload().await;
+    let (code, reason) = skip_of(&report, "h");
+    assert_eq!(code, SkipCode::NotApproved, "{reason}");
+    assert!(reason.contains("helper.py changed"), "{reason}");
+    let out = host
+        .emit_collect("x:go", json!({}), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        out.iter()
+            .all(|o| o.result != Ok(Some(Value::from("injected")))),
+        "the injected helper ran: {out:?}"
+    );
+
+    // Approving again is what lets the new helper run.
+    approve(&hooks, "h");
+    let report = host.reload().await;
+    assert_eq!(report.started, vec!["h"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("injected")))
+    );
+    host.shutdown(T).await;
+}
+
+/// An executable hook is checked before each call: a replaced script it sources is refused.
+#[tokio::test]
+async fn executable_call_refused_when_a_sourced_script_changed() {
+    let hooks = Hooks::new();
+    let dir = hooks.exec("e", "[\"x:*\"]", "#!/bin/sh\n. ./lib.sh\nvalue\n");
+    std::fs::write(dir.join("lib.sh"), "value() { echo '\"approved\"'; }\n").unwrap();
+    approve(&hooks, "e");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["e"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("approved")))
+    );
+    std::fs::write(dir.join("lib.sh"), "value() { echo '\"injected\"'; }\n").unwrap();
+    let err = collect_one(&host, "x:go", json!({}))
+        .await
+        .expect_err("a call with a replaced lib.sh must be refused");
+    assert!(err.contains("lib.sh changed"), "{err}");
+    host.shutdown(T).await;
+}
+
+/// An approval written before approvals covered helper files passes only a one-file hook.
+#[tokio::test]
+async fn old_approval_without_files_covers_only_a_lone_handler() {
+    let hooks = Hooks::new();
+    let dir = hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER);
+    std::fs::write(dir.join("helper.py"), "def value():\n    return 1\n").unwrap();
+    approve(&hooks, "h");
+    let file = hooks.home().join("hooks-trust.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    v["hooks"]["h"].as_object_mut().unwrap().remove("files");
+    std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    let (code, reason) = skip_of(&report, "h");
+    assert_eq!(code, SkipCode::NotApproved);
+    assert!(reason.contains("helper.py"), "{reason}");
+    host.shutdown(T).await;
+}
+
+/// A working Python hook whose handler.py is broken after it loaded does not import the broken
+/// file at its next crash restart; restoring the file lets it start again.
+#[tokio::test]
+async fn broken_edit_is_not_imported_at_a_crash_restart() {
+    let hooks = Hooks::new();
+    let marker = hooks.out().join("imports.txt");
+    let good = format!(
+        "import os\nopen({m:?}, 'a').write('good\\n')\n\ndef handle(event, context):\n    if event == 'x:crash':\n        os._exit(3)\n    return 'good'\n",
+        m = marker.display().to_string()
+    );
+    let broken = format!(
+        "open({m:?}, 'a').write('broken\\n')\nraise RuntimeError('half-written edit')\n",
+        m = marker.display().to_string()
+    );
+    let dir = hooks.python("p", "[\"x:*\"]", &good);
+    let (host, report) = start(&hooks, TrustMode::All).await;
+    assert_eq!(report.loaded, vec!["p"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("good")))
+    );
+
+    std::fs::write(dir.join("handler.py"), &broken).unwrap();
+    let report = host.reload().await;
+    let (code, reason) = skip_of(&report, "p");
+    assert_eq!(code, SkipCode::LoadFailed, "{reason}");
+    assert!(reason.contains("keeps running"), "{reason}");
+    let imports = || std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(imports(), "good\nbroken\n", "the reload tried the edit once");
+
+    let crashed = collect_one(&host, "x:crash", json!({})).await;
+    assert!(crashed.is_err(), "{crashed:?}");
+    let err = collect_one(&host, "x:go", json!({}))
+        .await
+        .expect_err("the restart must be refused while handler.py is broken");
+    assert!(
+        err.contains("not started") && err.contains("handler.py changed"),
+        "{err}"
+    );
+    assert_eq!(
+        imports(),
+        "good\nbroken\n",
+        "the broken handler.py was imported at the restart"
+    );
+
+    // The working source back in place: the same version starts again.
+    std::fs::write(dir.join("handler.py"), &good).unwrap();
+    let mut result = collect_one(&host, "x:go", json!({})).await;
+    let deadline = std::time::Instant::now() + T;
+    while result.is_err() && std::time::Instant::now() < deadline {
+        // Each refused restart set a backoff that the next event waits out (no sleep here).
+        result = collect_one(&host, "x:go", json!({})).await;
+    }
+    assert_eq!(result, Ok(Some(json!("good"))));
+    host.shutdown(T).await;
+}
+
+/// Permissions of the whole tree: a group-writable helper module, a world-writable package
+/// directory and a `python:` interpreter writable by others are refused like the handler.
+#[tokio::test]
+async fn unsafe_permissions_anywhere_in_the_tree_are_refused() {
+    let hooks = Hooks::new();
+    let a = hooks.python("a", "[\"x:*\"]", "import helper\n\ndef handle(e, c):\n    return 1\n");
+    std::fs::write(a.join("helper.py"), "").unwrap();
+    set_mode(&a.join("helper.py"), 0o664);
+    let b = hooks.python("b", "[\"x:*\"]", "def handle(e, c):\n    return 1\n");
+    std::fs::create_dir_all(b.join("pkg/sub")).unwrap();
+    set_mode(&b.join("pkg/sub"), 0o777);
+    let elsewhere = hooks.tmp.path().join("bin");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let py = elsewhere.join("python-wrapper");
+    std::fs::write(&py, "#!/bin/sh\nexec python3 \"$@\"\n").unwrap();
+    set_mode(&py, 0o777);
+    hooks.add(
+        "c",
+        &[
+            (
+                "HOOK.yaml",
+                &format!("name: c\nevents: [\"x:*\"]\npython: {}\n", py.display()),
+            ),
+            ("handler.py", "def handle(e, c):\n    return 1\n"),
+        ],
+    );
+    let (host, report) = start(&hooks, TrustMode::All).await;
+    for (name, needle) in [
+        ("a", "helper.py"),
+        ("b", "pkg/sub"),
+        ("c", "python interpreter"),
+    ] {
+        let (code, reason) = skip_of(&report, name);
+        assert_eq!(code, SkipCode::Permissions, "{name}: {reason}");
+        assert!(
+            reason.contains(needle) && reason.contains("writable"),
+            "{name}: {reason}"
+        );
+    }
+    host.shutdown(T).await;
+}
