@@ -33,6 +33,7 @@ const KNOWN_KEYS: &[&str] = &[
     "requires",
     "url",
     "secret_env",
+    "ca_file",
 ];
 
 /// What a full queue does with a new event.
@@ -92,6 +93,7 @@ struct RawManifest {
     requires: Option<Requires>,
     url: Option<String>,
     secret_env: Option<String>,
+    ca_file: Option<String>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -125,6 +127,9 @@ pub struct Manifest {
     pub url: Option<String>,
     /// Environment variable holding the webhook HMAC secret.
     pub secret_env: Option<String>,
+    /// PEM file of extra certificate authorities a webhook's `https://` endpoint may be signed
+    /// by (relative to the hook directory), trusted in addition to the system's.
+    pub ca_file: Option<String>,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
 }
@@ -260,6 +265,20 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: "a hook has either `handler:` or `url:`, not both".into(),
         });
     }
+    if let Some(c) = &raw.ca_file {
+        if raw.url.is_none() {
+            return Err(ManifestError::BadField {
+                field: "ca_file",
+                reason: "only a webhook (`url:`) has a certificate authority file".into(),
+            });
+        }
+        if c.trim().is_empty() {
+            return Err(ManifestError::BadField {
+                field: "ca_file",
+                reason: "is empty".into(),
+            });
+        }
+    }
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -275,6 +294,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         requires: raw.requires.unwrap_or_default(),
         url: raw.url,
         secret_env: raw.secret_env,
+        ca_file: raw.ca_file,
         warnings,
     })
 }

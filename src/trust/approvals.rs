@@ -134,7 +134,7 @@ pub fn approval_hash(
 
 /// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file: the
 /// `handler` path, the `python` interpreter and the `env` it gets (`LD_PRELOAD`, `PYTHONPATH`...),
-/// and a webhook's `url` and `secret_env` (only hashed when set, so approvals of other hooks
+/// and a webhook's `url`, `secret_env` and `ca_file` (only hashed when set, so approvals of other hooks
 /// written before they were covered stay valid). Comments, `description`, `events`, `timeout`
 /// and `queue` are not covered.
 pub fn settings_hash(manifest: &Manifest) -> String {
@@ -155,7 +155,11 @@ pub fn settings_hash(manifest: &Manifest) -> String {
         h.update(v.as_bytes());
         h.update(b"\n");
     }
-    for (key, value) in [("url", &manifest.url), ("secret_env", &manifest.secret_env)] {
+    for (key, value) in [
+        ("url", &manifest.url),
+        ("secret_env", &manifest.secret_env),
+        ("ca_file", &manifest.ca_file),
+    ] {
         if let Some(v) = value {
             h.update(key.as_bytes());
             h.update(b"=");

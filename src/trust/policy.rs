@@ -168,7 +168,7 @@ impl Gate {
             && *approved != settings_hash(manifest)
         {
             return Err(format!(
-                "its HOOK.yaml settings (handler, python, env, url or secret_env) changed since it was approved: \
+                "its HOOK.yaml settings (handler, python, env, url, secret_env or ca_file) changed since it was approved: \
                  review them, then run `hermes-hooks enable {name}` to approve it again"
             ));
         }
@@ -185,7 +185,13 @@ impl Gate {
             None => Err(format!(
                 "the approval covers only the handler, but the hook has other files that can run \
                  ({}): review them, then run `hermes-hooks enable {name}` to approve them too",
-                files.files.keys().take(5).cloned().collect::<Vec<_>>().join(", ")
+                files
+                    .files
+                    .keys()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
         }
     }

@@ -48,7 +48,11 @@ fn skip_of(report: &LoadReport, name: &str) -> (SkipCode, String) {
 async fn replaced_helper_never_runs_under_an_approval() {
     let hooks = Hooks::new();
     let dir = hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER);
-    std::fs::write(dir.join("helper.py"), "def value():\n    return 'approved'\n").unwrap();
+    std::fs::write(
+        dir.join("helper.py"),
+        "def value():\n    return 'approved'\n",
+    )
+    .unwrap();
     approve(&hooks, "h");
     let (host, report) = start(&hooks, TrustMode::Explicit).await;
     assert_eq!(report.loaded, vec!["h"], "{report:#?}");
@@ -57,7 +61,11 @@ async fn replaced_helper_never_runs_under_an_approval() {
         Ok(Some(json!("approved")))
     );
 
-    std::fs::write(dir.join("helper.py"), "def value():\n    return 'injected'\n").unwrap();
+    std::fs::write(
+        dir.join("helper.py"),
+        "def value():\n    return 'injected'\n",
+    )
+    .unwrap();
     let crashed = collect_one(&host, "x:crash", json!({})).await;
     assert!(crashed.is_err(), "the crash event should fail: {crashed:?}");
     let after = collect_one(&host, "x:go", json!({})).await;
@@ -163,7 +171,11 @@ async fn broken_edit_is_not_imported_at_a_crash_restart() {
     assert_eq!(code, SkipCode::LoadFailed, "{reason}");
     assert!(reason.contains("keeps running"), "{reason}");
     let imports = || std::fs::read_to_string(&marker).unwrap_or_default();
-    assert_eq!(imports(), "good\nbroken\n", "the reload tried the edit once");
+    assert_eq!(
+        imports(),
+        "good\nbroken\n",
+        "the reload tried the edit once"
+    );
 
     let crashed = collect_one(&host, "x:crash", json!({})).await;
     assert!(crashed.is_err(), "{crashed:?}");
@@ -197,7 +209,11 @@ async fn broken_edit_is_not_imported_at_a_crash_restart() {
 #[tokio::test]
 async fn unsafe_permissions_anywhere_in_the_tree_are_refused() {
     let hooks = Hooks::new();
-    let a = hooks.python("a", "[\"x:*\"]", "import helper\n\ndef handle(e, c):\n    return 1\n");
+    let a = hooks.python(
+        "a",
+        "[\"x:*\"]",
+        "import helper\n\ndef handle(e, c):\n    return 1\n",
+    );
     std::fs::write(a.join("helper.py"), "").unwrap();
     set_mode(&a.join("helper.py"), 0o664);
     let b = hooks.python("b", "[\"x:*\"]", "def handle(e, c):\n    return 1\n");
@@ -231,5 +247,160 @@ async fn unsafe_permissions_anywhere_in_the_tree_are_refused() {
             "{name}: {reason}"
         );
     }
+    host.shutdown(T).await;
+}
+
+/// A local HTTPS endpoint whose certificate is signed by a certificate authority made here.
+/// Counts TCP connections (each delivery attempt opens one) and answers every request with
+/// `{"via": "tls"}`.
+struct TlsEndpoint {
+    addr: std::net::SocketAddr,
+    ca_pem: String,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn tls_endpoint() -> TlsEndpoint {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "hermes-hooks test CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivatePkcs8KeyDer::from(leaf_key.serialize_der()).into(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let count = connections.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = tls.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let body = br#"{"via": "tls"}"#;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tls.write_all(head.as_bytes()).await;
+                let _ = tls.write_all(body).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    TlsEndpoint {
+        addr,
+        ca_pem: ca_cert.pem(),
+        connections,
+        task,
+    }
+}
+
+/// HTTPS for real: trusted through `ca_file:`, and an untrusted certificate is one clear,
+/// final error (one connection, no retry).
+#[tokio::test]
+async fn https_webhook_trusts_ca_file_and_refuses_unknown_issuers() {
+    use std::sync::atomic::Ordering;
+    let endpoint = tls_endpoint().await;
+    let hooks = Hooks::new();
+    let url = format!("https://{}/deliver?token=s3cret", endpoint.addr);
+    let trusted = hooks.add(
+        "trusted",
+        &[(
+            "HOOK.yaml",
+            &format!("name: trusted\nevents: [\"a:*\"]\nurl: {url}\nca_file: ca.pem\ntimeout: 5\n"),
+        )],
+    );
+    std::fs::write(trusted.join("ca.pem"), &endpoint.ca_pem).unwrap();
+    hooks.add(
+        "untrusted",
+        &[(
+            "HOOK.yaml",
+            &format!("name: untrusted\nevents: [\"b:*\"]\nurl: {url}\ntimeout: 5\n"),
+        )],
+    );
+    let (host, report) = start(&hooks, TrustMode::All).await;
+    assert_eq!(report.loaded, vec!["trusted", "untrusted"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "a:go", json!({})).await,
+        Ok(Some(json!({"via": "tls"})))
+    );
+    // The listing shows the endpoint without its path and query.
+    let shown = host.hook("trusted").unwrap().handler;
+    assert_eq!(shown, format!("https://{}/…", endpoint.addr));
+
+    let before = endpoint.connections.load(Ordering::SeqCst);
+    let err = collect_one(&host, "b:go", json!({}))
+        .await
+        .expect_err("a certificate from an unknown authority must fail");
+    assert!(
+        err.contains("not trusted") && err.contains("ca_file") && err.contains("not retried"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "the error leaks the query: {err}");
+    assert_eq!(
+        endpoint.connections.load(Ordering::SeqCst) - before,
+        1,
+        "an untrusted certificate is not retried"
+    );
     host.shutdown(T).await;
 }
