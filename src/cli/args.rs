@@ -153,7 +153,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Seconds to let queues drain on SIGINT/SIGTERM before stopping workers (0 to 3600).
-    #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = drain_secs)]
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = drain_secs, allow_negative_numbers = true)]
     pub drain_timeout: f64,
     /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
     #[arg(long)]

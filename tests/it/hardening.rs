@@ -404,3 +404,173 @@ async fn https_webhook_trusts_ca_file_and_refuses_unknown_issuers() {
     );
     host.shutdown(T).await;
 }
+
+// --- input edges and the service's files (through the real binary) ---
+
+use crate::util::{Serve, bin, poll};
+
+#[test]
+fn drain_timeout_must_be_a_sane_number_of_seconds() {
+    let hooks = Hooks::new();
+    for bad in ["nan", "-1", "1e12", "inf", "soon"] {
+        let out = std::process::Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--drain-timeout", bad])
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .env("HERMES_HOME", hooks.home())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--drain-timeout {bad}: {err}");
+        assert!(
+            err.contains("--drain-timeout") && !err.contains("panicked"),
+            "--drain-timeout {bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn home_and_socket_are_private_even_with_umask_0() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let hooks = Hooks::new();
+    let home = hooks.tmp.path().join("fresh-home");
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("serve")
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .env("HERMES_HOME", &home)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: umask(2) is async-signal-safe and touches nothing but the child's own mask.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let sock = home.join("hooks.sock");
+    poll(T, "the socket to appear", || {
+        std::fs::symlink_metadata(&sock)
+            .ok()
+            .filter(|m| m.file_type().is_socket())
+    });
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let (home_mode, sock_mode) = (mode(&home), mode(&sock));
+    let leftovers: Vec<_> = std::fs::read_dir(&home)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".hooks-sock-"))
+        .collect();
+    crate::util::signal(child.id(), libc::SIGTERM);
+    let _ = child.wait();
+    assert_eq!(home_mode, 0o700, "HERMES_HOME created by the service");
+    assert_eq!(sock_mode, 0o600, "the socket");
+    assert!(
+        leftovers.is_empty(),
+        "staging directories left: {leftovers:?}"
+    );
+}
+
+#[test]
+fn bearer_scheme_is_case_insensitive() {
+    let hooks = Hooks::new();
+    let token_file = hooks.tmp.path().join("token");
+    std::fs::write(&token_file, "t0ken\n").unwrap();
+    let serve = Serve::start(&hooks, &["--token-file", token_file.to_str().unwrap()]);
+    for value in ["Bearer t0ken", "bearer t0ken", "BEARER  t0ken"] {
+        let (status, _, body) = crate::util::http(
+            &serve.addr,
+            "GET",
+            "/v1/hooks",
+            &[("Authorization", value)],
+            b"",
+        );
+        assert_eq!(status, 200, "{value:?}: {}", String::from_utf8_lossy(&body));
+    }
+    let (status, _, _) = crate::util::http(
+        &serve.addr,
+        "GET",
+        "/v1/hooks",
+        &[("Authorization", "bearer wrong")],
+        b"",
+    );
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn a_client_leaving_mid_body_is_not_a_413() {
+    use std::io::{Read, Write};
+    let hooks = Hooks::new();
+    let serve = Serve::start(&hooks, &[]);
+    let mut s = std::net::TcpStream::connect(&serve.addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(
+        b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"event\": ",
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let head = String::from_utf8_lossy(&raw);
+    assert!(
+        !head.contains(" 413 "),
+        "a body cut short by the client is not too large: {head}"
+    );
+}
+
+#[tokio::test]
+async fn handler_error_texts_are_capped() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "loud",
+        "[\"x:*\"]",
+        "def handle(event, context):\n    raise ValueError('x' * 200000)\n",
+    );
+    let (host, _) = start(&hooks, TrustMode::All).await;
+    let err = collect_one(&host, "x:go", json!({}))
+        .await
+        .expect_err("the handler raises");
+    assert!(err.len() <= 4200, "error text of {} bytes", err.len());
+    assert!(err.contains("more bytes cut"), "{}", &err[err.len() - 60..]);
+    let last = host.hook("loud").unwrap().last_error.unwrap().message;
+    assert!(last.len() <= 4300, "last_error of {} bytes", last.len());
+    host.shutdown(T).await;
+}
+
+/// A hook writing a state file into its own directory does not make the watcher rescan.
+#[test]
+fn a_hook_writing_into_its_own_directory_causes_no_rescan() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "writer",
+        "[\"x:*\"]",
+        "import time\n\ndef handle(event, context):\n    for i in range(60):\n        with open('state.json', 'w') as f:\n            f.write('{\"n\": %d}' % i)\n        with open('hook.log', 'a') as f:\n            f.write('line\\n')\n        time.sleep(0.025)\n    return 'done'\n",
+    );
+    let serve = Serve::start(&hooks, &[]);
+    let (status, body) = serve.post("/v1/collect", &json!({"event": "x:go"}));
+    assert_eq!(status, 200, "{body}");
+    // A change that matters, as the barrier: once it is loaded, every earlier rescan is logged.
+    hooks.python("late", "[\"y:*\"]", "def handle(e, c):\n    return 1\n");
+    poll(T, "the new hook to load", || {
+        serve
+            .get("/v1/hooks")
+            .1
+            .to_string()
+            .contains("\"late\"")
+            .then_some(())
+    });
+    let rescans = serve
+        .log()
+        .matches("hooks reloaded after a change on disk")
+        .count();
+    assert_eq!(
+        rescans,
+        1,
+        "only the new hook should cause a rescan:\n{}",
+        serve.log()
+    );
+}
