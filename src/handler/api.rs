@@ -119,6 +119,12 @@ pub enum HandlerError {
     NotStarted,
 }
 
+impl From<crate::trust::prestart::StartRefused> for HandlerError {
+    fn from(e: crate::trust::prestart::StartRefused) -> Self {
+        HandlerError::Load(e.to_string())
+    }
+}
+
 /// Runs `call` under `timeout`: past it the future is dropped (a child process with it) and the
 /// call is [`HandlerError::TimedOut`].
 pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>) -> HandlerResult {
@@ -167,7 +173,7 @@ pub struct HandlerContext {
     pub signals: Arc<Signals>,
     /// The files that can run as this version loaded them: [`crate::trust::prestart::check`]
     /// compares the tree with them before every process start.
-    pub files: Arc<crate::trust::RunFiles>,
+    pub files: Arc<crate::trust::files::RunFiles>,
 }
 
 impl HandlerContext {

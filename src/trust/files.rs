@@ -1,4 +1,5 @@
-//! The files of a hook that can run, and the permissions of its whole tree.
+//! The files of a hook that can run, and the permissions of its whole tree ([`permission_problem`]
+//! is the one rule for a single path, shared with [`crate::trust::policy`]).
 //!
 //! [`RunFiles::scan`] walks a hook directory once and (1) refuses any file or directory anywhere
 //! under it that is writable by group or others or owned by another user (unless
@@ -19,7 +20,6 @@ use sha2::{Digest, Sha256};
 
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
-use crate::trust::policy::permission_problem;
 
 /// Most entries looked at under one hook directory; a larger tree is refused.
 pub const MAX_ENTRIES: usize = 20_000;
@@ -238,6 +238,55 @@ fn can_run(path: &Path, meta: &std::fs::Metadata) -> bool {
         .unwrap_or_default();
     matches!(ext.as_str(), "py" | "pyw" | "pth" | "sh" | "so" | "dylib")
         || meta.permissions().mode() & 0o111 != 0
+}
+
+/// The uid this process runs as.
+fn service_uid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Why `path` is unsafe to run hooks from, or `None` when it is fine: writable by group or
+/// others, or owned by a user other than the service user or root. The reason names the path,
+/// the problem and the fix.
+pub fn permission_problem(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("cannot inspect {}: {e}", path.display())),
+    };
+    let mode = meta.mode() & 0o7777;
+    let what = if meta.is_dir() {
+        "hook directory"
+    } else {
+        "file"
+    };
+    let override_hint = "or start with --insecure-permissions if this is intended";
+    let me = service_uid();
+    let owner = meta.uid();
+    if owner != me && owner != 0 {
+        return Some(format!(
+            "{what} {} is owned by uid {owner}, not by the service user (uid {me}) or root: that \
+             user could change what this hook runs; fix: `chown {me} {}` ({override_hint})",
+            path.display(),
+            path.display()
+        ));
+    }
+    let writable = mode & 0o022;
+    if writable != 0 {
+        let by = match (writable & 0o020 != 0, writable & 0o002 != 0) {
+            (true, true) => "group and others",
+            (true, false) => "its group",
+            _ => "others",
+        };
+        return Some(format!(
+            "{what} {} is writable by {by} (mode {mode:04o}): they could change what this hook \
+             runs; fix: `chmod go-w {}` ({override_hint})",
+            path.display(),
+            path.display()
+        ));
+    }
+    None
 }
 
 /// The interpreter a `python:` setting names: a path (relative to the hook directory) or a

@@ -50,5 +50,5 @@ pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_has
 pub use commands::set_enabled;
 pub use edit::edit_enabled;
 pub use error::TrustError;
-pub use files::{RunFiles, TreeError};
-pub use policy::{Gate, TrustMode, TrustPolicy, permission_problem};
+pub use files::{RunFiles, TreeError, permission_problem};
+pub use policy::{Gate, TrustMode, TrustPolicy};
