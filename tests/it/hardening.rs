@@ -429,6 +429,16 @@ fn drain_timeout_must_be_a_sane_number_of_seconds() {
     }
 }
 
+/// A child killed and reaped when the test ends, however it ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn home_and_socket_are_private_even_with_umask_0() {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -450,7 +460,7 @@ fn home_and_socket_are_private_even_with_umask_0() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
+    let mut child = Reaped(cmd.spawn().unwrap());
     let sock = home.join("hooks.sock");
     poll(T, "the socket to appear", || {
         std::fs::symlink_metadata(&sock)
@@ -459,20 +469,18 @@ fn home_and_socket_are_private_even_with_umask_0() {
     });
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     let (home_mode, sock_mode) = (mode(&home), mode(&sock));
-    let leftovers: Vec<_> = std::fs::read_dir(&home)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".hooks-sock-"))
-        .collect();
-    crate::util::signal(child.id(), libc::SIGTERM);
-    let _ = child.wait();
+    // The staging directory goes right after the rename that publishes the socket.
+    poll(T, "no staging directory left next to the socket", || {
+        std::fs::read_dir(&home)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .all(|e| !e.file_name().to_string_lossy().starts_with(".hooks-sock-"))
+            .then_some(())
+    });
+    crate::util::signal(child.0.id(), libc::SIGTERM);
+    let _ = child.0.wait();
     assert_eq!(home_mode, 0o700, "HERMES_HOME created by the service");
     assert_eq!(sock_mode, 0o600, "the socket");
-    assert!(
-        leftovers.is_empty(),
-        "staging directories left: {leftovers:?}"
-    );
 }
 
 #[test]
@@ -554,7 +562,21 @@ fn a_hook_writing_into_its_own_directory_causes_no_rescan() {
     let (status, body) = serve.post("/v1/collect", &json!({"event": "x:go"}));
     assert_eq!(status, 200, "{body}");
     // A change that matters, as the barrier: once it is loaded, every earlier rescan is logged.
-    hooks.python("late", "[\"y:*\"]", "def handle(e, c):\n    return 1\n");
+    // Built elsewhere and moved in, so that it is one change (one rescan) however slow the
+    // machine is.
+    let staging = hooks.tmp.path().join("staging");
+    std::fs::create_dir_all(staging.join("late")).unwrap();
+    std::fs::write(
+        staging.join("late/HOOK.yaml"),
+        "name: late\nevents: [\"y:*\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        staging.join("late/handler.py"),
+        "def handle(e, c):\n    return 1\n",
+    )
+    .unwrap();
+    std::fs::rename(staging.join("late"), hooks.root().join("late")).unwrap();
     poll(T, "the new hook to load", || {
         serve
             .get("/v1/hooks")
