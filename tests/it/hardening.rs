@@ -104,6 +104,45 @@ async fn replaced_helper_never_runs_under_an_approval() {
     host.shutdown(T).await;
 }
 
+/// The worker that replaces one killed at its timeout is checked too.
+#[tokio::test]
+async fn replaced_helper_never_runs_after_a_timeout_restart() {
+    let hooks = Hooks::new();
+    let dir = hooks.add(
+        "slow",
+        &[
+            ("HOOK.yaml", "name: slow\nevents: [\"x:*\"]\ntimeout: 1\n"),
+            (
+                "handler.py",
+                "import time\nimport helper\n\ndef handle(event, context):\n    if event == 'x:hang':\n        time.sleep(60)\n    return helper.value()\n",
+            ),
+            ("helper.py", "def value():\n    return 'approved'\n"),
+        ],
+    );
+    approve(&hooks, "slow");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["slow"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("approved")))
+    );
+    std::fs::write(
+        dir.join("helper.py"),
+        "def value():\n    return 'injected'\n",
+    )
+    .unwrap();
+    let hung = collect_one(&host, "x:hang", json!({})).await;
+    assert!(
+        hung.as_ref().is_err_and(|e| e.contains("timed out")),
+        "{hung:?}"
+    );
+    let err = collect_one(&host, "x:go", json!({}))
+        .await
+        .expect_err("the worker replacing the timed-out one must not import the new helper.py");
+    assert!(err.contains("helper.py changed"), "{err}");
+    host.shutdown(T).await;
+}
+
 /// An executable hook is checked before each call: a replaced script it sources is refused.
 #[tokio::test]
 async fn executable_call_refused_when_a_sourced_script_changed() {
