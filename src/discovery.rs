@@ -17,6 +17,7 @@ use crate::layout::{HandlerFault, dir_name, find_handler};
 pub use crate::layout::{HandlerKind, find_on_path, hook_dirs, is_executable, is_shell_script};
 use crate::manifest::{Manifest, parse_manifest};
 use crate::pattern::PatternSet;
+use crate::trust::files::{RunFiles, TreeError};
 use crate::trust::policy::Gate;
 
 /// Why a directory did not load, in a form scripts can match on.
@@ -118,6 +119,8 @@ pub struct HookSpec {
     /// Hash of the manifest text and the handler file's content: equal fingerprints mean
     /// "unchanged" on reload.
     pub fingerprint: u64,
+    /// The files that can run, as this version loaded them (checked before every process start).
+    pub files: std::sync::Arc<RunFiles>,
     /// Position in discovery order.
     pub order: usize,
     /// Where the hook runs (service or gateway) and why.
@@ -314,6 +317,20 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         .map_err(|(code, file, reason)| skip(&name, &file, code, reason))?;
     gate.check_permissions(dir, &manifest_path, handler_path.as_deref())
         .map_err(|(file, reason)| skip(&name, &file, SkipCode::Permissions, reason))?;
+    let files = RunFiles::scan(
+        dir,
+        kind,
+        handler_path.as_deref(),
+        &manifest,
+        gate.checks_permissions(),
+    )
+    .map_err(|e| {
+        let code = match e {
+            TreeError::Permissions { .. } => SkipCode::Permissions,
+            _ => SkipCode::BadHandler,
+        };
+        skip(&name, e.path(), code, e.to_string())
+    })?;
 
     let placement = match &handler_path {
         Some(p) => crate::placement::decide(manifest.runs, kind == HandlerKind::Python, dir, p),
@@ -342,7 +359,8 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         }
     }
     hash_other_files(dir, &mut hasher);
-    gate.check_approved(&name, kind, handler_path.as_deref(), &manifest)
+    files.digest().hash(&mut hasher);
+    gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)
         .map_err(|r| {
             let file = handler_path.as_deref().unwrap_or(&manifest_path);
             skip(&name, file, SkipCode::NotApproved, r)
@@ -357,6 +375,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         manifest,
         patterns,
         fingerprint: hasher.finish(),
+        files: std::sync::Arc::new(files),
         order: 0,
         placement,
         sha256,

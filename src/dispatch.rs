@@ -340,6 +340,7 @@ impl HookStats {
 
     /// Records an error as the hook's last one.
     pub fn set_last_error(&self, msg: String) {
+        let msg = crate::text::cap(msg);
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((SystemTime::now(), msg));
     }
 }
@@ -760,7 +761,8 @@ fn finish(hook: &LoadedHook, job: Job, result: HandlerResult, duration: Duration
             if timed_out {
                 hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
             }
-            let msg = e.to_string();
+            // Capped: a handler's error text (a traceback, a response body) can be any size.
+            let msg = crate::text::cap(e.to_string());
             tracing::warn!(hook = %hook.spec.name, event = %job.event, "handler failed: {msg}");
             hook.stats.set_last_error(format!("{}: {msg}", job.event));
             if timed_out {

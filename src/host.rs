@@ -221,7 +221,8 @@ impl HookInfo {
             path: spec.dir.clone(),
             handler: match (&spec.handler_path, &spec.manifest.url) {
                 (Some(p), _) => p.display().to_string(),
-                (None, Some(u)) => u.clone(),
+                // Path and query may carry a token: scheme, host and port only.
+                (None, Some(u)) => crate::text::redact_url(u),
                 _ => String::new(),
             },
             root: spec.root.clone(),
@@ -802,7 +803,7 @@ impl Host {
                         .handler_path
                         .clone()
                         .unwrap_or_else(|| spec.manifest_path.clone());
-                    let mut reason = e.to_string();
+                    let mut reason = crate::text::cap(e.to_string());
                     if let Some(p) = &prev {
                         reason.push_str(" (the previous version keeps running)");
                         p.stats.set_last_error(format!("reload failed: {e}"));

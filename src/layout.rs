@@ -33,6 +33,20 @@ impl HandlerKind {
     }
 }
 
+/// Creates `dir` (and missing parents) with mode 0700 when it does not exist; an existing
+/// directory is left as it is. For `$HERMES_HOME` and the socket's directory: nobody else may
+/// list them or reach what is inside.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 /// `$HERMES_HOME`, defaulting to `~/.hermes`.
 pub fn hermes_home() -> PathBuf {
     match std::env::var_os("HERMES_HOME").filter(|v| !v.is_empty()) {

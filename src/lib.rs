@@ -24,7 +24,8 @@
 //! - [`interpreter`]: which Python runs a hook's handler.py, and why.
 //! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
 //!   [`trust::approvals`] (`hooks-trust.json`), [`trust::edit`] (the `enabled:` editor),
-//!   [`trust::commands`] (`enable`/`disable`).
+//!   [`trust::commands`] (`enable`/`disable`), [`trust::files`] (what can run, the tree's
+//!   permissions), [`trust::prestart`] (the check before every process start).
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
 //! - [`events`]: event names, their validation, the catalogue of gateway events.
@@ -33,7 +34,8 @@
 //! - [`scaffold`]: `new NAME --kind ...`.
 //! - [`notices`]: the JSON event stream of `serve --output json`.
 //! - Leaves shared by several of the above: [`layout`] (the layout of a hook directory and
-//!   `$HERMES_HOME`), [`atomic`] (atomic file writes), [`time`] (RFC 3339 timestamps).
+//!   `$HERMES_HOME`), [`atomic`] (atomic file writes), [`time`] (RFC 3339 timestamps),
+//!   [`text`] (error texts capped, URLs redacted).
 //!
 //! # The path of an event
 //! receive (`POST /v1/events` or [`host::Host::emit`]) -> validate the name and context ->
@@ -68,6 +70,7 @@ pub mod scaffold;
 pub mod server;
 pub mod service;
 pub mod sink;
+pub mod text;
 pub mod time;
 pub mod trust;
 pub mod watch;

@@ -42,6 +42,7 @@ const KNOWN_KEYS: &[&str] = &[
     "runs",
     "retries",
     "concurrency",
+    "ca_file",
 ];
 
 /// Keys that published hooks carry for their own use: accepted with an informational note.
@@ -130,6 +131,7 @@ struct RawManifest {
     runs: Option<Runs>,
     retries: Option<i64>,
     concurrency: Option<i64>,
+    ca_file: Option<String>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -169,6 +171,9 @@ pub struct Manifest {
     pub retries: u32,
     /// Events in flight at once (fleet mode: across the whole fleet); 1 keeps order.
     pub concurrency: u32,
+    /// PEM file of extra certificate authorities a webhook's `https://` endpoint may be signed
+    /// by (relative to the hook directory), trusted in addition to the system's.
+    pub ca_file: Option<String>,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
     /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
@@ -328,6 +333,20 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: format!("{concurrency} is out of range 1..={MAX_CONCURRENCY}"),
         });
     }
+    if let Some(c) = &raw.ca_file {
+        if raw.url.is_none() {
+            return Err(ManifestError::BadField {
+                field: "ca_file",
+                reason: "only a webhook (`url:`) has a certificate authority file".into(),
+            });
+        }
+        if c.trim().is_empty() {
+            return Err(ManifestError::BadField {
+                field: "ca_file",
+                reason: "is empty".into(),
+            });
+        }
+    }
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -346,6 +365,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         runs: raw.runs.unwrap_or(Runs::Auto),
         retries: retries as u32,
         concurrency: concurrency as u32,
+        ca_file: raw.ca_file,
         warnings,
         notes,
     })

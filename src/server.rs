@@ -173,7 +173,7 @@ async fn auth(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .unwrap_or("");
         // `subtle` compares in time independent of where the bytes differ; a length mismatch
         // returns early, which reveals only the token's length.
@@ -224,7 +224,17 @@ async fn read_json(
     }
 }
 
-/// Reads a body with a size limit (413 beyond it); 415 for a content type that is not JSON.
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 9110 section 11.1), spaces around the token do not count.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Reads a body with a size limit (413 beyond it, 400 when the body cannot be read, e.g. the
+/// client went away mid-body); 415 for a content type that is not JSON.
 async fn read_body(
     headers: &HeaderMap,
     body: Body,
@@ -243,11 +253,24 @@ async fn read_body(
             ));
         }
     }
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let inner = e.into_inner();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+        while let Some(c) = cause {
+            if c.is::<http_body_util::LengthLimitError>() {
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("request body is larger than the limit of {limit} bytes"),
+                );
+            }
+            cause = c.source();
+        }
+        tracing::debug!("request body could not be read: {inner}");
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("request body is larger than the limit of {limit} bytes"),
+            StatusCode::BAD_REQUEST,
+            "incomplete_body",
+            format!("the request body could not be read: {inner}"),
         )
     })
 }
@@ -566,12 +589,23 @@ pub fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, Bin
             Err(_) => std::fs::remove_file(path).map_err(io("remove the stale socket"))?,
         }
     }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(io("create the directory of"))?;
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(io("bind"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    crate::layout::create_private_dir(parent).map_err(io("create the directory of"))?;
+    // No window in which another user can connect: the socket is bound inside a fresh 0700
+    // directory, made 0600 there, and only then renamed into place.
+    let private = tempfile::Builder::new()
+        .prefix(".hooks-sock-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(parent)
+        .map_err(io("create a private directory next to"))?;
+    let staged = private.path().join("s");
+    let listener = tokio::net::UnixListener::bind(&staged).map_err(io("bind"))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
         .map_err(io("set mode 0600 on"))?;
+    std::fs::rename(&staged, path).map_err(io("move the bound socket to"))?;
     Ok(listener)
 }
 

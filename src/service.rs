@@ -199,7 +199,7 @@ pub async fn run(
     };
     // Watch before the first load, so that a change made while loading is not missed.
     let watch = if config.watch {
-        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE) {
+        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE).await {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");

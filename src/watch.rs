@@ -7,6 +7,12 @@
 //! roots that appeared or were recreated, then reloads. Roots that do not exist yet are watched
 //! through their nearest existing ancestor so that their creation is seen. A kernel queue
 //! overflow (a `Rescan` event) is just another reason to rescan.
+//!
+//! Only changes that can matter wake it ([`matters`]): HOOK.yaml, files that can run (`.py`,
+//! `.sh`, libraries, executables), directories, and entries directly in a root (hook directories
+//! appearing, disappearing, renamed). A hook writing a log or state file into its own directory
+//! does not cause a rescan. Arming the recursive watches walks whole trees, so it runs on a
+//! blocking thread, never on the runtime's workers.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -80,6 +86,37 @@ fn ignorable(path: &Path) -> bool {
         })
 }
 
+/// True when a change at `path` can change what loads or runs (see the module comment).
+fn matters(path: &Path, roots: &[PathBuf]) -> bool {
+    if ignorable(path) {
+        return false;
+    }
+    if roots
+        .iter()
+        .any(|r| path == r || path.parent() == Some(r.as_path()) || r.starts_with(path))
+    {
+        return true;
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    if name == "HOOK.yaml" || name == "handler" || name.starts_with("handler.") {
+        return true;
+    }
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if matches!(ext.as_str(), "py" | "pyw" | "pth" | "sh" | "so" | "dylib") {
+        return true;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    // What is gone cannot be told apart: a removed directory is seen through its parent's
+    // change, a removed helper through the check before the next start.
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir() || m.permissions().mode() & 0o111 != 0)
+}
+
 struct Roots {
     watcher: notify::RecommendedWatcher,
     /// Root -> whether it currently has a recursive watch.
@@ -131,8 +168,9 @@ struct Change {
 }
 
 /// Starts watching `host`'s roots; changes trigger a debounced reload.
-pub fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> {
+pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> {
     let (tx, rx) = mpsc::channel::<Change>(256);
+    let root_list = host.config().roots.clone();
     let watcher =
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
             Ok(event) => {
@@ -143,7 +181,7 @@ pub fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> 
                 let paths: Vec<PathBuf> = event
                     .paths
                     .into_iter()
-                    .filter(|p| rescan || !ignorable(p))
+                    .filter(|p| rescan || matters(p, &root_list))
                     .collect();
                 if paths.is_empty() && !rescan {
                     return;
@@ -157,7 +195,7 @@ pub fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> 
             }
         })
         .map_err(|e| watch_error(Path::new("."), e))?;
-    let mut roots = Roots {
+    let roots = Roots {
         watcher,
         watched: host
             .config()
@@ -167,9 +205,25 @@ pub fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> 
             .collect(),
         ancestors: Vec::new(),
     };
-    roots.arm(&[]);
+    let roots = arm_off_runtime(roots, Vec::new()).await.ok_or_else(|| {
+        watch_error(
+            Path::new("."),
+            notify::Error::generic("arming the watches did not finish"),
+        )
+    })?;
     let task = tokio::spawn(run(host, roots, rx, debounce));
     Ok(WatchHandle { task })
+}
+
+/// [`Roots::arm`] on a blocking thread: a recursive watch walks the whole tree.
+/// `None` when the runtime is shutting down (or arming panicked).
+async fn arm_off_runtime(mut roots: Roots, force: Vec<PathBuf>) -> Option<Roots> {
+    tokio::task::spawn_blocking(move || {
+        roots.arm(&force);
+        roots
+    })
+    .await
+    .ok()
 }
 
 async fn run(host: Host, mut roots: Roots, mut rx: mpsc::Receiver<Change>, debounce: Duration) {
@@ -194,7 +248,10 @@ async fn run(host: Host, mut roots: Roots, mut rx: mpsc::Receiver<Change>, debou
             .filter(|r| touched.iter().any(|p| p == *r))
             .cloned()
             .collect();
-        roots.arm(&force);
+        let Some(armed) = arm_off_runtime(roots, force).await else {
+            return;
+        };
+        roots = armed;
         if host.is_draining() {
             return;
         }

@@ -180,8 +180,8 @@ pub struct ServeArgs {
     /// File holding the bearer token required on every request (needed for non-loopback TCP).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// Seconds to let queues drain on SIGINT/SIGTERM before stopping workers.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    /// Seconds to let queues drain on SIGINT/SIGTERM before stopping workers (0 to 3600).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = drain_secs, allow_negative_numbers = true)]
     pub drain_timeout: f64,
     /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
     #[arg(long)]
@@ -253,4 +253,22 @@ pub struct TestArgs {
     /// One JSON line per hook instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Longest `--drain-timeout` accepted, in seconds.
+pub const MAX_DRAIN_SECS: f64 = 3600.0;
+
+/// `--drain-timeout`: a finite number of seconds from 0 to [`MAX_DRAIN_SECS`] (a usage error
+/// otherwise, never a panic later).
+fn drain_secs(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !secs.is_finite() || !(0.0..=MAX_DRAIN_SECS).contains(&secs) {
+        return Err(format!(
+            "{text:?} is not a number of seconds from 0 to {MAX_DRAIN_SECS}"
+        ));
+    }
+    Ok(secs)
 }

@@ -57,6 +57,14 @@ pub async fn serve(args: ServeArgs) -> i32 {
         Output::Text => crate::notices::Notices::default(),
     };
     let watch = !args.no_watch;
+    if let Err(e) = crate::layout::create_private_dir(&config.hermes_home) {
+        let e = format!(
+            "cannot create HERMES_HOME {}: {e}",
+            config.hermes_home.display()
+        );
+        service::report_failed_start(&notices, &config.roots, watch, &e);
+        return fail(e);
+    }
     let (listener, token) = match bind(&args, &config).await {
         Ok(b) => b,
         Err(e) => {

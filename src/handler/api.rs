@@ -119,6 +119,12 @@ pub enum HandlerError {
     NotStarted,
 }
 
+impl From<crate::trust::prestart::StartRefused> for HandlerError {
+    fn from(e: crate::trust::prestart::StartRefused) -> Self {
+        HandlerError::Load(e.to_string())
+    }
+}
+
 /// Runs `call` under `timeout`: past it the future is dropped (a child process with it) and the
 /// call is [`HandlerError::TimedOut`].
 pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>) -> HandlerResult {
@@ -167,6 +173,9 @@ pub struct HandlerContext {
     pub runtime_dir: PathBuf,
     /// Shared with the hook's worker (restarts, stuck, superseded).
     pub signals: Arc<Signals>,
+    /// The files that can run as this version loaded them: [`crate::trust::prestart::check`]
+    /// compares the tree with them before every process start.
+    pub files: Arc<crate::trust::files::RunFiles>,
 }
 
 impl HandlerContext {
@@ -206,6 +215,7 @@ impl HandlerContext {
             timeout: spec.manifest.timeout,
             runtime_dir,
             signals: Arc::new(Signals::default()),
+            files: spec.files.clone(),
         }
     }
 }

@@ -59,6 +59,7 @@ impl ExecHandler {
     }
 
     async fn run(&self, event: &str, context: &Value) -> HandlerResult {
+        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
         let payload = json!({
             "hook_event_name": event,
             "event": event,

@@ -119,6 +119,7 @@ impl PythonHandler {
     }
 
     async fn spawn(&self) -> Result<Worker, HandlerError> {
+        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
         let handler = self
             .ctx
             .handler_path

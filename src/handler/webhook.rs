@@ -92,6 +92,8 @@ pub struct WebhookTarget {
     pub url: String,
     /// `secret_env:`.
     pub secret_env: Option<String>,
+    /// `ca_file:`, resolved against the hook directory.
+    pub ca_file: Option<std::path::PathBuf>,
     /// Time allowed per attempt.
     pub attempt_timeout: Duration,
 }
@@ -105,6 +107,7 @@ impl WebhookTarget {
         Some(Self {
             url: spec.manifest.url.clone()?,
             secret_env: spec.manifest.secret_env.clone(),
+            ca_file: spec.manifest.ca_file.as_ref().map(|c| spec.dir.join(c)),
             attempt_timeout: attempt_timeout(&spec.manifest),
         })
     }
@@ -189,7 +192,12 @@ impl WebhookHandler {
         // reqwest with `rustls-no-provider` uses the process-wide default provider: install ring
         // (an error only means a provider is already installed).
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let extra_roots = match &target.ca_file {
+            Some(path) => load_ca_file(path)?,
+            None => Vec::new(),
+        };
         let client = reqwest::Client::builder()
+            .tls_certs_merge(extra_roots)
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .connect_timeout(target.attempt_timeout)
@@ -296,7 +304,17 @@ impl WebhookHandler {
 
     fn transport_error(&self, e: reqwest::Error) -> AttemptError {
         let (timeout, connect) = (e.is_timeout(), e.is_connect());
+        let cert = certificate_error(&e);
         let detail = error_chain(&e.without_url());
+        if let Some(cert) = cert {
+            // Retrying cannot help: the same certificate comes back.
+            return AttemptError::Final(format!(
+                "TLS: the certificate of {} is not trusted ({cert}); if the endpoint uses a \
+                 private certificate authority, name its PEM file in HOOK.yaml `ca_file:` (or \
+                 SSL_CERT_FILE for the whole service); not retried",
+                self.display_url()
+            ));
+        }
         if timeout && !connect {
             return AttemptError::Final(format!(
                 "{} did not answer within {} ({detail})",
@@ -316,13 +334,56 @@ impl WebhookHandler {
         ))
     }
 
-    /// The URL without credentials, for messages.
+    /// The URL for messages: scheme, host and port only (credentials, path and query may be
+    /// secrets, and messages end up in logs and `last_error`).
     fn display_url(&self) -> String {
-        let mut u = self.url.clone();
-        let _ = u.set_password(None);
-        let _ = u.set_username("");
-        u.to_string()
+        crate::text::redact_url(self.url.as_str())
     }
+}
+
+/// The certificates of `ca_file:` (PEM, one or more).
+fn load_ca_file(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, HandlerError> {
+    let pem = std::fs::read(path).map_err(|e| {
+        HandlerError::Load(format!("`ca_file`: cannot read {}: {e}", path.display()))
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+        HandlerError::Load(format!(
+            "`ca_file`: {} is not a PEM certificate bundle: {e}",
+            path.display()
+        ))
+    })?;
+    if certs.is_empty() {
+        return Err(HandlerError::Load(format!(
+            "`ca_file`: {} holds no certificate",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The rustls certificate error somewhere in `e`'s sources (an I/O error's inner error counts).
+fn certificate_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let inner = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        for candidate in [Some(c), inner].into_iter().flatten() {
+            if let Some(rustls::Error::InvalidCertificate(ce)) =
+                candidate.downcast_ref::<rustls::Error>()
+            {
+                return Some(format!("{ce:?}"));
+            }
+        }
+        // Wrapped where a downcast cannot reach (a boxed connector error): rustls' own wording.
+        let text = c.to_string();
+        if let Some(at) = text.find("invalid peer certificate: ") {
+            return Some(text[at + "invalid peer certificate: ".len()..].to_string());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// `e` and its sources, joined with ": ".

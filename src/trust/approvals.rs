@@ -30,6 +30,12 @@ pub struct Approval {
     /// existed (then not checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings_sha256: Option<String>,
+    /// SHA-256 (hex) of every file of the hook that can run, by path relative to the hook
+    /// directory ([`crate::trust::files`]): a changed helper module needs approving again.
+    /// Absent in approvals written before it existed: then only a hook whose handler is its one
+    /// file that can run passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<BTreeMap<String, String>>,
     /// Handler kind at approval time.
     #[serde(default)]
     pub kind: String,
@@ -127,8 +133,10 @@ pub fn approval_hash(
 }
 
 /// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file: the
-/// `handler` path, the `python` interpreter and the `env` it gets (`LD_PRELOAD`, `PYTHONPATH`...).
-/// Comments, `description`, `events`, `timeout` and `queue` are not covered.
+/// `handler` path, the `python` interpreter and the `env` it gets (`LD_PRELOAD`, `PYTHONPATH`...),
+/// and a webhook's `url`, `secret_env` and `ca_file` (only hashed when set, so approvals of other hooks
+/// written before they were covered stay valid). Comments, `description`, `events`, `timeout`
+/// and `queue` are not covered.
 pub fn settings_hash(manifest: &Manifest) -> String {
     let mut h = Sha256::new();
     for (key, value) in [
@@ -146,6 +154,18 @@ pub fn settings_hash(manifest: &Manifest) -> String {
         h.update(b"=");
         h.update(v.as_bytes());
         h.update(b"\n");
+    }
+    for (key, value) in [
+        ("url", &manifest.url),
+        ("secret_env", &manifest.secret_env),
+        ("ca_file", &manifest.ca_file),
+    ] {
+        if let Some(v) = value {
+            h.update(key.as_bytes());
+            h.update(b"=");
+            h.update(v.as_bytes());
+            h.update(b"\n");
+        }
     }
     hex::encode(h.finalize())
 }
@@ -170,6 +190,7 @@ mod tests {
             Approval {
                 sha256: "00".into(),
                 settings_sha256: Some("11".into()),
+                files: None,
                 kind: "exec".into(),
                 handler: "h".into(),
                 dir: PathBuf::from("/x"),

@@ -11,6 +11,7 @@ use crate::trust::approvals::{
 };
 use crate::trust::edit::edit_enabled;
 use crate::trust::error::TrustError;
+use crate::trust::files::RunFiles;
 use crate::trust::policy::{Gate, TrustMode, TrustPolicy};
 
 /// `hermes-hooks enable NAME` (`on`) or `disable NAME`: approve/revoke in explicit mode, else set
@@ -67,6 +68,14 @@ fn approve(
         gate.check_permissions(&hook.dir, &hook.manifest_path, handler.as_deref())
             .map_err(|(p, r)| refused(&p, format!("cannot approve: {r}")))?;
     }
+    let files = RunFiles::scan(
+        &hook.dir,
+        kind,
+        handler.as_deref(),
+        manifest,
+        !policy.insecure_permissions,
+    )
+    .map_err(|e| refused(e.path(), format!("cannot approve: {e}")))?;
     let sha256 =
         approval_hash(kind, handler.as_deref(), manifest).map_err(|source| TrustError::Io {
             op: "read",
@@ -83,6 +92,7 @@ fn approve(
         Approval {
             sha256: sha256.clone(),
             settings_sha256: Some(settings_hash(manifest)),
+            files: Some(files.files.clone()),
             kind: kind.as_str().to_string(),
             handler: match (&handler, &manifest.url) {
                 (Some(p), _) => p.display().to_string(),

@@ -6,22 +6,33 @@
 //! - [`edit`]: the `enabled:` line editor for HOOK.yaml.
 //! - [`commands`]: `enable NAME` / `disable NAME`, which find the hook through
 //!   [`crate::discovery`] and use the three above.
+//! - [`files`]: the files of a hook that can run (hashed) and the permissions of its whole tree.
+//! - [`prestart`]: the check before every process start (the tree is still the one loaded).
 //! - [`error`]: what trust refused or could not do.
 //!
 //! Hooks run with the service user's rights, so discovery refuses:
-//! - a hook directory, HOOK.yaml or handler file writable by group or others, or owned by a user
-//!   other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
+//! - a hook directory, HOOK.yaml, handler file, or any file or directory under the hook
+//!   directory (helper modules, packages), or a `python:` interpreter, writable by group or
+//!   others, or owned by a user other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
 //!   turns this off);
 //! - a handler that resolves outside its hook directory (`..`, absolute path, symlink escape);
 //! - with `--trust explicit`, any hook not approved in `$HERMES_HOME/hooks-trust.json`, or whose
-//!   handler's SHA-256 differs from the approved one ([`SkipCode::NotApproved`]).
+//!   handler's SHA-256, or the SHA-256 of any of its files that can run (every `.py`, script,
+//!   library or executable under the hook directory), differs from the approved one
+//!   ([`SkipCode::NotApproved`]).
+//!
+//! Before every process start ([`prestart`]) the tree is checked again: its files that can run
+//! must be the ones the version was loaded with, so neither a replaced helper module nor a broken
+//! edit runs under an approved or working version's name.
 //!
 //! `hermes-hooks enable NAME` / `disable NAME` approve or revoke in explicit mode; otherwise they
 //! flip `enabled:` in the hook's HOOK.yaml by editing that one line (or appending
 //! `enabled: false`), so comments, order and quoting stay byte for byte as they were.
 //!
-//! What an approval covers: the handler file's bytes (for a webhook, its `url` and `secret_env`).
-//! HOOK.yaml itself is covered by the permission checks, not by the hash.
+//! What an approval covers: the handler file's bytes (for a webhook, its `url` and `secret_env`),
+//! every file that can run ([`files`]) and the HOOK.yaml settings that change what runs
+//! (`handler`, `python`, `env`, `url`, `secret_env`). The rest of HOOK.yaml is covered by the
+//! permission checks, not by the hash.
 //!
 //! [`SkipCode::Permissions`]: crate::discovery::SkipCode::Permissions
 //! [`SkipCode::NotApproved`]: crate::discovery::SkipCode::NotApproved
@@ -30,11 +41,14 @@ pub mod approvals;
 pub mod commands;
 pub mod edit;
 pub mod error;
+pub mod files;
 pub mod policy;
+pub mod prestart;
 
 pub use crate::layout::check_inside;
 pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_hash, trust_file};
 pub use commands::set_enabled;
 pub use edit::edit_enabled;
 pub use error::TrustError;
-pub use policy::{Gate, TrustMode, TrustPolicy, permission_problem};
+pub use files::{RunFiles, TreeError, permission_problem};
+pub use policy::{Gate, TrustMode, TrustPolicy};

@@ -1,6 +1,7 @@
 //! Trust policy: the `--trust` mode and `--insecure-permissions`, and the [`Gate`] discovery
-//! consults for every hook: ownership and mode of the hook directory, HOOK.yaml and the handler,
-//! and in explicit mode the approval with its current hash.
+//! consults for every hook: ownership and mode of the hook directory, HOOK.yaml and the handler
+//! (the rest of the tree is [`crate::trust::files`]'), and in explicit mode the approval with its
+//! current hashes.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,7 @@ use serde::Serialize;
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
 use crate::trust::approvals::{TrustFile, approval_hash, settings_hash, short, trust_file};
+use crate::trust::files::{RunFiles, describe_changes, permission_problem};
 
 /// Which hooks may load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
@@ -28,55 +30,6 @@ pub struct TrustPolicy {
     pub mode: TrustMode,
     /// `--insecure-permissions`: skip the ownership and mode checks.
     pub insecure_permissions: bool,
-}
-
-/// The uid this process runs as.
-fn service_uid() -> u32 {
-    // SAFETY: geteuid(2) has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// Why `path` is unsafe to run hooks from, or `None` when it is fine: writable by group or
-/// others, or owned by a user other than the service user or root. The reason names the path,
-/// the problem and the fix.
-pub fn permission_problem(path: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) => return Some(format!("cannot inspect {}: {e}", path.display())),
-    };
-    let mode = meta.mode() & 0o7777;
-    let what = if meta.is_dir() {
-        "hook directory"
-    } else {
-        "file"
-    };
-    let override_hint = "or start with --insecure-permissions if this is intended";
-    let me = service_uid();
-    let owner = meta.uid();
-    if owner != me && owner != 0 {
-        return Some(format!(
-            "{what} {} is owned by uid {owner}, not by the service user (uid {me}) or root: that \
-             user could change what this hook runs; fix: `chown {me} {}` ({override_hint})",
-            path.display(),
-            path.display()
-        ));
-    }
-    let writable = mode & 0o022;
-    if writable != 0 {
-        let by = match (writable & 0o020 != 0, writable & 0o002 != 0) {
-            (true, true) => "group and others",
-            (true, false) => "its group",
-            _ => "others",
-        };
-        return Some(format!(
-            "{what} {} is writable by {by} (mode {mode:04o}): they could change what this hook \
-             runs; fix: `chmod go-w {}` ({override_hint})",
-            path.display(),
-            path.display()
-        ));
-    }
-    None
 }
 
 /// What discovery consults for every hook: built once per scan from a [`TrustPolicy`] (the
@@ -100,6 +53,11 @@ impl TrustPolicy {
 }
 
 impl Gate {
+    /// False with `--insecure-permissions`.
+    pub fn checks_permissions(&self) -> bool {
+        !self.insecure_permissions
+    }
+
     /// Checks the hook directory, HOOK.yaml and the handler file; on refusal returns the
     /// offending path and the reason.
     pub fn check_permissions(
@@ -129,6 +87,7 @@ impl Gate {
         kind: HandlerKind,
         handler: Option<&Path>,
         manifest: &Manifest,
+        files: &RunFiles,
     ) -> Result<(), String> {
         let Some(approvals) = &self.approvals else {
             return Ok(());
@@ -160,10 +119,31 @@ impl Gate {
             && *approved != settings_hash(manifest)
         {
             return Err(format!(
-                "its HOOK.yaml settings (handler, python or env) changed since it was approved: \
+                "its HOOK.yaml settings (handler, python, env, url, secret_env or ca_file) changed since it was approved: \
                  review them, then run `hermes-hooks enable {name}` to approve it again"
             ));
         }
-        Ok(())
+        match &approval.files {
+            Some(approved) if *approved != files.files => Err(format!(
+                "its files changed since it was approved ({}): review them, then run \
+                 `hermes-hooks enable {name}` to approve it again",
+                describe_changes(approved, &files.files)
+            )),
+            Some(_) => Ok(()),
+            // An approval from before approvals covered every file: enough only when the
+            // handler (whose hash was checked above) is all that can run.
+            None if files.files.len() <= 1 => Ok(()),
+            None => Err(format!(
+                "the approval covers only the handler, but the hook has other files that can run \
+                 ({}): review them, then run `hermes-hooks enable {name}` to approve them too",
+                files
+                    .files
+                    .keys()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
     }
 }

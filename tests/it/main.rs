@@ -14,6 +14,7 @@ mod exec;
 mod fleet;
 mod fuzz;
 mod gateway;
+mod hardening;
 mod http;
 mod lifecycle;
 mod modules;

@@ -1,0 +1,410 @@
+//! The files of a hook that can run, and the permissions of its whole tree ([`permission_problem`]
+//! is the one rule for a single path, shared with [`crate::trust::policy`]).
+//!
+//! [`RunFiles::scan`] walks a hook directory once and (1) refuses any file or directory anywhere
+//! under it that is writable by group or others or owned by another user (unless
+//! `--insecure-permissions`), and a `python:` interpreter with the same problem; (2) records the
+//! SHA-256 of every file that can run: the handler, every Python file (`.py`, `.pyw`, `.pth`), shell
+//! script (`.sh`), shared library (`.so`, `.dylib`) and every file with an execute bit.
+//!
+//! Discovery takes that record when a hook version loads; explicit approvals cover it; and
+//! [`crate::trust::prestart`] compares the tree with it before every process start, so what runs
+//! is what was loaded (and approved). Hashes are cached per file by its identity (device, inode,
+//! size, mtime, ctime), so a re-check of an unchanged tree costs one `stat` per entry.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::layout::HandlerKind;
+use crate::manifest::Manifest;
+
+/// Most entries looked at under one hook directory; a larger tree is refused.
+pub const MAX_ENTRIES: usize = 20_000;
+
+/// Why a hook tree cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    /// A file or directory with unsafe ownership or mode (the reason names path and fix).
+    #[error("{reason}")]
+    Permissions {
+        /// The offending path.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// A file that can run could not be read.
+    #[error("cannot read {}: {reason}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        reason: String,
+    },
+    /// More than [`MAX_ENTRIES`] entries.
+    #[error("{} has more than {MAX_ENTRIES} files and directories; a hook directory this large is not checked, so it is refused", path.display())]
+    TooLarge {
+        /// The hook directory.
+        path: PathBuf,
+    },
+}
+
+impl TreeError {
+    /// The path the problem is in.
+    pub fn path(&self) -> &Path {
+        match self {
+            TreeError::Permissions { path, .. }
+            | TreeError::Unreadable { path, .. }
+            | TreeError::TooLarge { path } => path,
+        }
+    }
+}
+
+/// What a hook version may run: its files that can run, by path relative to the hook directory,
+/// with their SHA-256, and how to check the tree again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFiles {
+    /// The hook directory.
+    pub dir: PathBuf,
+    /// The handler file (absent for webhooks).
+    pub handler: Option<PathBuf>,
+    /// The `python:` interpreter named in HOOK.yaml, checked for permissions.
+    pub python: Option<String>,
+    /// Check ownership and modes (false with `--insecure-permissions`).
+    pub check_permissions: bool,
+    /// False for a webhook: nothing in its directory runs, only permissions are checked.
+    pub runs_locally: bool,
+    /// Relative path -> SHA-256 (hex) of every file that can run.
+    pub files: BTreeMap<String, String>,
+}
+
+impl RunFiles {
+    /// Scans the tree of a hook of `kind` (a webhook runs nothing locally: only its directory's
+    /// permissions are checked).
+    pub fn scan(
+        dir: &Path,
+        kind: HandlerKind,
+        handler: Option<&Path>,
+        manifest: &Manifest,
+        check_permissions: bool,
+    ) -> Result<Self, TreeError> {
+        let mut this = Self {
+            dir: dir.to_path_buf(),
+            handler: handler.map(Path::to_path_buf),
+            python: (kind == HandlerKind::Python)
+                .then(|| manifest.python.clone())
+                .flatten(),
+            check_permissions,
+            runs_locally: kind != HandlerKind::Webhook,
+            files: BTreeMap::new(),
+        };
+        this.files = this.rescan()?;
+        Ok(this)
+    }
+
+    /// Walks the tree again with the same settings: the files that can run now.
+    pub fn rescan(&self) -> Result<BTreeMap<String, String>, TreeError> {
+        if self.check_permissions
+            && let Some(python) = &self.python
+            && let Some(path) = interpreter_path(&self.dir, python)
+            && let Some(reason) = permission_problem(&path)
+        {
+            return Err(TreeError::Permissions {
+                path,
+                reason: format!("python interpreter: {reason}"),
+            });
+        }
+        let mut files = BTreeMap::new();
+        if let Some(h) = &self.handler {
+            files.insert(self.rel(h), file_sha256(h, None)?);
+        }
+        let mut seen = 0usize;
+        let mut visited = HashSet::new();
+        let mut stack = vec![self.dir.clone()];
+        if let Ok(c) = std::fs::canonicalize(&self.dir) {
+            visited.insert(c);
+        }
+        if self.check_permissions
+            && let Some(reason) = permission_problem(&self.dir)
+        {
+            return Err(TreeError::Permissions {
+                path: self.dir.clone(),
+                reason,
+            });
+        }
+        while let Some(d) = stack.pop() {
+            let entries = std::fs::read_dir(&d).map_err(|e| TreeError::Unreadable {
+                path: d.clone(),
+                reason: e.to_string(),
+            })?;
+            for entry in entries {
+                let entry = entry.map_err(|e| TreeError::Unreadable {
+                    path: d.clone(),
+                    reason: e.to_string(),
+                })?;
+                let name = entry.file_name();
+                if name == ".git" {
+                    continue;
+                }
+                seen += 1;
+                if seen > MAX_ENTRIES {
+                    return Err(TreeError::TooLarge {
+                        path: self.dir.clone(),
+                    });
+                }
+                let path = entry.path();
+                // Follows symbolic links: what matters is what a process would open.
+                let Ok(meta) = std::fs::metadata(&path) else {
+                    continue; // a dangling link opens nothing
+                };
+                if self.check_permissions
+                    && let Some(reason) = problem_of(&path, &meta)
+                {
+                    return Err(TreeError::Permissions { path, reason });
+                }
+                if meta.is_dir() {
+                    // A linked directory is walked once, wherever it points.
+                    let canon = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+                    if visited.insert(canon) {
+                        stack.push(path);
+                    }
+                } else if self.runs_locally && meta.is_file() && can_run(&path, &meta) {
+                    files.insert(self.rel(&path), file_sha256(&path, Some(&meta))?);
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// SHA-256 (hex) over every file that can run (relative path and hash, in path order).
+    pub fn digest(&self) -> String {
+        digest_of(&self.files)
+    }
+
+    /// `path` relative to the hook directory (as given when outside it).
+    fn rel(&self, path: &Path) -> String {
+        path.strip_prefix(&self.dir)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    }
+}
+
+/// SHA-256 (hex) over a files map, as [`RunFiles::digest`].
+pub fn digest_of(files: &BTreeMap<String, String>) -> String {
+    let mut h = Sha256::new();
+    for (path, sha) in files {
+        h.update(path.as_bytes());
+        h.update(b"\0");
+        h.update(sha.as_bytes());
+        h.update(b"\n");
+    }
+    hex::encode(h.finalize())
+}
+
+/// What differs between two file maps, for messages: "helper.py changed, x.py added, ...".
+pub fn describe_changes(
+    before: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> String {
+    let mut parts = Vec::new();
+    for (p, sha) in now {
+        match before.get(p) {
+            None => parts.push(format!("{p} added")),
+            Some(old) if old != sha => parts.push(format!("{p} changed")),
+            _ => {}
+        }
+    }
+    for p in before.keys().filter(|p| !now.contains_key(*p)) {
+        parts.push(format!("{p} removed"));
+    }
+    let more = parts.len().saturating_sub(5);
+    parts.truncate(5);
+    let mut text = parts.join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
+}
+
+/// Whether a file can run: Python source, a shell script, a shared library, or executable.
+fn can_run(path: &Path, meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    matches!(ext.as_str(), "py" | "pyw" | "pth" | "sh" | "so" | "dylib")
+        || meta.permissions().mode() & 0o111 != 0
+}
+
+/// The uid this process runs as.
+fn service_uid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Why `path` is unsafe to run hooks from, or `None` when it is fine: writable by group or
+/// others, or owned by a user other than the service user or root. The reason names the path,
+/// the problem and the fix.
+pub fn permission_problem(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(meta) => problem_of(path, &meta),
+        Err(e) => Some(format!("cannot inspect {}: {e}", path.display())),
+    }
+}
+
+/// [`permission_problem`] for metadata already read.
+fn problem_of(path: &Path, meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode() & 0o7777;
+    let what = if meta.is_dir() {
+        "hook directory"
+    } else {
+        "file"
+    };
+    let override_hint = "or start with --insecure-permissions if this is intended";
+    let me = service_uid();
+    let owner = meta.uid();
+    if owner != me && owner != 0 {
+        return Some(format!(
+            "{what} {} is owned by uid {owner}, not by the service user (uid {me}) or root: that \
+             user could change what this hook runs; fix: `chown {me} {}` ({override_hint})",
+            path.display(),
+            path.display()
+        ));
+    }
+    let writable = mode & 0o022;
+    if writable != 0 {
+        let by = match (writable & 0o020 != 0, writable & 0o002 != 0) {
+            (true, true) => "group and others",
+            (true, false) => "its group",
+            _ => "others",
+        };
+        return Some(format!(
+            "{what} {} is writable by {by} (mode {mode:04o}): they could change what this hook \
+             runs; fix: `chmod go-w {}` ({override_hint})",
+            path.display(),
+            path.display()
+        ));
+    }
+    None
+}
+
+/// The interpreter a `python:` setting names: a path (relative to the hook directory) or a
+/// program on PATH.
+fn interpreter_path(dir: &Path, python: &str) -> Option<PathBuf> {
+    if python.contains('/') {
+        let p = Path::new(python);
+        Some(if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            dir.join(p)
+        })
+    } else {
+        crate::layout::find_on_path(python)
+    }
+}
+
+/// Identity of a file's content as far as `stat` tells: any write changes ctime.
+type StatKey = (u64, u64, u64, i64, i64, i64, i64);
+
+/// Hashes already computed, by path and identity.
+static CACHE: Mutex<Option<HashMap<PathBuf, (StatKey, String)>>> = Mutex::new(None);
+/// Entries kept in [`CACHE`] at most (it is emptied when full).
+const CACHE_MAX: usize = 100_000;
+
+/// SHA-256 (hex) of a file's content, cached by its identity.
+fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String, TreeError> {
+    use std::os::unix::fs::MetadataExt;
+    let unreadable = |e: std::io::Error| TreeError::Unreadable {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let meta = match known {
+        Some(m) => m.clone(),
+        None => std::fs::metadata(path).map_err(unreadable)?,
+    };
+    let key: StatKey = (
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+    );
+    {
+        let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, sha)) = cache.as_ref().and_then(|c| c.get(path))
+            && *k == key
+        {
+            return Ok(sha.clone());
+        }
+    }
+    let bytes = std::fs::read(path).map_err(unreadable)?;
+    let sha = hex::encode(Sha256::digest(&bytes));
+    // The file may have changed while it was read: cache only when its identity held.
+    let after = std::fs::metadata(path).map_err(unreadable)?;
+    if (after.ctime(), after.ctime_nsec(), after.size()) == (key.5, key.6, key.2) {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let map = cache.get_or_insert_with(HashMap::new);
+        if map.len() >= CACHE_MAX {
+            map.clear();
+        }
+        map.insert(path.to_path_buf(), (key, sha.clone()));
+    }
+    Ok(sha)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covers_helpers_and_reports_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("handler.py"), "import helper\n").unwrap();
+        std::fs::write(d.join("helper.py"), "X = 1\n").unwrap();
+        std::fs::write(d.join("data.txt"), "not code\n").unwrap();
+        std::fs::create_dir(d.join("pkg")).unwrap();
+        std::fs::write(d.join("pkg/__init__.py"), "").unwrap();
+        let m = crate::manifest::parse_manifest("events: [a]\n").unwrap();
+        let h = d.join("handler.py");
+        let rf = RunFiles::scan(d, HandlerKind::Python, Some(&h), &m, false).unwrap();
+        let names: Vec<&str> = rf.files.keys().map(String::as_str).collect();
+        assert_eq!(names, ["handler.py", "helper.py", "pkg/__init__.py"]);
+        std::fs::write(d.join("helper.py"), "X = 2\n").unwrap();
+        std::fs::write(d.join("data.txt"), "still not code\n").unwrap();
+        let now = rf.rescan().unwrap();
+        assert_ne!(digest_of(&now), rf.digest());
+        assert_eq!(describe_changes(&rf.files, &now), "helper.py changed");
+    }
+
+    /// The cost of the pre-start check on an unchanged tree (hashes cached), printed, not
+    /// asserted: `cargo test --lib trust::files -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "measurement"]
+    fn measure_rescan_of_an_unchanged_tree() {
+        for n in [1usize, 100, 1000] {
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path();
+            std::fs::write(d.join("handler.py"), "x = 1\n").unwrap();
+            for i in 1..n {
+                std::fs::write(d.join(format!("m{i}.py")), "y = 2\n".repeat(50)).unwrap();
+            }
+            let m = crate::manifest::parse_manifest("events: [a]\n").unwrap();
+            let h = d.join("handler.py");
+            let rf = RunFiles::scan(d, HandlerKind::Python, Some(&h), &m, true).unwrap();
+            let rounds = 200;
+            let t = std::time::Instant::now();
+            for _ in 0..rounds {
+                assert_eq!(digest_of(&rf.rescan().unwrap()), rf.digest());
+            }
+            println!("{n} files: {:?} per check", t.elapsed() / rounds);
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! The check before every process start of a hook (first start, restart after a crash or a
+//! timeout, each call of an executable, loading a library): the hook's tree must still pass the
+//! permission checks, and its files that can run must be the ones this version was loaded (and,
+//! with `--trust explicit`, approved) with. Otherwise the start is refused: a replaced helper
+//! module, or a broken edit whose new version did not load, never runs under the old version's
+//! name. Restoring the files lets the version start again; a reload loads the new files as a new
+//! version (when they load and are approved).
+//!
+//! The handler kinds call [`check`] with their context's record; the refusal converts into their
+//! load error, so this file knows nothing of the handlers.
+
+use std::sync::Arc;
+
+use crate::trust::files::{RunFiles, describe_changes, digest_of};
+
+/// A refused process start, worded for an operator (`not started: ...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not started: {0}")]
+pub struct StartRefused(pub String);
+
+/// Refuses the start when the tree of hook `hook` changed since `loaded` was recorded, or is no
+/// longer safe. Walks the tree off the runtime's worker threads.
+pub async fn check(loaded: &Arc<RunFiles>, hook: &str) -> Result<(), StartRefused> {
+    let files = loaded.clone();
+    let now = tokio::task::spawn_blocking(move || files.rescan())
+        .await
+        .map_err(|e| StartRefused(format!("checking the hook's files failed: {e}")))?;
+    let why = match now {
+        Ok(now) if digest_of(&now) == loaded.digest() => return Ok(()),
+        Ok(now) => format!(
+            "{} since this version of the hook was loaded; only the files it was loaded (and \
+             approved) with run. Restore them, or fix the hook so that the reload loads the new \
+             version",
+            describe_changes(&loaded.files, &now)
+        ),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(hook = %hook, "process start refused: {why}");
+    Err(StartRefused(why))
+}
