@@ -87,6 +87,12 @@ impl Collector for HostCollector {
         )?;
         single(
             e,
+            "ready",
+            "1 once the first load is done and the host is not shutting down (what /readyz says).",
+            &ConstGauge::new(i64::from(host.is_ready() && !host.is_draining())),
+        )?;
+        single(
+            e,
             "hooks_loaded",
             "Hooks loaded.",
             &ConstGauge::new(hooks.len() as i64),

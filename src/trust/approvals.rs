@@ -155,10 +155,15 @@ pub fn settings_hash(manifest: &Manifest) -> String {
         h.update(v.as_bytes());
         h.update(b"\n");
     }
+    // `runs:` decides whether the gateway imports the hook; hashed only when set away from the
+    // default, so approvals made before the key existed stay valid.
+    let runs =
+        (manifest.runs != crate::manifest::Runs::Auto).then(|| manifest.runs.as_str().to_string());
     for (key, value) in [
         ("url", &manifest.url),
         ("secret_env", &manifest.secret_env),
         ("ca_file", &manifest.ca_file),
+        ("runs", &runs),
     ] {
         if let Some(v) = value {
             h.update(key.as_bytes());
