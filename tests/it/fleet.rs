@@ -855,3 +855,51 @@ fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_o
         "only {other} is left: {recs:?}"
     );
 }
+
+/// Issue 14: hooks with `runs: gateway` stay in the gateway in fleet mode: the edge lists them
+/// (so the gateway's client imports them) and runs no other hook itself.
+#[test]
+fn the_edge_lists_in_gateway_hooks_and_runs_no_service_hook() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    hooks.add(
+        "patcher",
+        &[
+            (
+                "HOOK.yaml",
+                "events: [\"gateway:startup\"]\nruns: gateway\n",
+            ),
+            (
+                "handler.py",
+                "def handle(event, context):\n    return None\n",
+            ),
+        ],
+    );
+    recording_hook(&hooks, "keeper", r#"["agent:*"]"#, "");
+    let edge = edge(
+        &hooks,
+        &nats.url(),
+        &["--hooks-dir", &hooks.root().to_string_lossy()],
+    );
+    let (status, body) = edge.get("/v1/hooks");
+    assert_eq!(status, 200, "{body}");
+    let local: Vec<&Value> = body["hooks"]
+        .as_array()
+        .expect("hooks list")
+        .iter()
+        .filter(|h| h.get("workers").is_none())
+        .collect();
+    assert_eq!(
+        local.len(),
+        1,
+        "only the in-gateway hook is the edge's own: {body}"
+    );
+    assert_eq!(local[0]["name"], "patcher", "{body}");
+    assert_eq!(local[0]["runs"], "gateway", "{body}");
+    assert!(
+        local[0]["sha256"].as_str().is_some_and(|s| s.len() == 64),
+        "the client needs the handler's SHA-256: {body}"
+    );
+}
