@@ -50,6 +50,8 @@ pub struct Signals {
     superseded: AtomicBool,
     /// Wakes whoever waits for `superseded`.
     supersede_notify: Notify,
+    /// How the handler's current process was started (`forked`, `fresh`) and why, for `list`.
+    start: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl Signals {
@@ -78,6 +80,16 @@ impl Signals {
         self.superseded.store(true, Ordering::SeqCst);
         self.supersede_notify.notify_waiters();
         self.supersede_notify.notify_one();
+    }
+
+    /// Records how the handler's process was started (`forked` / `fresh`) and why.
+    pub fn set_start(&self, how: &str, why: String) {
+        *self.start.lock().unwrap_or_else(|p| p.into_inner()) = Some((how.to_string(), why));
+    }
+
+    /// How the handler's process was started and why, once it was.
+    pub fn start(&self) -> Option<(String, String)> {
+        self.start.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// True once superseded.

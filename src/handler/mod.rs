@@ -12,6 +12,7 @@ pub mod exec;
 pub mod process;
 pub mod python;
 pub mod webhook;
+pub mod zygote;
 
 pub use api::*;
 
