@@ -234,6 +234,17 @@ pub fn resolve_handler(
     }
     let (kind, path) = find_handler(dir, manifest.handler.as_deref())
         .map_err(|p| (SkipCode::of(p.fault), p.file, p.reason))?;
+    if manifest.concurrency > 1 && !matches!(kind, HandlerKind::Exec) {
+        return Err((
+            SkipCode::BadField,
+            manifest_path.to_path_buf(),
+            format!(
+                "`concurrency: {}` is for executable and webhook hooks; a {} hook handles its events one at a time, in order (remove the key)",
+                manifest.concurrency,
+                kind.as_str()
+            ),
+        ));
+    }
     Ok((kind, Some(path)))
 }
 

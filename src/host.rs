@@ -156,6 +156,21 @@ pub struct HookInfo {
     /// Webhooks only: false when deliveries go out UNSIGNED (`secret_env` unset or absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signed: Option<bool>,
+    /// Python only: how the worker process was started (`forked` from the fork server, or
+    /// `fresh`) and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerStart>,
+    /// Calls in flight at once (`concurrency:`; executable and webhook hooks).
+    pub concurrency: usize,
+}
+
+/// How a hook's worker process was started, as shown by `/v1/hooks`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStart {
+    /// `forked` or `fresh`.
+    pub start: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// Queue part of [`HookInfo`].
@@ -233,6 +248,11 @@ impl HookInfo {
             warnings: spec.manifest.warnings.clone(),
             signed: (spec.kind == crate::discovery::HandlerKind::Webhook)
                 .then(|| crate::handler::webhook::is_signed(&spec.manifest)),
+            worker: h
+                .signals()
+                .start()
+                .map(|(start, reason)| WorkerStart { start, reason }),
+            concurrency: spec.manifest.concurrency,
         }
     }
 }

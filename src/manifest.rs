@@ -33,7 +33,11 @@ const KNOWN_KEYS: &[&str] = &[
     "requires",
     "url",
     "secret_env",
+    "concurrency",
 ];
+
+/// Largest accepted `concurrency`.
+pub const MAX_CONCURRENCY: usize = 64;
 
 /// What a full queue does with a new event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -92,6 +96,7 @@ struct RawManifest {
     requires: Option<Requires>,
     url: Option<String>,
     secret_env: Option<String>,
+    concurrency: Option<i64>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -125,6 +130,9 @@ pub struct Manifest {
     pub url: Option<String>,
     /// Environment variable holding the webhook HMAC secret.
     pub secret_env: Option<String>,
+    /// Calls of the hook in flight at once (`concurrency:`, 1..=64, default 1 = in order);
+    /// executable and webhook hooks only (discovery refuses it elsewhere).
+    pub concurrency: usize,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
 }
@@ -254,6 +262,13 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: "is empty".into(),
         });
     }
+    let concurrency = raw.concurrency.unwrap_or(1);
+    if !(1..=MAX_CONCURRENCY as i64).contains(&concurrency) {
+        return Err(ManifestError::BadField {
+            field: "concurrency",
+            reason: format!("{concurrency} is out of range 1..={MAX_CONCURRENCY}"),
+        });
+    }
     if raw.handler.is_some() && raw.url.is_some() {
         return Err(ManifestError::BadField {
             field: "url",
@@ -275,6 +290,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         requires: raw.requires.unwrap_or_default(),
         url: raw.url,
         secret_env: raw.secret_env,
+        concurrency: concurrency as usize,
         warnings,
     })
 }

@@ -139,6 +139,37 @@ pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>
         .unwrap_or(Err(HandlerError::TimedOut(timeout)))
 }
 
+/// Runs calls `0..n` with at most `limit` in flight (each future from `run(i)`), on the calling
+/// task, and reports each through `report` as soon as it completes: the `concurrency:` of a hook.
+/// With `limit` 1 the calls run one after the other, in order.
+pub async fn run_concurrently<F, Fut>(n: usize, limit: usize, mut run: F, report: &mut Report<'_>)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = HandlerResult>,
+{
+    use std::task::Poll;
+    let limit = limit.max(1);
+    let mut next = 0;
+    let mut running: Vec<(usize, Pin<Box<Fut>>)> = Vec::with_capacity(limit.min(n));
+    while next < n || !running.is_empty() {
+        while running.len() < limit && next < n {
+            running.push((next, Box::pin(run(next))));
+            next += 1;
+        }
+        let (slot, i, result) = std::future::poll_fn(|cx| {
+            for (slot, (i, fut)) in running.iter_mut().enumerate() {
+                if let Poll::Ready(r) = fut.as_mut().poll(cx) {
+                    return Poll::Ready((slot, *i, r));
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        running.swap_remove(slot);
+        report(i, result);
+    }
+}
+
 /// A handler's textual answer as a result: empty or `null` is no result, anything else must
 /// be one JSON value. `what` names the source and `hint` says how to fix a bad answer.
 pub fn parse_json_result(text: &str, what: &str, hint: &str) -> HandlerResult {
@@ -173,6 +204,8 @@ pub struct HandlerContext {
     pub env: BTreeMap<String, String>,
     /// Time allowed per invocation (and for a Python worker to start).
     pub timeout: Duration,
+    /// Calls in flight at once (`concurrency:`; executable and webhook hooks).
+    pub concurrency: usize,
     /// Where the embedded Python runner is written.
     pub runtime_dir: PathBuf,
     /// Shared with the hook's worker (restarts, stuck, superseded).
@@ -208,6 +241,7 @@ impl HandlerContext {
                 .unwrap_or_else(|| default_python.to_string()),
             env,
             timeout: spec.manifest.timeout,
+            concurrency: spec.manifest.concurrency.max(1),
             runtime_dir,
             signals: Arc::new(Signals::default()),
         }
