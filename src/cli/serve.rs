@@ -69,7 +69,10 @@ pub async fn serve(args: ServeArgs) -> i32 {
     };
     let host = Host::with_notices(config.clone(), notices.clone());
     // Only SIGINT/SIGTERM stop the CLI's service.
-    match service::run(listener, host, service_config, std::future::pending()).await {
+    let outcome = service::run(listener, host, service_config, std::future::pending()).await;
+    // The workers are stopped: let the fork servers reap them and exit before we do.
+    crate::handler::zygote::shutdown_all(Duration::from_secs(5)).await;
+    match outcome {
         Ok(_) => 0,
         Err(e) => {
             let e = e.to_string();

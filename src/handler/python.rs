@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::task::JoinHandle;
 
@@ -86,7 +86,10 @@ impl Worker {
                 _ => None,
             },
             Proc::Forked { pid, pidfd, zygote } => {
-                let _ready = tokio::time::timeout(wait, pidfd.readable()).await.ok()?.ok()?;
+                let _ready = tokio::time::timeout(wait, pidfd.readable())
+                    .await
+                    .ok()?
+                    .ok()?;
                 Some(match zygote.exit_code(*pid, Duration::from_secs(1)).await {
                     Some(code) => {
                         use std::os::unix::process::ExitStatusExt;
@@ -354,8 +357,9 @@ impl PythonHandler {
         let stderr = pipe::Receiver::from_owned_fd(f.stderr).map_err(|e| fail("stderr", e))?;
         // SAFETY: the pidfd is owned here and moved into the AsyncFd, which neither replaces
         // nor closes it while registered.
-        let pidfd = unsafe { AsyncFd::register_with_interest(f.pidfd, tokio::io::Interest::READABLE) }
-            .map_err(|e| fail("pidfd", e.into()))?;
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(f.pidfd, tokio::io::Interest::READABLE) }
+                .map_err(|e| fail("pidfd", e.into()))?;
         Ok(Worker {
             proc: Proc::Forked {
                 pid: f.pid,
@@ -427,7 +431,9 @@ impl PythonHandler {
             let request = json!({"id": id, "event": &*call.event, "context": &*call.context});
             if let Err(e) = serde_json::to_writer(&mut buf, &request) {
                 if n == 0 {
-                    return Err(HandlerError::Failed(format!("cannot encode the event: {e}")));
+                    return Err(HandlerError::Failed(format!(
+                        "cannot encode the event: {e}"
+                    )));
                 }
                 break;
             }
@@ -440,12 +446,7 @@ impl PythonHandler {
 
     /// Runs one pipelined batch: calls `calls[..]` (reported at `offset + i`); returns how many
     /// were reported.
-    async fn run_batch(
-        &mut self,
-        calls: &[Call],
-        offset: usize,
-        report: &mut Report<'_>,
-    ) -> usize {
+    async fn run_batch(&mut self, calls: &[Call], offset: usize, report: &mut Report<'_>) -> usize {
         let (request, n, first_id) = match self.encode(calls) {
             Ok(r) => r,
             Err(e) => {

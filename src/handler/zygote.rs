@@ -66,7 +66,9 @@ pub fn fork_enabled() -> bool {
 
 /// Why a hook's worker cannot be forked from the shared zygote, if it cannot: variables read only
 /// at interpreter start (`PYTHON*`, `LD_*`) in its `env:`.
-pub fn needs_fresh_process(hook_env: &std::collections::BTreeMap<String, String>) -> Option<String> {
+pub fn needs_fresh_process(
+    hook_env: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
     let startup: Vec<&str> = hook_env
         .keys()
         .filter(|k| k.starts_with("PYTHON") || k.starts_with("LD_"))
@@ -86,7 +88,10 @@ pub struct Zygote {
     pid: u32,
     ctl: OwnedFd,
     next_id: AtomicU64,
+    /// The control socket reached EOF: no more workers or exit reports from this one.
     dead: AtomicBool,
+    /// Its process has been reaped.
+    reaped: AtomicBool,
     pending: Mutex<HashMap<u64, oneshot::Sender<Result<Forked, String>>>>,
     exits: Mutex<HashMap<i32, i32>>,
     exit_notify: Notify,
@@ -165,7 +170,39 @@ pub async fn fork_worker(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
-            Err(format!("the fork server did not answer within {SPAWN_TIMEOUT:?}"))
+            Err(format!(
+                "the fork server did not answer within {SPAWN_TIMEOUT:?}"
+            ))
+        }
+    }
+}
+
+/// Stops every fork server of the process (end of `serve`): each gets EOF, waits briefly for its
+/// workers (killed or closing by now), reaps them and exits; returns when all are gone or after
+/// `wait`.
+pub async fn shutdown_all(wait: Duration) {
+    let all: Vec<Arc<Zygote>> = pool()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, z)| z)
+        .collect();
+    let deadline = tokio::time::Instant::now() + wait;
+    for z in all {
+        // SAFETY: shutdown(2) on a socket this process owns; the fd stays open until dropped.
+        unsafe {
+            libc::shutdown(z.ctl.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        loop {
+            let notified = z.exit_notify.notified();
+            if z.reaped.load(Ordering::SeqCst) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(python = %z.python, pid = z.pid, "python fork server did not exit in time; killed");
+                kill_pid(z.pid);
+                break;
+            }
         }
     }
 }
@@ -223,13 +260,9 @@ fn kill_pid(pid: u32) {
 }
 
 /// Starts a zygote (blocking: fork/exec and socket set-up) and its reader thread.
-fn start(
-    python: &str,
-    runner: &Path,
-    ready: oneshot::Sender<()>,
-) -> Result<Arc<Zygote>, String> {
-    let (host_end, child_end) = seqpacket_pair()
-        .map_err(|e| format!("cannot create the fork server's socket: {e}"))?;
+fn start(python: &str, runner: &Path, ready: oneshot::Sender<()>) -> Result<Arc<Zygote>, String> {
+    let (host_end, child_end) =
+        seqpacket_pair().map_err(|e| format!("cannot create the fork server's socket: {e}"))?;
     let mut cmd = std::process::Command::new(python);
     cmd.arg("-u")
         .arg(runner)
@@ -253,6 +286,7 @@ fn start(
         ctl: host_end,
         next_id: AtomicU64::new(1),
         dead: AtomicBool::new(false),
+        reaped: AtomicBool::new(false),
         pending: Mutex::new(HashMap::new()),
         exits: Mutex::new(HashMap::new()),
         exit_notify: Notify::new(),
@@ -274,6 +308,7 @@ fn start(
         .spawn(move || {
             read_loop(&z, Some(ready));
             z.dead.store(true, Ordering::SeqCst);
+            z.exit_notify.notify_waiters();
             let pending: Vec<_> = z
                 .pending
                 .lock()
@@ -281,9 +316,15 @@ fn start(
                 .drain()
                 .collect();
             drop(pending);
-            z.exit_notify.notify_waiters();
+            // The socket closes when the zygote exits (or is shut down): reap it, then say so.
             let status = child.wait();
-            tracing::info!(python = %z.python, pid = z.pid, "python fork server exited ({status:?})");
+            z.reaped.store(true, Ordering::SeqCst);
+            z.exit_notify.notify_waiters();
+            match status {
+                Ok(s) if s.success() => tracing::info!(python = %z.python, pid = z.pid, "python fork server exited"),
+                Ok(s) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server exited ({s}); the next worker starts a new one"),
+                Err(e) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server: cannot collect its exit status: {e}"),
+            }
         })
         .map_err(|e| format!("cannot start the fork server's reader thread: {e}"))?;
     Ok(zygote)
@@ -337,9 +378,7 @@ fn read_loop(z: &Arc<Zygote>, mut ready: Option<oneshot::Sender<()>>) {
                         _ => Err("the fork server sent an incomplete answer".into()),
                     }
                 }
-                (None, n) => Err(format!(
-                    "the fork server sent {n} descriptors instead of 4"
-                )),
+                (None, n) => Err(format!("the fork server sent {n} descriptors instead of 4")),
             };
             match (tx, result) {
                 (Some(tx), r) => {

@@ -4,6 +4,7 @@ mod util;
 
 mod cli;
 mod client;
+mod concurrency;
 mod core;
 mod dylib;
 mod exec;
@@ -16,3 +17,4 @@ mod reload;
 mod service;
 mod trust;
 mod webhook;
+mod zygote;
