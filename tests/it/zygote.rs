@@ -281,7 +281,7 @@ fn who(serve: &Serve, event: &str) -> (u64, u64) {
     assert_eq!(status, 200, "{body}");
     let r = &body["results"][0]["result"];
     (
-        r[0].as_u64().expect(&body.to_string()),
+        r[0].as_u64().unwrap_or_else(|| panic!("a pid in {body}")),
         r[1].as_u64().unwrap(),
     )
 }
