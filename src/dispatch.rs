@@ -376,6 +376,9 @@ pub struct LoadedHook {
     signals: Arc<Signals>,
     /// The handler's restart count already added to `stats.restarts`.
     restarts_seen: AtomicU64,
+    /// Events handed to the handler and not reported yet (a pipelined batch): those beyond the
+    /// hook's `concurrency` have not started, and count as undelivered if the host stops now.
+    in_flight: AtomicUsize,
     /// The worker task, taken when the hook is stopped.
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Becomes true when the worker has finished (drained and shut its handler down).
@@ -433,6 +436,7 @@ impl LoadedHook {
             stats,
             signals,
             restarts_seen: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
             worker: Mutex::new(None),
             finished: watch::channel(false).0,
             epoch: Instant::now(),
@@ -587,7 +591,12 @@ impl LoadedHook {
     pub fn abort(&self) -> usize {
         self.queue.close();
         let left = self.queue.take_all();
-        let n = left.len();
+        // Handed to the handler but not started (behind the running call of a pipeline).
+        let unstarted = self
+            .in_flight
+            .swap(0, Ordering::Relaxed)
+            .saturating_sub(self.spec.manifest.concurrency.max(1));
+        let n = left.len() + unstarted;
         for job in left {
             job.fail("the host stopped before this event was handled");
         }
@@ -664,6 +673,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             context: j.context.clone(),
         })
         .collect();
+    hook.in_flight.store(jobs.len(), Ordering::Relaxed);
     let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
     let mut not_started = Vec::new();
     let mut last = Instant::now();
@@ -673,6 +683,9 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
                 tracing::error!(hook = %hook.spec.name, "handler reported call {i} twice or out of range");
                 return;
             };
+            let _ = hook
+                .in_flight
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             if matches!(result, Err(HandlerError::NotStarted)) {
                 not_started.push(job);
                 return;
@@ -683,6 +696,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         };
         handler.call(&calls, &mut report).await;
     }
+    hook.in_flight.store(0, Ordering::Relaxed);
     for job in slots.into_iter().flatten() {
         finish(
             hook,
@@ -697,7 +711,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         tracing::info!(
             hook = %hook.spec.name,
             events = not_started.len(),
-            "events not started by the previous version go back to the front of the queue"
+            "events the handler never started go back to the front of the queue"
         );
         hook.queue.push_front_many(not_started);
     }

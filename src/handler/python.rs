@@ -75,31 +75,38 @@ struct Worker {
     stdout: BufReader<Reader>,
     group: GroupKill,
     stderr_task: JoinHandle<()>,
+    /// How the process ended, once known (the fork server reports a status only once).
+    exited: Option<String>,
 }
 
 impl Worker {
     /// Waits up to `wait` for the process to end and says how it ended; `None` if it did not.
     async fn wait_exit(&mut self, wait: Duration) -> Option<String> {
-        match &mut self.proc {
+        if let Some(how) = &self.exited {
+            return Some(how.clone());
+        }
+        let how = match &mut self.proc {
             Proc::Fresh(child) => match tokio::time::timeout(wait, child.wait()).await {
-                Ok(Ok(s)) => Some(describe_exit(s)),
-                _ => None,
+                Ok(Ok(s)) => describe_exit(s),
+                _ => return None,
             },
             Proc::Forked { pid, pidfd, zygote } => {
                 let _ready = tokio::time::timeout(wait, pidfd.readable())
                     .await
                     .ok()?
                     .ok()?;
-                Some(match zygote.exit_code(*pid, Duration::from_secs(1)).await {
+                match zygote.exit_code(*pid, Duration::from_secs(1)).await {
                     Some(code) => {
                         use std::os::unix::process::ExitStatusExt;
                         let raw = if code >= 0 { (code & 0xff) << 8 } else { -code };
                         describe_exit(std::process::ExitStatus::from_raw(raw))
                     }
                     None => "exit status unknown: its fork server is gone".into(),
-                })
+                }
             }
-        }
+        };
+        self.exited = Some(how.clone());
+        Some(how)
     }
 
     async fn kill(mut self) {
@@ -342,6 +349,7 @@ impl PythonHandler {
             stdout: BufReader::with_capacity(64 * 1024, Box::new(stdout) as Reader),
             group,
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
+            exited: None,
         })
     }
 
@@ -370,6 +378,7 @@ impl PythonHandler {
             stdout: BufReader::with_capacity(64 * 1024, Box::new(stdout) as Reader),
             group,
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
+            exited: None,
         })
     }
 
@@ -630,9 +639,28 @@ fn answer_result(answer: &Value) -> HandlerResult {
     }
 }
 
+/// Environment variable that turns pipelining off (`0`, `off`, `false`, `no`): one request at a
+/// time, as before issue 12 (kept for comparisons and as an escape hatch).
+pub const PIPELINE_ENV: &str = "HERMES_HOOKS_PIPELINE";
+
+fn pipelining_enabled() -> bool {
+    !matches!(
+        std::env::var(PIPELINE_ENV)
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str(),
+        "0" | "off" | "false" | "no"
+    )
+}
+
 impl Handler for PythonHandler {
     fn max_calls(&self) -> usize {
-        PIPELINE_DEPTH
+        if pipelining_enabled() {
+            PIPELINE_DEPTH
+        } else {
+            1
+        }
     }
 
     fn ready(&mut self) -> BoxFuture<'_, Result<(), HandlerError>> {
