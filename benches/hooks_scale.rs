@@ -99,7 +99,7 @@ fn wait_done(addr: &str, name: &str, n: u64, limit: Duration) -> Duration {
             t0.elapsed() < limit,
             "{name}: {done} of {n} after {limit:?}"
         );
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -330,8 +330,19 @@ fn main() {
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 20, 50, 200]);
-    startup_and_memory(&sizes);
-    python_throughput();
-    exec_throughput();
-    memory_after_burst();
+    // HOOKS_SCALE_ONLY=startup|python|exec|memory runs one part.
+    let only = std::env::var("HOOKS_SCALE_ONLY").unwrap_or_default();
+    let part = |name: &str| only.is_empty() || only == name;
+    if part("startup") {
+        startup_and_memory(&sizes);
+    }
+    if part("python") {
+        python_throughput();
+    }
+    if part("exec") {
+        exec_throughput();
+    }
+    if part("memory") {
+        memory_after_burst();
+    }
 }

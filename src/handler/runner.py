@@ -422,6 +422,20 @@ class Zygote:
             self.children.discard(pid)
 
 
+def warm_up():
+    """Do once, before the fork, what every worker does first, so the modules it imports lazily and
+    the caches it fills are shared by all workers instead of copied into each."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    json.loads(json.dumps({"id": 1, "ok": True, "result": [1.5, "x", None]}))
+    platform.python_version()
+    threading.Thread(target=lambda: None).start()  # the threading machinery (the thread ends)
+    re.sub(r"\W", "_", "warm-up")
+
+
 def zygote_main():
     ctl = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -432,6 +446,7 @@ def zygote_main():
     sys.dont_write_bytecode = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     zygote = Zygote(ctl)
+    warm_up()
     gc.collect()
     gc.freeze()  # what the workers share stays shared: the collector never writes to it
     zygote.tell({"zygote": "ready", "pid": os.getpid(), "python": platform.python_version()})
