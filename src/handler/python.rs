@@ -473,13 +473,18 @@ impl PythonHandler {
             return n;
         }
         let mut answered_at = Instant::now();
-        let sent = match self.worker.as_mut().and_then(|w| w.stdin.as_mut()) {
-            Some(stdin) => stdin.write_all(&request).await.is_ok() && stdin.flush().await.is_ok(),
-            None => false,
-        };
-        drop(request);
-        // A failed write means the worker is gone; its answers so far are still read below.
-        let _ = sent;
+        // Written by a task while the answers are read here, so a worker answering early never
+        // waits on a host that is still writing. A failed write means the worker is gone; the
+        // answers it wrote are still read below.
+        let mut stdin = self.worker.as_mut().and_then(|w| w.stdin.take());
+        let writer = tokio::spawn(async move {
+            if let Some(s) = stdin.as_mut()
+                && (s.write_all(&request).await.is_err() || s.flush().await.is_err())
+            {
+                return None;
+            }
+            stdin
+        });
         let mut k = 0;
         while k < n {
             let deadline = answered_at + self.ctx.timeout;
@@ -494,6 +499,7 @@ impl PythonHandler {
                 }
                 Ok(Err(None)) => {
                     // EOF: every answer the worker wrote has been read; call k was running.
+                    writer.abort();
                     let err = self.crashed("while handling the event").await;
                     report(offset + k, Err(err));
                     for i in k + 1..n {
@@ -502,6 +508,7 @@ impl PythonHandler {
                     return n;
                 }
                 Ok(Err(Some(why))) => {
+                    writer.abort();
                     report(offset + k, Err(HandlerError::Crashed(why)));
                     self.abort_batch(offset, k, n, first_id, report).await;
                     self.worker = None;
@@ -510,11 +517,25 @@ impl PythonHandler {
                     return n;
                 }
                 Err(_) => {
+                    writer.abort();
                     report(offset + k, Err(HandlerError::TimedOut(self.ctx.timeout)));
                     self.abort_batch(offset, k, n, first_id, report).await;
                     self.replace_after_timeout().await;
                     return n;
                 }
+            }
+        }
+        // Every answer came, so every request was read: the writer is done; its pipe goes back.
+        match writer.await {
+            Ok(Some(stdin)) => {
+                if let Some(w) = self.worker.as_mut() {
+                    w.stdin = Some(stdin);
+                }
+            }
+            _ => {
+                // The write failed although every call answered: the worker is going away.
+                let err = self.crashed("after answering (its stdin is closed)").await;
+                tracing::debug!(hook = %self.ctx.name, "{err}");
             }
         }
         n

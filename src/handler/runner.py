@@ -172,27 +172,23 @@ def keep_tasks_alive(loop):
 
 
 def start_reader(loop, queue, reader):
-    """Daemon thread: stdin chunks -> lists of lines on the queue (one wake-up per chunk, however
-    many pipelined requests it holds); None marks EOF."""
-    def put(item):
+    """Reads stdin on the event loop (no thread: a thread's stack and malloc arena would be private
+    memory in every worker): each readable chunk becomes one list of lines on the queue, however
+    many pipelined requests it holds; None marks EOF. While a synchronous handle() runs nothing is
+    read; the host keeps reading replies while it writes, so neither side can block the other."""
+    def on_readable():
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # loop already closed
-            pass
-
-    def run():
-        try:
-            while True:
-                lines = reader.read_lines()
-                if lines is None:
-                    break
-                if lines:
-                    put(lines)
+            lines = reader.read_lines()
         except (OSError, ValueError) as exc:
             sys.stderr.write("hermes-hooks: reading stdin failed: %s\n" % describe(exc))
-        put(None)
+            lines = None
+        if lines is None:
+            loop.remove_reader(reader.fd)
+            queue.put_nowait(None)
+        elif lines:
+            queue.put_nowait(lines)
 
-    threading.Thread(target=run, name="hermes-stdin", daemon=True).start()
+    loop.add_reader(reader.fd, on_readable)
 
 
 def bad_request(req_id, why):
@@ -432,7 +428,6 @@ def warm_up():
         loop.close()
     json.loads(json.dumps({"id": 1, "ok": True, "result": [1.5, "x", None]}))
     platform.python_version()
-    threading.Thread(target=lambda: None).start()  # the threading machinery (the thread ends)
     re.sub(r"\W", "_", "warm-up")
 
 
