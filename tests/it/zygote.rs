@@ -209,6 +209,37 @@ async fn pipelined_calls_keep_their_order_under_load() {
     host.shutdown(T).await;
 }
 
+#[tokio::test]
+async fn the_timeout_of_a_pipelined_call_counts_from_the_previous_answer() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "paced",
+        &[
+            ("HOOK.yaml", "events: ['command:*']\ntimeout: 0.8\n"),
+            (
+                "handler.py",
+                "import time\ndef handle(e, c):\n    time.sleep(0.3)\n",
+            ),
+        ],
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    // Six calls of 0.3 s sent together take 1.8 s, more than the 0.8 s timeout of any one.
+    for i in 0..6 {
+        host.emit("command:n", json!({"n": i})).unwrap();
+    }
+    let info = poll_async(T, "six outcomes", || {
+        let info = host.hook("paced").unwrap();
+        (info.counters.ok + info.counters.failed == 6).then_some(info)
+    })
+    .await;
+    assert_eq!(
+        (info.counters.ok, info.counters.timeouts),
+        (6, 0),
+        "each call had its own 0.8 s from the answer before it"
+    );
+    host.shutdown(T).await;
+}
+
 /// Events `0..30` to a hook that records each one to a file and misbehaves on event 5 with
 /// `misbehave`; returns the recorded sequence once every event has an outcome.
 async fn pipeline_with_failure(
