@@ -47,7 +47,7 @@ pub fn main() -> i32 {
         }
     };
     let code = runtime.block_on(async move {
-        match cli.command {
+        let code = match cli.command {
             Command::Serve(args) => serve::serve(args).await,
             Command::List { roots, json, live } => match live {
                 Some(address) => list::list_live(&address, json).await,
@@ -65,7 +65,10 @@ pub fn main() -> i32 {
             } => new::new_hook(&roots, &name, kind, url.as_deref(), src),
             Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
-        }
+        };
+        // The workers are stopped: let the Python fork servers reap them and exit before we do.
+        crate::handler::zygote::shutdown_all(Duration::from_secs(5)).await;
+        code
     });
     // Workers were stopped by the commands; do not wait for stray blocking tasks.
     runtime.shutdown_timeout(Duration::from_secs(1));

@@ -69,10 +69,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
     };
     let host = Host::with_notices(config.clone(), notices.clone());
     // Only SIGINT/SIGTERM stop the CLI's service.
-    let outcome = service::run(listener, host, service_config, std::future::pending()).await;
-    // The workers are stopped: let the fork servers reap them and exit before we do.
-    crate::handler::zygote::shutdown_all(Duration::from_secs(5)).await;
-    match outcome {
+    match service::run(listener, host, service_config, std::future::pending()).await {
         Ok(_) => 0,
         Err(e) => {
             let e = e.to_string();
