@@ -279,7 +279,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             format!("cannot read HOOK.yaml: {e}"),
         )
     })?;
-    let manifest = parse_manifest(&text).map_err(|e| {
+    let mut manifest = parse_manifest(&text).map_err(|e| {
         use crate::manifest::ManifestError as M;
         let code = match e {
             M::Yaml(_) => SkipCode::YamlError,
@@ -315,6 +315,14 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
 
     let (kind, handler_path) = resolve_handler(dir, &manifest_path, &manifest)
         .map_err(|(code, file, reason)| skip(&name, &file, code, reason))?;
+    if manifest.concurrency > 1 && matches!(kind, HandlerKind::Python | HandlerKind::Dylib) {
+        manifest.notes.push(format!(
+            "`concurrency: {}` applies in fleet mode only (events in flight across the fleet): \
+             here a {} hook handles its events one at a time, in order",
+            manifest.concurrency,
+            kind.as_str()
+        ));
+    }
     gate.check_permissions(dir, &manifest_path, handler_path.as_deref())
         .map_err(|(file, reason)| skip(&name, &file, SkipCode::Permissions, reason))?;
     let files = RunFiles::scan(

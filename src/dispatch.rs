@@ -147,6 +147,11 @@ impl HookQueue {
             {
                 let mut st = self.lock();
                 if let Some(job) = st.jobs.pop_front() {
+                    let trim = shrink_if_drained(&mut st.jobs);
+                    drop(st);
+                    if trim {
+                        give_memory_back();
+                    }
                     return Some(job);
                 }
                 if st.closed {
@@ -174,7 +179,13 @@ impl HookQueue {
     pub fn try_pop_many(&self, max: usize) -> Vec<Job> {
         let mut st = self.lock();
         let n = max.min(st.jobs.len());
-        st.jobs.drain(..n).collect()
+        let jobs = st.jobs.drain(..n).collect();
+        let trim = shrink_if_drained(&mut st.jobs);
+        drop(st);
+        if trim {
+            give_memory_back();
+        }
+        jobs
     }
 
     /// Refuses new jobs; the worker drains what is queued, then stops.
@@ -210,6 +221,29 @@ impl HookQueue {
         } else {
             Overflow::DropOldest
         }
+    }
+}
+
+/// Queue storage kept after a drain; a burst's peak is released when the queue empties.
+const IDLE_QUEUE_SLOTS: usize = 64;
+
+/// Releases the peak storage of a queue that a burst filled, once it is empty again; true when
+/// it did (the caller then returns freed memory to the system).
+fn shrink_if_drained(jobs: &mut VecDeque<Job>) -> bool {
+    if jobs.is_empty() && jobs.capacity() > IDLE_QUEUE_SLOTS * 4 {
+        jobs.shrink_to(IDLE_QUEUE_SLOTS);
+        return true;
+    }
+    false
+}
+
+/// After a burst: asks the allocator to hand freed pages back to the system (glibc keeps them
+/// otherwise, and the host's RSS would stay at the burst's peak).
+fn give_memory_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory held by the allocator.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -462,6 +496,11 @@ impl LoadedHook {
             in_flight: AtomicUsize::new(0),
             notices,
         })
+    }
+
+    /// What the hook's handler shares with its worker (restarts, stuck, how it was started).
+    pub fn signals(&self) -> &Signals {
+        &self.signals
     }
 
     /// The hook's name.
@@ -735,7 +774,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         tracing::info!(
             hook = %hook.spec.name,
             events = not_started.len(),
-            "events not started by the previous version go back to the front of the queue"
+            "events the handler never started go back to the front of the queue"
         );
         hook.queue.push_front_many(not_started);
     }

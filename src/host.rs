@@ -166,6 +166,22 @@ pub struct HookInfo {
     /// Where it runs (`runs`, `why`), its interpreter, the handler's SHA-256.
     #[serde(flatten)]
     pub placement: crate::ingateway::HookPlacement,
+    /// Python only: how the worker process was started (`forked` from the fork server, or
+    /// `fresh`) and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerStart>,
+    /// Calls in flight at once (`concurrency:`; locally for executable and webhook hooks, across
+    /// the fleet for every kind in fleet mode).
+    pub concurrency: usize,
+}
+
+/// How a hook's worker process was started, as shown by `/v1/hooks`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStart {
+    /// `forked` or `fresh`.
+    pub start: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// Queue part of [`HookInfo`].
@@ -259,6 +275,11 @@ impl HookInfo {
                 &config.python,
                 &config.hermes_home,
             ),
+            worker: h
+                .signals()
+                .start()
+                .map(|(start, reason)| WorkerStart { start, reason }),
+            concurrency: spec.manifest.concurrency,
         }
     }
 }

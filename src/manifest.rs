@@ -24,7 +24,7 @@ pub const DEFAULT_RETRIES: u32 = 3;
 /// Largest accepted `retries`.
 pub const MAX_RETRIES: u32 = 100;
 /// Largest accepted `concurrency`.
-pub const MAX_CONCURRENCY: u32 = 64;
+pub const MAX_CONCURRENCY: usize = 64;
 
 const KNOWN_KEYS: &[&str] = &[
     "name",
@@ -169,8 +169,10 @@ pub struct Manifest {
     pub runs: Runs,
     /// Fleet mode: retries after the first delivery before the dead-letter subject.
     pub retries: u32,
-    /// Events in flight at once (fleet mode: across the whole fleet); 1 keeps order.
-    pub concurrency: u32,
+    /// Calls of the hook in flight at once (`concurrency:`, 1..=64, default 1 = in order):
+    /// locally for executable and webhook hooks (a Python or library hook takes its events one
+    /// at a time), and in fleet mode across the whole fleet for every kind.
+    pub concurrency: usize,
     /// PEM file of extra certificate authorities a webhook's `https://` endpoint may be signed
     /// by (relative to the hook directory), trusted in addition to the system's.
     pub ca_file: Option<String>,
@@ -364,7 +366,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         secret_env: raw.secret_env,
         runs: raw.runs.unwrap_or(Runs::Auto),
         retries: retries as u32,
-        concurrency: concurrency as u32,
+        concurrency: concurrency as usize,
         ca_file: raw.ca_file,
         warnings,
         notes,

@@ -110,6 +110,9 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
                 .unwrap_or("?".into());
             let _ = writeln!(out, "    workers: {}; lag {lag}", names.join(", "));
         }
+        if let Some(start) = h["worker"]["start"].as_str() {
+            let _ = writeln!(out, "    worker: {start} ({})", s(&h["worker"]["reason"]));
+        }
         if let Some(e) = h["last_error"]["message"].as_str() {
             let _ = writeln!(out, "    last error: {e}");
         }

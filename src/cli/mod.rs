@@ -53,7 +53,7 @@ pub fn main() -> i32 {
         }
     };
     let code = runtime.block_on(async move {
-        match cli.command {
+        let code = match cli.command {
             Command::Serve(args) => serve::serve(args).await,
             #[cfg(feature = "fleet")]
             Command::Worker(mut args) => {
@@ -80,7 +80,10 @@ pub fn main() -> i32 {
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
             Command::Completions { shell } => completions::completions(shell),
             Command::Man { out } => completions::man(out.as_deref()),
-        }
+        };
+        // The workers are stopped: let the Python fork servers reap them and exit before we do.
+        crate::handler::zygote::shutdown_all(Duration::from_secs(5)).await;
+        code
     });
     // Workers were stopped by the commands; do not wait for stray blocking tasks.
     runtime.shutdown_timeout(Duration::from_secs(1));

@@ -234,7 +234,7 @@ fn apply(
                 name: h.spec.name.clone(),
                 timeout: m.timeout,
                 max_deliver: m.retries as i64 + 1,
-                concurrency: m.concurrency,
+                concurrency: m.concurrency as u32,
             },
         );
     }

@@ -50,6 +50,8 @@ pub struct Signals {
     superseded: AtomicBool,
     /// Wakes whoever waits for `superseded`.
     supersede_notify: Notify,
+    /// How the handler's current process was started (`forked`, `fresh`) and why, for `list`.
+    start: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl Signals {
@@ -78,6 +80,16 @@ impl Signals {
         self.superseded.store(true, Ordering::SeqCst);
         self.supersede_notify.notify_waiters();
         self.supersede_notify.notify_one();
+    }
+
+    /// Records how the handler's process was started (`forked` / `fresh`) and why.
+    pub fn set_start(&self, how: &str, why: String) {
+        *self.start.lock().unwrap_or_else(|p| p.into_inner()) = Some((how.to_string(), why));
+    }
+
+    /// How the handler's process was started and why, once it was.
+    pub fn start(&self) -> Option<(String, String)> {
+        self.start.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// True once superseded.
@@ -133,6 +145,37 @@ pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>
         .unwrap_or(Err(HandlerError::TimedOut(timeout)))
 }
 
+/// Runs calls `0..n` with at most `limit` in flight (each future from `run(i)`), on the calling
+/// task, and reports each through `report` as soon as it completes: the `concurrency:` of a hook.
+/// With `limit` 1 the calls run one after the other, in order.
+pub async fn run_concurrently<F, Fut>(n: usize, limit: usize, mut run: F, report: &mut Report<'_>)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = HandlerResult>,
+{
+    use std::task::Poll;
+    let limit = limit.max(1);
+    let mut next = 0;
+    let mut running: Vec<(usize, Pin<Box<Fut>>)> = Vec::with_capacity(limit.min(n));
+    while next < n || !running.is_empty() {
+        while running.len() < limit && next < n {
+            running.push((next, Box::pin(run(next))));
+            next += 1;
+        }
+        let (slot, i, result) = std::future::poll_fn(|cx| {
+            for (slot, (i, fut)) in running.iter_mut().enumerate() {
+                if let Poll::Ready(r) = fut.as_mut().poll(cx) {
+                    return Poll::Ready((slot, *i, r));
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        running.swap_remove(slot);
+        report(i, result);
+    }
+}
+
 /// A handler's textual answer as a result: empty or `null` is no result, anything else must
 /// be one JSON value. `what` names the source and `hint` says how to fix a bad answer.
 pub fn parse_json_result(text: &str, what: &str, hint: &str) -> HandlerResult {
@@ -169,6 +212,8 @@ pub struct HandlerContext {
     pub env: BTreeMap<String, String>,
     /// Time allowed per invocation (and for a Python worker to start).
     pub timeout: Duration,
+    /// Calls in flight at once (`concurrency:`; executable and webhook hooks).
+    pub concurrency: usize,
     /// Where the embedded Python runner is written.
     pub runtime_dir: PathBuf,
     /// Shared with the hook's worker (restarts, stuck, superseded).
@@ -213,6 +258,7 @@ impl HandlerContext {
             .why,
             env,
             timeout: spec.manifest.timeout,
+            concurrency: spec.manifest.concurrency.max(1),
             runtime_dir,
             signals: Arc::new(Signals::default()),
             files: spec.files.clone(),

@@ -7,6 +7,9 @@
 //! process exits while something it started in the background still holds its stdout or stderr,
 //! what was read so far is kept (result and log lines) and, after [`PIPE_GRACE`], the group is
 //! killed so the pipes close.
+//!
+//! `concurrency: N` runs up to N events of the hook at once (each reported as it completes); at 1,
+//! the default, events run one after the other, in order.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -17,7 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
+    run_concurrently, within,
 };
 use super::process::{GroupKill, command, describe_exit};
 
@@ -201,15 +205,19 @@ fn take(buf: &Mutex<Captured>) -> (Vec<u8>, bool) {
 }
 
 impl Handler for ExecHandler {
+    fn max_calls(&self) -> usize {
+        self.ctx.concurrency
+    }
+
     fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            for (i, call) in calls.iter().enumerate() {
-                // Past the timeout the call is dropped, and its process group killed with it.
-                report(
-                    i,
-                    within(self.ctx.timeout, self.run(&call.event, &call.context)).await,
-                );
-            }
+            let this = &*self;
+            // Past the timeout a call is dropped, and its process group killed with it.
+            let run = |i: usize| {
+                let call = &calls[i];
+                within(this.ctx.timeout, this.run(&call.event, &call.context))
+            };
+            run_concurrently(calls.len(), this.ctx.concurrency, run, report).await;
         })
     }
 }

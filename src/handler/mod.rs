@@ -13,6 +13,7 @@ pub mod process;
 pub mod pylog;
 pub mod python;
 pub mod webhook;
+pub mod zygote;
 
 pub use api::*;
 

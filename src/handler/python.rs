@@ -1,54 +1,120 @@
 //! Python handlers (`handler.py`): one persistent worker process per hook, running the embedded
 //! `runner.py`, which imports the module once and calls `handle(event, context)` per request.
 //!
+//! A worker is forked from the interpreter's fork server ([`super::zygote`]) when it can be: a
+//! hook whose `env:` sets variables read only at interpreter start (`PYTHON*`, `LD_*`), or a host
+//! run with `HERMES_HOOKS_FORK=0`, gets a process started from scratch instead; a hook naming its
+//! own `python:` gets that interpreter's fork server. `list` shows which and why.
+//!
 //! Protocol (one JSON object per line): the host says hello, the runner answers
 //! `{"ready": true}` or `{"ready": false, "error": ...}`; then requests
 //! `{"id", "event", "context"}` get answers `{"id", "ok", "result" | "error"}`. The runner keeps
 //! the real stdout for the protocol, so `print` in a handler becomes a log line.
 //!
+//! Requests are pipelined: up to [`PIPELINE_DEPTH`] calls (and [`PIPELINE_BYTES`] of requests) are
+//! written at once and their answers read as they come. The runner handles them one at a time, in
+//! order, so the timeout of a call counts from the answer to the one before it, and when a worker
+//! dies or is killed the calls after the one it was running are provably never started: they are
+//! reported [`HandlerError::NotStarted`] and go back to the front of the queue (at most once).
+//!
 //! A worker that dies is restarted before the next event, after a backoff of 100 ms doubling to
 //! 30 s (reset by a successful call); a worker that exceeds the timeout is killed and restarted
 //! at once. Either way the module's state is lost, which is logged.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::process::Child;
 use tokio::task::JoinHandle;
 
-use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
-};
+use super::api::{BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report};
 use super::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
+use super::zygote::{self, Forked, Zygote};
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
 /// Largest response line accepted from a worker.
 const MAX_RESPONSE: usize = 16 * 1024 * 1024;
+/// Most calls written to a worker before their answers are read.
+pub const PIPELINE_DEPTH: usize = 64;
+/// Most bytes of requests written at once (at least one request always goes).
+pub const PIPELINE_BYTES: usize = 1024 * 1024;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time a worker gets to import its module, at least.
 const MIN_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a worker gets to finish background tasks after stdin closes, before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Time allowed to read what a killed worker had already written.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(1);
+
+type Writer = Box<dyn AsyncWrite + Send + Sync + Unpin>;
+type Reader = Box<dyn AsyncRead + Send + Sync + Unpin>;
+
+/// How a worker process is held: a child of ours, or a child of the fork server watched
+/// through its pidfd.
+enum Proc {
+    Fresh(Child),
+    Forked {
+        pid: i32,
+        pidfd: AsyncFd<OwnedFd>,
+        zygote: Arc<Zygote>,
+    },
+}
 
 /// A running worker process.
 struct Worker {
-    child: Child,
+    proc: Proc,
     /// `None` once closed to ask the runner to exit.
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    stdin: Option<Writer>,
+    stdout: BufReader<Reader>,
     group: GroupKill,
     stderr_task: JoinHandle<()>,
+    /// How the process ended, once known (the fork server reports a status only once).
+    exited: Option<String>,
 }
 
 impl Worker {
+    /// Waits up to `wait` for the process to end and says how it ended; `None` if it did not.
+    async fn wait_exit(&mut self, wait: Duration) -> Option<String> {
+        if let Some(how) = &self.exited {
+            return Some(how.clone());
+        }
+        let how = match &mut self.proc {
+            Proc::Fresh(child) => match tokio::time::timeout(wait, child.wait()).await {
+                Ok(Ok(s)) => describe_exit(s),
+                _ => return None,
+            },
+            Proc::Forked { pid, pidfd, zygote } => {
+                let _ready = tokio::time::timeout(wait, pidfd.readable())
+                    .await
+                    .ok()?
+                    .ok()?;
+                match zygote.exit_code(*pid, Duration::from_secs(1)).await {
+                    Some(code) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        let raw = if code >= 0 { (code & 0xff) << 8 } else { -code };
+                        describe_exit(std::process::ExitStatus::from_raw(raw))
+                    }
+                    None => "exit status unknown: its fork server is gone".into(),
+                }
+            }
+        };
+        self.exited = Some(how.clone());
+        Some(how)
+    }
+
     async fn kill(mut self) {
         self.group.kill();
-        let _ = self.child.start_kill();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        if let Proc::Fresh(child) = &mut self.proc {
+            let _ = child.start_kill();
+        }
+        let _ = self.wait_exit(Duration::from_secs(5)).await;
         self.group.disarm();
         self.stderr_task.abort();
     }
@@ -101,6 +167,42 @@ pub async fn ensure_runner(dir: &Path) -> Result<PathBuf, HandlerError> {
     Ok(path)
 }
 
+/// How a hook's worker is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartMode {
+    /// Forked from the fork server of the hook's interpreter.
+    Forked,
+    /// Started from scratch, for this reason.
+    Fresh(String),
+}
+
+/// How the worker of a hook with this context is started.
+pub fn start_mode(ctx: &HandlerContext) -> StartMode {
+    if !zygote::fork_enabled() {
+        return StartMode::Fresh(format!("{}=0 turns forking off", zygote::FORK_ENV));
+    }
+    let hook_env: std::collections::BTreeMap<String, String> = ctx
+        .env
+        .iter()
+        .filter(|(k, _)| !k.starts_with("HERMES_HOOK"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match zygote::needs_fresh_process(&hook_env) {
+        Some(why) => StartMode::Fresh(why),
+        None => StartMode::Forked,
+    }
+}
+
+/// What happened to the calls of a batch after the one being waited for.
+enum Aborted {
+    /// The worker is gone and everything it wrote was read: the calls after this one never
+    /// started.
+    Clean,
+    /// It is unknown whether the next call started (the worker was killed and its output could
+    /// not be read to the end).
+    Unknown,
+}
+
 impl PythonHandler {
     /// Starts the worker and waits for its ready handshake; import errors and a missing
     /// `handle` are returned as [`HandlerError::Load`].
@@ -119,39 +221,47 @@ impl PythonHandler {
     }
 
     async fn spawn(&self) -> Result<Worker, HandlerError> {
-        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
         let handler = self
             .ctx
             .handler_path
             .as_ref()
             .ok_or_else(|| HandlerError::Load("python hook without a handler file".into()))?;
-        let mut cmd = command(&self.ctx.python, &self.ctx);
-        cmd.arg("-u")
-            .arg(&self.runner)
-            .arg(&self.ctx.dir)
-            .arg(handler)
-            .arg(&self.ctx.name);
-        let mut child = cmd.spawn().map_err(|e| {
-            HandlerError::Load(format!(
-                "cannot start Python interpreter {:?}: {e}",
-                self.ctx.python
-            ))
-        })?;
-        let group = GroupKill::new(child.id());
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(HandlerError::Load(
-                "python worker started without its pipes".into(),
-            ));
-        };
-        let stderr_task = log_stderr(self.ctx.name.clone(), stderr);
-        let mut worker = Worker {
-            child,
-            stdin: Some(stdin),
-            stdout: BufReader::new(stdout),
-            group,
-            stderr_task,
+        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
+        let mut worker = match start_mode(&self.ctx) {
+            StartMode::Forked => {
+                match zygote::fork_worker(
+                    &self.ctx.python,
+                    &self.runner,
+                    &self.ctx.dir,
+                    handler,
+                    &self.ctx.name,
+                    &self.ctx.env,
+                )
+                .await
+                {
+                    Ok(forked) => {
+                        let w = self.adopt(forked)?;
+                        self.ctx.signals.set_start(
+                            "forked",
+                            format!("from the fork server of {}", self.ctx.python),
+                        );
+                        w
+                    }
+                    Err(e) => {
+                        tracing::warn!(hook = %self.ctx.name, "cannot fork the python worker ({e}); starting it from scratch");
+                        let w = self.spawn_fresh(handler)?;
+                        self.ctx
+                            .signals
+                            .set_start("fresh", format!("fork server unavailable: {e}"));
+                        w
+                    }
+                }
+            }
+            StartMode::Fresh(why) => {
+                let w = self.spawn_fresh(handler)?;
+                self.ctx.signals.set_start("fresh", why);
+                w
+            }
         };
         let start_timeout = self.ctx.timeout.max(MIN_START_TIMEOUT);
         let handshake = async {
@@ -174,12 +284,10 @@ impl PythonHandler {
         let line = match tokio::time::timeout(start_timeout, handshake).await {
             Ok(Ok(line)) => line,
             Ok(Err(msg)) => {
-                let status =
-                    tokio::time::timeout(Duration::from_secs(5), worker.child.wait()).await;
-                let how = match status {
-                    Ok(Ok(s)) => describe_exit(s),
-                    _ => "no exit status".into(),
-                };
+                let how = worker
+                    .wait_exit(Duration::from_secs(5))
+                    .await
+                    .unwrap_or_else(|| "no exit status".into());
                 worker.kill().await;
                 let msg = if msg.is_empty() {
                     format!(
@@ -226,15 +334,75 @@ impl PythonHandler {
         )
     }
 
+    /// Starts a worker from scratch: `<python> -u runner.py DIR HANDLER NAME`.
+    fn spawn_fresh(&self, handler: &Path) -> Result<Worker, HandlerError> {
+        let mut cmd = command(&self.ctx.python, &self.ctx);
+        cmd.arg("-u")
+            .arg(&self.runner)
+            .arg(&self.ctx.dir)
+            .arg(handler)
+            .arg(&self.ctx.name);
+        let mut child = cmd.spawn().map_err(|e| {
+            HandlerError::Load(format!(
+                "cannot start Python interpreter {:?}: {e}",
+                self.ctx.python
+            ))
+        })?;
+        let group = GroupKill::new(child.id());
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(HandlerError::Load(
+                "python worker started without its pipes".into(),
+            ));
+        };
+        Ok(Worker {
+            proc: Proc::Fresh(child),
+            stdin: Some(Box::new(stdin)),
+            stdout: BufReader::with_capacity(64 * 1024, Box::new(stdout) as Reader),
+            group,
+            stderr_task: log_stderr(self.ctx.name.clone(), stderr),
+            exited: None,
+        })
+    }
+
+    /// Takes over a worker the fork server started.
+    fn adopt(&self, f: Forked) -> Result<Worker, HandlerError> {
+        use tokio::net::unix::pipe;
+        let group = GroupKill::new(u32::try_from(f.pid).ok());
+        let fail = |what: &str, e: std::io::Error| {
+            HandlerError::Load(format!("forked python worker: cannot use its {what}: {e}"))
+        };
+        let stdin = pipe::Sender::from_owned_fd(f.stdin).map_err(|e| fail("stdin", e))?;
+        let stdout = pipe::Receiver::from_owned_fd(f.stdout).map_err(|e| fail("stdout", e))?;
+        let stderr = pipe::Receiver::from_owned_fd(f.stderr).map_err(|e| fail("stderr", e))?;
+        // SAFETY: the pidfd is owned here and moved into the AsyncFd, which neither replaces
+        // nor closes it while registered.
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(f.pidfd, tokio::io::Interest::READABLE) }
+                .map_err(|e| fail("pidfd", e.into()))?;
+        Ok(Worker {
+            proc: Proc::Forked {
+                pid: f.pid,
+                pidfd,
+                zygote: f.zygote,
+            },
+            stdin: Some(Box::new(stdin)),
+            stdout: BufReader::with_capacity(64 * 1024, Box::new(stdout) as Reader),
+            group,
+            stderr_task: log_stderr(self.ctx.name.clone(), stderr),
+            exited: None,
+        })
+    }
+
     /// The worker died: collect its exit status, schedule a restart after the backoff.
     async fn crashed(&mut self, during: &str) -> HandlerError {
         let how = match self.worker.take() {
             Some(mut w) => {
-                let status = tokio::time::timeout(Duration::from_secs(2), w.child.wait()).await;
-                let how = match status {
-                    Ok(Ok(s)) => describe_exit(s),
-                    _ => "no exit status".into(),
-                };
+                let how = w
+                    .wait_exit(Duration::from_secs(2))
+                    .await
+                    .unwrap_or_else(|| "no exit status".into());
                 w.kill().await;
                 how
             }
@@ -253,15 +421,11 @@ impl PythonHandler {
     /// The worker exceeded the timeout: kill it and start a new one at once, so the next event
     /// does not pay for the start-up.
     async fn replace_after_timeout(&mut self) {
-        if let Some(w) = self.worker.take() {
-            w.kill().await;
-            tracing::warn!(
-                hook = %self.ctx.name,
-                "python worker killed after exceeding its {:?} timeout; restarting, module state is lost",
-                self.ctx.timeout
-            );
-        }
-        // Replace it now, so the next event does not pay for the start-up.
+        tracing::warn!(
+            hook = %self.ctx.name,
+            "python worker killed after exceeding its {:?} timeout; restarting, module state is lost",
+            self.ctx.timeout
+        );
         self.restart_at = None;
         match self.spawn().await {
             Ok(w) => {
@@ -276,44 +440,215 @@ impl PythonHandler {
         }
     }
 
-    async fn exchange(&mut self, event: &str, context: &Value) -> HandlerResult {
-        self.next_id += 1;
-        let id = self.next_id;
-        let mut request =
-            serde_json::to_vec(&json!({"id": id, "event": event, "context": context}))
-                .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
-        request.push(b'\n');
-        let Some(worker) = self.worker.as_mut() else {
-            return Err(HandlerError::Crashed("python worker is not running".into()));
-        };
-        let sent = match worker.stdin.as_mut() {
-            Some(stdin) => stdin.write_all(&request).await.is_ok() && stdin.flush().await.is_ok(),
-            None => false,
-        };
-        if !sent {
-            return Err(self.crashed("before the event could be sent").await);
+    /// Encodes as many of `calls` as fit in one pipelined write (at least one).
+    fn encode(&mut self, calls: &[Call]) -> Result<(Vec<u8>, usize, u64), HandlerError> {
+        let first_id = self.next_id + 1;
+        let mut buf = Vec::new();
+        let mut n = 0;
+        for call in calls.iter().take(PIPELINE_DEPTH) {
+            if n > 0 && buf.len() >= PIPELINE_BYTES {
+                break;
+            }
+            let id = first_id + n as u64;
+            let request = json!({"id": id, "event": &*call.event, "context": &*call.context});
+            if let Err(e) = serde_json::to_writer(&mut buf, &request) {
+                if n == 0 {
+                    return Err(HandlerError::Failed(format!(
+                        "cannot encode the event: {e}"
+                    )));
+                }
+                break;
+            }
+            buf.push(b'\n');
+            n += 1;
         }
+        self.next_id += n as u64;
+        Ok((buf, n, first_id))
+    }
+
+    /// Runs one pipelined batch: calls `calls[..]` (reported at `offset + i`); returns how many
+    /// were reported.
+    async fn run_batch(&mut self, calls: &[Call], offset: usize, report: &mut Report<'_>) -> usize {
+        let (request, n, first_id) = match self.encode(calls) {
+            Ok(r) => r,
+            Err(e) => {
+                report(offset, Err(e));
+                return 1;
+            }
+        };
+        if self.worker.is_none() {
+            for i in 0..n {
+                report(
+                    offset + i,
+                    Err(HandlerError::Crashed("python worker is not running".into())),
+                );
+            }
+            return n;
+        }
+        let mut answered_at = Instant::now();
+        // Written by a task while the answers are read here, so a worker answering early never
+        // waits on a host that is still writing. A failed write means the worker is gone; the
+        // answers it wrote are still read below.
+        let mut stdin = self.worker.as_mut().and_then(|w| w.stdin.take());
+        let writer = tokio::spawn(async move {
+            if let Some(s) = stdin.as_mut()
+                && (s.write_all(&request).await.is_err() || s.flush().await.is_err())
+            {
+                return None;
+            }
+            stdin
+        });
+        let mut k = 0;
+        while k < n {
+            let deadline = answered_at + self.ctx.timeout;
+            let id = first_id + k as u64;
+            let read = tokio::time::timeout_at(deadline.into(), self.read_answer(id)).await;
+            match read {
+                Ok(Ok(result)) => {
+                    report(offset + k, result);
+                    self.backoff = FIRST_BACKOFF;
+                    answered_at = Instant::now();
+                    k += 1;
+                }
+                Ok(Err(None)) => {
+                    // EOF: every answer the worker wrote has been read; call k was running.
+                    writer.abort();
+                    let err = self.crashed("while handling the event").await;
+                    report(offset + k, Err(err));
+                    for i in k + 1..n {
+                        report(offset + i, Err(HandlerError::NotStarted));
+                    }
+                    return n;
+                }
+                Ok(Err(Some(why))) => {
+                    writer.abort();
+                    report(offset + k, Err(HandlerError::Crashed(why)));
+                    self.abort_batch(offset, k, n, first_id, report).await;
+                    self.worker = None;
+                    self.restart_at = Some(Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    return n;
+                }
+                Err(_) => {
+                    writer.abort();
+                    report(offset + k, Err(HandlerError::TimedOut(self.ctx.timeout)));
+                    self.abort_batch(offset, k, n, first_id, report).await;
+                    self.replace_after_timeout().await;
+                    return n;
+                }
+            }
+        }
+        // Every answer came, so every request was read: the writer is done; its pipe goes back.
+        match writer.await {
+            Ok(Some(stdin)) => {
+                if let Some(w) = self.worker.as_mut() {
+                    w.stdin = Some(stdin);
+                }
+            }
+            _ => {
+                // The write failed although every call answered: the worker is going away.
+                let err = self.crashed("after answering (its stdin is closed)").await;
+                tracing::debug!(hook = %self.ctx.name, "{err}");
+            }
+        }
+        n
+    }
+
+    /// Kills the worker while call `k` of a batch of `n` is unfinished (`k` is already reported),
+    /// reads what it had written, reports the calls that did finish, the one that may have
+    /// started as failed, and the rest as never started.
+    async fn abort_batch(
+        &mut self,
+        offset: usize,
+        k: usize,
+        n: usize,
+        first_id: u64,
+        report: &mut Report<'_>,
+    ) {
+        let Some(mut w) = self.worker.take() else {
+            return;
+        };
+        w.group.kill();
+        if let Proc::Fresh(child) = &mut w.proc {
+            let _ = child.start_kill();
+        }
+        let mut answered = Vec::new();
+        let drained = tokio::time::timeout(DRAIN_AFTER_KILL, async {
+            loop {
+                let mut line = Vec::new();
+                match read_line_limited(&mut w.stdout, &mut line, MAX_RESPONSE).await {
+                    Ok(Some(_)) => {
+                        if let Ok(v) = serde_json::from_slice::<Value>(&line)
+                            && let Some(id) = v.get("id").and_then(Value::as_u64)
+                        {
+                            answered.push((id, v));
+                        }
+                    }
+                    Ok(None) | Err(_) => return,
+                }
+            }
+        })
+        .await;
+        w.kill().await;
+        let state = if drained.is_ok() {
+            Aborted::Clean
+        } else {
+            Aborted::Unknown
+        };
+        // The last call whose answer was written (call k's own answer counts: written just after
+        // its deadline, it means the call after it was started).
+        let mut last_answered: Option<usize> = None;
+        for (id, v) in answered {
+            let Some(i) = id.checked_sub(first_id).map(|i| i as usize) else {
+                continue;
+            };
+            if i < k || i >= n {
+                continue;
+            }
+            if i > k {
+                report(offset + i, answer_result(&v));
+            }
+            last_answered = Some(i);
+        }
+        let first_open = last_answered.map_or(k + 1, |i| i + 1);
+        for i in first_open..n {
+            let maybe_started = i == first_open && last_answered.is_some();
+            let err = match state {
+                Aborted::Clean if !maybe_started => HandlerError::NotStarted,
+                _ => HandlerError::Crashed(
+                    "the python worker was killed while this event may have been running".into(),
+                ),
+            };
+            report(offset + i, Err(err));
+        }
+    }
+
+    /// Reads the answer to request `id`: `Err(None)` at EOF, `Err(Some(why))` when the worker
+    /// broke the protocol.
+    async fn read_answer(&mut self, id: u64) -> Result<HandlerResult, Option<String>> {
+        let Some(worker) = self.worker.as_mut() else {
+            return Err(None);
+        };
         loop {
             let mut line = Vec::new();
-            let Some(worker) = self.worker.as_mut() else {
-                return Err(HandlerError::Crashed("python worker is not running".into()));
-            };
             match read_line_limited(&mut worker.stdout, &mut line, MAX_RESPONSE).await {
                 Ok(Some(false)) => {}
                 Ok(Some(true)) => {
-                    return Err(HandlerError::Failed(format!(
+                    return Ok(Err(HandlerError::Failed(format!(
                         "result is larger than {} MiB; it was discarded",
                         MAX_RESPONSE >> 20
-                    )));
+                    ))));
                 }
-                Ok(None) | Err(_) => return Err(self.crashed("while handling the event").await),
+                Ok(None) | Err(_) => return Err(None),
             }
             match parse_answer(&line, id) {
-                Answer::Broken => return Err(self.crashed("after breaking the protocol").await),
+                Answer::Outcome(result) => return Ok(result),
                 Answer::Stale => continue, // an answer to an abandoned request
-                Answer::Outcome(result) => {
-                    self.backoff = FIRST_BACKOFF;
-                    return result;
+                Answer::Broken => return Err(Some("python worker broke the protocol".into())),
+                Answer::OutOfOrder => {
+                    return Err(Some(format!(
+                        "python worker answered out of order (expected request {id})"
+                    )));
                 }
             }
         }
@@ -325,8 +660,10 @@ impl PythonHandler {
 pub enum Answer {
     /// Not a JSON value: the worker broke the protocol (it is restarted).
     Broken,
-    /// An answer to another (abandoned) request.
+    /// An answer to an earlier, abandoned request.
     Stale,
+    /// An answer to a later request, or one without an id: the worker broke the order.
+    OutOfOrder,
     /// The request's outcome.
     Outcome(HandlerResult),
 }
@@ -337,10 +674,16 @@ pub fn parse_answer(line: &[u8], id: u64) -> Answer {
     let Ok(answer) = serde_json::from_slice::<Value>(line) else {
         return Answer::Broken;
     };
-    if answer.get("id").and_then(Value::as_u64) != Some(id) {
-        return Answer::Stale;
+    match answer.get("id").and_then(Value::as_u64) {
+        Some(got) if got == id => Answer::Outcome(answer_result(&answer)),
+        Some(got) if got < id => Answer::Stale,
+        _ => Answer::OutOfOrder,
     }
-    Answer::Outcome(if answer.get("ok") == Some(&Value::Bool(true)) {
+}
+
+/// The outcome an answer line carries.
+fn answer_result(answer: &Value) -> HandlerResult {
+    if answer.get("ok") == Some(&Value::Bool(true)) {
         match answer.get("result") {
             None | Some(Value::Null) => Ok(None),
             Some(v) => Ok(Some(v.clone())),
@@ -353,7 +696,7 @@ pub fn parse_answer(line: &[u8], id: u64) -> Answer {
             .filter(|m| !m.is_empty())
             .unwrap_or("handler failed without a message");
         Err(HandlerError::Failed(msg.to_string()))
-    })
+    }
 }
 
 /// Reads a worker's handshake line: ready, or why it refused to start (a pure function, so the
@@ -375,7 +718,30 @@ pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
     ))
 }
 
+/// Environment variable that turns pipelining off (`0`, `off`, `false`, `no`): one request at a
+/// time, as before issue 12 (kept for comparisons and as an escape hatch).
+pub const PIPELINE_ENV: &str = "HERMES_HOOKS_PIPELINE";
+
+fn pipelining_enabled() -> bool {
+    !matches!(
+        std::env::var(PIPELINE_ENV)
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str(),
+        "0" | "off" | "false" | "no"
+    )
+}
+
 impl Handler for PythonHandler {
+    fn max_calls(&self) -> usize {
+        if pipelining_enabled() {
+            PIPELINE_DEPTH
+        } else {
+            1
+        }
+    }
+
     fn ready(&mut self) -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             if self.worker.is_some() {
@@ -404,14 +770,17 @@ impl Handler for PythonHandler {
 
     fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            for (i, call) in calls.iter().enumerate() {
-                let result =
-                    within(self.ctx.timeout, self.exchange(&call.event, &call.context)).await;
-                let timed_out = matches!(result, Err(HandlerError::TimedOut(_)));
-                report(i, result);
-                if timed_out {
-                    self.replace_after_timeout().await;
+            let mut done = 0;
+            while done < calls.len() {
+                if self.worker.is_none() && done > 0 {
+                    // The worker died in an earlier batch of this call: the rest waits for
+                    // the restart (and its backoff) in the queue.
+                    for i in done..calls.len() {
+                        report(i, Err(HandlerError::NotStarted));
+                    }
+                    return;
                 }
+                done += self.run_batch(&calls[done..], done, report).await;
             }
         })
     }
@@ -421,7 +790,7 @@ impl Handler for PythonHandler {
             if let Some(mut w) = self.worker.take() {
                 // Closing stdin tells the runner to finish its pending tasks and exit.
                 drop(w.stdin.take());
-                if let Ok(Ok(_)) = tokio::time::timeout(SHUTDOWN_GRACE, w.child.wait()).await {
+                if w.wait_exit(SHUTDOWN_GRACE).await.is_some() {
                     w.group.disarm();
                     let _ = tokio::time::timeout(Duration::from_secs(1), &mut w.stderr_task).await;
                 } else {

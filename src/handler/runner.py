@@ -1,15 +1,25 @@
 """hermes-hooks Python worker: hosts one hook's handler.py for the life of the process.
 
-Embedded in the hermes-hooks binary and started once per Python hook as
-    python3 -u runner.py HOOK_DIR HANDLER_PATH HOOK_NAME
-It owns: importing handler.py as module ``hermes_hook_<name>`` (HOOK_DIR first on sys.path), one
-asyncio event loop for the whole process, and calling ``handle(event, context)`` one event at a time.
+Embedded in the hermes-hooks binary. Started in one of two ways:
+    python3 -u runner.py HOOK_DIR HANDLER_PATH HOOK_NAME     a worker started from scratch
+    python3 -u runner.py --zygote                            the fork server of one interpreter
+The fork server ("zygote") has imported what every worker needs and called gc.freeze(); on the
+host's request it forks a worker, which takes its own process group, pipes, environment, working
+directory and sys.path, then runs exactly what a worker started from scratch runs. After the fork a
+worker needs nothing from the zygote.
+A worker owns: importing handler.py as module ``hermes_hook_<name>`` (HOOK_DIR first on sys.path),
+one asyncio event loop for the whole process, and calling ``handle(event, context)`` one event at a
+time, in order.
 
-Protocol: newline-delimited JSON, one compact object per line, UTF-8.
+Worker protocol: newline-delimited JSON, one compact object per line, UTF-8.
   host -> runner (stdin):   {"hello": 1, "protocol": 1}                      first line, content ignored
                             {"id": 7, "event": "agent:start", "context": {...}}
   runner -> host (stdout):  {"ready": true, "pid": 123, "python": "3.11.7"}  or {"ready": false, "error": "..."}
                             {"id": 7, "ok": true, "result": ...}               or {"id": 7, "ok": false, "error": "..."}
+The host may send several requests before the first is answered (pipelining): they are read as they
+come and handled strictly one after the other; each reply is written when its call ends, so a reply
+missing means that call and every later one have not finished, and the call after an unanswered
+one has never started.
 Only this file writes to the protocol descriptors: fd 1 and fd 0 are re-pointed at stderr and
 /dev/null, so a handler's print() (or a child process it starts) becomes a log line on stderr and can
 neither corrupt the replies nor swallow requests. Tasks and threads a handler starts keep running
@@ -20,8 +30,17 @@ line each, ``\x1ehermes-log {"level", "levelno", "logger", "msg"}``; the host lo
 record's level, tagged with the hook's name and the logger's. The handler is installed as
 ``logging.lastResort`` with the root logger at INFO, so it only sees records no other handler
 took: a hook that configures logging itself (``basicConfig``, its own handlers) keeps its own.
+
+Zygote protocol: fd 0 is a SOCK_SEQPACKET socket to the host, one JSON message per packet.
+  host -> zygote:  {"spawn": 3, "dir": ..., "handler": ..., "name": ..., "env": {...}}
+  zygote -> host:  {"zygote": "ready", "pid": 12, "python": "3.11.7"}          once, at start
+                   {"spawned": 3, "pid": 345} + fds [stdin w, stdout r, stderr r, pidfd]
+                   {"spawned": 3, "error": "..."}
+                   {"exited": 345, "code": 0}    code < 0: killed by signal -code (the zygote reaps)
+On EOF (the host is gone) the zygote waits for its workers (their stdin closes too), then exits.
 """
 import asyncio
+import gc
 import importlib.machinery
 import importlib.util
 import inspect
@@ -30,30 +49,19 @@ import logging
 import os
 import platform
 import re
+import select
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 
 DRAIN_SECONDS = 2.0
+READ_CHUNK = 1 << 16
 
-# --- take the protocol descriptors before any other code can write or read them ---
-_proto_out = os.fdopen(os.dup(1), "wb")
-_proto_in = os.fdopen(os.dup(0), "rb")
-os.dup2(2, 1)  # even C-level writes to fd 1 now land on stderr
-_devnull = os.open(os.devnull, os.O_RDONLY)
-os.dup2(_devnull, 0)
-os.close(_devnull)
-try:
-    sys.stderr.reconfigure(line_buffering=True)
-except (AttributeError, ValueError):
-    pass
-sys.stdout = sys.stderr
-sys.stdin = open(os.devnull, "r")
-# No __pycache__ in hook directories: they may be read-only, and new files there would wake the
-# host's hot-reload watcher.
-sys.dont_write_bytecode = True
+_proto_out = None  # the real stdout, for replies only
+_proto_in = None  # the real stdin's descriptor, for requests only
 _send_lock = threading.Lock()
 _log_lock = threading.Lock()
 LOG_MARK = "\x1ehermes-log "
@@ -87,9 +95,54 @@ def setup_logging():
         logging.root.setLevel(logging.INFO)
 
 
-def send(obj):
-    """Write one protocol line; if the host is gone there is nobody left to serve."""
-    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+def take_protocol_fds():
+    """Take the protocol descriptors before any other code can write or read them."""
+    global _proto_out, _proto_in
+    _proto_out = os.fdopen(os.dup(1), "wb")
+    _proto_in = os.dup(0)
+    os.dup2(2, 1)  # even C-level writes to fd 1 now land on stderr
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        sys.stderr.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):
+        pass
+    sys.stdout = sys.stderr
+    sys.stdin = open(os.devnull, "r")
+    # No __pycache__ in hook directories: they may be read-only, and new files there would wake the
+    # host's hot-reload watcher.
+    sys.dont_write_bytecode = True
+
+
+class LineReader:
+    """Reads whole lines from a descriptor, a chunk at a time (many pipelined requests per read)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.rest = b""
+
+    def read_lines(self):
+        """The complete lines of the next chunk (maybe none); None at EOF."""
+        chunk = os.read(self.fd, READ_CHUNK)
+        if not chunk:
+            return None
+        data = self.rest + chunk
+        lines = data.split(b"\n")
+        self.rest = lines.pop()
+        return lines
+
+
+def send(obj, check=False):
+    """Write one protocol line; if the host is gone there is nobody left to serve. With ``check``,
+    an object that is not JSON raises (TypeError, ValueError) before anything is written."""
+    if check:
+        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    else:
+        try:
+            data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            data = json.dumps({"id": obj.get("id"), "ok": False, "error": describe(exc)})
     line = data.encode("utf-8", "replace") + b"\n"  # "replace": a lone surrogate must not break UTF-8
     with _send_lock:
         try:
@@ -155,23 +208,24 @@ def keep_tasks_alive(loop):
     loop.set_task_factory(factory)
 
 
-def start_reader(loop, queue):
-    """Daemon thread: stdin lines -> queue on the loop; None marks EOF."""
-    def put(item):
+def start_reader(loop, queue, reader):
+    """Reads stdin on the event loop (no thread: a thread's stack and malloc arena would be private
+    memory in every worker): each readable chunk becomes one list of lines on the queue, however
+    many pipelined requests it holds; None marks EOF. While a synchronous handle() runs nothing is
+    read; the host keeps reading replies while it writes, so neither side can block the other."""
+    def on_readable():
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # loop already closed
-            pass
-
-    def run():
-        try:
-            for line in iter(_proto_in.readline, b""):
-                put(line)
+            lines = reader.read_lines()
         except (OSError, ValueError) as exc:
             sys.stderr.write("hermes-hooks: reading stdin failed: %s\n" % describe(exc))
-        put(None)
+            lines = None
+        if lines is None:
+            loop.remove_reader(reader.fd)
+            queue.put_nowait(None)
+        elif lines:
+            queue.put_nowait(lines)
 
-    threading.Thread(target=run, name="hermes-stdin", daemon=True).start()
+    loop.add_reader(reader.fd, on_readable)
 
 
 def bad_request(req_id, why):
@@ -205,15 +259,13 @@ async def answer(handle, hook_name, line):
         send({"id": req_id, "ok": False, "error": describe(exc)})
         return
     try:
-        json.dumps(result, allow_nan=False)
+        send({"id": req_id, "ok": True, "result": result}, check=True)
     except (TypeError, ValueError, RecursionError) as exc:
         send({"id": req_id, "ok": False,
               "error": "TypeError: result of handle() is not JSON serializable: %s" % exc})
-        return
-    send({"id": req_id, "ok": True, "result": result})
 
 
-async def serve(hook_dir, handler_path, hook_name):
+async def serve(hook_dir, handler_path, hook_name, reader, early):
     """Load the handler (inside the running loop, as the gateway did), then answer requests in order."""
     try:
         handle = load_handler(hook_dir, handler_path, hook_name)
@@ -223,13 +275,16 @@ async def serve(hook_dir, handler_path, hook_name):
         return
     send({"ready": True, "pid": os.getpid(), "python": platform.python_version()})
     queue = asyncio.Queue()
-    start_reader(asyncio.get_running_loop(), queue)
+    if early:
+        queue.put_nowait(early)
+    start_reader(asyncio.get_running_loop(), queue, reader)
     while True:
-        line = await queue.get()
-        if line is None:
+        lines = await queue.get()
+        if lines is None:
             break
-        if line.strip():
-            await answer(handle, hook_name, line)
+        for line in lines:
+            if line.strip():
+                await answer(handle, hook_name, line)
     # stdin closed: give the work handlers started (and the work that work starts) a short grace.
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
@@ -242,28 +297,206 @@ async def serve(hook_dir, handler_path, hook_name):
         sys.stderr.write("hermes-hooks: exiting with %d unfinished task(s)\n" % len(pending))
 
 
-def main():
-    if len(sys.argv) != 4:
-        sys.stderr.write("usage: runner.py HOOK_DIR HANDLER_PATH HOOK_NAME\n")
-        os._exit(2)
-    hook_dir, handler_path, hook_name = sys.argv[1:]
+def run_worker(hook_dir, handler_path, hook_name):
+    """The worker's life, the same whether started from scratch or forked; never returns."""
+    take_protocol_fds()
     # The host owns our lifetime (stdin EOF, or a kill on timeout); a Ctrl-C meant for the host must
     # not kill the worker while the host is still draining its queue.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging()
-    if not _proto_in.readline():  # the hello; EOF before it means the host is gone
-        os._exit(0)
+    reader = LineReader(_proto_in)
+    lines = []
+    while not lines:  # the hello; EOF before it means the host is gone
+        lines = reader.read_lines()
+        if lines is None:
+            os._exit(0)
+    early = lines[1:]  # requests sent right behind the hello
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     keep_tasks_alive(loop)
     code = 0
     try:
-        loop.run_until_complete(serve(hook_dir, handler_path, hook_name))
+        loop.run_until_complete(serve(hook_dir, handler_path, hook_name, reader, early))
     except BaseException as exc:
         log_exception("hermes-hooks: runner failed:", exc)
         code = 1
     sys.stderr.flush()
     os._exit(code)  # do not wait for non-daemon threads a handler left behind
+
+
+# --- the fork server ---
+
+ZYGOTE_EXIT_GRACE = 5.0
+
+
+class Zygote:
+    """Forks workers on request, reaps them and reports their exits."""
+
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.children = set()
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select via the fd
+        signal.set_wakeup_fd(wake_w)
+        self.wake_w = wake_w
+
+    def tell(self, obj, fds=()):
+        data = json.dumps(obj).encode()
+        try:
+            if fds:
+                socket.send_fds(self.ctl, [data], list(fds))
+            else:
+                self.ctl.send(data)
+        except OSError:
+            pass  # the host is gone: EOF on the next read ends the loop
+
+    def reap(self):
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            self.tell({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def spawn(self, req):
+        req_id = req.get("spawn")
+        pipes = [os.pipe() for _ in range(3)]
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for r, w in pipes:
+                os.close(r)
+                os.close(w)
+            self.tell({"spawned": req_id, "error": "fork failed: %s" % describe(exc)})
+            return
+        if pid == 0:
+            code = 70
+            try:
+                os.setpgid(0, 0)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.dup2(pipes[0][0], 0)
+                os.dup2(pipes[1][1], 1)
+                os.dup2(pipes[2][1], 2)
+                os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
+                sys.stdout = sys.stderr = open(2, "w", closefd=False)
+                os.environ.update(req.get("env") or {})
+                os.chdir(req["dir"])
+                sys.argv = [sys.argv[0], req["dir"], req["handler"], req["name"]]
+                run_worker(req["dir"], req["handler"], req["name"])
+            except BaseException as exc:
+                try:
+                    log_exception("hermes-hooks: forked worker failed to start:", exc)
+                except BaseException:
+                    pass
+            os._exit(code)
+        self.children.add(pid)
+        try:
+            os.setpgid(pid, pid)  # also here, so the group exists before the host can signal it
+        except OSError:
+            pass
+        ends = [pipes[0][1], pipes[1][0], pipes[2][0]]
+        for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
+            os.close(fd)
+        pidfd = None
+        try:
+            pidfd = os.pidfd_open(pid)  # before any reaping, so it names this very process
+        except (AttributeError, OSError) as exc:
+            self.tell({"spawned": req_id, "pid": pid, "error": "pidfd_open: %s" % describe(exc)})
+        else:
+            self.tell({"spawned": req_id, "pid": pid}, ends + [pidfd])
+        for fd in ends + ([pidfd] if pidfd is not None else []):
+            os.close(fd)
+
+    def serve(self):
+        while True:
+            try:
+                ready, _, _ = select.select([self.ctl, self.wake_r], [], [])
+            except InterruptedError:
+                continue
+            if self.wake_r in ready:
+                try:
+                    os.read(self.wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            self.reap()
+            if self.ctl in ready:
+                msg = self.ctl.recv(1 << 20)
+                if not msg:
+                    return
+                try:
+                    req = json.loads(msg)
+                except ValueError as exc:
+                    sys.stderr.write("hermes-hooks zygote: bad request: %s\n" % exc)
+                    continue
+                if isinstance(req, dict) and "spawn" in req:
+                    self.spawn(req)
+
+    def finish(self):
+        """The host is gone: give workers (whose stdin closed too) a grace, then kill and reap."""
+        deadline = time.monotonic() + ZYGOTE_EXIT_GRACE
+        while self.children and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.01)
+        for pid in list(self.children):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while self.children:
+            try:
+                pid, _ = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            self.children.discard(pid)
+
+
+def warm_up():
+    """Do once, before the fork, what every worker does first, so the modules it imports lazily and
+    the caches it fills are shared by all workers instead of copied into each."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    json.loads(json.dumps({"id": 1, "ok": True, "result": [1.5, "x", None]}))
+    platform.python_version()
+    re.sub(r"\W", "_", "warm-up")
+
+
+def zygote_main():
+    ctl = socket.socket(fileno=os.dup(0))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    sys.stdout = sys.stderr
+    sys.dont_write_bytecode = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    zygote = Zygote(ctl)
+    warm_up()
+    gc.collect()
+    gc.freeze()  # what the workers share stays shared: the collector never writes to it
+    zygote.tell({"zygote": "ready", "pid": os.getpid(), "python": platform.python_version()})
+    try:
+        zygote.serve()
+    finally:
+        zygote.finish()
+    os._exit(0)
+
+
+def main():
+    if sys.argv[1:] == ["--zygote"]:
+        zygote_main()
+    if len(sys.argv) != 4:
+        sys.stderr.write("usage: runner.py HOOK_DIR HANDLER_PATH HOOK_NAME | runner.py --zygote\n")
+        os._exit(2)
+    run_worker(*sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, within,
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
+    run_concurrently, within,
 };
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
@@ -163,6 +164,8 @@ pub struct WebhookHandler {
     attempt_timeout: Duration,
     /// The hook's timeout for a whole delivery (both attempts).
     timeout: Duration,
+    /// Deliveries in flight at once (`concurrency:`).
+    concurrency: usize,
 }
 
 impl WebhookHandler {
@@ -202,7 +205,7 @@ impl WebhookHandler {
             .no_proxy()
             .connect_timeout(target.attempt_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(4)
+            .pool_max_idle_per_host(ctx.concurrency.max(4))
             .user_agent(concat!("hermes-hooks/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| HandlerError::Load(format!("cannot build the HTTP client: {e}")))?;
@@ -213,6 +216,7 @@ impl WebhookHandler {
             client,
             attempt_timeout: target.attempt_timeout,
             timeout: ctx.timeout,
+            concurrency: ctx.concurrency,
         })
     }
 
@@ -516,15 +520,19 @@ fn interpret(
 }
 
 impl Handler for WebhookHandler {
+    fn max_calls(&self) -> usize {
+        self.concurrency
+    }
+
     fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            for (i, call) in calls.iter().enumerate() {
-                // Past the hook's timeout the request is dropped (cancelled).
-                report(
-                    i,
-                    within(self.timeout, self.deliver(&call.event, &call.context)).await,
-                );
-            }
+            let this = &*self;
+            // Past the hook's timeout a request is dropped (cancelled).
+            let run = |i: usize| {
+                let call = &calls[i];
+                within(this.timeout, this.deliver(&call.event, &call.context))
+            };
+            run_concurrently(calls.len(), this.concurrency, run, report).await;
         })
     }
 }

@@ -642,3 +642,32 @@ async fn bench_emit_latency_with_hanging_endpoint() {
         println!("{label}: median p50 {p50:?}, median p99 {p99:?}");
     }
 }
+
+/// Issue 12: `concurrency: 3` keeps three deliveries of one hook in flight at once, no more.
+#[tokio::test]
+async fn concurrency_keeps_n_deliveries_in_flight() {
+    let hooks = Hooks::new();
+    let ep = Endpoint::start(Reply::Hang);
+    webhook(
+        &hooks,
+        "fan",
+        "[\"agent:end\"]",
+        &ep.url("/"),
+        "timeout: 2\nconcurrency: 3\n",
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    for _ in 0..5 {
+        host.emit("agent:end", json!({})).unwrap();
+    }
+    crate::util::poll_async(T, "three requests at the endpoint", || {
+        (ep.count() >= 3).then_some(())
+    })
+    .await;
+    // Every request hangs for 2 s: while none has failed, none has finished.
+    let info = host.hook("fan").unwrap();
+    if info.counters.failed == 0 {
+        assert_eq!(ep.count(), 3, "3 in flight at once, not more");
+    }
+    assert_eq!(info.concurrency, 3);
+    host.shutdown(Duration::from_millis(100)).await;
+}

@@ -1,0 +1,536 @@
+//! The Python fork server: one pre-started interpreter per `python` (the "zygote", `runner.py
+//! --zygote`) that has imported what every worker needs and frozen its heap (`gc.freeze()`), so a
+//! hook's worker is a `fork()` of it instead of a fresh interpreter: a few MB of private memory and a
+//! few ms of start-up.
+//!
+//! This file owns the host's side: starting a zygote per interpreter (and again after it died),
+//! asking it for a worker, receiving the worker's pipes and pidfd (SCM_RIGHTS over a
+//! SOCK_SEQPACKET socket pair), and the exit statuses the zygote reports when it reaps a worker.
+//! The zygote is the worker's parent and reaps it; the host watches the worker through its pidfd
+//! and kills its process group, so the worker needs nothing from the zygote after the fork: a dead
+//! zygote is only restarted for the next worker.
+//!
+//! Everything here runs on plain threads and runtime-agnostic channels: one pool serves every
+//! host (and every tokio runtime) of the process.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+
+/// Time a zygote gets to import and say it is ready.
+const ZYGOTE_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a fork request may take.
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest control message.
+const MAX_MESSAGE: usize = 64 * 1024;
+/// Exit statuses kept for workers nobody asked about yet (bounded).
+const MAX_EXITS: usize = 4096;
+/// Environment variable that turns forking off (`0`, `off`, `false`, `no`).
+pub const FORK_ENV: &str = "HERMES_HOOKS_FORK";
+
+/// A worker forked by a zygote: its pipes, pid and pidfd.
+pub struct Forked {
+    /// Worker pid (also its process group id).
+    pub pid: i32,
+    /// Write end of the worker's stdin.
+    pub stdin: OwnedFd,
+    /// Read end of the worker's stdout (the protocol).
+    pub stdout: OwnedFd,
+    /// Read end of the worker's stderr (its log).
+    pub stderr: OwnedFd,
+    /// Becomes readable when the worker exits.
+    pub pidfd: OwnedFd,
+    /// Where the zygote reports the worker's exit status.
+    pub zygote: Arc<Zygote>,
+}
+
+/// Whether workers are forked at all (`HERMES_HOOKS_FORK=0` starts each from scratch).
+pub fn fork_enabled() -> bool {
+    !matches!(
+        std::env::var(FORK_ENV)
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str(),
+        "0" | "off" | "false" | "no"
+    )
+}
+
+/// Why a hook's worker cannot be forked from the shared zygote, if it cannot: variables read only
+/// at interpreter start (`PYTHON*`, `LD_*`) in its `env:`.
+pub fn needs_fresh_process(
+    hook_env: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    let startup: Vec<&str> = hook_env
+        .keys()
+        .filter(|k| k.starts_with("PYTHON") || k.starts_with("LD_"))
+        .map(String::as_str)
+        .collect();
+    (!startup.is_empty()).then(|| {
+        format!(
+            "env sets {} (read only when an interpreter starts)",
+            startup.join(", ")
+        )
+    })
+}
+
+/// A running fork server for one interpreter.
+pub struct Zygote {
+    python: String,
+    pid: u32,
+    ctl: OwnedFd,
+    next_id: AtomicU64,
+    /// The control socket reached EOF: no more workers or exit reports from this one.
+    dead: AtomicBool,
+    /// Its process has been reaped.
+    reaped: AtomicBool,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Result<Forked, String>>>>,
+    exits: Mutex<HashMap<i32, i32>>,
+    exit_notify: Notify,
+}
+
+impl std::fmt::Debug for Zygote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Zygote")
+            .field("python", &self.python)
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+/// The zygotes of this process, one per interpreter.
+fn pool() -> &'static Mutex<HashMap<String, Arc<Zygote>>> {
+    static POOL: OnceLock<Mutex<HashMap<String, Arc<Zygote>>>> = OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+/// Serialises zygote start-ups (many hooks loading at once share one).
+fn start_lock() -> &'static tokio::sync::Mutex<()> {
+    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
+    LOCK.get_or_init(Default::default)
+}
+
+/// Pid of the live zygote for `python`, if one runs (tests and `list`).
+pub fn zygote_pid(python: &str) -> Option<u32> {
+    pool()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(python)
+        .filter(|z| !z.dead.load(Ordering::SeqCst))
+        .map(|z| z.pid)
+}
+
+/// Forks a worker for one hook from the zygote of `python` (started, or restarted, on demand).
+pub async fn fork_worker(
+    python: &str,
+    runner: &Path,
+    dir: &Path,
+    handler: &Path,
+    name: &str,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<Forked, String> {
+    let zygote = get_or_start(python, runner).await?;
+    let id = zygote.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    zygote
+        .pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, tx);
+    let request = json!({
+        "spawn": id,
+        "dir": dir,
+        "handler": handler,
+        "name": name,
+        "env": env,
+    });
+    let sent = send_packet(&zygote.ctl, request.to_string().as_bytes()).await;
+    if let Err(e) = sent {
+        zygote
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        return Err(format!("cannot reach the fork server: {e}"));
+    }
+    match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err("the fork server exited".into()),
+        Err(_) => {
+            zygote
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            Err(format!(
+                "the fork server did not answer within {SPAWN_TIMEOUT:?}"
+            ))
+        }
+    }
+}
+
+/// Stops every fork server of the process (end of `serve`): each gets EOF, waits briefly for its
+/// workers (killed or closing by now), reaps them and exits; returns when all are gone or after
+/// `wait`.
+pub async fn shutdown_all(wait: Duration) {
+    let all: Vec<Arc<Zygote>> = pool()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, z)| z)
+        .collect();
+    let deadline = tokio::time::Instant::now() + wait;
+    for z in all {
+        // SAFETY: shutdown(2) on a socket this process owns; the fd stays open until dropped.
+        unsafe {
+            libc::shutdown(z.ctl.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        loop {
+            let notified = z.exit_notify.notified();
+            if z.reaped.load(Ordering::SeqCst) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(python = %z.python, pid = z.pid, "python fork server did not exit in time; killed");
+                kill_pid(z.pid);
+                break;
+            }
+        }
+    }
+}
+
+async fn get_or_start(python: &str, runner: &Path) -> Result<Arc<Zygote>, String> {
+    let live = |p: &str| {
+        pool()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(p)
+            .filter(|z| !z.dead.load(Ordering::SeqCst))
+            .cloned()
+    };
+    if let Some(z) = live(python) {
+        return Ok(z);
+    }
+    let _guard = start_lock().lock().await;
+    if let Some(z) = live(python) {
+        return Ok(z);
+    }
+    let (python_owned, runner) = (python.to_string(), runner.to_path_buf());
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let zygote = tokio::task::spawn_blocking(move || start(&python_owned, &runner, ready_tx))
+        .await
+        .map_err(|e| format!("starting the fork server failed: {e}"))??;
+    match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            return Err(format!(
+                "the fork server for {python:?} exited before it was ready; its stderr is in the log"
+            ));
+        }
+        Err(_) => {
+            kill_pid(zygote.pid);
+            return Err(format!(
+                "the fork server for {python:?} was not ready within {ZYGOTE_START_TIMEOUT:?}"
+            ));
+        }
+    }
+    tracing::info!(python, pid = zygote.pid, "python fork server started");
+    pool()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(python.to_string(), zygote.clone());
+    Ok(zygote)
+}
+
+fn kill_pid(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Starts a zygote (blocking: fork/exec and socket set-up) and its reader thread.
+fn start(python: &str, runner: &Path, ready: oneshot::Sender<()>) -> Result<Arc<Zygote>, String> {
+    let (host_end, child_end) =
+        seqpacket_pair().map_err(|e| format!("cannot create the fork server's socket: {e}"))?;
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg("-u")
+        .arg(runner)
+        .arg("--zygote")
+        .stdin(Stdio::from(child_end))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    if let Some(dir) = runner.parent() {
+        cmd.current_dir(dir);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start Python interpreter {python:?}: {e}"))?;
+    let zygote = Arc::new(Zygote {
+        python: python.to_string(),
+        pid: child.id(),
+        ctl: host_end,
+        next_id: AtomicU64::new(1),
+        dead: AtomicBool::new(false),
+        reaped: AtomicBool::new(false),
+        pending: Mutex::new(HashMap::new()),
+        exits: Mutex::new(HashMap::new()),
+        exit_notify: Notify::new(),
+    });
+    if let Some(stderr) = child.stderr.take() {
+        let python = python.to_string();
+        let _ = std::thread::Builder::new()
+            .name("zygote-stderr".into())
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    tracing::warn!(target: "hook", zygote = %python, "{line}");
+                }
+            });
+    }
+    let z = zygote.clone();
+    std::thread::Builder::new()
+        .name("zygote-reader".into())
+        .spawn(move || {
+            read_loop(&z, Some(ready));
+            z.dead.store(true, Ordering::SeqCst);
+            z.exit_notify.notify_waiters();
+            let pending: Vec<_> = z
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain()
+                .collect();
+            drop(pending);
+            // The socket closes when the zygote exits (or is shut down): reap it, then say so.
+            let status = child.wait();
+            z.reaped.store(true, Ordering::SeqCst);
+            z.exit_notify.notify_waiters();
+            match status {
+                Ok(s) if s.success() => tracing::info!(python = %z.python, pid = z.pid, "python fork server exited"),
+                Ok(s) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server exited ({s}); the next worker starts a new one"),
+                Err(e) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server: cannot collect its exit status: {e}"),
+            }
+        })
+        .map_err(|e| format!("cannot start the fork server's reader thread: {e}"))?;
+    Ok(zygote)
+}
+
+/// Reads the zygote's messages until EOF: ready, spawned workers (with their fds), exits.
+fn read_loop(z: &Arc<Zygote>, mut ready: Option<oneshot::Sender<()>>) {
+    loop {
+        let (data, fds) = match recv_packet(z.ctl.as_raw_fd()) {
+            Ok(Some(m)) => m,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(python = %z.python, "reading from the fork server failed: {e}");
+                return;
+            }
+        };
+        let Ok(msg) = serde_json::from_slice::<Value>(&data) else {
+            tracing::warn!(python = %z.python, "the fork server sent an unreadable message");
+            continue;
+        };
+        if msg.get("zygote").is_some() {
+            if let Some(tx) = ready.take() {
+                let _ = tx.send(());
+            }
+        } else if let Some(id) = msg.get("spawned").and_then(Value::as_u64) {
+            let tx = z
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            let result = match (msg.get("error").and_then(Value::as_str), fds.len()) {
+                (Some(e), _) => Err(format!("the fork server could not start the worker: {e}")),
+                (None, 4) => {
+                    let pid = msg
+                        .get("pid")
+                        .and_then(Value::as_i64)
+                        .and_then(|p| i32::try_from(p).ok())
+                        .unwrap_or(0);
+                    let mut it = fds.into_iter();
+                    match (it.next(), it.next(), it.next(), it.next()) {
+                        (Some(stdin), Some(stdout), Some(stderr), Some(pidfd)) if pid > 0 => {
+                            Ok(Forked {
+                                pid,
+                                stdin,
+                                stdout,
+                                stderr,
+                                pidfd,
+                                zygote: z.clone(),
+                            })
+                        }
+                        _ => Err("the fork server sent an incomplete answer".into()),
+                    }
+                }
+                (None, n) => Err(format!("the fork server sent {n} descriptors instead of 4")),
+            };
+            match (tx, result) {
+                (Some(tx), r) => {
+                    if let Err(Ok(forked)) = tx.send(r) {
+                        // Nobody waits any more (the request timed out): do not leave it running.
+                        // SAFETY: killpg has no memory-safety preconditions.
+                        unsafe {
+                            libc::killpg(forked.pid, libc::SIGKILL);
+                        }
+                    }
+                }
+                (None, Ok(forked)) => unsafe {
+                    // SAFETY: as above.
+                    libc::killpg(forked.pid, libc::SIGKILL);
+                },
+                (None, Err(_)) => {}
+            }
+        } else if let Some(pid) = msg
+            .get("exited")
+            .and_then(Value::as_i64)
+            .and_then(|p| i32::try_from(p).ok())
+        {
+            let code = msg
+                .get("code")
+                .and_then(Value::as_i64)
+                .and_then(|c| i32::try_from(c).ok())
+                .unwrap_or(i32::MIN);
+            let mut exits = z.exits.lock().unwrap_or_else(|p| p.into_inner());
+            if exits.len() >= MAX_EXITS {
+                exits.clear();
+            }
+            exits.insert(pid, code);
+            drop(exits);
+            z.exit_notify.notify_waiters();
+        }
+    }
+}
+
+impl Zygote {
+    /// The exit code the zygote reported for `pid` (negative: killed by that signal), waiting
+    /// up to `wait` for the report; `None` when it does not come (the zygote is gone).
+    pub async fn exit_code(&self, pid: i32, wait: Duration) -> Option<i32> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.exit_notify.notified();
+            if let Some(code) = self
+                .exits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&pid)
+            {
+                return Some(code);
+            }
+            if self.dead.load(Ordering::SeqCst) {
+                return None;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// A connected AF_UNIX SOCK_SEQPACKET pair, close-on-exec (std gives the child its end as fd 0).
+fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one packet without blocking the runtime (retries briefly while the buffer is full).
+async fn send_packet(fd: &OwnedFd, data: &[u8]) -> std::io::Result<()> {
+    loop {
+        // SAFETY: `data` is valid for `len` bytes for the duration of the call.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => tokio::time::sleep(Duration::from_millis(1)).await,
+            std::io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Receives one packet and the descriptors sent with it (blocking; the reader thread's job).
+/// `None` at EOF.
+fn recv_packet(fd: RawFd) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    // Room for up to 8 descriptors.
+    let mut cmsg = [0u64; 16];
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: zeroed msghdr is a valid "empty" header; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cmsg) as _;
+        // SAFETY: `msg` points at live buffers of the stated sizes.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut fds = Vec::new();
+        // SAFETY: walking the control messages the kernel filled in, with the libc macros.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                    let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    for i in 0..len / std::mem::size_of::<RawFd>() {
+                        let raw = std::ptr::read_unaligned(data.add(i));
+                        fds.push(OwnedFd::from_raw_fd(raw));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 && fds.is_empty() {
+            return Ok(None);
+        }
+        buf.truncate(n as usize);
+        return Ok(Some((buf, fds)));
+    }
+}
