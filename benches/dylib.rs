@@ -154,7 +154,7 @@ struct Inline;
 impl hermes_hooks::handler::Handler for Inline {
     fn call<'a>(
         &'a mut self,
-        calls: &'a [hermes_hooks::handler::Call],
+        calls: Vec<hermes_hooks::handler::Call>,
         report: &'a mut hermes_hooks::handler::Report<'_>,
     ) -> hermes_hooks::handler::BoxFuture<'a, ()> {
         Box::pin(async move {

@@ -758,7 +758,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             hook.in_flight.fetch_sub(1, Ordering::SeqCst);
             last = now;
         };
-        handler.call(&calls, &mut report).await;
+        handler.call(calls, &mut report).await;
     }
     for job in slots.into_iter().flatten() {
         finish(

@@ -290,7 +290,7 @@ pub trait Handler: Send {
     /// unless the kind allows concurrency, and reports every call exactly once through `report`
     /// (by its index), as soon as its outcome is known. A call that was never started is
     /// reported [`HandlerError::NotStarted`].
-    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
+    fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
 
     /// Stops for good: lets a worker finish pending background work briefly, then kills it.
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {

@@ -724,25 +724,28 @@ impl DylibHandler {
     /// result). Past it the hook is stuck until the call returns; if the hook is reloaded
     /// meanwhile, the calls not started are reported [`HandlerError::NotStarted`] and go back to
     /// the queue for the new version.
-    async fn call_batch(&mut self, calls: &[Call], report: &mut Report<'_>) {
-        let (replies, mut results) = tokio::sync::mpsc::channel(calls.len());
+    async fn call_batch(&mut self, calls: Vec<Call>, report: &mut Report<'_>) {
+        let n = calls.len();
+        let (replies, mut results) = tokio::sync::mpsc::channel(n);
         let ctl = Arc::new(Mutex::new(BatchCtl::default()));
-        let sent = self.tx.as_ref().is_some_and(|tx| {
-            tx.send(Request::Batch {
-                events: calls.to_vec(),
-                replies,
-                ctl: ctl.clone(),
-            })
-            .is_ok()
-        });
+        let sent = match &self.tx {
+            Some(tx) => tx
+                .send(Request::Batch {
+                    events: calls,
+                    replies,
+                    ctl: ctl.clone(),
+                })
+                .is_ok(),
+            None => false,
+        };
         if !sent {
-            for i in 0..calls.len() {
+            for i in 0..n {
                 report(i, Err(self.thread_gone()));
             }
             return;
         }
         let mut i = 0;
-        while i < calls.len() {
+        while i < n {
             // Most results of a fast library are already there: no timer needed for those.
             let next = match results.try_recv() {
                 Ok(r) => Ok(Some(r)),
@@ -754,7 +757,7 @@ impl DylibHandler {
             match next {
                 Ok(Some(r)) => report(i, r),
                 Ok(None) => {
-                    for j in i..calls.len() {
+                    for j in i..n {
                         report(j, Err(self.thread_gone()));
                     }
                     return;
@@ -767,7 +770,7 @@ impl DylibHandler {
                         r = results.recv() => self.resumed(started, r.map(Some).unwrap_or(None)),
                         _ = self.signals.wait_superseded() => {
                             let began = BatchCtl::cancel(&ctl);
-                            for j in i + 1..calls.len() {
+                            for j in i + 1..n {
                                 report(j, if j < began {
                                     Err(HandlerError::Failed("the hook was reloaded while an earlier call was stuck; this call's result is discarded".into()))
                                 } else {
@@ -815,11 +818,11 @@ impl Handler for DylibHandler {
         BATCH_LIMIT
     }
 
-    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+    fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            match calls {
-                [] => {}
-                [one] => self.call_one(one, report).await,
+            match calls.len() {
+                0 => {}
+                1 => self.call_one(&calls[0], report).await,
                 _ => self.call_batch(calls, report).await,
             }
         })

@@ -209,8 +209,9 @@ impl Handler for ExecHandler {
         self.ctx.concurrency
     }
 
-    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+    fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            let calls = &calls[..];
             let this = &*self;
             // Past the timeout a call is dropped, and its process group killed with it.
             let run = |i: usize| {

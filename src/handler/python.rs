@@ -768,8 +768,9 @@ impl Handler for PythonHandler {
         })
     }
 
-    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+    fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            let calls = &calls[..];
             let mut done = 0;
             while done < calls.len() {
                 if self.worker.is_none() && done > 0 {

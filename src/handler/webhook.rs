@@ -524,8 +524,9 @@ impl Handler for WebhookHandler {
         self.concurrency
     }
 
-    fn call<'a>(&'a mut self, calls: &'a [Call], report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+    fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            let calls = &calls[..];
             let this = &*self;
             // Past the hook's timeout a request is dropped (cancelled).
             let run = |i: usize| {
