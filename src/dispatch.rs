@@ -7,7 +7,7 @@
 //! overflow policy and counts the drop.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -72,6 +72,8 @@ pub struct HookQueue {
     notify: Notify,
     /// Bound; changes when a reloaded HOOK.yaml changes `queue:`.
     capacity: AtomicUsize,
+    /// A burst's storage was released: return freed memory once the queue stays idle.
+    trim_pending: AtomicBool,
     /// Overflow policy (0 = drop_oldest, 1 = drop_newest), likewise.
     overflow: AtomicU8,
 }
@@ -86,6 +88,7 @@ impl HookQueue {
             }),
             notify: Notify::new(),
             capacity: AtomicUsize::new(capacity.max(1)),
+            trim_pending: AtomicBool::new(false),
             overflow: AtomicU8::new(overflow as u8),
         }
     }
@@ -147,10 +150,8 @@ impl HookQueue {
             {
                 let mut st = self.lock();
                 if let Some(job) = st.jobs.pop_front() {
-                    let trim = shrink_if_drained(&mut st.jobs);
-                    drop(st);
-                    if trim {
-                        give_memory_back();
+                    if shrink_if_drained(&mut st.jobs) {
+                        self.trim_pending.store(true, Ordering::Relaxed);
                     }
                     return Some(job);
                 }
@@ -159,7 +160,21 @@ impl HookQueue {
                 }
             }
             // Single consumer: a notify_one without a waiter leaves a permit, so no wake-up is lost.
-            self.notify.notified().await;
+            if self.trim_pending.load(Ordering::Relaxed) {
+                // A burst drained: once the queue has stayed empty for a moment, hand the freed
+                // memory back to the system (not while busy: trimming the heap costs more than a
+                // fast hook's events, and a busy queue drains and refills all the time).
+                tokio::select! {
+                    _ = self.notify.notified() => {}
+                    _ = tokio::time::sleep(TRIM_WHEN_IDLE_FOR) => {
+                        if self.trim_pending.swap(false, Ordering::Relaxed) {
+                            give_memory_back();
+                        }
+                    }
+                }
+            } else {
+                self.notify.notified().await;
+            }
         }
     }
 
@@ -180,10 +195,8 @@ impl HookQueue {
         let mut st = self.lock();
         let n = max.min(st.jobs.len());
         let jobs = st.jobs.drain(..n).collect();
-        let trim = shrink_if_drained(&mut st.jobs);
-        drop(st);
-        if trim {
-            give_memory_back();
+        if shrink_if_drained(&mut st.jobs) {
+            self.trim_pending.store(true, Ordering::Relaxed);
         }
         jobs
     }
@@ -226,6 +239,8 @@ impl HookQueue {
 
 /// Queue storage kept after a drain; a burst's peak is released when the queue empties.
 const IDLE_QUEUE_SLOTS: usize = 64;
+/// How long a drained queue stays empty before the freed memory goes back to the system.
+const TRIM_WHEN_IDLE_FOR: Duration = Duration::from_millis(300);
 
 /// Releases the peak storage of a queue that a burst filled, once it is empty again; true when
 /// it did (the caller then returns freed memory to the system).

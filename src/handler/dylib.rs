@@ -36,9 +36,9 @@
 //! one whose `hermes_hook_init` ran (and refused) is retained like any other.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -203,35 +203,31 @@ enum Request {
         events: Vec<Call>,
         replies: tokio::sync::mpsc::Sender<HandlerResult>,
         /// Which calls have started; lets the handler stop the rest.
-        ctl: Arc<Mutex<BatchCtl>>,
+        ctl: Arc<BatchCtl>,
     },
 }
 
-/// How far the library's thread got in a batch, and whether it must stop.
+/// How far the library's thread got in a batch, and whether it must stop: one atomic word (the
+/// count of calls started, and a cancelled bit), so claiming a call costs one compare-and-swap.
 #[derive(Debug, Default)]
-struct BatchCtl {
-    /// Calls of the batch started so far.
-    started: usize,
-    /// The calls not started yet must not be made (the hook was reloaded).
-    cancelled: bool,
-}
+struct BatchCtl(AtomicUsize);
+
+/// The cancelled bit of [`BatchCtl`].
+const CANCELLED: usize = 1 << (usize::BITS - 1);
 
 impl BatchCtl {
     /// The thread claims the next call; false when the batch was cancelled.
-    fn claim(ctl: &Mutex<BatchCtl>) -> bool {
-        let mut c = ctl.lock().unwrap_or_else(|p| p.into_inner());
-        if c.cancelled {
-            return false;
-        }
-        c.started += 1;
-        true
+    fn claim(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s & CANCELLED == 0).then_some(s + 1)
+            })
+            .is_ok()
     }
 
     /// Cancels what has not started; returns how many calls had started.
-    fn cancel(ctl: &Mutex<BatchCtl>) -> usize {
-        let mut c = ctl.lock().unwrap_or_else(|p| p.into_inner());
-        c.cancelled = true;
-        c.started
+    fn cancel(&self) -> usize {
+        self.0.fetch_or(CANCELLED, Ordering::AcqRel) & !CANCELLED
     }
 }
 
@@ -553,7 +549,7 @@ fn thread_main(
             } => {
                 let mut context = Vec::new();
                 for call in events {
-                    if !BatchCtl::claim(&ctl) {
+                    if !ctl.claim() {
                         break;
                     }
                     context.clear();
@@ -727,7 +723,7 @@ impl DylibHandler {
     async fn call_batch(&mut self, calls: Vec<Call>, report: &mut Report<'_>) {
         let n = calls.len();
         let (replies, mut results) = tokio::sync::mpsc::channel(n);
-        let ctl = Arc::new(Mutex::new(BatchCtl::default()));
+        let ctl = Arc::new(BatchCtl::default());
         let sent = match &self.tx {
             Some(tx) => tx
                 .send(Request::Batch {
@@ -769,7 +765,7 @@ impl DylibHandler {
                     tokio::select! {
                         r = results.recv() => self.resumed(started, r.map(Some).unwrap_or(None)),
                         _ = self.signals.wait_superseded() => {
-                            let began = BatchCtl::cancel(&ctl);
+                            let began = ctl.cancel();
                             for j in i + 1..n {
                                 report(j, if j < began {
                                     Err(HandlerError::Failed("the hook was reloaded while an earlier call was stuck; this call's result is discarded".into()))
