@@ -240,7 +240,7 @@ impl HookQueue {
 /// Queue storage kept after a drain; a burst's peak is released when the queue empties.
 const IDLE_QUEUE_SLOTS: usize = 64;
 /// How long a drained queue stays empty before the freed memory goes back to the system.
-const TRIM_WHEN_IDLE_FOR: Duration = Duration::from_millis(300);
+const TRIM_WHEN_IDLE_FOR: Duration = Duration::from_millis(100);
 
 /// Releases the peak storage of a queue that a burst filled, once it is empty again; true when
 /// it did (the caller then returns freed memory to the system).
