@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,47 +26,11 @@ void hermes_hook_free(HermesHookBuf b) { (void)b; }
 
 const NOOP_PY: &str = "def handle(event, context):\n    return None\n";
 
-/// A child process killed (SIGTERM, then reaped) on drop.
-struct Proc {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) has no memory-safety preconditions.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
+/// A service or worker, stopped (SIGTERM, then reaped) on drop.
+type Proc = common::Service;
 
 fn spawn(args: &[&str], home: &Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hermes-hooks"))
-        .args(args)
-        .args(["--listen", "127.0.0.1:0", "--drain-timeout", "0"])
-        .env("HERMES_HOME", home)
-        .env("HERMES_HOOKS_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn hermes-hooks");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut addr = None;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                addr = a.split_whitespace().next().map(str::to_string);
-            }
-            if line.contains("hooks loaded") {
-                let _ = tx.send(addr.clone().unwrap_or_default());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("hooks loaded");
-    Proc { child, addr }
+    common::Service::spawn(args, home)
 }
 
 fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, Value) {

@@ -475,14 +475,12 @@ impl Host {
         Ok(queued)
     }
 
-    /// Queues many events at once (the batch endpoint): every event is validated first, so a bad
-    /// one refuses the whole batch (its index is returned with the error) and nothing is
-    /// half-delivered; then each hook's share is pushed under one lock. Returns, per event, the
-    /// number of hooks it was queued to.
-    pub fn emit_batch(
+    /// Validates every event of a batch first (one bad event refuses the whole batch, so nothing
+    /// is half-delivered) and counts them as received.
+    fn accept_checked(
         &self,
         events: Vec<(String, Value)>,
-    ) -> Result<Vec<usize>, (usize, EmitError)> {
+    ) -> Result<Vec<(String, Value)>, (usize, EmitError)> {
         let mut checked = Vec::with_capacity(events.len());
         for (i, (event, context)) in events.into_iter().enumerate() {
             validate_event_name(&event).map_err(|e| (i, e.into()))?;
@@ -494,6 +492,18 @@ impl Host {
         self.inner
             .events_received
             .fetch_add(checked.len() as u64, Ordering::Relaxed);
+        Ok(checked)
+    }
+
+    /// Queues many events at once (the batch endpoint): every event is validated first, so a bad
+    /// one refuses the whole batch (its index is returned with the error) and nothing is
+    /// half-delivered; then each hook's share is pushed under one lock. Returns, per event, the
+    /// number of hooks it was queued to.
+    pub fn emit_batch(
+        &self,
+        events: Vec<(String, Value)>,
+    ) -> Result<Vec<usize>, (usize, EmitError)> {
+        let checked = self.accept_checked(events)?;
         let reg = self.inner.registry.load();
         let mut per_hook: Vec<Vec<(usize, Job)>> =
             (0..reg.hooks.len()).map(|_| Vec::new()).collect();
@@ -651,17 +661,7 @@ impl Host {
         let Some(sink) = self.inner.sink.get() else {
             return self.emit_batch(events);
         };
-        let mut checked = Vec::with_capacity(events.len());
-        for (i, (event, context)) in events.into_iter().enumerate() {
-            validate_event_name(&event).map_err(|e| (i, e.into()))?;
-            checked.push((event, normalize_context(context).map_err(|e| (i, e))?));
-        }
-        if self.is_draining() {
-            return Err((0, EmitError::ShuttingDown));
-        }
-        self.inner
-            .events_received
-            .fetch_add(checked.len() as u64, Ordering::Relaxed);
+        let checked = self.accept_checked(events)?;
         sink.accept_batch(checked).await.map_err(|e| (0, e.into()))
     }
 

@@ -17,16 +17,16 @@ pub struct Service {
 impl Service {
     /// Starts the service on `root` with `HERMES_HOME=home` and waits until its hooks are loaded.
     pub fn start(root: &Path, home: &Path) -> Self {
+        let root = root.to_string_lossy();
+        Self::spawn(&["serve", "--hooks-dir", &root], home)
+    }
+
+    /// Runs `hermes-hooks ARGS --listen 127.0.0.1:0 --drain-timeout 0` (a `serve` or a fleet
+    /// `worker`) with `HERMES_HOME=home` and waits until its hooks are loaded.
+    pub fn spawn(args: &[&str], home: &Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hermes-hooks"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--drain-timeout",
-                "0",
-                "--hooks-dir",
-            ])
-            .arg(root)
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--drain-timeout", "0"])
             .env("HERMES_HOME", home)
             .env("HERMES_HOOKS_LOG", "info")
             .stderr(Stdio::piped())
