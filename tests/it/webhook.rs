@@ -371,6 +371,13 @@ fn hanging_endpoint_delays_neither_emit_nor_another_hook() {
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
     assert!(slowest < Duration::from_secs(1), "slowest emit {slowest:?}");
+    // Its first request may still be on its way under load: wait for it, then check there is
+    // no second.
+    poll(
+        Duration::from_secs(10),
+        "the hanging hook's first delivery",
+        || (hang.count() >= 1).then_some(()),
+    );
     assert_eq!(
         hang.count(),
         1,
