@@ -255,7 +255,7 @@ fn check_manifest(text: &str) {
         Err(e) => assert!(!e.to_string().is_empty(), "{text:?}"),
     }
     assert!(
-        t0.elapsed() < Duration::from_secs(2),
+        t0.elapsed() < Duration::from_secs(10),
         "parsing hung: {text:?}"
     );
 }
@@ -276,8 +276,10 @@ fn an_alias_bomb_in_hook_yaml_is_refused_quickly() {
     text.push_str("events: *l11\n");
     let t0 = Instant::now();
     let _ = parse_manifest(&text);
+    // About 0.5 s alone in a debug build; the bound is "no hang", roomy enough for a machine
+    // busy with the rest of the suite (measured over 5 s with two CPU hogs running).
     assert!(
-        t0.elapsed() < Duration::from_secs(5),
+        t0.elapsed() < Duration::from_secs(30),
         "an alias bomb took {:?}",
         t0.elapsed()
     );
