@@ -629,14 +629,7 @@ fn chaos_soak_keeps_every_promise() {
     let ran = started.elapsed();
 
     assert_eq!(serve.terminate(), Some(0), "the service must exit cleanly");
-    let stop_notice: Value = serve
-        .stdout
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "host_stop")
-        .expect("a host_stop notice");
+    let stop_notice: Value = serve.notice("host_stop");
     // Killed process groups are reaped by the system once the service is gone: allow a moment.
     let gone_by = Instant::now() + Duration::from_secs(10);
     let leftovers = loop {

@@ -145,14 +145,7 @@ fn shutdown_waits_for_and_counts_a_removed_hooks_calls() {
         "{report}"
     );
     assert_eq!(serve.terminate(), Some(0));
-    let stop: Value = serve
-        .stdout
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "host_stop")
-        .expect("a host_stop notice");
+    let stop: Value = serve.notice("host_stop");
     assert_eq!(
         stop["undelivered_by_hook"]["goner"], 3,
         "the removed hook's blocked call and its two queued events are undelivered: {stop}"
@@ -179,8 +172,7 @@ fn shutdown_waits_for_and_counts_a_removed_hooks_calls() {
         "{stop}"
     );
     poll(T, "the removed hook's worker to be gone", || {
-        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap_or_default();
-        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+        crate::util::is_dead(worker).then_some(())
     });
 }
 
@@ -206,22 +198,14 @@ fn shutdown_waits_for_and_counts_a_superseded_versions_call() {
     assert_eq!(s, 200, "{report}");
     assert_eq!(hook_info(&serve, "busy")["status"], "pending");
     assert_eq!(serve.terminate(), Some(0));
-    let stop: Value = serve
-        .stdout
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "host_stop")
-        .expect("a host_stop notice");
+    let stop: Value = serve.notice("host_stop");
     assert_eq!(
         stop["accounts"]["busy"],
         json!({"accepted": 3, "ok": 0, "failed": 0, "dropped": 0, "undelivered": 3}),
         "the old version's running call and the two queued events: {stop}"
     );
     poll(T, "the old version's worker to be gone", || {
-        let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap_or_default();
-        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+        crate::util::is_dead(worker).then_some(())
     });
 }
 
@@ -249,14 +233,7 @@ fn shutdown_lets_a_removed_hook_finish_its_queue_within_the_drain() {
     });
     std::fs::write(&rel, "").unwrap();
     assert_eq!(serve.terminate(), Some(0));
-    let stop: Value = serve
-        .stdout
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "host_stop")
-        .expect("a host_stop notice");
+    let stop: Value = serve.notice("host_stop");
     assert_eq!(
         stop["accounts"]["leaving"],
         json!({"accepted": 3, "ok": 3, "failed": 0, "dropped": 0, "undelivered": 0}),

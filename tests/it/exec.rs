@@ -83,8 +83,7 @@ async fn timeout_kills_the_whole_process_group() {
         .unwrap();
     poll_async(T, "the grandchild to be killed", || {
         // The grandchild may linger as a zombie until its reaper runs; a zombie is dead.
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+        crate::util::is_dead(pid).then_some(())
     })
     .await;
     host.shutdown(T).await;
@@ -133,7 +132,6 @@ fn a_background_child_holding_the_pipes_keeps_the_result_and_logs_and_is_killed(
         .parse()
         .unwrap();
     crate::util::poll(T, "the background child to be killed", || {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+        crate::util::is_dead(pid).then_some(())
     });
 }

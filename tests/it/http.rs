@@ -368,9 +368,7 @@ fn sigterm_drains_the_queues_and_exits_cleanly() {
     // No Python worker survives the service.
     let pid = std::fs::read_to_string(hooks.out().join("worker.pid")).unwrap();
     poll(T, "the worker to be gone", || {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
-        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+        crate::util::is_dead(pid.trim()).then_some(())
     });
 }
 

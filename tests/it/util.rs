@@ -17,6 +17,13 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_hermes-hooks")
 }
 
+/// True once `pid` has exited (gone, or a zombie waiting for its reaper: dead either way).
+#[allow(dead_code)] // not every test target that includes this file watches processes
+pub fn is_dead(pid: impl std::fmt::Display) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.is_empty() || status.contains("State:\tZ")
+}
+
 /// Polls `f` until it returns `Some` or `timeout` passes; panics with `what` on timeout.
 pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -264,6 +271,20 @@ impl Serve {
             &body,
         );
         (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
+    /// The first notice of `kind` on stdout (`--output json`), waiting for the reader thread to
+    /// catch up with a service that may just have exited.
+    #[allow(dead_code)] // not every test target that includes this file reads notices
+    pub fn notice(&self, kind: &str) -> Value {
+        poll(Duration::from_secs(10), &format!("a {kind} notice"), || {
+            self.stdout
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|v| v["type"] == kind)
+        })
     }
 
     /// Sends SIGTERM and waits for exit, returning the exit code.
