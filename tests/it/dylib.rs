@@ -675,10 +675,15 @@ fn a_reload_while_a_batch_is_stuck_delivers_every_event_exactly_once() {
         last.contains("timed out"),
         "the one failure is the timeout: {info}"
     );
-    let mut seen: Vec<i64> = crate::util::read_jsonl(&log)
-        .iter()
-        .map(|v| v["ctx"]["i"].as_i64().unwrap())
-        .collect();
+    // The stuck call was counted failed at its timeout; it logs once it returns (after the
+    // release), which may be after the others settled: wait for six lines, then compare.
+    let mut seen: Vec<i64> = poll(T, "every call to have logged", || {
+        let lines = crate::util::read_jsonl(&log);
+        (lines.len() >= 6).then_some(lines)
+    })
+    .iter()
+    .map(|v| v["ctx"]["i"].as_i64().unwrap())
+    .collect();
     seen.sort();
     assert_eq!(
         seen,
