@@ -81,6 +81,9 @@ pub enum EmitError {
     /// The host is shutting down.
     #[error("the host is shutting down and accepts no new events")]
     ShuttingDown,
+    /// The sink cannot take the event now, or ever (fleet mode; see [`SinkError`]).
+    #[error(transparent)]
+    Sink(SinkError),
 }
 
 pub use crate::sink::HookOutcome;
@@ -90,6 +93,7 @@ impl From<SinkError> for EmitError {
     fn from(e: SinkError) -> Self {
         match e {
             SinkError::ShuttingDown => EmitError::ShuttingDown,
+            other => EmitError::Sink(other),
         }
     }
 }

@@ -251,9 +251,15 @@ fn encode_fleet(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<(),
     )?;
     counter(
         e,
-        "fleet_dropped",
-        "Events dropped because the edge's buffer was full.",
-        num("dropped"),
+        "fleet_buffer_full",
+        "Events refused with 503 because the edge's buffer was full (none accepted is dropped).",
+        num("buffer_full"),
+    )?;
+    counter(
+        e,
+        "fleet_refused",
+        "Accepted events the broker refused for good (over a limit), taken off the buffer.",
+        num("refused"),
     )?;
     gauge(
         e,

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use crate::host::{EmitError, Host};
+use crate::sink::SinkError;
 
 /// Largest single-event or collect body.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -67,6 +68,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"code": self.code, "message": self.message}});
+        if self.code == "buffer_full" {
+            // The edge's buffer drains as fast as the broker takes events: soon.
+            return (self.status, [(header::RETRY_AFTER, "1")], axum::Json(body)).into_response();
+        }
         (self.status, axum::Json(body)).into_response()
     }
 }
@@ -85,6 +90,26 @@ impl From<EmitError> for ApiError {
             EmitError::ContextNotObject(_) => {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid_context", e.to_string())
             }
+            EmitError::Sink(ref s) => match s {
+                SinkError::TooLarge { .. } => ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large_for_broker",
+                    e.to_string(),
+                ),
+                SinkError::Full { .. } => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "buffer_full",
+                    e.to_string(),
+                ),
+                SinkError::Refused(_) => {
+                    ApiError::new(StatusCode::BAD_GATEWAY, "broker_refused", e.to_string())
+                }
+                SinkError::ShuttingDown => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "shutting_down",
+                    e.to_string(),
+                ),
+            },
         }
     }
 }

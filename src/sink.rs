@@ -18,6 +18,26 @@ pub enum SinkError {
     /// The sink is stopping and takes no new events.
     #[error("the host is shutting down and accepts no new events")]
     ShuttingDown,
+    /// The event can never be passed on: larger than the broker takes.
+    #[error(
+        "the event is {size} bytes as published, over the broker's limit of {limit} bytes: it can never be stored"
+    )]
+    TooLarge {
+        /// Bytes the event takes as published.
+        size: usize,
+        /// The broker's limit.
+        limit: usize,
+    },
+    /// The sink's buffer is full (the broker is unreachable or slower than the clients): retry
+    /// after a moment.
+    #[error("the buffer is full ({capacity} events waiting for the broker); retry shortly")]
+    Full {
+        /// The buffer's capacity.
+        capacity: usize,
+    },
+    /// The broker refused the event for good.
+    #[error("the broker refused the event: {0}")]
+    Refused(String),
 }
 
 /// One hook's part in a collect.

@@ -11,8 +11,10 @@ use crate::host::{Host, HostConfig};
 /// Broker connection options (shared by `serve --fleet`, `worker` and `dead`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnArgs {
-    /// NATS JetStream broker(s), comma-separated: nats://HOST:PORT. With `serve`, makes it a
-    /// fleet edge that publishes events instead of running hooks.
+    /// NATS JetStream broker(s), comma-separated: nats://HOST:PORT (credentials in the URL,
+    /// nats://USER:PASSWORD@HOST:PORT or nats://TOKEN@HOST:PORT, are used for the login and
+    /// never shown). With `serve`, makes it a fleet edge that publishes events instead of
+    /// running hooks.
     #[arg(long, value_name = "URL", env = "HERMES_HOOKS_FLEET")]
     pub fleet: Option<String>,
     /// User name for the broker (password from --fleet-password-file).
@@ -73,6 +75,10 @@ pub struct FleetArgs {
     /// Delay before the first retry of a failed event, ms (doubles per delivery, at most 60 s).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub retry_backoff_ms: u64,
+    /// Seconds a removed hook's consumer (its place in the stream) is kept before it is deleted,
+    /// in case the hook comes back or other workers still serve it.
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
+    pub consumer_grace: f64,
     /// How often a worker publishes its status for the fleet view, ms.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub status_interval_ms: u64,
@@ -94,7 +100,9 @@ impl ConnArgs {
             return Ok(None);
         };
         let mut c = FleetConfig::new(url.clone());
-        c.user = self.fleet_user.clone();
+        if self.fleet_user.is_some() {
+            c.user = self.fleet_user.clone();
+        }
         if let Some(p) = &self.fleet_password_file {
             c.password = Some(read_secret(p, "--fleet-password-file")?);
         }
@@ -161,6 +169,7 @@ impl FleetArgs {
                 ack_wait: Duration::from_secs_f64(ack_wait),
                 retry_backoff: Duration::from_millis(self.retry_backoff_ms.max(1)),
                 status_interval: Duration::from_millis(self.status_interval_ms.max(50)),
+                consumer_grace: Duration::from_secs_f64(self.consumer_grace.clamp(0.0, 1e7)),
                 ..Default::default()
             };
             if let Some(id) = &self.worker_id {

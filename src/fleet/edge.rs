@@ -4,15 +4,21 @@
 //! Accepted events go into one bounded in-memory buffer; a publisher task sends them with up to
 //! [`WINDOW`] acknowledgements outstanding (pipelined), and an accept answers once the stream has
 //! acknowledged its event. While the broker is unreachable, accepts answer at once (the event is
-//! buffered), the edge reports itself degraded, a full buffer drops its oldest event (counted),
-//! and the buffer is sent when the broker is back; the stream's de-duplication absorbs what
-//! was sent twice across the outage.
+//! buffered), the edge reports itself degraded, a full buffer refuses new events (503 with
+//! Retry-After: nothing accepted is ever dropped), and the buffer is sent when the broker is
+//! back; the stream's de-duplication absorbs what was sent twice across the outage.
+//!
+//! An event larger than the broker's `max_payload` can never be stored: it is refused before
+//! anything is accepted (413). One the broker refuses for good anyway (its limit lowered, a
+//! stream limit) is taken off the buffer, logged with its id and counted as `refused`: it never
+//! holds up the events behind it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage as Publish;
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -35,7 +41,7 @@ struct Pending {
     subject: String,
     msg_id: String,
     payload: Bytes,
-    done: Option<oneshot::Sender<()>>,
+    done: Option<oneshot::Sender<Result<(), SinkError>>>,
 }
 
 struct Inner {
@@ -49,7 +55,8 @@ struct Inner {
     inflight: AtomicUsize,
     published: AtomicU64,
     duplicates: AtomicU64,
-    dropped: AtomicU64,
+    full: AtomicU64,
+    refused: AtomicU64,
     failures: AtomicU64,
     degraded: Mutex<Option<String>>,
     closing: AtomicBool,
@@ -84,7 +91,8 @@ impl Edge {
             inflight: AtomicUsize::new(0),
             published: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
+            full: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             degraded: Mutex::new(None),
             closing: AtomicBool::new(false),
@@ -107,9 +115,9 @@ impl Edge {
         self.inner.held()
     }
 
-    /// Events dropped because the buffer was full.
-    pub fn dropped(&self) -> u64 {
-        self.inner.dropped.load(Ordering::Relaxed)
+    /// Events refused (503) because the buffer was full.
+    pub fn refused_full(&self) -> u64 {
+        self.inner.full.load(Ordering::Relaxed)
     }
 
     /// Stops accepting and sends what is buffered, for up to `drain`; returns what was left.
@@ -125,20 +133,28 @@ impl Edge {
                 let _ = tokio::time::timeout(Duration::from_millis(100), idle).await;
             }
         };
-        let _ = tokio::time::timeout(drain, until_idle).await;
+        let deadline = tokio::time::Instant::now() + drain;
+        let _ = tokio::time::timeout_at(deadline, until_idle).await;
         let left = self.inner.held();
         if left > 0 {
             tracing::warn!(
                 "fleet: {left} event(s) not yet stored in the stream at shutdown (broker unreachable)"
             );
         }
-        if let Err(e) = self.inner.client.flush().await {
-            tracing::debug!("fleet: flush at shutdown: {e}");
+        // Bounded: with the broker down a flush never completes.
+        let rest = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(100));
+        match tokio::time::timeout(rest, self.inner.client.flush()).await {
+            Ok(Err(e)) => tracing::debug!("fleet: flush at shutdown: {e}"),
+            Err(_) => tracing::debug!("fleet: flush at shutdown: no answer from the broker"),
+            Ok(Ok(())) => {}
         }
         left
     }
 
-    fn envelope(&self, event: String, context: Value) -> Pending {
+    /// The event as published; refused when it can never be stored (over the broker's limit).
+    fn envelope(&self, event: String, context: Value) -> Result<Pending, SinkError> {
         let env = Envelope {
             v: VERSION,
             id: self.inner.ids.next(),
@@ -149,12 +165,19 @@ impl Edge {
             hook: None,
         };
         let payload = serde_json::to_vec(&env).unwrap_or_default();
-        Pending {
+        let msg_id = env.msg_id();
+        // Payload plus the header block (`NATS/1.0`, `Nats-Msg-Id: ...`) as the server counts it.
+        let size = payload.len() + msg_id.len() + 32;
+        let limit = self.inner.client.max_payload();
+        if size > limit {
+            return Err(SinkError::TooLarge { size, limit });
+        }
+        Ok(Pending {
             subject: self.inner.cfg.event_subject(&env.event),
-            msg_id: env.msg_id(),
+            msg_id,
             payload: Bytes::from(payload),
             done: None,
-        }
+        })
     }
 }
 
@@ -163,35 +186,30 @@ impl Inner {
         self.buf.lock().map(|b| b.len()).unwrap_or(0) + self.inflight.load(Ordering::Relaxed)
     }
 
-    fn push(&self, p: Pending) {
-        let dropped = {
+    /// Buffers `items`, all or none: a full buffer refuses them (nothing accepted is dropped).
+    fn push(&self, items: Vec<Pending>) -> Result<(), SinkError> {
+        {
             let Ok(mut buf) = self.buf.lock() else {
-                return;
+                return Err(SinkError::ShuttingDown);
             };
-            let mut dropped = None;
-            if buf.len() + self.inflight.load(Ordering::Relaxed) >= self.capacity {
-                // Oldest first: fresh events matter more (as the local queues' default).
-                dropped = Some(buf.pop_front());
+            if buf.len() + self.inflight.load(Ordering::Relaxed) + items.len() > self.capacity {
+                drop(buf);
+                let n = self.full.fetch_add(items.len() as u64, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() || items.len() > 1 {
+                    tracing::warn!(
+                        refused = n,
+                        "fleet: buffer full ({} events): refusing new events (503) until the broker takes more",
+                        self.capacity
+                    );
+                }
+                return Err(SinkError::Full {
+                    capacity: self.capacity,
+                });
             }
-            if matches!(dropped, Some(None)) {
-                // Everything held is in flight: the new event is the one that cannot be kept.
-                Some(())
-            } else {
-                buf.push_back(p);
-                dropped.map(|_| ())
-            }
-        };
-        if dropped.is_some() {
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                tracing::warn!(
-                    dropped = n,
-                    "fleet: buffer full ({} events) while the broker is unreachable: dropping the oldest",
-                    self.capacity
-                );
-            }
+            buf.extend(items);
         }
         self.wake.notify_one();
+        Ok(())
     }
 
     fn pop(&self) -> Option<Pending> {
@@ -203,6 +221,16 @@ impl Inner {
             for p in items.into_iter().rev() {
                 buf.push_front(p);
             }
+        }
+    }
+
+    /// Takes an event the broker will never store off the buffer: logged with its id, counted,
+    /// and its accept (if still waiting) answered with the reason.
+    fn refuse(&self, p: Pending, why: String) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::error!(msg_id = %p.msg_id, subject = %p.subject, refused = n, "fleet: the broker refuses this event for good ({why}); dropped from the buffer");
+        if let Some(done) = p.done {
+            let _ = done.send(Err(SinkError::Refused(why)));
         }
     }
 
@@ -262,6 +290,9 @@ async fn publisher(inner: Arc<Inner>) {
                     inflight.push_back((p, f));
                     inner.inflight.store(inflight.len(), Ordering::Relaxed);
                 }
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    inner.refuse(p, format!("publish: {e}"));
+                }
                 Err(e) => {
                     inner.push_front(vec![p]);
                     failed = Some(format!("publish: {e}"));
@@ -280,8 +311,13 @@ async fn publisher(inner: Arc<Inner>) {
                         backoff = Duration::from_millis(50);
                     }
                     if let Some(done) = p.done {
-                        let _ = done.send(());
+                        let _ = done.send(Ok(()));
                     }
+                }
+                Err(e) if e.kind() == PublishErrorKind::Other => {
+                    // The stream answered with an error for this message (too large for it, ...):
+                    // sending it again cannot help.
+                    inner.refuse(p, format!("stored by no stream: {e}"));
                 }
                 Err(e) => {
                     // Send this one and every later one again, in order; the stream
@@ -324,12 +360,14 @@ impl EventSink for Edge {
                 return Err(SinkError::ShuttingDown);
             }
             let queued = self.inner.view.matching(&event).len();
-            let mut p = self.envelope(event, context);
+            let mut p = self.envelope(event, context)?;
             let (tx, rx) = oneshot::channel();
             p.done = Some(tx);
-            self.inner.push(p);
-            if self.inner.degraded().is_none() {
-                let _ = tokio::time::timeout(PUBLISH_WAIT, rx).await;
+            self.inner.push(vec![p])?;
+            if self.inner.degraded().is_none()
+                && let Ok(Ok(Err(e))) = tokio::time::timeout(PUBLISH_WAIT, rx).await
+            {
+                return Err(e);
             }
             Ok(queued)
         })
@@ -345,19 +383,24 @@ impl EventSink for Edge {
             }
             let mut counts = Vec::with_capacity(events.len());
             let mut waiting = Vec::with_capacity(events.len());
+            let mut items = Vec::with_capacity(events.len());
+            // Every event checked before any is buffered: a batch is taken whole or refused.
             for (event, context) in events {
                 counts.push(self.inner.view.matching(&event).len());
-                let mut p = self.envelope(event, context);
+                let mut p = self.envelope(event, context)?;
                 let (tx, rx) = oneshot::channel();
                 p.done = Some(tx);
                 waiting.push(rx);
-                self.inner.push(p);
+                items.push(p);
             }
+            self.inner.push(items)?;
             if self.inner.degraded().is_none() {
                 let deadline = tokio::time::Instant::now() + PUBLISH_WAIT;
                 for rx in waiting {
-                    if tokio::time::timeout_at(deadline, rx).await.is_err() {
-                        break;
+                    match tokio::time::timeout_at(deadline, rx).await {
+                        Ok(Ok(Err(e))) => return Err(e),
+                        Err(_) => break,
+                        _ => {}
                     }
                 }
             }
@@ -402,7 +445,8 @@ impl EventSink for Edge {
                 "buffer_capacity": self.inner.capacity,
                 "published": self.inner.published.load(Ordering::Relaxed),
                 "duplicates": self.inner.duplicates.load(Ordering::Relaxed),
-                "dropped": self.inner.dropped.load(Ordering::Relaxed),
+                "buffer_full": self.inner.full.load(Ordering::Relaxed),
+                "refused": self.inner.refused.load(Ordering::Relaxed),
                 "workers": workers,
             },
             "hooks": hooks,

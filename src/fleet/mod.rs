@@ -29,7 +29,9 @@ use async_nats::jetstream;
 /// Settings shared by the edge, the workers and the `dead` command.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
-    /// Broker URL(s), comma-separated: `nats://host:4222`.
+    /// Broker URL(s), comma-separated: `nats://host:4222`, without credentials (a
+    /// `nats://user:password@host` given to [`FleetConfig::new`] moves into `user`/`password`,
+    /// so this is safe to log and show).
     pub url: String,
     /// User name (with `password`).
     pub user: Option<String>,
@@ -89,13 +91,21 @@ pub enum FleetError {
 }
 
 impl FleetConfig {
-    /// Default settings for a broker URL.
+    /// Default settings for a broker URL. Credentials in the URL (`nats://user:password@host`,
+    /// or `nats://token@host`) are taken out of it and used for the login.
     pub fn new(url: impl Into<String>) -> Self {
+        let (url, creds) = split_credentials(&url.into());
+        let (mut user, mut password, mut token) = (None, None, None);
+        match creds {
+            Some((u, Some(p))) => (user, password) = (Some(u), Some(p)),
+            Some((t, None)) => token = Some(t),
+            None => {}
+        }
         Self {
-            url: url.into(),
-            user: None,
-            password: None,
-            token: None,
+            url,
+            user,
+            password,
+            token,
             tls_ca: None,
             tls_cert: None,
             require_tls: false,
@@ -251,19 +261,78 @@ impl FleetConfig {
     }
 }
 
-/// `text` as one subject token: `.`, `*`, `>` and whitespace become `_`.
+/// `text` as one subject token, injectively (two names never share a subject): `_`, `.`, `*`,
+/// `>`, whitespace and control characters become `_` and their UTF-8 bytes in hex (`my.hook`
+/// is `my_2ehook`, `my_hook` is `my_5fhook`); the empty name is `_`.
 pub fn token(text: &str) -> String {
-    let t: String = text
-        .chars()
-        .map(|c| {
-            if c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control() {
-                '_'
-            } else {
-                c
+    use std::fmt::Write;
+    if text.is_empty() {
+        return "_".into();
+    }
+    let mut t = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '_' || c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control() {
+            let mut b = [0u8; 4];
+            for byte in c.encode_utf8(&mut b).bytes() {
+                let _ = write!(t, "_{byte:02x}");
+            }
+        } else {
+            t.push(c);
+        }
+    }
+    t
+}
+
+/// Takes `user:password@` (or `token@`) out of each URL of a comma-separated list: returns the
+/// URLs without them and the first credentials found (percent-decoded).
+pub fn split_credentials(urls: &str) -> (String, Option<(String, Option<String>)>) {
+    let mut creds = None;
+    let clean: Vec<String> = urls
+        .split(',')
+        .map(str::trim)
+        .map(|u| {
+            let (scheme, rest) = match u.split_once("://") {
+                Some((s, r)) => (Some(s), r),
+                None => (None, u),
+            };
+            let host_end = rest.find('/').unwrap_or(rest.len());
+            let Some(at) = rest[..host_end].rfind('@') else {
+                return u.to_string();
+            };
+            let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
+            if creds.is_none() {
+                creds = Some(match userinfo.split_once(':') {
+                    Some((user, pass)) => (percent_decode(user), Some(percent_decode(pass))),
+                    None => (percent_decode(userinfo), None),
+                });
+            }
+            match scheme {
+                Some(s) => format!("{s}://{host}"),
+                None => host.to_string(),
             }
         })
         .collect();
-    if t.is_empty() { "_".into() } else { t }
+    (clean.join(","), creds)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A durable consumer name for a hook: letters, digits, `-` and `_` only; a short hash keeps
@@ -309,10 +378,25 @@ mod tests {
     #[test]
     fn names_are_valid_subject_tokens() {
         assert_eq!(token("command:reset"), "command:reset");
-        assert_eq!(token("a.b*c>d e"), "a_b_c_d_e");
+        assert_eq!(token("a.b*c>d e"), "a_2eb_2ac_3ed_20e");
+        assert_ne!(token("my.hook"), token("my_hook"), "injective");
+        assert_ne!(token("my_2ehook"), token("my.hook"), "injective");
+        assert_eq!(token(""), "_");
         assert_eq!(consumer_name("logger-1"), "hook_logger-1");
         let odd = consumer_name("my.hook");
         assert!(odd.starts_with("hook_my_hook_"), "{odd}");
         assert_ne!(odd, consumer_name("my:hook"));
+    }
+
+    #[test]
+    fn credentials_leave_the_url() {
+        let c = FleetConfig::new("nats://al%40x:p%3Ass@127.0.0.1:4222, nats://h2:4222");
+        assert_eq!(c.url, "nats://127.0.0.1:4222,nats://h2:4222");
+        assert_eq!(c.user.as_deref(), Some("al@x"));
+        assert_eq!(c.password.as_deref(), Some("p:ss"));
+        let t = FleetConfig::new("tls://s3cret@broker:4222");
+        assert_eq!(t.url, "tls://broker:4222");
+        assert_eq!(t.token.as_deref(), Some("s3cret"));
+        assert_eq!(FleetConfig::new("nats://h:1").url, "nats://h:1");
     }
 }

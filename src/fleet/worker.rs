@@ -2,12 +2,21 @@
 //! handler kind, hot reload, trust, as `serve` does) and feeds them from the event stream.
 //!
 //! Each hook gets one durable pull consumer named after it, shared by every worker that has the
-//! hook: `max_ack_pending` = `concurrency:` (1 keeps the hook's order across the fleet),
-//! `max_deliver` = `retries:` + 1. An event is acknowledged after its handler finished (with
-//! progress signals while it runs, so a slow handler is not redelivered); a failure or a timeout
-//! is handed back with a growing delay; on the last delivery the event is published to the
-//! dead-letter subject with its error and delivery count, then acknowledged. A worker that dies
-//! mid-event leaves the event unacknowledged: the broker redelivers it after the ack wait.
+//! hook: `max_ack_pending` = `concurrency:` (1 keeps the hook's order across the fleet). A new
+//! consumer starts at the time the hook appeared (its HOOK.yaml written on a running worker, or
+//! the worker's start), so events published while it was being created are not missed, and a
+//! stream recreated empty by its broker is read from its start.
+//!
+//! An event is acknowledged after its handler finished, with progress signals from the moment
+//! it arrives (also while it waits in the hook's local queue, so it is never redelivered while
+//! it waits); a failure or a timeout is handed back with a growing delay; on the last allowed
+//! delivery (`retries:` + 1) the event is published to the dead-letter subject with its error
+//! and delivery count, then acknowledged. The consumer allows one delivery more than that: a
+//! worker killed during the last allowed delivery leaves the event unacknowledged, the broker
+//! delivers it once more after the ack wait, and that delivery goes to the dead letters
+//! without running the handler again.
+//!
+//! A removed hook's consumer is deleted after `consumer_grace` when no worker pulls from it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +26,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use futures_util::StreamExt;
 use serde_json::json;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::envelope::{DeadLetter, Envelope, VERSION};
@@ -36,6 +45,9 @@ pub struct WorkerOptions {
     pub retry_backoff: Duration,
     /// Interval between status messages.
     pub status_interval: Duration,
+    /// How long a removed hook's consumer is kept (a hook coming back, or other workers still
+    /// serving it) before it is deleted.
+    pub consumer_grace: Duration,
 }
 
 impl Default for WorkerOptions {
@@ -45,22 +57,44 @@ impl Default for WorkerOptions {
             ack_wait: Duration::from_secs(30),
             retry_backoff: Duration::from_secs(1),
             status_interval: Duration::from_secs(2),
+            consumer_grace: Duration::from_secs(600),
         }
     }
 }
 
-/// Stream sequences this worker finished for a hook, most recent [`RECENT`]: a broker that
-/// crashed may have lost their acknowledgements and deliver them again (as first deliveries).
+/// Events this worker finished for a hook, most recent [`RECENT`]: a broker that crashed may
+/// have lost their acknowledgements and deliver them again (as first deliveries). Each is known
+/// by its stream sequence and its message id together: a broker back with an empty store reuses
+/// sequences for other events.
 const RECENT: usize = 65_536;
+
+type DoneKey = (u64, u64);
 
 #[derive(Default)]
 struct Recent {
-    set: std::collections::HashSet<u64>,
-    order: std::collections::VecDeque<u64>,
+    set: std::collections::HashSet<DoneKey>,
+    order: std::collections::VecDeque<DoneKey>,
+}
+
+/// The key of a delivered message in [`Recent`].
+fn done_key(msg: &jetstream::Message, seq: u64) -> DoneKey {
+    let id = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str())
+        .unwrap_or("");
+    // FNV-1a over the message id.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (seq, h)
 }
 
 impl Recent {
-    fn insert(&mut self, seq: u64) {
+    fn insert(&mut self, seq: DoneKey) {
         if self.set.insert(seq) {
             self.order.push_back(seq);
             if self.order.len() > RECENT
@@ -106,6 +140,8 @@ struct Settings {
     timeout: Duration,
     max_deliver: i64,
     concurrency: u32,
+    /// When the hook appeared: the start of a consumer created for it.
+    since: std::time::SystemTime,
 }
 
 struct HookTask {
@@ -170,6 +206,7 @@ impl Worker {
 }
 
 async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let started = std::time::SystemTime::now();
     // The streams, once the broker answers.
     let stream = loop {
         let r = async {
@@ -190,6 +227,7 @@ async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     };
     tracing::info!(worker = %sh.opts.id, stream = %sh.cfg.events_stream(), "fleet worker connected");
     let mut tasks: HashMap<String, HookTask> = HashMap::new();
+    let mut seen: HashMap<String, std::time::SystemTime> = HashMap::new();
     let mut reconcile = tokio::time::interval(Duration::from_millis(200));
     let mut status = tokio::time::interval(sh.opts.status_interval);
     let mut generation = u64::MAX;
@@ -200,7 +238,7 @@ async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 let snap = sh.host.snapshot();
                 if snap.generation != generation {
                     generation = snap.generation;
-                    apply(&sh, &stream, &snap, &mut tasks);
+                    apply(&sh, &stream, &snap, &mut tasks, &mut seen, started);
                 }
             }
             _ = status.tick() => publish_status(&sh, &tasks, true).await,
@@ -214,8 +252,25 @@ async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     for (_, t) in tasks.drain() {
         let _ = t.consume.await;
     }
-    publish_status(&sh, &HashMap::new(), false).await;
-    let _ = sh.client.flush().await;
+    // Bounded: with the broker down neither completes.
+    let bye = async {
+        publish_status(&sh, &HashMap::new(), false).await;
+        let _ = sh.client.flush().await;
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), bye).await;
+}
+
+/// When a hook appeared, as the start of a consumer created for it: its HOOK.yaml's time when
+/// written while this worker runs, else the worker's start.
+fn appeared(
+    spec: &crate::discovery::HookSpec,
+    started: std::time::SystemTime,
+) -> std::time::SystemTime {
+    std::fs::metadata(&spec.manifest_path)
+        .and_then(|m| m.modified())
+        .ok()
+        .filter(|t| *t > started && *t <= std::time::SystemTime::now())
+        .unwrap_or(started)
 }
 
 /// Starts, restarts and stops hook tasks to match the registry snapshot.
@@ -224,10 +279,15 @@ fn apply(
     stream: &jetstream::stream::Stream,
     snap: &crate::registry::Registry,
     tasks: &mut HashMap<String, HookTask>,
+    seen: &mut HashMap<String, std::time::SystemTime>,
+    started: std::time::SystemTime,
 ) {
     let mut wanted: HashMap<String, Settings> = HashMap::new();
     for h in &snap.hooks {
         let m = &h.spec.manifest;
+        let since = *seen
+            .entry(h.spec.name.clone())
+            .or_insert_with(|| appeared(&h.spec, started));
         wanted.insert(
             h.spec.name.clone(),
             Settings {
@@ -235,15 +295,20 @@ fn apply(
                 timeout: m.timeout,
                 max_deliver: m.retries as i64 + 1,
                 concurrency: m.concurrency as u32,
+                since,
             },
         );
     }
+    seen.retain(|name, _| wanted.contains_key(name));
     tasks.retain(|name, t| {
         let keep = wanted.get(name) == Some(&t.settings);
         if !keep {
             tracing::info!(hook = %name, "fleet: stopping this hook's consumer");
             let _ = t.stop.send(true);
             t.collect.abort();
+            if !wanted.contains_key(name) {
+                tokio::spawn(remove_after_grace(sh.clone(), stream.clone(), name.clone()));
+            }
         }
         keep
     });
@@ -283,6 +348,35 @@ fn apply(
     }
 }
 
+/// A hook left this worker: after the grace, its consumer is deleted unless this worker has the
+/// hook again or another worker still pulls from it (checked three times, a second apart: a
+/// serving worker always has a pull request waiting, renewed every few seconds).
+async fn remove_after_grace(sh: Arc<Shared>, stream: jetstream::stream::Stream, hook: String) {
+    tokio::time::sleep(sh.opts.consumer_grace).await;
+    if sh.host.snapshot().get(&hook).is_some() {
+        return;
+    }
+    let name = consumer_name(&hook);
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        match stream.get_consumer::<pull::Config>(&name).await {
+            Ok(mut c) => match c.info().await {
+                Ok(info) if info.num_waiting == 0 && info.num_ack_pending == 0 => {}
+                _ => return,
+            },
+            Err(_) => return,
+        }
+    }
+    match stream.delete_consumer(&name).await {
+        Ok(_) => {
+            tracing::info!(hook = %hook, "fleet: removed hook: consumer {name} deleted after the grace")
+        }
+        Err(e) => tracing::debug!(hook = %hook, "fleet: consumer {name} not deleted: {e}"),
+    }
+}
+
 async fn ensure_consumer(
     sh: &Shared,
     stream: &jetstream::stream::Stream,
@@ -292,11 +386,16 @@ async fn ensure_consumer(
     let config = pull::Config {
         durable_name: Some(name.clone()),
         description: Some(format!("hermes-hooks hook {}", s.name)),
-        // A hook sees the events published from the time it first joined the fleet.
-        deliver_policy: jetstream::consumer::DeliverPolicy::New,
+        // From the time the hook appeared (not "new": events published while the consumer was
+        // being created would be missed); a stream recreated since is read from its start.
+        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartTime {
+            start_time: time::OffsetDateTime::from(s.since),
+        },
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         ack_wait: sh.opts.ack_wait,
-        max_deliver: s.max_deliver,
+        // One more than allowed: the extra one is the dead letter of a worker killed during
+        // the last allowed delivery.
+        max_deliver: s.max_deliver + 1,
         max_ack_pending: s.concurrency as i64,
         filter_subject: sh.cfg.events_filter(),
         ..Default::default()
@@ -309,7 +408,11 @@ async fn ensure_consumer(
                 || have.max_ack_pending != config.max_ack_pending
             {
                 tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries or concurrency changed)");
-                // The 2.9 server updates the editable fields of an existing durable on create.
+                // The deliver policy of an existing durable cannot change: keep its own.
+                let config = pull::Config {
+                    deliver_policy: have.deliver_policy,
+                    ..config
+                };
                 stream
                     .create_consumer(config)
                     .await
@@ -325,7 +428,9 @@ async fn ensure_consumer(
     }
 }
 
-/// Pulls the hook's events and hands each to the host, at most `concurrency` at a time.
+/// Pulls the hook's events and hands each to the host as soon as it arrives (the broker holds
+/// back more than `concurrency` unacknowledged ones; the hook's local queue keeps them in order
+/// and the handler's own concurrency applies).
 async fn consume(
     sh: Arc<Shared>,
     stream: jetstream::stream::Stream,
@@ -334,7 +439,6 @@ async fn consume(
     slot: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let permits = Arc::new(Semaphore::new(s.concurrency.max(1) as usize));
     let mut running = tokio::task::JoinSet::new();
     let mut pause = Duration::from_millis(100);
     'outer: while !*stop.borrow() {
@@ -375,14 +479,6 @@ async fn consume(
             }
         };
         loop {
-            // Take a message only when it can start at once: its ack wait runs from delivery.
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'outer },
-                _ = stop.changed() => {
-                    give_back(&mut messages).await;
-                    break 'outer;
-                }
-            };
             let next = tokio::select! {
                 m = messages.next() => m,
                 _ = stop.changed() => {
@@ -394,10 +490,7 @@ async fn consume(
                 Some(Ok(msg)) => {
                     pause = Duration::from_millis(100);
                     let (sh, s, counters) = (sh.clone(), s.clone(), counters.clone());
-                    running.spawn(async move {
-                        handle(&sh, &s, &counters, msg).await;
-                        drop(permit);
-                    });
+                    running.spawn(async move { handle(&sh, &s, &counters, msg).await });
                 }
                 Some(Err(e)) => {
                     tracing::debug!(hook = %s.name, "fleet: pull interrupted: {e}; pulling again");
@@ -425,6 +518,29 @@ async fn give_back(messages: &mut jetstream::consumer::pull::Stream) {
     }
 }
 
+/// Progress signals for `msg` until dropped: it is never redelivered while this worker holds it
+/// (waiting in the hook's local queue or running).
+fn keep_alive(sh: &Shared, msg: &Arc<jetstream::Message>) -> AbortOnDrop {
+    let msg = msg.clone();
+    let every = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
+    AbortOnDrop(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let _ = msg.ack_with(AckKind::Progress).await;
+        }
+    }))
+}
+
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// One delivery: run the handler, then acknowledge, hand back for a retry, or dead-letter.
 async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::Message) {
     let (delivered, seq) = match msg.info() {
@@ -432,11 +548,12 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         Err(_) => (1, 0),
     };
     counters.delivered.fetch_add(1, Ordering::Relaxed);
+    let key = done_key(&msg, seq);
     if seq > 0
         && counters
             .done
             .lock()
-            .map(|d| d.set.contains(&seq))
+            .map(|d| d.set.contains(&key))
             .unwrap_or(false)
     {
         // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
@@ -462,29 +579,28 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         return;
     }
     let msg = Arc::new(msg);
-    // Progress signals while the handler runs, so that a slow handler is not redelivered.
-    let keepalive = {
-        let msg = msg.clone();
-        let every = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let _ = msg.ack_with(AckKind::Progress).await;
-            }
-        })
-    };
+    if delivered > s.max_deliver {
+        // The last allowed delivery went to a worker that stopped before finishing it.
+        let error = format!(
+            "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
+            s.max_deliver, s.max_deliver
+        );
+        dead_letter(sh, s, counters, &msg, env, delivered - 1, seq, key, error).await;
+        return;
+    }
+    let _alive = keep_alive(sh, &msg);
+    // The host enforces the hook's timeout per call; this bound only covers the wait in the
+    // hook's local queue behind the others this worker holds.
+    let wait = (s.timeout + Duration::from_secs(5)) * (s.concurrency.max(1) + 1);
     let outcome = sh
         .host
         .emit_collect_only(
             &env.event,
             env.handler_context(delivered, seq),
-            s.timeout + Duration::from_secs(5),
+            wait,
             Some(&s.name),
         )
         .await;
-    keepalive.abort();
     let error = match outcome {
         Err(_) => {
             // Shutting down: give it back now, another worker takes it.
@@ -511,7 +627,7 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         }
         counters.acked.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut d) = counters.done.lock() {
-            d.insert(seq);
+            d.insert(key);
         }
         return;
     };
@@ -523,6 +639,22 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         counters.retried.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    dead_letter(sh, s, counters, &msg, env, delivered, seq, key, error).await;
+}
+
+/// Publishes the event to the dead-letter subject, then acknowledges it.
+#[allow(clippy::too_many_arguments)]
+async fn dead_letter(
+    sh: &Shared,
+    s: &Settings,
+    counters: &Counters,
+    msg: &jetstream::Message,
+    env: Envelope,
+    delivered: i64,
+    seq: u64,
+    key: DoneKey,
+    error: String,
+) {
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),
@@ -552,11 +684,12 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
             let _ = msg.ack().await;
             counters.dead.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut d) = counters.done.lock() {
-                d.insert(seq);
+                d.insert(key);
             }
         }
         Err(e) => {
-            // Not acknowledged: the broker stops delivering it (max_deliver); log what is lost.
+            // Not acknowledged: delivered once more (the consumer's extra delivery), which
+            // tries the dead letter again.
             tracing::error!(hook = %s.name, seq, "fleet: cannot publish the dead letter ({e}); the event stays in the stream at sequence {seq}");
         }
     }

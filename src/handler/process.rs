@@ -16,9 +16,29 @@ const MAX_LOG_LINE: usize = 4096;
 const LOG_LINES_PER_SEC: u32 = 200;
 
 /// A command for `program` set up for a hook: own process group, working directory = hook
-/// directory, the hook's environment, killed when dropped.
+/// directory, the hook's environment, killed when dropped, and (Linux) killed when the service
+/// dies (a fleet worker SIGKILLed mid-event must not leave its handler running while the broker
+/// gives the event to another worker).
 pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
     let mut cmd = Command::new(program);
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id();
+        // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
+        // PR_SET_PDEATHSIG follows the spawning thread: commands are spawned from the runtime's
+        // worker threads, which live as long as the service.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::other("the service exited"));
+                }
+                Ok(())
+            });
+        }
+    }
     cmd.current_dir(&ctx.dir)
         .envs(&ctx.env)
         .process_group(0)

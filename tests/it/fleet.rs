@@ -21,9 +21,14 @@ pub struct NatsServer {
     child: Option<Child>,
     pub port: u16,
     store: tempfile::TempDir,
+    /// Extra command-line arguments (credentials, a config file).
+    args: Vec<String>,
 }
 
 fn nats_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HERMES_NATS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
@@ -34,6 +39,11 @@ fn nats_binary() -> Option<PathBuf> {
 impl NatsServer {
     /// Starts one, or returns `None` (test skipped) when nats-server is missing outside CI.
     pub fn start() -> Option<Self> {
+        Self::start_with(&[], "")
+    }
+
+    /// Starts one with extra arguments and, when `conf` is not empty, a config file holding it.
+    pub fn start_with(args: &[&str], conf: &str) -> Option<Self> {
         if nats_binary().is_none() {
             if std::env::var_os("CI").is_some() {
                 panic!(
@@ -51,9 +61,29 @@ impl NatsServer {
             child: None,
             port,
             store: tempfile::tempdir().expect("tempdir"),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
+        if !conf.is_empty() {
+            let file = s.store.path().join("nats.conf");
+            std::fs::write(&file, conf).expect("write nats.conf");
+            s.args
+                .extend(["-c".to_string(), file.display().to_string()]);
+        }
         s.restart();
         Some(s)
+    }
+
+    /// SIGKILL, and empty the store: the broker comes back knowing nothing.
+    pub fn kill_and_wipe(&mut self) {
+        self.kill();
+        for e in std::fs::read_dir(self.store.path())
+            .expect("store")
+            .flatten()
+        {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(e.path()).expect("wipe the store");
+            }
+        }
     }
 
     pub fn url(&self) -> String {
@@ -65,8 +95,9 @@ impl NatsServer {
         let bin = nats_binary().expect("nats-server");
         let child = Command::new(bin)
             .args(["-js", "-sd"])
-            .arg(self.store.path())
+            .arg(self.store.path().join("js"))
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -146,7 +177,8 @@ fn recording_hook(hooks: &Hooks, name: &str, events: &str, extra_yaml: &str) {
 def handle(event, context):
     fleet = context.get("_fleet", {{}})
     rec = {{"n": context.get("n"), "id": fleet.get("event_id"), "d": fleet.get("delivered"),
-            "w": os.environ.get("TEST_WORKER"), "event": event, "seq": fleet.get("stream_seq")}}
+            "w": os.environ.get("TEST_WORKER"), "event": event, "seq": fleet.get("stream_seq"),
+            "pid": os.getpid()}}
     if context.get("slow") and fleet.get("delivered") == 1:
         with open({started:?}, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -570,7 +602,7 @@ fn fleet_state(edge: &Serve) -> Value {
 }
 
 #[test]
-fn broker_down_at_start_the_edge_buffers_counts_drops_and_delivers_later() {
+fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() {
     let Some(mut nats) = NatsServer::start() else {
         return;
     };
@@ -592,25 +624,41 @@ fn broker_down_at_start_the_edge_buffers_counts_drops_and_delivers_later() {
     assert_eq!(status, 200, "an edge without its broker still accepts: {v}");
     assert_eq!(v["status"], "degraded", "{v}");
     let t = Instant::now();
-    let (status, body) = post_batch(&edge, 0..80, json!({}));
+    let (status, body) = post_batch(&edge, 0..40, json!({}));
     assert_eq!(status, 202, "{body}");
     assert!(
         t.elapsed() < Duration::from_secs(3),
         "accepting into the buffer does not wait for the broker: {:?}",
         t.elapsed()
     );
+    // 40 more do not fit in 50: the batch is refused whole (503, Retry-After); nothing
+    // accepted is dropped.
+    let body = serde_json::to_vec(&json!({"events": (40..80).map(|n| json!({"event": "agent:step", "context": {"n": n}})).collect::<Vec<_>>()})).unwrap();
+    let (status, headers, resp) = crate::util::http(
+        &edge.addr,
+        "POST",
+        "/v1/events/batch",
+        &[("Content-Type", "application/json")],
+        &body,
+    );
+    let resp = String::from_utf8_lossy(&resp);
+    assert_eq!(status, 503, "{resp}");
+    assert!(resp.contains("buffer_full"), "{resp}");
+    assert!(
+        headers.iter().any(|(k, v)| k == "retry-after" && v == "1"),
+        "{headers:?}"
+    );
+    let (status, body) = post_batch(&edge, 40..50, json!({}));
+    assert_eq!(status, 202, "{body}");
     let f = fleet_state(&edge);
     assert_eq!(f["state"], "degraded", "{f}");
-    assert_eq!(
-        f["dropped"], 30,
-        "80 into a buffer of 50: the 30 oldest dropped, counted: {f}"
-    );
+    assert_eq!(f["buffer_full"], 40, "the refused events, counted: {f}");
     assert_eq!(f["buffered"], 50, "{f}");
     let (_, _, metrics) = crate::util::http(&edge.addr, "GET", "/metrics", &[], b"");
     let metrics = String::from_utf8_lossy(&metrics);
     for line in [
         "hermes_hooks_fleet_degraded 1",
-        "hermes_hooks_fleet_dropped_total 30",
+        "hermes_hooks_fleet_buffer_full_total 40",
         "hermes_hooks_fleet_buffered 50",
     ] {
         assert!(
@@ -631,8 +679,8 @@ fn broker_down_at_start_the_edge_buffers_counts_drops_and_delivers_later() {
     let unique: HashSet<u64> = handled_ns(&recs).into_iter().collect();
     assert_eq!(
         unique,
-        (30..80).collect::<HashSet<_>>(),
-        "the newest 50 delivered"
+        (0..50).collect::<HashSet<_>>(),
+        "every accepted event delivered"
     );
     poll(Duration::from_secs(20), "readyz to leave degraded", || {
         (edge.get("/readyz").1["status"] == "ready").then_some(())
@@ -712,7 +760,7 @@ fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
     );
     let duplicates = assert_duplicates_are_redeliveries(&recs);
     let f = fleet_state(&edge);
-    assert_eq!(f["dropped"], 0, "nothing dropped: {f}");
+    assert_eq!(f["buffer_full"], 0, "nothing refused: {f}");
     eprintln!(
         "accepted {} events, handled {} times ({duplicates} duplicates, all redeliveries); edge: {f}",
         accepted.len(),
@@ -902,4 +950,306 @@ fn the_edge_lists_in_gateway_hooks_and_runs_no_service_hook() {
         local[0]["sha256"].as_str().is_some_and(|s| s.len() == 64),
         "the client needs the handler's SHA-256: {body}"
     );
+}
+
+fn alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// Issue 21: an event just under the HTTP body limit but over the broker's `max_payload` is
+/// refused before anything is accepted (413), and the events after it flow.
+#[test]
+fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
+    let Some(nats) = NatsServer::start_with(&[], "max_payload: 8192\n") else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "small", r#"["agent:*"]"#, "");
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "small", &["wa"]);
+    let big = "x".repeat(20_000);
+    let (status, body) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 0, "blob": big}}),
+    );
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "too_large_for_broker", "{body}");
+    let (status, body) = post_batch(&edge, 1..4, json!({"blob": big}));
+    assert_eq!(status, 413, "a batch with one is refused whole: {body}");
+    let (status, body) = post_batch(&edge, 1..11, json!({}));
+    assert_eq!(status, 202, "{body}");
+    let recs = poll(Duration::from_secs(30), "the small events handled", || {
+        let r = records(&hooks, "small");
+        (r.len() >= 10).then_some(r)
+    });
+    assert_eq!(handled_ns(&recs), (1..11).collect::<Vec<_>>());
+    let f = fleet_state(&edge);
+    assert_eq!(f["buffered"], 0, "nothing stuck in the buffer: {f}");
+    assert!(f["degraded_reason"].is_null(), "{f}");
+}
+
+/// Issue 21: a worker SIGKILLed during an event's only allowed delivery (`retries: 0`): the
+/// event goes to the dead letters (delivered once more, not run), and the handler's process
+/// dies with its worker instead of finishing the event as an orphan.
+#[test]
+fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handler_dies() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "once", r#"["agent:*"]"#, "retries: 0\n");
+    let mut a = worker(&hooks, &nats, "wa");
+    let mut b = worker(&hooks, &nats, "wb");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "once", &["wa", "wb"]);
+    let (status, _) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 5, "slow": true}}),
+    );
+    assert_eq!(status, 202);
+    let started = poll(Duration::from_secs(30), "the slow handler to start", || {
+        read_jsonl(&hooks.out().join("once.started"))
+            .into_iter()
+            .next()
+    });
+    let pid = started["pid"].as_u64().unwrap();
+    let victim = if started["w"] == "wa" { &mut a } else { &mut b };
+    signal(victim.child.id(), libc::SIGKILL);
+    let _ = victim.child.wait();
+    poll(
+        Duration::from_secs(10),
+        "the handler process to die with its worker",
+        || (!alive(pid)).then_some(()),
+    );
+    let letter = poll(Duration::from_secs(30), "the dead letter", || {
+        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "once"]);
+        assert_eq!(code, 0, "{out}");
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    assert_eq!(letter["envelope"]["context"]["n"], 5, "{letter}");
+    assert_eq!(letter["deliveries"], 1, "{letter}");
+    assert!(
+        letter["error"].as_str().unwrap().contains("stopped before"),
+        "{letter}"
+    );
+    assert!(
+        records(&hooks, "once").is_empty(),
+        "not run again, and the orphan never finished it"
+    );
+}
+
+/// Issue 21: the broker comes back with an empty store and reuses stream sequences; the worker's
+/// "already done" memory must not take the new events for old ones.
+#[test]
+fn a_broker_back_with_an_empty_store_loses_nothing() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "amnesia", r#"["agent:*"]"#, "");
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "amnesia", &["wa"]);
+    let (status, body) = post_batch(&edge, 0..16, json!({}));
+    assert_eq!(status, 202, "{body}");
+    poll(Duration::from_secs(30), "16 events handled", || {
+        (records(&hooks, "amnesia").len() >= 16).then_some(())
+    });
+    nats.kill_and_wipe();
+    nats.restart();
+    let (status, body) = post_batch(&edge, 16..32, json!({}));
+    assert_eq!(status, 202, "{body}");
+    let recs = poll(
+        Duration::from_secs(60),
+        "the 16 events after the restart",
+        || {
+            let r = records(&hooks, "amnesia");
+            (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 32).then_some(r)
+        },
+    );
+    let unique: HashSet<u64> = handled_ns(&recs).into_iter().collect();
+    assert_eq!(unique, (0..32).collect::<HashSet<_>>());
+}
+
+/// Issue 21: a Python hook whose events wait in the worker's local queue longer than the ack
+/// wait and the hook's timeout: none is redelivered or dead-lettered while it waits.
+#[test]
+fn events_waiting_in_the_local_queue_are_not_redelivered() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(
+        &hooks,
+        "queued",
+        r#"["agent:*"]"#,
+        "concurrency: 8\nretries: 1\n",
+    );
+    // Timeout 2 s per call; 8 calls of 1 s one after the other in one Python process (a
+    // synchronous handler: the pipelined calls wait their turn): the last waits 7 s.
+    let yaml = hooks.root().join("queued/HOOK.yaml");
+    let text = std::fs::read_to_string(&yaml)
+        .unwrap()
+        .replace("timeout: 120", "timeout: 2");
+    std::fs::write(&yaml, text).unwrap();
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "queued", &["wa"]);
+    let (status, body) = post_batch(&edge, 0..8, json!({"pause": 1.0}));
+    assert_eq!(status, 202, "{body}");
+    let recs = poll(Duration::from_secs(60), "8 events handled", || {
+        let r = records(&hooks, "queued");
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 8).then_some(r)
+    });
+    // A little longer: a false redelivery would show as a second record.
+    std::thread::sleep(Duration::from_secs(3));
+    let recs2 = records(&hooks, "queued");
+    assert_eq!(
+        recs2.len(),
+        recs.len().max(8),
+        "handled once each: {recs2:?}"
+    );
+    assert!(recs2.iter().all(|r| r["d"] == 1), "{recs2:?}");
+    let (_, out) = dead_cmd(&nats, &["list"]);
+    assert!(out.contains("no dead letters"), "{out}");
+}
+
+/// Issue 21: `nats://user:password@host` logs in with those credentials, and the password shows
+/// nowhere: not in the log, `/v1/hooks` or the token-exempt `/readyz`.
+#[test]
+fn credentials_in_the_url_are_used_and_never_shown() {
+    let Some(nats) = NatsServer::start_with(&["--user", "hooks", "--pass", "s3cr3t-pw"], "") else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "authed", r#"["agent:*"]"#, "");
+    let url = format!("nats://hooks:s3cr3t-pw@127.0.0.1:{}", nats.port);
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker")
+        .args(["--fleet", &url])
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
+        .args(FAST);
+    let w = Serve::spawn(cmd, &hooks);
+    let edge = edge(&hooks, &url, &[]);
+    wait_for_fleet(&edge, "authed", &["wa"]);
+    let (status, _) = post_batch(&edge, 0..3, json!({}));
+    assert_eq!(status, 202);
+    poll(Duration::from_secs(30), "3 events handled", || {
+        (records(&hooks, "authed").len() >= 3).then_some(())
+    });
+    for (what, text) in [
+        ("/v1/hooks", edge.get("/v1/hooks").1.to_string()),
+        ("/readyz", edge.get("/readyz").1.to_string()),
+        ("worker /v1/hooks", w.get("/v1/hooks").1.to_string()),
+        ("edge log", edge.log()),
+        ("worker log", w.log()),
+    ] {
+        assert!(
+            !text.contains("s3cr3t-pw"),
+            "{what} shows the password: {text}"
+        );
+    }
+    assert!(
+        edge.get("/v1/hooks")
+            .1
+            .to_string()
+            .contains(&format!("nats://127.0.0.1:{}", nats.port)),
+        "the broker is still named"
+    );
+}
+
+/// Issue 21: SIGTERM with the broker down ends within `--drain-timeout` (edge and worker).
+#[test]
+fn shutdown_with_the_broker_down_is_bounded_by_the_drain_timeout() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "any", r#"["agent:*"]"#, "");
+    let mut w = {
+        let mut cmd = Command::new(bin());
+        cmd.arg("worker")
+            .args(["--fleet", &nats.url()])
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
+            .args(["--drain-timeout", "2"])
+            .args(FAST);
+        Serve::spawn(cmd, &hooks)
+    };
+    let mut edge = edge(&hooks, &nats.url(), &["--drain-timeout", "2"]);
+    wait_for_fleet(&edge, "any", &["wa"]);
+    nats.kill();
+    let (status, _) = post_batch(&edge, 0..5, json!({}));
+    assert_eq!(status, 202);
+    for (what, s) in [("edge", &mut edge), ("worker", &mut w)] {
+        let t = Instant::now();
+        let code = s.terminate();
+        assert!(code.is_some(), "{what} did not exit");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what} took {:?} to stop with the broker down",
+            t.elapsed()
+        );
+    }
+}
+
+/// Issue 21: a hook added while events flow sees every event published after it was installed
+/// (its consumer starts at the hook's install time, not when the worker got round to it).
+#[test]
+fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "early", r#"["agent:*"]"#, "concurrency: 8\n");
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = Arc::new(edge(&hooks, &nats.url(), &[]));
+    wait_for_fleet(&edge, "early", &["wa"]);
+    let installed = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let (edge, stop, installed) = (edge.clone(), stop.clone(), installed.clone());
+        std::thread::spawn(move || {
+            let mut after = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let was_installed = installed.load(Ordering::SeqCst);
+                let (status, _) = post_batch(&edge, n..n + 5, json!({}));
+                assert_eq!(status, 202);
+                if was_installed {
+                    after.extend(n..n + 5);
+                }
+                n += 5;
+            }
+            after
+        })
+    };
+    poll(Duration::from_secs(30), "events flowing", || {
+        (records(&hooks, "early").len() >= 20).then_some(())
+    });
+    recording_hook(&hooks, "late", r#"["agent:*"]"#, "concurrency: 8\n");
+    installed.store(true, Ordering::SeqCst);
+    wait_for_fleet(&edge, "late", &["wa"]);
+    poll(Duration::from_secs(30), "the new hook running", || {
+        (records(&hooks, "late").len() >= 20).then_some(())
+    });
+    stop.store(true, Ordering::Relaxed);
+    let after = sender.join().unwrap();
+    let recs = poll(
+        Duration::from_secs(60),
+        "every event after the install handled by the new hook",
+        || {
+            let got: HashSet<u64> = handled_ns(&records(&hooks, "late")).into_iter().collect();
+            after.iter().all(|n| got.contains(n)).then_some(got)
+        },
+    );
+    assert!(after.len() >= 20 && recs.len() >= after.len());
 }
