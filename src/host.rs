@@ -87,7 +87,7 @@ pub enum EmitError {
 }
 
 pub use crate::sink::HookOutcome;
-use crate::sink::{EventSink, SinkError};
+use crate::sink::{Accepted, EventSink, SinkError};
 
 impl From<SinkError> for EmitError {
     fn from(e: SinkError) -> Self {
@@ -644,9 +644,14 @@ impl Host {
 
     /// [`Host::emit`] through the dispatch interface: the installed sink when there is one,
     /// else the local queues.
-    pub async fn accept(&self, event: &str, context: Value) -> Result<usize, EmitError> {
+    pub async fn accept(
+        &self,
+        event: &str,
+        context: Value,
+        id: crate::sink::ClientId,
+    ) -> Result<Accepted<usize>, EmitError> {
         let Some(sink) = self.inner.sink.get() else {
-            return self.emit(event, context);
+            return self.emit(event, context).map(Accepted::local);
         };
         validate_event_name(event)?;
         let context = normalize_context(context)?;
@@ -654,19 +659,22 @@ impl Host {
             return Err(EmitError::ShuttingDown);
         }
         self.inner.events_received.fetch_add(1, Ordering::Relaxed);
-        Ok(sink.accept(event.to_string(), context).await?)
+        Ok(sink.accept(event.to_string(), context, id).await?)
     }
 
     /// [`Host::emit_batch`] through the dispatch interface.
     pub async fn accept_batch(
         &self,
         events: Vec<(String, Value)>,
-    ) -> Result<Vec<usize>, (usize, EmitError)> {
+        ids: Vec<crate::sink::ClientId>,
+    ) -> Result<Accepted<Vec<usize>>, (usize, EmitError)> {
         let Some(sink) = self.inner.sink.get() else {
-            return self.emit_batch(events);
+            return self.emit_batch(events).map(Accepted::local);
         };
         let checked = self.accept_checked(events)?;
-        sink.accept_batch(checked).await.map_err(|e| (0, e.into()))
+        sink.accept_batch(checked, ids)
+            .await
+            .map_err(|e| (0, e.into()))
     }
 
     /// [`Host::emit_collect`] through the dispatch interface.
@@ -1031,10 +1039,12 @@ impl EventSink for LocalDispatch {
         &self,
         event: String,
         context: Value,
-    ) -> crate::sink::SinkFuture<'_, Result<usize, SinkError>> {
+        _id: crate::sink::ClientId,
+    ) -> crate::sink::SinkFuture<'_, Result<Accepted<usize>, SinkError>> {
         let r = self
             .0
             .emit(&event, context)
+            .map(Accepted::local)
             .map_err(|_| SinkError::ShuttingDown);
         Box::pin(async move { r })
     }
@@ -1042,10 +1052,12 @@ impl EventSink for LocalDispatch {
     fn accept_batch(
         &self,
         events: Vec<(String, Value)>,
-    ) -> crate::sink::SinkFuture<'_, Result<Vec<usize>, SinkError>> {
+        _ids: Vec<crate::sink::ClientId>,
+    ) -> crate::sink::SinkFuture<'_, Result<Accepted<Vec<usize>>, SinkError>> {
         let r = self
             .0
             .emit_batch(events)
+            .map(Accepted::local)
             .map_err(|_| SinkError::ShuttingDown);
         Box::pin(async move { r })
     }

@@ -353,8 +353,45 @@ async fn post_event(State(state): State<AppState>, req: Request) -> Result<Respo
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
-    let queued = state.host.accept(&event, context).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": queued}))).into_response())
+    let id = id_of(obj.remove("id"), "")?;
+    let accepted = state.host.accept(&event, context, id).await?;
+    Ok(accepted_response(accepted.queued, accepted.state()))
+}
+
+/// 202 with `queued`, and in fleet mode `state`: `stored` (the broker has every event) or
+/// `buffered` (some wait in the edge's buffer for the broker).
+fn accepted_response(queued: impl serde::Serialize, state: Option<&str>) -> Response {
+    let mut body = json!({"queued": queued});
+    if let Some(s) = state {
+        body["state"] = json!(s);
+    }
+    (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+}
+
+/// Longest client event id.
+const MAX_ID_LEN: usize = 200;
+
+/// The optional client event id (`"id"`): 1 to 200 printable characters, no whitespace.
+fn id_of(v: Option<Value>, at: &str) -> Result<Option<String>, ApiError> {
+    let id = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s,
+        Some(_) => return Err(ApiError::bad_request(format!("{at}`id` must be a string"))),
+    };
+    check_id(&id, at)?;
+    Ok(Some(id))
+}
+
+fn check_id(id: &str, at: &str) -> Result<(), ApiError> {
+    if id.is_empty()
+        || id.len() > MAX_ID_LEN
+        || id.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(ApiError::bad_request(format!(
+            "{at}`id` must be 1 to {MAX_ID_LEN} bytes without whitespace or control characters"
+        )));
+    }
+    Ok(())
 }
 
 /// The batch body as the fast path reads it; anything it cannot read takes the slow path, which
@@ -369,16 +406,28 @@ struct BatchItem {
     event: String,
     #[serde(default)]
     context: Value,
+    #[serde(default)]
+    id: Option<String>,
 }
 
 async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
     require_ready(&state.host)?;
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, BATCH_BODY_LIMIT).await?;
-    let events: Vec<(String, Value)> = match serde_json::from_slice::<BatchBody>(&bytes) {
-        Ok(b) => b.events.into_iter().map(|i| (i.event, i.context)).collect(),
-        Err(_) => batch_slow_path(&bytes)?,
-    };
+    let (events, ids): (Vec<(String, Value)>, Vec<Option<String>>) =
+        match serde_json::from_slice::<BatchBody>(&bytes) {
+            Ok(b) => b
+                .events
+                .into_iter()
+                .map(|i| ((i.event, i.context), i.id))
+                .unzip(),
+            Err(_) => batch_slow_path(&bytes)?.into_iter().unzip(),
+        };
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(id) = id {
+            check_id(id, &format!("events[{i}]: "))?;
+        }
+    }
     if events.len() > BATCH_MAX_EVENTS {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -389,18 +438,25 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
             ),
         ));
     }
-    let queued = state.host.accept_batch(events).await.map_err(|(i, e)| {
-        let mut err = ApiError::from(e);
-        if err.status == StatusCode::BAD_REQUEST {
-            err.message = format!("events[{i}]: {}", err.message);
-        }
-        err
-    })?;
-    Ok((StatusCode::ACCEPTED, axum::Json(json!({"queued": queued}))).into_response())
+    let accepted = state
+        .host
+        .accept_batch(events, ids)
+        .await
+        .map_err(|(i, e)| {
+            let mut err = ApiError::from(e);
+            if err.status == StatusCode::BAD_REQUEST {
+                err.message = format!("events[{i}]: {}", err.message);
+            }
+            err
+        })?;
+    Ok(accepted_response(&accepted.queued, accepted.state()))
 }
 
+/// An event name and its context.
+type EventItem = (String, Value);
+
 /// Parses a batch the fast path refused, to say exactly what is wrong with it.
-fn batch_slow_path(bytes: &[u8]) -> Result<Vec<(String, Value)>, ApiError> {
+fn batch_slow_path(bytes: &[u8]) -> Result<Vec<(EventItem, Option<String>)>, ApiError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
     let Value::Object(mut obj) = value else {
@@ -425,7 +481,8 @@ fn batch_slow_path(bytes: &[u8]) -> Result<Vec<(String, Value)>, ApiError> {
         let Value::Object(mut o) = item else {
             return Err(ApiError::bad_request(format!("{at}must be an object")));
         };
-        parsed.push(event_of(&mut o, &at)?);
+        let ev = event_of(&mut o, &at)?;
+        parsed.push((ev, id_of(o.remove("id"), &at)?));
     }
     Ok(parsed)
 }

@@ -40,6 +40,35 @@ pub enum SinkError {
     Refused(String),
 }
 
+/// What a sink answers for accepted events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted<T> {
+    /// For how many hooks each event was queued (as far as the sink knows).
+    pub queued: T,
+    /// Fleet mode: `Some(true)` when the broker stored every event before the answer,
+    /// `Some(false)` when some wait in the edge's buffer; `None` in local mode.
+    pub stored: Option<bool>,
+}
+
+impl<T> Accepted<T> {
+    /// Local mode: queued, nothing stored anywhere.
+    pub fn local(queued: T) -> Self {
+        Self {
+            queued,
+            stored: None,
+        }
+    }
+
+    /// The answer's `state`: `stored` or `buffered` in fleet mode.
+    pub fn state(&self) -> Option<&'static str> {
+        self.stored.map(|s| if s { "stored" } else { "buffered" })
+    }
+}
+
+/// An event id given by the client (`"id"` in the request): in fleet mode it is the broker's
+/// de-duplication id, so a client resending after a lost answer is not stored twice.
+pub type ClientId = Option<String>;
+
 /// One hook's part in a collect.
 #[derive(Debug, Clone)]
 pub struct HookOutcome {
@@ -55,12 +84,18 @@ pub struct HookOutcome {
 /// object) and counted by the host.
 pub trait EventSink: Send + Sync {
     /// Takes one event; returns for how many hooks it was queued (as far as the sink knows).
-    fn accept(&self, event: String, context: Value) -> SinkFuture<'_, Result<usize, SinkError>>;
-    /// Takes many events at once; one count per event, in order.
+    fn accept(
+        &self,
+        event: String,
+        context: Value,
+        id: ClientId,
+    ) -> SinkFuture<'_, Result<Accepted<usize>, SinkError>>;
+    /// Takes many events at once (`ids` empty or one per event); one count per event, in order.
     fn accept_batch(
         &self,
         events: Vec<(String, Value)>,
-    ) -> SinkFuture<'_, Result<Vec<usize>, SinkError>>;
+        ids: Vec<ClientId>,
+    ) -> SinkFuture<'_, Result<Accepted<Vec<usize>>, SinkError>>;
     /// Runs the matching hooks and returns their outcomes in match order, waiting at most
     /// `timeout`.
     fn collect(

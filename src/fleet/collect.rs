@@ -63,6 +63,7 @@ pub async fn request(
         context,
         time: crate::time::now(),
         hook: None,
+        client_id: false,
     };
     let started = Instant::now();
     let asks = hooks.iter().map(|hook| {

@@ -27,7 +27,7 @@ use tokio::sync::{Notify, oneshot};
 use super::envelope::{Envelope, IdGen, VERSION};
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
-use crate::sink::{EventSink, HookOutcome, SinkError, SinkFuture};
+use crate::sink::{Accepted, ClientId, EventSink, HookOutcome, SinkError, SinkFuture};
 
 /// Publish acknowledgements outstanding at once.
 pub const WINDOW: usize = 512;
@@ -154,10 +154,16 @@ impl Edge {
     }
 
     /// The event as published; refused when it can never be stored (over the broker's limit).
-    fn envelope(&self, event: String, context: Value) -> Result<Pending, SinkError> {
+    fn envelope(
+        &self,
+        event: String,
+        context: Value,
+        client_id: ClientId,
+    ) -> Result<Pending, SinkError> {
         let env = Envelope {
             v: VERSION,
-            id: self.inner.ids.next(),
+            client_id: client_id.is_some(),
+            id: client_id.unwrap_or_else(|| self.inner.ids.next()),
             gateway: self.inner.gateway.clone(),
             event,
             context,
@@ -354,29 +360,26 @@ async fn publisher(inner: Arc<Inner>) {
 }
 
 impl EventSink for Edge {
-    fn accept(&self, event: String, context: Value) -> SinkFuture<'_, Result<usize, SinkError>> {
+    fn accept(
+        &self,
+        event: String,
+        context: Value,
+        id: ClientId,
+    ) -> SinkFuture<'_, Result<Accepted<usize>, SinkError>> {
         Box::pin(async move {
-            if self.inner.closing.load(Ordering::SeqCst) {
-                return Err(SinkError::ShuttingDown);
-            }
-            let queued = self.inner.view.matching(&event).len();
-            let mut p = self.envelope(event, context)?;
-            let (tx, rx) = oneshot::channel();
-            p.done = Some(tx);
-            self.inner.push(vec![p])?;
-            if self.inner.degraded().is_none()
-                && let Ok(Ok(Err(e))) = tokio::time::timeout(PUBLISH_WAIT, rx).await
-            {
-                return Err(e);
-            }
-            Ok(queued)
+            let mut r = self.accept_batch(vec![(event, context)], vec![id]).await?;
+            Ok(Accepted {
+                queued: r.queued.pop().unwrap_or(0),
+                stored: r.stored,
+            })
         })
     }
 
     fn accept_batch(
         &self,
         events: Vec<(String, Value)>,
-    ) -> SinkFuture<'_, Result<Vec<usize>, SinkError>> {
+        ids: Vec<ClientId>,
+    ) -> SinkFuture<'_, Result<Accepted<Vec<usize>>, SinkError>> {
         Box::pin(async move {
             if self.inner.closing.load(Ordering::SeqCst) {
                 return Err(SinkError::ShuttingDown);
@@ -384,27 +387,36 @@ impl EventSink for Edge {
             let mut counts = Vec::with_capacity(events.len());
             let mut waiting = Vec::with_capacity(events.len());
             let mut items = Vec::with_capacity(events.len());
+            let mut ids = ids.into_iter();
             // Every event checked before any is buffered: a batch is taken whole or refused.
             for (event, context) in events {
                 counts.push(self.inner.view.matching(&event).len());
-                let mut p = self.envelope(event, context)?;
+                let mut p = self.envelope(event, context, ids.next().flatten())?;
                 let (tx, rx) = oneshot::channel();
                 p.done = Some(tx);
                 waiting.push(rx);
                 items.push(p);
             }
             self.inner.push(items)?;
+            let mut stored = false;
             if self.inner.degraded().is_none() {
                 let deadline = tokio::time::Instant::now() + PUBLISH_WAIT;
+                stored = true;
                 for rx in waiting {
                     match tokio::time::timeout_at(deadline, rx).await {
+                        Ok(Ok(Ok(()))) => {}
                         Ok(Ok(Err(e))) => return Err(e),
-                        Err(_) => break,
-                        _ => {}
+                        _ => {
+                            stored = false;
+                            break;
+                        }
                     }
                 }
             }
-            Ok(counts)
+            Ok(Accepted {
+                queued: counts,
+                stored: Some(stored),
+            })
         })
     }
 

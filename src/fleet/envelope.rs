@@ -32,12 +32,20 @@ pub struct Envelope {
     /// Replays only: the one hook this copy is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hook: Option<String>,
+    /// True when `id` is the client's own event id (the same from every edge it is sent to).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_id: bool,
 }
 
 impl Envelope {
-    /// The JetStream de-duplication id.
+    /// The JetStream de-duplication id: the client's event id as is (`c:ID`, whichever edge
+    /// it reaches), else the edge's id prefixed by the gateway id.
     pub fn msg_id(&self) -> String {
-        format!("{}:{}", self.gateway, self.id)
+        if self.client_id {
+            format!("c:{}", self.id)
+        } else {
+            format!("{}:{}", self.gateway, self.id)
+        }
     }
 
     /// The context a handler sees: the event's, plus [`CONTEXT_KEY`].
@@ -118,6 +126,7 @@ mod tests {
             context: serde_json::json!({"a": 1}),
             time: String::new(),
             hook: None,
+            client_id: false,
         };
         assert_eq!(e.msg_id(), "gw:x-1");
         let c = e.handler_context(2, 9);

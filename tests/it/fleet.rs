@@ -626,6 +626,7 @@ fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() 
     let t = Instant::now();
     let (status, body) = post_batch(&edge, 0..40, json!({}));
     assert_eq!(status, 202, "{body}");
+    assert_eq!(body["state"], "buffered", "{body}");
     assert!(
         t.elapsed() < Duration::from_secs(3),
         "accepting into the buffer does not wait for the broker: {:?}",
@@ -1252,4 +1253,48 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
         },
     );
     assert!(after.len() >= 20 && recs.len() >= after.len());
+}
+
+/// Issue 21: the 202 says whether the broker has the event (`stored`), and a client's event id
+/// is the broker's de-duplication id: resent after a lost answer, it is stored and run once.
+#[test]
+fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "idem", r#"["agent:*"]"#, "");
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "idem", &["wa"]);
+    for _ in 0..2 {
+        let (status, body) = edge.post(
+            "/v1/events",
+            &json!({"event": "agent:start", "id": "order-42", "context": {"n": 42}}),
+        );
+        assert_eq!(status, 202, "{body}");
+        assert_eq!(body["state"], "stored", "{body}");
+    }
+    let (status, body) = edge.post(
+        "/v1/events/batch",
+        &json!({"events": [{"event": "agent:start", "id": "order-42", "context": {"n": 42}}, {"event": "agent:start", "context": {"n": 43}}]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["state"], "stored", "{body}");
+    let (status, body) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "id": "has space"}),
+    );
+    assert_eq!(status, 400, "{body}");
+    let recs = poll(Duration::from_secs(30), "the events handled", || {
+        let r = records(&hooks, "idem");
+        (r.iter().any(|r| r["n"] == 43)).then_some(r)
+    });
+    // One in flight, in stream order: a second copy of 42 would have run before 43.
+    assert_eq!(
+        handled_ns(&recs),
+        vec![42, 43],
+        "order-42 stored once: {recs:?}"
+    );
+    assert_eq!(recs[0]["id"], "order-42", "the client's id is the event id");
 }
