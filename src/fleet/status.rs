@@ -1,7 +1,8 @@
 //! The fleet view: workers publish their status (hooks, counters, lag, last errors) on
 //! `<prefix>.status.<worker>` at a fixed interval; the edge keeps the latest of each, forgets a
-//! worker that has been silent for three intervals, and shows the whole fleet in `/v1/hooks` and
-//! `list --live`. The edge also matches events against the fleet's hooks from this view (for
+//! worker that has been silent for three intervals (its hooks no other worker serves stay in the
+//! view as served by no worker, so collect answers name them), and shows the whole fleet in
+//! `/v1/hooks` and `list --live`. The edge also matches events against the fleet's hooks from this view (for
 //! collect, and the `queued` count).
 
 use std::collections::{BTreeMap, HashMap};
@@ -94,10 +95,18 @@ struct FleetHook {
 #[derive(Default)]
 struct ViewState {
     workers: BTreeMap<String, Entry>,
+    /// Hooks no live worker serves any more because their workers died or stopped (not because
+    /// a live worker dropped them): their patterns and when the last worker went. They still
+    /// match (their consumers keep the events; collect names them with an error) for
+    /// [`GONE_KEPT`].
+    gone: BTreeMap<String, (Vec<String>, Instant)>,
     /// Compiled hooks, rebuilt when the set of (hook, patterns) changes.
     hooks: Vec<FleetHook>,
     key: Vec<(String, Vec<String>)>,
 }
+
+/// How long a hook whose workers all went stays in the view.
+pub const GONE_KEPT: Duration = Duration::from_secs(24 * 3600);
 
 /// The edge's view of the fleet.
 #[derive(Clone, Default)]
@@ -111,7 +120,12 @@ impl FleetView {
         let Ok(mut st) = self.state.lock() else {
             return;
         };
+        for h in &status.hooks {
+            st.gone.remove(&h.name);
+        }
         if status.running {
+            // Hooks a live worker dropped were removed there: not "gone", just out of the view
+            // (unless another worker serves them).
             st.workers.insert(
                 status.worker.clone(),
                 Entry {
@@ -119,18 +133,43 @@ impl FleetView {
                     status,
                 },
             );
-        } else {
-            st.workers.remove(&status.worker);
+        } else if let Some(e) = st.workers.remove(&status.worker) {
+            Self::leave(&mut st, e);
         }
         Self::expire(&mut st);
         Self::recompile(&mut st);
     }
 
+    /// A worker left (stopped or silent): its hooks that no other worker serves become gone.
+    fn leave(st: &mut ViewState, e: Entry) {
+        for h in e.status.hooks {
+            let served = st
+                .workers
+                .values()
+                .any(|w| w.status.hooks.iter().any(|o| o.name == h.name));
+            if !served {
+                st.gone.insert(h.name, (h.events, Instant::now()));
+            }
+        }
+    }
+
     fn expire(st: &mut ViewState) {
-        st.workers.retain(|_, e| {
-            let silent = Duration::from_millis(e.status.interval_ms.saturating_mul(3) + 1000);
-            e.seen.elapsed() < silent
-        });
+        let silent = |e: &Entry| {
+            let limit = Duration::from_millis(e.status.interval_ms.saturating_mul(3) + 1000);
+            e.seen.elapsed() >= limit
+        };
+        let left: Vec<String> = st
+            .workers
+            .iter()
+            .filter(|(_, e)| silent(e))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in left {
+            if let Some(e) = st.workers.remove(&k) {
+                Self::leave(st, e);
+            }
+        }
+        st.gone.retain(|_, (_, t)| t.elapsed() < GONE_KEPT);
     }
 
     fn recompile(st: &mut ViewState) {
@@ -139,6 +178,7 @@ impl FleetView {
             .values()
             .flat_map(|e| e.status.hooks.iter())
             .map(|h| (h.name.clone(), h.events.clone()))
+            .chain(st.gone.iter().map(|(n, (ev, _))| (n.clone(), ev.clone())))
             .collect();
         key.sort();
         key.dedup_by(|a, b| a.0 == b.0);
@@ -248,6 +288,22 @@ impl FleetView {
                 }
             }
         }
+        for (name, (events, since)) in &st.gone {
+            hooks.entry(name.clone()).or_insert_with(|| {
+                json!({
+                    "name": name,
+                    "description": "",
+                    "events": events,
+                    "kind": "",
+                    "path": "",
+                    "root": "fleet:",
+                    "status": "no_worker",
+                    "workers": [],
+                    "no_worker_since_ms": since.elapsed().as_millis() as u64,
+                    "last_error": {"message": "no worker of the fleet serves this hook (its workers stopped or died)"},
+                })
+            });
+        }
         let hooks = hooks
             .into_iter()
             .map(|(name, mut v)| {
@@ -339,9 +395,20 @@ mod tests {
         assert_eq!(zeta["workers"], json!(["w1", "w2"]));
         assert_eq!(zeta["lag"], 5, "the largest lag reported");
         assert_eq!(zeta["counters"]["ok"], 2, "counters summed over workers");
-        // A worker that says it stops leaves the view at once.
+        // A worker that says it stops leaves the view at once; its hook that no other worker
+        // serves stays known (collect names it) as served by no worker.
         view.update(worker("w2", false, vec![]));
-        assert_eq!(view.matching("session:start"), Vec::<String>::new());
+        assert_eq!(view.matching("session:start"), ["beta"]);
         assert_eq!(view.workers(), 1);
+        let (hooks, _) = view.render();
+        let beta = hooks.iter().find(|h| h["name"] == "beta").unwrap();
+        assert_eq!(beta["status"], "no_worker", "{beta}");
+        assert_eq!(beta["workers"], json!([]));
+        // A live worker that drops a hook removes it.
+        view.update(worker("w1", true, vec![hook("alpha", &["agent:*"], 1)]));
+        assert_eq!(view.matching("agent:start"), ["alpha", "beta"]);
+        view.update(worker("w3", true, vec![hook("beta", &["*"], 0)]));
+        view.update(worker("w3", true, vec![]));
+        assert_eq!(view.matching("session:start"), Vec::<String>::new());
     }
 }

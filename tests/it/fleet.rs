@@ -1298,3 +1298,54 @@ fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
     );
     assert_eq!(recs[0]["id"], "order-42", "the client's id is the event id");
 }
+
+/// Issue 21: a hook whose only worker died still shows in collect answers (an error naming it)
+/// and in the fleet view, instead of vanishing a few seconds later.
+#[test]
+fn collect_names_a_hook_whose_worker_is_gone() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    hooks.python(
+        "decider",
+        r#"["message:pre_route"]"#,
+        "def handle(event, context):\n    return {\"ok\": True}\n",
+    );
+    let mut w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "decider", &["wa"]);
+    signal(w.child.id(), libc::SIGKILL);
+    let _ = w.child.wait();
+    // The worker is forgotten after three silent intervals; the hook stays, with no worker.
+    poll(
+        Duration::from_secs(30),
+        "the worker to leave the view",
+        || (fleet_state(&edge)["workers"].as_array()?.is_empty()).then_some(()),
+    );
+    let (_, v) = edge.get("/v1/hooks");
+    let h = v["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "decider")
+        .cloned();
+    assert_eq!(
+        h.as_ref().map(|h| h["status"].clone()),
+        Some(json!("no_worker")),
+        "{v}"
+    );
+    let (status, v) = edge.post(
+        "/v1/collect",
+        &json!({"event": "message:pre_route", "timeout_ms": 3000}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["errors"][0]["hook"], "decider", "{v}");
+    assert!(
+        v["errors"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no worker"),
+        "{v}"
+    );
+}
