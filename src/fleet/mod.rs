@@ -18,6 +18,7 @@ pub mod collect;
 pub mod dead;
 pub mod edge;
 pub mod envelope;
+pub mod lease;
 pub mod status;
 pub mod worker;
 
@@ -49,6 +50,8 @@ pub struct FleetConfig {
     pub prefix: String,
     /// Stream limits, used when the stream is created.
     pub stream: StreamLimits,
+    /// Replicas of the streams and the lease bucket, when created (1; 3 or 5 in a cluster).
+    pub replicas: usize,
 }
 
 /// Limits of the event stream (applied when it is created).
@@ -111,6 +114,7 @@ impl FleetConfig {
             require_tls: false,
             prefix: "hermes".into(),
             stream: StreamLimits::default(),
+            replicas: 1,
         }
     }
 
@@ -122,6 +126,11 @@ impl FleetConfig {
     /// Name of the dead-letter stream.
     pub fn dead_stream(&self) -> String {
         format!("{}_DEAD", token(&self.prefix).to_uppercase())
+    }
+
+    /// Name of the key-value bucket of the ordered hooks' leases.
+    pub fn lease_bucket(&self) -> String {
+        format!("{}_LEASES", token(&self.prefix).to_uppercase())
     }
 
     /// Every subject of the event stream (the filter of each hook's consumer).
@@ -234,6 +243,7 @@ impl FleetConfig {
             max_age: self.stream.max_age,
             max_bytes: self.stream.max_bytes,
             duplicate_window: self.stream.duplicate_window,
+            num_replicas: self.replicas,
             ..Default::default()
         };
         js.get_or_create_stream(config)
@@ -253,6 +263,7 @@ impl FleetConfig {
             retention: jetstream::stream::RetentionPolicy::Limits,
             max_age: self.stream.max_age,
             duplicate_window: self.stream.duplicate_window,
+            num_replicas: self.replicas,
             ..Default::default()
         };
         js.get_or_create_stream(config)

@@ -140,9 +140,23 @@ struct Settings {
     timeout: Duration,
     max_deliver: i64,
     concurrency: u32,
+    /// Events this worker may hold for the hook at once (the consumer's `max_ack_pending`):
+    /// `concurrency` for a hook that runs several at once, up to [`WINDOW`] (and half its local
+    /// queue) for an ordered hook, whose one active puller (the lease holder) feeds them in
+    /// stream order into the hook's local queue.
+    window: u32,
     /// When the hook appeared: the start of a consumer created for it.
     since: std::time::SystemTime,
 }
+
+impl Settings {
+    fn ordered(&self) -> bool {
+        self.concurrency <= 1
+    }
+}
+
+/// Most events in flight for an ordered hook.
+pub const WINDOW: u32 = 512;
 
 struct HookTask {
     settings: Settings,
@@ -288,13 +302,20 @@ fn apply(
         let since = *seen
             .entry(h.spec.name.clone())
             .or_insert_with(|| appeared(&h.spec, started));
+        let concurrency = (m.concurrency as u32).max(1);
+        let window = if concurrency == 1 {
+            WINDOW.min((m.queue_capacity / 2) as u32).max(1)
+        } else {
+            concurrency
+        };
         wanted.insert(
             h.spec.name.clone(),
             Settings {
                 name: h.spec.name.clone(),
                 timeout: m.timeout,
                 max_deliver: m.retries as i64 + 1,
-                concurrency: m.concurrency as u32,
+                concurrency,
+                window,
                 since,
             },
         );
@@ -396,7 +417,7 @@ async fn ensure_consumer(
         // One more than allowed: the extra one is the dead letter of a worker killed during
         // the last allowed delivery.
         max_deliver: s.max_deliver + 1,
-        max_ack_pending: s.concurrency as i64,
+        max_ack_pending: s.window as i64,
         filter_subject: sh.cfg.events_filter(),
         ..Default::default()
     };
@@ -428,9 +449,10 @@ async fn ensure_consumer(
     }
 }
 
-/// Pulls the hook's events and hands each to the host as soon as it arrives (the broker holds
-/// back more than `concurrency` unacknowledged ones; the hook's local queue keeps them in order
-/// and the handler's own concurrency applies).
+/// Pulls the hook's events and hands each to the host as soon as it arrives, in stream order
+/// (the broker holds back more than `window` unacknowledged ones; the hook's local queue keeps
+/// them in order and the handler's own concurrency and pipelining apply). An ordered hook is
+/// pulled only while this worker holds its lease.
 async fn consume(
     sh: Arc<Shared>,
     stream: jetstream::stream::Stream,
@@ -441,7 +463,10 @@ async fn consume(
 ) {
     let mut running = tokio::task::JoinSet::new();
     let mut pause = Duration::from_millis(100);
+    let mut lease: Option<super::lease::Lease> = None;
+    let mut leases: Option<(async_nats::jetstream::kv::Store, Duration)> = None;
     'outer: while !*stop.borrow() {
+        // The consumer first (the hook joins the fleet view with it, also on a standby worker).
         let consumer = match ensure_consumer(&sh, &stream, &s).await {
             Ok(c) => c,
             Err(e) => {
@@ -457,12 +482,22 @@ async fn consume(
         if let Ok(mut g) = slot.lock() {
             *g = Some(consumer.clone());
         }
+        if s.ordered() && lease.is_none() {
+            match take_lease(&sh, &s, &mut leases, &mut stop).await {
+                Some(l) => lease = Some(l),
+                None => break 'outer,
+            }
+            // A previous holder that died left events unacknowledged: once their ack wait has
+            // run out they are redelivered before any new one, so wait for that, not to run
+            // later events first.
+            settled(&consumer, &s, sh.opts.ack_wait * 2 + Duration::from_secs(1)).await;
+        }
         let messages = consumer
             .stream()
-            // Twice what may be in flight: a pull request is always waiting at the broker when
+            // More than may be in flight: a pull request is always waiting at the broker when
             // an acknowledgement frees a slot (with exactly one, nats-server 2.9 only delivered
             // after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
-            .max_messages_per_batch((2 * s.concurrency.max(1) as usize).max(4))
+            .max_messages_per_batch((2 * s.window as usize).max(4))
             .expires(Duration::from_secs(5))
             .heartbeat(Duration::from_secs(2))
             .messages()
@@ -479,18 +514,29 @@ async fn consume(
             }
         };
         loop {
+            let lost = async {
+                match lease.as_mut() {
+                    Some(l) => l.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
             let next = tokio::select! {
                 m = messages.next() => m,
                 _ = stop.changed() => {
                     give_back(&mut messages).await;
                     break 'outer;
                 }
+                _ = lost => {
+                    // Another worker may take over: hand back what no handler started.
+                    give_back(&mut messages).await;
+                    lease = None;
+                    break;
+                }
             };
             match next {
                 Some(Ok(msg)) => {
                     pause = Duration::from_millis(100);
-                    let (sh, s, counters) = (sh.clone(), s.clone(), counters.clone());
-                    running.spawn(async move { handle(&sh, &s, &counters, msg).await });
+                    dispatch(&sh, &s, &counters, msg, &mut running).await;
                 }
                 Some(Err(e)) => {
                     tracing::debug!(hook = %s.name, "fleet: pull interrupted: {e}; pulling again");
@@ -507,6 +553,70 @@ async fn consume(
         pause = (pause * 2).min(Duration::from_secs(1));
     }
     while running.join_next().await.is_some() {}
+    // Only now (every event this worker held is settled) may the next worker start.
+    if let Some(l) = lease {
+        l.release().await;
+    }
+}
+
+/// Waits (at most `limit`) until no event of the consumer is delivered and unacknowledged.
+async fn settled(consumer: &jetstream::consumer::PullConsumer, s: &Settings, limit: Duration) {
+    let mut consumer = consumer.clone();
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        match consumer.info().await {
+            Ok(i) if i.num_ack_pending == 0 => return,
+            Ok(i) => {
+                tracing::debug!(hook = %s.name, pending = i.num_ack_pending, "fleet: waiting for the previous holder's events to come back")
+            }
+            Err(_) => return,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until this worker holds the ordered hook's lease; `None` when stopping first.
+async fn take_lease(
+    sh: &Shared,
+    s: &Settings,
+    leases: &mut Option<(async_nats::jetstream::kv::Store, Duration)>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<super::lease::Lease> {
+    let mut logged = false;
+    loop {
+        let mut wait = Duration::from_millis(500);
+        if leases.is_none() {
+            match super::lease::bucket(&sh.cfg, &sh.js, sh.opts.ack_wait).await {
+                Ok(b) => *leases = Some(b),
+                Err(e) => tracing::warn!(hook = %s.name, "fleet: {e}; retrying"),
+            }
+        }
+        if let Some((store, ttl)) = leases.as_ref() {
+            wait = *ttl / 4;
+            match super::lease::Lease::try_take(store, *ttl, &consumer_name(&s.name), &sh.opts.id)
+                .await
+            {
+                Ok(Some(l)) => {
+                    tracing::info!(hook = %s.name, "fleet: this worker pulls the ordered hook (lease taken)");
+                    return Some(l);
+                }
+                Ok(None) => {
+                    if !logged {
+                        tracing::info!(hook = %s.name, "fleet: another worker pulls this ordered hook; standing by");
+                        logged = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(hook = %s.name, "fleet: {e}; retrying");
+                    *leases = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return None,
+        }
+    }
 }
 
 /// Stopping: hands back at once what the broker already delivered but no handler started, so
@@ -541,8 +651,26 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// One delivery: run the handler, then acknowledge, hand back for a retry, or dead-letter.
-async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::Message) {
+/// A delivery about to run.
+struct Delivery {
+    msg: Arc<jetstream::Message>,
+    delivered: i64,
+    seq: u64,
+    key: DoneKey,
+    env: Envelope,
+}
+
+/// What to do with a delivery.
+enum Triage {
+    /// Settle it without running the handler (already counted).
+    Settle(jetstream::Message, AckKind),
+    /// Its last allowed delivery went to a worker that stopped before finishing it.
+    Dead(Delivery),
+    /// Run the handler.
+    Run(Delivery),
+}
+
+fn triage(s: &Settings, counters: &Counters, msg: jetstream::Message) -> Triage {
     let (delivered, seq) = match msg.info() {
         Ok(i) => (i.delivered, i.stream_sequence),
         Err(_) => (1, 0),
@@ -557,9 +685,8 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
             .unwrap_or(false)
     {
         // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
-        let _ = msg.ack().await;
         counters.already_done.fetch_add(1, Ordering::Relaxed);
-        return;
+        return Triage::Settle(msg, AckKind::Ack);
     }
     if delivered > 1 {
         counters.redelivered.fetch_add(1, Ordering::Relaxed);
@@ -568,39 +695,89 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         Ok(e) => e,
         Err(e) => {
             tracing::warn!(hook = %s.name, seq, "fleet: unreadable event in the stream ({e}); dropping it");
-            let _ = msg.ack_with(AckKind::Term).await;
             counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Triage::Settle(msg, AckKind::Term);
         }
     };
     if env.hook.as_deref().is_some_and(|h| h != s.name) {
-        let _ = msg.ack().await;
         counters.skipped.fetch_add(1, Ordering::Relaxed);
-        return;
+        return Triage::Settle(msg, AckKind::Ack);
     }
-    let msg = Arc::new(msg);
+    let d = Delivery {
+        msg: Arc::new(msg),
+        delivered,
+        seq,
+        key,
+        env,
+    };
     if delivered > s.max_deliver {
-        // The last allowed delivery went to a worker that stopped before finishing it.
-        let error = format!(
-            "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
-            s.max_deliver, s.max_deliver
-        );
-        dead_letter(sh, s, counters, &msg, env, delivered - 1, seq, key, error).await;
-        return;
+        Triage::Dead(d)
+    } else {
+        Triage::Run(d)
     }
-    let _alive = keep_alive(sh, &msg);
+}
+
+/// Hands one delivery to the host: the event enters the hook's local queue before this returns
+/// (so deliveries enter it in stream order), the rest runs in `running`.
+async fn dispatch(
+    sh: &Arc<Shared>,
+    s: &Settings,
+    counters: &Arc<Counters>,
+    msg: jetstream::Message,
+    running: &mut tokio::task::JoinSet<()>,
+) {
+    let d = match triage(s, counters, msg) {
+        Triage::Settle(msg, kind) => {
+            running.spawn(async move {
+                let _ = msg.ack_with(kind).await;
+            });
+            return;
+        }
+        Triage::Dead(d) => {
+            let (sh, s, counters) = (sh.clone(), s.clone(), counters.clone());
+            running.spawn(async move {
+                let error = format!(
+                    "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
+                    s.max_deliver, s.max_deliver
+                );
+                let delivered = d.delivered - 1;
+                dead_letter(&sh, &s, &counters, d, delivered, error).await;
+            });
+            return;
+        }
+        Triage::Run(d) => d,
+    };
+    let alive = keep_alive(sh, &d.msg);
     // The host enforces the hook's timeout per call; this bound only covers the wait in the
     // hook's local queue behind the others this worker holds.
-    let wait = (s.timeout + Duration::from_secs(5)) * (s.concurrency.max(1) + 1);
-    let outcome = sh
-        .host
-        .emit_collect_only(
-            &env.event,
-            env.handler_context(delivered, seq),
-            wait,
-            Some(&s.name),
-        )
-        .await;
+    let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
+    let (host, event, name) = (sh.host.clone(), d.env.event.clone(), s.name.clone());
+    let ctx = d.env.handler_context(d.delivered, d.seq);
+    let mut outcome =
+        Box::pin(async move { host.emit_collect_only(&event, ctx, wait, Some(&name)).await });
+    // The first poll puts the event in the hook's queue.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(outcome.as_mut().poll(cx))).await;
+    let (sh, s, counters) = (sh.clone(), s.clone(), counters.clone());
+    running.spawn(async move {
+        let outcome = match first {
+            std::task::Poll::Ready(o) => o,
+            std::task::Poll::Pending => outcome.await,
+        };
+        drop(alive);
+        settle(&sh, &s, &counters, d, outcome).await;
+    });
+}
+
+/// After the handler: acknowledge, hand back for a retry (the hook goes on with the next events
+/// meanwhile), or dead-letter.
+async fn settle(
+    sh: &Shared,
+    s: &Settings,
+    counters: &Counters,
+    d: Delivery,
+    outcome: Result<Vec<crate::sink::HookOutcome>, crate::host::EmitError>,
+) {
+    let (msg, delivered, seq) = (&d.msg, d.delivered, d.seq);
     let error = match outcome {
         Err(_) => {
             // Shutting down: give it back now, another worker takes it.
@@ -626,8 +803,8 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
             tracing::warn!(hook = %s.name, seq, "fleet: acknowledgement not sent ({e}); the event will come again");
         }
         counters.acked.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut d) = counters.done.lock() {
-            d.insert(key);
+        if let Ok(mut done) = counters.done.lock() {
+            done.insert(d.key);
         }
         return;
     };
@@ -639,22 +816,19 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         counters.retried.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    dead_letter(sh, s, counters, &msg, env, delivered, seq, key, error).await;
+    dead_letter(sh, s, counters, d, delivered, error).await;
 }
 
 /// Publishes the event to the dead-letter subject, then acknowledges it.
-#[allow(clippy::too_many_arguments)]
 async fn dead_letter(
     sh: &Shared,
     s: &Settings,
     counters: &Counters,
-    msg: &jetstream::Message,
-    env: Envelope,
+    d: Delivery,
     delivered: i64,
-    seq: u64,
-    key: DoneKey,
     error: String,
 ) {
+    let (msg, seq, key, env) = (d.msg, d.seq, d.key, d.env);
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),

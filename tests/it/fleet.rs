@@ -1349,3 +1349,48 @@ fn collect_names_a_hook_whose_worker_is_gone() {
         "{v}"
     );
 }
+
+/// Issue 21: an ordered hook has one active puller (a lease) and many events in flight; when
+/// the puller is SIGKILLed mid-stream the other worker takes over and the order holds (every
+/// event's first handling in publish order).
+#[test]
+fn order_holds_when_the_active_puller_is_killed() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "strict", r#"["agent:step"]"#, "");
+    let mut a = worker(&hooks, &nats, "wa");
+    let mut b = worker(&hooks, &nats, "wb");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "strict", &["wa", "wb"]);
+    let (status, body) = post_batch(&edge, 0..150, json!({"pause": 0.01}));
+    assert_eq!(status, 202, "{body}");
+    let first = poll(Duration::from_secs(30), "some events handled", || {
+        let r = records(&hooks, "strict");
+        (r.len() >= 20).then_some(r)
+    });
+    let holder = first[0]["w"].as_str().unwrap().to_string();
+    let victim = if holder == "wa" { &mut a } else { &mut b };
+    signal(victim.child.id(), libc::SIGKILL);
+    let _ = victim.child.wait();
+    let recs = poll(Duration::from_secs(60), "150 events handled", || {
+        let r = records(&hooks, "strict");
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 150).then_some(r)
+    });
+    let mut seen = HashSet::new();
+    let firsts: Vec<u64> = handled_ns(&recs)
+        .into_iter()
+        .filter(|n| seen.insert(*n))
+        .collect();
+    assert_eq!(
+        firsts,
+        (0..150).collect::<Vec<_>>(),
+        "first handlings in publish order across the hand-over"
+    );
+    assert!(
+        recs.iter().any(|r| r["w"] != holder.as_str()),
+        "the other worker took over"
+    );
+    assert_duplicates_are_redeliveries(&recs);
+}

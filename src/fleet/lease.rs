@@ -1,0 +1,125 @@
+//! One active puller per ordered hook (`concurrency: 1`) across the fleet, on any JetStream
+//! server (2.9 included): a lease in the key-value bucket `<PREFIX>_LEASES`, one key per hook.
+//!
+//! A worker that creates the key holds the lease and is the only one pulling the hook's events,
+//! so the hook's consumer can let many events be in flight (batches fed in stream order into the
+//! hook's local queue) without losing the order. The holder renews the key (compare-and-set on
+//! its revision) four times per bucket `max_age`; the others try to create it at the same pace.
+//! A holder that dies stops renewing and the key expires with the bucket's `max_age` (the
+//! worker's `--ack-wait` when the bucket is created): another worker takes over then. A worker
+//! that stops cleanly deletes the key so that the next takes over at once.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use tokio::sync::watch;
+
+use super::FleetConfig;
+
+/// The lease bucket, created when missing with `ttl` as its `max_age`.
+pub async fn bucket(
+    cfg: &FleetConfig,
+    js: &jetstream::Context,
+    ttl: Duration,
+) -> Result<(kv::Store, Duration), String> {
+    let name = cfg.lease_bucket();
+    // The bucket's stream made here, as a key-value bucket's is made: async-nats's own
+    // create_key_value first reads the account info, which it cannot parse from a 2.9 server.
+    let config = jetstream::stream::Config {
+        name: format!("KV_{name}"),
+        description: Some("hermes-hooks: which worker pulls each ordered hook".into()),
+        subjects: vec![format!("$KV.{name}.>")],
+        max_messages_per_subject: 1,
+        max_bytes: -1,
+        max_message_size: -1,
+        max_age: ttl.max(Duration::from_secs(1)),
+        storage: jetstream::stream::StorageType::Memory,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: cfg.replicas.max(1),
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    js.get_or_create_stream(config)
+        .await
+        .map_err(|e| format!("cannot create the lease bucket {name}: {e}"))?;
+    let store = js
+        .get_key_value(&name)
+        .await
+        .map_err(|e| format!("cannot open the lease bucket {name}: {e}"))?;
+    let ttl = store
+        .status()
+        .await
+        .map(|s| s.max_age())
+        .map_err(|e| format!("cannot read the lease bucket {name}: {e}"))?;
+    Ok((store, ttl))
+}
+
+/// A held lease: renewed in the background until dropped or lost.
+pub struct Lease {
+    lost: watch::Receiver<bool>,
+    renew: tokio::task::JoinHandle<()>,
+    store: kv::Store,
+    key: String,
+}
+
+impl Lease {
+    /// Tries to take the lease on `key` for `holder`; `None` when another worker holds it.
+    pub async fn try_take(
+        store: &kv::Store,
+        ttl: Duration,
+        key: &str,
+        holder: &str,
+    ) -> Result<Option<Lease>, String> {
+        let revision = match store.create(key, holder.to_string().into()).await {
+            Ok(r) => r,
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
+            Err(e) => return Err(format!("lease {key}: {e}")),
+        };
+        let (tx, lost) = watch::channel(false);
+        let (store2, key2, holder) = (store.clone(), key.to_string(), holder.to_string());
+        let renew = tokio::spawn(async move {
+            let mut revision = revision;
+            let every = ttl / 4;
+            loop {
+                tokio::time::sleep(every).await;
+                match store2.update(&key2, holder.clone().into(), revision).await {
+                    Ok(r) => revision = r,
+                    Err(e) => {
+                        tracing::warn!(key = %key2, "fleet: lease lost ({e}); this worker stops pulling the hook");
+                        let _ = tx.send(true);
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Some(Lease {
+            lost,
+            renew,
+            store: store.clone(),
+            key: key.to_string(),
+        }))
+    }
+
+    /// Resolves when the lease is lost (not renewed in time).
+    pub async fn lost(&mut self) {
+        while !*self.lost.borrow() {
+            if self.lost.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Gives the lease up at once (clean stop): the next worker takes over without waiting.
+    pub async fn release(self) {
+        self.renew.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.store.delete(&self.key)).await;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renew.abort();
+    }
+}
