@@ -111,7 +111,7 @@ pub async fn replay(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>
         let publish = jetstream::message::PublishMessage::build()
             .payload(payload.into())
             .message_id(format!("replay:{}:{}", cfg.dead_stream(), e.seq));
-        js.send_publish(cfg.replay_subject(&e.letter.hook), publish)
+        js.send_publish(cfg.event_subject(&env.event), publish)
             .await
             .map_err(|x| err("publish a replay", x.to_string()))?
             .await

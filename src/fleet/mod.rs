@@ -10,8 +10,8 @@
 //! - [`status`]: the workers' status messages and the edge's view of the fleet.
 //! - [`dead`]: `dead list|replay`.
 //!
-//! Subjects (with the default prefix `hermes`): events `hermes.ev.e.<event>`, targeted replays
-//! `hermes.ev.r.<hook>` (stream `HERMES_EVENTS`), dead letters `hermes.dead.<hook>` (stream
+//! Subjects (with the default prefix `hermes`): events `hermes.ev.e.<ns>.<rest>` (and replays,
+//! whose envelope names their hook; stream `HERMES_EVENTS`), dead letters `hermes.dead.<hook>` (stream
 //! `HERMES_DEAD`), collect requests `hermes.collect.<hook>`, worker status `hermes.status.<id>`.
 
 pub mod collect;
@@ -138,14 +138,36 @@ impl FleetConfig {
         format!("{}.ev.>", self.prefix)
     }
 
-    /// The subject an event is published on.
+    /// The subject an event is published on: `<prefix>.ev.e.<ns>.<rest>` for `ns:rest` (split
+    /// at the first `:`), `<prefix>.ev.e.<name>` for a name without `:`, each part one token;
+    /// so the broker can route an event to the consumers of the hooks it matches. A replay
+    /// goes to the same subject (its envelope names the one hook it is for).
     pub fn event_subject(&self, event: &str) -> String {
-        format!("{}.ev.e.{}", self.prefix, token(event))
+        match event.split_once(':') {
+            Some((ns, rest)) => format!("{}.ev.e.{}.{}", self.prefix, token(ns), token(rest)),
+            None => format!("{}.ev.e.{}", self.prefix, token(event)),
+        }
     }
 
-    /// The subject a replay for one hook is published on.
-    pub fn replay_subject(&self, hook: &str) -> String {
-        format!("{}.ev.r.{}", self.prefix, token(hook))
+    /// The filter subject of a hook's consumer: the subject of its one pattern when that is an
+    /// exact name or `ns:*` (the broker then delivers only what it matches); every event
+    /// otherwise (several patterns: nats-server 2.9 takes one filter per consumer; other
+    /// globs), the worker skipping what its patterns do not match.
+    pub fn hook_filter(&self, patterns: &[String]) -> String {
+        let [p] = patterns else {
+            return self.events_filter();
+        };
+        let glob = |t: &str| t.contains(['*', '?', '[', ']', '{', '}']);
+        if let Some(ns) = p.strip_suffix(":*")
+            && !ns.contains(':')
+            && !glob(ns)
+        {
+            return format!("{}.ev.e.{}.*", self.prefix, token(ns));
+        }
+        if glob(p) {
+            return self.events_filter();
+        }
+        self.event_subject(p)
     }
 
     /// The subject of a hook's dead letters.
@@ -397,6 +419,23 @@ mod tests {
         let odd = consumer_name("my.hook");
         assert!(odd.starts_with("hook_my_hook_"), "{odd}");
         assert_ne!(odd, consumer_name("my:hook"));
+    }
+
+    #[test]
+    fn event_subjects_and_hook_filters() {
+        let c = FleetConfig::new("nats://h:1");
+        assert_eq!(c.event_subject("agent:start"), "hermes.ev.e.agent.start");
+        assert_eq!(c.event_subject("a:b:c"), "hermes.ev.e.a.b:c");
+        assert_eq!(c.event_subject("boot"), "hermes.ev.e.boot");
+        assert_eq!(c.event_subject("x.y:z"), "hermes.ev.e.x_2ey.z");
+        let f = |p: &[&str]| c.hook_filter(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(f(&["agent:*"]), "hermes.ev.e.agent.*");
+        assert_eq!(f(&["agent:start"]), "hermes.ev.e.agent.start");
+        assert_eq!(f(&["boot"]), "hermes.ev.e.boot");
+        assert_eq!(f(&["*"]), "hermes.ev.>");
+        assert_eq!(f(&["{a,b}:*"]), "hermes.ev.>");
+        assert_eq!(f(&["a:b:*"]), "hermes.ev.>");
+        assert_eq!(f(&["a:*", "b:*"]), "hermes.ev.>");
     }
 
     #[test]

@@ -29,6 +29,10 @@ pub struct FleetCounters {
     pub dead: u64,
     /// Not for this hook (no pattern matches, or a replay for another hook): acknowledged.
     pub skipped: u64,
+    /// Routed here by a consumer filter another version of the hook set, not matched by this
+    /// worker's version: handed back for another worker (dead-lettered on the last delivery).
+    #[serde(default)]
+    pub mismatched: u64,
     /// Delivered again after this worker had finished them (a broker crash lost the
     /// acknowledgement): acknowledged again without running the handler.
     #[serde(default)]
@@ -280,6 +284,7 @@ impl FleetView {
                 f.retried += h.fleet.retried;
                 f.dead += h.fleet.dead;
                 f.skipped += h.fleet.skipped;
+                f.mismatched += h.fleet.mismatched;
                 f.already_done += h.fleet.already_done;
                 if let Value::Object(c) = &h.counters {
                     for (k, v) in c {

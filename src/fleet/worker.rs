@@ -116,6 +116,7 @@ struct Counters {
     retried: AtomicU64,
     dead: AtomicU64,
     skipped: AtomicU64,
+    mismatched: AtomicU64,
 }
 
 impl Counters {
@@ -128,6 +129,7 @@ impl Counters {
             retried: g(&self.retried),
             dead: g(&self.dead),
             skipped: g(&self.skipped),
+            mismatched: g(&self.mismatched),
             already_done: g(&self.already_done),
         }
     }
@@ -147,6 +149,8 @@ struct Settings {
     window: u32,
     /// When the hook appeared: the start of a consumer created for it.
     since: std::time::SystemTime,
+    /// The consumer's filter subject ([`FleetConfig::hook_filter`]).
+    filter: String,
 }
 
 impl Settings {
@@ -317,6 +321,7 @@ fn apply(
                 concurrency,
                 window,
                 since,
+                filter: sh.cfg.hook_filter(h.spec.patterns.patterns()),
             },
         );
     }
@@ -418,7 +423,7 @@ async fn ensure_consumer(
         // the last allowed delivery.
         max_deliver: s.max_deliver + 1,
         max_ack_pending: s.window as i64,
-        filter_subject: sh.cfg.events_filter(),
+        filter_subject: s.filter.clone(),
         ..Default::default()
     };
     match stream.get_consumer::<pull::Config>(&name).await {
@@ -427,17 +432,21 @@ async fn ensure_consumer(
             if have.ack_wait != config.ack_wait
                 || have.max_deliver != config.max_deliver
                 || have.max_ack_pending != config.max_ack_pending
+                || have.filter_subject != config.filter_subject
             {
-                tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries or concurrency changed)");
+                tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency or patterns changed)");
                 // The deliver policy of an existing durable cannot change: keep its own.
                 let config = pull::Config {
                     deliver_policy: have.deliver_policy,
                     ..config
                 };
-                stream
-                    .create_consumer(config)
-                    .await
-                    .map_err(|e| format!("cannot update consumer {name}: {e}"))
+                match stream.create_consumer(config).await {
+                    Ok(c) => Ok(c),
+                    Err(e) => {
+                        tracing::warn!(hook = %s.name, "fleet: cannot update consumer {name} ({e}); using it as it is");
+                        Ok(c)
+                    }
+                }
             } else {
                 Ok(c)
             }
@@ -787,6 +796,22 @@ async fn settle(
         Ok(v) => match v.into_iter().next() {
             None => {
                 if sh.host.snapshot().get(&s.name).is_some() {
+                    if s.filter != sh.cfg.events_filter() {
+                        // The broker routed it here by the consumer's filter, which another
+                        // version of the hook set (a rolling update): hand it back for a worker
+                        // with that version; on the last delivery it is dead-lettered, never
+                        // silently skipped.
+                        if delivered < s.max_deliver {
+                            counters.mismatched.fetch_add(1, Ordering::Relaxed);
+                            let _ = msg
+                                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                                .await;
+                            return;
+                        }
+                        let error = "no pattern of this worker's version of the hook matches the event (a rolling update?)".to_string();
+                        dead_letter(sh, s, counters, d, delivered, error).await;
+                        return;
+                    }
                     // Loaded, but none of its patterns matches this event.
                     let _ = msg.ack().await;
                     counters.skipped.fetch_add(1, Ordering::Relaxed);
