@@ -1,8 +1,11 @@
-//! Fleet mode figures for BENCHMARKS.md (`cargo bench --bench fleet`; needs `nats-server`, `cc`
-//! and `python3`): events/s edge -> JetStream -> 1 and 2 workers for a no-op C library hook and a
-//! trivial Python hook (concurrency 1 = order kept, and 64), the same workload in local mode,
-//! end-to-end latency p50/p99 (accepted at the edge -> handler running), and the failover time of
-//! an event whose worker is SIGKILLed mid-handler.
+//! Fleet mode figures for BENCHMARKS.md (`cargo bench --bench fleet`; needs `nats-server` (found
+//! as `HERMES_NATS_SERVER`, on PATH or in /usr/sbin), `cc` and `python3`): events/s edge ->
+//! JetStream -> 1 worker for a no-op C library hook and a trivial Python hook, in order
+//! (`concurrency: 1`), alone and beside 9 idle hooks on other events; the same workload in local
+//! mode; the broker's own publish-and-consume rate (a JetStream client publishing and a pull
+//! consumer acknowledging at once, no hermes-hooks) in the same run; rounds alternate. Then
+//! (unless FLEET_BENCH_THROUGHPUT_ONLY is set) end-to-end latency p50/p99 and the failover time
+//! of an event whose worker is SIGKILLed mid-handler.
 
 mod common;
 
@@ -61,6 +64,18 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The nats-server binary: `HERMES_NATS_SERVER`, else on PATH, else /usr/sbin.
+fn nats_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HERMES_NATS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
 struct Nats {
     child: Child,
     port: u16,
@@ -74,7 +89,7 @@ impl Nats {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("port");
-        let child = Command::new("nats-server")
+        let child = Command::new(nats_bin().expect("nats-server"))
             .args(["-js", "-sd"])
             .arg(store.path())
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
@@ -110,9 +125,26 @@ enum Kind {
     Python,
 }
 
-/// A hook root with one hook `h` on `bench:*` of `kind`.
-fn hook_root(dir: &Path, kind: Kind, concurrency: u32, extra_py: Option<&str>) -> PathBuf {
-    let root = dir.join(format!("hooks-{concurrency}-{}", extra_py.is_some()));
+/// A hook root with one hook `h` on `bench:*` of `kind`, and `idle` hooks of the same kind on
+/// other events.
+fn hook_root_with(
+    dir: &Path,
+    kind: Kind,
+    concurrency: u32,
+    extra_py: Option<&str>,
+    idle: usize,
+) -> PathBuf {
+    let root = dir.join(format!("hooks-{concurrency}-{}-{idle}", extra_py.is_some()));
+    for i in 0..idle {
+        let hook = root.join(format!("idle{i}"));
+        std::fs::create_dir_all(&hook).expect("mkdir");
+        std::fs::write(
+            hook.join("HOOK.yaml"),
+            format!("events: [\"other{i}:*\"]\nqueue: {{capacity: 1000000}}\n"),
+        )
+        .expect("write HOOK.yaml");
+        write_handler(dir, &hook, kind, None);
+    }
     let hook = root.join("h");
     std::fs::create_dir_all(&hook).expect("mkdir");
     std::fs::write(
@@ -122,6 +154,16 @@ fn hook_root(dir: &Path, kind: Kind, concurrency: u32, extra_py: Option<&str>) -
         ),
     )
     .expect("write HOOK.yaml");
+    write_handler(dir, &hook, kind, extra_py);
+    root
+}
+
+/// A hook root with one hook `h` on `bench:*` of `kind`.
+fn hook_root(dir: &Path, kind: Kind, concurrency: u32, extra_py: Option<&str>) -> PathBuf {
+    hook_root_with(dir, kind, concurrency, extra_py, 0)
+}
+
+fn write_handler(dir: &Path, hook: &Path, kind: Kind, extra_py: Option<&str>) {
     match kind {
         Kind::Dylib => {
             let c = dir.join("noop.c");
@@ -138,7 +180,6 @@ fn hook_root(dir: &Path, kind: Kind, concurrency: u32, extra_py: Option<&str>) -
         Kind::Python => std::fs::write(hook.join("handler.py"), extra_py.unwrap_or(NOOP_PY))
             .expect("write handler.py"),
     }
-    root
 }
 
 fn ok_count(addr: &str) -> u64 {
@@ -170,9 +211,16 @@ fn run_load(edge: &str, total: usize, done: impl Fn() -> u64) -> f64 {
     total as f64 / start.elapsed().as_secs_f64()
 }
 
-fn throughput(dir: &Path, kind: Kind, workers: usize, concurrency: u32, total: usize) -> f64 {
+fn throughput(
+    dir: &Path,
+    kind: Kind,
+    workers: usize,
+    concurrency: u32,
+    idle: usize,
+    total: usize,
+) -> f64 {
     let nats = Nats::start();
-    let root = hook_root(dir, kind, concurrency, None);
+    let root = hook_root_with(dir, kind, concurrency, None, idle);
     let root_s = root.to_str().expect("utf-8 path").to_string();
     let url = nats.url();
     let ws: Vec<Proc> = (0..workers)
@@ -197,7 +245,11 @@ fn throughput(dir: &Path, kind: Kind, workers: usize, concurrency: u32, total: u
     let edge = spawn(&["serve", "--fleet", &url, "--gateway-id", "bench"], dir);
     wait_until("the fleet view", Duration::from_secs(30), || {
         let (_, v) = http(&edge.addr, "GET", "/v1/hooks", b"");
-        v["hooks"][0]["workers"].as_array().map(|a| a.len()) == Some(workers)
+        let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
+        hooks.len() == idle + 1
+            && hooks
+                .iter()
+                .all(|h| h["workers"].as_array().map(|a| a.len()) == Some(workers))
     });
     let addrs: Vec<String> = ws.iter().map(|w| w.addr.clone()).collect();
     run_load(&edge.addr, total, || {
@@ -351,18 +403,88 @@ fn ingest(dir: &Path, fleet: Option<&str>, total: usize) -> f64 {
     total as f64 / start.elapsed().as_secs_f64()
 }
 
+/// The broker's own rate on this machine: one JetStream client publishing `n` messages of an
+/// event's size (pipelined, up to 512 acknowledgements outstanding, each with a de-duplication
+/// id, as the edge does) while a pull consumer receives and acknowledges them, at once; events/s
+/// until the last is received.
+fn broker_rate(url: &str, n: usize) -> f64 {
+    use async_nats::jetstream::{self, consumer::pull, stream};
+    use futures_util::StreamExt;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = async_nats::connect(url).await.expect("connect");
+        let js = jetstream::new(client);
+        let s = js
+            .get_or_create_stream(stream::Config {
+                name: "BASE".into(),
+                subjects: vec!["base.>".into()],
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+        let consumer = s
+            .create_consumer(pull::Config {
+                durable_name: Some("base".into()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                max_ack_pending: 1024,
+                ..Default::default()
+            })
+            .await
+            .expect("consumer");
+        let body = serde_json::to_vec(&json!({"v": 1, "id": "18ed285881dfc86a7587-1f3a", "gateway": "bench", "event": "bench:e", "context": {"platform": "telegram", "user_id": "42", "chat_id": "c", "session_id": "s", "i": 12345}, "time": "2026-12-01T15:00:00.000000Z"})).expect("json");
+        let body = bytes::Bytes::from(body);
+        let start = Instant::now();
+        let publisher = {
+            let js = js.clone();
+            tokio::spawn(async move {
+                let mut acks = std::collections::VecDeque::new();
+                for i in 0..n {
+                    let m = jetstream::message::PublishMessage::build()
+                        .payload(body.clone())
+                        .message_id(format!("bench:{i}"));
+                    acks.push_back(js.send_publish("base.e.bench", m).await.expect("publish"));
+                    if acks.len() >= 512
+                        && let Some(a) = acks.pop_front()
+                    {
+                        a.await.expect("ack");
+                    }
+                }
+                for a in acks {
+                    a.await.expect("ack");
+                }
+            })
+        };
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(1024)
+            .messages()
+            .await
+            .expect("pull");
+        let mut got = 0;
+        while got < n {
+            let m = messages.next().await.expect("a message").expect("no error");
+            m.ack().await.expect("ack");
+            got += 1;
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        publisher.await.expect("publisher");
+        rate
+    })
+}
+
 fn main() {
-    if Command::new("nats-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    if nats_bin().is_none() {
         eprintln!("fleet bench skipped: nats-server is not installed");
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    {
+    if std::env::var_os("FLEET_BENCH_THROUGHPUT_ONLY").is_none() {
         let sub = d.join("ingest");
         std::fs::create_dir_all(&sub).expect("mkdir");
         let total = 100_000;
@@ -376,33 +498,62 @@ fn main() {
     if std::env::var_os("FLEET_BENCH_INGEST_ONLY").is_some() {
         return;
     }
-    println!("| workload | local mode | fleet, 1 worker | fleet, 2 workers |");
-    println!("|---|---|---|---|");
-    for (kind, name, total) in [
-        (Kind::Dylib, "no-op C library", 20_000),
-        (Kind::Python, "trivial Python", 10_000),
-    ] {
-        for conc in [1u32, 64] {
-            let sub = d.join(format!("{}-{conc}", name.len()));
+    let rounds: usize = std::env::var("FLEET_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    // Per workload: local, fleet, fleet beside 9 idle hooks; and the broker alone. Rounds
+    // alternate the variants so that a load change on the shared machine hits them all.
+    let workloads = [
+        (Kind::Dylib, "no-op C library", 20_000usize),
+        (Kind::Python, "trivial Python", 20_000usize),
+    ];
+    let mut figures: Vec<[Vec<f64>; 3]> = workloads.iter().map(|_| Default::default()).collect();
+    let mut broker = Vec::new();
+    for round in 0..rounds {
+        for (w, &(kind, name, total)) in workloads.iter().enumerate() {
+            let sub = d.join(format!("r{round}-{}", name.len()));
             std::fs::create_dir_all(&sub).expect("mkdir");
-            let l = if conc == 1 {
-                local(&sub, kind, total)
-            } else {
-                f64::NAN
-            };
-            let one = throughput(&sub, kind, 1, conc, total);
-            let two = throughput(&sub, kind, 2, conc, total);
+            let l = local(&sub, kind, total);
+            let f = throughput(&sub, kind, 1, 1, 0, total);
+            let i = throughput(&sub, kind, 1, 1, 9, total);
             println!(
-                "| {name}, concurrency {conc}, {total} events | {} | {:.0}/s | {:.0}/s |",
-                if l.is_nan() {
-                    "(as above)".to_string()
-                } else {
-                    format!("{l:.0}/s")
-                },
-                one,
-                two
+                "round {round}: {name}: local {l:.0}/s, fleet {f:.0}/s, fleet + 9 idle hooks {i:.0}/s"
             );
+            figures[w][0].push(l);
+            figures[w][1].push(f);
+            figures[w][2].push(i);
         }
+        let nats = Nats::start();
+        let b = broker_rate(&nats.url(), 20_000);
+        println!("round {round}: broker alone (publish + consume, JetStream file store): {b:.0}/s");
+        broker.push(b);
+    }
+    let med = |v: &[f64]| {
+        let mut v = v.to_vec();
+        common::pct(&mut v, 0.5)
+    };
+    let b = med(&broker);
+    println!(
+        "\n| events/s, medians of {rounds} rounds | local `serve` | fleet, 1 worker, in order | fleet / local | fleet / broker | beside 9 idle hooks | idle / alone |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (w, &(_, name, total)) in workloads.iter().enumerate() {
+        let (l, f, i) = (
+            med(&figures[w][0]),
+            med(&figures[w][1]),
+            med(&figures[w][2]),
+        );
+        println!(
+            "| {name}, {total} events | {l:.0} | **{f:.0}** | {:.2} | {:.2} | {i:.0} | {:.2} |",
+            f / l,
+            f / b,
+            i / f
+        );
+    }
+    println!("| broker alone: publish + consume at once, 20000 messages | | {b:.0} | | 1.00 | | |");
+    if std::env::var_os("FLEET_BENCH_THROUGHPUT_ONLY").is_some() {
+        return;
     }
     let n = 500;
     let lsub = d.join("lat");
