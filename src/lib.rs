@@ -13,7 +13,7 @@
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
 //! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
-//! - [`dispatch`]: per-hook bounded queues and workers, overflow accounting.
+//! - [`hook`]: a loaded hook: its bounded queue, worker, counters, overflow accounting.
 //! - [`handler`]: the four handler kinds behind one trait: [`handler::python`] (a persistent
 //!   Python worker), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
 //!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
@@ -51,11 +51,11 @@ pub mod atomic;
 pub mod cli;
 pub mod client;
 pub mod discovery;
-pub mod dispatch;
 pub mod events;
 #[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod handler;
+pub mod hook;
 pub mod host;
 pub mod ingateway;
 pub mod interpreter;
@@ -76,6 +76,6 @@ pub mod trust;
 pub mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
-pub use dispatch::Tally;
+pub use hook::Tally;
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
 pub use registry::Registry;

@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::dispatch::{DURATION_BUCKETS, LoadedHook, Status};
+use crate::hook::{DURATION_BUCKETS, LoadedHook, Status};
 use crate::host::Host;
 
 /// The `Content-Type` of [`render`]'s text.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use crate::discovery::Skipped;
-use crate::dispatch::LoadedHook;
+use crate::hook::LoadedHook;
 use crate::pattern::MatchKind;
 
 /// Event names whose match lists are cached per snapshot; beyond this, matches are computed

@@ -37,7 +37,7 @@ pub struct Call {
     pub context: Arc<Value>,
 }
 
-/// What a hook's worker ([`crate::dispatch`]) and its handler share, for one version of the hook:
+/// What a hook's worker ([`crate::hook`]) and its handler share, for one version of the hook:
 /// the handler says when it restarted a process or is stuck in a call it cannot interrupt; the
 /// worker says when a newer version of the hook takes over.
 #[derive(Debug, Default)]

@@ -1,6 +1,6 @@
 //! Handler kinds behind one small trait ([`Handler`]: ready, call, shutdown).
 //!
-//! A hook's worker ([`crate::dispatch`]) owns one [`Handler`] and hands it queued events (up to
+//! A hook's worker ([`crate::hook`]) owns one [`Handler`] and hands it queued events (up to
 //! [`Handler::max_calls`] at once), so a handler needs `&mut self` and no locking. Each kind lives
 //! in its own file and builds on [`api`]; adding a kind means one new file and one arm in [`start`].
 
@@ -10,10 +10,8 @@ mod api;
 pub mod dylib;
 pub mod exec;
 pub mod process;
-pub mod pylog;
 pub mod python;
 pub mod webhook;
-pub mod zygote;
 
 pub use api::*;
 

@@ -32,9 +32,14 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::task::JoinHandle;
 
-use super::api::{BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report};
-use super::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
-use super::zygote::{self, Forked, Zygote};
+use self::zygote::{Forked, Zygote};
+use crate::handler::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
+};
+use crate::handler::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
+
+pub mod pylog;
+pub mod zygote;
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");

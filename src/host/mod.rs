@@ -15,9 +15,9 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
-use crate::dispatch::{CallOutcome, HookStats, Job, LoadedHook, Tally};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::{self, HandlerContext};
+use crate::hook::{CallOutcome, HookStats, Job, LoadedHook, Tally};
 use crate::registry::Registry;
 
 /// Settings of a host.
