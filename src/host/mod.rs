@@ -2,7 +2,6 @@
 //! service, the CLI, the HTTP server and the tests drive (`emit`, `emit_collect`, `reload`,
 //! `shutdown`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +20,9 @@ use crate::hook::{CallOutcome, HookStats, Job, LoadedHook, Tally};
 use crate::registry::Registry;
 
 mod info;
+mod plan;
+
+use plan::{Plan, Version};
 
 pub use info::{Counters, HookInfo, LastError, QueueInfo, WorkerStart};
 
@@ -134,6 +136,9 @@ pub struct ShutdownReport {
     /// The sum of `by_hook`.
     pub total: Tally,
 }
+
+/// A handler start's result; `None` when its task panicked.
+type Started = Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>;
 
 struct Inner {
     config: HostConfig,
@@ -541,6 +546,68 @@ impl Host {
     /// its last good version running. Emit is never blocked: the new snapshot is swapped in.
     pub async fn reload(&self) -> LoadReport {
         let _guard = self.inner.reload_lock.lock().await;
+        let Some(discovery) = self.scan().await else {
+            return LoadReport::default();
+        };
+        let old = self.inner.registry.load_full();
+        let running: Vec<Version<'_>> = old.hooks.iter().map(|h| Version::of(&h.spec)).collect();
+        let found: Vec<Version<'_>> = discovery.hooks.iter().map(Version::of).collect();
+        let plan = Plan::new(&running, &found, self.inner.config.gateway_hooks_only);
+        tracing::debug!(
+            kept = plan.kept.len(),
+            added = plan.to_add().len(),
+            changed = plan.to_change().len(),
+            removed = plan.to_remove().len(),
+            "reload plan"
+        );
+        let mut specs: Vec<Option<HookSpec>> = discovery.hooks.into_iter().map(Some).collect();
+        let to_start: Vec<(HookSpec, Option<Arc<LoadedHook>>)> = plan
+            .starts
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    specs[s.found].take()?,
+                    s.takes_over.map(|p| old.hooks[p].clone()),
+                ))
+            })
+            .collect();
+        let mut skipped = discovery.skipped;
+        let mut report = LoadReport::default();
+        let mut new_hooks: Vec<Arc<LoadedHook>> =
+            plan.kept.iter().map(|&i| old.hooks[i].clone()).collect();
+
+        let started = self.start_handlers(&to_start).await;
+        for ((spec, prev), (result, signals)) in to_start.into_iter().zip(started) {
+            self.install(
+                spec,
+                prev,
+                result,
+                signals,
+                &mut report,
+                &mut new_hooks,
+                &mut skipped,
+            )
+            .await;
+        }
+        self.keep_last_good(&old, &running, &mut skipped, &mut new_hooks);
+        let generation = old.generation + 1;
+        report.loaded = self.swap(new_hooks, skipped.clone(), generation);
+        report.stopped = self.retire(&old);
+        let old_skipped = old.skipped.clone();
+        drop(running);
+        drop(old);
+        self.ledger().fold();
+        self.announce_skipped(&skipped, &old_skipped);
+        if self.inner.ready.swap(true, Ordering::Relaxed) {
+            self.inner.reloads.fetch_add(1, Ordering::Relaxed);
+        }
+        report.skipped = skipped;
+        report.generation = generation;
+        report
+    }
+
+    /// Reload phase 1: scans the roots (off the runtime) and applies each kind's settings.
+    async fn scan(&self) -> Option<crate::discovery::Discovery> {
         let roots = self.inner.config.roots.clone();
         let (trust, home) = (
             self.inner.config.trust,
@@ -553,43 +620,21 @@ impl Host {
             }
             found
         };
-        let discovery = match tokio::task::spawn_blocking(scan).await {
-            Ok(d) => d,
+        match tokio::task::spawn_blocking(scan).await {
+            Ok(d) => Some(d),
             Err(e) => {
                 tracing::error!("hook discovery failed: {e}");
-                return LoadReport::default();
-            }
-        };
-        let old = self.inner.registry.load_full();
-        let old_skipped = old.skipped.clone();
-        let old_by_name: HashMap<&str, &Arc<LoadedHook>> = old
-            .hooks
-            .iter()
-            .map(|h| (h.spec.name.as_str(), h))
-            .collect();
-
-        let mut kept: Vec<Arc<LoadedHook>> = Vec::new();
-        let mut to_start: Vec<(HookSpec, Option<Arc<LoadedHook>>)> = Vec::new();
-        for spec in discovery.hooks {
-            if self.inner.config.gateway_hooks_only && !spec.placement.in_gateway() {
-                continue; // a fleet edge: the workers run it
-            }
-            match old_by_name.get(spec.name.as_str()) {
-                Some(prev)
-                    if prev.spec.dir == spec.dir && prev.spec.fingerprint == spec.fingerprint =>
-                {
-                    kept.push((*prev).clone());
-                }
-                // An in-gateway version has no worker and a closed queue: nothing to take over.
-                Some(prev) if prev.spec.dir == spec.dir && !prev.spec.placement.in_gateway() => {
-                    to_start.push((spec, Some((*prev).clone())))
-                }
-                _ => to_start.push((spec, None)),
+                None
             }
         }
-        let mut skipped = discovery.skipped;
+    }
 
-        // Start new and changed hooks concurrently (Python workers import in parallel).
+    /// Reload phase 2: starts the handlers of new and changed hooks concurrently (Python workers
+    /// import in parallel); in-gateway hooks get no handler.
+    async fn start_handlers(
+        &self,
+        to_start: &[(HookSpec, Option<Arc<LoadedHook>>)],
+    ) -> Vec<(Started, Arc<handler::Signals>)> {
         let mut set = tokio::task::JoinSet::new();
         let mut signals = Vec::with_capacity(to_start.len());
         for (i, (spec, _)) in to_start.iter().enumerate() {
@@ -607,146 +652,156 @@ impl Host {
             let spec = spec.clone();
             set.spawn(async move { (i, handler::start(&spec, ctx).await) });
         }
-        let mut started: Vec<Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>> =
-            (0..to_start.len()).map(|_| None).collect();
+        let mut started: Vec<Started> = (0..to_start.len()).map(|_| None).collect();
         while let Some(res) = set.join_next().await {
             match res {
                 Ok((i, r)) => started[i] = Some(r),
                 Err(e) => tracing::error!("starting a handler panicked: {e}"),
             }
         }
+        started.into_iter().zip(signals).collect()
+    }
 
-        let mut report = LoadReport::default();
-        let mut new_hooks: Vec<Arc<LoadedHook>> = kept;
-        for (((spec, prev), result), signals) in to_start.into_iter().zip(started).zip(signals) {
-            if spec.placement.in_gateway() {
-                let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
-                // No worker: close the queue and mark it finished, so shutdown waits for nothing.
-                hook.abort().await;
-                tracing::info!(hook = %hook.spec.name, "runs in the gateway ({}); no worker here", hook.spec.placement.why);
-                self.inner.notices.send(
-                    "hook_loaded",
-                    json!({"hook": hook.spec.name, "kind": hook.spec.kind.as_str(), "runs": "gateway",
-                           "events": hook.spec.manifest.events, "dir": hook.spec.dir, "root": hook.spec.root}),
-                );
+    /// Reload phase 3: puts one started hook into the new set (its worker running, the
+    /// notice sent); a failed start keeps the previous version, if any, and is reported.
+    #[allow(clippy::too_many_arguments)]
+    async fn install(
+        &self,
+        spec: HookSpec,
+        prev: Option<Arc<LoadedHook>>,
+        result: Started,
+        signals: Arc<handler::Signals>,
+        report: &mut LoadReport,
+        new_hooks: &mut Vec<Arc<LoadedHook>>,
+        skipped: &mut Vec<Skipped>,
+    ) {
+        if spec.placement.in_gateway() {
+            let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+            // No worker: close the queue and mark it finished, so shutdown waits for nothing.
+            hook.abort().await;
+            tracing::info!(hook = %hook.spec.name, "runs in the gateway ({}); no worker here", hook.spec.placement.why);
+            self.inner.notices.send(
+                "hook_loaded",
+                json!({"hook": hook.spec.name, "kind": hook.spec.kind.as_str(), "runs": "gateway",
+                       "events": hook.spec.manifest.events, "dir": hook.spec.dir, "root": hook.spec.root}),
+            );
+            report.started.push(hook.spec.name.clone());
+            new_hooks.push(hook);
+            return;
+        }
+        let result = result.unwrap_or_else(|| {
+            Err(handler::HandlerError::Load(
+                "handler start was interrupted".into(),
+            ))
+        });
+        match result {
+            Ok(h) => {
+                let hook = match &prev {
+                    Some(p) => LoadedHook::successor(spec, p, signals),
+                    None => {
+                        let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                        self.ledger()
+                            .live
+                            .push((hook.spec.name.clone(), hook.stats.clone()));
+                        hook
+                    }
+                };
+                let spec = &hook.spec;
+                let what = json!({
+                    "hook": spec.name,
+                    "kind": spec.kind.as_str(),
+                    "events": spec.manifest.events,
+                    "dir": spec.dir,
+                    "root": spec.root,
+                });
+                match &prev {
+                    Some(_) => self.inner.notices.send("hook_reloaded", what),
+                    None => self.inner.notices.send("hook_loaded", what),
+                }
+                for w in &hook.spec.manifest.warnings {
+                    tracing::warn!(hook = %hook.spec.name, file = %hook.spec.manifest_path.display(), "{w}");
+                }
+                hook.start_worker(h, prev.clone());
                 report.started.push(hook.spec.name.clone());
                 new_hooks.push(hook);
-                continue;
             }
-            let result = result.unwrap_or_else(|| {
-                Err(handler::HandlerError::Load(
-                    "handler start was interrupted".into(),
-                ))
-            });
-            match result {
-                Ok(h) => {
-                    let hook = match &prev {
-                        Some(p) => LoadedHook::successor(spec, p, signals),
-                        None => {
-                            let hook =
-                                LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
-                            self.ledger()
-                                .live
-                                .push((hook.spec.name.clone(), hook.stats.clone()));
-                            hook
-                        }
-                    };
-                    let spec = &hook.spec;
-                    let what = json!({
-                        "hook": spec.name,
-                        "kind": spec.kind.as_str(),
-                        "events": spec.manifest.events,
-                        "dir": spec.dir,
-                        "root": spec.root,
-                    });
-                    match &prev {
-                        Some(_) => self.inner.notices.send("hook_reloaded", what),
-                        None => self.inner.notices.send("hook_loaded", what),
-                    }
-                    for w in &hook.spec.manifest.warnings {
-                        tracing::warn!(hook = %hook.spec.name, file = %hook.spec.manifest_path.display(), "{w}");
-                    }
-                    hook.start_worker(h, prev.clone());
-                    report.started.push(hook.spec.name.clone());
-                    new_hooks.push(hook);
+            Err(e) => {
+                let file = spec
+                    .handler_path
+                    .clone()
+                    .unwrap_or_else(|| spec.manifest_path.clone());
+                let mut reason = crate::text::cap(e.to_string());
+                if let Some(p) = &prev {
+                    reason.push_str(" (the previous version keeps running)");
+                    p.stats.set_last_error(format!("reload failed: {e}"));
+                    self.inner.notices.send(
+                        "hook_reloaded",
+                        json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
+                    );
+                    new_hooks.push(p.clone());
                 }
-                Err(e) => {
-                    let file = spec
-                        .handler_path
-                        .clone()
-                        .unwrap_or_else(|| spec.manifest_path.clone());
-                    let mut reason = crate::text::cap(e.to_string());
-                    if let Some(p) = &prev {
-                        reason.push_str(" (the previous version keeps running)");
-                        p.stats.set_last_error(format!("reload failed: {e}"));
-                        self.inner.notices.send(
-                            "hook_reloaded",
-                            json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
-                        );
-                        new_hooks.push(p.clone());
-                    }
-                    skipped.push(Skipped {
-                        dir: spec.dir.clone(),
-                        name: spec.name.clone(),
-                        file,
-                        code: SkipCode::LoadFailed,
-                        reason,
-                    });
-                }
+                skipped.push(Skipped {
+                    dir: spec.dir.clone(),
+                    name: spec.name.clone(),
+                    file,
+                    code: SkipCode::LoadFailed,
+                    reason,
+                });
             }
         }
-        // A loaded hook whose directory now fails discovery keeps running (last good version),
-        // unless it was deliberately disabled or removed.
-        for s in skipped.iter_mut() {
-            // Trust refusals stop the old version too: an executable re-reads its file per event.
-            if matches!(
-                s.code,
-                SkipCode::Disabled
-                    | SkipCode::Shadowed
-                    | SkipCode::LoadFailed
-                    | SkipCode::Permissions
-                    | SkipCode::NotApproved
-                    | SkipCode::HandlerOutside
-            ) {
-                continue;
-            }
-            if let Some(prev) = old.hooks.iter().find(|h| h.spec.dir == s.dir)
-                && !new_hooks.iter().any(|h| h.spec.name == prev.spec.name)
-            {
-                prev.stats
-                    .set_last_error(format!("reload failed: {}", s.reason));
-                self.inner.notices.send(
-                    "hook_reloaded",
-                    json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": s.reason, "kept_previous": true}),
-                );
-                s.reason.push_str(" (the previous version keeps running)");
-                new_hooks.push(prev.clone());
-            }
+    }
+
+    /// Reload phase 4: a loaded hook whose directory now fails discovery keeps running (last
+    /// good version), unless it was deliberately disabled or removed ([`plan::keep_last_good`]).
+    fn keep_last_good(
+        &self,
+        old: &Registry,
+        running: &[Version<'_>],
+        skipped: &mut [Skipped],
+        new_hooks: &mut Vec<Arc<LoadedHook>>,
+    ) {
+        let loaded: Vec<&str> = new_hooks.iter().map(|h| h.spec.name.as_str()).collect();
+        let keep = plan::keep_last_good(running, skipped, &loaded);
+        for (p, si) in keep {
+            let prev = &old.hooks[p];
+            let reason = skipped[si]
+                .reason
+                .strip_suffix(" (the previous version keeps running)")
+                .unwrap_or(&skipped[si].reason);
+            prev.stats
+                .set_last_error(format!("reload failed: {reason}"));
+            self.inner.notices.send(
+                "hook_reloaded",
+                json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": reason, "kept_previous": true}),
+            );
+            new_hooks.push(prev.clone());
         }
-        let root_pos = |p: &Path| {
-            self.inner
-                .config
-                .roots
-                .iter()
-                .position(|r| r == p)
-                .unwrap_or(usize::MAX)
-        };
+    }
+
+    /// Reload phase 5: orders the new set (root order, then directory) and swaps it in; returns
+    /// the loaded names.
+    fn swap(
+        &self,
+        mut new_hooks: Vec<Arc<LoadedHook>>,
+        skipped: Vec<Skipped>,
+        generation: u64,
+    ) -> Vec<String> {
+        let roots = &self.inner.config.roots;
+        let root_pos = |p: &Path| roots.iter().position(|r| r == p).unwrap_or(usize::MAX);
         new_hooks.sort_by(|a, b| {
             (root_pos(&a.spec.root), &a.spec.dir).cmp(&(root_pos(&b.spec.root), &b.spec.dir))
         });
-
-        let generation = old.generation + 1;
-        let registry = Registry::new(
-            new_hooks,
-            skipped.clone(),
-            self.inner.config.roots.clone(),
-            generation,
-        );
-        report.loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
+        let registry = Registry::new(new_hooks, skipped, roots.clone(), generation);
+        let loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
         self.inner.registry.store(Arc::new(registry));
+        loaded
+    }
 
-        // Retire what the new snapshot no longer holds.
+    /// Reload phase 6: retires what the new snapshot no longer holds: a superseded version
+    /// finishes its call and hands over; a removed one drains and stops. Returns the stopped.
+    fn retire(&self, old: &Registry) -> Vec<String> {
         let current = self.snapshot();
+        let mut stopped = Vec::new();
         let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|h| !h.is_finished());
         for h in &old.hooks {
@@ -762,17 +817,19 @@ impl Host {
                 h.supersede();
             } else {
                 h.close();
-                report.stopped.push(h.spec.name.clone());
+                stopped.push(h.spec.name.clone());
                 self.inner.notices.send(
                     "hook_unloaded",
                     json!({"hook": h.spec.name, "dir": h.spec.dir, "queued": h.queue.len()}),
                 );
             }
         }
-        drop(retired);
-        drop(old);
-        self.ledger().fold();
-        // Report what is newly wrong; a rescan does not repeat problems already reported.
+        stopped
+    }
+
+    /// Reload phase 7: reports what is newly wrong; a rescan does not repeat problems already
+    /// reported.
+    fn announce_skipped(&self, skipped: &[Skipped], old_skipped: &[Skipped]) {
         let fresh = skipped.iter().filter(|s| {
             !old_skipped
                 .iter()
@@ -789,12 +846,6 @@ impl Host {
                 tracing::info!(hook = %s.name, file = %s.file.display(), "not loaded: {}", s.reason);
             }
         }
-        if self.inner.ready.swap(true, Ordering::Relaxed) {
-            self.inner.reloads.fetch_add(1, Ordering::Relaxed);
-        }
-        report.skipped = skipped;
-        report.generation = generation;
-        report
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
