@@ -127,13 +127,13 @@ pub enum ServiceError {
 }
 
 /// The signals the service handles, installed once.
-struct Signals {
+struct OsSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
 }
 
-impl Signals {
+impl OsSignals {
     fn install() -> std::io::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Self {
@@ -151,7 +151,7 @@ enum Wake {
 }
 
 /// Waits for the next signal; never returns without signals.
-async fn next_signal(signals: &mut Option<Signals>) -> Wake {
+async fn next_signal(signals: &mut Option<OsSignals>) -> Wake {
     let Some(s) = signals else {
         return std::future::pending().await;
     };
@@ -174,7 +174,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Report, ServiceError> {
     let mut signals = if config.signals {
-        Some(Signals::install().map_err(ServiceError::Signals)?)
+        Some(OsSignals::install().map_err(ServiceError::Signals)?)
     } else {
         None
     };

@@ -1,4 +1,4 @@
-//! Trust: which hooks this host is willing to run (DESIGN section 12).
+//! Trust: which hooks this host is willing to run.
 //!
 //! - [`policy`]: the checks discovery makes (permissions, the approvals gate); the path rules
 //!   (a handler stays inside its hook directory) are [`crate::layout`]'s, shared with discovery.

@@ -724,7 +724,7 @@ pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
 }
 
 /// Environment variable that turns pipelining off (`0`, `off`, `false`, `no`): one request at a
-/// time, as before issue 12 (kept for comparisons and as an escape hatch).
+/// time, as before pipelining existed (kept for comparisons and as an escape hatch).
 pub const PIPELINE_ENV: &str = "HERMES_HOOKS_PIPELINE";
 
 fn pipelining_enabled() -> bool {
