@@ -24,7 +24,7 @@
 //! - [`interpreter`]: which Python runs a hook's handler.py, and why.
 //! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
 //!   [`trust::approvals`] (`hooks-trust.json`), [`trust::edit`] (the `enabled:` editor),
-//!   [`trust::commands`] (`enable`/`disable`), [`trust::files`] (what can run, the tree's
+//!   [`trust::files`] (what can run, the tree's
 //!   permissions), [`trust::prestart`] (the check before every process start).
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.

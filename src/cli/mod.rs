@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod list;
 pub mod new;
 pub mod serve;
+pub mod set_enabled;
 pub mod test_cmd;
 
 use std::time::Duration;
