@@ -213,7 +213,24 @@ pub fn normalize_context(context: Value) -> Result<Value, EmitError> {
     }
 }
 
+/// The one check of an incoming event: a valid name and an object context (`null` becomes
+/// `{}`); the HTTP API uses it to word its errors, the host's entry points through `admit`.
+pub fn check_event(event: &str, context: Value) -> Result<Value, EmitError> {
+    validate_event_name(event)?;
+    normalize_context(context)
+}
+
 impl Host {
+    /// Lets one event in: checked ([`check_event`]), refused while draining, counted as received.
+    fn admit(&self, event: &str, context: Value) -> Result<Value, EmitError> {
+        let context = check_event(event, context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        Ok(context)
+    }
+
     /// A host with no hooks loaded yet; call [`Host::reload`] to load.
     pub fn new(config: HostConfig) -> Self {
         Self::with_notices(config, crate::notices::Notices::default())
@@ -304,12 +321,7 @@ impl Host {
 
     /// Queues `event` to every matching hook and returns how many. Never waits for a handler.
     pub fn emit(&self, event: &str, context: Value) -> Result<usize, EmitError> {
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         let reg = self.inner.registry.load();
         let matching = reg.match_indices(event);
         if matching.is_empty() {
@@ -339,8 +351,8 @@ impl Host {
     ) -> Result<Vec<(String, Value)>, (usize, EmitError)> {
         let mut checked = Vec::with_capacity(events.len());
         for (i, (event, context)) in events.into_iter().enumerate() {
-            validate_event_name(&event).map_err(|e| (i, e.into()))?;
-            checked.push((event, normalize_context(context).map_err(|e| (i, e))?));
+            let context = check_event(&event, context).map_err(|e| (i, e))?;
+            checked.push((event, context));
         }
         if self.is_draining() {
             return Err((0, EmitError::ShuttingDown));
@@ -425,12 +437,7 @@ impl Host {
         timeout: Duration,
         only: Option<&str>,
     ) -> Result<Vec<HookOutcome>, EmitError> {
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let waiting: Vec<(String, oneshot::Receiver<CallOutcome>)> = {
             let reg = self.inner.registry.load();
@@ -500,12 +507,7 @@ impl Host {
         let Some(sink) = self.inner.sink.get() else {
             return self.emit(event, context);
         };
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         Ok(sink.accept(event.to_string(), context).await?)
     }
 
@@ -531,12 +533,7 @@ impl Host {
         let Some(sink) = self.inner.sink.get() else {
             return self.emit_collect(event, context, timeout).await;
         };
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         Ok(sink.collect(event.to_string(), context, timeout).await?)
     }
 
