@@ -2,20 +2,24 @@
 //!
 //! # Layout
 //! Top-down: each module uses only modules below it (`tests/it/modules.rs` checks that no
-//! import cycle exists).
+//! import cycle exists, between files or between folders, and that no function is over 120
+//! lines). `docs/architecture.md` describes the layers, the path of an event, the path of a
+//! HOOK.yaml and where each handler kind lives.
 //! - [`cli`]: the command-line interface, one file per command; `main.rs` only calls
-//!   [`cli::main`].
+//!   [`cli::main`]; `enable`/`disable`'s work is [`cli::set_enabled`].
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
 //! - [`metrics`]: OpenMetrics exposition of the host's counters (prometheus-client).
 //! - [`client`]: the CLI's HTTP client (hyper, TCP or Unix socket) for `emit` and `list --live`.
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
-//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
+//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`;
+//!   `host/plan.rs` is reload as a pure value, `host/info.rs` the `/v1/hooks` view.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
-//! - [`hook`]: a loaded hook: its bounded queue, worker, counters, overflow accounting.
+//! - [`hook`]: a loaded hook ([`hook::LoadedHook`]): its bounded queue (`hook/queue.rs`),
+//!   counters (`hook/stats.rs`) and worker task (`hook/worker.rs`), overflow accounting.
 //! - [`handler`]: the four handler kinds behind one trait: [`handler::python`] (a persistent
-//!   Python worker), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
+//!   Python worker, its fork server, `runner.py` and the pipe protocol), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
 //!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
 //!   shared child-process plumbing.
 //! - [`ingateway`]: hooks that run inside the gateway: what `list`/`check` say about them.

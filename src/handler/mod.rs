@@ -2,7 +2,9 @@
 //!
 //! A hook's worker ([`crate::hook`]) owns one [`Handler`] and hands it queued events (up to
 //! [`Handler::max_calls`] at once), so a handler needs `&mut self` and no locking. Each kind lives
-//! in its own file and builds on [`api`]; adding a kind means one new file and one arm in [`start`].
+//! in its own file or folder and builds on [`api`]; [`start`] picks the kind. What else knows a
+//! kind (handler file names, files that can run, approval inputs, `/v1/hooks` fields) is listed
+//! in docs/architecture.md, "Where each handler kind lives".
 
 use crate::discovery::{HandlerKind, HookSpec};
 
