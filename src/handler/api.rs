@@ -145,6 +145,23 @@ pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>
         .unwrap_or(Err(HandlerError::TimedOut(timeout)))
 }
 
+/// The `call` of a kind whose calls are independent (executable, webhook): each call runs
+/// `one(call)` under `timeout` (past it the call is dropped, which cancels it), up to
+/// `concurrency` at once, each reported as it completes.
+pub async fn call_each<'c, F, Fut>(
+    calls: &'c [Call],
+    timeout: Duration,
+    concurrency: usize,
+    report: &mut Report<'_>,
+    one: F,
+) where
+    F: Fn(&'c Call) -> Fut,
+    Fut: Future<Output = HandlerResult>,
+{
+    let run = |i: usize| within(timeout, one(&calls[i]));
+    run_concurrently(calls.len(), concurrency, run, report).await;
+}
+
 /// Runs calls `0..n` with at most `limit` in flight (each future from `run(i)`), on the calling
 /// task, and reports each through `report` as soon as it completes: the `concurrency:` of a hook.
 /// With `limit` 1 the calls run one after the other, in order.
