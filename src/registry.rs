@@ -4,7 +4,6 @@
 //! and stores it, so emit never waits for a reload.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use crate::discovery::Skipped;
@@ -25,25 +24,17 @@ pub struct Registry {
     pub hooks: Vec<Arc<LoadedHook>>,
     /// Directories that did not load, with reasons.
     pub skipped: Vec<Skipped>,
-    /// Roots scanned.
-    pub roots: Vec<PathBuf>,
     /// Incremented on every reload.
     pub generation: u64,
 }
 
 impl Registry {
     /// A snapshot of `hooks` (in discovery order).
-    pub fn new(
-        hooks: Vec<Arc<LoadedHook>>,
-        skipped: Vec<Skipped>,
-        roots: Vec<PathBuf>,
-        generation: u64,
-    ) -> Self {
+    pub fn new(hooks: Vec<Arc<LoadedHook>>, skipped: Vec<Skipped>, generation: u64) -> Self {
         Self {
             match_cache: RwLock::default(),
             hooks,
             skipped,
-            roots,
             generation,
         }
     }

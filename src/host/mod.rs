@@ -238,7 +238,7 @@ impl Host {
 
     /// [`Host::new`], reporting loads, reloads and handler failures to `notices`.
     pub fn with_notices(config: HostConfig, notices: crate::notices::Notices) -> Self {
-        let registry = Registry::new(Vec::new(), Vec::new(), config.roots.clone(), 0);
+        let registry = Registry::new(Vec::new(), Vec::new(), 0);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -788,7 +788,7 @@ impl Host {
         new_hooks.sort_by(|a, b| {
             (root_pos(&a.spec.root), &a.spec.dir).cmp(&(root_pos(&b.spec.root), &b.spec.dir))
         });
-        let registry = Registry::new(new_hooks, skipped, roots.clone(), generation);
+        let registry = Registry::new(new_hooks, skipped, generation);
         let loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
         self.inner.registry.store(Arc::new(registry));
         loaded
