@@ -330,8 +330,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
 
-    let (fingerprint, sha256) = fingerprint(&text, handler_path.as_deref(), dir, &files)
-        .map_err(|(p, reason)| skip(&name, &p, SkipCode::BadHandler, reason))?;
+    let (fingerprint, sha256) = fingerprint(&text, handler_path.as_deref(), dir, &files);
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)
         .map_err(|r| {
             let file = handler_path.as_deref().unwrap_or(&manifest_path);
@@ -371,27 +370,22 @@ fn read_manifest(manifest_path: &Path) -> Result<(String, Manifest), (SkipCode, 
     Ok((text, manifest))
 }
 
-/// A hook version's fingerprint (the manifest text, the handler, its helper files and what can
-/// run) and the handler file's SHA-256; the file that cannot be read, and why, otherwise.
+/// A hook version's fingerprint (the manifest text, its helper files and the files that can
+/// run, the handler among them) and the handler file's SHA-256, both from what
+/// [`RunFiles::scan`] hashed (the handler is not read again).
 fn fingerprint(
     text: &str,
     handler_path: Option<&Path>,
     dir: &Path,
     files: &RunFiles,
-) -> Result<(u64, Option<String>), (PathBuf, String)> {
+) -> (u64, Option<String>) {
     let mut hasher = DefaultHasher::new();
     text.hash(&mut hasher);
-    let mut sha256 = None;
-    if let Some(p) = handler_path {
-        use sha2::Digest;
-        let bytes =
-            std::fs::read(p).map_err(|e| (p.to_path_buf(), format!("cannot read handler: {e}")))?;
-        sha256 = Some(hex::encode(sha2::Sha256::digest(&bytes)));
-        bytes.hash(&mut hasher);
-    }
+    let sha256 = handler_path.and_then(|p| files.sha256_of(p));
+    sha256.hash(&mut hasher);
     hash_other_files(dir, &mut hasher);
     files.digest().hash(&mut hasher);
-    Ok((hasher.finish(), sha256))
+    (hasher.finish(), sha256)
 }
 
 /// Most files looked at per hook directory when fingerprinting its helper files.
