@@ -30,3 +30,20 @@ pub async fn start(spec: &HookSpec, ctx: HandlerContext) -> Result<Box<dyn Handl
         )?)),
     }
 }
+
+/// What a kind derives from its manifest, applied to a freshly discovered spec before it is
+/// planned: a webhook's worker timeout covers the whole delivery (both attempts; `timeout:` is
+/// per attempt), and an unset `secret_env` is a load-time warning.
+pub fn prepare(spec: &mut HookSpec) {
+    if spec.kind == HandlerKind::Webhook {
+        spec.manifest.timeout = webhook::delivery_budget(&spec.manifest);
+        let warning = webhook::unsigned_warning(&spec.manifest);
+        spec.manifest.warnings.extend(warning);
+    }
+}
+
+/// The `signed` field of `/v1/hooks`: for a webhook, whether its deliveries are signed; `None`
+/// for the other kinds.
+pub fn signed(spec: &HookSpec) -> Option<bool> {
+    (spec.kind == HandlerKind::Webhook).then(|| webhook::is_signed(&spec.manifest))
+}

@@ -144,8 +144,7 @@ impl HookInfo {
                 message: m,
             }),
             warnings: spec.manifest.warnings.clone(),
-            signed: (spec.kind == crate::discovery::HandlerKind::Webhook)
-                .then(|| crate::handler::webhook::is_signed(&spec.manifest)),
+            signed: crate::handler::signed(spec),
             placement: crate::ingateway::HookPlacement::of(spec, python, hermes_home),
             worker: h
                 .signals()

@@ -613,7 +613,7 @@ impl Host {
         let scan = move || {
             let mut found = discover_with(&roots, &trust.gate(&home));
             for spec in &mut found.hooks {
-                with_kind_settings(spec);
+                handler::prepare(spec);
             }
             found
         };
@@ -904,16 +904,5 @@ impl Host {
         // those processes to be gone.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
-    }
-}
-
-/// What a handler kind derives from its manifest, applied to a freshly discovered spec: a
-/// webhook's worker timeout covers the whole delivery (both attempts; `timeout:` is per
-/// attempt), and an unset `secret_env` is a load-time warning.
-fn with_kind_settings(spec: &mut HookSpec) {
-    if spec.kind == crate::discovery::HandlerKind::Webhook {
-        spec.manifest.timeout = crate::handler::webhook::delivery_budget(&spec.manifest);
-        let warning = crate::handler::webhook::unsigned_warning(&spec.manifest);
-        spec.manifest.warnings.extend(warning);
     }
 }
