@@ -51,35 +51,37 @@
 #![warn(missing_docs, clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-pub mod atomic;
+pub(crate) mod atomic;
 pub mod cli;
-pub mod client;
+pub(crate) mod client;
 pub mod discovery;
 pub mod events;
 #[cfg(feature = "fleet")]
-pub mod fleet;
+pub(crate) mod fleet;
 pub mod handler;
 pub mod hook;
 pub mod host;
-pub mod ingateway;
-pub mod interpreter;
-pub mod layout;
+pub(crate) mod ingateway;
+pub(crate) mod interpreter;
+pub(crate) mod layout;
 pub mod manifest;
-pub mod metrics;
-pub mod notices;
+pub(crate) mod metrics;
+pub(crate) mod notices;
 pub mod pattern;
-pub mod placement;
-pub mod registry;
-pub mod scaffold;
+pub(crate) mod placement;
+pub(crate) mod registry;
+pub(crate) mod scaffold;
 pub mod server;
 pub mod service;
-pub mod sink;
-pub mod text;
-pub mod time;
+pub(crate) mod sink;
+pub(crate) mod text;
+pub(crate) mod time;
 pub mod trust;
-pub mod watch;
+pub(crate) mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
 pub use hook::Tally;
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
+pub use notices::Notices;
 pub use registry::Registry;
+pub use sink::{EventSink, SinkError};
