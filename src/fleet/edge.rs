@@ -27,7 +27,7 @@ use tokio::sync::{Notify, oneshot};
 use super::envelope::{Envelope, IdGen, VERSION};
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
-use crate::sink::{Accepted, ClientId, EventSink, HookOutcome, SinkError, SinkFuture};
+use crate::sink::{Accepted, BoxFuture, ClientId, EventSink, HookOutcome, SinkError};
 
 /// Publish acknowledgements outstanding at once.
 pub const WINDOW: usize = 512;
@@ -365,7 +365,7 @@ impl EventSink for Edge {
         event: String,
         context: Value,
         id: ClientId,
-    ) -> SinkFuture<'_, Result<Accepted<usize>, SinkError>> {
+    ) -> BoxFuture<'_, Result<Accepted<usize>, SinkError>> {
         Box::pin(async move {
             let mut r = self.accept_batch(vec![(event, context)], vec![id]).await?;
             Ok(Accepted {
@@ -379,7 +379,7 @@ impl EventSink for Edge {
         &self,
         events: Vec<(String, Value)>,
         ids: Vec<ClientId>,
-    ) -> SinkFuture<'_, Result<Accepted<Vec<usize>>, SinkError>> {
+    ) -> BoxFuture<'_, Result<Accepted<Vec<usize>>, SinkError>> {
         Box::pin(async move {
             if self.inner.closing.load(Ordering::SeqCst) {
                 return Err(SinkError::ShuttingDown);
@@ -425,7 +425,7 @@ impl EventSink for Edge {
         event: String,
         context: Value,
         timeout: Duration,
-    ) -> SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
+    ) -> BoxFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
         Box::pin(async move {
             let hooks = self.inner.view.matching(&event);
             Ok(super::collect::request(
