@@ -114,11 +114,57 @@ impl Collector for HostCollector {
         )?;
 
         duration_histogram(e, hooks)?;
+        if let Some(st) = host.worker_status() {
+            encode_worker(e, &st)?;
+        }
         if let Some(st) = host.sink_status() {
             encode_fleet(e, &st)?;
         }
         Ok(())
     }
+}
+
+/// A fleet worker's counters per hook (`worker --fleet`): `{"hooks": {NAME: {COUNTER: n}}}`.
+fn encode_worker(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<(), std::fmt::Error> {
+    let Some(hooks) = st["hooks"].as_object() else {
+        return Ok(());
+    };
+    for (key, help) in [
+        (
+            "delivered",
+            "Deliveries from the stream to this worker, per hook.",
+        ),
+        (
+            "redelivered",
+            "Deliveries that were redeliveries (a worker died, an ack was lost).",
+        ),
+        ("acked", "Events handled and acknowledged."),
+        ("retried", "Failed events handed back for a retry."),
+        (
+            "dead",
+            "Events this worker moved to the dead-letter stream.",
+        ),
+        (
+            "skipped",
+            "Deliveries no pattern of the hook matches (acknowledged).",
+        ),
+        (
+            "mismatched",
+            "Routed by another version's filter and handed back (rolling update).",
+        ),
+        (
+            "already_done",
+            "Redeliveries of events this worker had finished (acknowledged again).",
+        ),
+    ] {
+        let name = format!("fleet_worker_{key}");
+        let mut family = e.encode_descriptor(&name, help, None, MetricType::Counter)?;
+        for (name, c) in hooks {
+            let v = c[key].as_u64().unwrap_or(0);
+            ConstCounter::new(v).encode(family.encode_family(&[("hook", name.as_str())])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// The fleet edge's state (`serve --fleet`): only when a fleet sink is installed.
@@ -161,6 +207,14 @@ fn encode_fleet(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<(),
         "Accepted events the broker refused for good (over a limit), taken off the buffer.",
         num("refused"),
     )?;
+    if let Some(n) = f["dead_letters"].as_u64() {
+        gauge(
+            e,
+            "fleet_dead_letters",
+            "Events in the fleet's dead-letter stream (`hermes-hooks dead list`).",
+            n as i64,
+        )?;
+    }
     gauge(
         e,
         "fleet_workers",

@@ -47,6 +47,10 @@ pub struct ConnArgs {
     /// Event stream limit, when it is created: most bytes kept.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
     pub stream_max_bytes: i64,
+    /// Replicas of the streams and the lease bucket when they are created (3 or 5 in a NATS
+    /// cluster; at most the cluster's size).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub stream_replicas: usize,
     /// Window in which a re-sent event id is recognised as a duplicate, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub stream_duplicate_window: u64,
@@ -127,6 +131,10 @@ impl ConnArgs {
         c.stream.max_age = Duration::from_secs_f64(self.stream_max_age_hours * 3600.0);
         c.stream.max_bytes = self.stream_max_bytes;
         c.stream.duplicate_window = Duration::from_secs(self.stream_duplicate_window.max(1));
+        if !(1..=5).contains(&self.stream_replicas) {
+            return Err("--stream-replicas must be from 1 to 5".into());
+        }
+        c.replicas = self.stream_replicas;
         Ok(Some(c))
     }
 }

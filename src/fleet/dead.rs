@@ -96,12 +96,30 @@ pub async fn replay(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>
         what,
         why,
     };
-    cfg.events(&js).await?;
+    let events = cfg.events(&js).await?;
     let entries = read(&mut stream, sel)
         .await
         .map_err(|e| err("read the dead-letter stream", e))?;
     let mut done = Vec::new();
     for e in entries {
+        // A replay reaches the hook through its consumer: none (the hook was renamed or
+        // removed) means nobody would run it, so the letter stays.
+        let consumer = super::consumer_name(&e.letter.hook);
+        if events
+            .get_consumer::<jetstream::consumer::pull::Config>(&consumer)
+            .await
+            .is_err()
+        {
+            return Err(err(
+                "replay a dead letter",
+                format!(
+                    "no consumer for hook {:?} (renamed or removed?): dead letter {} kept; {} re-queued before it",
+                    e.letter.hook,
+                    e.seq,
+                    done.len()
+                ),
+            ));
+        }
         let env = Envelope {
             hook: Some(e.letter.hook.clone()),
             ..e.letter.envelope.clone()

@@ -57,6 +57,8 @@ struct Inner {
     duplicates: AtomicU64,
     full: AtomicU64,
     refused: AtomicU64,
+    /// Messages in the dead-letter stream, read every few seconds (`u64::MAX`: unknown).
+    dead_letters: AtomicU64,
     failures: AtomicU64,
     degraded: Mutex<Option<String>>,
     closing: AtomicBool,
@@ -93,6 +95,7 @@ impl Edge {
             duplicates: AtomicU64::new(0),
             full: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(u64::MAX),
             failures: AtomicU64::new(0),
             degraded: Mutex::new(None),
             closing: AtomicBool::new(false),
@@ -102,6 +105,7 @@ impl Edge {
         });
         tokio::spawn(super::status::follow(client, cfg.status_filter(), view));
         tokio::spawn(publisher(inner.clone()));
+        tokio::spawn(count_dead_letters(Arc::downgrade(&inner)));
         Ok(Self { inner })
     }
 
@@ -263,6 +267,22 @@ impl Inner {
             return Some(format!("broker {} unreachable", self.cfg.url));
         }
         self.degraded.lock().ok()?.clone()
+    }
+}
+
+/// Keeps the count of the dead-letter stream's messages (for `/v1/hooks` and `/metrics`).
+async fn count_dead_letters(inner: std::sync::Weak<Inner>) {
+    loop {
+        let Some(i) = inner.upgrade() else { return };
+        let js = i.cfg.jetstream(i.client.clone());
+        let n = match js.get_stream(i.cfg.dead_stream()).await {
+            Ok(mut s) => s.info().await.map(|info| info.state.messages).ok(),
+            Err(_) => Some(0),
+        };
+        i.dead_letters
+            .store(n.unwrap_or(u64::MAX), Ordering::Relaxed);
+        drop(i);
+        tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
 
@@ -459,6 +479,7 @@ impl EventSink for Edge {
                 "duplicates": self.inner.duplicates.load(Ordering::Relaxed),
                 "buffer_full": self.inner.full.load(Ordering::Relaxed),
                 "refused": self.inner.refused.load(Ordering::Relaxed),
+                "dead_letters": Some(self.inner.dead_letters.load(Ordering::Relaxed)).filter(|n| *n != u64::MAX),
                 "workers": workers,
             },
             "hooks": hooks,

@@ -172,6 +172,8 @@ struct HookTask {
 }
 
 struct Shared {
+    /// Each hook's counters, for `/metrics` (kept across a hook's restarts).
+    counters: Mutex<HashMap<String, Arc<Counters>>>,
     host: Host,
     cfg: FleetConfig,
     opts: WorkerOptions,
@@ -198,6 +200,7 @@ impl Worker {
             .await?;
         let js = cfg.jetstream(client.clone());
         let shared = Arc::new(Shared {
+            counters: Mutex::new(HashMap::new()),
             host,
             cfg,
             opts,
@@ -205,6 +208,22 @@ impl Worker {
             js,
         });
         let (stop, stop_rx) = watch::channel(false);
+        let metrics = Arc::downgrade(&shared);
+        shared.host.set_worker_status(Arc::new(move || {
+            let Some(sh) = metrics.upgrade() else {
+                return json!({});
+            };
+            let hooks: serde_json::Map<String, serde_json::Value> = sh
+                .counters
+                .lock()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, c)| (k.clone(), json!(c.snapshot())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({ "hooks": hooks })
+        }));
         let task = tokio::spawn(run(shared, stop_rx));
         Ok(Self { stop, task })
     }
@@ -344,7 +363,11 @@ fn apply(
         }
         let (stop, stop_rx) = watch::channel(false);
         let consumer = Arc::new(Mutex::new(None));
-        let counters = Arc::new(Counters::default());
+        let counters = sh
+            .counters
+            .lock()
+            .map(|mut m| m.entry(name.clone()).or_default().clone())
+            .unwrap_or_default();
         let consume = tokio::spawn(consume(
             sh.clone(),
             stream.clone(),

@@ -93,6 +93,9 @@ pub enum EmitError {
 }
 
 pub use crate::sink::HookOutcome;
+
+/// A function a fleet worker installs to report its counters (see [`Host::set_worker_status`]).
+pub type StatusSource = Arc<dyn Fn() -> Value + Send + Sync>;
 use crate::sink::{Accepted, EventSink, SinkError};
 
 impl From<SinkError> for EmitError {
@@ -161,6 +164,8 @@ struct Inner {
     notices: crate::notices::Notices,
     /// Where accepted events go instead of the local queues (fleet edge); unset = local mode.
     sink: std::sync::OnceLock<Arc<dyn EventSink>>,
+    /// What a fleet worker adds to `/metrics` (its per-hook fleet counters).
+    worker_status: std::sync::OnceLock<StatusSource>,
     /// Versions taken out of the registry (removed or superseded) whose worker may still run:
     /// shutdown waits for them too. Finished ones are pruned at each reload.
     retired: std::sync::Mutex<Vec<Arc<LoadedHook>>>,
@@ -254,6 +259,7 @@ impl Host {
                 reloads: AtomicU64::new(0),
                 notices,
                 sink: std::sync::OnceLock::new(),
+                worker_status: std::sync::OnceLock::new(),
                 retired: std::sync::Mutex::new(Vec::new()),
                 ledger: std::sync::Mutex::new(Ledger::default()),
             }),
@@ -493,6 +499,16 @@ impl Host {
     /// edge). Set once; returns false if a sink was already installed.
     pub fn set_sink(&self, sink: Arc<dyn EventSink>) -> bool {
         self.inner.sink.set(sink).is_ok()
+    }
+
+    /// A fleet worker's counters for `/metrics`, read at each scrape. Set once.
+    pub fn set_worker_status(&self, source: StatusSource) -> bool {
+        self.inner.worker_status.set(source).is_ok()
+    }
+
+    /// The fleet worker's counters (`None` unless this host is a fleet worker).
+    pub fn worker_status(&self) -> Option<Value> {
+        self.inner.worker_status.get().map(|f| f())
     }
 
     /// The installed sink's view for `/v1/hooks` (`None` in local mode).

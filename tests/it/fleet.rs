@@ -1394,3 +1394,95 @@ fn order_holds_when_the_active_puller_is_killed() {
     );
     assert_duplicates_are_redeliveries(&recs);
 }
+
+/// Issue 21: the fleet alert rules in contrib/ use only metrics an edge or a worker exposes, and
+/// the worker's /metrics carries its fleet counters per hook.
+#[test]
+fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "counted", r#"["agent:*"]"#, "");
+    let w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "counted", &["wa"]);
+    let (status, _) = post_batch(&edge, 0..3, json!({}));
+    assert_eq!(status, 202);
+    let metrics = |s: &Serve| {
+        let (_, _, b) = crate::util::http(&s.addr, "GET", "/metrics", &[], b"");
+        String::from_utf8_lossy(&b).to_string()
+    };
+    let exposition = poll(Duration::from_secs(30), "both /metrics complete", || {
+        let (e, w) = (metrics(&edge), metrics(&w));
+        (e.contains("hermes_hooks_fleet_dead_letters")
+            && w.contains("hermes_hooks_fleet_worker_acked_total{hook=\"counted\"} 3"))
+        .then_some(e + &w)
+    });
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/contrib/prometheus/fleet-alerts.yml"
+    ))
+    .unwrap();
+    let mut missing = Vec::new();
+    for (i, _) in rules.match_indices("hermes_hooks_") {
+        let name: String = rules[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !exposition.contains(&name) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "fleet-alerts.yml uses metrics nothing exposes: {missing:?}\n{exposition}"
+    );
+}
+
+/// Issue 21: a removed hook's consumer is deleted after the grace (`--consumer-grace`), and
+/// `dead replay` of its letters then refuses (keeping them) instead of deleting letters nobody
+/// would run.
+#[test]
+fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "doomed", r#"["agent:*"]"#, "retries: 0\n");
+    recording_hook(&hooks, "keeper", r#"["agent:*"]"#, "");
+    let w = {
+        let mut cmd = Command::new(bin());
+        cmd.arg("worker")
+            .args(["--fleet", &nats.url()])
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
+            .args(["--consumer-grace", "0"])
+            .args(FAST);
+        Serve::spawn(cmd, &hooks)
+    };
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "doomed", &["wa"]);
+    let (status, _) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 1, "poison": true}}),
+    );
+    assert_eq!(status, 202);
+    poll(Duration::from_secs(30), "the dead letter", || {
+        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "doomed"]);
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    std::fs::remove_dir_all(hooks.root().join("doomed")).unwrap();
+    poll(Duration::from_secs(30), "the consumer deleted", || {
+        w.log()
+            .contains("consumer hook_doomed deleted")
+            .then_some(())
+    });
+    let (code, out) = dead_cmd(&nats, &["replay", "--all"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("renamed or removed"), "{out}");
+    let (_, out) = dead_cmd(&nats, &["list", "--hook", "doomed"]);
+    assert!(out.contains("doomed"), "the letter stays: {out}");
+}
