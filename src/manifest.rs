@@ -5,6 +5,8 @@
 //! Semantic checks (events present, timeout range, queue size) follow. Nothing here touches the
 //! file system; [`crate::discovery`] reads the file and resolves the handler.
 
+mod shape;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -204,6 +206,30 @@ pub enum ManifestError {
     },
 }
 
+/// A YAML syntax error as one line that points at the cause: a bracket left open is reported on
+/// the line that opened it (the parser only notices on a later line), a duplicate key names both
+/// lines, and serde-saphyr's advice about its own options is left out.
+fn syntax_error(text: &str, e: &impl std::fmt::Display) -> String {
+    let msg = first_line(e);
+    if let Some((line, open)) = shape::unclosed_bracket(text) {
+        let close = if open == '[' { ']' } else { '}' };
+        return format!(
+            "line {line}: `{open}` is not closed: a flow list or mapping ends on the line it starts, with `{close}` (e.g. `events: [\"agent:start\"]`)"
+        );
+    }
+    if let Some(rest) = msg.split("duplicate mapping key: ").nth(1) {
+        let key = rest.split([',', ' ']).next().unwrap_or("").to_string();
+        let lines = shape::key_lines(text, &key);
+        let at = lines
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(" and ");
+        return format!("key `{key}` is given twice (lines {at}): keep one");
+    }
+    msg.split(", set DuplicateKeyPolicy").next().unwrap_or("").to_string()
+}
+
 /// First line of a serde-saphyr error (it appends a source snippet we do not want in one-line
 /// reports).
 fn first_line(e: impl std::fmt::Display) -> String {
@@ -226,11 +252,12 @@ fn describe(v: &serde_json::Value) -> &'static str {
 /// Parses and validates the text of a HOOK.yaml.
 pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
     let generic: serde_json::Value =
-        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(first_line(e)))?;
+        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(syntax_error(text, &e)))?;
     let map = match &generic {
         serde_json::Value::Object(m) => m,
         other => return Err(ManifestError::NotMapping(describe(other))),
     };
+    shape::check(map, text)?;
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
     for key in map.keys() {
@@ -348,6 +375,15 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
                 reason: "is empty".into(),
             });
         }
+    }
+    if raw.url.is_some()
+        && let Some(t) = raw.timeout
+        && !(1.0..=60.0).contains(&t)
+    {
+        warnings.push(format!(
+            "`timeout: {t}` is per delivery attempt for a webhook and is clamped to 1..60 s (here {} s)",
+            t.clamp(1.0, 60.0)
+        ));
     }
     Ok(Manifest {
         name: raw.name,

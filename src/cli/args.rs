@@ -56,6 +56,37 @@ impl RootArgs {
         }
         config
     }
+
+    /// [`RootArgs::config`], after checking that every `--hooks-dir` given is a directory: a
+    /// mistyped root is an error naming it, not an empty hook list. (The default root may be
+    /// missing: it is created by `new` and watched by `serve`.)
+    pub fn checked_config(&self) -> Result<HostConfig, String> {
+        for dir in &self.hooks_dir {
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(format!(
+                        "--hooks-dir {}: not a directory (a hook root is a directory of hook directories)",
+                        dir.display()
+                    ));
+                }
+                Err(e) => {
+                    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+                    let why = if e.kind() == std::io::ErrorKind::NotFound {
+                        "no such directory".to_string()
+                    } else {
+                        e.to_string()
+                    };
+                    return Err(format!(
+                        "--hooks-dir {}: {why} ({}); check the path, or create the root first (mkdir -p)",
+                        dir.display(),
+                        abs.display()
+                    ));
+                }
+            }
+        }
+        Ok(self.config())
+    }
 }
 
 /// The commands.

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use crate::cli::args::RootArgs;
-use crate::cli::common::{display_roots, with_loaded_hooks};
+use crate::cli::common::{describe_roots, with_loaded_hooks};
 
 /// Runs `check`; returns the exit code.
 pub async fn check(roots: RootArgs) -> i32 {
@@ -63,7 +63,7 @@ pub async fn check(roots: RootArgs) -> i32 {
             out,
             "{} hook(s) ok, {problems} problem(s), {warnings} warning(s) in {}",
             snapshot.hooks.len(),
-            display_roots(&host.config().roots)
+            describe_roots(&host.config().roots)
         );
         i32::from(problems > 0)
     })

@@ -11,16 +11,42 @@ use crate::host::{Host, LoadReport};
 
 pub use crate::cli::exit::{fail, usage};
 
-/// Loads the hooks in this process (Python handlers are import-checked), runs `f`, stops them.
-pub async fn with_loaded_hooks<T>(
+/// Loads the hooks of `roots` in this process (Python handlers are import-checked), runs `f`,
+/// stops them. A `--hooks-dir` that is not a directory is a usage error (exit 2), naming it.
+pub async fn with_loaded_hooks(
     roots: RootArgs,
-    f: impl AsyncFnOnce(&Host, &LoadReport) -> T,
-) -> T {
-    let config = roots.config();
+    f: impl AsyncFnOnce(&Host, &LoadReport) -> i32,
+) -> i32 {
+    let config = match roots.checked_config() {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    // The runner is written under HERMES_HOME: create it private, as `serve` does.
+    if let Err(e) = crate::layout::create_private_dir(&config.hermes_home) {
+        return fail(format!(
+            "cannot create HERMES_HOME {}: {e}",
+            config.hermes_home.display()
+        ));
+    }
     let (host, report) = Host::start(config).await;
     let out = f(&host, &report).await;
     host.shutdown(Duration::from_secs(5)).await;
     out
+}
+
+/// The roots as one line for messages, each marked when it does not exist.
+pub fn describe_roots(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| {
+            if r.is_dir() {
+                r.display().to_string()
+            } else {
+                format!("{} (does not exist)", r.display())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Where the running service is when no option says: `$HERMES_HOOKS_ADDRESS`, else
@@ -33,15 +59,6 @@ pub fn default_address() -> crate::client::Address {
         Some(a) => crate::client::Address::parse(&a),
         None => crate::client::Address::Unix(crate::layout::hermes_home().join("hooks.sock")),
     }
-}
-
-/// The roots as one line, for messages.
-pub fn display_roots(roots: &[PathBuf]) -> String {
-    roots
-        .iter()
-        .map(|r| r.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The context given by `--context JSON` or `--context-file F` (`null` when neither).

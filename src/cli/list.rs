@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::cli::args::RootArgs;
-use crate::cli::common::{default_address, display_roots, fail, with_loaded_hooks};
+use crate::cli::common::{default_address, describe_roots, fail, with_loaded_hooks};
 use crate::discovery::Skipped;
 
 fn skipped_json(s: &Skipped) -> Value {
@@ -22,7 +22,7 @@ pub async fn list(roots: RootArgs, as_json: bool) -> i32 {
             &hooks,
             &skipped,
             as_json,
-            &display_roots(&host.config().roots),
+            &describe_roots(&host.config().roots),
         );
         0
     })
