@@ -118,8 +118,9 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Ask the running service (its live status and counters) instead of scanning here;
-        /// the address is $HERMES_HOOKS_ADDRESS or $HERMES_HOME/hooks.sock unless given.
+        /// Ask the running service (its live status and counters) instead of scanning here:
+        /// a socket path, HOST:PORT or http://HOST:PORT (default: $HERMES_HOOKS_ADDRESS, else
+        /// $HERMES_HOME/hooks.sock).
         #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
         live: Option<String>,
     },

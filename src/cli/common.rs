@@ -61,6 +61,21 @@ pub fn default_address() -> crate::client::Address {
     }
 }
 
+/// The interpreter most Python hooks use, as `(path, why)`: `check` and `list` say it once
+/// instead of under every hook, and name it under a hook only where it differs.
+pub fn common_python(pythons: impl Iterator<Item = (String, String)>) -> Option<(String, String)> {
+    let mut counts: Vec<((String, String), usize)> = Vec::new();
+    for p in pythons {
+        match counts.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((p, 1)),
+        }
+    }
+    // The first of the most frequent (max_by_key would pick the last).
+    let best = counts.iter().map(|(_, n)| *n).max()?;
+    counts.into_iter().find(|(_, n)| *n == best).map(|(p, _)| p)
+}
+
 /// The context given by `--context JSON` or `--context-file F` (`null` when neither).
 pub fn read_context(text: Option<&str>, file: Option<&std::path::Path>) -> Result<Value, String> {
     match (text, file) {

@@ -81,6 +81,7 @@ pub async fn test(args: TestArgs) -> i32 {
         };
         let mut out = std::io::stdout().lock();
         let mut errors = 0;
+        let w = outcomes.iter().map(|o| o.hook.len()).fold(24, usize::max);
         for o in &outcomes {
             // Milliseconds to 0.1 ms, as the text shows them (not 0.6214770000000001).
             let ms = o
@@ -101,13 +102,13 @@ pub async fn test(args: TestArgs) -> i32 {
                     .unwrap_or_else(|| "-".into());
                 match &o.result {
                     Ok(Some(v)) => {
-                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  result: {v}", o.hook);
+                        let _ = writeln!(out, "{:<w$} ok     {dur:>10}  result: {v}", o.hook);
                     }
                     Ok(None) => {
-                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  (no result)", o.hook);
+                        let _ = writeln!(out, "{:<w$} ok     {dur:>10}  (no result)", o.hook);
                     }
                     Err(e) => {
-                        let _ = writeln!(out, "{:<24} error  {dur:>10}  {e}", o.hook);
+                        let _ = writeln!(out, "{:<w$} error  {dur:>10}  {e}", o.hook);
                     }
                 }
             }
