@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::host::HostConfig;
 use crate::trust::policy::{TrustMode, TrustPolicy};
@@ -18,6 +18,22 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The command line as parsed, completed and documented: the derived one, with each fleet
+/// option shown only where it applies (`serve` hides the worker's, `worker` the edge's).
+pub fn command() -> clap::Command {
+    let cmd = Cli::command();
+    #[cfg(feature = "fleet")]
+    let cmd = crate::cli::fleet::hide_inapplicable(cmd);
+    cmd
+}
+
+/// Parses the process's arguments with [`command`].
+pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    let matches = command().try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 /// Log line format.
@@ -102,6 +118,8 @@ pub enum Command {
     #[cfg(feature = "fleet")]
     Worker(ServeArgs),
     /// Events that failed on every delivery in fleet mode: list them, or queue them again.
+    ///
+    /// Example: hermes-hooks dead list --fleet nats://127.0.0.1:4222 --hook mailer
     #[cfg(feature = "fleet")]
     Dead {
         /// list or replay.
@@ -224,7 +242,7 @@ pub struct ServeArgs {
     pub output: Output,
     /// Fleet mode (`--fleet nats://...`): publish to JetStream (serve) or take from it (worker).
     #[cfg(feature = "fleet")]
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Fleet mode (README, Fleet mode)")]
     pub fleet: crate::cli::fleet::FleetArgs,
 }
 
