@@ -227,7 +227,10 @@ fn syntax_error(text: &str, e: &impl std::fmt::Display) -> String {
             .join(" and ");
         return format!("key `{key}` is given twice (lines {at}): keep one");
     }
-    msg.split(", set DuplicateKeyPolicy").next().unwrap_or("").to_string()
+    msg.split(", set DuplicateKeyPolicy")
+        .next()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// First line of a serde-saphyr error (it appends a source snippet we do not want in one-line

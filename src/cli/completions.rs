@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use clap_complete::Shell;
 
-
 /// Why the man pages could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ManError {

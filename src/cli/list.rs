@@ -99,8 +99,14 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
             .unwrap_or_default()
     };
     // Columns as wide as their longest entry, so long names do not shift the rest of a row.
-    let name_w = hooks.iter().map(|h| field(&h["name"]).len()).fold(24, usize::max);
-    let events_w = hooks.iter().map(|h| events_of(h).len()).fold(34, usize::max);
+    let name_w = hooks
+        .iter()
+        .map(|h| field(&h["name"]).len())
+        .fold(24, usize::max);
+    let events_w = hooks
+        .iter()
+        .map(|h| events_of(h).len())
+        .fold(34, usize::max);
     if hooks.is_empty() {
         let _ = writeln!(out, "no hooks loaded ({source})");
     } else {
@@ -168,14 +174,18 @@ fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
     if let Some(start) = h["worker"]["start"].as_str()
         && start != "forked"
     {
-        lines.push(format!("worker: {start} ({})", field(&h["worker"]["reason"])));
+        lines.push(format!(
+            "worker: {start} ({})",
+            field(&h["worker"]["reason"])
+        ));
     }
     if let Some(e) = h["last_error"]["message"].as_str() {
         lines.push(format!("last error: {e}"));
     }
     let python = python_of(h);
     for line in crate::ingateway::list_lines(h) {
-        if line.starts_with("runs in the service:") && (python.is_none() || python.as_ref() == common)
+        if line.starts_with("runs in the service:")
+            && (python.is_none() || python.as_ref() == common)
         {
             continue;
         }

@@ -84,10 +84,7 @@ fn shape(key: &str) -> Option<(Shape, &'static str)> {
         ),
         "url" => (Shape::Str, "url: https://example.org/hook"),
         "secret_env" => (Shape::Str, "secret_env: HOOK_SECRET"),
-        "runs" => (
-            Shape::OneOf(&["auto", "service", "gateway"]),
-            "runs: auto",
-        ),
+        "runs" => (Shape::OneOf(&["auto", "service", "gateway"]), "runs: auto"),
         "retries" => (Shape::Integer, "retries: 3"),
         "concurrency" => (Shape::Integer, "concurrency: 1"),
         "ca_file" => (Shape::Str, "ca_file: ca.pem"),
@@ -109,16 +106,16 @@ fn shown(v: &Value) -> String {
 
 /// Why `v` does not fit `shape`, or `None` when it does.
 fn misfit(key: &str, shape: &Shape, v: &Value) -> Option<String> {
-    let strings = |v: &Value| {
-        v.as_array()
-            .is_some_and(|a| a.iter().all(Value::is_string))
-    };
+    let strings = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
     match shape {
         Shape::Str => (!v.is_string()).then(|| format!("{} is not a string", shown(v))),
         Shape::Bool => (!v.is_boolean()).then(|| format!("{} is not true or false", shown(v))),
-        Shape::Number => (!v.is_number()).then(|| format!("{} is not a number of seconds", shown(v))),
-        Shape::Integer => (!(v.is_i64() || v.is_u64()))
-            .then(|| format!("{} is not a whole number", shown(v))),
+        Shape::Number => {
+            (!v.is_number()).then(|| format!("{} is not a number of seconds", shown(v)))
+        }
+        Shape::Integer => {
+            (!(v.is_i64() || v.is_u64())).then(|| format!("{} is not a whole number", shown(v)))
+        }
         Shape::StrList => match v {
             Value::String(s) => Some(format!(
                 "{s:?} is a single string, not a list: write `{key}: [\"{s}\"]`"

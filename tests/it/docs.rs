@@ -64,7 +64,12 @@ fn blocks(markdown: &str) -> Vec<Block> {
     let mut lines = markdown.lines().enumerate();
     while let Some((i, line)) = lines.next() {
         let indent = line.len() - line.trim_start().len();
-        let Some(info) = line.trim_start().strip_prefix("```") else {
+        // A fence's info string has no backtick (```` ```sh ```` in running text is not one).
+        let Some(info) = line
+            .trim_start()
+            .strip_prefix("```")
+            .filter(|i| !i.contains('`'))
+        else {
             continue;
         };
         let mut words = info.split_whitespace().map(str::to_string);
@@ -541,8 +546,8 @@ fn run_doc(name: &str) -> usize {
 /// first hook (written, checked, tested, emitted to a service on it) and the client sample.
 #[test]
 fn readme_samples_run() {
-    let markdown = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .unwrap();
+    let markdown =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let checked: Vec<Block> = blocks(&markdown)
         .into_iter()
         .filter(Block::is_checked)
@@ -615,7 +620,7 @@ fn client_readme_samples_run() {
 
 #[test]
 fn the_parser_and_the_matcher() {
-    let md = "text\n  ```sh runnable service\n  echo hi\n  # hi\n  ```\n```yaml\nx: 1\n```\n";
+    let md = "a ```` ```sh serve ```` b\n  ```sh runnable service\n  echo hi\n  # hi\n  ```\n```yaml\nx: 1\n```\n";
     let b = blocks(md);
     assert_eq!(b.len(), 2);
     assert_eq!((b[0].line, b[0].lang.as_str()), (2, "sh"));
@@ -629,11 +634,17 @@ fn the_parser_and_the_matcher() {
     assert!(steps[0].expected.is_empty());
     assert_eq!(steps[1].expected, vec!["a b"]);
     assert_eq!(steps[2].status, 1);
-    assert!(line_matches("ok ... ms  (no result)", "ok   0.6 ms  (no result)"));
+    assert!(line_matches(
+        "ok ... ms  (no result)",
+        "ok   0.6 ms  (no result)"
+    ));
     assert!(!line_matches("ok ... ms", "ok 0.6 s"));
     assert!(line_matches("in .../hooks", "in /tmp/x/hooks"));
     let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    assert!(lines_match(&l(&["a", "...", "z"]), &l(&["a", "b", "c", "z"])));
+    assert!(lines_match(
+        &l(&["a", "...", "z"]),
+        &l(&["a", "b", "c", "z"])
+    ));
     assert!(lines_match(&l(&["a", "...", "z"]), &l(&["a", "z"])));
     assert!(!lines_match(&l(&["a"]), &l(&["a", "b"])));
     assert_eq!(
