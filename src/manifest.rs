@@ -478,7 +478,10 @@ mod tests {
             })
         ));
         match parse_manifest("events: 5\n") {
-            Err(ManifestError::Yaml(m)) => assert!(m.contains("line 1"), "{m}"),
+            Err(ManifestError::BadField {
+                field: "events",
+                reason,
+            }) => assert!(reason.contains("line 1"), "{reason}"),
             other => panic!("{other:?}"),
         }
     }
@@ -533,7 +536,19 @@ mod tests {
         assert_eq!(parse_manifest("events: [a]\n").unwrap().runs, Runs::Auto);
         assert!(matches!(
             parse_manifest("events: [a]\nruns: elsewhere\n"),
-            Err(ManifestError::Yaml(_))
+            Err(ManifestError::BadField { field: "runs", .. })
         ));
+    }
+
+    #[test]
+    fn a_webhook_timeout_past_60_s_is_warned_about() {
+        let m = parse_manifest("events: [a]\nurl: http://127.0.0.1:9/\ntimeout: 300\n").unwrap();
+        assert!(
+            m.warnings.iter().any(|w| w.contains("clamped to 1..60 s")),
+            "{:?}",
+            m.warnings
+        );
+        let m = parse_manifest("events: [a]\ntimeout: 300\n").unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 }
