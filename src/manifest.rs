@@ -260,7 +260,10 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         serde_json::Value::Object(m) => m,
         other => return Err(ManifestError::NotMapping(describe(other))),
     };
-    shape::check(map, text)?;
+    shape::check(map, text).map_err(|m| ManifestError::BadField {
+        field: m.field,
+        reason: m.reason,
+    })?;
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
     for key in map.keys() {

@@ -6,7 +6,14 @@
 
 use serde_json::{Map, Value};
 
-use super::ManifestError;
+/// A key whose value does not fit: the key and what to say.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Misfit {
+    /// The HOOK.yaml key.
+    pub field: &'static str,
+    /// Line, what is wrong and what to write.
+    pub reason: String,
+}
 
 /// The 1-based lines where `key:` starts a top-level entry.
 pub(super) fn key_lines(text: &str, key: &str) -> Vec<usize> {
@@ -63,9 +70,9 @@ enum Shape {
     Requires,
 }
 
-/// Each known key's shape and an example of a good value.
-fn shape(key: &str) -> Option<(Shape, &'static str)> {
-    Some(match key {
+/// Each known key (as a `'static` name), its shape and an example of a good value.
+fn shape(key: &str) -> Option<(&'static str, Shape, &'static str)> {
+    let (shape, example) = match key {
         "name" => (Shape::Str, "name: my-hook"),
         "description" => (Shape::Str, "description: Log slash commands"),
         "events" => (Shape::StrList, "events: [\"agent:start\", \"command:*\"]"),
@@ -89,7 +96,10 @@ fn shape(key: &str) -> Option<(Shape, &'static str)> {
         "concurrency" => (Shape::Integer, "concurrency: 1"),
         "ca_file" => (Shape::Str, "ca_file: ca.pem"),
         _ => return None,
-    })
+    };
+    // The key as written in the example, `'static`.
+    let field = example.split(':').next().unwrap_or("");
+    Some((field, shape, example))
 }
 
 /// How a value reads in a message: `"soon"`, `a list`, `5`.
@@ -164,9 +174,9 @@ fn sub_fields(v: &Value, fields: &[(&str, &Shape)]) -> Option<String> {
 }
 
 /// Checks every known key of the parsed mapping; the first misfit is the error.
-pub(super) fn check(map: &Map<String, Value>, text: &str) -> Result<(), ManifestError> {
+pub(super) fn check(map: &Map<String, Value>, text: &str) -> Result<(), Misfit> {
     for (key, value) in map {
-        let Some((shape, example)) = shape(key) else {
+        let Some((field, shape, example)) = shape(key) else {
             continue;
         };
         // An empty value (`name:`) is left to the typed pass and the semantic checks.
@@ -178,8 +188,8 @@ pub(super) fn check(map: &Map<String, Value>, text: &str) -> Result<(), Manifest
                 .first()
                 .map(|l| format!("line {l}: "))
                 .unwrap_or_default();
-            return Err(ManifestError::BadField {
-                field: shape_field(key),
+            return Err(Misfit {
+                field,
                 reason: if why.contains("write `") {
                     format!("{at}{why}")
                 } else {
@@ -189,15 +199,6 @@ pub(super) fn check(map: &Map<String, Value>, text: &str) -> Result<(), Manifest
         }
     }
     Ok(())
-}
-
-/// The key as the `'static` name [`ManifestError::BadField`] carries.
-fn shape_field(key: &str) -> &'static str {
-    super::KNOWN_KEYS
-        .iter()
-        .find(|k| **k == key)
-        .copied()
-        .unwrap_or("?")
 }
 
 #[cfg(test)]
