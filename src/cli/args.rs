@@ -12,8 +12,8 @@ use crate::trust::policy::{TrustMode, TrustPolicy};
 #[derive(Debug, Parser)]
 #[command(name = "hermes-hooks", version, about, long_about = None)]
 pub struct Cli {
-    /// Log format on stderr.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    /// Log format on stderr: text, or json (one JSON object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, hide_possible_values = true)]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
@@ -54,8 +54,9 @@ pub struct RootArgs {
     /// Load hooks whose directory or files are writable by group/others or owned by another user.
     #[arg(long)]
     pub insecure_permissions: bool,
-    /// Which hooks may load: all, or only those approved with `enable NAME` (explicit).
-    #[arg(long, value_enum, value_name = "MODE", env = "HERMES_HOOKS_TRUST", default_value_t = TrustMode::All)]
+    /// Which hooks may load: all, or explicit (only those approved with `enable NAME --trust
+    /// explicit`, with unchanged files).
+    #[arg(long, value_enum, value_name = "MODE", env = "HERMES_HOOKS_TRUST", default_value_t = TrustMode::All, hide_possible_values = true)]
     pub trust: TrustMode,
 }
 
@@ -236,9 +237,9 @@ pub struct ServeArgs {
     /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
     #[arg(long)]
     pub no_watch: bool,
-    /// `json`: one JSON object per line on stdout for what the host does (host_start,
-    /// hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// text (nothing on stdout), or json: one JSON object per line on stdout for what the host
+    /// does (host_start, hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
+    #[arg(long, value_enum, default_value_t = Output::Text, hide_possible_values = true)]
     pub output: Output,
     /// Fleet mode (`--fleet nats://...`): publish to JetStream (serve) or take from it (worker).
     #[cfg(feature = "fleet")]
