@@ -579,3 +579,29 @@ fn fleet_options_show_where_they_apply() {
     let dead = stdout(&run_bare(&hooks, &["dead", "--help"]));
     assert!(dead.contains("Example: hermes-hooks dead"), "{dead}");
 }
+
+/// Issue 24: a blank line a hook prints is not a log line, and a handler's traceback is one
+/// ERROR record (not one INFO line per traceback line).
+#[test]
+fn blank_prints_are_dropped_and_a_traceback_is_one_record() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "noisy",
+        "[\"agent:start\"]",
+        "def handle(e, c):\n    print()\n    print('before')\n    print('   ')\n    raise ValueError('boom')\n",
+    );
+    let o = run(&hooks, &["test", "agent:start"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let info: Vec<&str> = err.lines().filter(|l| l.contains(" INFO ")).collect();
+    assert_eq!(info.len(), 1, "only `before` is an info line:\n{err}");
+    assert!(info[0].contains("before"), "{err}");
+    let errors = err.lines().filter(|l| l.contains(" ERROR ")).count();
+    assert_eq!(errors, 1, "the traceback is one record:\n{err}");
+    assert_eq!(
+        err.matches("Traceback (most recent call last)").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("ValueError: boom"), "{err}");
+}
