@@ -126,7 +126,7 @@ impl Gate {
         match &approval.files {
             Some(approved) if *approved != files.files => Err(format!(
                 "its files changed since it was approved ({}): review them, then run \
-                 `hermes-hooks enable {name}` to approve it again",
+                 `hermes-hooks enable {name} --trust explicit` to approve it again",
                 describe_changes(approved, &files.files)
             )),
             Some(_) => Ok(()),
