@@ -340,20 +340,7 @@ def run_worker(hook_dir, handler_path, hook_name):
 # The host is gone (killed): its workers die at once, so that no handler finishes an event after
 # the broker gave it to another fleet worker (or the local host restarted and ran it again).
 ZYGOTE_EXIT_GRACE = 0.0
-PR_SET_PDEATHSIG = 1
 
-
-def die_with_parent(parent):
-    """Best effort (Linux): SIGKILL when the parent dies; exits now if it is already gone."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError, ImportError):
-        pass
-    if os.getppid() != parent:
-        os._exit(70)
 
 
 class Zygote:
@@ -392,7 +379,6 @@ class Zygote:
 
     def spawn(self, req):
         req_id = req.get("spawn")
-        me = os.getpid()
         pipes = [os.pipe() for _ in range(3)]
         try:
             pid = os.fork()
@@ -405,7 +391,6 @@ class Zygote:
         if pid == 0:
             code = 70
             try:
-                die_with_parent(me)
                 os.setpgid(0, 0)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
