@@ -18,6 +18,7 @@ mod gateway;
 mod hardening;
 mod http;
 mod lifecycle;
+mod loss;
 mod modules;
 mod notices;
 mod openapi;
