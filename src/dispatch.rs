@@ -4,7 +4,10 @@
 //! per queue and never waits for a handler. The worker pops jobs in order, gets the handler ready
 //! (restart after a crash), calls it under the hook's timeout and reports the outcome to whoever
 //! waits for it (`emit_collect`) and to the hook's counters. A full queue applies the hook's
-//! overflow policy and counts the drop.
+//! overflow policy and counts the drop. A version whose files changed hands its queue to the
+//! next version ([`handover`]).
+
+mod handover;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +22,8 @@ use crate::discovery::HookSpec;
 use crate::handler::{Call, Handler, HandlerError, HandlerResult, Signals};
 use crate::manifest::Overflow;
 use crate::notices::Notices;
+
+pub use handover::Reloader;
 
 /// What one handler invocation produced, as reported to a waiting `emit_collect`.
 #[derive(Debug, Clone)]
@@ -457,6 +462,8 @@ pub struct LoadedHook {
     in_flight: AtomicUsize,
     /// Where `handler_error`, `handler_timeout`, `worker_restart`, `queue_overflow` go.
     notices: Notices,
+    /// Asks the host for a reload (the hand-over when the hook's files changed).
+    reloader: OnceLock<Reloader>,
 }
 
 impl LoadedHook {
@@ -484,13 +491,23 @@ impl LoadedHook {
     pub fn successor(spec: HookSpec, prev: &LoadedHook, signals: Arc<Signals>) -> Arc<Self> {
         prev.queue
             .set_limits(spec.manifest.queue_capacity, spec.manifest.overflow);
-        Self::with_queue(
+        let hook = Self::with_queue(
             spec,
             prev.queue.clone(),
             prev.stats.clone(),
             prev.notices.clone(),
             signals,
-        )
+        );
+        if let Some(r) = prev.reloader.get() {
+            hook.set_reloader(r.clone());
+        }
+        hook
+    }
+
+    /// Where the worker asks for a reload when the hook's files changed (set once, by the host;
+    /// a successor inherits it).
+    pub fn set_reloader(&self, reloader: Reloader) {
+        let _ = self.reloader.set(reloader);
     }
 
     fn with_queue(
@@ -510,6 +527,7 @@ impl LoadedHook {
             finished: watch::channel(false).0,
             in_flight: AtomicUsize::new(0),
             notices,
+            reloader: OnceLock::new(),
         })
     }
 
@@ -739,6 +757,9 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
     set_running(hook, Status::Restarting);
     let ready = handler.ready().await;
     note_restarts(hook);
+    if let Err(HandlerError::Changed(why)) = ready {
+        return handover::await_next_version(hook, jobs, &why).await;
+    }
     if let Err(e) = ready {
         for job in jobs {
             finish(hook, job, Err(e.clone()), Duration::ZERO);
@@ -757,6 +778,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         .collect();
     let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
     let mut not_started = Vec::new();
+    let mut changed = None;
     let mut last = Instant::now();
     {
         let mut report = |i: usize, result: HandlerResult| {
@@ -764,9 +786,13 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
                 tracing::error!(hook = %hook.spec.name, "handler reported call {i} twice or out of range");
                 return;
             };
-            if matches!(result, Err(HandlerError::NotStarted)) {
-                not_started.push(job);
-                return;
+            match &result {
+                Err(HandlerError::NotStarted) => return not_started.push(job),
+                Err(HandlerError::Changed(why)) => {
+                    changed = Some(why.clone());
+                    return not_started.push(job);
+                }
+                _ => {}
             }
             let now = Instant::now();
             finish(hook, job, result, now - last);
@@ -784,6 +810,9 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             )),
             Duration::ZERO,
         );
+    }
+    if let Some(why) = changed {
+        return handover::await_next_version(hook, not_started, &why).await;
     }
     if !not_started.is_empty() {
         tracing::info!(

@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
-use crate::dispatch::{CallOutcome, HookStats, Job, LoadedHook, Tally};
+use crate::dispatch::{CallOutcome, HookStats, Job, LoadedHook, Reloader, Tally};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::{self, HandlerContext};
 use crate::registry::Registry;
@@ -306,6 +306,8 @@ struct Inner {
     retired: std::sync::Mutex<Vec<Arc<LoadedHook>>>,
     /// The accounts of every hook name: see [`Ledger`].
     ledger: std::sync::Mutex<Ledger>,
+    /// Where hooks' workers ask for a reload: see [`Host::reloader`].
+    reloader: std::sync::OnceLock<Reloader>,
 }
 
 /// The counters of every hook the host ever loaded, by name: live counter sets, and the sums of
@@ -379,6 +381,7 @@ impl Host {
                 sink: std::sync::OnceLock::new(),
                 retired: std::sync::Mutex::new(Vec::new()),
                 ledger: std::sync::Mutex::new(Ledger::default()),
+                reloader: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -690,6 +693,9 @@ impl Host {
     /// its last good version running. Emit is never blocked: the new snapshot is swapped in.
     pub async fn reload(&self) -> LoadReport {
         let _guard = self.inner.reload_lock.lock().await;
+        if self.is_draining() {
+            return LoadReport::default(); // shut down (or shutting down): nothing starts again
+        }
         let roots = self.inner.config.roots.clone();
         let (trust, home) = (
             self.inner.config.trust,
@@ -794,6 +800,7 @@ impl Host {
                         None => {
                             let hook =
                                 LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                            hook.set_reloader(self.reloader());
                             self.ledger()
                                 .live
                                 .push((hook.spec.name.clone(), hook.stats.clone()));
@@ -944,6 +951,29 @@ impl Host {
         report.skipped = skipped;
         report.generation = generation;
         report
+    }
+
+    /// Where hooks' workers ask for a reload (a hook's files changed under a worker that must
+    /// start a process: its events wait for the new version). The first call starts the task
+    /// that serves the requests; it holds the host weakly and ends with it.
+    fn reloader(&self) -> Reloader {
+        let init = || {
+            let (reloader, mut requests) = Reloader::channel();
+            let host = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                while requests.recv().await.is_some() {
+                    let Some(inner) = host.upgrade() else { break };
+                    let host = Host { inner };
+                    if host.is_draining() {
+                        break;
+                    }
+                    tracing::info!("reloading: a hook's files changed under its worker");
+                    host.reload().await;
+                }
+            });
+            reloader
+        };
+        self.inner.reloader.get_or_init(init).clone()
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {

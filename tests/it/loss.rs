@@ -181,3 +181,57 @@ async fn an_executable_edited_while_events_wait_runs_them_on_the_new_version() {
         "the held event finished on v1, the queued ones ran once each, in order, on v2"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
+    let hooks = Hooks::new();
+    let name = "broken_edit";
+    let dir = hooks.add(
+        name,
+        &[
+            (
+                "HOOK.yaml",
+                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
+            ),
+            ("handler.py", &held_python(&hooks, name, "v1")),
+        ],
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
+    let held = hooks.out().join(format!("{name}.held"));
+    poll_async(T, "the first event to be held by v1", || {
+        held.exists().then_some(())
+    })
+    .await;
+    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for n in 1..=10 {
+        host.emit("job:run", json!({"n": n})).unwrap();
+    }
+    write_atomic(&dir.join("handler.py"), "def handle(event, context:\n");
+    signal(pid, libc::SIGKILL);
+    let killed = std::time::Instant::now();
+
+    let tally = poll_async(T, "every event settled", || {
+        let t = *host.accounts().get(name)?;
+        (t.ok + t.failed == 11).then_some(t)
+    })
+    .await;
+    let waited = killed.elapsed();
+    let info = host.hook(name).unwrap();
+    host.shutdown(T).await;
+    assert_eq!(tally.failed, 11, "nothing loadable followed: {tally:?}");
+    assert!(
+        // The hand-over's bound (HANDOVER_WAIT) is 10 s.
+        waited >= Duration::from_secs(10),
+        "the waiting events failed only after the bound: {waited:?}"
+    );
+    let last = info.last_error.map(|e| e.message).unwrap_or_default();
+    assert!(
+        last.contains("changed since this version") && last.contains("no new version loaded"),
+        "{last}"
+    );
+}
