@@ -311,9 +311,11 @@ def handle(event, context):
     }
     let mut duplicates = 0;
     let mut unexplained = Vec::new();
-    // Handled again with `delivered` 1 after a broker crash: the broker's consumer state rolled
-    // back (acknowledgements not yet written when it was killed). Counted apart: the workers do
-    // not see them as redeliveries.
+    // Handled again with `delivered` 1 after a broker crash that followed (or overlapped, by up
+    // to OVERLAP) the first handling: the broker's consumer state rolled back (acknowledgements
+    // not yet written when it was killed). Counted apart: the workers cannot tell them from
+    // first deliveries.
+    const OVERLAP: f64 = 1.0;
     let mut replayed_after_broker_crash = 0;
     for (n, ds) in &per {
         let extra = ds.len() - 1;
@@ -326,7 +328,7 @@ def handle(event, context):
             let t = r["t"].as_f64().unwrap_or(0.0);
             r["d"].as_i64() == Some(1)
                 && t > first
-                && broker_kills.iter().any(|k| *k > first && *k < t)
+                && broker_kills.iter().any(|k| *k > first - OVERLAP && *k < t)
         };
         let replays = ds.iter().filter(crash_between).count();
         if extra > redelivered + replays {
@@ -334,8 +336,8 @@ def handle(event, context):
                 .iter()
                 .map(|r| {
                     format!(
-                        "(delivered {}, stream seq {}, worker {})",
-                        r["d"], r["seq"], r["w"]
+                        "(delivered {}, stream seq {}, worker {}, at {})",
+                        r["d"], r["seq"], r["w"], r["t"]
                     )
                 })
                 .collect();
@@ -367,6 +369,8 @@ def handle(event, context):
         "duplicates": duplicates,
         "duplicates_replayed_after_broker_crash": replayed_after_broker_crash,
         "duplicates_unexplained": unexplained.len(),
+        "unexplained_first": &unexplained[..unexplained.len().min(10)],
+        "broker_kills_at": &broker_kills,
         "dead_letters": dead.len(),
         "missing": missing.len(),
         "missing_unreported": unreported.len(),
