@@ -24,6 +24,7 @@ use crate::manifest::Overflow;
 use crate::notices::Notices;
 
 pub use handover::Reloader;
+use handover::{HANDOVER_WAIT, Waited};
 
 /// What one handler invocation produced, as reported to a waiting `emit_collect`.
 #[derive(Debug, Clone)]
@@ -464,6 +465,9 @@ pub struct LoadedHook {
     notices: Notices,
     /// Asks the host for a reload (the hand-over when the hook's files changed).
     reloader: OnceLock<Reloader>,
+    /// A reload tried newer files of this hook and could not load them: a worker refused for
+    /// changed files does not ask for another reload of the same files.
+    newer_failed: AtomicBool,
 }
 
 impl LoadedHook {
@@ -528,6 +532,7 @@ impl LoadedHook {
             in_flight: AtomicUsize::new(0),
             notices,
             reloader: OnceLock::new(),
+            newer_failed: AtomicBool::new(false),
         })
     }
 
@@ -660,6 +665,11 @@ impl LoadedHook {
         *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
     }
 
+    /// A reload could not load the hook's newer files (this version keeps running).
+    pub fn note_newer_version_failed(&self) {
+        self.newer_failed.store(true, Ordering::Relaxed);
+    }
+
     /// Hands the queue to a newer version: this worker stops after its current call.
     pub fn supersede(&self) {
         self.signals.supersede();
@@ -758,7 +768,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
     let ready = handler.ready().await;
     note_restarts(hook);
     if let Err(HandlerError::Changed(why)) = ready {
-        return handover::await_next_version(hook, jobs, &why).await;
+        return await_next_version(hook, jobs, &why).await;
     }
     if let Err(e) = ready {
         for job in jobs {
@@ -812,7 +822,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         );
     }
     if let Some(why) = changed {
-        return handover::await_next_version(hook, not_started, &why).await;
+        return await_next_version(hook, not_started, &why).await;
     }
     if !not_started.is_empty() {
         tracing::info!(
@@ -827,6 +837,72 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
     // A worker replaced at once after a timeout counts (and is announced) now.
     note_restarts(hook);
     hook.report_drops(false);
+}
+
+/// The worker could not start `jobs` (or a process for them) because the hook's files changed
+/// since this version was loaded: they go back to the front of the queue and wait for the version
+/// loaded from the new files ([`handover`]). When none takes over (a broken or unapproved edit,
+/// the hook removed), everything waiting is failed, logged once.
+async fn await_next_version(hook: &LoadedHook, jobs: Vec<Job>, why: &str) {
+    if !jobs.is_empty() {
+        hook.queue.push_front_many(jobs);
+    }
+    hook.in_flight.store(0, Ordering::SeqCst);
+    set_running(hook, Status::Pending);
+    tracing::info!(
+        hook = %hook.spec.name,
+        waiting = hook.queue.len(),
+        "the hook's files changed since this version was loaded; its events wait for the new version"
+    );
+    let started = Instant::now();
+    let ask = || {
+        if !hook.newer_failed.load(Ordering::Relaxed)
+            && let Some(r) = hook.reloader.get()
+        {
+            r.request();
+        }
+    };
+    let stopped = || hook.stats.status() == Status::Stopped;
+    let reason = match handover::wait_for_next_version(&hook.signals, ask, stopped).await {
+        Waited::Superseded => {
+            tracing::info!(
+                hook = %hook.spec.name,
+                waited_ms = started.elapsed().as_millis() as u64,
+                "the new version takes the waiting events over"
+            );
+            return;
+        }
+        Waited::Stopped => {
+            format!("{why} (the hook was removed or stopped before a new version loaded)")
+        }
+        Waited::TimedOut => format!(
+            "{why} (no new version loaded within {})",
+            crate::time::fmt_duration(HANDOVER_WAIT)
+        ),
+    };
+    fail_waiting(hook, hook.queue.take_all(), &reason);
+    set_running(hook, Status::Idle);
+}
+
+/// Fails `jobs` that never started: each counted and answered; one log line and one
+/// `handler_error` notice for all of them.
+fn fail_waiting(hook: &LoadedHook, jobs: Vec<Job>, why: &str) {
+    let Some(first) = jobs.first().map(|j| j.event.clone()) else {
+        return;
+    };
+    let n = jobs.len();
+    let msg = crate::text::cap(why.to_string());
+    for job in jobs {
+        hook.stats.observe(Duration::ZERO);
+        hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+        job.fail(&msg);
+    }
+    tracing::warn!(hook = %hook.spec.name, events = n, "{n} waiting event(s) failed: {msg}");
+    hook.stats.set_last_error(format!("{first}: {msg}"));
+    hook.notices.send(
+        "handler_error",
+        serde_json::json!({"hook": hook.spec.name, "event": &*first, "error": msg, "events": n}),
+    );
 }
 
 /// Counts an outcome, logs and announces failures, and answers whoever waits for it.

@@ -835,6 +835,7 @@ impl Host {
                     if let Some(p) = &prev {
                         reason.push_str(" (the previous version keeps running)");
                         p.stats.set_last_error(format!("reload failed: {e}"));
+                        p.note_newer_version_failed();
                         self.inner.notices.send(
                             "hook_reloaded",
                             json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
@@ -871,6 +872,7 @@ impl Host {
             {
                 prev.stats
                     .set_last_error(format!("reload failed: {}", s.reason));
+                prev.note_newer_version_failed();
                 self.inner.notices.send(
                     "hook_reloaded",
                     json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": s.reason, "kept_previous": true}),
