@@ -235,3 +235,94 @@ async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
         "{last}"
     );
 }
+
+/// The same through the real service (file watcher on): the watcher's reload fails on the broken
+/// edit, the worker then dies; its waiting events fail together after the bound, with one log
+/// line and one `handler_error` notice for all of them, and no reload of the same broken files.
+#[test]
+fn waiting_events_that_fail_are_logged_once() {
+    let hooks = Hooks::new();
+    let name = "logged_once";
+    let dir = hooks.add(
+        name,
+        &[
+            (
+                "HOOK.yaml",
+                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
+            ),
+            ("handler.py", &held_python(&hooks, name, "v1")),
+        ],
+    );
+    let serve = crate::util::Serve::start(&hooks, &["--output", "json"]);
+    let notices = || -> Vec<serde_json::Value> {
+        serve
+            .stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let (status, _) = serve.post(
+        "/v1/events",
+        &json!({"event": "job:run", "context": {"n": 0, "hold": true}}),
+    );
+    assert_eq!(status, 202);
+    let held = hooks.out().join(format!("{name}.held"));
+    crate::util::poll(T, "the first event to be held by v1", || {
+        held.exists().then_some(())
+    });
+    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for n in 1..=10 {
+        let (status, _) = serve.post(
+            "/v1/events",
+            &json!({"event": "job:run", "context": {"n": n}}),
+        );
+        assert_eq!(status, 202);
+    }
+    write_atomic(&dir.join("handler.py"), "def handle(event, context:\n");
+    crate::util::poll(T, "the watcher's reload to fail on the broken edit", || {
+        notices()
+            .iter()
+            .any(|n| n["type"] == "hook_reloaded" && n["kept_previous"] == true)
+            .then_some(())
+    });
+    signal(pid, libc::SIGKILL);
+    let bulk = crate::util::poll(T, "the waiting events failed together", || {
+        notices()
+            .into_iter()
+            .find(|n| n["type"] == "handler_error" && n["events"].is_u64())
+    });
+    assert_eq!(bulk["events"], 10, "{bulk}");
+    let errors: Vec<_> = notices()
+        .into_iter()
+        .filter(|n| n["type"] == "handler_error")
+        .collect();
+    assert_eq!(
+        errors.len(),
+        2,
+        "one notice for the call in flight, one for the 10 waiting events: {errors:?}"
+    );
+    let log = serve.log();
+    assert_eq!(
+        log.matches("waiting event(s) failed").count(),
+        1,
+        "one log line for all of them:\n{log}"
+    );
+    let reloads = notices()
+        .iter()
+        .filter(|n| n["type"] == "hook_reloaded")
+        .count();
+    assert_eq!(
+        reloads,
+        1,
+        "the broken files were tried once: {:?}",
+        notices()
+    );
+    let (_, v) = serve.get(&format!("/v1/hooks/{name}"));
+    assert_eq!(v["counters"]["failed"], 11, "{v}");
+}
