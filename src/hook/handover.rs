@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::handler::Signals;
 
 /// How long the events of a version whose files changed wait for the next version.
-pub const HANDOVER_WAIT: Duration = Duration::from_secs(10);
+pub(super) const HANDOVER_WAIT: Duration = Duration::from_secs(10);
 /// How often the wait looks whether the hook was removed.
 const RECHECK: Duration = Duration::from_millis(100);
 /// How often it asks again for a reload (an edit saved in several writes may load only at the
