@@ -255,6 +255,12 @@ async fn unsafe_permissions_anywhere_in_the_tree_are_refused() {
     );
     std::fs::write(a.join("helper.py"), "").unwrap();
     set_mode(&a.join("helper.py"), 0o664);
+    // Group-writable counts only for a group shared with others (issue 19's private-group rule).
+    if let Some(shared) = crate::dropin::shared_gid() {
+        std::os::unix::fs::lchown(a.join("helper.py"), None, Some(shared)).unwrap();
+    } else {
+        set_mode(&a.join("helper.py"), 0o666);
+    }
     let b = hooks.python("b", "[\"x:*\"]", "def handle(e, c):\n    return 1\n");
     std::fs::create_dir_all(b.join("pkg/sub")).unwrap();
     set_mode(&b.join("pkg/sub"), 0o777);

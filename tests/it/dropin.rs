@@ -1,0 +1,256 @@
+//! Drop-in on an ordinary machine (issue 19): default permissions under umask 002 (OpenSSH's
+//! user-group-modes rule), directories without HOOK.yaml, the gateway's environment and working
+//! directory, decisions that never fail open.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::util::{Hooks, bin};
+
+/// The user database as files (what a default Ubuntu account has; NSS-only users are not seen).
+fn passwd() -> Vec<(u32, u32)> {
+    std::fs::read_to_string("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `gid` -> its listed members, from /etc/group.
+fn group_members(gid: u32) -> Option<Vec<String>> {
+    std::fs::read_to_string("/etc/group")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.get(2)?.parse::<u32>().ok()? == gid).then(|| {
+                f.get(3)
+                    .unwrap_or(&"")
+                    .split(',')
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+        })
+}
+
+fn my_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// The gid new files of this user get, when it is a private group by the files' account:
+/// nobody else has it as primary group and it lists no other member. `None` otherwise (the
+/// private-group case cannot be made real on this machine).
+pub fn private_gid() -> Option<u32> {
+    let me = my_uid();
+    let users = passwd();
+    let primary = users.iter().find(|(u, _)| *u == me)?.1;
+    let shared = users.iter().any(|(u, g)| *g == primary && *u != me);
+    let members = group_members(primary)?;
+    let name = std::fs::read_to_string("/etc/passwd")
+        .ok()?
+        .lines()
+        .find(|l| l.split(':').nth(2) == Some(&me.to_string()))?
+        .split(':')
+        .next()?
+        .to_string();
+    (!shared && members.iter().all(|m| *m == name)).then_some(primary)
+}
+
+/// A group this process may give its files that is *not* its private group: as root, the
+/// primary group of another user (a group with another member); otherwise a supplementary group
+/// of ours (not our primary). `None` when there is none.
+pub fn shared_gid() -> Option<u32> {
+    let me = my_uid();
+    let users = passwd();
+    let primary = users.iter().find(|(u, _)| *u == me).map(|(_, g)| *g);
+    if me == 0 {
+        return users
+            .iter()
+            .find(|(u, g)| *u != 0 && Some(*g) != primary)
+            .map(|(_, g)| *g);
+    }
+    let mut groups = vec![0 as libc::gid_t; 256];
+    // SAFETY: the buffer holds 256 gids and its length is passed.
+    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    groups.truncate(n.max(0) as usize);
+    groups.into_iter().find(|g| Some(*g) != primary)
+}
+
+fn chgrp(path: &Path, gid: u32) {
+    std::os::unix::fs::lchown(path, None, Some(gid)).unwrap();
+}
+
+/// Copies `src` into `dst` the way `git clone` writes a checkout: every directory created with
+/// 0777 and every file with 0666 (0777 when executable), under umask 002, in a child process
+/// (the umask is process-wide: changing the test runner's would touch the other tests).
+fn clone_under_umask_002(src: &Path, dst: &Path) {
+    let script = r#"
+import os, shutil, stat, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.umask(0o002)
+for top, dirs, files in os.walk(src):
+    rel = os.path.relpath(top, src)
+    os.makedirs(os.path.join(dst, rel), 0o777, exist_ok=True)
+    for f in files:
+        s = os.path.join(top, f)
+        mode = 0o777 if os.stat(s).st_mode & 0o100 else 0o666
+        fd = os.open(os.path.join(dst, rel, f), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with open(s, "rb") as i, os.fdopen(fd, "wb") as o:
+            shutil.copyfileobj(i, o)
+"#;
+    let st = Command::new("python3")
+        .args(["-c", script])
+        .arg(src)
+        .arg(dst)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+fn list_json(root: &Path, home: &Path) -> Value {
+    let o = Command::new(bin())
+        .args(["list", "--json", "--hooks-dir"])
+        .arg(root)
+        .env("HERMES_HOME", home)
+        .env_remove("HERMES_HOOKS_TRUST")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn check(root: &Path, home: &Path) -> (i32, String) {
+    let o = Command::new(bin())
+        .args(["check", "--hooks-dir"])
+        .arg(root)
+        .env("HERMES_HOME", home)
+        .env_remove("HERMES_HOOKS_TRUST")
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+fn names(v: &Value, key: &str) -> Vec<String> {
+    v[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+// --- 1. permissions under umask 002 ---
+
+#[test]
+fn a_clone_under_umask_002_loads_every_example_and_a_shared_group_still_refuses() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks-examples");
+    let expected: Vec<String> = {
+        let mut v: Vec<String> = std::fs::read_dir(&examples)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("HOOK.yaml").is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(expected.len() >= 9, "{expected:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("hooks");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    clone_under_umask_002(&examples, &root);
+    // The fixture is what the issue describes: 0775 directories, 0664 files.
+    let hook = root.join("agent-logger");
+    assert_eq!(std::fs::metadata(&hook).unwrap().mode() & 0o777, 0o775);
+    assert_eq!(
+        std::fs::metadata(hook.join("HOOK.yaml")).unwrap().mode() & 0o777,
+        0o664
+    );
+    let Some(private) = private_gid() else {
+        println!("skipped: this user's primary group is not private here");
+        return;
+    };
+    assert_eq!(std::fs::metadata(&hook).unwrap().gid(), private);
+
+    let v = list_json(&root, &home);
+    let mut loaded = names(&v, "hooks");
+    loaded.sort();
+    assert_eq!(loaded, expected, "skipped: {:#}", v["skipped"]);
+    let (code, out) = check(&root, &home);
+    assert_eq!(code, 0, "{out}");
+
+    // The same modes with a group somebody else is in: refused, one command for the tree.
+    let Some(shared) = shared_gid() else {
+        println!("skipped: no second group to give files to");
+        return;
+    };
+    let helper = root.join("agent-logger").join("handler.py");
+    chgrp(&helper, shared);
+    let v = list_json(&root, &home);
+    let s = v["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "agent-logger")
+        .unwrap_or_else(|| panic!("agent-logger not refused: {v:#}"));
+    assert_eq!(s["code"], "permissions", "{s}");
+    let reason = s["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("writable by its group, which is not the owner's private group"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(&format!("`chmod -R go-w {}`", hook.display())),
+        "{reason}"
+    );
+    chgrp(&helper, private);
+    chgrp(&hook, shared);
+    let v = list_json(&root, &home);
+    assert!(!names(&v, "hooks").contains(&"agent-logger".to_string()));
+}
+
+#[test]
+fn data_files_a_hook_writes_are_not_checked_but_its_code_is() {
+    let hooks = Hooks::new();
+    let dir = hooks.python("stateful", "[agent:start]", "def handle(e, c):\n    pass\n");
+    // A state file anybody may write: data, not code.
+    std::fs::write(dir.join("state.json"), "{}").unwrap();
+    std::fs::set_permissions(dir.join("state.json"), PermissionsExt::from_mode(0o666)).unwrap();
+    std::fs::create_dir(dir.join("logs")).unwrap();
+    std::fs::write(dir.join("logs/run.log"), "x").unwrap();
+    std::fs::set_permissions(dir.join("logs/run.log"), PermissionsExt::from_mode(0o662)).unwrap();
+    let v = list_json(&hooks.root(), &hooks.home());
+    assert_eq!(names(&v, "hooks"), ["stateful"], "{v:#}");
+    // Code writable by others (bytecode included) is refused.
+    std::fs::create_dir(dir.join("__pycache__")).unwrap();
+    let pyc = dir.join("__pycache__/handler.cpython-311.pyc");
+    std::fs::write(&pyc, "not really bytecode").unwrap();
+    std::fs::set_permissions(&pyc, PermissionsExt::from_mode(0o646)).unwrap();
+    let v = list_json(&hooks.root(), &hooks.home());
+    assert!(names(&v, "hooks").is_empty(), "{v:#}");
+    let reason = v["skipped"][0]["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.contains("writable by others (mode 0646)"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(&format!("`chmod -R go-w {}`", dir.display())),
+        "{reason}"
+    );
+}
