@@ -11,7 +11,8 @@
 //! Only changes that can matter wake it ([`matters`]): HOOK.yaml, files that can run (`.py`,
 //! `.sh`, libraries, executables), directories, and entries directly in a root (hook directories
 //! appearing, disappearing, renamed). A hook writing a log or state file into its own directory
-//! does not cause a rescan. Arming the recursive watches walks whole trees, so it runs on a
+//! does not cause a rescan, nor does anything in a root's directory that has no HOOK.yaml (not a
+//! hook, as upstream: `_disabled/`, `logs/`). Arming the recursive watches walks whole trees, so it runs on a
 //! blocking thread, never on the runtime's workers.
 
 use std::collections::HashMap;
@@ -88,7 +89,7 @@ fn ignorable(path: &Path) -> bool {
 
 /// True when a change at `path` can change what loads or runs (see the module comment).
 fn matters(path: &Path, roots: &[PathBuf]) -> bool {
-    if ignorable(path) {
+    if ignorable(path) || outside_any_hook(path, roots) {
         return false;
     }
     if roots
@@ -115,6 +116,31 @@ fn matters(path: &Path, roots: &[PathBuf]) -> bool {
     // What is gone cannot be told apart: a removed directory is seen through its parent's
     // change, a removed helper through the check before the next start.
     std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir() || m.permissions().mode() & 0o111 != 0)
+}
+
+/// True for a path in (or being) a directory of a root that exists and has no HOOK.yaml: not a
+/// hook (`_disabled/`, `logs/`, `.git/`), so never a reason to rescan, as upstream ignores it. A
+/// directory that is gone may have been a hook: that still matters.
+fn outside_any_hook(path: &Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|r| {
+        let Ok(rest) = path.strip_prefix(r) else {
+            return false;
+        };
+        let Some(top) = rest.components().next() else {
+            return false;
+        };
+        let dir = r.join(top);
+        // A HOOK.yaml appearing is what turns a directory into a hook.
+        if rest
+            .components()
+            .nth(1)
+            .is_some_and(|c| c.as_os_str() == "HOOK.yaml")
+            && rest.components().count() == 2
+        {
+            return false;
+        }
+        dir.is_dir() && !dir.join("HOOK.yaml").exists()
+    })
 }
 
 struct Roots {

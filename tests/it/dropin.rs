@@ -254,3 +254,61 @@ fn data_files_a_hook_writes_are_not_checked_but_its_code_is() {
         "{reason}"
     );
 }
+
+// --- 4. directories without HOOK.yaml ---
+
+#[test]
+fn directories_without_hook_yaml_are_not_hooks_and_never_cause_a_rescan() {
+    let hooks = Hooks::new();
+    hooks.python("real", "[\"x:*\"]", "def handle(e, c):\n    return 1\n");
+    // Present at start: ignored by list, check and /v1/hooks.
+    hooks.add(
+        "_disabled",
+        &[("handler.py", "def handle(e, c):\n    return 2\n")],
+    );
+    std::fs::create_dir_all(hooks.root().join("__pycache__")).unwrap();
+    let (code, out) = check(&hooks.root(), &hooks.home());
+    assert_eq!(code, 0, "{out}");
+    let v = list_json(&hooks.root(), &hooks.home());
+    assert_eq!(names(&v, "hooks"), ["real"]);
+    assert_eq!(v["skipped"], serde_json::json!([]), "{v:#}");
+
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    let (status, body) = serve.get("/v1/hooks");
+    assert_eq!(status, 200);
+    assert_eq!(body["skipped"], serde_json::json!([]), "{body:#}");
+    // Appearing while serving: a log directory a hook makes, a helper in a disabled directory.
+    std::fs::create_dir_all(hooks.root().join("logs")).unwrap();
+    std::fs::write(hooks.root().join("logs/run.log"), "x\n").unwrap();
+    std::fs::write(hooks.root().join("_disabled/more.py"), "X = 1\n").unwrap();
+    std::fs::create_dir_all(hooks.root().join("_disabled/pkg")).unwrap();
+    // The barrier: a real hook moved in (one change); every earlier rescan is logged by then.
+    let staging = hooks.tmp.path().join("staging");
+    std::fs::create_dir_all(staging.join("late")).unwrap();
+    std::fs::write(staging.join("late/HOOK.yaml"), "events: [\"y:*\"]\n").unwrap();
+    std::fs::write(
+        staging.join("late/handler.py"),
+        "def handle(e, c):\n    return 1\n",
+    )
+    .unwrap();
+    std::fs::rename(staging.join("late"), hooks.root().join("late")).unwrap();
+    crate::util::poll(std::time::Duration::from_secs(20), "the new hook", || {
+        serve
+            .get("/v1/hooks")
+            .1
+            .to_string()
+            .contains("\"late\"")
+            .then_some(())
+    });
+    let rescans = serve
+        .log()
+        .matches("hooks reloaded after a change on disk")
+        .count();
+    assert_eq!(
+        rescans,
+        1,
+        "only the new hook may cause a rescan:\n{}",
+        serve.log()
+    );
+    assert_eq!(serve.get("/v1/hooks").1["skipped"], serde_json::json!([]));
+}
