@@ -50,6 +50,7 @@
 pub mod atomic;
 pub mod cli;
 pub mod client;
+pub mod decision;
 pub mod discovery;
 pub mod dispatch;
 pub mod events;

@@ -312,3 +312,66 @@ fn directories_without_hook_yaml_are_not_hooks_and_never_cause_a_rescan() {
     );
     assert_eq!(serve.get("/v1/hooks").1["skipped"], serde_json::json!([]));
 }
+
+// --- 3. decisions never fail open ---
+
+#[test]
+fn a_slow_decision_is_waited_for_and_a_timed_out_one_is_reported_as_such() {
+    let hooks = Hooks::new();
+    // Denies after 5.5 s, within its own timeout: the old 5 s default answered [] (fail open).
+    hooks.add(
+        "slow-deny",
+        &[
+            ("HOOK.yaml", "events: [\"command:*\"]\ntimeout: 20\n"),
+            (
+                "handler.py",
+                "import time\n\ndef handle(e, c):\n    time.sleep(5.5)\n    return {'decision': 'deny'}\n",
+            ),
+        ],
+    );
+    hooks.add(
+        "too-slow",
+        &[
+            ("HOOK.yaml", "events: [\"command:stop\"]\ntimeout: 1\n"),
+            (
+                "handler.py",
+                "import time\n\ndef handle(e, c):\n    time.sleep(30)\n    return {'decision': 'allow'}\n",
+            ),
+        ],
+    );
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    let started = std::time::Instant::now();
+    let (status, body) = serve.post(
+        "/v1/collect",
+        &serde_json::json!({"event": "command:deploy", "context": {}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"],
+        serde_json::json!([{"hook": "slow-deny", "result": {"decision": "deny"}}]),
+        "{body:#}"
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(5400));
+
+    // A hook past its own timeout: an error marked timed_out, and the others still count.
+    let (status, body) = serve.post(
+        "/v1/collect",
+        &serde_json::json!({"event": "command:stop", "context": {}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let errors = body["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{body:#}");
+    assert_eq!(errors[0]["hook"], "too-slow");
+    assert_eq!(errors[0]["timed_out"], true, "{body:#}");
+    assert_eq!(body["results"][0]["hook"], "slow-deny", "{body:#}");
+
+    // A caller's shorter deadline still holds.
+    let started = std::time::Instant::now();
+    let (status, body) = serve.post(
+        "/v1/collect",
+        &serde_json::json!({"event": "command:deploy", "timeout_ms": 300}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(body["errors"][0]["timed_out"], true, "{body:#}");
+}
