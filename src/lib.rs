@@ -53,6 +53,7 @@ pub mod client;
 pub mod decision;
 pub mod discovery;
 pub mod dispatch;
+pub mod dotenv;
 pub mod events;
 #[cfg(feature = "fleet")]
 pub mod fleet;

@@ -182,7 +182,7 @@ pub fn start_mode(ctx: &HandlerContext) -> StartMode {
         return StartMode::Fresh(format!("{}=0 turns forking off", zygote::FORK_ENV));
     }
     let hook_env: std::collections::BTreeMap<String, String> = ctx
-        .env
+        .process_env()
         .iter()
         .filter(|(k, _)| !k.starts_with("HERMES_HOOK"))
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -233,9 +233,10 @@ impl PythonHandler {
                     &self.ctx.python,
                     &self.runner,
                     &self.ctx.dir,
+                    &self.ctx.cwd,
                     handler,
                     &self.ctx.name,
-                    &self.ctx.env,
+                    &self.ctx.process_env(),
                 )
                 .await
                 {

@@ -375,3 +375,125 @@ fn a_slow_decision_is_waited_for_and_a_timed_out_one_is_reported_as_such() {
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     assert_eq!(body["errors"][0]["timed_out"], true, "{body:#}");
 }
+
+// --- 2. the gateway's environment and working directory ---
+
+/// `serve` started in `cwd` with `env` added (as the gateway's launcher would).
+fn serve_in(hooks: &Hooks, cwd: &Path, env: &[(&str, &str)]) -> crate::util::Serve {
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0"])
+        .current_dir(cwd)
+        .env_remove("TZ")
+        .env_remove("LC_ALL")
+        .env_remove("LC_CTYPE")
+        .env("LANG", "C");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    crate::util::Serve::spawn(cmd, hooks)
+}
+
+fn decide(serve: &crate::util::Serve, event: &str) -> Value {
+    let (status, body) = serve.post(
+        "/v1/collect",
+        &serde_json::json!({"event": event, "timeout_ms": 20000}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["errors"], serde_json::json!([]), "{body:#}");
+    body["results"][0]["result"].clone()
+}
+
+#[test]
+fn hooks_get_the_gateways_env_file_and_working_directory() {
+    let hooks = Hooks::new();
+    std::fs::write(
+        hooks.home().join(".env"),
+        "TELEGRAM_BOT_TOKEN=123:from-file\nexport STALE=from-file\nOVERRIDDEN=from-file\n",
+    )
+    .unwrap();
+    let report = "import json, os\n\ndef handle(e, c):\n    return {k: os.environ.get(k) for k in ('TELEGRAM_BOT_TOKEN', 'STALE', 'OVERRIDDEN')} | {'cwd': os.getcwd()}\n";
+    hooks.add(
+        "py-default",
+        &[
+            (
+                "HOOK.yaml",
+                "events: [\"env:py\"]\nenv: {OVERRIDDEN: from-hook}\n",
+            ),
+            ("handler.py", report),
+        ],
+    );
+    hooks.add(
+        "py-own-dir",
+        &[
+            ("HOOK.yaml", "events: [\"env:own\"]\ncwd: hook\n"),
+            ("handler.py", report),
+        ],
+    );
+    hooks.exec(
+        "sh-env",
+        "[\"env:sh\"]",
+        "#!/bin/sh\nprintf '{\"token\": \"%s\", \"cwd\": \"%s\"}' \"$TELEGRAM_BOT_TOKEN\" \"$(pwd)\"\n",
+    );
+    let gateway_dir = hooks.tmp.path().join("gateway-cwd");
+    std::fs::create_dir_all(&gateway_dir).unwrap();
+    let serve = serve_in(&hooks, &gateway_dir, &[("STALE", "from-shell")]);
+
+    let py = decide(&serve, "env:py");
+    assert_eq!(py["TELEGRAM_BOT_TOKEN"], "123:from-file", "{py}");
+    assert_eq!(
+        py["STALE"], "from-file",
+        "the file beats the shell, as in the gateway: {py}"
+    );
+    assert_eq!(
+        py["OVERRIDDEN"], "from-hook",
+        "the hook's env: beats the file: {py}"
+    );
+    assert_eq!(py["cwd"], gateway_dir.display().to_string());
+    let own = decide(&serve, "env:own");
+    assert_eq!(
+        own["cwd"],
+        hooks.root().join("py-own-dir").display().to_string()
+    );
+    let sh = decide(&serve, "env:sh");
+    assert_eq!(sh["token"], "123:from-file");
+    assert_eq!(sh["cwd"], gateway_dir.display().to_string());
+
+    // Changed: read again at the next process start.
+    std::fs::write(
+        hooks.home().join(".env"),
+        "TELEGRAM_BOT_TOKEN=456:rotated-token\n",
+    )
+    .unwrap();
+    assert_eq!(decide(&serve, "env:sh")["token"], "456:rotated-token");
+}
+
+#[test]
+fn forked_workers_honour_the_hooks_time_zone_and_locale() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "tz",
+        &[
+            (
+                "HOOK.yaml",
+                "events: [\"tz:now\"]\nenv: {TZ: Asia/Tokyo, LC_ALL: C.UTF-8}\n",
+            ),
+            (
+                "handler.py",
+                "import locale, time\n\ndef handle(e, c):\n    return [time.strftime('%Z'), locale.setlocale(locale.LC_CTYPE)]\n",
+            ),
+        ],
+    );
+    let serve = serve_in(&hooks, hooks.tmp.path(), &[]);
+    let got = decide(&serve, "tz:now");
+    assert_eq!(
+        got,
+        serde_json::json!(["JST", "C.UTF-8"]),
+        "{}",
+        serve.log()
+    );
+    let (_, info) = serve.get("/v1/hooks/tz");
+    assert!(info.to_string().contains("forked"), "not forked: {info:#}");
+}
