@@ -47,6 +47,10 @@ pub async fn test(args: TestArgs) -> i32 {
             .collect();
         if matching.is_empty() {
             return fail(match &only {
+                Some(o) if !in_gateway.is_empty() => format!(
+                    "hook {o:?} runs inside the gateway (see above): `test` runs only the hooks \
+                     that run in the service"
+                ),
                 Some(o) => format!("hook {o:?} is not loaded or does not match {event:?}"),
                 None if !in_gateway.is_empty() => {
                     format!("no hook that runs here matches {event:?} (see above)")

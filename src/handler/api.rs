@@ -255,11 +255,15 @@ impl HandlerContext {
             dir: spec.dir.clone(),
             cwd,
             handler_path: spec.handler_path.clone(),
-            python: spec
-                .manifest
-                .python
-                .clone()
-                .unwrap_or_else(|| default_python.to_string()),
+            python: match spec.manifest.python.as_deref() {
+                // A relative path names a file of the hook, as trust checks it: resolved
+                // against the hook directory, not the working directory of whoever starts it.
+                Some(p) if p.contains('/') && !std::path::Path::new(p).is_absolute() => {
+                    spec.dir.join(p).display().to_string()
+                }
+                Some(p) => p.to_string(),
+                None => default_python.to_string(),
+            },
             python_why: crate::interpreter::for_hook(
                 spec.manifest.python.as_deref(),
                 default_python,

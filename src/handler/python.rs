@@ -329,9 +329,10 @@ impl PythonHandler {
             path: self.ctx.python.clone(),
             why: self.ctx.python_why.clone(),
         };
+        let home = self.ctx.env.get("HERMES_HOME").map(Path::new);
         format!(
             "{reason}: {}",
-            crate::interpreter::missing_module_hint(&interpreter)
+            crate::interpreter::module_not_found_hint(&reason, &interpreter, &self.ctx.dir, home)
         )
     }
 

@@ -171,7 +171,7 @@ class LoadError(Exception):
 def load_handler(hook_dir, handler_path, hook_name):
     """Import handler.py and return its callable ``handle``; raise LoadError with a readable reason."""
     base = os.path.basename(handler_path)
-    module_name = "hermes_hook_" + re.sub(r"\W", "_", hook_name)
+    module_name = "hermes_hook_" + hook_name  # as written, as the original host names it
     sys.path.insert(0, hook_dir)
     # An explicit loader also accepts a handler file whose name does not end in .py.
     loader = importlib.machinery.SourceFileLoader(module_name, handler_path)

@@ -497,3 +497,109 @@ fn forked_workers_honour_the_hooks_time_zone_and_locale() {
     let (_, info) = serve.get("/v1/hooks/tz");
     assert!(info.to_string().contains("forked"), "not forked: {info:#}");
 }
+
+// --- 4. module names as written ---
+
+#[test]
+fn a_hooks_module_is_named_as_the_original_host_names_it() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "hook-a",
+        "[\"name:of\"]",
+        "import logging\n\ndef handle(e, c):\n    return [__name__, logging.getLogger(__name__).name]\n",
+    );
+    let serve = serve_in(&hooks, hooks.tmp.path(), &[]);
+    assert_eq!(
+        decide(&serve, "name:of"),
+        serde_json::json!(["hermes_hook_hook-a", "hermes_hook_hook-a"])
+    );
+}
+
+// --- 4. the smaller items ---
+
+#[test]
+fn a_relative_python_is_the_hooks_own_file_for_trust_and_for_the_fork_server() {
+    let hooks = Hooks::new();
+    let dir = hooks.add(
+        "venv-hook",
+        &[
+            (
+                "HOOK.yaml",
+                "events: [\"py:which\"]\npython: venv/bin/python\n",
+            ),
+            (
+                "handler.py",
+                "import os\n\ndef handle(e, c):\n    return os.environ.get('STARTED_BY_WRAPPER')\n",
+            ),
+            (
+                "venv/bin/python",
+                "#!/bin/sh\nSTARTED_BY_WRAPPER=yes exec python3 \"$@\"\n",
+            ),
+        ],
+    );
+    crate::util::set_mode(&dir.join("venv/bin/python"), 0o755);
+    // Started elsewhere: a relative path must not be looked up from the service's directory.
+    let serve = serve_in(&hooks, hooks.tmp.path(), &[]);
+    assert_eq!(decide(&serve, "py:which"), "yes", "{}", serve.log());
+}
+
+#[test]
+fn test_with_hook_names_an_in_gateway_hook_as_such() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "gw-patcher",
+        &[
+            ("HOOK.yaml", "events: [\"agent:start\"]\nruns: gateway\n"),
+            ("handler.py", "def handle(e, c):\n    return 1\n"),
+        ],
+    );
+    let o = Command::new(bin())
+        .args(["test", "agent:start", "--hook", "gw-patcher", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("runs inside the gateway"), "{text}");
+    assert!(!text.contains("is not loaded or does not match"), "{text}");
+}
+
+#[test]
+fn a_missing_plugin_module_is_not_blamed_on_the_interpreter() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "uses-plugin",
+        "[\"agent:start\"]",
+        "import os, sys\nsys.path.insert(0, os.path.join(os.environ['HERMES_HOME'], 'plugins'))\nimport kanban_bridge\n\ndef handle(e, c):\n    return 1\n",
+    );
+    hooks.python(
+        "uses-package",
+        "[\"agent:start\"]",
+        "import surely_not_installed_pkg\n\ndef handle(e, c):\n    return 1\n",
+    );
+    let v = list_json(&hooks.root(), &hooks.home());
+    let reason = |name: &str| {
+        v["skipped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} loaded: {v:#}"))["reason"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let plugin = reason("uses-plugin");
+    assert!(plugin.contains("plugins"), "{plugin}");
+    assert!(
+        plugin.contains("\"kanban_bridge\" is not there"),
+        "{plugin}"
+    );
+    assert!(!plugin.contains("lacks it"), "{plugin}");
+    let package = reason("uses-package");
+    assert!(package.contains("lacks it"), "{package}");
+}

@@ -147,7 +147,11 @@ async fn replaced_helper_never_runs_after_a_timeout_restart() {
 #[tokio::test]
 async fn executable_call_refused_when_a_sourced_script_changed() {
     let hooks = Hooks::new();
-    let dir = hooks.exec("e", "[\"x:*\"]", "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.sh\"\nvalue\n");
+    let dir = hooks.exec(
+        "e",
+        "[\"x:*\"]",
+        "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.sh\"\nvalue\n",
+    );
     std::fs::write(dir.join("lib.sh"), "value() { echo '\"approved\"'; }\n").unwrap();
     approve(&hooks, "e");
     let (host, report) = start(&hooks, TrustMode::Explicit).await;
