@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import socketserver
+import subprocess
 import sys
 import tempfile
 import threading
@@ -22,7 +24,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hermes_hooks import HookRegistry  # noqa: E402
+from hermes_hooks import HookRegistry, ProfileHookRegistries  # noqa: E402
 from hermes_hooks import _upstream  # noqa: E402
 
 TIMEOUT = 20.0
@@ -269,6 +271,41 @@ class NeverFailsOpenTest(Base):
         detailed = asyncio.run(registry.emit_collect_detailed("command:stop", {}, timeout=0.05))
         self.assertEqual(detailed["results"], [])
         self.assertTrue(detailed["errors"][0]["timed_out"], detailed)
+
+
+class SmallerItemsTest(Base):
+    def test_profiles_honour_the_address_variable(self) -> None:
+        with mock.patch.dict(os.environ, {"HERMES_HOOKS_ADDRESS": self.sock}):
+            profiles = ProfileHookRegistries(home=lambda: self.home, request_timeout=0.2)
+        self.addCleanup(profiles.close, 0)
+        self.assertEqual(profiles.registry_for(self.home).address, self.sock)
+
+    def test_a_profiles_first_emit_never_waits_for_a_wedged_service(self) -> None:
+        wedged = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(wedged.close)
+        wedged.bind(self.sock)
+        wedged.listen(64)  # accepts connections into the backlog, never answers
+        profiles = ProfileHookRegistries(home=lambda: self.home, address=self.sock,
+                                         request_timeout=3.0)
+        self.addCleanup(profiles.close, 0)
+
+        async def first_emit() -> float:
+            start = time.perf_counter()
+            await profiles.emit("agent:start", {"n": 1})
+            return time.perf_counter() - start
+
+        self.assertLess(asyncio.run(first_emit()), 1.0)
+        self.assertEqual(len(profiles.registries), 1)
+
+    def test_shim_runs_a_program_given_with_dash_c(self) -> None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run(
+            [sys.executable, "-m", "hermes_hooks.shim", "-c",
+             "import sys; print(sys.argv[1:], __name__)", "x", "y"],
+            cwd=self.tmp, env=dict(os.environ, PYTHONPATH=here, HERMES_HOOKS_SHIM="1"),
+            capture_output=True, text=True, timeout=TIMEOUT)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), "['x', 'y'] __main__")
 
 
 if __name__ == "__main__":
