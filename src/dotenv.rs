@@ -6,8 +6,8 @@
 //! own environment (a stale shell export loses); `$HERMES_HOME/.op.env` only fills variables set
 //! nowhere else. On top come the host's `HERMES_HOME`, `HERMES_HOOK_NAME`, `HERMES_HOOK_DIR` and
 //! the hook's own `env:`. The files are read again whenever they change (by their identity, one
-//! `stat` per process start): an executable hook sees a change at its next event, a Python worker
-//! at its next start. Not read: the gateway's project `.env` (a development fallback of a source
+//! `stat` per process start): an executable hook sees a change at its next event; the watcher
+//! sees the files change and the reload gives every Python hook a new worker ([`fold_into`]). Not read: the gateway's project `.env` (a development fallback of a source
 //! checkout) and its machine-wide managed scope.
 //!
 //! The syntax is python-dotenv's: `KEY=value`, an optional `export `, `#` comments (after
@@ -46,6 +46,32 @@ pub fn for_process(hermes_home: Option<&Path>, hook_env: &EnvMap) -> EnvMap {
     }
     out.extend(hook_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     out
+}
+
+/// A hash of what `hermes_home`'s `.env` files give (their parsed variables, not their bytes:
+/// a comment or a touch changes nothing).
+pub fn stamp(hermes_home: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for_process(Some(hermes_home), &EnvMap::new()).hash(&mut h);
+    h.finish()
+}
+
+/// Makes a Python hook's fingerprint depend on the `.env` files: its worker is long-lived and
+/// took its environment when it started, so a changed file is a changed hook for it (a reload
+/// gives it a new worker, its queue kept). Other kinds read the files at each process start.
+pub fn fold_into(spec: &mut crate::discovery::HookSpec, stamp: u64) {
+    if spec.kind == crate::discovery::HandlerKind::Python {
+        spec.fingerprint = spec.fingerprint.rotate_left(17) ^ stamp;
+    }
+}
+
+/// Whether a change at `path` is one of `hermes_home`'s `.env` files (the watcher rescans).
+pub fn is_env_file(path: &Path, hermes_home: &Path) -> bool {
+    path.parent() == Some(hermes_home)
+        && path
+            .file_name()
+            .is_some_and(|n| n == ".env" || n == ".op.env")
 }
 
 /// The variables of `path` (empty when it does not exist or cannot be read), parsed again only

@@ -8,6 +8,9 @@
 //! through their nearest existing ancestor so that their creation is seen. A kernel queue
 //! overflow (a `Rescan` event) is just another reason to rescan.
 //!
+//! `$HERMES_HOME/.env` and `.op.env` are watched too: a Python hook's worker took its environment
+//! from them when it started ([`crate::dotenv`]).
+//!
 //! Only changes that can matter wake it ([`matters`]): HOOK.yaml, files that can run (`.py`,
 //! `.sh`, libraries, executables), directories, and entries directly in a root (hook directories
 //! appearing, disappearing, renamed). A hook writing a log or state file into its own directory
@@ -197,7 +200,9 @@ struct Change {
 pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> {
     let (tx, rx) = mpsc::channel::<Change>(256);
     let root_list = host.config().roots.clone();
-    let watcher =
+    let home = host.config().hermes_home.clone();
+    let env_home = home.clone();
+    let mut watcher =
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
             Ok(event) => {
                 if matches!(event.kind, EventKind::Access(_)) {
@@ -207,7 +212,9 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
                 let paths: Vec<PathBuf> = event
                     .paths
                     .into_iter()
-                    .filter(|p| rescan || matters(p, &root_list))
+                    .filter(|p| {
+                        rescan || matters(p, &root_list) || crate::dotenv::is_env_file(p, &env_home)
+                    })
                     .collect();
                 if paths.is_empty() && !rescan {
                     return;
@@ -221,6 +228,17 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
             }
         })
         .map_err(|e| watch_error(Path::new("."), e))?;
+    // `$HERMES_HOME/.env` is part of a Python hook's environment: its changes reload (one
+    // directory, not recursive; a home inside a watched root is covered already).
+    if home.is_dir()
+        && !host.config().roots.iter().any(|r| home.starts_with(r))
+        && let Err(e) = watcher.watch(&home, RecursiveMode::NonRecursive)
+    {
+        tracing::warn!(
+            "{}; changes to its .env are seen at the next reload",
+            watch_error(&home, e)
+        );
+    }
     let roots = Roots {
         watcher,
         watched: host

@@ -461,13 +461,19 @@ fn hooks_get_the_gateways_env_file_and_working_directory() {
     assert_eq!(sh["token"], "123:from-file");
     assert_eq!(sh["cwd"], gateway_dir.display().to_string());
 
-    // Changed: read again at the next process start.
+    // Changed: an executable reads it at its next event; a Python worker, which took its
+    // environment when it started, is replaced (the watcher sees the file change).
     std::fs::write(
         hooks.home().join(".env"),
         "TELEGRAM_BOT_TOKEN=456:rotated-token\n",
     )
     .unwrap();
     assert_eq!(decide(&serve, "env:sh")["token"], "456:rotated-token");
+    crate::util::poll(
+        std::time::Duration::from_secs(20),
+        "the python worker with the new .env",
+        || (decide(&serve, "env:py")["TELEGRAM_BOT_TOKEN"] == "456:rotated-token").then_some(()),
+    );
 }
 
 #[test]
