@@ -213,7 +213,14 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
                     .paths
                     .into_iter()
                     .filter(|p| {
-                        rescan || matters(p, &root_list) || crate::dotenv::is_env_file(p, &env_home)
+                        // The home's own watch reports its other entries (the cache, logs):
+                        // only its .env files count there.
+                        let in_roots = root_list
+                            .iter()
+                            .any(|r| p.starts_with(r) || r.starts_with(p));
+                        rescan
+                            || (in_roots && matters(p, &root_list))
+                            || crate::dotenv::is_env_file(p, &env_home)
                     })
                     .collect();
                 if paths.is_empty() && !rescan {
