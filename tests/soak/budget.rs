@@ -96,19 +96,16 @@ def handle(event, context):
     write_atomic(&h.dir.join(file), &code, mode);
 }
 
-/// Kills the hook's current process if it is one of this hook's (a live process whose working
-/// directory is the hook's); true when a signal was delivered.
-fn kill_current(h: &BudgetHook) -> bool {
+/// Kills the hook's current process (the pid it wrote, if that is still a live handler process
+/// of this service: its environment names `home`); true when a signal was delivered.
+fn kill_current(h: &BudgetHook, home: &Path) -> bool {
     let Some(pid) = std::fs::read_to_string(&h.pidfile)
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
     else {
         return false;
     };
-    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    if cwd.as_deref() != Some(h.dir.as_path()) || status.is_empty() || status.contains("State:\tZ")
-    {
+    if !handler_processes(home).contains(&pid) {
         return false;
     }
     signal(pid, libc::SIGKILL);
@@ -193,7 +190,7 @@ fn loss_budget_soak_a_kill_costs_at_most_the_call_in_flight() {
         let i = rng.below(managed.len() as u64) as usize;
         let fault = match rng.below(100) {
             0..=54 => {
-                if !kill_current(&managed[i]) {
+                if !kill_current(&managed[i], &hooks.home()) {
                     continue;
                 }
                 *kills.entry(managed[i].name.clone()).or_default() += 1;
@@ -208,7 +205,7 @@ fn loss_budget_soak_a_kill_costs_at_most_the_call_in_flight() {
                 // The edit lands, and the worker dies before the watcher loads it.
                 managed[i].version += 1;
                 write(&managed[i]);
-                if !kill_current(&managed[i]) {
+                if !kill_current(&managed[i], &hooks.home()) {
                     continue;
                 }
                 *kills.entry(managed[i].name.clone()).or_default() += 1;
@@ -309,6 +306,10 @@ fn loss_budget_soak_a_kill_costs_at_most_the_call_in_flight() {
         "accepted = what the client was told was queued: {totals}"
     );
     assert!(total("accepted") > 0, "nothing delivered: {totals}");
+    assert!(
+        kills.values().sum::<u64>() > 0,
+        "no kill reached a handler process: the budget was not exercised ({figures})"
+    );
     assert_eq!(
         total("dropped"),
         0,
