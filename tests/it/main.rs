@@ -10,6 +10,7 @@ mod concurrency;
 mod contrib;
 mod core;
 mod docs;
+mod dropin;
 mod dylib;
 mod exec;
 #[cfg(feature = "fleet")]
@@ -19,6 +20,7 @@ mod gateway;
 mod hardening;
 mod http;
 mod lifecycle;
+mod loss;
 mod modules;
 mod notices;
 mod openapi;
