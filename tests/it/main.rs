@@ -17,6 +17,7 @@ mod fuzz;
 mod gateway;
 mod hardening;
 mod http;
+mod lease;
 mod lifecycle;
 mod modules;
 mod notices;
