@@ -27,4 +27,5 @@ mod reload;
 mod service;
 mod trust;
 mod webhook;
+mod wheel;
 mod zygote;
