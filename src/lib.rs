@@ -27,6 +27,7 @@
 //!   [`trust::commands`] (`enable`/`disable`), [`trust::files`] (what can run, the tree's
 //!   permissions), [`trust::prestart`] (the check before every process start).
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
+//! - [`priority`]: the CPU priority of hook processes (`nice`, `SCHED_IDLE`).
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
 //! - [`events`]: event names, their validation, the catalogue of gateway events.
 //! - [`sink`]: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
@@ -65,6 +66,7 @@ pub mod metrics;
 pub mod notices;
 pub mod pattern;
 pub mod placement;
+pub mod priority;
 pub mod registry;
 pub mod scaffold;
 pub mod server;

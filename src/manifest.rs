@@ -43,6 +43,8 @@ const KNOWN_KEYS: &[&str] = &[
     "retries",
     "concurrency",
     "ca_file",
+    "nice",
+    "sched",
 ];
 
 /// Keys that published hooks carry for their own use: accepted with an informational note.
@@ -132,6 +134,8 @@ struct RawManifest {
     retries: Option<i64>,
     concurrency: Option<i64>,
     ca_file: Option<String>,
+    nice: Option<i64>,
+    sched: Option<crate::priority::Sched>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -176,6 +180,11 @@ pub struct Manifest {
     /// PEM file of extra certificate authorities a webhook's `https://` endpoint may be signed
     /// by (relative to the hook directory), trusted in addition to the system's.
     pub ca_file: Option<String>,
+    /// `nice:`: the CPU priority of the hook's processes as an increment over the service's
+    /// (-20..=19); `None`: the service's default (`serve --worker-nice`, +10).
+    pub nice: Option<i32>,
+    /// `sched:` (`normal` or `idle`); `None`: the service's default (`serve --worker-sched`).
+    pub sched: Option<crate::priority::Sched>,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
     /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
@@ -349,6 +358,14 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             });
         }
     }
+    let nice = raw
+        .nice
+        .map(crate::priority::check_nice)
+        .transpose()
+        .map_err(|reason| ManifestError::BadField {
+            field: "nice",
+            reason,
+        })?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -368,6 +385,8 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,
+        nice,
+        sched: raw.sched,
         warnings,
         notes,
     })

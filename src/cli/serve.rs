@@ -50,6 +50,10 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Listener, Option
 pub async fn serve(args: ServeArgs) -> i32 {
     #[allow(unused_mut)]
     let mut config = args.roots.config();
+    config.worker_priority = crate::priority::Priority {
+        nice: args.worker_nice,
+        sched: args.worker_sched,
+    };
     #[cfg(feature = "fleet")]
     args.fleet.adjust(&mut config);
     let notices = match args.output {

@@ -221,9 +221,25 @@ pub struct HandlerContext {
     /// The files that can run as this version loaded them: [`crate::trust::prestart::check`]
     /// compares the tree with them before every process start.
     pub files: Arc<crate::trust::files::RunFiles>,
+    /// CPU priority of the hook's processes (worker, executable).
+    pub priority: crate::priority::Priority,
+    /// The service's default priority for hook processes: the Python fork server's.
+    pub default_priority: crate::priority::Priority,
 }
 
 impl HandlerContext {
+    /// Takes `default` (the service's `--worker-nice` / `--worker-sched`) as the priority, with
+    /// the hook's own `nice:` / `sched:` over it.
+    pub fn with_default_priority(
+        mut self,
+        default: crate::priority::Priority,
+        spec: &HookSpec,
+    ) -> Self {
+        self.priority = default.overridden(spec.manifest.nice, spec.manifest.sched);
+        self.default_priority = default;
+        self
+    }
+
     /// Builds the context for `spec` under the host settings.
     pub fn new(
         spec: &HookSpec,
@@ -262,6 +278,9 @@ impl HandlerContext {
             runtime_dir,
             signals: Arc::new(Signals::default()),
             files: spec.files.clone(),
+            priority: crate::priority::Priority::default()
+                .overridden(spec.manifest.nice, spec.manifest.sched),
+            default_priority: crate::priority::Priority::default(),
         }
     }
 }

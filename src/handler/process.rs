@@ -16,9 +16,18 @@ const MAX_LOG_LINE: usize = 4096;
 const LOG_LINES_PER_SEC: u32 = 200;
 
 /// A command for `program` set up for a hook: own process group, working directory = hook
-/// directory, the hook's environment, killed when dropped.
+/// directory, the hook's environment and CPU priority, killed when dropped.
 pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
     let mut cmd = Command::new(program);
+    let priority = ctx.priority.resolved();
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (setpriority, sched_setscheduler); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            priority.apply_to_self();
+            Ok(())
+        });
+    }
     cmd.current_dir(&ctx.dir)
         .envs(&ctx.env)
         .process_group(0)

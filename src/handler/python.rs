@@ -187,10 +187,17 @@ pub fn start_mode(ctx: &HandlerContext) -> StartMode {
         .filter(|(k, _)| !k.starts_with("HERMES_HOOK"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    match zygote::needs_fresh_process(&hook_env) {
-        Some(why) => StartMode::Fresh(why),
-        None => StartMode::Forked,
+    if let Some(why) = zygote::needs_fresh_process(&hook_env) {
+        return StartMode::Fresh(why);
     }
+    if ctx.priority.above(ctx.default_priority) {
+        return StartMode::Fresh(format!(
+            "its priority ({}) is above the fork server's ({}), which a forked worker cannot raise",
+            ctx.priority.describe(),
+            ctx.default_priority.describe()
+        ));
+    }
+    StartMode::Forked
 }
 
 /// What happened to the calls of a batch after the one being waited for.
@@ -236,6 +243,10 @@ impl PythonHandler {
                     handler,
                     &self.ctx.name,
                     &self.ctx.env,
+                    zygote::Priorities {
+                        worker: self.ctx.priority.resolved(),
+                        fork_server: self.ctx.default_priority.resolved(),
+                    },
                 )
                 .await
                 {

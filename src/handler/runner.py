@@ -32,7 +32,8 @@ record's level, tagged with the hook's name and the logger's. The handler is ins
 took: a hook that configures logging itself (``basicConfig``, its own handlers) keeps its own.
 
 Zygote protocol: fd 0 is a SOCK_SEQPACKET socket to the host, one JSON message per packet.
-  host -> zygote:  {"spawn": 3, "dir": ..., "handler": ..., "name": ..., "env": {...}}
+  host -> zygote:  {"spawn": 3, "dir": ..., "handler": ..., "name": ..., "env": {...},
+                    "nice": 10, "idle": false}     the worker's CPU priority (absolute nice value)
   zygote -> host:  {"zygote": "ready", "pid": 12, "python": "3.11.7"}          once, at start
                    {"spawned": 3, "pid": 345} + fds [stdin w, stdout r, stderr r, pidfd]
                    {"spawned": 3, "error": "..."}
@@ -326,6 +327,18 @@ def run_worker(hook_dir, handler_path, hook_name):
 
 # --- the fork server ---
 
+def set_priority(nice, idle):
+    """The worker's CPU priority (never above the fork server's: the host starts a worker that
+    needs more from scratch); a failure is logged and the worker keeps the fork server's."""
+    try:
+        if isinstance(nice, int) and os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        sys.stderr.write("hermes-hooks: cannot set the worker's CPU priority: %s\n" % describe(exc))
+
+
 ZYGOTE_EXIT_GRACE = 5.0
 
 
@@ -385,6 +398,7 @@ class Zygote:
                 os.dup2(pipes[2][1], 2)
                 os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
                 sys.stdout = sys.stderr = open(2, "w", closefd=False)
+                set_priority(req.get("nice"), req.get("idle"))
                 os.environ.update(req.get("env") or {})
                 os.chdir(req["dir"])
                 sys.argv = [sys.argv[0], req["dir"], req["handler"], req["name"]]

@@ -21,6 +21,7 @@ mod lifecycle;
 mod modules;
 mod notices;
 mod openapi;
+mod priority;
 mod python;
 mod reload;
 mod service;
