@@ -12,6 +12,7 @@ pub mod exec;
 pub mod process;
 pub mod pylog;
 pub mod python;
+pub mod retire;
 pub mod webhook;
 pub mod zygote;
 

@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 
 use super::api::{BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report};
 use super::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
+use super::retire::{Retire, pidfd_open};
 use super::zygote::{self, Forked, Zygote};
 
 /// The runner, shipped inside the binary.
@@ -77,6 +78,8 @@ struct Worker {
     stderr_task: JoinHandle<()>,
     /// How the process ended, once known (the fork server reports a status only once).
     exited: Option<String>,
+    /// Tells it to start no further call once a newer version of the hook is ready.
+    _retire: Retire,
 }
 
 impl Worker {
@@ -367,6 +370,7 @@ impl PythonHandler {
                 "python worker started without its pipes".into(),
             ));
         };
+        let retire = Retire::watch(child.id().and_then(pidfd_open), self.ctx.signals.clone());
         Ok(Worker {
             proc: Proc::Fresh(child),
             stdin: Some(Box::new(stdin)),
@@ -374,6 +378,7 @@ impl PythonHandler {
             group,
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
+            _retire: retire,
         })
     }
 
@@ -387,6 +392,7 @@ impl PythonHandler {
         let stdin = pipe::Sender::from_owned_fd(f.stdin).map_err(|e| fail("stdin", e))?;
         let stdout = pipe::Receiver::from_owned_fd(f.stdout).map_err(|e| fail("stdout", e))?;
         let stderr = pipe::Receiver::from_owned_fd(f.stderr).map_err(|e| fail("stderr", e))?;
+        let retire = Retire::watch(f.pidfd.try_clone().ok(), self.ctx.signals.clone());
         // SAFETY: the pidfd is owned here and moved into the AsyncFd, which neither replaces
         // nor closes it while registered.
         let pidfd =
@@ -403,6 +409,7 @@ impl PythonHandler {
             group,
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
+            _retire: retire,
         })
     }
 
@@ -694,6 +701,10 @@ pub fn parse_answer(line: &[u8], id: u64) -> Answer {
 
 /// The outcome an answer line carries.
 fn answer_result(answer: &Value) -> HandlerResult {
+    if answer.get("skipped") == Some(&Value::Bool(true)) {
+        // A newer version took over before this call started: it goes to that version.
+        return Err(HandlerError::NotStarted);
+    }
     if answer.get("ok") == Some(&Value::Bool(true)) {
         match answer.get("result") {
             None | Some(Value::Null) => Ok(None),
@@ -784,6 +795,13 @@ impl Handler for PythonHandler {
             let calls = &calls[..];
             let mut done = 0;
             while done < calls.len() {
+                if done > 0 && self.ctx.signals.superseded() {
+                    // A newer version is ready: the rest is its.
+                    for i in done..calls.len() {
+                        report(i, Err(HandlerError::NotStarted));
+                    }
+                    return;
+                }
                 if self.worker.is_none() && done > 0 {
                     // The worker died in an earlier batch of this call: the rest waits for
                     // the restart (and its backoff) in the queue.

@@ -20,6 +20,9 @@ The host may send several requests before the first is answered (pipelining): th
 come and handled strictly one after the other; each reply is written when its call ends, so a reply
 missing means that call and every later one have not finished, and the call after an unanswered
 one has never started.
+A newer version of the hook took over (the host sends SIGUSR2): the call in progress finishes, and
+every request after it is answered {"id": 8, "ok": false, "skipped": true} without being started
+(the host gives those events to the new version).
 Only this file writes to the protocol descriptors: fd 1 and fd 0 are re-pointed at stderr and
 /dev/null, so a handler's print() (or a child process it starts) becomes a log line on stderr and can
 neither corrupt the replies nor swallow requests. Tasks and threads a handler starts keep running
@@ -64,6 +67,7 @@ READ_CHUNK = 1 << 16
 _proto_out = None  # the real stdout, for replies only
 _proto_in = None  # the real stdin's descriptor, for requests only
 _send_lock = threading.Lock()
+_retiring = False  # SIGUSR2: a newer version took over; start no further call
 _log_lock = threading.Lock()
 LOG_MARK = "\x1ehermes-log "
 #: Longest message sent per record (the host cuts longer stderr lines, which would break the JSON).
@@ -234,6 +238,21 @@ def bad_request(req_id, why):
     send({"id": req_id, "ok": False, "error": "bad request: " + why})
 
 
+def retire(signum, frame):
+    """SIGUSR2: a newer version of the hook is ready; requests not started yet go to it."""
+    global _retiring
+    _retiring = True
+
+
+def skip(line):
+    """Answers a request that will not be started here (see ``retire``)."""
+    try:
+        req_id = json.loads(line.decode("utf-8")).get("id")
+    except (ValueError, RecursionError, AttributeError):
+        req_id = None
+    send({"id": req_id, "ok": False, "skipped": True})
+
+
 async def answer(handle, hook_name, line):
     """Handle one request line and send exactly one reply."""
     try:
@@ -284,7 +303,11 @@ async def serve(hook_dir, handler_path, hook_name, reader, early):
         if lines is None:
             break
         for line in lines:
-            if line.strip():
+            if not line.strip():
+                continue
+            if _retiring:
+                skip(line)
+            else:
                 await answer(handle, hook_name, line)
     # stdin closed: give the work handlers started (and the work that work starts) a short grace.
     deadline = time.monotonic() + DRAIN_SECONDS
@@ -304,6 +327,7 @@ def run_worker(hook_dir, handler_path, hook_name):
     # The host owns our lifetime (stdin EOF, or a kill on timeout); a Ctrl-C meant for the host must
     # not kill the worker while the host is still draining its queue.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, retire)
     setup_logging()
     reader = LineReader(_proto_in)
     lines = []

@@ -15,6 +15,7 @@ mod exec;
 mod fleet;
 mod fuzz;
 mod gateway;
+mod handover;
 mod hardening;
 mod http;
 mod lifecycle;
