@@ -20,8 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
-    run_concurrently, within,
+    BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
+    run_slots, within,
 };
 use super::process::{GroupKill, command, describe_exit};
 
@@ -210,15 +210,22 @@ impl Handler for ExecHandler {
     }
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.call_fed(calls, &mut NoFeed, report).await })
+    }
+
+    fn call_fed<'a>(
+        &'a mut self,
+        calls: Vec<Call>,
+        feed: &'a mut dyn Feed,
+        report: &'a mut Report<'_>,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let calls = &calls[..];
             let this = &*self;
             // Past the timeout a call is dropped, and its process group killed with it.
-            let run = |i: usize| {
-                let call = &calls[i];
-                within(this.ctx.timeout, this.run(&call.event, &call.context))
+            let run = |call: Call| async move {
+                within(this.ctx.timeout, this.run(&call.event, &call.context)).await
             };
-            run_concurrently(calls.len(), this.ctx.concurrency, run, report).await;
+            run_slots(calls, this.ctx.concurrency, feed, run, report).await;
         })
     }
 }

@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
-    run_concurrently, within,
+    BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
+    run_slots, within,
 };
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
@@ -525,15 +525,22 @@ impl Handler for WebhookHandler {
     }
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.call_fed(calls, &mut NoFeed, report).await })
+    }
+
+    fn call_fed<'a>(
+        &'a mut self,
+        calls: Vec<Call>,
+        feed: &'a mut dyn Feed,
+        report: &'a mut Report<'_>,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let calls = &calls[..];
             let this = &*self;
             // Past the hook's timeout a request is dropped (cancelled).
-            let run = |i: usize| {
-                let call = &calls[i];
-                within(this.timeout, this.deliver(&call.event, &call.context))
+            let run = |call: Call| async move {
+                within(this.timeout, this.deliver(&call.event, &call.context)).await
             };
-            run_concurrently(calls.len(), this.concurrency, run, report).await;
+            run_slots(calls, this.concurrency, feed, run, report).await;
         })
     }
 }

@@ -60,3 +60,64 @@ async fn a_reloaded_python_hook_takes_over_after_the_call_in_progress() {
     assert_eq!(info.counters.failed, 0, "{info:?}");
     host.shutdown(T).await;
 }
+
+#[tokio::test]
+async fn concurrency_slots_are_independent_one_slow_call_idles_no_other_slot() {
+    let hooks = Hooks::new();
+    let out = hooks.out().join("spans.txt");
+    // Event 0 takes 3 s, every other event 0.2 s; each logs `n start_ns end_ns`.
+    let script = format!(
+        "#!/bin/sh\nn=$(sed 's/.*\"n\": *\\([0-9]*\\).*/\\1/')\nstart=$(date +%s%N)\nif [ \"$n\" = 0 ]; then sleep 3; else sleep 0.2; fi\nend=$(date +%s%N)\necho \"$n $start $end\" >> {out:?}\n",
+        out = out.display().to_string()
+    );
+    let dir = hooks.add(
+        "slots",
+        &[
+            ("HOOK.yaml", "events: ['command:*']\nconcurrency: 4\n"),
+            ("handler", &script),
+        ],
+    );
+    crate::util::set_mode(&dir.join("handler"), 0o755);
+    let (host, report) = Host::start(config(&hooks)).await;
+    assert_eq!(report.loaded, vec!["slots".to_string()], "{report:?}");
+    let n = 12u64;
+    for i in 0..n {
+        assert_eq!(host.emit("command:x", json!({"n": i})).unwrap(), 1);
+    }
+    poll_async(T, "every event to finish", || {
+        let c = host.hook("slots").unwrap().counters;
+        (c.ok + c.failed == n).then_some(())
+    })
+    .await;
+    assert_eq!(host.hook("slots").unwrap().counters.failed, 0);
+    let spans: Vec<(u64, u128, u128)> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    let at = |k: u64| spans.iter().find(|s| s.0 == k).unwrap();
+    let slow = at(0);
+    // Events 1-11 share the three free slots while event 0 runs: all of them start before it
+    // ends (with batches of 4 they waited for it: events 4-11 started after 3 s).
+    for k in 1..n {
+        assert!(
+            at(k).1 < slow.2,
+            "event {k} started {} ms after event 0 ended; spans {spans:?}",
+            (at(k).1 as i128 - slow.2 as i128) / 1_000_000
+        );
+    }
+    let most = spans
+        .iter()
+        .map(|&(_, s, _)| spans.iter().filter(|&&(_, a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap_or(0);
+    assert!(most <= 4, "never more than 4 at once: {spans:?}");
+    host.shutdown(T).await;
+}
