@@ -138,17 +138,24 @@ class LineReader:
         return lines
 
 
+#: One encoder for every reply (json.dumps with options builds a new encoder per call).
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def send(obj, check=False):
     """Write one protocol line; if the host is gone there is nobody left to serve. With ``check``,
     an object that is not JSON raises (TypeError, ValueError) before anything is written."""
     if check:
-        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        data = _encode(obj)
     else:
         try:
-            data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            data = _encode(obj)
         except (TypeError, ValueError, RecursionError) as exc:
             data = json.dumps({"id": obj.get("id"), "ok": False, "error": describe(exc)})
-    line = data.encode("utf-8", "replace") + b"\n"  # "replace": a lone surrogate must not break UTF-8
+    write_line(data.encode("utf-8", "replace") + b"\n")  # "replace": a lone surrogate must not break UTF-8
+
+
+def write_line(line):
     with _send_lock:
         try:
             _proto_out.write(line)
@@ -253,10 +260,11 @@ def skip(line):
     send({"id": req_id, "ok": False, "skipped": True})
 
 
-async def answer(handle, hook_name, line):
-    """Handle one request line and send exactly one reply."""
+def answer(handle, hook_name, line):
+    """Handle one request line: sends exactly one reply, now or, when ``handle`` returned an
+    awaitable, from the coroutine returned (the caller awaits it before the next request)."""
     try:
-        req = json.loads(line.decode("utf-8"))
+        req = json.loads(line)  # bytes: UTF-8 (an invalid sequence is a ValueError too)
     except (ValueError, RecursionError) as exc:  # ValueError includes UnicodeDecodeError
         return bad_request(None, "invalid JSON: %s" % exc)
     req_id = req.get("id") if isinstance(req, dict) else None
@@ -270,14 +278,34 @@ async def answer(handle, hook_name, line):
         context = {}
     try:
         result = handle(event, context)
-        if inspect.isawaitable(result):
-            result = await result
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # includes SystemExit and CancelledError: reported, never fatal
-        log_exception("hermes-hooks: hook %r failed on event %r (request %s):" % (hook_name, event, req_id), exc)
-        send({"id": req_id, "ok": False, "error": describe(exc)})
-        return
+    except BaseException as exc:  # includes SystemExit: reported, never fatal
+        return failed(hook_name, event, req_id, exc)
+    if result is None and type(req_id) is int:
+        # The common answer, without an encoder.
+        return write_line(b'{"id":%d,"ok":true,"result":null}\n' % req_id)
+    if inspect.isawaitable(result):
+        return finish(hook_name, event, req_id, result)
+    return reply(req_id, result)
+
+
+async def finish(hook_name, event, req_id, awaitable):
+    try:
+        result = await awaitable
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # includes CancelledError: reported, never fatal
+        return failed(hook_name, event, req_id, exc)
+    reply(req_id, result)
+
+
+def failed(hook_name, event, req_id, exc):
+    log_exception("hermes-hooks: hook %r failed on event %r (request %s):" % (hook_name, event, req_id), exc)
+    send({"id": req_id, "ok": False, "error": describe(exc)})
+
+
+def reply(req_id, result):
     try:
         send({"id": req_id, "ok": True, "result": result}, check=True)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -307,8 +335,10 @@ async def serve(hook_dir, handler_path, hook_name, reader, early):
                 continue
             if _retiring:
                 skip(line)
-            else:
-                await answer(handle, hook_name, line)
+                continue
+            pending = answer(handle, hook_name, line)
+            if pending is not None:
+                await pending
     # stdin closed: give the work handlers started (and the work that work starts) a short grace.
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
