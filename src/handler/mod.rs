@@ -8,6 +8,7 @@ use crate::discovery::{HandlerKind, HookSpec};
 
 mod api;
 pub mod dylib;
+pub mod encoded;
 pub mod exec;
 pub mod process;
 pub mod pylog;
