@@ -148,7 +148,9 @@ class _Hook:
         self._wake = threading.Lock()
         self._wake.acquire()
         self._thread = None  # type: Optional[threading.Thread]
-        self._idle = False  # the thread waits for work (only then does submit wake it)
+        # The thread waits for work (only then does submit wake it); True before it exists, so
+        # the first submit starts it.
+        self._idle = True
 
     # -- sync handlers: the hook's own thread, its events in order
 
@@ -160,13 +162,14 @@ class _Hook:
         queue.append((event, context, loop, done))
         if self._idle:
             self._wake_up()
-        elif self._thread is None:
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name="hermes-hook-" + self.name)
-            self._thread.start()
 
     def _wake_up(self) -> None:
         self._idle = False  # one wake per idle period; a busy thread needs none
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="hermes-hook-" + self.name)
+            self._thread.start()
+            return
         try:
             self._wake.release()
         except RuntimeError:  # already released: the thread wakes anyway
@@ -430,10 +433,17 @@ class InGatewayHooks:
         except RuntimeError:
             loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
             running_here = False
+        item = (event, context, loop, None)
         for hook in hooks:
             try:
                 if not hook.is_async:
-                    hook.submit(event, context, loop)
+                    # hook.submit(event, context, loop), inline: one shared item, no call.
+                    queue = hook._queue
+                    if len(queue) >= hook.capacity:
+                        hook._drop_oldest()
+                    queue.append(item)
+                    if hook._idle:
+                        hook._wake_up()
                 elif running_here:
                     task = loop.create_task(hook.call_async(event, context))
                     self._tasks.add(task)
