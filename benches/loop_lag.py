@@ -450,10 +450,10 @@ def report(args: argparse.Namespace, table: list, results: dict, load_before: tu
                     cells.append("%.2fx" % value)
                 else:
                     ok = value <= goal
-                    cells.append("%s%.2fx%s [≤ %.2gx]" % ("" if ok else "**", value,
+                    cells.append("%s%.2fx%s [≤ %gx]" % ("" if ok else "**", value,
                                                           "" if ok else "**", goal))
                     if not ok:
-                        misses.append("%s at %d ev/s: %.2fx > %.2gx" % (row["case"], rate,
+                        misses.append("%s at %d ev/s: %.2fx > %gx" % (row["case"], rate,
                                                                          value, goal))
             emit = row["emit_us_p50"]
             emit_cell = num(emit, 1)
