@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::api::{
     BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
-    run_slots, within,
+    call_each,
 };
 use super::process::{GroupKill, command, describe_exit};
 
@@ -222,10 +222,15 @@ impl Handler for ExecHandler {
         Box::pin(async move {
             let this = &*self;
             // Past the timeout a call is dropped, and its process group killed with it.
-            let run = |call: Call| async move {
-                within(this.ctx.timeout, this.run(&call.event, &call.context)).await
-            };
-            run_slots(calls, this.ctx.concurrency, feed, run, report).await;
+            call_each(
+                calls,
+                feed,
+                this.ctx.timeout,
+                this.ctx.concurrency,
+                report,
+                |call| async move { this.run(&call.event, &call.context).await },
+            )
+            .await;
         })
     }
 }

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use super::api::{
     BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
-    run_slots, within,
+    call_each,
 };
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
@@ -537,10 +537,15 @@ impl Handler for WebhookHandler {
         Box::pin(async move {
             let this = &*self;
             // Past the hook's timeout a request is dropped (cancelled).
-            let run = |call: Call| async move {
-                within(this.timeout, this.deliver(&call.event, &call.context)).await
-            };
-            run_slots(calls, this.concurrency, feed, run, report).await;
+            call_each(
+                calls,
+                feed,
+                this.timeout,
+                this.concurrency,
+                report,
+                |call| async move { this.deliver(&call.event, &call.context).await },
+            )
+            .await;
         })
     }
 }

@@ -32,19 +32,26 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::task::JoinHandle;
 
-use super::api::{BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report};
-use super::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
-use super::retire::{Retire, pidfd_open};
-use super::zygote::{self, Forked, Zygote};
+use self::zygote::{Forked, Zygote};
+use crate::handler::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
+};
+use crate::handler::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
+use crate::handler::retire::{Retire, pidfd_open};
+
+mod protocol;
+pub mod pylog;
+pub mod zygote;
+
+use protocol::answer_result;
+pub use protocol::{
+    Answer, PIPELINE_BYTES, PIPELINE_DEPTH, encode_requests, parse_answer, parse_handshake,
+};
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
 /// Largest response line accepted from a worker.
 const MAX_RESPONSE: usize = 16 * 1024 * 1024;
-/// Most calls written to a worker before their answers are read.
-pub const PIPELINE_DEPTH: usize = 64;
-/// Most bytes of requests written at once (at least one request always goes).
-pub const PIPELINE_BYTES: usize = 1024 * 1024;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time a worker gets to import its module, at least.
@@ -458,38 +465,11 @@ impl PythonHandler {
         }
     }
 
-    /// Encodes as many of `calls` as fit in one pipelined write (at least one).
+    /// Encodes as many of `calls` as fit in one pipelined write (at least one), numbering them
+    /// after the last id sent.
     fn encode(&mut self, calls: &[Call]) -> Result<(Vec<u8>, usize, u64), HandlerError> {
         let first_id = self.next_id + 1;
-        let mut buf = Vec::new();
-        let mut n = 0;
-        for call in calls.iter().take(PIPELINE_DEPTH) {
-            if n > 0 && buf.len() >= PIPELINE_BYTES {
-                break;
-            }
-            let id = first_id + n as u64;
-            // `{"id":N,"event":"...","context":{...}}`: the context's encoding is shared with
-            // the other hooks of the event.
-            let context = match super::encoded::context_json(&call.context) {
-                Ok(c) => c,
-                Err(e) if n == 0 => {
-                    return Err(HandlerError::Failed(format!(
-                        "cannot encode the event: {e}"
-                    )));
-                }
-                Err(_) => break,
-            };
-            {
-                use std::io::Write;
-                let _ = write!(buf, "{{\"id\":{id},\"event\":");
-            }
-            // A `str` always encodes.
-            let _ = serde_json::to_writer(&mut buf, &*call.event);
-            buf.extend_from_slice(b",\"context\":");
-            buf.extend_from_slice(&context);
-            buf.extend_from_slice(b"}\n");
-            n += 1;
-        }
+        let (buf, n) = encode_requests(calls, first_id)?;
         self.next_id += n as u64;
         Ok((buf, n, first_id))
     }
@@ -683,95 +663,8 @@ impl PythonHandler {
     }
 }
 
-/// What one line from a worker means for the request with id `id`.
-#[derive(Debug, PartialEq)]
-pub enum Answer {
-    /// Not a JSON value: the worker broke the protocol (it is restarted).
-    Broken,
-    /// An answer to an earlier, abandoned request.
-    Stale,
-    /// An answer to a later request, or one without an id: the worker broke the order.
-    OutOfOrder,
-    /// The request's outcome.
-    Outcome(HandlerResult),
-}
-
-/// Reads one protocol line a worker sent in answer to request `id` (a pure function, so the
-/// protocol can be fuzzed).
-pub fn parse_answer(line: &[u8], id: u64) -> Answer {
-    if let Some(got) = null_answer_id(line) {
-        return match got {
-            got if got == id => Answer::Outcome(Ok(None)),
-            got if got < id => Answer::Stale,
-            _ => Answer::OutOfOrder,
-        };
-    }
-    let Ok(answer) = serde_json::from_slice::<Value>(line) else {
-        return Answer::Broken;
-    };
-    match answer.get("id").and_then(Value::as_u64) {
-        Some(got) if got == id => Answer::Outcome(answer_result(&answer)),
-        Some(got) if got < id => Answer::Stale,
-        _ => Answer::OutOfOrder,
-    }
-}
-
-/// The id of the runner's most common answer, `{"id":N,"ok":true,"result":null}` exactly as it
-/// writes it, read without a JSON parse; `None` for any other line.
-fn null_answer_id(line: &[u8]) -> Option<u64> {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let digits = line
-        .strip_prefix(b"{\"id\":")?
-        .strip_suffix(b",\"ok\":true,\"result\":null}")?;
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
-}
-
-/// The outcome an answer line carries.
-fn answer_result(answer: &Value) -> HandlerResult {
-    if answer.get("skipped") == Some(&Value::Bool(true)) {
-        // A newer version took over before this call started: it goes to that version.
-        return Err(HandlerError::NotStarted);
-    }
-    if answer.get("ok") == Some(&Value::Bool(true)) {
-        match answer.get("result") {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => Ok(Some(v.clone())),
-        }
-    } else {
-        let msg = answer
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|m| !m.is_empty())
-            .unwrap_or("handler failed without a message");
-        Err(HandlerError::Failed(msg.to_string()))
-    }
-}
-
-/// Reads a worker's handshake line: ready, or why it refused to start (a pure function, so the
-/// protocol can be fuzzed).
-pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
-    let answer: Value = serde_json::from_slice(line)
-        .map_err(|e| HandlerError::Load(format!("python worker sent an invalid handshake: {e}")))?;
-    if answer.get("ready") == Some(&Value::Bool(true)) {
-        return Ok(());
-    }
-    Err(HandlerError::Load(
-        answer
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|m| !m.is_empty())
-            .unwrap_or("python worker refused to start")
-            .to_string(),
-    ))
-}
-
 /// Environment variable that turns pipelining off (`0`, `off`, `false`, `no`): one request at a
-/// time, as before issue 12 (kept for comparisons and as an escape hatch).
+/// time, as before pipelining existed (kept for comparisons and as an escape hatch).
 pub const PIPELINE_ENV: &str = "HERMES_HOOKS_PIPELINE";
 
 fn pipelining_enabled() -> bool {
@@ -859,32 +752,5 @@ impl Handler for PythonHandler {
                 w.kill().await;
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_common_answer_is_read_without_a_parse_and_means_the_same() {
-        let line = b"{\"id\":42,\"ok\":true,\"result\":null}\n";
-        assert_eq!(null_answer_id(line), Some(42));
-        assert_eq!(parse_answer(line, 42), Answer::Outcome(Ok(None)));
-        assert_eq!(parse_answer(line, 43), Answer::Stale);
-        assert_eq!(parse_answer(line, 41), Answer::OutOfOrder);
-        for other in [
-            &b"{\"id\":42,\"ok\":true,\"result\":1}"[..],
-            b"{\"id\":,\"ok\":true,\"result\":null}",
-            b"{\"id\":-1,\"ok\":true,\"result\":null}",
-            b"{\"id\": 42,\"ok\":true,\"result\":null}",
-        ] {
-            assert_eq!(
-                null_answer_id(other),
-                None,
-                "{}",
-                String::from_utf8_lossy(other)
-            );
-        }
     }
 }
