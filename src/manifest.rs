@@ -324,14 +324,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             });
         }
     }
-    let nice = raw
-        .nice
-        .map(crate::priority::check_nice)
-        .transpose()
-        .map_err(|reason| ManifestError::BadField {
-            field: "nice",
-            reason,
-        })?;
+    let nice = check_nice(raw.nice)?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -404,6 +397,16 @@ fn env_of(
         env.insert(k, value);
     }
     Ok(env)
+}
+
+/// `nice:`, when given: an increment in -20..=19.
+fn check_nice(nice: Option<i64>) -> Result<Option<i32>, ManifestError> {
+    nice.map(crate::priority::check_nice)
+        .transpose()
+        .map_err(|reason| ManifestError::BadField {
+            field: "nice",
+            reason,
+        })
 }
 
 /// A hook name must be usable in URLs, log lines and Python module names.

@@ -166,10 +166,11 @@ class _Hook:
     def _wake_up(self) -> None:
         self._idle = False  # one wake per idle period; a busy thread needs none
         if self._thread is None:
+            # The new thread first waits for the release below: it takes its first event only
+            # after this (the loop's) thread goes on, as a thread that was idle would.
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name="hermes-hook-" + self.name)
             self._thread.start()
-            return
         try:
             self._wake.release()
         except RuntimeError:  # already released: the thread wakes anyway
@@ -194,6 +195,7 @@ class _Hook:
         queue = self._queue
         clock = time.monotonic
         handle = self.handle
+        self._wake.acquire()  # released by _wake_up once start() returned
         while True:
             if not queue:
                 self._idle = True
