@@ -246,9 +246,9 @@ pub struct ServeArgs {
     /// gateway. A hook's `nice:` in HOOK.yaml overrides it.
     #[arg(long, value_name = "N", env = crate::priority::NICE_ENV, default_value_t = crate::priority::DEFAULT_NICE, value_parser = crate::priority::parse_nice, allow_negative_numbers = true)]
     pub worker_nice: i32,
-    /// Scheduling policy of those processes: `idle` (SCHED_IDLE) runs hook work only on CPU
-    /// time nothing else wants. A hook's `sched:` overrides it.
-    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, default_value_t = crate::priority::Sched::Normal)]
+    /// normal, or idle: SCHED_IDLE for those processes (hook work only on CPU time nothing else
+    /// wants). A hook's `sched:` overrides it.
+    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, default_value_t = crate::priority::Sched::Normal, hide_possible_values = true)]
     pub worker_sched: crate::priority::Sched,
     /// Fleet mode (`--fleet nats://...`): publish to JetStream (serve) or take from it (worker).
     #[cfg(feature = "fleet")]
