@@ -330,35 +330,17 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: "a hook has either `handler:` or `url:`, not both".into(),
         });
     }
-    let retries = raw.retries.unwrap_or(DEFAULT_RETRIES as i64);
-    if !(0..=MAX_RETRIES as i64).contains(&retries) {
-        return Err(ManifestError::BadField {
-            field: "retries",
-            reason: format!("{retries} is out of range 0..={MAX_RETRIES}"),
-        });
-    }
-    let concurrency = raw.concurrency.unwrap_or(1);
-    if !(1..=MAX_CONCURRENCY as i64).contains(&concurrency) {
-        return Err(ManifestError::BadField {
-            field: "concurrency",
-            reason: format!("{concurrency} is out of range 1..={MAX_CONCURRENCY}"),
-        });
-    }
-    if let Some(c) = &raw.ca_file {
-        if raw.url.is_none() {
-            return Err(ManifestError::BadField {
-                field: "ca_file",
-                reason: "only a webhook (`url:`) has a certificate authority file".into(),
-            });
-        }
-        if c.trim().is_empty() {
-            return Err(ManifestError::BadField {
-                field: "ca_file",
-                reason: "is empty".into(),
-            });
-        }
-    }
-    let nice = check_nice(raw.nice)?;
+    let retries = in_range(
+        "retries",
+        raw.retries.unwrap_or(DEFAULT_RETRIES as i64),
+        0..=MAX_RETRIES as i64,
+    )?;
+    let concurrency = in_range(
+        "concurrency",
+        raw.concurrency.unwrap_or(1),
+        1..=MAX_CONCURRENCY as i64,
+    )?;
+    check_ca_file(raw.ca_file.as_deref(), raw.url.is_some())?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -378,7 +360,11 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,
-        nice,
+        nice: raw
+            .nice
+            .map(|n| in_range("nice", n, -20..=19))
+            .transpose()?
+            .map(|n| n as i32),
         sched: raw.sched,
         warnings,
         notes,
@@ -444,14 +430,43 @@ fn env_of(
     Ok(env)
 }
 
-/// `nice:`, when given: an increment in -20..=19.
-fn check_nice(nice: Option<i64>) -> Result<Option<i32>, ManifestError> {
-    nice.map(crate::priority::check_nice)
-        .transpose()
-        .map_err(|reason| ManifestError::BadField {
-            field: "nice",
-            reason,
-        })
+/// `ca_file:` belongs to a webhook and names a file.
+fn check_ca_file(ca_file: Option<&str>, webhook: bool) -> Result<(), ManifestError> {
+    let Some(c) = ca_file else {
+        return Ok(());
+    };
+    if !webhook {
+        return Err(ManifestError::BadField {
+            field: "ca_file",
+            reason: "only a webhook (`url:`) has a certificate authority file".into(),
+        });
+    }
+    if c.trim().is_empty() {
+        return Err(ManifestError::BadField {
+            field: "ca_file",
+            reason: "is empty".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `value` of `field` when it lies in `range`.
+fn in_range(
+    field: &'static str,
+    value: i64,
+    range: std::ops::RangeInclusive<i64>,
+) -> Result<i64, ManifestError> {
+    if range.contains(&value) {
+        return Ok(value);
+    }
+    Err(ManifestError::BadField {
+        field,
+        reason: format!(
+            "{value} is out of range {}..={}",
+            range.start(),
+            range.end()
+        ),
+    })
 }
 
 /// A hook name must be usable in URLs, log lines and Python module names.
