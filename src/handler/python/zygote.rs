@@ -140,10 +140,13 @@ pub struct Priorities {
 }
 
 /// Forks a worker for one hook from the zygote of `python` (started, or restarted, on demand).
+// Every argument is one field of the fork request (see runner.py's zygote protocol).
+#[allow(clippy::too_many_arguments)]
 pub async fn fork_worker(
     python: &str,
     runner: &Path,
     dir: &Path,
+    cwd: &Path,
     handler: &Path,
     name: &str,
     env: &std::collections::BTreeMap<String, String>,
@@ -160,6 +163,7 @@ pub async fn fork_worker(
     let request = json!({
         "spawn": id,
         "dir": dir,
+        "cwd": cwd,
         "handler": handler,
         "name": name,
         "env": env,
