@@ -21,6 +21,7 @@ mod handover;
 mod hardening;
 mod http;
 mod lifecycle;
+mod loss;
 mod modules;
 mod notices;
 mod openapi;
