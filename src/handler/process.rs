@@ -16,28 +16,34 @@ const MAX_LOG_LINE: usize = 4096;
 const LOG_LINES_PER_SEC: u32 = 200;
 
 /// A command for `program` set up for a hook: own process group, the hook's working directory
-/// ([`HandlerContext::cwd`]) and environment ([`HandlerContext::process_env`]), killed when
-/// dropped, and (Linux) killed when the service dies (a fleet worker SIGKILLed mid-event must not
-/// leave its handler running while the broker gives the event to another worker).
+/// ([`HandlerContext::cwd`]), environment ([`HandlerContext::process_env`]) and CPU priority,
+/// killed when dropped, and (Linux) killed when the service dies (a fleet worker SIGKILLed
+/// mid-event must not leave its handler running while the broker gives the event to another
+/// worker).
 pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
     let mut cmd = Command::new(program);
-    #[cfg(target_os = "linux")]
-    {
-        let parent = std::process::id();
-        // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
-        // PR_SET_PDEATHSIG follows the spawning thread: commands are spawned from the runtime's
-        // worker threads, which live as long as the service.
-        unsafe {
-            cmd.pre_exec(move || {
+    let priority = ctx.priority.resolved();
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (setpriority, sched_setscheduler, prctl, getppid); it
+    // allocates nothing. PR_SET_PDEATHSIG follows the spawning thread: commands are spawned from
+    // the runtime's worker threads, which live as long as the service.
+    unsafe {
+        cmd.pre_exec(move || {
+            priority.apply_to_self();
+            #[cfg(target_os = "linux")]
+            {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 if libc::getppid() as u32 != parent {
                     return Err(std::io::Error::other("the service exited"));
                 }
-                Ok(())
-            });
-        }
+            }
+            #[cfg(not(target_os = "linux"))]
+            let _ = parent;
+            Ok(())
+        });
     }
     cmd.current_dir(&ctx.cwd)
         .envs(ctx.process_env())
