@@ -4,14 +4,15 @@
 //!   (a handler stays inside its hook directory) are [`crate::layout`]'s, shared with discovery.
 //! - [`approvals`]: the approvals file `$HERMES_HOME/hooks-trust.json` and what its hashes cover.
 //! - [`edit`]: the `enabled:` line editor for HOOK.yaml.
+//! - [`modes`]: the ownership and mode rule for one path.
 //! - [`files`]: the files of a hook that can run (hashed) and the permissions of its whole tree.
 //! - [`prestart`]: the check before every process start (the tree is still the one loaded).
 //! - [`error`]: what trust refused or could not do.
 //!
 //! Hooks run with the service user's rights, so discovery refuses:
 //! - a hook directory, HOOK.yaml, handler file, or any file or directory under the hook
-//!   directory (helper modules, packages), or a `python:` interpreter, writable by group or
-//!   others, or owned by a user other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
+//!   directory (helper modules, packages), or a `python:` interpreter, writable by others or
+//!   by a group other than the owner's private group ([`modes`]: OpenSSH's user-group-modes), or owned by a user other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
 //!   turns this off);
 //! - a handler that resolves outside its hook directory (`..`, absolute path, symlink escape);
 //! - with `--trust explicit`, any hook not approved in `$HERMES_HOME/hooks-trust.json`, or whose
@@ -39,6 +40,7 @@ pub mod approvals;
 pub mod edit;
 pub mod error;
 pub mod files;
+pub mod modes;
 pub mod policy;
 pub mod prestart;
 

@@ -133,6 +133,7 @@ pub async fn fork_worker(
     python: &str,
     runner: &Path,
     dir: &Path,
+    cwd: &Path,
     handler: &Path,
     name: &str,
     env: &std::collections::BTreeMap<String, String>,
@@ -148,6 +149,7 @@ pub async fn fork_worker(
     let request = json!({
         "spawn": id,
         "dir": dir,
+        "cwd": cwd,
         "handler": handler,
         "name": name,
         "env": env,
