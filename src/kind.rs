@@ -67,6 +67,9 @@ pub(crate) struct KindSpec {
     pub serial: bool,
     /// What an approval covers.
     pub approval: ApprovalInput,
+    /// Takes the `.env` files' variables once, when its long-lived worker starts (so a changed
+    /// file is a changed hook); the other kinds read them at each process start.
+    pub env_at_start: bool,
 }
 
 /// The kinds, in the order their default handler files are tried.
@@ -86,6 +89,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         python: true,
         serial: true,
         approval: ApprovalInput::HandlerFile,
+        env_at_start: true,
     },
     KindSpec {
         kind: HandlerKind::Exec,
@@ -108,6 +112,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         python: false,
         serial: false,
         approval: ApprovalInput::HandlerFile,
+        env_at_start: false,
     },
     KindSpec {
         kind: HandlerKind::Dylib,
@@ -134,6 +139,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         python: false,
         serial: true,
         approval: ApprovalInput::HandlerFile,
+        env_at_start: false,
     },
     KindSpec {
         kind: HandlerKind::Webhook,
@@ -147,6 +153,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         python: false,
         serial: false,
         approval: ApprovalInput::Endpoint,
+        env_at_start: false,
     },
 ];
 
