@@ -45,6 +45,7 @@ fn fixture(matching: usize, total: usize) -> Fixture {
         runtime_dir: dir.path().join("cache"),
         trust: Default::default(),
         gateway_hooks_only: false,
+        worker_priority: Default::default(),
     };
     let (host, report) = rt.block_on(Host::start(config));
     assert_eq!(report.loaded.len(), total, "{:?}", report.skipped);

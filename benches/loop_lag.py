@@ -230,6 +230,44 @@ def write_service_hooks(root: str, runs: str = "service") -> None:
             f.write(TRIVIAL_SYNC)
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one process's own threads, 0 if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def descendants(pid: int) -> list:
+    """Every live process below ``pid`` (the fork server and its workers, executables)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def cpu_split(pid: int) -> tuple:
+    """(the service's own threads, its hook processes) in CPU seconds so far."""
+    return proc_cpu(pid), sum(proc_cpu(p) for p in descendants(pid))
+
+
 def ready(sock_path: str) -> bool:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -249,13 +287,22 @@ def child(args: argparse.Namespace, case: str, burst: int, interval_ms: float,
             "--client", args.client]
     if args.rt:
         argv.append("--rt")
+    before = cpu_split(pid)
     try:
         res = subprocess.run(argv, capture_output=True, timeout=args.seconds + 120)
     finally:
         os.kill(pid, signal.SIGCONT)  # never leave the service frozen
+    after = cpu_split(pid)
     if res.returncode != 0:
         raise SystemExit("case %s failed:\n%s" % (case, res.stderr.decode(errors="replace")))
-    return json.loads(res.stdout)
+    out = json.loads(res.stdout)
+    sent = out.get("sent") or 0
+    if case == "client" and sent:
+        # CPU the service spent per event sent during this case (warm-up and flush included):
+        # its own threads, and its hook processes (10 workers: per event, all hooks together).
+        out["service_us_per_event"] = round((after[0] - before[0]) * 1e6 / sent, 2)
+        out["workers_us_per_event"] = round((after[1] - before[1]) * 1e6 / sent, 2)
+    return out
 
 
 def start_service(args: argparse.Namespace, tmp: str, runs: str) -> tuple:
@@ -267,7 +314,8 @@ def start_service(args: argparse.Namespace, tmp: str, runs: str) -> tuple:
     sock = os.path.join(home, "hooks.sock")
     log = open(os.path.join(home, "service.log"), "wb")
     service = subprocess.Popen([args.bin, "serve", "--drain-timeout", "0", "--hooks-dir", hooks,
-                                "--socket", sock], env=dict(os.environ, HERMES_HOME=home),
+                                "--socket", sock] + args.serve_arg,
+                               env=dict(os.environ, HERMES_HOME=home),
                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     return service, sock, log
 
@@ -286,6 +334,7 @@ def stop_service(service: subprocess.Popen, log) -> None:
 def driver(args: argparse.Namespace) -> None:
     if not args.bin:
         raise SystemExit("--bin PATH (the hermes-hooks binary) is needed")
+    load_before = os.getloadavg()
     tmp = tempfile.mkdtemp(prefix="loop-lag-")
     service, sock, log = start_service(args, tmp, "service")
     gw_service, gw_sock, gw_log = start_service(args, tmp, "gateway")
@@ -302,6 +351,9 @@ def driver(args: argparse.Namespace) -> None:
             ("frozen", "clients/python, service frozen", args.burst, fast),
             ("thaw", "clients/python, backlog after a freeze", args.burst, fast),
             ("ingateway", "clients/python, 10 hooks with runs: gateway", args.burst, fast)]
+    if args.cases:
+        wanted = set(args.cases.split(","))
+        plan = [p for p in plan if p[0] in wanted or p[0] in ("none", "original")]
     results = {i: [] for i in range(len(plan))}
     try:
         deadline = time.monotonic() + 60
@@ -322,7 +374,7 @@ def driver(args: argparse.Namespace) -> None:
         shutil.rmtree(tmp, True)
 
     keys = ["emit_us_p50", "emit_us_p99", "emit_us_max", "lag_ms_p50", "lag_ms_p99", "lag_ms_p999",
-            "lag_ms_max", "lag_over_1ms_per_10k"]
+            "lag_ms_max", "lag_over_1ms_per_10k", "service_us_per_event", "workers_us_per_event"]
     table = []
     for i, (case, label, burst, interval) in enumerate(plan):
         runs = results[i]
@@ -336,42 +388,87 @@ def driver(args: argparse.Namespace) -> None:
         if case != "none" and case != "original":
             row["dropped"] = [r.get("dropped") for r in runs]
         table.append(row)
-
-    def fmt(v: object, width: int, digits: int) -> str:
-        if isinstance(v, (int, float)):
-            return "%*.*f" % (width, digits, v)
-        return "%*s" % (width, "-")
-
-    rt = all(r.get("rt") for runs in results.values() for r in runs)
-    print("loop lag of the gateway's asyncio loop, %s events in bursts of %d; Python %s, %d CPUs%s;"
-          " median of %d rounds x %.0f s (worst round's max in brackets)"
-          % (EVENT, args.burst, platform.python_version(), os.cpu_count() or 0,
-             ", gateway under SCHED_FIFO" if rt else "", args.rounds, args.seconds))
-    print("%-40s %6s | %20s | %7s %7s %8s %16s %9s" % (
-        "", "ev/s", "emit p50/p99/max us", "lag p50", "lag p99", "p99.9", "lag max ms", ">1ms/10k"))
-    for row in table:
-        emit = "-" if row["emit_us_p50"] is None else "%s/%s/%s" % (
-            fmt(row["emit_us_p50"], 0, 1), fmt(row["emit_us_p99"], 0, 1),
-            fmt(row["emit_us_max"], 0, 0))
-        print("%-40s %6d | %20s | %7.3f %7.3f %8.3f %7.2f [%6.2f] %9.1f" % (
-            row["label"], row["events_per_s"], emit, row["lag_ms_p50"], row["lag_ms_p99"],
-            row["lag_ms_p999"], row["lag_ms_max"], row["lag_ms_max_worst"],
-            row["lag_over_1ms_per_10k"]))
-    print()
-    print("ratios, original / client (above 1: the client disturbs the loop less; the monitor "
-          "alone shows the machine's own stalls, which every max includes)")
-    for rate in sorted({r["events_per_s"] for r in table if r["case"] == "original"}):
-        orig = next(r for r in table if r["case"] == "original" and r["events_per_s"] == rate)
-        for case in ("client", "frozen", "thaw", "ingateway"):
-            row = next(r for r in table if r["case"] == case and r["events_per_s"] == rate)
-            print("  %-6s %6d ev/s: lag p99 %.2fx, p99.9 %.2fx, max %.2fx (worst rounds %.2fx), "
-                  "emit p99 %.2fx" % (case, rate, orig["lag_ms_p99"] / row["lag_ms_p99"],
-                                      orig["lag_ms_p999"] / row["lag_ms_p999"],
-                                      orig["lag_ms_max"] / row["lag_ms_max"],
-                                      orig["lag_ms_max_worst"] / row["lag_ms_max_worst"],
-                                      orig["emit_us_p99"] / row["emit_us_p99"]))
+    report(args, table, results, load_before, os.getloadavg())
     if args.json:
         print(json.dumps({"table": table, "raw": results}))
+
+
+#: Goals of issue 22, as ratios case / original host at the same rate (lag p99, lag max).
+GOALS = {"client": (1.0, 1.5), "ingateway": (1.25, None)}
+#: Goal for the client's emit p50, microseconds.
+EMIT_P50_GOAL_US = 2.0
+
+
+def report(args: argparse.Namespace, table: list, results: dict, load_before: tuple,
+           load_after: tuple) -> None:
+    """Prints the figures as the Markdown tables BENCHMARKS.md holds, then the ratios to the
+    original host (below 1: less lag than the original) against the goals."""
+    rt = all(r.get("rt") for runs in results.values() for r in runs)
+
+    def num(v: object, digits: int) -> str:
+        return "-" if v is None else "%.*f" % (digits, v)
+
+    print("loop lag of the gateway's asyncio loop, %s events in bursts of %d; Python %s, %d CPUs, "
+          "gateway %s; median of %d rounds x %.0f s (cases alternate within each round; worst "
+          "round's max in brackets); load average %.1f before, %.1f after"
+          % (EVENT, args.burst, platform.python_version(), os.cpu_count() or 0,
+             "under SCHED_FIFO (--rt)" if rt else "at normal priority", args.rounds, args.seconds,
+             load_before[0], load_after[0]))
+    if args.serve_arg:
+        print("service started with: %s" % " ".join(args.serve_arg))
+    print()
+    print("| host | ev/s | emit p50 / p99 / max (µs) | lag p50 | lag p99 | lag p99.9 "
+          "| lag max [worst] | stalls > 1 ms per 10k |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in table:
+        emit = "—" if row["emit_us_p50"] is None else "%s / %s / %s" % (
+            num(row["emit_us_p50"], 1), num(row["emit_us_p99"], 1), num(row["emit_us_max"], 0))
+        rate = "—" if row["case"] == "none" else "{:,}".format(row["events_per_s"])
+        print("| %s | %s | %s | %s | %s | %s | %s [%s] | %s |" % (
+            row["label"], rate, emit, num(row["lag_ms_p50"], 3), num(row["lag_ms_p99"], 3),
+            num(row["lag_ms_p999"], 3), num(row["lag_ms_max"], 2), num(row["lag_ms_max_worst"], 2),
+            num(row["lag_over_1ms_per_10k"], 1)))
+    print()
+    print("Ratios case / original host at the same rate, same run (below 1: less lag than the "
+          "original); goals of issue 22 in brackets:")
+    print()
+    print("| case | ev/s | lag p99 | lag max | emit p50 (µs) | service threads / hook processes "
+          "(CPU µs per event) |")
+    print("|---|---|---|---|---|---|")
+    misses = []
+    for rate in sorted({r["events_per_s"] for r in table if r["case"] == "original"}):
+        orig = next(r for r in table if r["case"] == "original" and r["events_per_s"] == rate)
+        for row in table:
+            if row["events_per_s"] != rate or row["case"] in ("none", "original"):
+                continue
+            p99 = row["lag_ms_p99"] / orig["lag_ms_p99"]
+            mx = row["lag_ms_max"] / orig["lag_ms_max"]
+            goal_p99, goal_max = GOALS.get(row["case"], (None, None))
+            cells = []
+            for value, goal in ((p99, goal_p99), (mx, goal_max)):
+                if goal is None:
+                    cells.append("%.2fx" % value)
+                else:
+                    ok = value <= goal
+                    cells.append("%s%.2fx%s [≤ %gx]" % ("" if ok else "**", value,
+                                                          "" if ok else "**", goal))
+                    if not ok:
+                        misses.append("%s at %d ev/s: %.2fx > %gx" % (row["case"], rate,
+                                                                         value, goal))
+            emit = row["emit_us_p50"]
+            emit_cell = num(emit, 1)
+            if row["case"] == "client" and emit is not None:
+                emit_cell += " [≤ %.0f]" % EMIT_P50_GOAL_US
+                if emit > EMIT_P50_GOAL_US:
+                    misses.append("client emit p50 at %d ev/s: %.1f µs" % (rate, emit))
+            cpu = "—"
+            if row.get("service_us_per_event") is not None:
+                cpu = "%s / %s" % (num(row["service_us_per_event"], 1),
+                                   num(row["workers_us_per_event"], 1))
+            print("| %s | {:,} | %s | %s | %s | %s |".format(rate) % (
+                row["label"], cells[0], cells[1], emit_cell, cpu))
+    print()
+    print("goals: " + ("all met" if not misses else "missed: " + "; ".join(misses)))
 
 
 def main() -> None:
@@ -391,6 +488,12 @@ def main() -> None:
     ap.add_argument("--rt", action="store_true",
                     help="run each case's gateway process under SCHED_FIFO (needs root or "
                          "CAP_SYS_NICE): isolates the figures from other load on the machine")
+    ap.add_argument("--cases", help="comma-separated cases to run besides none and original "
+                    "(default: all of client, frozen, thaw, ingateway)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an extra argument for `hermes-hooks serve` (repeatable), e.g. "
+                         "--serve-arg=--worker-nice=0 to compare with the workers at the "
+                         "service's priority")
     ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw",
                                        "ingateway"],
                     help=argparse.SUPPRESS)

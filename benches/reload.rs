@@ -136,6 +136,7 @@ fn rescan_cost() -> (f64, f64) {
         runtime_dir: tmp.path().join("cache"),
         trust: Default::default(),
         gateway_hooks_only: false,
+        worker_priority: Default::default(),
     };
     let (host, report) = rt.block_on(hermes_hooks::Host::start(config));
     assert_eq!(report.loaded.len(), 1000, "{:?}", report.skipped.first());

@@ -31,6 +31,7 @@
 //!   [`trust::files`] (what can run, the tree's
 //!   permissions), [`trust::prestart`] (the check before every process start).
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
+//! - [`priority`]: the CPU priority of hook processes (`nice`, `SCHED_IDLE`).
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
 //! - [`events`]: event names, their validation, the catalogue of gateway events.
 //! - [`sink`]: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
@@ -74,6 +75,7 @@ pub(crate) mod metrics;
 pub(crate) mod notices;
 pub mod pattern;
 pub(crate) mod placement;
+pub mod priority;
 pub(crate) mod registry;
 pub(crate) mod scaffold;
 pub mod server;

@@ -45,6 +45,8 @@ const KNOWN_KEYS: &[&str] = &[
     "retries",
     "concurrency",
     "ca_file",
+    "nice",
+    "sched",
     "cwd",
 ];
 
@@ -147,6 +149,8 @@ struct RawManifest {
     retries: Option<i64>,
     concurrency: Option<i64>,
     ca_file: Option<String>,
+    nice: Option<i64>,
+    sched: Option<crate::priority::Sched>,
     cwd: Option<Cwd>,
 }
 
@@ -192,6 +196,11 @@ pub struct Manifest {
     /// PEM file of extra certificate authorities a webhook's `https://` endpoint may be signed
     /// by (relative to the hook directory), trusted in addition to the system's.
     pub ca_file: Option<String>,
+    /// `nice:`: the CPU priority of the hook's processes as an increment over the service's
+    /// (-20..=19); `None`: the service's default (`serve --worker-nice`, +10).
+    pub nice: Option<i32>,
+    /// `sched:` (`normal` or `idle`); `None`: the service's default (`serve --worker-sched`).
+    pub sched: Option<crate::priority::Sched>,
     /// `cwd:` (default `service`): where the hook's processes start.
     pub cwd: Cwd,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
@@ -337,34 +346,17 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: "a hook has either `handler:` or `url:`, not both".into(),
         });
     }
-    let retries = raw.retries.unwrap_or(DEFAULT_RETRIES as i64);
-    if !(0..=MAX_RETRIES as i64).contains(&retries) {
-        return Err(ManifestError::BadField {
-            field: "retries",
-            reason: format!("{retries} is out of range 0..={MAX_RETRIES}"),
-        });
-    }
-    let concurrency = raw.concurrency.unwrap_or(1);
-    if !(1..=MAX_CONCURRENCY as i64).contains(&concurrency) {
-        return Err(ManifestError::BadField {
-            field: "concurrency",
-            reason: format!("{concurrency} is out of range 1..={MAX_CONCURRENCY}"),
-        });
-    }
-    if let Some(c) = &raw.ca_file {
-        if raw.url.is_none() {
-            return Err(ManifestError::BadField {
-                field: "ca_file",
-                reason: "only a webhook (`url:`) has a certificate authority file".into(),
-            });
-        }
-        if c.trim().is_empty() {
-            return Err(ManifestError::BadField {
-                field: "ca_file",
-                reason: "is empty".into(),
-            });
-        }
-    }
+    let retries = in_range(
+        "retries",
+        raw.retries.unwrap_or(DEFAULT_RETRIES as i64),
+        0..=MAX_RETRIES as i64,
+    )?;
+    let concurrency = in_range(
+        "concurrency",
+        raw.concurrency.unwrap_or(1),
+        1..=MAX_CONCURRENCY as i64,
+    )?;
+    check_ca_file(raw.ca_file.as_deref(), raw.url.is_some())?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -385,6 +377,12 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,
+        nice: raw
+            .nice
+            .map(|n| in_range("nice", n, -20..=19))
+            .transpose()?
+            .map(|n| n as i32),
+        sched: raw.sched,
         warnings,
         notes,
     })
@@ -447,6 +445,45 @@ fn env_of(
         env.insert(k, value);
     }
     Ok(env)
+}
+
+/// `ca_file:` belongs to a webhook and names a file.
+fn check_ca_file(ca_file: Option<&str>, webhook: bool) -> Result<(), ManifestError> {
+    let Some(c) = ca_file else {
+        return Ok(());
+    };
+    if !webhook {
+        return Err(ManifestError::BadField {
+            field: "ca_file",
+            reason: "only a webhook (`url:`) has a certificate authority file".into(),
+        });
+    }
+    if c.trim().is_empty() {
+        return Err(ManifestError::BadField {
+            field: "ca_file",
+            reason: "is empty".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `value` of `field` when it lies in `range`.
+fn in_range(
+    field: &'static str,
+    value: i64,
+    range: std::ops::RangeInclusive<i64>,
+) -> Result<i64, ManifestError> {
+    if range.contains(&value) {
+        return Ok(value);
+    }
+    Err(ManifestError::BadField {
+        field,
+        reason: format!(
+            "{value} is out of range {}..={}",
+            range.start(),
+            range.end()
+        ),
+    })
 }
 
 /// A hook name must be usable in URLs, log lines and Python module names.

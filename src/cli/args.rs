@@ -241,6 +241,15 @@ pub struct ServeArgs {
     /// does (host_start, hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
     #[arg(long, value_enum, default_value_t = Output::Text, hide_possible_values = true)]
     pub output: Output,
+    /// CPU priority of the processes that run hooks (Python workers, executables, the Python
+    /// fork server), as a nice increment over the service's own: hook work yields the CPU to the
+    /// gateway. A hook's `nice:` in HOOK.yaml overrides it.
+    #[arg(long, value_name = "N", env = crate::priority::NICE_ENV, default_value_t = crate::priority::DEFAULT_NICE, value_parser = crate::priority::parse_nice, allow_negative_numbers = true)]
+    pub worker_nice: i32,
+    /// normal, or idle: SCHED_IDLE for those processes (hook work only on CPU time nothing else
+    /// wants). A hook's `sched:` overrides it.
+    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, default_value_t = crate::priority::Sched::Normal, hide_possible_values = true)]
+    pub worker_sched: crate::priority::Sched,
     /// Stop (draining, as on SIGTERM) once no process has held a shared flock on FILE for
     /// --linger seconds: the gateways that autostarted this service hold it while they run.
     #[arg(long, value_name = "FILE")]

@@ -59,6 +59,10 @@ pub async fn serve(args: ServeArgs) -> i32 {
             root.display()
         );
     }
+    config.worker_priority = crate::priority::Priority {
+        nice: args.worker_nice,
+        sched: args.worker_sched,
+    };
     #[cfg(feature = "fleet")]
     args.fleet.adjust(&mut config);
     let notices = match args.output {

@@ -155,50 +155,111 @@ pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>
 }
 
 /// The `call` of a kind whose calls are independent (executable, webhook): each call runs
-/// `one(call)` under `timeout` (past it the call is dropped, which cancels it), up to
-/// `concurrency` at once, each reported as it completes.
-pub async fn call_each<'c, F, Fut>(
-    calls: &'c [Call],
+/// `one(call)` under `timeout` (past it the call is dropped, which cancels it), with
+/// `concurrency` independent slots: further queued calls come from `feed` as slots free up, and
+/// each call is reported as it completes.
+pub async fn call_each<F, Fut>(
+    calls: Vec<Call>,
+    feed: &mut dyn Feed,
     timeout: Duration,
     concurrency: usize,
     report: &mut Report<'_>,
     one: F,
 ) where
-    F: Fn(&'c Call) -> Fut,
+    F: Fn(Call) -> Fut,
     Fut: Future<Output = HandlerResult>,
 {
-    let run = |i: usize| within(timeout, one(&calls[i]));
-    run_concurrently(calls.len(), concurrency, run, report).await;
+    let run = |call: Call| within(timeout, one(call));
+    run_slots(calls, concurrency, feed, run, report).await;
 }
 
-/// Runs calls `0..n` with at most `limit` in flight (each future from `run(i)`), on the calling
-/// task, and reports each through `report` as soon as it completes: the `concurrency:` of a hook.
-/// With `limit` 1 the calls run one after the other, in order.
-pub async fn run_concurrently<F, Fut>(n: usize, limit: usize, mut run: F, report: &mut Report<'_>)
-where
-    F: FnMut(usize) -> Fut,
+/// More queued calls for a handler that takes them as its slots free up (`concurrency: N`): the
+/// hook's worker hands out its queue, numbering the calls after those passed to
+/// [`Handler::call_fed`].
+pub trait Feed: Send {
+    /// A queued call, without waiting; `None` when none waits or the hook was superseded.
+    fn try_next(&mut self) -> Option<(usize, Call)>;
+    /// The next queued call, waiting for one; `None` once the hook stops or is superseded.
+    fn next(&mut self) -> BoxFuture<'_, Option<(usize, Call)>>;
+}
+
+/// A feed with nothing more: a handler given it runs exactly the calls it was passed.
+#[derive(Debug, Default)]
+pub struct NoFeed;
+
+impl Feed for NoFeed {
+    fn try_next(&mut self) -> Option<(usize, Call)> {
+        None
+    }
+
+    fn next(&mut self) -> BoxFuture<'_, Option<(usize, Call)>> {
+        Box::pin(async { None })
+    }
+}
+
+/// Runs `calls` (numbered `0..`) and then what `feed` brings, with at most `limit` in flight,
+/// on the calling task, reporting each through `report` as soon as it completes: the
+/// `concurrency:` of a hook as `limit` independent slots (a new call starts as soon as any slot
+/// frees). Returns when every slot is free and nothing is queued. With `limit` 1 the calls run
+/// one after the other, in order.
+pub async fn run_slots<F, Fut>(
+    calls: Vec<Call>,
+    limit: usize,
+    feed: &mut dyn Feed,
+    mut run: F,
+    report: &mut Report<'_>,
+) where
+    F: FnMut(Call) -> Fut,
     Fut: Future<Output = HandlerResult>,
 {
     use std::task::Poll;
+    enum Next {
+        Done(usize, usize, HandlerResult),
+        Fed(Option<(usize, Call)>),
+    }
     let limit = limit.max(1);
-    let mut next = 0;
-    let mut running: Vec<(usize, Pin<Box<Fut>>)> = Vec::with_capacity(limit.min(n));
-    while next < n || !running.is_empty() {
-        while running.len() < limit && next < n {
-            running.push((next, Box::pin(run(next))));
-            next += 1;
+    let mut given = calls.into_iter().enumerate();
+    let mut fed_out = false;
+    let mut running: Vec<(usize, Pin<Box<Fut>>)> = Vec::with_capacity(limit);
+    loop {
+        while running.len() < limit {
+            let next = match given.next() {
+                Some(c) => Some(c),
+                None if !fed_out => feed.try_next(),
+                None => None,
+            };
+            let Some((i, call)) = next else { break };
+            running.push((i, Box::pin(run(call))));
         }
-        let (slot, i, result) = std::future::poll_fn(|cx| {
-            for (slot, (i, fut)) in running.iter_mut().enumerate() {
-                if let Poll::Ready(r) = fut.as_mut().poll(cx) {
-                    return Poll::Ready((slot, *i, r));
+        if running.is_empty() {
+            return;
+        }
+        let wait_feed = running.len() < limit && !fed_out;
+        let next = {
+            let mut fed = wait_feed.then(|| feed.next());
+            std::future::poll_fn(|cx| {
+                for (slot, (i, fut)) in running.iter_mut().enumerate() {
+                    if let Poll::Ready(r) = fut.as_mut().poll(cx) {
+                        return Poll::Ready(Next::Done(slot, *i, r));
+                    }
                 }
+                if let Some(f) = fed.as_mut()
+                    && let Poll::Ready(c) = f.as_mut().poll(cx)
+                {
+                    return Poll::Ready(Next::Fed(c));
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        match next {
+            Next::Done(slot, i, result) => {
+                running.swap_remove(slot);
+                report(i, result);
             }
-            Poll::Pending
-        })
-        .await;
-        running.swap_remove(slot);
-        report(i, result);
+            Next::Fed(Some((i, call))) => running.push((i, Box::pin(run(call)))),
+            Next::Fed(None) => fed_out = true,
+        }
     }
 }
 
@@ -250,9 +311,25 @@ pub struct HandlerContext {
     /// The files that can run as this version loaded them: [`crate::trust::prestart::check`]
     /// compares the tree with them before every process start.
     pub files: Arc<crate::trust::files::RunFiles>,
+    /// CPU priority of the hook's processes (worker, executable).
+    pub priority: crate::priority::Priority,
+    /// The service's default priority for hook processes: the Python fork server's.
+    pub default_priority: crate::priority::Priority,
 }
 
 impl HandlerContext {
+    /// Takes `default` (the service's `--worker-nice` / `--worker-sched`) as the priority, with
+    /// the hook's own `nice:` / `sched:` over it.
+    pub fn with_default_priority(
+        mut self,
+        default: crate::priority::Priority,
+        spec: &HookSpec,
+    ) -> Self {
+        self.priority = default.overridden(spec.manifest.nice, spec.manifest.sched);
+        self.default_priority = default;
+        self
+    }
+
     /// Builds the context for `spec` under the host settings.
     pub fn new(
         spec: &HookSpec,
@@ -302,6 +379,9 @@ impl HandlerContext {
             runtime_dir,
             signals: Arc::new(Signals::default()),
             files: spec.files.clone(),
+            priority: crate::priority::Priority::default()
+                .overridden(spec.manifest.nice, spec.manifest.sched),
+            default_priority: crate::priority::Priority::default(),
         }
     }
 }
@@ -341,6 +421,19 @@ pub trait Handler: Send {
     /// (by its index), as soon as its outcome is known. A call that was never started is
     /// reported [`HandlerError::NotStarted`].
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
+
+    /// [`Handler::call`] for a kind with independent slots (`concurrency: N`): it may also take
+    /// further queued calls from `feed` while others run, and report them by the index the feed
+    /// gave. The default runs `calls` only.
+    fn call_fed<'a>(
+        &'a mut self,
+        calls: Vec<Call>,
+        feed: &'a mut dyn Feed,
+        report: &'a mut Report<'_>,
+    ) -> BoxFuture<'a, ()> {
+        let _ = feed;
+        self.call(calls, report)
+    }
 
     /// Stops for good: lets a worker finish pending background work briefly, then kills it.
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {

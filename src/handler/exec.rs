@@ -20,7 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, call_each,
+    BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
+    call_each,
 };
 use super::process::{GroupKill, command, describe_exit};
 
@@ -209,15 +210,25 @@ impl Handler for ExecHandler {
     }
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.call_fed(calls, &mut NoFeed, report).await })
+    }
+
+    fn call_fed<'a>(
+        &'a mut self,
+        calls: Vec<Call>,
+        feed: &'a mut dyn Feed,
+        report: &'a mut Report<'_>,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let this = &*self;
             // Past the timeout a call is dropped, and its process group killed with it.
             call_each(
-                &calls,
+                calls,
+                feed,
                 this.ctx.timeout,
                 this.ctx.concurrency,
                 report,
-                |call| this.run(&call.event, &call.context),
+                |call| async move { this.run(&call.event, &call.context).await },
             )
             .await;
         })

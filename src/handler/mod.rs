@@ -12,9 +12,11 @@ use crate::discovery::{HandlerKind, HookSpec};
 
 mod api;
 pub mod dylib;
+pub mod encoded;
 pub mod exec;
 pub mod process;
 pub mod python;
+pub mod retire;
 pub mod webhook;
 
 pub use api::*;

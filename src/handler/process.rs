@@ -16,10 +16,19 @@ const MAX_LOG_LINE: usize = 4096;
 const LOG_LINES_PER_SEC: u32 = 200;
 
 /// A command for `program` set up for a hook: own process group, the hook's working directory
-/// ([`HandlerContext::cwd`]) and environment ([`HandlerContext::process_env`]), killed when
-/// dropped.
+/// ([`HandlerContext::cwd`]), environment ([`HandlerContext::process_env`]) and CPU priority,
+/// killed when dropped.
 pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
     let mut cmd = Command::new(program);
+    let priority = ctx.priority.resolved();
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (setpriority, sched_setscheduler); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            priority.apply_to_self();
+            Ok(())
+        });
+    }
     cmd.current_dir(&ctx.cwd)
         .envs(ctx.process_env())
         .process_group(0)

@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, call_each,
+    BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
+    call_each,
 };
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
@@ -524,12 +525,26 @@ impl Handler for WebhookHandler {
     }
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.call_fed(calls, &mut NoFeed, report).await })
+    }
+
+    fn call_fed<'a>(
+        &'a mut self,
+        calls: Vec<Call>,
+        feed: &'a mut dyn Feed,
+        report: &'a mut Report<'_>,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let this = &*self;
             // Past the hook's timeout a request is dropped (cancelled).
-            call_each(&calls, this.timeout, this.concurrency, report, |call| {
-                this.deliver(&call.event, &call.context)
-            })
+            call_each(
+                calls,
+                feed,
+                this.timeout,
+                this.concurrency,
+                report,
+                |call| async move { this.deliver(&call.event, &call.context).await },
+            )
             .await;
         })
     }

@@ -180,6 +180,16 @@ impl HookQueue {
         self.notify.notify_one();
     }
 
+    /// The next queued job, without waiting.
+    pub fn try_pop(&self) -> Option<Job> {
+        let mut st = self.lock();
+        let job = st.jobs.pop_front()?;
+        if shrink_if_drained(&mut st.jobs) {
+            self.trim_pending.store(true, Ordering::Relaxed);
+        }
+        Some(job)
+    }
+
     /// Up to `max` queued jobs, without waiting.
     pub fn try_pop_many(&self, max: usize) -> Vec<Job> {
         let mut st = self.lock();

@@ -5,11 +5,11 @@ use super::LoadedHook;
 use super::handover::{self, HANDOVER_WAIT, Waited};
 use super::queue::{CallOutcome, Job};
 use super::stats::Status;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::handler::{Call, Handler, HandlerError, HandlerResult};
+use crate::handler::{BoxFuture, Call, Feed, Handler, HandlerError, HandlerResult};
 
 impl LoadedHook {
     /// Starts the worker; when `after` is given, it first waits for that hook's worker to finish
@@ -95,13 +95,19 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             context: j.context.clone(),
         })
         .collect();
-    let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
+    // Shared between the report and the feed (a handler with slots takes further jobs).
+    let slots: Mutex<Vec<Option<Job>>> = Mutex::new(jobs.into_iter().map(Some).collect());
     let mut not_started = Vec::new();
     let mut changed = None;
     let mut last = Instant::now();
     {
         let mut report = |i: usize, result: HandlerResult| {
-            let Some(job) = slots.get_mut(i).and_then(Option::take) else {
+            let job = slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(i)
+                .and_then(Option::take);
+            let Some(job) = job else {
                 tracing::error!(hook = %hook.spec.name, "handler reported call {i} twice or out of range");
                 return;
             };
@@ -118,8 +124,13 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             hook.in_flight.fetch_sub(1, Ordering::SeqCst);
             last = now;
         };
-        handler.call(calls, &mut report).await;
+        let mut feed = QueueFeed {
+            hook,
+            slots: &slots,
+        };
+        handler.call_fed(calls, &mut feed, &mut report).await;
     }
+    let slots = slots.into_inner().unwrap_or_else(|p| p.into_inner());
     for job in slots.into_iter().flatten() {
         finish(
             hook,
@@ -146,6 +157,43 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
     // A worker replaced at once after a timeout counts (and is announced) now.
     note_restarts(hook);
     hook.report_drops(false);
+}
+
+/// The hook's queue as a [`Feed`]: further jobs for a handler whose slots free up, numbered
+/// after the jobs it was given, until the hook is superseded (the new version takes the rest).
+struct QueueFeed<'a> {
+    hook: &'a LoadedHook,
+    slots: &'a Mutex<Vec<Option<Job>>>,
+}
+
+impl QueueFeed<'_> {
+    fn adopt(&self, job: Job) -> (usize, Call) {
+        let call = Call {
+            event: job.event.clone(),
+            context: job.context.clone(),
+        };
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.push(Some(job));
+        self.hook.in_flight.fetch_add(1, Ordering::SeqCst);
+        (slots.len() - 1, call)
+    }
+}
+
+impl Feed for QueueFeed<'_> {
+    fn try_next(&mut self) -> Option<(usize, Call)> {
+        if self.hook.signals.superseded() {
+            return None;
+        }
+        let job = self.hook.queue.try_pop()?;
+        Some(self.adopt(job))
+    }
+
+    fn next(&mut self) -> BoxFuture<'_, Option<(usize, Call)>> {
+        Box::pin(async move {
+            let job = next_job(self.hook).await?;
+            Some(self.adopt(job))
+        })
+    }
 }
 
 /// The worker could not start `jobs` (or a process for them) because the hook's files changed

@@ -42,6 +42,9 @@ pub struct HostConfig {
     /// Load only the hooks that run inside the gateway (`runs: gateway`): a fleet edge, whose
     /// other hooks run on the fleet's workers.
     pub gateway_hooks_only: bool,
+    /// CPU priority of hook processes unless a hook sets its own (`serve --worker-nice`,
+    /// `--worker-sched`).
+    pub worker_priority: crate::priority::Priority,
 }
 
 impl HostConfig {
@@ -69,6 +72,7 @@ impl HostConfig {
             runtime_dir,
             trust: crate::trust::TrustPolicy::default(),
             gateway_hooks_only: false,
+            worker_priority: crate::priority::Priority::default(),
         }
     }
 }
@@ -652,7 +656,8 @@ impl Host {
                 &self.inner.config.hermes_home,
                 &self.inner.config.python,
                 self.inner.config.runtime_dir.clone(),
-            );
+            )
+            .with_default_priority(self.inner.config.worker_priority, spec);
             signals.push(ctx.signals.clone());
             let spec = spec.clone();
             set.spawn(async move { (i, handler::start(&spec, ctx).await) });

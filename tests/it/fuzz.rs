@@ -298,6 +298,7 @@ fn every_route_answers_any_body_with_a_status_and_a_typed_error() {
             runtime_dir: hooks.home().join("cache"),
             trust: Default::default(),
             gateway_hooks_only: false,
+            worker_priority: Default::default(),
         })
         .await;
         host

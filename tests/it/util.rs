@@ -174,6 +174,7 @@ pub fn config(hooks: &Hooks) -> hermes_hooks::HostConfig {
         runtime_dir: hooks.home().join("cache"),
         trust: Default::default(),
         gateway_hooks_only: false,
+        worker_priority: Default::default(),
     }
 }
 

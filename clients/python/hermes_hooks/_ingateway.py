@@ -106,10 +106,13 @@ class _Patterns:
         return None
 
 
-#: Seconds a sync hook's thread works through its queue before it naps (see ``_Hook._run``)...
-_BUSY_SLICE = 0.0005
+#: Seconds the in-gateway hook threads, all together, work before they nap (see ``_Hook._run``)...
+_BUSY_SLICE = 0.0003
 #: ...and the nap, long enough for the loop's thread to wake and take the GIL.
 _NAP = 0.0001
+#: When the current slice of all hook threads began (shared: one slice for every hook thread,
+#: so ten busy hooks cost the loop one slice, not ten).
+_slice = [0.0]
 
 
 def module_name(hook_name: str) -> str:
@@ -140,79 +143,116 @@ class _Hook:
         self.failed = 0
         self.ok = 0
         self._queue = collections.deque()  # type: collections.deque
-        self._cond = threading.Condition()
+        # Wakes the hook's thread: released by ``submit`` when the thread said it is idle. No
+        # Condition: on the loop's thread a submit costs a deque append and a flag test.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._thread = None  # type: Optional[threading.Thread]
-        self._idle = False  # the thread waits for work (only then does submit notify it)
+        # The thread waits for work (only then does submit wake it); True before it exists, so
+        # the first submit starts it.
+        self._idle = True
 
     # -- sync handlers: the hook's own thread, its events in order
 
     def submit(self, event: str, context: Dict[str, Any], loop: Optional[asyncio.AbstractEventLoop],
                done: Optional[Callable[[Any, Optional[str]], None]] = None) -> None:
-        with self._cond:
-            if len(self._queue) >= self.capacity:
-                _, _, _, old_done = self._queue.popleft()
-                self.dropped += 1
-                now = time.monotonic()
-                if now - self._drop_logged >= _DROP_LOG_INTERVAL:
-                    self._drop_logged = now
-                    log.warning("[hooks] %s: queue full (%d events waiting for its thread); "
-                                "oldest dropped (%d dropped so far)", self.name, self.capacity,
-                                self.dropped)
-                if old_done is not None:
-                    old_done(None, "dropped: the hook's queue was full")
-            self._queue.append((event, context, loop, done))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="hermes-hook-" + self.name)
-                self._thread.start()
-            elif self._idle:
-                self._idle = False  # one wake per idle period; a busy thread needs none
-                self._cond.notify()
+        queue = self._queue
+        if len(queue) >= self.capacity:
+            self._drop_oldest()
+        queue.append((event, context, loop, done))
+        if self._idle:
+            self._wake_up()
+
+    def _wake_up(self) -> None:
+        self._idle = False  # one wake per idle period; a busy thread needs none
+        if self._thread is None:
+            # The new thread first waits for the release below: it takes its first event only
+            # after this (the loop's) thread goes on, as a thread that was idle would.
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="hermes-hook-" + self.name)
+            self._thread.start()
+        try:
+            self._wake.release()
+        except RuntimeError:  # already released: the thread wakes anyway
+            pass
+
+    def _drop_oldest(self) -> None:
+        try:
+            _, _, _, old_done = self._queue.popleft()
+        except IndexError:  # the thread took it meanwhile
+            return
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._drop_logged >= _DROP_LOG_INTERVAL:
+            self._drop_logged = now
+            log.warning("[hooks] %s: queue full (%d events waiting for its thread); "
+                        "oldest dropped (%d dropped so far)", self.name, self.capacity,
+                        self.dropped)
+        if old_done is not None:
+            old_done(None, "dropped: the hook's queue was full")
 
     def _run(self) -> None:
-        busy_since = time.monotonic()
+        queue = self._queue
+        clock = time.monotonic
+        handle = self.handle
+        self._wake.acquire()  # released by _wake_up once start() returned
         while True:
-            with self._cond:
-                while not self._queue:
-                    self._idle = True
-                    self._cond.wait()
-                    busy_since = time.monotonic()
+            if not queue:
+                self._idle = True
+                if not queue:  # checked again after saying so: submit wakes only an idle thread
+                    self._wake.acquire()
                 self._idle = False
-                event, context, loop, done = self._queue.popleft()
-            # A thread working through a backlog keeps the GIL for up to the switch interval
-            # (5 ms), stalling the gateway's loop that long: after _BUSY_SLICE of work it naps
-            # briefly, so a waiting thread (the loop) takes the GIL. A bare release is not enough:
-            # this thread would take it back before the loop's thread wakes.
-            if time.monotonic() - busy_since > _BUSY_SLICE:
+                continue
+            # Threads working through a backlog keep the GIL for up to the switch interval
+            # (5 ms), stalling the gateway's loop that long: once all hook threads together have
+            # worked _BUSY_SLICE, each naps briefly on its next event, so a waiting thread (the
+            # loop) takes the GIL. A bare release is not enough: a hook thread would take it back
+            # before the loop's thread wakes.
+            if clock() - _slice[0] > _BUSY_SLICE:
                 time.sleep(_NAP)
-                busy_since = time.monotonic()
-            result, error = self._call_sync(event, context, loop)
+                _slice[0] = clock()
+            try:
+                event, context, loop, done = queue.popleft()
+            except IndexError:
+                continue
+            started = clock()
+            try:
+                result = handle(event, context)
+            except Exception as exc:
+                result, error = None, self._failed(event, exc)
+            else:
+                if result is None:
+                    self.ok += 1
+                    error = None
+                else:
+                    result, error = self._settle(event, result, loop)
+            if clock() - started > self.timeout:
+                self._overran(event, clock() - started)
             if done is not None:
                 try:
                     done(result, error)
                 except Exception:  # pragma: no cover - the waiter's side is already gone
                     pass
 
-    def _call_sync(self, event: str, context: Dict[str, Any],
-                   loop: Optional[asyncio.AbstractEventLoop]) -> Tuple[Any, Optional[str]]:
-        started = time.monotonic()
+    def _settle(self, event: str, result: Any, loop: Optional[asyncio.AbstractEventLoop]
+                ) -> Tuple[Any, Optional[str]]:
+        """A sync handler returned something: await it on the loop if it is a coroutine."""
+        if not inspect.isawaitable(result):
+            self.ok += 1
+            return result, None
         try:
-            result = self.handle(event, context)
-            if inspect.isawaitable(result):
-                # A sync def that returned a coroutine: it belongs on the gateway's loop.
-                if loop is None or loop.is_closed():
-                    raise RuntimeError("handler returned a coroutine but the gateway's loop is gone")
-                result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result(
-                    self.timeout)
+            if loop is None or loop.is_closed():
+                raise RuntimeError("handler returned a coroutine but the gateway's loop is gone")
+            result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result(self.timeout)
         except Exception as exc:
             return None, self._failed(event, exc)
-        elapsed = time.monotonic() - started
-        if elapsed > self.timeout:
-            log.warning("[hooks] %s took %.1f s for '%s' (timeout %.1f s; a sync handler in the "
-                        "gateway cannot be interrupted, it only delays this hook's own events)",
-                        self.name, elapsed, event, self.timeout)
         self.ok += 1
         return result, None
+
+    def _overran(self, event: str, elapsed: float) -> None:
+        log.warning("[hooks] %s took %.1f s for '%s' (timeout %.1f s; a sync handler in the "
+                    "gateway cannot be interrupted, it only delays this hook's own events)",
+                    self.name, elapsed, event, self.timeout)
 
     def _failed(self, event: str, exc: BaseException) -> str:
         self.failed += 1
@@ -395,10 +435,17 @@ class InGatewayHooks:
         except RuntimeError:
             loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
             running_here = False
+        item = (event, context, loop, None)
         for hook in hooks:
             try:
                 if not hook.is_async:
-                    hook.submit(event, context, loop)
+                    # hook.submit(event, context, loop), inline: one shared item, no call.
+                    queue = hook._queue
+                    if len(queue) >= hook.capacity:
+                        hook._drop_oldest()
+                    queue.append(item)
+                    if hook._idle:
+                        hook._wake_up()
                 elif running_here:
                     task = loop.create_task(hook.call_async(event, context))
                     self._tasks.add(task)

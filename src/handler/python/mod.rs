@@ -37,6 +37,7 @@ use crate::handler::api::{
     BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
 };
 use crate::handler::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
+use crate::handler::retire::{Retire, pidfd_open};
 
 mod protocol;
 pub mod pylog;
@@ -84,6 +85,8 @@ struct Worker {
     stderr_task: JoinHandle<()>,
     /// How the process ended, once known (the fork server reports a status only once).
     exited: Option<String>,
+    /// Tells it to start no further call once a newer version of the hook is ready.
+    _retire: Retire,
 }
 
 impl Worker {
@@ -194,10 +197,17 @@ pub fn start_mode(ctx: &HandlerContext) -> StartMode {
         .filter(|(k, _)| !k.starts_with("HERMES_HOOK"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    match zygote::needs_fresh_process(&hook_env) {
-        Some(why) => StartMode::Fresh(why),
-        None => StartMode::Forked,
+    if let Some(why) = zygote::needs_fresh_process(&hook_env) {
+        return StartMode::Fresh(why);
     }
+    if ctx.priority.above(ctx.default_priority) {
+        return StartMode::Fresh(format!(
+            "its priority ({}) is above the fork server's ({}), which a forked worker cannot raise",
+            ctx.priority.describe(),
+            ctx.default_priority.describe()
+        ));
+    }
+    StartMode::Forked
 }
 
 /// What happened to the calls of a batch after the one being waited for.
@@ -244,6 +254,10 @@ impl PythonHandler {
                     handler,
                     &self.ctx.name,
                     &self.ctx.process_env(),
+                    zygote::Priorities {
+                        worker: self.ctx.priority.resolved(),
+                        fork_server: self.ctx.default_priority.resolved(),
+                    },
                 )
                 .await
                 {
@@ -365,6 +379,7 @@ impl PythonHandler {
                 "python worker started without its pipes".into(),
             ));
         };
+        let retire = Retire::watch(child.id().and_then(pidfd_open), self.ctx.signals.clone());
         Ok(Worker {
             proc: Proc::Fresh(child),
             stdin: Some(Box::new(stdin)),
@@ -372,6 +387,7 @@ impl PythonHandler {
             group,
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
+            _retire: retire,
         })
     }
 
@@ -385,6 +401,7 @@ impl PythonHandler {
         let stdin = pipe::Sender::from_owned_fd(f.stdin).map_err(|e| fail("stdin", e))?;
         let stdout = pipe::Receiver::from_owned_fd(f.stdout).map_err(|e| fail("stdout", e))?;
         let stderr = pipe::Receiver::from_owned_fd(f.stderr).map_err(|e| fail("stderr", e))?;
+        let retire = Retire::watch(f.pidfd.try_clone().ok(), self.ctx.signals.clone());
         // SAFETY: the pidfd is owned here and moved into the AsyncFd, which neither replaces
         // nor closes it while registered.
         let pidfd =
@@ -401,6 +418,7 @@ impl PythonHandler {
             group,
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
+            _retire: retire,
         })
     }
 
@@ -705,6 +723,13 @@ impl Handler for PythonHandler {
             let calls = &calls[..];
             let mut done = 0;
             while done < calls.len() {
+                if done > 0 && self.ctx.signals.superseded() {
+                    // A newer version is ready: the rest is its.
+                    for i in done..calls.len() {
+                        report(i, Err(HandlerError::NotStarted));
+                    }
+                    return;
+                }
                 if self.worker.is_none() && done > 0 {
                     // The worker died in an earlier batch of this call: the rest waits for
                     // the restart (and its backoff) in the queue.

@@ -1,10 +1,11 @@
 //! The pipe protocol between the service and a Python worker (`runner.py`), as pure functions:
 //! requests are JSON lines `{"id", "event", "context"}` written in pipelined batches; the worker
 //! first sends a handshake line (`{"ready": true}` or `{"error": ...}`), then one answer line per
-//! request, in order (`{"id", "ok": true, "result"}` or `{"id", "ok": false, "error"}`). Pure, so
+//! request, in order (`{"id", "ok": true, "result"}` or `{"id", "ok": false, "error"}`, or
+//! `{"id", "ok": false, "skipped": true}` once a newer version took over). Pure, so
 //! the protocol is unit-tested here and fuzzed (`tests/it/fuzz.rs`).
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::handler::api::{Call, HandlerError, HandlerResult};
 
@@ -24,16 +25,26 @@ pub fn encode_requests(calls: &[Call], first_id: u64) -> Result<(Vec<u8>, usize)
             break;
         }
         let id = first_id + n as u64;
-        let request = json!({"id": id, "event": &*call.event, "context": &*call.context});
-        if let Err(e) = serde_json::to_writer(&mut buf, &request) {
-            if n == 0 {
+        // `{"id":N,"event":"...","context":{...}}`: the context's encoding is shared with the
+        // other hooks of the event (and no JSON value is built per request).
+        let context = match crate::handler::encoded::context_json(&call.context) {
+            Ok(c) => c,
+            Err(e) if n == 0 => {
                 return Err(HandlerError::Failed(format!(
                     "cannot encode the event: {e}"
                 )));
             }
-            break;
+            Err(_) => break,
+        };
+        {
+            use std::io::Write;
+            let _ = write!(buf, "{{\"id\":{id},\"event\":");
         }
-        buf.push(b'\n');
+        // A `str` always encodes.
+        let _ = serde_json::to_writer(&mut buf, &*call.event);
+        buf.extend_from_slice(b",\"context\":");
+        buf.extend_from_slice(&context);
+        buf.extend_from_slice(b"}\n");
         n += 1;
     }
     Ok((buf, n))
@@ -55,6 +66,13 @@ pub enum Answer {
 /// Reads one protocol line a worker sent in answer to request `id` (a pure function, so the
 /// protocol can be fuzzed).
 pub fn parse_answer(line: &[u8], id: u64) -> Answer {
+    if let Some(got) = null_answer_id(line) {
+        return match got {
+            got if got == id => Answer::Outcome(Ok(None)),
+            got if got < id => Answer::Stale,
+            _ => Answer::OutOfOrder,
+        };
+    }
     let Ok(answer) = serde_json::from_slice::<Value>(line) else {
         return Answer::Broken;
     };
@@ -65,8 +83,25 @@ pub fn parse_answer(line: &[u8], id: u64) -> Answer {
     }
 }
 
-/// The outcome an answer line carries.
+/// The id of the runner's most common answer, `{"id":N,"ok":true,"result":null}` exactly as it
+/// writes it, read without a JSON parse; `None` for any other line.
+fn null_answer_id(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let digits = line
+        .strip_prefix(b"{\"id\":")?
+        .strip_suffix(b",\"ok\":true,\"result\":null}")?;
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The outcome an answer line carries (`"skipped"`: a newer version of the hook took over before
+/// the call started, so it goes to that version).
 pub(super) fn answer_result(answer: &Value) -> HandlerResult {
+    if answer.get("skipped") == Some(&Value::Bool(true)) {
+        return Err(HandlerError::NotStarted);
+    }
     if answer.get("ok") == Some(&Value::Bool(true)) {
         match answer.get("result") {
             None | Some(Value::Null) => Ok(None),
@@ -105,6 +140,8 @@ pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use serde_json::json;
 
     use super::*;
 
@@ -167,5 +204,27 @@ mod tests {
         let e = parse_handshake(br#"{"error": "no handle()"}"#).unwrap_err();
         assert!(e.to_string().contains("no handle()"));
         assert!(parse_handshake(b"{").is_err());
+    }
+
+    #[test]
+    fn the_common_answer_is_read_without_a_parse_and_means_the_same() {
+        let line = b"{\"id\":42,\"ok\":true,\"result\":null}\n";
+        assert_eq!(null_answer_id(line), Some(42));
+        assert_eq!(parse_answer(line, 42), Answer::Outcome(Ok(None)));
+        assert_eq!(parse_answer(line, 43), Answer::Stale);
+        assert_eq!(parse_answer(line, 41), Answer::OutOfOrder);
+        for other in [
+            &b"{\"id\":42,\"ok\":true,\"result\":1}"[..],
+            b"{\"id\":,\"ok\":true,\"result\":null}",
+            b"{\"id\":-1,\"ok\":true,\"result\":null}",
+            b"{\"id\": 42,\"ok\":true,\"result\":null}",
+        ] {
+            assert_eq!(
+                null_answer_id(other),
+                None,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 }

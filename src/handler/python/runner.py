@@ -20,6 +20,9 @@ The host may send several requests before the first is answered (pipelining): th
 come and handled strictly one after the other; each reply is written when its call ends, so a reply
 missing means that call and every later one have not finished, and the call after an unanswered
 one has never started.
+A newer version of the hook took over (the host sends SIGUSR2): the call in progress finishes, and
+every request after it is answered {"id": 8, "ok": false, "skipped": true} without being started
+(the host gives those events to the new version).
 Only this file writes to the protocol descriptors: fd 1 and fd 0 are re-pointed at stderr and
 /dev/null, so a handler's print() (or a child process it starts) becomes a log line on stderr and can
 neither corrupt the replies nor swallow requests. Tasks and threads a handler starts keep running
@@ -32,7 +35,8 @@ record's level, tagged with the hook's name and the logger's. The handler is ins
 took: a hook that configures logging itself (``basicConfig``, its own handlers) keeps its own.
 
 Zygote protocol: fd 0 is a SOCK_SEQPACKET socket to the host, one JSON message per packet.
-  host -> zygote:  {"spawn": 3, "dir": ..., "cwd": ..., "handler": ..., "name": ..., "env": {...}}
+  host -> zygote:  {"spawn": 3, "dir": ..., "cwd": ..., "handler": ..., "name": ..., "env": {...},
+                    "nice": 10, "idle": false}     the worker's CPU priority (absolute nice value)
   zygote -> host:  {"zygote": "ready", "pid": 12, "python": "3.11.7"}          once, at start
                    {"spawned": 3, "pid": 345} + fds [stdin w, stdout r, stderr r, pidfd]
                    {"spawned": 3, "error": "..."}
@@ -63,6 +67,7 @@ READ_CHUNK = 1 << 16
 _proto_out = None  # the real stdout, for replies only
 _proto_in = None  # the real stdin's descriptor, for requests only
 _send_lock = threading.Lock()
+_retiring = False  # SIGUSR2: a newer version took over; start no further call
 _log_lock = threading.Lock()
 LOG_MARK = "\x1ehermes-log "
 #: Longest message sent per record (the host cuts longer stderr lines, which would break the JSON).
@@ -133,17 +138,24 @@ class LineReader:
         return lines
 
 
+#: One encoder for every reply (json.dumps with options builds a new encoder per call).
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def send(obj, check=False):
     """Write one protocol line; if the host is gone there is nobody left to serve. With ``check``,
     an object that is not JSON raises (TypeError, ValueError) before anything is written."""
     if check:
-        data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        data = _encode(obj)
     else:
         try:
-            data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            data = _encode(obj)
         except (TypeError, ValueError, RecursionError) as exc:
             data = json.dumps({"id": obj.get("id"), "ok": False, "error": describe(exc)})
-    line = data.encode("utf-8", "replace") + b"\n"  # "replace": a lone surrogate must not break UTF-8
+    write_line(data.encode("utf-8", "replace") + b"\n")  # "replace": a lone surrogate must not break UTF-8
+
+
+def write_line(line):
     with _send_lock:
         try:
             _proto_out.write(line)
@@ -244,10 +256,26 @@ def bad_request(req_id, why):
     send({"id": req_id, "ok": False, "error": "bad request: " + why})
 
 
-async def answer(handle, hook_name, line):
-    """Handle one request line and send exactly one reply."""
+def retire(signum, frame):
+    """SIGUSR2: a newer version of the hook is ready; requests not started yet go to it."""
+    global _retiring
+    _retiring = True
+
+
+def skip(line):
+    """Answers a request that will not be started here (see ``retire``)."""
     try:
-        req = json.loads(line.decode("utf-8"))
+        req_id = json.loads(line.decode("utf-8")).get("id")
+    except (ValueError, RecursionError, AttributeError):
+        req_id = None
+    send({"id": req_id, "ok": False, "skipped": True})
+
+
+def answer(handle, hook_name, line):
+    """Handle one request line: sends exactly one reply, now or, when ``handle`` returned an
+    awaitable, from the coroutine returned (the caller awaits it before the next request)."""
+    try:
+        req = json.loads(line)  # bytes: UTF-8 (an invalid sequence is a ValueError too)
     except (ValueError, RecursionError) as exc:  # ValueError includes UnicodeDecodeError
         return bad_request(None, "invalid JSON: %s" % exc)
     req_id = req.get("id") if isinstance(req, dict) else None
@@ -261,14 +289,34 @@ async def answer(handle, hook_name, line):
         context = {}
     try:
         result = handle(event, context)
-        if inspect.isawaitable(result):
-            result = await result
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # includes SystemExit and CancelledError: reported, never fatal
-        log_exception("hermes-hooks: hook %r failed on event %r (request %s):" % (hook_name, event, req_id), exc)
-        send({"id": req_id, "ok": False, "error": describe(exc)})
-        return
+    except BaseException as exc:  # includes SystemExit: reported, never fatal
+        return failed(hook_name, event, req_id, exc)
+    if result is None and type(req_id) is int:
+        # The common answer, without an encoder.
+        return write_line(b'{"id":%d,"ok":true,"result":null}\n' % req_id)
+    if inspect.isawaitable(result):
+        return finish(hook_name, event, req_id, result)
+    return reply(req_id, result)
+
+
+async def finish(hook_name, event, req_id, awaitable):
+    try:
+        result = await awaitable
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # includes CancelledError: reported, never fatal
+        return failed(hook_name, event, req_id, exc)
+    reply(req_id, result)
+
+
+def failed(hook_name, event, req_id, exc):
+    log_exception("hermes-hooks: hook %r failed on event %r (request %s):" % (hook_name, event, req_id), exc)
+    send({"id": req_id, "ok": False, "error": describe(exc)})
+
+
+def reply(req_id, result):
     try:
         send({"id": req_id, "ok": True, "result": result}, check=True)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -294,8 +342,14 @@ async def serve(hook_dir, handler_path, hook_name, reader, early):
         if lines is None:
             break
         for line in lines:
-            if line.strip():
-                await answer(handle, hook_name, line)
+            if not line.strip():
+                continue
+            if _retiring:
+                skip(line)
+                continue
+            pending = answer(handle, hook_name, line)
+            if pending is not None:
+                await pending
     # stdin closed: give the work handlers started (and the work that work starts) a short grace.
     deadline = time.monotonic() + DRAIN_SECONDS
     while True:
@@ -327,6 +381,7 @@ def run_worker(hook_dir, handler_path, hook_name):
     # The host owns our lifetime (stdin EOF, or a kill on timeout); a Ctrl-C meant for the host must
     # not kill the worker while the host is still draining its queue.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, retire)
     setup_logging()
     reader = LineReader(_proto_in)
     lines = []
@@ -349,6 +404,18 @@ def run_worker(hook_dir, handler_path, hook_name):
 
 
 # --- the fork server ---
+
+def set_priority(nice, idle):
+    """The worker's CPU priority (never above the fork server's: the host starts a worker that
+    needs more from scratch); a failure is logged and the worker keeps the fork server's."""
+    try:
+        if isinstance(nice, int) and os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        sys.stderr.write("hermes-hooks: cannot set the worker's CPU priority: %s\n" % describe(exc))
+
 
 ZYGOTE_EXIT_GRACE = 5.0
 
@@ -409,6 +476,7 @@ class Zygote:
                 os.dup2(pipes[2][1], 2)
                 os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
                 sys.stdout = sys.stderr = open(2, "w", closefd=False)
+                set_priority(req.get("nice"), req.get("idle"))
                 os.environ.update(req.get("env") or {})
                 apply_process_env(req.get("env") or {})
                 os.chdir(req.get("cwd") or req["dir"])

@@ -25,6 +25,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 
+use crate::priority::Resolved;
+
 /// Time a zygote gets to import and say it is ready.
 const ZYGOTE_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a fork request may take.
@@ -128,7 +130,18 @@ pub fn zygote_pid(python: &str) -> Option<u32> {
         .map(|z| z.pid)
 }
 
+/// The CPU priorities of a fork: the worker's, and the fork server's should it need starting.
+#[derive(Debug, Clone, Copy)]
+pub struct Priorities {
+    /// Set in the worker right after the fork (never above the fork server's).
+    pub worker: Resolved,
+    /// A fork server started for this request runs at this one.
+    pub fork_server: Resolved,
+}
+
 /// Forks a worker for one hook from the zygote of `python` (started, or restarted, on demand).
+// Every argument is one field of the fork request (see runner.py's zygote protocol).
+#[allow(clippy::too_many_arguments)]
 pub async fn fork_worker(
     python: &str,
     runner: &Path,
@@ -137,8 +150,9 @@ pub async fn fork_worker(
     handler: &Path,
     name: &str,
     env: &std::collections::BTreeMap<String, String>,
+    priorities: Priorities,
 ) -> Result<Forked, String> {
-    let zygote = get_or_start(python, runner).await?;
+    let zygote = get_or_start(python, runner, priorities.fork_server).await?;
     let id = zygote.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
     zygote
@@ -153,6 +167,8 @@ pub async fn fork_worker(
         "handler": handler,
         "name": name,
         "env": env,
+        "nice": priorities.worker.nice,
+        "idle": priorities.worker.idle,
     });
     let sent = send_packet(&zygote.ctl, request.to_string().as_bytes()).await;
     if let Err(e) = sent {
@@ -209,7 +225,11 @@ pub async fn shutdown_all(wait: Duration) {
     }
 }
 
-async fn get_or_start(python: &str, runner: &Path) -> Result<Arc<Zygote>, String> {
+async fn get_or_start(
+    python: &str,
+    runner: &Path,
+    priority: Resolved,
+) -> Result<Arc<Zygote>, String> {
     let live = |p: &str| {
         pool()
             .lock()
@@ -227,9 +247,10 @@ async fn get_or_start(python: &str, runner: &Path) -> Result<Arc<Zygote>, String
     }
     let (python_owned, runner) = (python.to_string(), runner.to_path_buf());
     let (ready_tx, ready_rx) = oneshot::channel();
-    let zygote = tokio::task::spawn_blocking(move || start(&python_owned, &runner, ready_tx))
-        .await
-        .map_err(|e| format!("starting the fork server failed: {e}"))??;
+    let zygote =
+        tokio::task::spawn_blocking(move || start(&python_owned, &runner, priority, ready_tx))
+            .await
+            .map_err(|e| format!("starting the fork server failed: {e}"))??;
     match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
@@ -262,7 +283,12 @@ fn kill_pid(pid: u32) {
 }
 
 /// Starts a zygote (blocking: fork/exec and socket set-up) and its reader thread.
-fn start(python: &str, runner: &Path, ready: oneshot::Sender<()>) -> Result<Arc<Zygote>, String> {
+fn start(
+    python: &str,
+    runner: &Path,
+    priority: Resolved,
+    ready: oneshot::Sender<()>,
+) -> Result<Arc<Zygote>, String> {
     let (host_end, child_end) =
         seqpacket_pair().map_err(|e| format!("cannot create the fork server's socket: {e}"))?;
     let mut cmd = std::process::Command::new(python);
@@ -275,6 +301,13 @@ fn start(python: &str, runner: &Path, ready: oneshot::Sender<()>) -> Result<Arc<
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
+        // SAFETY: runs between fork and exec; only async-signal-safe system calls.
+        unsafe {
+            cmd.pre_exec(move || {
+                priority.apply_to_self();
+                Ok(())
+            });
+        }
     }
     if let Some(dir) = runner.parent() {
         cmd.current_dir(dir);

@@ -1,0 +1,201 @@
+//! The CPU priority of hook work: the processes that run hooks (Python workers, executables, the
+//! Python fork server) yield the CPU to the gateway and to the service's own threads.
+//!
+//! A [`Priority`] is a `nice` increment over the service's own nice value (default +10, like
+//! `nice -n 10`) and, optionally, `SCHED_IDLE` (the process runs only when a CPU would otherwise be
+//! idle). `serve --worker-nice N --worker-sched idle` sets the default for every hook; a hook's
+//! HOOK.yaml (`nice:`, `sched:`) overrides it. A process can always lower its own priority; raising
+//! it above the service's needs `CAP_SYS_NICE` (or `RLIMIT_NICE`): a hook asking for more than it
+//! may have runs at what it could get, and says so in the log.
+
+use serde::Deserialize;
+
+/// Default `nice` increment of hook processes over the service's own.
+pub const DEFAULT_NICE: i32 = 10;
+/// Environment variable for the default increment (`serve --worker-nice`).
+pub const NICE_ENV: &str = "HERMES_HOOKS_WORKER_NICE";
+/// Environment variable for the default scheduling policy (`serve --worker-sched`).
+pub const SCHED_ENV: &str = "HERMES_HOOKS_WORKER_SCHED";
+
+/// `sched:` of a hook, `--worker-sched` of `serve`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Sched {
+    /// The normal time-sharing policy (`SCHED_OTHER`), weighted by `nice`.
+    #[default]
+    Normal,
+    /// `SCHED_IDLE`: only CPU time nobody else wants.
+    Idle,
+}
+
+impl Sched {
+    /// The name used in HOOK.yaml and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sched::Normal => "normal",
+            Sched::Idle => "idle",
+        }
+    }
+}
+
+/// How hook processes are scheduled, relative to the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Priority {
+    /// Increment over the service's nice value (-20..=19; the result is clamped to -20..=19).
+    pub nice: i32,
+    /// Scheduling policy.
+    pub sched: Sched,
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Self {
+            nice: DEFAULT_NICE,
+            sched: Sched::Normal,
+        }
+    }
+}
+
+impl Priority {
+    /// This priority with a hook's own `nice:` / `sched:` applied over it.
+    pub fn overridden(self, nice: Option<i32>, sched: Option<Sched>) -> Self {
+        Self {
+            nice: nice.unwrap_or(self.nice),
+            sched: sched.unwrap_or(self.sched),
+        }
+    }
+
+    /// The absolute nice value a hook process gets: the service's own plus the increment.
+    pub fn target_nice(self) -> i32 {
+        (own_nice() + self.nice).clamp(-20, 19)
+    }
+
+    /// What the handler's processes are started with, as resolved now (for a child to apply).
+    pub fn resolved(self) -> Resolved {
+        Resolved {
+            nice: self.target_nice(),
+            idle: self.sched == Sched::Idle,
+        }
+    }
+
+    /// True when a process at this priority gets more CPU than one at `other` (a lower nice
+    /// value, or a normal policy against `SCHED_IDLE`): it cannot come from a process at `other`.
+    pub fn above(self, other: Priority) -> bool {
+        self.nice < other.nice || (self.sched == Sched::Normal && other.sched == Sched::Idle)
+    }
+
+    /// For `list` / `/v1/hooks`: `nice +10`, `nice +10, idle`.
+    pub fn describe(self) -> String {
+        let idle = if self.sched == Sched::Idle {
+            ", idle"
+        } else {
+            ""
+        };
+        format!("nice {:+}{idle}", self.nice)
+    }
+}
+
+/// A priority resolved to absolute values, applied in a child before it runs hook code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Resolved {
+    /// Absolute nice value.
+    pub nice: i32,
+    /// `SCHED_IDLE`.
+    pub idle: bool,
+}
+
+impl Resolved {
+    /// Applies this priority to the calling thread (in a child between fork and exec: only
+    /// async-signal-safe system calls). Failures are ignored: a process that may not raise its
+    /// priority keeps the one it has, which is never higher than the service's.
+    pub fn apply_to_self(self) {
+        // SAFETY: setpriority and sched_setscheduler are plain system calls without memory
+        // preconditions; `param` outlives the call.
+        unsafe {
+            libc::setpriority(libc::PRIO_PROCESS, 0, self.nice);
+            if self.idle {
+                let param = libc::sched_param { sched_priority: 0 };
+                libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+            }
+        }
+    }
+
+    /// Sets this priority on a running process (every thread it has).
+    pub fn apply_to(self, pid: i32) {
+        // Linux keeps nice per thread: set it on each.
+        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_else(|_| vec![pid]);
+        for tid in tids {
+            // SAFETY: as in `apply_to_self`; a stale id yields ESRCH.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, self.nice);
+                if self.idle {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param);
+                }
+            }
+        }
+    }
+}
+
+/// The nice value of the calling thread (the service's, called from its threads).
+pub fn own_nice() -> i32 {
+    // getpriority returns -1 both for nice -1 and for an error; errno tells them apart.
+    // SAFETY: errno location and getpriority have no preconditions.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let n = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if n == -1 && *libc::__errno_location() != 0 {
+            0
+        } else {
+            n
+        }
+    }
+}
+
+/// Reads a `nice` increment (`--worker-nice`, `nice:`): an integer in -20..=19.
+pub fn parse_nice(s: &str) -> Result<i32, String> {
+    let n: i32 = s
+        .trim()
+        .trim_start_matches('+')
+        .parse()
+        .map_err(|_| format!("{s:?} is not an integer (a nice increment, -20..=19)"))?;
+    check_nice(n as i64)
+}
+
+/// Checks a `nice` increment's range.
+pub fn check_nice(n: i64) -> Result<i32, String> {
+    if (-20..=19).contains(&n) {
+        Ok(n as i32)
+    } else {
+        Err(format!("{n} is out of range -20..=19"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_and_description() {
+        let p = Priority::default();
+        assert_eq!(p.describe(), "nice +10");
+        let q = p.overridden(Some(0), Some(Sched::Idle));
+        assert_eq!(q.describe(), "nice +0, idle");
+        assert_eq!(p.overridden(None, None), p);
+    }
+
+    #[test]
+    fn nice_parsing() {
+        assert_eq!(parse_nice("+5"), Ok(5));
+        assert_eq!(parse_nice("19"), Ok(19));
+        assert!(parse_nice("20").is_err());
+        assert!(parse_nice("x").is_err());
+    }
+}
