@@ -305,7 +305,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
 
     let (kind, handler_path) = resolve_handler(dir, &manifest_path, &manifest)
         .map_err(|(code, file, reason)| skip(&name, &file, code, reason))?;
-    if manifest.concurrency > 1 && matches!(kind, HandlerKind::Python | HandlerKind::Dylib) {
+    if manifest.concurrency > 1 && kind.spec().serial {
         manifest.notes.push(format!(
             "`concurrency: {}` applies in fleet mode only (events in flight across the fleet): \
              here a {} hook handles its events one at a time, in order",
@@ -331,7 +331,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     })?;
 
     let placement = match &handler_path {
-        Some(p) => crate::placement::decide(manifest.runs, kind == HandlerKind::Python, dir, p),
+        Some(p) => crate::placement::decide(manifest.runs, kind.spec().python, dir, p),
         None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;

@@ -61,7 +61,7 @@ pub fn stamp(hermes_home: &Path) -> u64 {
 /// took its environment when it started, so a changed file is a changed hook for it (a reload
 /// gives it a new worker, its queue kept). Other kinds read the files at each process start.
 pub fn fold_into(spec: &mut crate::discovery::HookSpec, stamp: u64) {
-    if spec.kind == crate::discovery::HandlerKind::Python {
+    if spec.kind.spec().env_at_start {
         spec.fingerprint = spec.fingerprint.rotate_left(17) ^ stamp;
     }
 }

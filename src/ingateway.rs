@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::discovery::{HandlerKind, HookSpec};
+use crate::discovery::HookSpec;
 use crate::interpreter::{self, Interpreter};
 
 /// Name of the record the gateway's client writes in `$HERMES_HOME`.
@@ -40,10 +40,9 @@ pub struct HookPlacement {
 impl HookPlacement {
     /// The view of `spec` on a host whose default interpreter is `default_python`.
     pub fn of(spec: &HookSpec, default_python: &str, hermes_home: &Path) -> Self {
-        let python =
-            (spec.kind == HandlerKind::Python && !spec.placement.in_gateway()).then(|| {
-                interpreter::for_hook(spec.manifest.python.as_deref(), default_python, hermes_home)
-            });
+        let python = (spec.kind.spec().python && !spec.placement.in_gateway()).then(|| {
+            interpreter::for_hook(spec.manifest.python.as_deref(), default_python, hermes_home)
+        });
         Self {
             runs: spec.placement.runs.as_str(),
             why: spec.placement.why.clone(),

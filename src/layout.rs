@@ -1,37 +1,13 @@
 //! The layout of a hook directory, as discovery and trust both read it: where `$HERMES_HOME` is,
 //! which directories of a root are hook directories and in what order, which file is the
 //! handler and what kind it is, whether a path stays inside its hook directory, and the file
-//! mode tests (executable, shell script). A leaf: it uses no other module of this crate.
+//! mode tests (executable, shell script). It uses only [`crate::kind`] (which files each kind
+//! runs).
 
 use std::path::{Component, Path, PathBuf};
 
-use serde::Serialize;
-
-/// What runs a hook.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HandlerKind {
-    /// `handler.py`, run in a persistent Python worker.
-    Python,
-    /// An executable (or a shell script), one process per event.
-    Exec,
-    /// A dynamic library with the C ABI v1.
-    Dylib,
-    /// An HTTP endpoint (`url:`).
-    Webhook,
-}
-
-impl HandlerKind {
-    /// Lower-case name, as shown by the API and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HandlerKind::Python => "python",
-            HandlerKind::Exec => "exec",
-            HandlerKind::Dylib => "dylib",
-            HandlerKind::Webhook => "webhook",
-        }
-    }
-}
+pub use crate::kind::HandlerKind;
+use crate::kind::KINDS;
 
 /// Creates `dir` (and missing parents) with mode 0700 when it does not exist; an existing
 /// directory is left as it is. For `$HERMES_HOME` and the socket's directory: nobody else may
@@ -142,8 +118,8 @@ fn find_handler_file(
                 format!("handler {rel:?} (named in HOOK.yaml) does not exist or is not a file"),
             ));
         }
-        let kind = kind_of(&path);
-        if kind == HandlerKind::Exec && !is_executable(&path) && !is_shell_script(&path) {
+        let kind = HandlerKind::of_extension(path.extension().and_then(|e| e.to_str()));
+        if kind.spec().needs_run_bit && !is_executable(&path) && !is_shell_script(&path) {
             return Err(problem(
                 HandlerFault::Unusable,
                 path,
@@ -152,30 +128,27 @@ fn find_handler_file(
         }
         return Ok((kind, path));
     }
-    let py = dir.join("handler.py");
-    if py.is_file() {
-        return Ok((HandlerKind::Python, py));
-    }
-    let bin = dir.join("handler");
-    if bin.is_file() && is_executable(&bin) {
-        return Ok((HandlerKind::Exec, bin));
-    }
-    let sh = dir.join("handler.sh");
-    if sh.is_file() {
-        return Ok((HandlerKind::Exec, sh));
-    }
-    for ext in ["so", "dylib", "dll"] {
-        let lib = dir.join(format!("handler.{ext}"));
-        if lib.is_file() {
-            return Ok((HandlerKind::Dylib, lib));
+    for spec in &KINDS {
+        for file in spec.default_files {
+            let path = dir.join(file.name);
+            if path.is_file() && (!file.needs_run_bit || is_executable(&path)) {
+                return Ok((spec.kind, path));
+            }
         }
     }
-    let reason = if bin.is_file() {
-        "no handler: `handler` exists but is not executable (chmod +x handler)".to_string()
-    } else {
-        "no handler: expected handler.py, an executable `handler`, handler.sh or handler.so \
-         next to HOOK.yaml (or `handler:`/`url:` in HOOK.yaml)"
-            .to_string()
+    let not_executable = KINDS
+        .iter()
+        .flat_map(|k| k.default_files)
+        .find(|f| f.needs_run_bit && dir.join(f.name).is_file());
+    let reason = match not_executable {
+        Some(f) => format!(
+            "no handler: `{0}` exists but is not executable (chmod +x {0})",
+            f.name
+        ),
+        None => format!(
+            "no handler: expected {} next to HOOK.yaml (or `handler:`/`url:` in HOOK.yaml)",
+            crate::kind::default_hint()
+        ),
     };
     Err(problem(HandlerFault::Missing, dir.to_path_buf(), reason))
 }
@@ -232,14 +205,6 @@ pub fn check_inside(dir: &Path, handler: &Path) -> Result<(), String> {
             handler.display(),
             real.display()
         ))
-    }
-}
-
-fn kind_of(path: &Path) -> HandlerKind {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("py") => HandlerKind::Python,
-        Some("so" | "dylib" | "dll") => HandlerKind::Dylib,
-        _ => HandlerKind::Exec,
     }
 }
 

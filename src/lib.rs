@@ -38,6 +38,8 @@
 //! - `fleet` (feature `fleet`): edge sink, workers, collect, fleet view, dead letters.
 //! - [`scaffold`]: `new NAME --kind ...`.
 //! - [`notices`]: the JSON event stream of `serve --output json`.
+//! - [`kind`]: one descriptor per handler kind (its files, Python or not, what runs locally, what
+//!   an approval covers), consulted by layout, discovery and trust instead of matching the kind.
 //! - Leaves shared by several of the above: [`layout`] (the layout of a hook directory and
 //!   `$HERMES_HOME`), [`atomic`] (atomic file writes), [`time`] (RFC 3339 timestamps),
 //!   [`text`] (error texts capped, URLs redacted).
@@ -66,6 +68,7 @@ pub mod hook;
 pub mod host;
 pub(crate) mod ingateway;
 pub(crate) mod interpreter;
+pub(crate) mod kind;
 pub(crate) mod layout;
 pub mod manifest;
 pub(crate) mod metrics;

@@ -307,8 +307,8 @@ impl Loaded {
     }
 }
 
-/// Turns what `hermes_hook_handle` produced into a call result (public so it can be fuzzed).
-pub fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
+/// Turns what `hermes_hook_handle` produced into a call result (fuzzed in the tests below).
+pub(crate) fn interpret(rc: i32, out: &[u8], label: &str) -> HandlerResult {
     if rc != 0 {
         let mut msg = String::from_utf8_lossy(&out[..out.len().min(MAX_MESSAGE)])
             .trim()
@@ -860,7 +860,57 @@ impl Handler for DylibHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    /// A JSON value of any shape, small.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "\\PC{0,16}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z_]{0,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 384, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Fuzzed: whatever a library returns decodes to a result (rc 0) or a capped failure.
+        #[test]
+        fn library_answers_decode_to_a_result_or_a_failure(
+            rc in prop_oneof![Just(0i32), any::<i32>()],
+            out in prop_oneof![
+                any::<Vec<u8>>(),
+                any_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+                Just(vec![b'"'; 5000]),
+            ],
+        ) {
+            match interpret(rc, &out, "handler.so") {
+                Ok(_) => prop_assert_eq!(rc, 0),
+                Err(HandlerError::Failed(msg)) => {
+                    prop_assert!(!msg.is_empty());
+                    prop_assert!(msg.len() < 8 * 1024, "error text is capped, got {} bytes", msg.len());
+                }
+                Err(other) => prop_assert!(false, "unexpected error kind {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_oversized_library_result_is_a_failure() {
+        let big = vec![b' '; 17 * 1024 * 1024];
+        let err = interpret(0, &big, "handler.so").unwrap_err();
+        assert!(err.to_string().contains("larger than"), "{err}");
+    }
 
     #[test]
     fn interpret_results() {

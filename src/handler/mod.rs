@@ -2,9 +2,11 @@
 //!
 //! A hook's worker ([`crate::hook`]) owns one [`Handler`] and hands it queued events (up to
 //! [`Handler::max_calls`] at once), so a handler needs `&mut self` and no locking. Each kind lives
-//! in its own file or folder and builds on [`api`]; [`start`] picks the kind. What else knows a
-//! kind (handler file names, files that can run, approval inputs, `/v1/hooks` fields) is listed
-//! in docs/architecture.md, "Where each handler kind lives".
+//! in its own file or folder and builds on [`api`]; [`start`] picks the kind. What the rest of
+//! the crate knows about a kind (handler file names, files that can run, approval inputs, Python
+//! or not) is its descriptor in `crate::kind`, so a new kind is one new file or folder here plus
+//! one registration: its descriptor in `kind::KINDS` and its arm in [`start`]
+//! (docs/architecture.md, "Where each handler kind lives").
 
 use crate::discovery::{HandlerKind, HookSpec};
 

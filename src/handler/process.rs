@@ -164,7 +164,7 @@ where
 
 /// Reads one `\n`-terminated line into `buf`, keeping at most `max` bytes of it (the rest of the
 /// line is consumed and discarded). Returns `None` at EOF, else whether the line was cut.
-pub async fn read_line_limited<R>(
+pub(crate) async fn read_line_limited<R>(
     reader: &mut R,
     buf: &mut Vec<u8>,
     max: usize,
@@ -218,5 +218,47 @@ fn signal_name(s: i32) -> &'static str {
         libc::SIGABRT => " (SIGABRT)",
         libc::SIGINT => " (SIGINT)",
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 384, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Fuzzed: any bytes are split into lines of at most `max` bytes, each cut flagged,
+        /// every line read once.
+        #[test]
+        fn protocol_lines_are_split_within_their_limit(
+            input in prop::collection::vec(prop_oneof![Just(b'\n'), any::<u8>()], 0..600),
+            max in 0usize..64,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let lines = rt.block_on(async {
+                let mut reader = tokio::io::BufReader::with_capacity(7, &input[..]);
+                let mut lines = Vec::new();
+                loop {
+                    let mut buf = Vec::new();
+                    match read_line_limited(&mut reader, &mut buf, max).await {
+                        Ok(None) => break,
+                        Ok(Some(cut)) => lines.push((buf, cut)),
+                        Err(e) => panic!("reading from memory failed: {e}"),
+                    }
+                    assert!(lines.len() <= input.len(), "more lines than bytes");
+                }
+                lines
+            });
+            let mut expected = input.split_inclusive(|b| *b == b'\n');
+            for (buf, cut) in &lines {
+                let whole = expected.next().unwrap_or_default();
+                prop_assert!(buf.len() <= max);
+                prop_assert_eq!(*cut, whole.len() > max);
+                prop_assert_eq!(&buf[..], &whole[..buf.len()]);
+            }
+            prop_assert!(expected.next().is_none(), "every line was read");
+        }
     }
 }

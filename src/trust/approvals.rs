@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::kind::ApprovalInput;
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
 use crate::trust::error::TrustError;
@@ -118,8 +119,8 @@ pub fn approval_hash(
     handler: Option<&Path>,
     manifest: &Manifest,
 ) -> std::io::Result<String> {
-    let digest = match (kind, handler) {
-        (HandlerKind::Webhook, _) | (_, None) => {
+    let digest = match (kind.spec().approval, handler) {
+        (ApprovalInput::Endpoint, _) | (_, None) => {
             let mut h = Sha256::new();
             h.update(b"webhook\n");
             h.update(manifest.url.as_deref().unwrap_or("").as_bytes());

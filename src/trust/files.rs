@@ -94,11 +94,13 @@ impl RunFiles {
         let mut this = Self {
             dir: dir.to_path_buf(),
             handler: handler.map(Path::to_path_buf),
-            python: (kind == HandlerKind::Python)
+            python: kind
+                .spec()
+                .python
                 .then(|| manifest.python.clone())
                 .flatten(),
             check_permissions,
-            runs_locally: kind != HandlerKind::Webhook,
+            runs_locally: kind.spec().runs_locally,
             files: BTreeMap::new(),
         };
         this.files = this.rescan()?;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::kind::ApprovalInput;
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
 use crate::trust::approvals::{TrustFile, approval_hash, settings_hash, short, trust_file};
@@ -103,7 +104,7 @@ impl Gate {
         let now = approval_hash(kind, handler, manifest)
             .map_err(|e| format!("cannot hash the handler: {e}"))?;
         if now != approval.sha256 {
-            let what = if kind == HandlerKind::Webhook {
+            let what = if kind.spec().approval == ApprovalInput::Endpoint {
                 "its url/secret_env"
             } else {
                 "its handler"

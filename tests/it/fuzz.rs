@@ -1,7 +1,8 @@
 //! Property tests ("fuzzing" on the stable toolchain, with `proptest`) of everything that reads
 //! input from outside: HOOK.yaml parsing and validation, event names and patterns, the HTTP
-//! request bodies of every route, the Python runner's protocol lines, and the decoding of a
-//! dynamic library's answer. The properties: no panic, no hang, every failure a typed error
+//! request bodies of every route and the Python runner's protocol lines (a dynamic library's
+//! answer and the line reader are fuzzed next to their code, in handler/dylib.rs and
+//! handler/process.rs). The properties: no panic, no hang, every failure a typed error
 //! with a message. Case counts are bounded so the suite stays fast.
 
 use std::time::{Duration, Instant};
@@ -10,8 +11,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use hermes_hooks::events::validate_event_name;
 use hermes_hooks::handler::HandlerError;
-use hermes_hooks::handler::dylib::interpret;
-use hermes_hooks::handler::process::read_line_limited;
 use hermes_hooks::handler::python::{Answer, parse_answer, parse_handshake};
 use hermes_hooks::manifest::{parse_manifest, validate_name};
 use hermes_hooks::pattern::{PatternSet, matches_known_event};
@@ -165,62 +164,6 @@ proptest! {
             prop_assert!(matches!(e, HandlerError::Load(ref m) if !m.is_empty()), "{e:?}");
         }
     }
-
-    #[test]
-    fn protocol_lines_are_split_within_their_limit(
-        input in prop::collection::vec(prop_oneof![Just(b'\n'), any::<u8>()], 0..600),
-        max in 0usize..64,
-    ) {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let lines = rt.block_on(async {
-            let mut reader = tokio::io::BufReader::with_capacity(7, &input[..]);
-            let mut lines = Vec::new();
-            loop {
-                let mut buf = Vec::new();
-                match read_line_limited(&mut reader, &mut buf, max).await {
-                    Ok(None) => break,
-                    Ok(Some(cut)) => lines.push((buf, cut)),
-                    Err(e) => panic!("reading from memory failed: {e}"),
-                }
-                assert!(lines.len() <= input.len(), "more lines than bytes");
-            }
-            lines
-        });
-        let mut expected = input.split_inclusive(|b| *b == b'\n');
-        for (buf, cut) in &lines {
-            let whole = expected.next().unwrap_or_default();
-            prop_assert!(buf.len() <= max);
-            prop_assert_eq!(*cut, whole.len() > max);
-            prop_assert_eq!(&buf[..], &whole[..buf.len()]);
-        }
-        prop_assert!(expected.next().is_none(), "every line was read");
-    }
-
-    #[test]
-    fn library_answers_decode_to_a_result_or_a_failure(
-        rc in prop_oneof![Just(0i32), any::<i32>()],
-        out in prop_oneof![
-            any::<Vec<u8>>(),
-            yaml_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
-            Just(vec![b'"'; 5000]),
-        ],
-    ) {
-        match interpret(rc, &out, "handler.so") {
-            Ok(_) => prop_assert_eq!(rc, 0),
-            Err(HandlerError::Failed(msg)) => {
-                prop_assert!(!msg.is_empty());
-                prop_assert!(msg.len() < 8 * 1024, "error text is capped, got {} bytes", msg.len());
-            }
-            Err(other) => prop_assert!(false, "unexpected error kind {other:?}"),
-        }
-    }
-}
-
-#[test]
-fn an_oversized_library_result_is_a_failure() {
-    let big = vec![b' '; 17 * 1024 * 1024];
-    let err = interpret(0, &big, "handler.so").unwrap_err();
-    assert!(err.to_string().contains("larger than"), "{err}");
 }
 
 /// A JSON value of any shape, small.
