@@ -43,6 +43,7 @@ const KNOWN_KEYS: &[&str] = &[
     "retries",
     "concurrency",
     "ca_file",
+    "data",
 ];
 
 /// Keys that published hooks carry for their own use: accepted with an informational note.
@@ -132,6 +133,7 @@ struct RawManifest {
     retries: Option<i64>,
     concurrency: Option<i64>,
     ca_file: Option<String>,
+    data: Option<Vec<String>>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -176,6 +178,9 @@ pub struct Manifest {
     /// PEM file of extra certificate authorities a webhook's `https://` endpoint may be signed
     /// by (relative to the hook directory), trusted in addition to the system's.
     pub ca_file: Option<String>,
+    /// `data:`: paths of the hook's tree that are data, not code (`state/`, `*.json`), in
+    /// addition to the defaults of [`crate::trust::data`]; an approval covers every other file.
+    pub data: Vec<String>,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
     /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
@@ -349,6 +354,13 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             });
         }
     }
+    let data = raw.data.unwrap_or_default();
+    if let Some(bad) = data.iter().find_map(|p| crate::trust::data::invalid(p)) {
+        return Err(ManifestError::BadField {
+            field: "data",
+            reason: bad,
+        });
+    }
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -368,6 +380,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,
+        data,
         warnings,
         notes,
     })

@@ -1,11 +1,13 @@
-//! The files of a hook that can run, and the permissions of its whole tree ([`permission_problem`]
+//! The files of a hook that run, and the permissions of its whole tree ([`permission_problem`]
 //! is the one rule for a single path, shared with [`crate::trust::policy`]).
 //!
 //! [`RunFiles::scan`] walks a hook directory once and (1) refuses any file or directory anywhere
 //! under it that is writable by group or others or owned by another user (unless
 //! `--insecure-permissions`), and a `python:` interpreter with the same problem; (2) records the
-//! SHA-256 of every file that can run: the handler, every Python file (`.py`, `.pyw`, `.pth`), shell
-//! script (`.sh`), shared library (`.so`, `.dylib`) and every file with an execute bit.
+//! SHA-256 of every file of the tree except its data ([`crate::trust::data`]: `__pycache__/`,
+//! `*.log` and what HOOK.yaml's `data:` declares) and HOOK.yaml itself (whose settings that
+//! change what runs are hashed by [`crate::trust::approvals::settings_hash`]). Whatever its name
+//! or mode, a file a handler may source, read as a program or import is covered.
 //!
 //! Discovery takes that record when a hook version loads; explicit approvals cover it; and
 //! [`crate::trust::prestart`] compares the tree with it before every process start, so what runs
@@ -20,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
+use crate::trust::data::DataRules;
 
 /// Most entries looked at under one hook directory; a larger tree is refused.
 pub const MAX_ENTRIES: usize = 20_000;
@@ -76,7 +79,9 @@ pub struct RunFiles {
     pub check_permissions: bool,
     /// False for a webhook: nothing in its directory runs, only permissions are checked.
     pub runs_locally: bool,
-    /// Relative path -> SHA-256 (hex) of every file that can run.
+    /// What of the tree is data (not covered).
+    pub data: DataRules,
+    /// Relative path -> SHA-256 (hex) of every file of the tree that is not data.
     pub files: BTreeMap<String, String>,
 }
 
@@ -98,6 +103,7 @@ impl RunFiles {
                 .flatten(),
             check_permissions,
             runs_locally: kind != HandlerKind::Webhook,
+            data: DataRules::new(&manifest.data),
             files: BTreeMap::new(),
         };
         this.files = this.rescan()?;
@@ -159,6 +165,11 @@ impl RunFiles {
                 let Ok(meta) = std::fs::metadata(&path) else {
                     continue; // a dangling link opens nothing
                 };
+                let rel = self.rel(&path);
+                if self.data.is_data(&rel, meta.is_dir()) || (d == self.dir && name == "HOOK.yaml")
+                {
+                    continue;
+                }
                 if self.check_permissions
                     && let Some(reason) = problem_of(&path, &meta)
                 {
@@ -170,15 +181,15 @@ impl RunFiles {
                     if visited.insert(canon) {
                         stack.push(path);
                     }
-                } else if self.runs_locally && meta.is_file() && can_run(&path, &meta) {
-                    files.insert(self.rel(&path), file_sha256(&path, Some(&meta))?);
+                } else if self.runs_locally && meta.is_file() {
+                    files.insert(rel, file_sha256(&path, Some(&meta))?);
                 }
             }
         }
         Ok(files)
     }
 
-    /// SHA-256 (hex) over every file that can run (relative path and hash, in path order).
+    /// SHA-256 (hex) over every covered file (relative path and hash, in path order).
     pub fn digest(&self) -> String {
         digest_of(&self.files)
     }
@@ -227,17 +238,6 @@ pub fn describe_changes(
         text.push_str(&format!(" and {more} more"));
     }
     text
-}
-
-/// Whether a file can run: Python source, a shell script, a shared library, or executable.
-fn can_run(path: &Path, meta: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
-    matches!(ext.as_str(), "py" | "pyw" | "pth" | "sh" | "so" | "dylib")
-        || meta.permissions().mode() & 0o111 != 0
 }
 
 /// The uid this process runs as.
@@ -376,9 +376,14 @@ mod tests {
         let h = d.join("handler.py");
         let rf = RunFiles::scan(d, HandlerKind::Python, Some(&h), &m, false).unwrap();
         let names: Vec<&str> = rf.files.keys().map(String::as_str).collect();
-        assert_eq!(names, ["handler.py", "helper.py", "pkg/__init__.py"]);
+        assert_eq!(
+            names,
+            ["data.txt", "handler.py", "helper.py", "pkg/__init__.py"]
+        );
         std::fs::write(d.join("helper.py"), "X = 2\n").unwrap();
-        std::fs::write(d.join("data.txt"), "still not code\n").unwrap();
+        std::fs::write(d.join("hook.log"), "a log is data\n").unwrap();
+        std::fs::create_dir(d.join("__pycache__")).unwrap();
+        std::fs::write(d.join("__pycache__/helper.cpython-311.pyc"), "x").unwrap();
         let now = rf.rescan().unwrap();
         assert_ne!(digest_of(&now), rf.digest());
         assert_eq!(describe_changes(&rf.files, &now), "helper.py changed");

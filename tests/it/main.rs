@@ -25,5 +25,6 @@ mod python;
 mod reload;
 mod service;
 mod trust;
+mod trust_holds;
 mod webhook;
 mod zygote;
