@@ -896,29 +896,35 @@ impl Host {
 
         // Retire what the new snapshot no longer holds.
         let current = self.snapshot();
-        let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
-        retired.retain(|h| !h.is_finished());
-        for h in &old.hooks {
-            if current.hooks.iter().any(|n| Arc::ptr_eq(n, h)) {
-                continue;
-            }
-            retired.push(h.clone());
-            if current
-                .hooks
-                .iter()
-                .any(|n| Arc::ptr_eq(&n.queue, &h.queue))
-            {
-                h.supersede();
-            } else {
-                h.close();
-                report.stopped.push(h.spec.name.clone());
-                self.inner.notices.send(
-                    "hook_unloaded",
-                    json!({"hook": h.spec.name, "dir": h.spec.dir, "queued": h.queue.len()}),
-                );
+        let mut refused = Vec::new();
+        {
+            let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
+            retired.retain(|h| !h.is_finished());
+            for h in &old.hooks {
+                if current.hooks.iter().any(|n| Arc::ptr_eq(n, h)) {
+                    continue;
+                }
+                retired.push(h.clone());
+                if current
+                    .hooks
+                    .iter()
+                    .any(|n| Arc::ptr_eq(&n.queue, &h.queue))
+                {
+                    h.supersede();
+                } else {
+                    h.close();
+                    if let Some(why) = crate::trust::revoked::refusal(&skipped, &h.spec.dir) {
+                        refused.push((h.clone(), why));
+                    }
+                    report.stopped.push(h.spec.name.clone());
+                    self.inner.notices.send(
+                        "hook_unloaded",
+                        json!({"hook": h.spec.name, "dir": h.spec.dir, "queued": h.queue.len()}),
+                    );
+                }
             }
         }
-        drop(retired);
+        crate::trust::revoked::stop_all(refused).await;
         drop(old);
         self.ledger().fold();
         // Report what is newly wrong; a rescan does not repeat problems already reported.

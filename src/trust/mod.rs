@@ -45,6 +45,7 @@ pub mod error;
 pub mod files;
 pub mod policy;
 pub mod prestart;
+pub mod revoked;
 
 pub use crate::layout::check_inside;
 pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_hash, trust_file};

@@ -68,3 +68,50 @@ async fn row_2_sourced_files_of_any_name_are_covered() {
     }
     host.shutdown(T).await;
 }
+
+/// Row 9: revoking an approval stops the hook at once; the events still queued are reported as
+/// not run (undelivered), none runs with the revoked code.
+#[tokio::test]
+async fn row_9_revoked_hook_does_not_drain_its_queue() {
+    let hooks = Hooks::new();
+    let ran = hooks.out().join("ran.txt");
+    hooks.python(
+        "slow",
+        "[\"x:*\"]",
+        &format!(
+            "import time\n\ndef handle(event, context):\n    with open({:?}, 'a') as f:\n        f.write('x\\n')\n    time.sleep(0.05)\n",
+            ran.display().to_string()
+        ),
+    );
+    approve(&hooks, "slow");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["slow"], "{report:#?}");
+    for _ in 0..100 {
+        host.emit("x:go", json!({})).unwrap();
+    }
+    let count = || {
+        std::fs::read_to_string(&ran)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    crate::util::poll_async(T, "the first event to run", || (count() > 0).then_some(())).await;
+    set_enabled(&[hooks.root()], &hooks.home(), &explicit(), "slow", false).unwrap();
+    let before = count();
+    let report = host.reload().await;
+    assert!(report.loaded.is_empty(), "{report:#?}");
+    // Whatever the stopped version would still run has run once the host is shut down.
+    host.shutdown(T).await;
+    let after = count();
+    // At most the call that was running when the reload came finishes its line.
+    assert!(
+        after <= before + 1,
+        "{} events ran after the approval was revoked",
+        after - before
+    );
+    let tally = host.accounts()["slow"];
+    assert!(tally.balanced(), "{tally:?}");
+    assert!(
+        tally.undelivered + tally.failed >= 100 - after as u64,
+        "queued events must be reported: {tally:?}"
+    );
+}
