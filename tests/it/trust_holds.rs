@@ -115,3 +115,118 @@ async fn row_9_revoked_hook_does_not_drain_its_queue() {
         "queued events must be reported: {tally:?}"
     );
 }
+
+/// Row 1: a planted `__pycache__/helper.cpython-3X.pyc` whose header matches helper.py's mtime and
+/// size never runs: Python reads bytecode only from the cache the service owns.
+#[tokio::test]
+async fn row_1_planted_bytecode_cache_never_runs() {
+    let hooks = Hooks::new();
+    let dir = hooks.python(
+        "h",
+        "[\"x:*\"]",
+        "import helper\n\ndef handle(event, context):\n    return helper.VALUE\n",
+    );
+    std::fs::write(dir.join("helper.py"), "VALUE = 'approved'\n").unwrap();
+    // Compile an injected helper under the same name, then restore helper.py's size and mtime so
+    // the planted cache's header matches the approved source.
+    let planted = dir.join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::write(planted.join("helper.py"), "VALUE = 'injected'\n").unwrap();
+    let approved_meta = std::fs::metadata(dir.join("helper.py")).unwrap();
+    let mtime = approved_meta.modified().unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(planted.join("helper.py"))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import py_compile, sys; print(py_compile.compile(sys.argv[1], cfile=sys.argv[2]))",
+        ])
+        .arg(planted.join("helper.py"))
+        .arg(
+            dir.join("__pycache__")
+                .join(format!("helper.{}.pyc", python_tag())),
+        )
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::remove_dir_all(&planted).unwrap();
+    approve(&hooks, "h");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["h"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("approved")))
+    );
+    host.shutdown(T).await;
+}
+
+/// `cpython-311` for the `python3` on PATH.
+fn python_tag() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.implementation.cache_tag)"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Row 3: a module the handler imports lazily, edited after the worker started (no watcher), is
+/// refused at the import instead of run.
+#[tokio::test]
+async fn row_3_lazily_imported_module_is_checked_at_import() {
+    let hooks = Hooks::new();
+    let dir = hooks.python(
+        "h",
+        "[\"x:*\"]",
+        "def handle(event, context):\n    if event == 'x:late':\n        import late\n        return late.VALUE\n    return 'started'\n",
+    );
+    std::fs::write(dir.join("late.py"), "VALUE = 'approved'\n").unwrap();
+    approve(&hooks, "h");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["h"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!("started")))
+    );
+    std::fs::write(dir.join("late.py"), "VALUE = 'injected'\n").unwrap();
+    let err = collect_one(&host, "x:late", json!({}))
+        .await
+        .expect_err("the edited late.py must not be imported");
+    assert!(err.contains("late.py changed"), "{err}");
+    host.shutdown(T).await;
+}
+
+/// Row 10: the service's own cache directory (where the runner lives) is not an import location,
+/// for a forked worker and for one started from scratch (an `env:` with `PYTHON*` forces that).
+#[tokio::test]
+async fn row_10_runner_directory_is_not_on_the_import_path() {
+    let hooks = Hooks::new();
+    let code = "def handle(event, context):\n    try:\n        import planted_in_cache\n    except ImportError:\n        return 'clean'\n    return 'planted'\n";
+    hooks.python("forked", "[\"x:forked\"]", code);
+    hooks.add(
+        "fresh",
+        &[
+            (
+                "HOOK.yaml",
+                "name: fresh\nevents: [\"x:fresh\"]\nenv:\n  PYTHONHASHSEED: \"0\"\n",
+            ),
+            ("handler.py", code),
+        ],
+    );
+    let cache = config(&hooks).runtime_dir;
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(cache.join("planted_in_cache.py"), "").unwrap();
+    let (host, report) = start(&hooks, TrustMode::All).await;
+    assert_eq!(report.loaded, vec!["forked", "fresh"], "{report:#?}");
+    for event in ["x:forked", "x:fresh"] {
+        assert_eq!(
+            collect_one(&host, event, json!({})).await,
+            Ok(Some(json!("clean"))),
+            "{event}"
+        );
+    }
+    host.shutdown(T).await;
+}
