@@ -12,6 +12,7 @@ pub mod exec;
 pub mod process;
 pub mod pylog;
 pub mod python;
+pub mod verified_exec;
 pub mod webhook;
 pub mod zygote;
 

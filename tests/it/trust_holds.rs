@@ -230,3 +230,54 @@ async fn row_10_runner_directory_is_not_on_the_import_path() {
     }
     host.shutdown(T).await;
 }
+
+/// Row 7: an executable swapped by rename between the check and the exec never runs: the process
+/// starts from the descriptor whose bytes were checked.
+#[tokio::test]
+async fn row_7_swapped_executable_never_runs() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let hooks = Hooks::new();
+    let good = "#!/bin/sh\necho '\"approved\"'\n";
+    let evil = "#!/bin/sh\necho '\"injected\"'\n";
+    let dir = hooks.exec("e", "[\"x:*\"]", good);
+    approve(&hooks, "e");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["e"], "{report:#?}");
+    let staging = hooks.tmp.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (stop, staging, handler) = (stop.clone(), staging.clone(), dir.join("handler"));
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for content in [evil, good] {
+                    let tmp = staging.join(format!("h{n}"));
+                    n += 1;
+                    std::fs::write(&tmp, content).unwrap();
+                    crate::util::set_mode(&tmp, 0o755);
+                    std::fs::rename(&tmp, &handler).unwrap();
+                }
+            }
+        })
+    };
+    let mut outcomes = std::collections::BTreeMap::new();
+    for _ in 0..200 {
+        let out = collect_one(&host, "x:go", json!({})).await;
+        let key = match out {
+            Ok(v) => format!("{v:?}"),
+            Err(e) if e.contains("not started") => "refused".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        *outcomes.entry(key).or_insert(0) += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    eprintln!("row 7 outcomes: {outcomes:?}");
+    assert!(
+        outcomes.keys().all(|k| !k.contains("injected")),
+        "the swapped-in executable ran: {outcomes:?}"
+    );
+    host.shutdown(T).await;
+}
