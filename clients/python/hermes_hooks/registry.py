@@ -47,7 +47,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _ingateway, _transport
+from . import _ingateway, _transport, _trusted
 
 log = logging.getLogger("hermes_hooks")
 
@@ -453,10 +453,11 @@ class HookRegistry:
         starts the service when none answers.
         """
         try:
-            status, body, exc = self._fetch("/v1/hooks")
+            self._peer = {}  # type: Dict[str, Any]
+            status, body, exc = self._fetch("/v1/hooks", self._peer)
             if exc is not None and self._autostart and self._nobody_listening(exc):
                 if self._start_service():
-                    status, body, exc = self._fetch("/v1/hooks")
+                    status, body, exc = self._fetch("/v1/hooks", self._peer)
             if exc is not None:
                 log.warning("hermes-hooks service not reachable at %s (%s): no hooks listed; "
                             "events are buffered (up to %d) until it answers",
@@ -468,7 +469,8 @@ class HookRegistry:
                 data = json.loads(body.decode("utf-8"))
                 self._hooks = [_hook_entry(h) for h in data.get("hooks") or []]
                 self.skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
-                self._ingateway.load(self._hooks, self._home)
+                self._ingateway.load(self._hooks, self._home, _trusted.service_problem(
+                    self._address.kind, self._peer.get("uid"), bool(self._headers)))
                 for hook in self._hooks:
                     log.info("[hooks] Loaded hook '%s' for events: %s", hook["name"], hook["events"])
                 for entry in self.skipped:
@@ -1002,10 +1004,11 @@ class HookRegistry:
 
     # ------------------------------------------------------------------ internals: control calls
 
-    def _fetch(self, path: str) -> Tuple[int, bytes, Optional[BaseException]]:
+    def _fetch(self, path: str, peer: Optional[Dict[str, Any]] = None
+               ) -> Tuple[int, bytes, Optional[BaseException]]:
         try:
             status, body = _transport.request(self._address, "GET", path, None, self._headers,
-                                              self._request_timeout)
+                                              self._request_timeout, peer)
             return status, body, None
         except (OSError, http.client.HTTPException) as exc:
             return 0, b"", exc
