@@ -65,6 +65,7 @@ pub mod metrics;
 pub mod notices;
 pub mod pattern;
 pub mod placement;
+pub mod reaper;
 pub mod registry;
 pub mod scaffold;
 pub mod server;

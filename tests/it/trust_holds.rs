@@ -281,3 +281,86 @@ async fn row_7_swapped_executable_never_runs() {
     );
     host.shutdown(T).await;
 }
+
+/// Zombie children of `pid` (from `/proc/PID/task/*/children`).
+fn zombie_children(pid: u32) -> usize {
+    let mut n = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for kid in kids.split_whitespace() {
+            let stat = std::fs::read_to_string(format!("/proc/{kid}/stat")).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
+            if state.as_deref() == Some("Z") {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Sends 20 events to an exec hook that leaves a short-lived background process behind each
+/// time, through a `serve` started by `cmd`, whose service process is `service_pid(serve)`; then
+/// every orphan must be reaped.
+fn orphans_are_reaped(mut cmd: std::process::Command, service_pid: impl Fn(u32) -> u32) {
+    let hooks = Hooks::new();
+    hooks.exec(
+        "bg",
+        "[\"x:*\"]",
+        "#!/bin/sh\n(sleep 0.05 </dev/null >/dev/null 2>&1 &)\necho null\n",
+    );
+    cmd.arg(crate::util::bin())
+        .arg("serve")
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0"]);
+    let serve = crate::util::Serve::spawn(cmd, &hooks);
+    let pid = service_pid(serve.child.id());
+    for _ in 0..20 {
+        let (status, body) = serve.post("/v1/collect", &json!({"event": "x:go"}));
+        assert_eq!(status, 200, "{body}");
+    }
+    crate::util::poll(Duration::from_secs(10), "every orphan reaped", || {
+        (zombie_children(pid) == 0).then_some(())
+    });
+    // Stop the service itself (a wrapper such as unshare does not forward signals).
+    crate::util::signal(pid, libc::SIGTERM);
+}
+
+/// Also in issue 20: as PID 1 (in a new PID namespace, as in a container) the service reaps the
+/// orphans its hooks leave behind instead of collecting zombies. Needs `unshare` (root).
+#[test]
+fn orphans_of_hooks_are_reaped_when_the_service_is_pid_1() {
+    let works = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        eprintln!("skipped: `unshare --pid --fork --mount-proc` is not available here");
+        return;
+    }
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+    // The service is unshare's one child.
+    orphans_are_reaped(cmd, |unshare| {
+        let kids = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+            .unwrap_or_default();
+        kids.split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("unshare's child")
+    });
+}
+
+/// The same with `HERMES_HOOKS_SUBREAPER=1` outside a container.
+#[test]
+fn orphans_of_hooks_are_reaped_by_a_subreaper_service() {
+    let mut cmd = std::process::Command::new("env");
+    cmd.arg(format!("{}=1", hermes_hooks::reaper::SUBREAPER_ENV));
+    // `env` execs the service: same pid.
+    orphans_are_reaped(cmd, |pid| pid);
+}
