@@ -24,6 +24,11 @@ pub async fn check(roots: RootArgs) -> i32 {
             let placement =
                 crate::ingateway::HookPlacement::of(&h.spec, &config.python, &config.hermes_home);
             let _ = writeln!(out, "        {}", placement.summary());
+            if config.trust.mode == crate::trust::TrustMode::Explicit {
+                for line in crate::trust::coverage::lines(&h.spec.files) {
+                    let _ = writeln!(out, "        {line}");
+                }
+            }
             if let Some(r) = &placement.restart_needed {
                 warnings += 1;
                 let _ = writeln!(out, "warning {}: {r}", h.spec.name);

@@ -39,6 +39,7 @@
 
 pub mod approvals;
 pub mod commands;
+pub mod coverage;
 pub mod data;
 pub mod edit;
 pub mod error;

@@ -364,3 +364,51 @@ fn orphans_of_hooks_are_reaped_by_a_subreaper_service() {
     // `env` execs the service: same pid.
     orphans_are_reaped(cmd, |pid| pid);
 }
+
+/// `check --trust explicit` says every file an approval covers, and what is left out as data.
+#[test]
+fn check_reports_every_covered_file() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "h",
+        &[
+            (
+                "HOOK.yaml",
+                "name: h\nevents: [\"x:*\"]\ndata: [\"state/\"]\n",
+            ),
+            (
+                "handler.py",
+                "import helper\n\ndef handle(e, c):\n    return helper.V\n",
+            ),
+            ("helper.py", "V = 1\n"),
+            ("lib.bash", "v() { :; }\n"),
+            ("state/seen.json", "{}\n"),
+            ("hook.log", "line\n"),
+        ],
+    );
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(crate::util::bin())
+            .args(args)
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--trust", "explicit"])
+            .env("HERMES_HOME", hooks.home())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {text}");
+        text
+    };
+    run(&["enable", "h"]);
+    let out = run(&["check"]);
+    for file in ["handler.py", "helper.py", "lib.bash"] {
+        assert!(
+            out.contains(&format!("covers  {file}  sha256 ")),
+            "{file}:\n{out}"
+        );
+    }
+    assert!(!out.contains("covers  state/"), "{out}");
+    assert!(!out.contains("covers  hook.log"), "{out}");
+    assert!(out.contains("data    __pycache__/, *.log, state/"), "{out}");
+}
