@@ -61,6 +61,8 @@ import time
 import traceback
 
 DRAIN_SECONDS = 2.0
+#: The bytecode cache the service owns (see use_service_pycache).
+PYCACHE_ENV = "HERMES_HOOKS_PYCACHE"
 READ_CHUNK = 1 << 16
 
 _proto_out = None  # the real stdout, for replies only
@@ -118,11 +120,16 @@ def take_protocol_fds():
 
 def use_service_pycache():
     """Python never reads or writes a hook's own ``__pycache__``: a planted ``.pyc`` whose header
-    matches a source file would run instead of it. Bytecode caches live under the prefix the
-    service owns (``PYTHONPYCACHEPREFIX``, set by the host); without one, none is written."""
-    prefix = os.environ.get("PYTHONPYCACHEPREFIX")
+    matches a source file would run instead of it. The hook's own modules never use bytecode
+    (HookFinder compiles the bytes it checked); everything imported from here on (what a hook
+    imports lazily, or loads by hand) keeps its cache under the directory the service owns
+    (``HERMES_HOOKS_PYCACHE``, set by the host), written even under ``PYTHONDONTWRITEBYTECODE``
+    since it is nobody's source tree. The runner's own imports came before, from the usual
+    caches. Without the variable no bytecode is written at all."""
+    prefix = os.environ.get(PYCACHE_ENV)
     if prefix and os.path.isabs(prefix):
         sys.pycache_prefix = prefix
+        sys.dont_write_bytecode = False
     else:
         sys.dont_write_bytecode = True
 
@@ -489,7 +496,10 @@ class Zygote:
                 os.dup2(pipes[2][1], 2)
                 os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
                 sys.stdout = sys.stderr = open(2, "w", closefd=False)
+                service_cache = os.environ.get(PYCACHE_ENV)
                 os.environ.update(req.get("env") or {})
+                if service_cache:  # the service's, whatever a hook's env says
+                    os.environ[PYCACHE_ENV] = service_cache
                 os.chdir(req["dir"])
                 sys.argv = [sys.argv[0], req["dir"], req["handler"], req["name"]]
                 run_worker(req["dir"], req["handler"], req["name"])

@@ -36,9 +36,10 @@ const MAX_EXITS: usize = 4096;
 /// Environment variable that turns forking off (`0`, `off`, `false`, `no`).
 pub const FORK_ENV: &str = "HERMES_HOOKS_FORK";
 
-/// Where Python keeps bytecode caches: set for every interpreter the service starts, so none
-/// reads (or writes) a hook's own `__pycache__`.
-pub const PYCACHE_ENV: &str = "PYTHONPYCACHEPREFIX";
+/// Where Python keeps bytecode caches: given to every interpreter the service starts (the runner
+/// sets `sys.pycache_prefix` from it after its own imports), so none reads (or writes) a hook's
+/// own `__pycache__`.
+pub const PYCACHE_ENV: &str = "HERMES_HOOKS_PYCACHE";
 
 /// The bytecode cache of the interpreters started with `runner`: beside it, owned by the service.
 pub fn pycache_dir(runner: &Path) -> PathBuf {
