@@ -412,3 +412,36 @@ fn check_reports_every_covered_file() {
     assert!(!out.contains("covers  hook.log"), "{out}");
     assert!(out.contains("data    __pycache__/, *.log, state/"), "{out}");
 }
+
+/// The checked imports keep what hooks rely on: packages, relative imports, namespace packages,
+/// `__file__`; a module under a `data:` directory is not code and is refused.
+#[tokio::test]
+async fn checked_imports_keep_packages_working() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "pk",
+        &[
+            ("HOOK.yaml", "name: pk\nevents: [\"x:*\"]\ndata: [\"state/\"]\n"),
+            (
+                "handler.py",
+                "import os\nimport pkg\nfrom ns import mod\n\ndef handle(event, context):\n    if event == 'x:data':\n        import state.planted\n    return [pkg.VALUE, mod.VALUE, os.path.basename(pkg.sub.__file__)]\n",
+            ),
+            ("pkg/__init__.py", "from . import sub\nVALUE = sub.VALUE\n"),
+            ("pkg/sub.py", "VALUE = 'pkg'\n"),
+            ("ns/mod.py", "VALUE = 'ns'\n"),
+            ("state/planted.py", "raise SystemExit('data ran')\n"),
+        ],
+    );
+    approve(&hooks, "pk");
+    let (host, report) = start(&hooks, TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec!["pk"], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, "x:go", json!({})).await,
+        Ok(Some(json!(["pkg", "ns", "sub.py"])))
+    );
+    let err = collect_one(&host, "x:data", json!({}))
+        .await
+        .expect_err("a module under a data directory is not imported");
+    assert!(err.contains("state/planted.py is not among"), "{err}");
+    host.shutdown(T).await;
+}
