@@ -157,9 +157,63 @@ class Zygote:
         self.proc.wait()
 
 
+def imports(hooks, runner, rounds):
+    """In one process, alternating: importing a hook's handler and helpers the way main did
+    (SourceFileLoader, no bytecode written, hook directory on sys.path) and through the runner's
+    HookFinder (read, hash, compare, compile). The cleanest figure of the trust path's own cost."""
+    import importlib.machinery
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_runner", runner)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.dont_write_bytecode = True
+    print()
+    print("| helpers | rounds | import, plain (before) | checked (after) | ratio |")
+    print("|---|---|---|---|---|")
+    for h, (d, files) in hooks.items():
+        names = ["hermes_hook_bench"] + ["helper_%d" % i for i in range(h)]
+        times = {"before": [], "after": []}
+        for rnd in range(rounds):
+            for case in (("before", "after") if rnd % 2 == 0 else ("after", "before")):
+                for n in names:
+                    sys.modules.pop(n, None)
+                finder = mod.HookFinder(d, files) if case == "after" else None
+                t0 = time.perf_counter()
+                sys.path.insert(0, d)
+                if finder is not None:
+                    sys.meta_path.insert(0, finder)
+                    loader = mod.VerifiedLoader(names[0], os.path.join(d, "handler.py"), finder)
+                else:
+                    loader = importlib.machinery.SourceFileLoader(
+                        names[0], os.path.join(d, "handler.py"))
+                sp = importlib.util.spec_from_file_location(
+                    names[0], os.path.join(d, "handler.py"), loader=loader)
+                m = importlib.util.module_from_spec(sp)
+                sp.loader.exec_module(m)
+                times[case].append(time.perf_counter() - t0)
+                sys.path.remove(d)
+                if finder is not None:
+                    sys.meta_path.remove(finder)
+        b = statistics.median(times["before"]) * 1e3
+        a = statistics.median(times["after"]) * 1e3
+        print("| %d | %d | %.2f ms | %.2f ms | %.2f |" % (h, rounds, b, a, a / b))
+
+
+def git_runner(rev):
+    """runner.py as of ``rev`` (it moved into handler/python/ with issue 23)."""
+    for path in ("src/handler/python/runner.py", "src/handler/runner.py"):
+        try:
+            return subprocess.check_output(["git", "-C", ROOT, "show", "%s:%s" % (rev, path)],
+                                           stderr=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            continue
+    raise SystemExit("no runner.py in %s" % rev)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--before-rev", default="main")
+    ap.add_argument("--before-rev", default="main",
+                    help="the revision whose runner is 'before' (issue 20 measured cfa75fd)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--helpers", default="0,20")
     ap.add_argument("--events", type=int, default=20000)
@@ -173,9 +227,10 @@ def main():
         os.makedirs(os.path.dirname(before))
         os.makedirs(os.path.dirname(after), mode=0o700)
         with open(before, "wb") as f:
-            f.write(subprocess.check_output(["git", "-C", ROOT, "show",
-                                             args.before_rev + ":src/handler/runner.py"]))
-        shutil.copy(os.path.join(ROOT, "src", "handler", "runner.py"), after)
+            f.write(git_runner(args.before_rev))
+        shutil.copy(next(p for p in (os.path.join(ROOT, "src", "handler", "python", "runner.py"),
+                                     os.path.join(ROOT, "src", "handler", "runner.py"))
+                         if os.path.exists(p)), after)
         env_before = dict(os.environ)
         env_before.pop("PYTHONPYCACHEPREFIX", None)
         env_after = dict(env_before, HERMES_HOOKS_PYCACHE=os.path.join(tmp, "after", "pycache"))
@@ -202,8 +257,9 @@ def main():
                         results.setdefault((h, mode, case), []).append((s, r))
         for z in zygotes.values():
             z.close()
-        print("| helpers | start | rounds | start-up before | after | ratio | events/s before | after | ratio |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| helpers | start | rounds | start-up before | after | ratio | min before | min after "
+              "| events/s before | after | ratio |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for h in hooks:
             for mode in ("fresh", "forked"):
                 b = results[(h, mode, "before")]
@@ -212,9 +268,11 @@ def main():
                 sa = statistics.median(x[0] for x in a) * 1e3
                 rb = statistics.median(x[1] for x in b)
                 ra = statistics.median(x[1] for x in a)
-                print("| %d | %s | %d | %.1f ms | %.1f ms | %.2f | %s | %s | %.2f |" % (
-                    h, mode, len(a), sb, sa, sa / sb, format(int(rb), ","), format(int(ra), ","),
-                    ra / rb))
+                print("| %d | %s | %d | %.1f ms | %.1f ms | %.2f | %.1f ms | %.1f ms | %s | %s | %.2f |"
+                      % (h, mode, len(a), sb, sa, sa / sb, min(x[0] for x in b) * 1e3,
+                         min(x[0] for x in a) * 1e3, format(int(rb), ","), format(int(ra), ","),
+                         ra / rb))
+        imports(hooks, after, args.rounds * args.forked_factor)
     finally:
         shutil.rmtree(tmp, True)
 
