@@ -177,7 +177,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
         .expect("hook noop")
         .spec
         .clone();
-    let hook = hermes_hooks::dispatch::LoadedHook::new(spec);
+    let hook = hermes_hooks::hook::LoadedHook::new(spec);
     {
         let _guard = fx.rt.enter();
         hook.start_worker(Box::new(Inline), None);
@@ -188,7 +188,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
             let done = stats.ok.load(Ordering::Relaxed) + EVENTS;
             let event: std::sync::Arc<str> = std::sync::Arc::from("bench:noop");
             for _ in 0..EVENTS {
-                hook.enqueue(hermes_hooks::dispatch::Job {
+                hook.enqueue(hermes_hooks::hook::Job {
                     event: event.clone(),
                     context: std::sync::Arc::new(context()),
                     reply: None,

@@ -1,4 +1,4 @@
-//! Many hooks on a small machine (issue 12), before and after, in one run.
+//! Many hooks on a small machine, before and after, in one run.
 //!
 //! `cargo bench --bench hooks_scale` (release service; `HOOKS_SCALE_SIZES=1,20` to shorten).
 //! 1. N trivial Python hooks (N = 1, 20, 50, 200): time from `serve` start to its "hooks loaded"

@@ -271,24 +271,8 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             "no HOOK.yaml: a hook directory needs a HOOK.yaml naming its events".into(),
         ));
     }
-    let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
-        skip(
-            &name,
-            &manifest_path,
-            SkipCode::Unreadable,
-            format!("cannot read HOOK.yaml: {e}"),
-        )
-    })?;
-    let mut manifest = parse_manifest(&text).map_err(|e| {
-        use crate::manifest::ManifestError as M;
-        let code = match e {
-            M::Yaml(_) => SkipCode::YamlError,
-            M::NotMapping(_) => SkipCode::NotMapping,
-            M::NoEvents => SkipCode::NoEvents,
-            M::BadField { .. } => SkipCode::BadField,
-        };
-        skip(&name, &manifest_path, code, e.to_string())
-    })?;
+    let (text, mut manifest) = read_manifest(&manifest_path)
+        .map_err(|(code, reason)| skip(&name, &manifest_path, code, reason))?;
     name = hook_name(dir, Some(&manifest));
     if manifest.name.is_none()
         && let Err(reason) = crate::manifest::validate_name(&name)
@@ -346,28 +330,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
 
-    let mut hasher = DefaultHasher::new();
-    text.hash(&mut hasher);
-    let mut sha256 = None;
-    if let Some(p) = &handler_path {
-        match std::fs::read(p) {
-            Ok(bytes) => {
-                use sha2::Digest;
-                sha256 = Some(hex::encode(sha2::Sha256::digest(&bytes)));
-                bytes.hash(&mut hasher)
-            }
-            Err(e) => {
-                return Err(skip(
-                    &name,
-                    p,
-                    SkipCode::BadHandler,
-                    format!("cannot read handler: {e}"),
-                ));
-            }
-        }
-    }
-    hash_other_files(dir, &mut hasher);
-    files.digest().hash(&mut hasher);
+    let (fingerprint, sha256) = fingerprint(&text, handler_path.as_deref(), dir, &files);
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)
         .map_err(|r| {
             let file = handler_path.as_deref().unwrap_or(&manifest_path);
@@ -382,12 +345,47 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         kind,
         manifest,
         patterns,
-        fingerprint: hasher.finish(),
+        fingerprint,
         files: std::sync::Arc::new(files),
         order: 0,
         placement,
         sha256,
     })
+}
+
+/// Reads and parses HOOK.yaml: its text and the manifest, or why not.
+fn read_manifest(manifest_path: &Path) -> Result<(String, Manifest), (SkipCode, String)> {
+    let text = std::fs::read_to_string(manifest_path)
+        .map_err(|e| (SkipCode::Unreadable, format!("cannot read HOOK.yaml: {e}")))?;
+    let manifest = parse_manifest(&text).map_err(|e| {
+        use crate::manifest::ManifestError as M;
+        let code = match e {
+            M::Yaml(_) => SkipCode::YamlError,
+            M::NotMapping(_) => SkipCode::NotMapping,
+            M::NoEvents => SkipCode::NoEvents,
+            M::BadField { .. } => SkipCode::BadField,
+        };
+        (code, e.to_string())
+    })?;
+    Ok((text, manifest))
+}
+
+/// A hook version's fingerprint (the manifest text, its helper files and the files that can
+/// run, the handler among them) and the handler file's SHA-256, both from what
+/// [`RunFiles::scan`] hashed (the handler is not read again).
+fn fingerprint(
+    text: &str,
+    handler_path: Option<&Path>,
+    dir: &Path,
+    files: &RunFiles,
+) -> (u64, Option<String>) {
+    let mut hasher = DefaultHasher::new();
+    text.hash(&mut hasher);
+    let sha256 = handler_path.and_then(|p| files.sha256_of(p));
+    sha256.hash(&mut hasher);
+    hash_other_files(dir, &mut hasher);
+    files.digest().hash(&mut hasher);
+    (hasher.finish(), sha256)
 }
 
 /// Most files looked at per hook directory when fingerprinting its helper files.

@@ -2,20 +2,24 @@
 //!
 //! # Layout
 //! Top-down: each module uses only modules below it (`tests/it/modules.rs` checks that no
-//! import cycle exists).
+//! import cycle exists, between files or between folders, and that no function is over 120
+//! lines). `docs/architecture.md` describes the layers, the path of an event, the path of a
+//! HOOK.yaml and where each handler kind lives.
 //! - [`cli`]: the command-line interface, one file per command; `main.rs` only calls
-//!   [`cli::main`].
+//!   [`cli::main`]; `enable`/`disable`'s work is [`cli::set_enabled`].
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).
 //! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
 //! - [`metrics`]: OpenMetrics exposition of the host's counters (prometheus-client).
 //! - [`client`]: the CLI's HTTP client (hyper, TCP or Unix socket) for `emit` and `list --live`.
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
-//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`.
+//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`;
+//!   `host/plan.rs` is reload as a pure value, `host/info.rs` the `/v1/hooks` view.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
-//! - [`dispatch`]: per-hook bounded queues and workers, overflow accounting.
+//! - [`hook`]: a loaded hook ([`hook::LoadedHook`]): its bounded queue (`hook/queue.rs`),
+//!   counters (`hook/stats.rs`) and worker task (`hook/worker.rs`), overflow accounting.
 //! - [`handler`]: the four handler kinds behind one trait: [`handler::python`] (a persistent
-//!   Python worker), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
+//!   Python worker, its fork server, `runner.py` and the pipe protocol), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
 //!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
 //!   shared child-process plumbing.
 //! - [`ingateway`]: hooks that run inside the gateway: what `list`/`check` say about them.
@@ -24,7 +28,7 @@
 //! - [`interpreter`]: which Python runs a hook's handler.py, and why.
 //! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
 //!   [`trust::approvals`] (`hooks-trust.json`), [`trust::edit`] (the `enabled:` editor),
-//!   [`trust::commands`] (`enable`/`disable`), [`trust::files`] (what can run, the tree's
+//!   [`trust::files`] (what can run, the tree's
 //!   permissions), [`trust::prestart`] (the check before every process start).
 //! - [`manifest`]: the HOOK.yaml schema and its validation.
 //! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
@@ -47,36 +51,38 @@
 #![warn(missing_docs, clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-pub mod atomic;
+pub(crate) mod atomic;
 pub mod cli;
-pub mod client;
+pub(crate) mod client;
 pub mod discovery;
-pub mod dispatch;
 pub mod events;
 #[cfg(feature = "fleet")]
-pub mod fleet;
+pub(crate) mod fleet;
 pub mod handler;
+pub mod hook;
 pub mod host;
-pub mod ingateway;
-pub mod interpreter;
-pub mod layout;
+pub(crate) mod ingateway;
+pub(crate) mod interpreter;
+pub(crate) mod layout;
 pub mod manifest;
-pub mod metrics;
-pub mod notices;
+pub(crate) mod metrics;
+pub(crate) mod notices;
 pub mod pattern;
-pub mod placement;
-pub mod reaper;
-pub mod registry;
-pub mod scaffold;
+pub(crate) mod placement;
+pub(crate) mod reaper;
+pub(crate) mod registry;
+pub(crate) mod scaffold;
 pub mod server;
 pub mod service;
-pub mod sink;
-pub mod text;
-pub mod time;
+pub(crate) mod sink;
+pub(crate) mod text;
+pub(crate) mod time;
 pub mod trust;
-pub mod watch;
+pub(crate) mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
-pub use dispatch::Tally;
+pub use hook::Tally;
 pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
+pub use notices::Notices;
 pub use registry::Registry;
+pub use sink::{EventSink, SinkError};

@@ -236,20 +236,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         serde_json::Value::Object(m) => m,
         other => return Err(ManifestError::NotMapping(describe(other))),
     };
-    let mut warnings = Vec::new();
-    let mut notes = Vec::new();
-    for key in map.keys() {
-        if TOLERATED_KEYS.contains(&key.as_str()) {
-            notes.push(format!(
-                "`{key}` is kept for the hook's own use; hermes-hooks does not read it"
-            ));
-        } else if !KNOWN_KEYS.contains(&key.as_str()) {
-            warnings.push(format!(
-                "unknown key `{key}` ignored (known keys: {})",
-                KNOWN_KEYS.join(", ")
-            ));
-        }
-    }
+    let (warnings, notes) = key_remarks(map);
     let raw: RawManifest =
         serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(first_line(e)))?;
 
@@ -290,28 +277,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: format!("capacity {capacity} is out of range 1..={MAX_QUEUE_CAPACITY}"),
         });
     }
-    let mut env = BTreeMap::new();
-    for (k, v) in raw.env.unwrap_or_default() {
-        let value = match v {
-            serde_json::Value::String(s) => s,
-            serde_json::Value::Number(n) => n.to_string(),
-            serde_json::Value::Bool(b) => b.to_string(),
-            serde_json::Value::Null => String::new(),
-            _ => {
-                return Err(ManifestError::BadField {
-                    field: "env",
-                    reason: format!("value of {k} must be a string, number or boolean"),
-                });
-            }
-        };
-        if k.is_empty() || k.contains(['=', '\0']) {
-            return Err(ManifestError::BadField {
-                field: "env",
-                reason: format!("{k:?} is not a valid environment variable name"),
-            });
-        }
-        env.insert(k, value);
-    }
+    let env = env_of(raw.env.unwrap_or_default())?;
     if let Some(h) = &raw.handler
         && h.trim().is_empty()
     {
@@ -384,6 +350,54 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         warnings,
         notes,
     })
+}
+
+/// Remarks on the top-level keys: warnings for unknown ones, notes for those kept for the hook.
+fn key_remarks(map: &serde_json::Map<String, serde_json::Value>) -> (Vec<String>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut notes = Vec::new();
+    for key in map.keys() {
+        if TOLERATED_KEYS.contains(&key.as_str()) {
+            notes.push(format!(
+                "`{key}` is kept for the hook's own use; hermes-hooks does not read it"
+            ));
+        } else if !KNOWN_KEYS.contains(&key.as_str()) {
+            warnings.push(format!(
+                "unknown key `{key}` ignored (known keys: {})",
+                KNOWN_KEYS.join(", ")
+            ));
+        }
+    }
+    (warnings, notes)
+}
+
+/// The `env:` mapping as strings (numbers and booleans spelt out, null empty).
+fn env_of(
+    raw: BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, String>, ManifestError> {
+    let mut env = BTreeMap::new();
+    for (k, v) in raw {
+        let value = match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            serde_json::Value::Null => String::new(),
+            _ => {
+                return Err(ManifestError::BadField {
+                    field: "env",
+                    reason: format!("value of {k} must be a string, number or boolean"),
+                });
+            }
+        };
+        if k.is_empty() || k.contains(['=', '\0']) {
+            return Err(ManifestError::BadField {
+                field: "env",
+                reason: format!("{k:?} is not a valid environment variable name"),
+            });
+        }
+        env.insert(k, value);
+    }
+    Ok(env)
 }
 
 /// A hook name must be usable in URLs, log lines and Python module names.

@@ -5,6 +5,7 @@
 //! Counters are registered without `_total`: the encoder appends it, so the samples keep the names
 //! the dashboards use (`hermes_hooks_dispatched_total{hook="..."}`).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use prometheus_client::collector::Collector;
@@ -14,7 +15,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::dispatch::{DURATION_BUCKETS, LoadedHook, Status};
+use crate::hook::{DURATION_BUCKETS, LoadedHook, Status};
 use crate::host::Host;
 
 /// The `Content-Type` of [`render`]'s text.
@@ -104,89 +105,7 @@ impl Collector for HostCollector {
             &ConstGauge::new(reg.skipped.len() as i64),
         )?;
 
-        let counter = MetricType::Counter;
-        per_hook(
-            e,
-            hooks,
-            "dispatched",
-            "Events queued to a hook.",
-            None,
-            counter,
-            |h| ConstCounter::new(load(&h.stats.queued)),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "handler_ok",
-            "Invocations that succeeded.",
-            None,
-            counter,
-            |h| ConstCounter::new(load(&h.stats.ok)),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "handler_errors",
-            "Invocations that failed (errors, crashes, timeouts).",
-            None,
-            counter,
-            |h| ConstCounter::new(load(&h.stats.failed)),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "handler_timeouts",
-            "Invocations that exceeded the hook's timeout.",
-            None,
-            counter,
-            |h| ConstCounter::new(load(&h.stats.timeouts)),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "dropped",
-            "Events dropped by a full queue.",
-            None,
-            counter,
-            |h| ConstCounter::new(load(&h.stats.dropped)),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "worker_restarts",
-            "Worker process restarts.",
-            None,
-            counter,
-            |h| ConstCounter::new(load(&h.stats.restarts)),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "handler",
-            "Time spent in handlers.",
-            Some(&Unit::Seconds),
-            counter,
-            |h| ConstCounter::new(load(&h.stats.busy_us) as f64 / 1e6),
-        )?;
-        let gauge = MetricType::Gauge;
-        per_hook(
-            e,
-            hooks,
-            "queue_depth",
-            "Events waiting in a hook's queue.",
-            None,
-            gauge,
-            |h| ConstGauge::new(h.queue.len() as i64),
-        )?;
-        per_hook(
-            e,
-            hooks,
-            "hook_stuck",
-            "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
-            None,
-            gauge,
-            |h| ConstGauge::new(i64::from(h.status() == Status::Stuck)),
-        )?;
+        per_hook_families(e, hooks)?;
         single(
             e,
             "dylibs_retained",
@@ -194,26 +113,7 @@ impl Collector for HostCollector {
             &ConstGauge::new(crate::handler::dylib::retained_libraries() as i64),
         )?;
 
-        let mut family = e.encode_descriptor(
-            "handler_duration",
-            "Time per handler invocation.",
-            Some(&Unit::Seconds),
-            MetricType::Histogram,
-        )?;
-        for h in hooks {
-            // Per-bucket counts, not cumulative: the encoder sums them; the last is +Inf.
-            let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
-                .iter()
-                .copied()
-                .chain([f64::INFINITY])
-                .zip(h.stats.duration_buckets.iter().map(load))
-                .collect();
-            let count = buckets.iter().map(|(_, n)| n).sum();
-            let sum = load(&h.stats.busy_us) as f64 / 1e6;
-            family
-                .encode_family(&[("hook", h.spec.name.as_str())])?
-                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
-        }
+        duration_histogram(e, hooks)?;
         if let Some(st) = host.sink_status() {
             encode_fleet(e, &st)?;
         }
@@ -271,6 +171,125 @@ fn encode_fleet(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<(),
         if let (Some(name), Some(lag)) = (h["name"].as_str(), h["lag"].as_i64()) {
             ConstGauge::new(lag).encode(family.encode_family(&[("hook", name)])?)?;
         }
+    }
+    Ok(())
+}
+
+/// The per-hook counter and gauge families (one sample per hook in each).
+fn per_hook_families(
+    e: &mut DescriptorEncoder,
+    hooks: &[Arc<LoadedHook>],
+) -> Result<(), std::fmt::Error> {
+    let counter = MetricType::Counter;
+    per_hook(
+        e,
+        hooks,
+        "dispatched",
+        "Events queued to a hook.",
+        None,
+        counter,
+        |h| ConstCounter::new(load(&h.stats.queued)),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "handler_ok",
+        "Invocations that succeeded.",
+        None,
+        counter,
+        |h| ConstCounter::new(load(&h.stats.ok)),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "handler_errors",
+        "Invocations that failed (errors, crashes, timeouts).",
+        None,
+        counter,
+        |h| ConstCounter::new(load(&h.stats.failed)),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "handler_timeouts",
+        "Invocations that exceeded the hook's timeout.",
+        None,
+        counter,
+        |h| ConstCounter::new(load(&h.stats.timeouts)),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "dropped",
+        "Events dropped by a full queue.",
+        None,
+        counter,
+        |h| ConstCounter::new(load(&h.stats.dropped)),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "worker_restarts",
+        "Worker process restarts.",
+        None,
+        counter,
+        |h| ConstCounter::new(load(&h.stats.restarts)),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "handler",
+        "Time spent in handlers.",
+        Some(&Unit::Seconds),
+        counter,
+        |h| ConstCounter::new(load(&h.stats.busy_us) as f64 / 1e6),
+    )?;
+    let gauge = MetricType::Gauge;
+    per_hook(
+        e,
+        hooks,
+        "queue_depth",
+        "Events waiting in a hook's queue.",
+        None,
+        gauge,
+        |h| ConstGauge::new(h.queue.len() as i64),
+    )?;
+    per_hook(
+        e,
+        hooks,
+        "hook_stuck",
+        "1 while a hook is stuck in a call past its timeout that cannot be interrupted (dynamic library).",
+        None,
+        gauge,
+        |h| ConstGauge::new(i64::from(h.status() == Status::Stuck)),
+    )?;
+    Ok(())
+}
+
+/// The per-hook handler duration histogram.
+fn duration_histogram(
+    e: &mut DescriptorEncoder,
+    hooks: &[Arc<LoadedHook>],
+) -> Result<(), std::fmt::Error> {
+    let mut family = e.encode_descriptor(
+        "handler_duration",
+        "Time per handler invocation.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    for h in hooks {
+        // Per-bucket counts, not cumulative: the encoder sums them; the last is +Inf.
+        let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(h.stats.duration_buckets.iter().map(load))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = load(&h.stats.busy_us) as f64 / 1e6;
+        family
+            .encode_family(&[("hook", h.spec.name.as_str())])?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
     }
     Ok(())
 }

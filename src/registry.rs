@@ -4,11 +4,10 @@
 //! and stores it, so emit never waits for a reload.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use crate::discovery::Skipped;
-use crate::dispatch::LoadedHook;
+use crate::hook::LoadedHook;
 use crate::pattern::MatchKind;
 
 /// Event names whose match lists are cached per snapshot; beyond this, matches are computed
@@ -25,25 +24,17 @@ pub struct Registry {
     pub hooks: Vec<Arc<LoadedHook>>,
     /// Directories that did not load, with reasons.
     pub skipped: Vec<Skipped>,
-    /// Roots scanned.
-    pub roots: Vec<PathBuf>,
     /// Incremented on every reload.
     pub generation: u64,
 }
 
 impl Registry {
     /// A snapshot of `hooks` (in discovery order).
-    pub fn new(
-        hooks: Vec<Arc<LoadedHook>>,
-        skipped: Vec<Skipped>,
-        roots: Vec<PathBuf>,
-        generation: u64,
-    ) -> Self {
+    pub fn new(hooks: Vec<Arc<LoadedHook>>, skipped: Vec<Skipped>, generation: u64) -> Self {
         Self {
             match_cache: RwLock::default(),
             hooks,
             skipped,
-            roots,
             generation,
         }
     }

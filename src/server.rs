@@ -297,15 +297,11 @@ fn event_of(
             ));
         }
     };
-    crate::events::validate_event_name(&event)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_event", format!("{at}{e}")))?;
     let context = obj.remove("context").unwrap_or(Value::Null);
-    let context = crate::host::normalize_context(context).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_context",
-            format!("{at}{e}"),
-        )
+    let context = crate::host::check_event(&event, context).map_err(|e| {
+        let mut err = ApiError::from(e);
+        err.message = format!("{at}{}", err.message);
+        err
     })?;
     Ok((event, context))
 }

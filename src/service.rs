@@ -127,13 +127,13 @@ pub enum ServiceError {
 }
 
 /// The signals the service handles, installed once.
-struct Signals {
+struct OsSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
 }
 
-impl Signals {
+impl OsSignals {
     fn install() -> std::io::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Self {
@@ -151,7 +151,7 @@ enum Wake {
 }
 
 /// Waits for the next signal; never returns without signals.
-async fn next_signal(signals: &mut Option<Signals>) -> Wake {
+async fn next_signal(signals: &mut Option<OsSignals>) -> Wake {
     let Some(s) = signals else {
         return std::future::pending().await;
     };
@@ -174,7 +174,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Report, ServiceError> {
     let mut signals = if config.signals {
-        Some(Signals::install().map_err(ServiceError::Signals)?)
+        Some(OsSignals::install().map_err(ServiceError::Signals)?)
     } else {
         None
     };
@@ -199,21 +199,7 @@ pub async fn run(
             Some(path),
         ),
     };
-    // Watch before the first load, so that a change made while loading is not missed.
-    let watch = if config.watch {
-        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE).await {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
-                None
-            }
-        }
-    } else {
-        tracing::info!(
-            "not watching the hook roots (--no-watch): reload with POST /v1/reload or SIGHUP"
-        );
-        None
-    };
+    let watch = start_watch(&host, config.watch).await;
 
     tracing::info!(roots = ?host.config().roots, "loading hooks");
     // The first load runs as its own task, so signals are handled while it runs.
@@ -289,25 +275,7 @@ pub async fn run(
     if let Some(path) = &socket {
         let _ = std::fs::remove_file(path);
     }
-    let undelivered = report.undelivered();
-    tracing::info!(undelivered, drain_ms = report.shutdown.drain_ms, "stopped");
-    let per_hook: serde_json::Map<String, Value> = report
-        .shutdown
-        .undelivered
-        .iter()
-        .map(|(h, n)| (h.clone(), json!(n)))
-        .collect();
-    host.notices().finish(
-        "host_stop",
-        json!({
-            "undelivered": undelivered,
-            "undelivered_by_hook": per_hook,
-            "drain_ms": report.shutdown.drain_ms,
-            "accounts": report.shutdown.by_hook,
-            "totals": report.shutdown.total,
-            "exit_code": 0
-        }),
-    );
+    announce_stop(&host, &report);
     Ok(report)
 }
 
@@ -341,4 +309,46 @@ pub fn report_failed_start(
         }),
     );
     notices.finish("host_stop", json!({"error": error, "exit_code": 1}));
+}
+
+/// Watches the roots (with `enabled`), before the first load so that a change made while
+/// loading is not missed; a watcher that cannot start is logged and the service goes on.
+async fn start_watch(host: &Host, enabled: bool) -> Option<crate::watch::WatchHandle> {
+    if enabled {
+        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE).await {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
+                None
+            }
+        }
+    } else {
+        tracing::info!(
+            "not watching the hook roots (--no-watch): reload with POST /v1/reload or SIGHUP"
+        );
+        None
+    }
+}
+
+/// Logs the stop and sends `host_stop` (the last notice) with the accounts.
+fn announce_stop(host: &Host, report: &Report) {
+    let undelivered = report.undelivered();
+    tracing::info!(undelivered, drain_ms = report.shutdown.drain_ms, "stopped");
+    let per_hook: serde_json::Map<String, Value> = report
+        .shutdown
+        .undelivered
+        .iter()
+        .map(|(h, n)| (h.clone(), json!(n)))
+        .collect();
+    host.notices().finish(
+        "host_stop",
+        json!({
+            "undelivered": undelivered,
+            "undelivered_by_hook": per_hook,
+            "drain_ms": report.shutdown.drain_ms,
+            "accounts": report.shutdown.by_hook,
+            "totals": report.shutdown.total,
+            "exit_code": 0
+        }),
+    );
 }

@@ -1,16 +1,15 @@
-//! The dispatch interface (DESIGN 13): where an accepted event goes. Local mode hands it to the
-//! host's own per-hook queues ([`crate::host::LocalDispatch`]); fleet mode publishes it to NATS
+//! The dispatch interface (docs/architecture.md, "The path of an event"): where an accepted event
+//! goes. In local mode no sink is installed and the host queues the event to its own per-hook
+//! queues ([`crate::host::Host::emit`]); fleet mode installs one that publishes it to NATS
 //! JetStream (`crate::fleet::edge`). The HTTP API and the CLI call [`crate::host::Host`], which
 //! consults the installed sink; nothing above the host knows which implementation runs.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use serde_json::Value;
 
-/// A boxed future, so that the trait can be used as `dyn EventSink`.
-pub type SinkFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// The crate's one boxed future (so that the trait can be used as `dyn EventSink`).
+pub use crate::handler::BoxFuture;
 
 /// Why a sink refused an event.
 #[derive(Debug, thiserror::Error)]
@@ -35,12 +34,12 @@ pub struct HookOutcome {
 /// object) and counted by the host.
 pub trait EventSink: Send + Sync {
     /// Takes one event; returns for how many hooks it was queued (as far as the sink knows).
-    fn accept(&self, event: String, context: Value) -> SinkFuture<'_, Result<usize, SinkError>>;
+    fn accept(&self, event: String, context: Value) -> BoxFuture<'_, Result<usize, SinkError>>;
     /// Takes many events at once; one count per event, in order.
     fn accept_batch(
         &self,
         events: Vec<(String, Value)>,
-    ) -> SinkFuture<'_, Result<Vec<usize>, SinkError>>;
+    ) -> BoxFuture<'_, Result<Vec<usize>, SinkError>>;
     /// Runs the matching hooks and returns their outcomes in match order, waiting at most
     /// `timeout`.
     fn collect(
@@ -48,7 +47,7 @@ pub trait EventSink: Send + Sync {
         event: String,
         context: Value,
         timeout: Duration,
-    ) -> SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>>;
+    ) -> BoxFuture<'_, Result<Vec<HookOutcome>, SinkError>>;
     /// What the sink adds to `/v1/hooks`: `{"fleet": {...}, "hooks": [...]}`, or `None`.
     fn status(&self) -> Option<Value>;
     /// `Some(reason)` while events are accepted but cannot be passed on (a broker down).

@@ -1,4 +1,4 @@
-//! `enable NAME` / `disable NAME`: the work is in [`crate::trust::commands::set_enabled`].
+//! `enable NAME` / `disable NAME`: the work is in [`crate::cli::set_enabled::set_enabled`].
 
 use crate::cli::args::RootArgs;
 use crate::cli::common::fail;
@@ -6,7 +6,7 @@ use crate::cli::common::fail;
 /// Runs `enable` (`on`) or `disable`; returns the exit code.
 pub fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
     let config = roots.config();
-    match crate::trust::commands::set_enabled(
+    match crate::cli::set_enabled::set_enabled(
         &config.roots,
         &config.hermes_home,
         &config.trust,

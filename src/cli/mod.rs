@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod list;
 pub mod new;
 pub mod serve;
+pub mod set_enabled;
 pub mod test_cmd;
 
 use std::time::Duration;
@@ -82,7 +83,7 @@ pub fn main() -> i32 {
             Command::Man { out } => completions::man(out.as_deref()),
         };
         // The workers are stopped: let the Python fork servers reap them and exit before we do.
-        crate::handler::zygote::shutdown_all(Duration::from_secs(5)).await;
+        crate::handler::python::zygote::shutdown_all(Duration::from_secs(5)).await;
         code
     });
     // Workers were stopped by the commands; do not wait for stray blocking tasks.

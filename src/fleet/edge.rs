@@ -21,7 +21,7 @@ use tokio::sync::{Notify, oneshot};
 use super::envelope::{Envelope, IdGen, VERSION};
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
-use crate::sink::{EventSink, HookOutcome, SinkError, SinkFuture};
+use crate::sink::{BoxFuture, EventSink, HookOutcome, SinkError};
 
 /// Publish acknowledgements outstanding at once.
 pub const WINDOW: usize = 512;
@@ -318,7 +318,7 @@ async fn publisher(inner: Arc<Inner>) {
 }
 
 impl EventSink for Edge {
-    fn accept(&self, event: String, context: Value) -> SinkFuture<'_, Result<usize, SinkError>> {
+    fn accept(&self, event: String, context: Value) -> BoxFuture<'_, Result<usize, SinkError>> {
         Box::pin(async move {
             if self.inner.closing.load(Ordering::SeqCst) {
                 return Err(SinkError::ShuttingDown);
@@ -338,7 +338,7 @@ impl EventSink for Edge {
     fn accept_batch(
         &self,
         events: Vec<(String, Value)>,
-    ) -> SinkFuture<'_, Result<Vec<usize>, SinkError>> {
+    ) -> BoxFuture<'_, Result<Vec<usize>, SinkError>> {
         Box::pin(async move {
             if self.inner.closing.load(Ordering::SeqCst) {
                 return Err(SinkError::ShuttingDown);
@@ -370,7 +370,7 @@ impl EventSink for Edge {
         event: String,
         context: Value,
         timeout: Duration,
-    ) -> SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
+    ) -> BoxFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
         Box::pin(async move {
             let hooks = self.inner.view.matching(&event);
             Ok(super::collect::request(

@@ -1,4 +1,4 @@
-//! Fleet mode on NATS JetStream (DESIGN 13): the settings every fleet role shares, the broker
+//! Fleet mode on NATS JetStream: the settings every fleet role shares, the broker
 //! connection, and the names of streams and subjects.
 //!
 //! - [`envelope`]: the wire format of an event (event id, gateway id, name, context).

@@ -523,6 +523,22 @@ async fn handle(sh: &Shared, s: &Settings, counters: &Counters, msg: jetstream::
         counters.retried.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    dead_letter(sh, s, counters, &msg, env, error, delivered, seq).await;
+}
+
+/// The last delivery failed: publishes the dead letter, then acknowledges the event (or, when
+/// the dead letter cannot be stored, leaves it in the stream and logs where).
+#[allow(clippy::too_many_arguments)]
+async fn dead_letter(
+    sh: &Shared,
+    s: &Settings,
+    counters: &Counters,
+    msg: &jetstream::Message,
+    env: Envelope,
+    error: String,
+    delivered: i64,
+    seq: u64,
+) {
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),

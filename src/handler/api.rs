@@ -37,7 +37,7 @@ pub struct Call {
     pub context: Arc<Value>,
 }
 
-/// What a hook's worker ([`crate::dispatch`]) and its handler share, for one version of the hook:
+/// What a hook's worker ([`crate::hook`]) and its handler share, for one version of the hook:
 /// the handler says when it restarted a process or is stuck in a call it cannot interrupt; the
 /// worker says when a newer version of the hook takes over.
 #[derive(Debug, Default)]
@@ -143,6 +143,23 @@ pub async fn within(timeout: Duration, call: impl Future<Output = HandlerResult>
     tokio::time::timeout(timeout, call)
         .await
         .unwrap_or(Err(HandlerError::TimedOut(timeout)))
+}
+
+/// The `call` of a kind whose calls are independent (executable, webhook): each call runs
+/// `one(call)` under `timeout` (past it the call is dropped, which cancels it), up to
+/// `concurrency` at once, each reported as it completes.
+pub async fn call_each<'c, F, Fut>(
+    calls: &'c [Call],
+    timeout: Duration,
+    concurrency: usize,
+    report: &mut Report<'_>,
+    one: F,
+) where
+    F: Fn(&'c Call) -> Fut,
+    Fut: Future<Output = HandlerResult>,
+{
+    let run = |i: usize| within(timeout, one(&calls[i]));
+    run_concurrently(calls.len(), concurrency, run, report).await;
 }
 
 /// Runs calls `0..n` with at most `limit` in flight (each future from `run(i)`), on the calling

@@ -1,4 +1,4 @@
-//! Dynamic-library handlers (`handler.so` / `.dylib` / `.dll`): the C ABI v1 of DESIGN 7.3.
+//! Dynamic-library handlers (`handler.so` / `.dylib` / `.dll`): the C ABI v1 (docs/hook-authors.md).
 //!
 //! ```c
 //! typedef struct { uint8_t *ptr; size_t len; } HermesHookBuf;

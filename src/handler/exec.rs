@@ -20,8 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
-    run_concurrently, within,
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, call_each,
 };
 use super::process::{GroupKill, command, describe_exit};
 
@@ -217,14 +216,16 @@ impl Handler for ExecHandler {
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let calls = &calls[..];
             let this = &*self;
             // Past the timeout a call is dropped, and its process group killed with it.
-            let run = |i: usize| {
-                let call = &calls[i];
-                within(this.ctx.timeout, this.run(&call.event, &call.context))
-            };
-            run_concurrently(calls.len(), this.ctx.concurrency, run, report).await;
+            call_each(
+                &calls,
+                this.ctx.timeout,
+                this.ctx.concurrency,
+                report,
+                |call| this.run(&call.event, &call.context),
+            )
+            .await;
         })
     }
 }

@@ -1,8 +1,10 @@
 //! Handler kinds behind one small trait ([`Handler`]: ready, call, shutdown).
 //!
-//! A hook's worker ([`crate::dispatch`]) owns one [`Handler`] and hands it queued events (up to
+//! A hook's worker ([`crate::hook`]) owns one [`Handler`] and hands it queued events (up to
 //! [`Handler::max_calls`] at once), so a handler needs `&mut self` and no locking. Each kind lives
-//! in its own file and builds on [`api`]; adding a kind means one new file and one arm in [`start`].
+//! in its own file or folder and builds on [`api`]; [`start`] picks the kind. What else knows a
+//! kind (handler file names, files that can run, approval inputs, `/v1/hooks` fields) is listed
+//! in docs/architecture.md, "Where each handler kind lives".
 
 use crate::discovery::{HandlerKind, HookSpec};
 
@@ -10,11 +12,9 @@ mod api;
 pub mod dylib;
 pub mod exec;
 pub mod process;
-pub mod pylog;
 pub mod python;
 pub mod verified_exec;
 pub mod webhook;
-pub mod zygote;
 
 pub use api::*;
 
@@ -30,4 +30,21 @@ pub async fn start(spec: &HookSpec, ctx: HandlerContext) -> Result<Box<dyn Handl
             webhook::WebhookTarget::of(spec),
         )?)),
     }
+}
+
+/// What a kind derives from its manifest, applied to a freshly discovered spec before it is
+/// planned: a webhook's worker timeout covers the whole delivery (both attempts; `timeout:` is
+/// per attempt), and an unset `secret_env` is a load-time warning.
+pub fn prepare(spec: &mut HookSpec) {
+    if spec.kind == HandlerKind::Webhook {
+        spec.manifest.timeout = webhook::delivery_budget(&spec.manifest);
+        let warning = webhook::unsigned_warning(&spec.manifest);
+        spec.manifest.warnings.extend(warning);
+    }
+}
+
+/// The `signed` field of `/v1/hooks`: for a webhook, whether its deliveries are signed; `None`
+/// for the other kinds.
+pub fn signed(spec: &HookSpec) -> Option<bool> {
+    (spec.kind == HandlerKind::Webhook).then(|| webhook::is_signed(&spec.manifest))
 }

@@ -126,7 +126,7 @@ where
                 } else {
                     String::new()
                 };
-                super::pylog::log_line(&hook, text, &note);
+                super::python::pylog::log_line(&hook, text, &note);
             }
             line.clear();
         }

@@ -23,8 +23,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
-    run_concurrently, within,
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report, call_each,
 };
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
@@ -526,14 +525,12 @@ impl Handler for WebhookHandler {
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let calls = &calls[..];
             let this = &*self;
             // Past the hook's timeout a request is dropped (cancelled).
-            let run = |i: usize| {
-                let call = &calls[i];
-                within(this.timeout, this.deliver(&call.event, &call.context))
-            };
-            run_concurrently(calls.len(), this.concurrency, run, report).await;
+            call_each(&calls, this.timeout, this.concurrency, report, |call| {
+                this.deliver(&call.event, &call.context)
+            })
+            .await;
         })
     }
 }

@@ -196,6 +196,12 @@ impl RunFiles {
     }
 
     /// `path` relative to the hook directory (as given when outside it).
+    /// The SHA-256 (hex) this scan recorded for `path` (the handler, or another file that can
+    /// run), if it recorded one.
+    pub fn sha256_of(&self, path: &Path) -> Option<String> {
+        self.files.get(&self.rel(path)).cloned()
+    }
+
     fn rel(&self, path: &Path) -> String {
         path.strip_prefix(&self.dir)
             .unwrap_or(path)

@@ -1,13 +1,13 @@
-//! Trust: which hooks this host is willing to run (DESIGN section 12).
+//! Trust: which hooks this host is willing to run.
 //!
 //! - [`policy`]: the checks discovery makes (permissions, the approvals gate); the path rules
 //!   (a handler stays inside its hook directory) are [`crate::layout`]'s, shared with discovery.
 //! - [`approvals`]: the approvals file `$HERMES_HOME/hooks-trust.json` and what its hashes cover.
 //! - [`edit`]: the `enabled:` line editor for HOOK.yaml.
-//! - [`commands`]: `enable NAME` / `disable NAME`, which find the hook through
-//!   [`crate::discovery`] and use the three above.
 //! - [`files`]: the files of a hook that are code (hashed) and the permissions of its whole tree.
 //! - [`data`]: what of a hook's tree is data (`data:` in HOOK.yaml, and defaults).
+//! - [`coverage`]: what an approval covers, file by file, for `check`.
+//! - [`revoked`]: a hook refused at a reload stops at once.
 //! - [`prestart`]: the check before every process start (the tree is still the one loaded).
 //! - [`error`]: what trust refused or could not do.
 //!
@@ -38,7 +38,6 @@
 //! [`SkipCode::NotApproved`]: crate::discovery::SkipCode::NotApproved
 
 pub mod approvals;
-pub mod commands;
 pub mod coverage;
 pub mod data;
 pub mod edit;
@@ -50,7 +49,6 @@ pub mod revoked;
 
 pub use crate::layout::check_inside;
 pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_hash, trust_file};
-pub use commands::set_enabled;
 pub use edit::edit_enabled;
 pub use error::TrustError;
 pub use files::{RunFiles, TreeError, permission_problem};

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::discovery::{SkipCode, Skipped};
-use crate::dispatch::LoadedHook;
+use crate::hook::LoadedHook;
 
 /// Why the hook in `dir` must stop now, when a trust check refused it in this scan.
 pub fn refusal(skipped: &[Skipped], dir: &Path) -> Option<String> {

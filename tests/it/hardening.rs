@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use hermes_hooks::trust::{TrustMode, TrustPolicy, set_enabled};
+use hermes_hooks::cli::set_enabled::set_enabled;
+use hermes_hooks::trust::{TrustMode, TrustPolicy};
 use hermes_hooks::{Host, LoadReport, SkipCode};
 use serde_json::{Value, json};
 

@@ -354,3 +354,164 @@ fn the_checker_sees_groups_inline_paths_and_cycles() {
     g.entry("d.rs".into()).or_default().insert("a.rs".into(), 1);
     assert_eq!(cycles(&g), vec![vec!["a.rs", "b.rs", "c.rs"]]);
 }
+
+/// Longest function allowed in `src/` (lines from its `fn` line to its closing brace).
+const MAX_FN_LINES: usize = 120;
+
+/// Functions in `src/` longer than [`MAX_FN_LINES`]: (file, line, name, lines). A nested
+/// function counts within its parent too. Braces in strings and comments are ignored.
+fn long_functions(src: &Path) -> Vec<(String, usize, String, usize)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = Vec::new();
+    for file in files {
+        let rel = file
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(name) = fn_name(code_of(line)) else {
+                continue;
+            };
+            if let Some(end) = body_end(&lines[i..]) {
+                let n = end + 1;
+                if n > MAX_FN_LINES {
+                    out.push((rel.clone(), i + 1, name, n));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The name of the function a line declares (`pub async fn name(`), if it does.
+fn fn_name(code: &str) -> Option<String> {
+    let mut words = code.split_whitespace();
+    loop {
+        let w = words.next()?;
+        if w == "fn" {
+            let next = words.next()?;
+            let name: String = next.chars().take_while(|c| is_ident(*c)).collect();
+            return (!name.is_empty()).then_some(name);
+        }
+        let qualifier =
+            w.starts_with("pub") || matches!(w, "async" | "const" | "unsafe" | "extern" | "\"C\"");
+        if !qualifier {
+            return None;
+        }
+    }
+}
+
+/// The index of the line that closes the body opened on or after `lines[0]`; `None` for a
+/// declaration without a body (a trait method).
+fn body_end(lines: &[&str]) -> Option<usize> {
+    let mut depth = 0i64;
+    let mut opened = false;
+    for (i, line) in lines.iter().enumerate() {
+        let code = code_of(line);
+        let mut in_str = false;
+        let mut prev = ' ';
+        for c in code.chars() {
+            match c {
+                '"' if prev != '\\' => in_str = !in_str,
+                '{' if !in_str => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' if !in_str => depth -= 1,
+                ';' if !in_str && !opened => return None,
+                _ => {}
+            }
+            prev = if prev == '\\' && c == '\\' { ' ' } else { c };
+        }
+        if opened && depth <= 0 {
+            return Some(i);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_function_in_src_is_over_120_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let long = long_functions(&src);
+    let list: Vec<String> = long
+        .iter()
+        .map(|(f, l, n, len)| format!("src/{f}:{l} {n} ({len} lines)"))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them): {list:?}"
+    );
+}
+
+/// The package (top-level folder) of a module file: `handler/python/zygote.rs` and
+/// `handler/mod.rs` -> `handler`, `events.rs` -> `events`, `lib.rs` -> `` (the crate root).
+fn package_of(rel: &str) -> String {
+    // Files of one top-level folder are one package; a top-level file is its own.
+    module_path(rel).first().cloned().unwrap_or_default()
+}
+
+#[test]
+fn src_packages_form_no_import_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let g = graph(&src);
+    let mut pg = Graph::new();
+    for (from, edges) in &g {
+        let pf = package_of(from);
+        for (to, line) in edges {
+            let pt = package_of(to);
+            // The crate root only declares and re-exports: it is nobody's dependency.
+            if pf != pt && !pf.is_empty() && !pt.is_empty() {
+                pg.entry(pf.clone())
+                    .or_default()
+                    .entry(format!("{pt} (src/{from}:{line} uses src/{to})"))
+                    .or_insert(*line);
+                pg.entry(pf.clone()).or_default().entry(pt).or_insert(*line);
+            }
+        }
+    }
+    // Keep only package -> package edges for the search; the annotated ones explain a cycle.
+    let plain: Graph = pg
+        .iter()
+        .map(|(k, v)| {
+            let e = v
+                .iter()
+                .filter(|(t, _)| !t.contains(' '))
+                .map(|(t, l)| (t.clone(), *l));
+            (k.clone(), e.collect())
+        })
+        .collect();
+    let found = cycles(&plain);
+    let mut msg = String::new();
+    for comp in &found {
+        msg.push_str(&format!("\ncycle among packages {}:", comp.join(", ")));
+        for from in comp {
+            for why in pg[from].keys().filter(|t| t.contains(' ')) {
+                if comp.iter().any(|c| why.starts_with(&format!("{c} "))) {
+                    msg.push_str(&format!("\n  {from} -> {why}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "expected no import cycle among src/ packages (folders); found:{msg}"
+    );
+}
+
+#[test]
+fn the_length_check_sees_functions() {
+    assert_eq!(
+        fn_name("    pub(crate) async fn run(x: u8) {"),
+        Some("run".into())
+    );
+    assert_eq!(fn_name("    let f = fn_ptr;"), None);
+    assert_eq!(body_end(&["fn a() {", "  let s = \"}\";", "}"]), Some(2));
+    assert_eq!(body_end(&["    fn a(&self);"]), None);
+    assert_eq!(package_of("handler/python/zygote.rs"), "handler");
+    assert_eq!(package_of("events.rs"), "events");
+}

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use hermes_hooks::trust::{TrustMode, TrustPolicy, set_enabled};
+use hermes_hooks::cli::set_enabled::set_enabled;
+use hermes_hooks::trust::{TrustMode, TrustPolicy};
 use hermes_hooks::{Host, LoadReport};
 use serde_json::json;
 
@@ -360,7 +361,7 @@ fn orphans_of_hooks_are_reaped_when_the_service_is_pid_1() {
 #[test]
 fn orphans_of_hooks_are_reaped_by_a_subreaper_service() {
     let mut cmd = std::process::Command::new("env");
-    cmd.arg(format!("{}=1", hermes_hooks::reaper::SUBREAPER_ENV));
+    cmd.arg(format!("{}=1", "HERMES_HOOKS_SUBREAPER"));
     // `env` execs the service: same pid.
     orphans_are_reaped(cmd, |pid| pid);
 }

@@ -2,7 +2,6 @@
 //! service, the CLI, the HTTP server and the tests drive (`emit`, `emit_collect`, `reload`,
 //! `shutdown`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,10 +14,17 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 
 use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
-use crate::dispatch::{CallOutcome, HookStats, Job, LoadedHook, Tally};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::{self, HandlerContext};
+use crate::hook::{CallOutcome, HookStats, Job, LoadedHook, Tally};
 use crate::registry::Registry;
+
+mod info;
+mod plan;
+
+use plan::{Plan, Version};
+
+pub use info::{Counters, HookInfo, LastError, QueueInfo, WorkerStart};
 
 /// Settings of a host.
 #[derive(Debug, Clone)]
@@ -131,158 +137,10 @@ pub struct ShutdownReport {
     pub total: Tally,
 }
 
-/// A hook as shown by `/v1/hooks` and `list`.
-#[derive(Debug, Clone, Serialize)]
-pub struct HookInfo {
-    /// Hook name.
-    pub name: String,
-    /// `description:`.
-    pub description: String,
-    /// `events:` patterns.
-    pub events: Vec<String>,
-    /// Handler kind.
-    pub kind: &'static str,
-    /// Hook directory.
-    pub path: PathBuf,
-    /// Handler file or URL.
-    pub handler: String,
-    /// Root the hook came from.
-    pub root: PathBuf,
-    /// Worker state.
-    pub status: &'static str,
-    /// Timeout per invocation, seconds.
-    pub timeout_s: f64,
-    /// Queue state.
-    pub queue: QueueInfo,
-    /// Counters.
-    pub counters: Counters,
-    /// Last error, if any.
-    pub last_error: Option<LastError>,
-    /// Warnings from HOOK.yaml.
-    pub warnings: Vec<String>,
-    /// Webhooks only: false when deliveries go out UNSIGNED (`secret_env` unset or absent).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signed: Option<bool>,
-    /// Where it runs (`runs`, `why`), its interpreter, the handler's SHA-256.
-    #[serde(flatten)]
-    pub placement: crate::ingateway::HookPlacement,
-    /// Python only: how the worker process was started (`forked` from the fork server, or
-    /// `fresh`) and why.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub worker: Option<WorkerStart>,
-    /// Calls in flight at once (`concurrency:`; locally for executable and webhook hooks, across
-    /// the fleet for every kind in fleet mode).
-    pub concurrency: usize,
-}
-
-/// How a hook's worker process was started, as shown by `/v1/hooks`.
-#[derive(Debug, Clone, Serialize)]
-pub struct WorkerStart {
-    /// `forked` or `fresh`.
-    pub start: String,
-    /// Why.
-    pub reason: String,
-}
-
-/// Queue part of [`HookInfo`].
-#[derive(Debug, Clone, Serialize)]
-pub struct QueueInfo {
-    /// Events waiting.
-    pub depth: usize,
-    /// Bound.
-    pub capacity: usize,
-    /// Policy.
-    pub overflow: &'static str,
-}
-
-/// Counter part of [`HookInfo`].
-#[derive(Debug, Clone, Serialize)]
-pub struct Counters {
-    /// Events accepted.
-    pub queued: u64,
-    /// Successful invocations.
-    pub ok: u64,
-    /// Failed invocations.
-    pub failed: u64,
-    /// Timed-out invocations.
-    pub timeouts: u64,
-    /// Dropped by the overflow policy.
-    pub dropped: u64,
-    /// Worker restarts.
-    pub restarts: u64,
-    /// Events offered and not refused for a stopping hook (`queued` plus `drop_newest` drops).
-    pub accepted: u64,
-    /// Events still queued or running when the host stopped.
-    pub undelivered: u64,
-}
-
-/// Last error part of [`HookInfo`].
-#[derive(Debug, Clone, Serialize)]
-pub struct LastError {
-    /// RFC 3339 time.
-    pub time: String,
-    /// Message.
-    pub message: String,
-}
-
-impl HookInfo {
-    fn of(h: &LoadedHook, config: &HostConfig) -> Self {
-        let s = &h.stats;
-        let spec = &h.spec;
-        Self {
-            name: spec.name.clone(),
-            description: spec.manifest.description.clone(),
-            events: spec.manifest.events.clone(),
-            kind: spec.kind.as_str(),
-            path: spec.dir.clone(),
-            handler: match (&spec.handler_path, &spec.manifest.url) {
-                (Some(p), _) => p.display().to_string(),
-                // Path and query may carry a token: scheme, host and port only.
-                (None, Some(u)) => crate::text::redact_url(u),
-                _ => String::new(),
-            },
-            root: spec.root.clone(),
-            status: if spec.placement.in_gateway() {
-                "in_gateway"
-            } else {
-                h.status().as_str()
-            },
-            timeout_s: spec.manifest.timeout.as_secs_f64(),
-            queue: QueueInfo {
-                depth: h.queue.len(),
-                capacity: h.queue.capacity(),
-                overflow: h.queue.overflow().as_str(),
-            },
-            counters: Counters {
-                queued: s.queued.load(Ordering::Relaxed),
-                ok: s.ok.load(Ordering::Relaxed),
-                failed: s.failed.load(Ordering::Relaxed),
-                timeouts: s.timeouts.load(Ordering::Relaxed),
-                dropped: s.dropped.load(Ordering::Relaxed),
-                restarts: s.restarts.load(Ordering::Relaxed),
-                accepted: s.accepted.load(Ordering::Relaxed),
-                undelivered: s.undelivered.load(Ordering::Relaxed),
-            },
-            last_error: s.last_error().map(|(t, m)| LastError {
-                time: crate::time::rfc3339(t),
-                message: m,
-            }),
-            warnings: spec.manifest.warnings.clone(),
-            signed: (spec.kind == crate::discovery::HandlerKind::Webhook)
-                .then(|| crate::handler::webhook::is_signed(&spec.manifest)),
-            placement: crate::ingateway::HookPlacement::of(
-                spec,
-                &config.python,
-                &config.hermes_home,
-            ),
-            worker: h
-                .signals()
-                .start()
-                .map(|(start, reason)| WorkerStart { start, reason }),
-            concurrency: spec.manifest.concurrency,
-        }
-    }
-}
+/// A handler start's result; `None` when its task panicked.
+/// Versions trust refused at a reload, with why: they stop at once.
+type Refused = Vec<(Arc<LoadedHook>, String)>;
+type Started = Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>;
 
 struct Inner {
     config: HostConfig,
@@ -357,7 +215,24 @@ pub fn normalize_context(context: Value) -> Result<Value, EmitError> {
     }
 }
 
+/// The one check of an incoming event: a valid name and an object context (`null` becomes
+/// `{}`); the HTTP API uses it to word its errors, the host's entry points through `admit`.
+pub fn check_event(event: &str, context: Value) -> Result<Value, EmitError> {
+    validate_event_name(event)?;
+    normalize_context(context)
+}
+
 impl Host {
+    /// Lets one event in: checked ([`check_event`]), refused while draining, counted as received.
+    fn admit(&self, event: &str, context: Value) -> Result<Value, EmitError> {
+        let context = check_event(event, context)?;
+        if self.is_draining() {
+            return Err(EmitError::ShuttingDown);
+        }
+        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        Ok(context)
+    }
+
     /// A host with no hooks loaded yet; call [`Host::reload`] to load.
     pub fn new(config: HostConfig) -> Self {
         Self::with_notices(config, crate::notices::Notices::default())
@@ -365,7 +240,7 @@ impl Host {
 
     /// [`Host::new`], reporting loads, reloads and handler failures to `notices`.
     pub fn with_notices(config: HostConfig, notices: crate::notices::Notices) -> Self {
-        let registry = Registry::new(Vec::new(), Vec::new(), config.roots.clone(), 0);
+        let registry = Registry::new(Vec::new(), Vec::new(), 0);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -430,7 +305,7 @@ impl Host {
         self.snapshot()
             .hooks
             .iter()
-            .map(|h| HookInfo::of(h, &self.inner.config))
+            .map(|h| HookInfo::of(h, &self.inner.config.python, &self.inner.config.hermes_home))
             .collect()
     }
 
@@ -438,7 +313,7 @@ impl Host {
     pub fn hook(&self, name: &str) -> Option<HookInfo> {
         self.snapshot()
             .get(name)
-            .map(|h| HookInfo::of(h, &self.inner.config))
+            .map(|h| HookInfo::of(h, &self.inner.config.python, &self.inner.config.hermes_home))
     }
 
     /// Directories that did not load at the last (re)load.
@@ -448,12 +323,7 @@ impl Host {
 
     /// Queues `event` to every matching hook and returns how many. Never waits for a handler.
     pub fn emit(&self, event: &str, context: Value) -> Result<usize, EmitError> {
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         let reg = self.inner.registry.load();
         let matching = reg.match_indices(event);
         if matching.is_empty() {
@@ -483,8 +353,8 @@ impl Host {
     ) -> Result<Vec<(String, Value)>, (usize, EmitError)> {
         let mut checked = Vec::with_capacity(events.len());
         for (i, (event, context)) in events.into_iter().enumerate() {
-            validate_event_name(&event).map_err(|e| (i, e.into()))?;
-            checked.push((event, normalize_context(context).map_err(|e| (i, e))?));
+            let context = check_event(&event, context).map_err(|e| (i, e))?;
+            checked.push((event, context));
         }
         if self.is_draining() {
             return Err((0, EmitError::ShuttingDown));
@@ -569,12 +439,7 @@ impl Host {
         timeout: Duration,
         only: Option<&str>,
     ) -> Result<Vec<HookOutcome>, EmitError> {
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let waiting: Vec<(String, oneshot::Receiver<CallOutcome>)> = {
             let reg = self.inner.registry.load();
@@ -644,12 +509,7 @@ impl Host {
         let Some(sink) = self.inner.sink.get() else {
             return self.emit(event, context);
         };
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         Ok(sink.accept(event.to_string(), context).await?)
     }
 
@@ -675,12 +535,7 @@ impl Host {
         let Some(sink) = self.inner.sink.get() else {
             return self.emit_collect(event, context, timeout).await;
         };
-        validate_event_name(event)?;
-        let context = normalize_context(context)?;
-        if self.is_draining() {
-            return Err(EmitError::ShuttingDown);
-        }
-        self.inner.events_received.fetch_add(1, Ordering::Relaxed);
+        let context = self.admit(event, context)?;
         Ok(sink.collect(event.to_string(), context, timeout).await?)
     }
 
@@ -690,6 +545,70 @@ impl Host {
     /// its last good version running. Emit is never blocked: the new snapshot is swapped in.
     pub async fn reload(&self) -> LoadReport {
         let _guard = self.inner.reload_lock.lock().await;
+        let Some(discovery) = self.scan().await else {
+            return LoadReport::default();
+        };
+        let old = self.inner.registry.load_full();
+        let running: Vec<Version<'_>> = old.hooks.iter().map(|h| Version::of(&h.spec)).collect();
+        let found: Vec<Version<'_>> = discovery.hooks.iter().map(Version::of).collect();
+        let plan = Plan::new(&running, &found, self.inner.config.gateway_hooks_only);
+        tracing::debug!(
+            kept = plan.kept.len(),
+            added = plan.to_add().len(),
+            changed = plan.to_change().len(),
+            removed = plan.to_remove().len(),
+            "reload plan"
+        );
+        let mut specs: Vec<Option<HookSpec>> = discovery.hooks.into_iter().map(Some).collect();
+        let to_start: Vec<(HookSpec, Option<Arc<LoadedHook>>)> = plan
+            .starts
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    specs[s.found].take()?,
+                    s.takes_over.map(|p| old.hooks[p].clone()),
+                ))
+            })
+            .collect();
+        let mut skipped = discovery.skipped;
+        let mut report = LoadReport::default();
+        let mut new_hooks: Vec<Arc<LoadedHook>> =
+            plan.kept.iter().map(|&i| old.hooks[i].clone()).collect();
+
+        let started = self.start_handlers(&to_start).await;
+        for ((spec, prev), (result, signals)) in to_start.into_iter().zip(started) {
+            self.install(
+                spec,
+                prev,
+                result,
+                signals,
+                &mut report,
+                &mut new_hooks,
+                &mut skipped,
+            )
+            .await;
+        }
+        self.keep_last_good(&old, &running, &mut skipped, &mut new_hooks);
+        let generation = old.generation + 1;
+        report.loaded = self.swap(new_hooks, skipped.clone(), generation);
+        let (stopped, refused) = self.retire(&old, &skipped);
+        report.stopped = stopped;
+        let old_skipped = old.skipped.clone();
+        drop(running);
+        drop(old);
+        crate::trust::revoked::stop_all(refused).await;
+        self.ledger().fold();
+        self.announce_skipped(&skipped, &old_skipped);
+        if self.inner.ready.swap(true, Ordering::Relaxed) {
+            self.inner.reloads.fetch_add(1, Ordering::Relaxed);
+        }
+        report.skipped = skipped;
+        report.generation = generation;
+        report
+    }
+
+    /// Reload phase 1: scans the roots (off the runtime) and applies each kind's settings.
+    async fn scan(&self) -> Option<crate::discovery::Discovery> {
         let roots = self.inner.config.roots.clone();
         let (trust, home) = (
             self.inner.config.trust,
@@ -698,47 +617,25 @@ impl Host {
         let scan = move || {
             let mut found = discover_with(&roots, &trust.gate(&home));
             for spec in &mut found.hooks {
-                with_kind_settings(spec);
+                handler::prepare(spec);
             }
             found
         };
-        let discovery = match tokio::task::spawn_blocking(scan).await {
-            Ok(d) => d,
+        match tokio::task::spawn_blocking(scan).await {
+            Ok(d) => Some(d),
             Err(e) => {
                 tracing::error!("hook discovery failed: {e}");
-                return LoadReport::default();
-            }
-        };
-        let old = self.inner.registry.load_full();
-        let old_skipped = old.skipped.clone();
-        let old_by_name: HashMap<&str, &Arc<LoadedHook>> = old
-            .hooks
-            .iter()
-            .map(|h| (h.spec.name.as_str(), h))
-            .collect();
-
-        let mut kept: Vec<Arc<LoadedHook>> = Vec::new();
-        let mut to_start: Vec<(HookSpec, Option<Arc<LoadedHook>>)> = Vec::new();
-        for spec in discovery.hooks {
-            if self.inner.config.gateway_hooks_only && !spec.placement.in_gateway() {
-                continue; // a fleet edge: the workers run it
-            }
-            match old_by_name.get(spec.name.as_str()) {
-                Some(prev)
-                    if prev.spec.dir == spec.dir && prev.spec.fingerprint == spec.fingerprint =>
-                {
-                    kept.push((*prev).clone());
-                }
-                // An in-gateway version has no worker and a closed queue: nothing to take over.
-                Some(prev) if prev.spec.dir == spec.dir && !prev.spec.placement.in_gateway() => {
-                    to_start.push((spec, Some((*prev).clone())))
-                }
-                _ => to_start.push((spec, None)),
+                None
             }
         }
-        let mut skipped = discovery.skipped;
+    }
 
-        // Start new and changed hooks concurrently (Python workers import in parallel).
+    /// Reload phase 2: starts the handlers of new and changed hooks concurrently (Python workers
+    /// import in parallel); in-gateway hooks get no handler.
+    async fn start_handlers(
+        &self,
+        to_start: &[(HookSpec, Option<Arc<LoadedHook>>)],
+    ) -> Vec<(Started, Arc<handler::Signals>)> {
         let mut set = tokio::task::JoinSet::new();
         let mut signals = Vec::with_capacity(to_start.len());
         for (i, (spec, _)) in to_start.iter().enumerate() {
@@ -756,178 +653,190 @@ impl Host {
             let spec = spec.clone();
             set.spawn(async move { (i, handler::start(&spec, ctx).await) });
         }
-        let mut started: Vec<Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>> =
-            (0..to_start.len()).map(|_| None).collect();
+        let mut started: Vec<Started> = (0..to_start.len()).map(|_| None).collect();
         while let Some(res) = set.join_next().await {
             match res {
                 Ok((i, r)) => started[i] = Some(r),
                 Err(e) => tracing::error!("starting a handler panicked: {e}"),
             }
         }
+        started.into_iter().zip(signals).collect()
+    }
 
-        let mut report = LoadReport::default();
-        let mut new_hooks: Vec<Arc<LoadedHook>> = kept;
-        for (((spec, prev), result), signals) in to_start.into_iter().zip(started).zip(signals) {
-            if spec.placement.in_gateway() {
-                let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
-                // No worker: close the queue and mark it finished, so shutdown waits for nothing.
-                hook.abort().await;
-                tracing::info!(hook = %hook.spec.name, "runs in the gateway ({}); no worker here", hook.spec.placement.why);
-                self.inner.notices.send(
-                    "hook_loaded",
-                    json!({"hook": hook.spec.name, "kind": hook.spec.kind.as_str(), "runs": "gateway",
-                           "events": hook.spec.manifest.events, "dir": hook.spec.dir, "root": hook.spec.root}),
-                );
+    /// Reload phase 3: puts one started hook into the new set (its worker running, the
+    /// notice sent); a failed start keeps the previous version, if any, and is reported.
+    #[allow(clippy::too_many_arguments)]
+    async fn install(
+        &self,
+        spec: HookSpec,
+        prev: Option<Arc<LoadedHook>>,
+        result: Started,
+        signals: Arc<handler::Signals>,
+        report: &mut LoadReport,
+        new_hooks: &mut Vec<Arc<LoadedHook>>,
+        skipped: &mut Vec<Skipped>,
+    ) {
+        if spec.placement.in_gateway() {
+            let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+            // No worker: close the queue and mark it finished, so shutdown waits for nothing.
+            hook.abort().await;
+            tracing::info!(hook = %hook.spec.name, "runs in the gateway ({}); no worker here", hook.spec.placement.why);
+            self.inner.notices.send(
+                "hook_loaded",
+                json!({"hook": hook.spec.name, "kind": hook.spec.kind.as_str(), "runs": "gateway",
+                       "events": hook.spec.manifest.events, "dir": hook.spec.dir, "root": hook.spec.root}),
+            );
+            report.started.push(hook.spec.name.clone());
+            new_hooks.push(hook);
+            return;
+        }
+        let result = result.unwrap_or_else(|| {
+            Err(handler::HandlerError::Load(
+                "handler start was interrupted".into(),
+            ))
+        });
+        match result {
+            Ok(h) => {
+                let hook = match &prev {
+                    Some(p) => LoadedHook::successor(spec, p, signals),
+                    None => {
+                        let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                        self.ledger()
+                            .live
+                            .push((hook.spec.name.clone(), hook.stats.clone()));
+                        hook
+                    }
+                };
+                let spec = &hook.spec;
+                let what = json!({
+                    "hook": spec.name,
+                    "kind": spec.kind.as_str(),
+                    "events": spec.manifest.events,
+                    "dir": spec.dir,
+                    "root": spec.root,
+                });
+                match &prev {
+                    Some(_) => self.inner.notices.send("hook_reloaded", what),
+                    None => self.inner.notices.send("hook_loaded", what),
+                }
+                for w in &hook.spec.manifest.warnings {
+                    tracing::warn!(hook = %hook.spec.name, file = %hook.spec.manifest_path.display(), "{w}");
+                }
+                hook.start_worker(h, prev.clone());
                 report.started.push(hook.spec.name.clone());
                 new_hooks.push(hook);
-                continue;
             }
-            let result = result.unwrap_or_else(|| {
-                Err(handler::HandlerError::Load(
-                    "handler start was interrupted".into(),
-                ))
-            });
-            match result {
-                Ok(h) => {
-                    let hook = match &prev {
-                        Some(p) => LoadedHook::successor(spec, p, signals),
-                        None => {
-                            let hook =
-                                LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
-                            self.ledger()
-                                .live
-                                .push((hook.spec.name.clone(), hook.stats.clone()));
-                            hook
-                        }
-                    };
-                    let spec = &hook.spec;
-                    let what = json!({
-                        "hook": spec.name,
-                        "kind": spec.kind.as_str(),
-                        "events": spec.manifest.events,
-                        "dir": spec.dir,
-                        "root": spec.root,
-                    });
-                    match &prev {
-                        Some(_) => self.inner.notices.send("hook_reloaded", what),
-                        None => self.inner.notices.send("hook_loaded", what),
-                    }
-                    for w in &hook.spec.manifest.warnings {
-                        tracing::warn!(hook = %hook.spec.name, file = %hook.spec.manifest_path.display(), "{w}");
-                    }
-                    hook.start_worker(h, prev.clone());
-                    report.started.push(hook.spec.name.clone());
-                    new_hooks.push(hook);
+            Err(e) => {
+                let file = spec
+                    .handler_path
+                    .clone()
+                    .unwrap_or_else(|| spec.manifest_path.clone());
+                let mut reason = crate::text::cap(e.to_string());
+                if let Some(p) = &prev {
+                    reason.push_str(" (the previous version keeps running)");
+                    p.stats.set_last_error(format!("reload failed: {e}"));
+                    self.inner.notices.send(
+                        "hook_reloaded",
+                        json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
+                    );
+                    new_hooks.push(p.clone());
                 }
-                Err(e) => {
-                    let file = spec
-                        .handler_path
-                        .clone()
-                        .unwrap_or_else(|| spec.manifest_path.clone());
-                    let mut reason = crate::text::cap(e.to_string());
-                    if let Some(p) = &prev {
-                        reason.push_str(" (the previous version keeps running)");
-                        p.stats.set_last_error(format!("reload failed: {e}"));
-                        self.inner.notices.send(
-                            "hook_reloaded",
-                            json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
-                        );
-                        new_hooks.push(p.clone());
-                    }
-                    skipped.push(Skipped {
-                        dir: spec.dir.clone(),
-                        name: spec.name.clone(),
-                        file,
-                        code: SkipCode::LoadFailed,
-                        reason,
-                    });
-                }
+                skipped.push(Skipped {
+                    dir: spec.dir.clone(),
+                    name: spec.name.clone(),
+                    file,
+                    code: SkipCode::LoadFailed,
+                    reason,
+                });
             }
         }
-        // A loaded hook whose directory now fails discovery keeps running (last good version),
-        // unless it was deliberately disabled or removed.
-        for s in skipped.iter_mut() {
-            // Trust refusals stop the old version too: an executable re-reads its file per event.
-            if matches!(
-                s.code,
-                SkipCode::Disabled
-                    | SkipCode::Shadowed
-                    | SkipCode::LoadFailed
-                    | SkipCode::Permissions
-                    | SkipCode::NotApproved
-                    | SkipCode::HandlerOutside
-            ) {
-                continue;
-            }
-            if let Some(prev) = old.hooks.iter().find(|h| h.spec.dir == s.dir)
-                && !new_hooks.iter().any(|h| h.spec.name == prev.spec.name)
-            {
-                prev.stats
-                    .set_last_error(format!("reload failed: {}", s.reason));
-                self.inner.notices.send(
-                    "hook_reloaded",
-                    json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": s.reason, "kept_previous": true}),
-                );
-                s.reason.push_str(" (the previous version keeps running)");
-                new_hooks.push(prev.clone());
-            }
+    }
+
+    /// Reload phase 4: a loaded hook whose directory now fails discovery keeps running (last
+    /// good version), unless it was deliberately disabled or removed ([`plan::keep_last_good`]).
+    fn keep_last_good(
+        &self,
+        old: &Registry,
+        running: &[Version<'_>],
+        skipped: &mut [Skipped],
+        new_hooks: &mut Vec<Arc<LoadedHook>>,
+    ) {
+        let loaded: Vec<&str> = new_hooks.iter().map(|h| h.spec.name.as_str()).collect();
+        let keep = plan::keep_last_good(running, skipped, &loaded);
+        for (p, si) in keep {
+            let prev = &old.hooks[p];
+            let reason = skipped[si]
+                .reason
+                .strip_suffix(" (the previous version keeps running)")
+                .unwrap_or(&skipped[si].reason);
+            prev.stats
+                .set_last_error(format!("reload failed: {reason}"));
+            self.inner.notices.send(
+                "hook_reloaded",
+                json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": reason, "kept_previous": true}),
+            );
+            new_hooks.push(prev.clone());
         }
-        let root_pos = |p: &Path| {
-            self.inner
-                .config
-                .roots
-                .iter()
-                .position(|r| r == p)
-                .unwrap_or(usize::MAX)
-        };
+    }
+
+    /// Reload phase 5: orders the new set (root order, then directory) and swaps it in; returns
+    /// the loaded names.
+    fn swap(
+        &self,
+        mut new_hooks: Vec<Arc<LoadedHook>>,
+        skipped: Vec<Skipped>,
+        generation: u64,
+    ) -> Vec<String> {
+        let roots = &self.inner.config.roots;
+        let root_pos = |p: &Path| roots.iter().position(|r| r == p).unwrap_or(usize::MAX);
         new_hooks.sort_by(|a, b| {
             (root_pos(&a.spec.root), &a.spec.dir).cmp(&(root_pos(&b.spec.root), &b.spec.dir))
         });
-
-        let generation = old.generation + 1;
-        let registry = Registry::new(
-            new_hooks,
-            skipped.clone(),
-            self.inner.config.roots.clone(),
-            generation,
-        );
-        report.loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
+        let registry = Registry::new(new_hooks, skipped, generation);
+        let loaded = registry.hooks.iter().map(|h| h.spec.name.clone()).collect();
         self.inner.registry.store(Arc::new(registry));
+        loaded
+    }
 
-        // Retire what the new snapshot no longer holds.
+    /// Reload phase 6: retires what the new snapshot no longer holds: a superseded version
+    /// finishes its call and hands over; a removed one drains and stops, unless trust refused it
+    /// in this scan (`skipped`): those are returned with the reason, to stop at once
+    /// ([`crate::trust::revoked`]). Returns the stopped names and the refused versions.
+    fn retire(&self, old: &Registry, skipped: &[Skipped]) -> (Vec<String>, Refused) {
         let current = self.snapshot();
+        let mut stopped = Vec::new();
         let mut refused = Vec::new();
-        {
-            let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
-            retired.retain(|h| !h.is_finished());
-            for h in &old.hooks {
-                if current.hooks.iter().any(|n| Arc::ptr_eq(n, h)) {
-                    continue;
+        let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.retain(|h| !h.is_finished());
+        for h in &old.hooks {
+            if current.hooks.iter().any(|n| Arc::ptr_eq(n, h)) {
+                continue;
+            }
+            retired.push(h.clone());
+            if current
+                .hooks
+                .iter()
+                .any(|n| Arc::ptr_eq(&n.queue, &h.queue))
+            {
+                h.supersede();
+            } else {
+                h.close();
+                if let Some(why) = crate::trust::revoked::refusal(skipped, &h.spec.dir) {
+                    refused.push((h.clone(), why));
                 }
-                retired.push(h.clone());
-                if current
-                    .hooks
-                    .iter()
-                    .any(|n| Arc::ptr_eq(&n.queue, &h.queue))
-                {
-                    h.supersede();
-                } else {
-                    h.close();
-                    if let Some(why) = crate::trust::revoked::refusal(&skipped, &h.spec.dir) {
-                        refused.push((h.clone(), why));
-                    }
-                    report.stopped.push(h.spec.name.clone());
-                    self.inner.notices.send(
-                        "hook_unloaded",
-                        json!({"hook": h.spec.name, "dir": h.spec.dir, "queued": h.queue.len()}),
-                    );
-                }
+                stopped.push(h.spec.name.clone());
+                self.inner.notices.send(
+                    "hook_unloaded",
+                    json!({"hook": h.spec.name, "dir": h.spec.dir, "queued": h.queue.len()}),
+                );
             }
         }
-        crate::trust::revoked::stop_all(refused).await;
-        drop(old);
-        self.ledger().fold();
-        // Report what is newly wrong; a rescan does not repeat problems already reported.
+        (stopped, refused)
+    }
+
+    /// Reload phase 7: reports what is newly wrong; a rescan does not repeat problems already
+    /// reported.
+    fn announce_skipped(&self, skipped: &[Skipped], old_skipped: &[Skipped]) {
         let fresh = skipped.iter().filter(|s| {
             !old_skipped
                 .iter()
@@ -944,12 +853,6 @@ impl Host {
                 tracing::info!(hook = %s.name, file = %s.file.display(), "not loaded: {}", s.reason);
             }
         }
-        if self.inner.ready.swap(true, Ordering::Relaxed) {
-            self.inner.reloads.fetch_add(1, Ordering::Relaxed);
-        }
-        report.skipped = skipped;
-        report.generation = generation;
-        report
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -1011,66 +914,5 @@ impl Host {
         // those processes to be gone.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
-    }
-}
-
-/// What a handler kind derives from its manifest, applied to a freshly discovered spec: a
-/// webhook's worker timeout covers the whole delivery (both attempts; `timeout:` is per
-/// attempt), and an unset `secret_env` is a load-time warning.
-fn with_kind_settings(spec: &mut HookSpec) {
-    if spec.kind == crate::discovery::HandlerKind::Webhook {
-        spec.manifest.timeout = crate::handler::webhook::delivery_budget(&spec.manifest);
-        let warning = crate::handler::webhook::unsigned_warning(&spec.manifest);
-        spec.manifest.warnings.extend(warning);
-    }
-}
-
-/// Local mode behind the dispatch interface: a thin adapter over the host's own queues.
-pub struct LocalDispatch(pub Host);
-
-impl EventSink for LocalDispatch {
-    fn accept(
-        &self,
-        event: String,
-        context: Value,
-    ) -> crate::sink::SinkFuture<'_, Result<usize, SinkError>> {
-        let r = self
-            .0
-            .emit(&event, context)
-            .map_err(|_| SinkError::ShuttingDown);
-        Box::pin(async move { r })
-    }
-
-    fn accept_batch(
-        &self,
-        events: Vec<(String, Value)>,
-    ) -> crate::sink::SinkFuture<'_, Result<Vec<usize>, SinkError>> {
-        let r = self
-            .0
-            .emit_batch(events)
-            .map_err(|_| SinkError::ShuttingDown);
-        Box::pin(async move { r })
-    }
-
-    fn collect(
-        &self,
-        event: String,
-        context: Value,
-        timeout: Duration,
-    ) -> crate::sink::SinkFuture<'_, Result<Vec<HookOutcome>, SinkError>> {
-        Box::pin(async move {
-            self.0
-                .emit_collect(&event, context, timeout)
-                .await
-                .map_err(|_| SinkError::ShuttingDown)
-        })
-    }
-
-    fn status(&self) -> Option<Value> {
-        None
-    }
-
-    fn degraded(&self) -> Option<String> {
-        None
     }
 }

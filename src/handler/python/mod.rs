@@ -26,24 +26,31 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::task::JoinHandle;
 
-use super::api::{BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report};
-use super::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
-use super::zygote::{self, Forked, Zygote};
+use self::zygote::{Forked, Zygote};
+use crate::handler::api::{
+    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
+};
+use crate::handler::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
+
+mod protocol;
+pub mod pylog;
+pub mod zygote;
+
+use protocol::answer_result;
+pub use protocol::{
+    Answer, PIPELINE_BYTES, PIPELINE_DEPTH, encode_requests, parse_answer, parse_handshake,
+};
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
 /// Largest response line accepted from a worker.
 const MAX_RESPONSE: usize = 16 * 1024 * 1024;
-/// Most calls written to a worker before their answers are read.
-pub const PIPELINE_DEPTH: usize = 64;
-/// Most bytes of requests written at once (at least one request always goes).
-pub const PIPELINE_BYTES: usize = 1024 * 1024;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time a worker gets to import its module, at least.
@@ -334,9 +341,10 @@ impl PythonHandler {
     /// The hello line: the protocol, and the files of the hook's tree with their SHA-256, which
     /// the runner's import hook checks every module against when it is imported.
     fn hello(&self) -> Vec<u8> {
-        let mut line = json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files})
-            .to_string()
-            .into_bytes();
+        let mut line =
+            serde_json::json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files})
+                .to_string()
+                .into_bytes();
         line.push(b'\n');
         line
     }
@@ -464,28 +472,11 @@ impl PythonHandler {
         }
     }
 
-    /// Encodes as many of `calls` as fit in one pipelined write (at least one).
+    /// Encodes as many of `calls` as fit in one pipelined write (at least one), numbering them
+    /// after the last id sent.
     fn encode(&mut self, calls: &[Call]) -> Result<(Vec<u8>, usize, u64), HandlerError> {
         let first_id = self.next_id + 1;
-        let mut buf = Vec::new();
-        let mut n = 0;
-        for call in calls.iter().take(PIPELINE_DEPTH) {
-            if n > 0 && buf.len() >= PIPELINE_BYTES {
-                break;
-            }
-            let id = first_id + n as u64;
-            let request = json!({"id": id, "event": &*call.event, "context": &*call.context});
-            if let Err(e) = serde_json::to_writer(&mut buf, &request) {
-                if n == 0 {
-                    return Err(HandlerError::Failed(format!(
-                        "cannot encode the event: {e}"
-                    )));
-                }
-                break;
-            }
-            buf.push(b'\n');
-            n += 1;
-        }
+        let (buf, n) = encode_requests(calls, first_id)?;
         self.next_id += n as u64;
         Ok((buf, n, first_id))
     }
@@ -679,71 +670,8 @@ impl PythonHandler {
     }
 }
 
-/// What one line from a worker means for the request with id `id`.
-#[derive(Debug, PartialEq)]
-pub enum Answer {
-    /// Not a JSON value: the worker broke the protocol (it is restarted).
-    Broken,
-    /// An answer to an earlier, abandoned request.
-    Stale,
-    /// An answer to a later request, or one without an id: the worker broke the order.
-    OutOfOrder,
-    /// The request's outcome.
-    Outcome(HandlerResult),
-}
-
-/// Reads one protocol line a worker sent in answer to request `id` (a pure function, so the
-/// protocol can be fuzzed).
-pub fn parse_answer(line: &[u8], id: u64) -> Answer {
-    let Ok(answer) = serde_json::from_slice::<Value>(line) else {
-        return Answer::Broken;
-    };
-    match answer.get("id").and_then(Value::as_u64) {
-        Some(got) if got == id => Answer::Outcome(answer_result(&answer)),
-        Some(got) if got < id => Answer::Stale,
-        _ => Answer::OutOfOrder,
-    }
-}
-
-/// The outcome an answer line carries.
-fn answer_result(answer: &Value) -> HandlerResult {
-    if answer.get("ok") == Some(&Value::Bool(true)) {
-        match answer.get("result") {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => Ok(Some(v.clone())),
-        }
-    } else {
-        let msg = answer
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|m| !m.is_empty())
-            .unwrap_or("handler failed without a message");
-        Err(HandlerError::Failed(msg.to_string()))
-    }
-}
-
-/// Reads a worker's handshake line: ready, or why it refused to start (a pure function, so the
-/// protocol can be fuzzed).
-pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
-    let answer: Value = serde_json::from_slice(line)
-        .map_err(|e| HandlerError::Load(format!("python worker sent an invalid handshake: {e}")))?;
-    if answer.get("ready") == Some(&Value::Bool(true)) {
-        return Ok(());
-    }
-    Err(HandlerError::Load(
-        answer
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|m| !m.is_empty())
-            .unwrap_or("python worker refused to start")
-            .to_string(),
-    ))
-}
-
 /// Environment variable that turns pipelining off (`0`, `off`, `false`, `no`): one request at a
-/// time, as before issue 12 (kept for comparisons and as an escape hatch).
+/// time, as before pipelining existed (kept for comparisons and as an escape hatch).
 pub const PIPELINE_ENV: &str = "HERMES_HOOKS_PIPELINE";
 
 fn pipelining_enabled() -> bool {

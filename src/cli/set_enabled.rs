@@ -1,4 +1,5 @@
-//! `hermes-hooks enable NAME` / `disable NAME`: find the hook the way discovery does
+//! The work of `hermes-hooks enable NAME` / `disable NAME` (in the CLI, not in [`crate::trust`],
+//! which discovery uses): find the hook the way discovery does
 //! ([`crate::discovery::locate`]), resolve its handler with discovery's rules, then approve or
 //! revoke it (explicit mode) or flip `enabled:` in its HOOK.yaml.
 

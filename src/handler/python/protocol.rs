@@ -1,0 +1,171 @@
+//! The pipe protocol between the service and a Python worker (`runner.py`), as pure functions:
+//! requests are JSON lines `{"id", "event", "context"}` written in pipelined batches; the worker
+//! first sends a handshake line (`{"ready": true}` or `{"error": ...}`), then one answer line per
+//! request, in order (`{"id", "ok": true, "result"}` or `{"id", "ok": false, "error"}`). Pure, so
+//! the protocol is unit-tested here and fuzzed (`tests/it/fuzz.rs`).
+
+use serde_json::{Value, json};
+
+use crate::handler::api::{Call, HandlerError, HandlerResult};
+
+/// Most calls written to a worker before their answers are read.
+pub const PIPELINE_DEPTH: usize = 64;
+/// Most bytes of requests written at once (at least one request always goes).
+pub const PIPELINE_BYTES: usize = 1024 * 1024;
+
+/// Encodes as many of `calls` as fit in one pipelined write (at most [`PIPELINE_DEPTH`] calls,
+/// and no more once [`PIPELINE_BYTES`] are reached; at least one), numbered from `first_id`.
+/// Returns the bytes and how many calls they hold; a first call that cannot be encoded fails.
+pub fn encode_requests(calls: &[Call], first_id: u64) -> Result<(Vec<u8>, usize), HandlerError> {
+    let mut buf = Vec::new();
+    let mut n = 0;
+    for call in calls.iter().take(PIPELINE_DEPTH) {
+        if n > 0 && buf.len() >= PIPELINE_BYTES {
+            break;
+        }
+        let id = first_id + n as u64;
+        let request = json!({"id": id, "event": &*call.event, "context": &*call.context});
+        if let Err(e) = serde_json::to_writer(&mut buf, &request) {
+            if n == 0 {
+                return Err(HandlerError::Failed(format!(
+                    "cannot encode the event: {e}"
+                )));
+            }
+            break;
+        }
+        buf.push(b'\n');
+        n += 1;
+    }
+    Ok((buf, n))
+}
+
+/// What one line from a worker means for the request with id `id`.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    /// Not a JSON value: the worker broke the protocol (it is restarted).
+    Broken,
+    /// An answer to an earlier, abandoned request.
+    Stale,
+    /// An answer to a later request, or one without an id: the worker broke the order.
+    OutOfOrder,
+    /// The request's outcome.
+    Outcome(HandlerResult),
+}
+
+/// Reads one protocol line a worker sent in answer to request `id` (a pure function, so the
+/// protocol can be fuzzed).
+pub fn parse_answer(line: &[u8], id: u64) -> Answer {
+    let Ok(answer) = serde_json::from_slice::<Value>(line) else {
+        return Answer::Broken;
+    };
+    match answer.get("id").and_then(Value::as_u64) {
+        Some(got) if got == id => Answer::Outcome(answer_result(&answer)),
+        Some(got) if got < id => Answer::Stale,
+        _ => Answer::OutOfOrder,
+    }
+}
+
+/// The outcome an answer line carries.
+pub(super) fn answer_result(answer: &Value) -> HandlerResult {
+    if answer.get("ok") == Some(&Value::Bool(true)) {
+        match answer.get("result") {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => Ok(Some(v.clone())),
+        }
+    } else {
+        let msg = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or("handler failed without a message");
+        Err(HandlerError::Failed(msg.to_string()))
+    }
+}
+
+/// Reads a worker's handshake line: ready, or why it refused to start (a pure function, so the
+/// protocol can be fuzzed).
+pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
+    let answer: Value = serde_json::from_slice(line)
+        .map_err(|e| HandlerError::Load(format!("python worker sent an invalid handshake: {e}")))?;
+    if answer.get("ready") == Some(&Value::Bool(true)) {
+        return Ok(());
+    }
+    Err(HandlerError::Load(
+        answer
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or("python worker refused to start")
+            .to_string(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn call(event: &str) -> Call {
+        Call {
+            event: Arc::from(event),
+            context: Arc::new(json!({"k": 1})),
+        }
+    }
+
+    #[test]
+    fn requests_are_numbered_json_lines() {
+        let (buf, n) = encode_requests(&[call("a:b"), call("c:d")], 7).unwrap();
+        assert_eq!(n, 2);
+        let lines: Vec<Value> = buf
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(
+            lines[0],
+            json!({"id": 7, "event": "a:b", "context": {"k": 1}})
+        );
+        assert_eq!(lines[1]["id"], 8);
+    }
+
+    #[test]
+    fn a_batch_stops_at_the_pipeline_depth() {
+        let calls: Vec<Call> = (0..PIPELINE_DEPTH + 5).map(|_| call("e")).collect();
+        let (_, n) = encode_requests(&calls, 1).unwrap();
+        assert_eq!(n, PIPELINE_DEPTH);
+    }
+
+    #[test]
+    fn answers_are_matched_to_their_request() {
+        assert_eq!(
+            parse_answer(br#"{"id": 3, "ok": true, "result": 5}"#, 3),
+            Answer::Outcome(Ok(Some(json!(5))))
+        );
+        assert_eq!(
+            parse_answer(br#"{"id": 3, "ok": true}"#, 3),
+            Answer::Outcome(Ok(None))
+        );
+        assert_eq!(parse_answer(br#"{"id": 2, "ok": true}"#, 3), Answer::Stale);
+        assert_eq!(
+            parse_answer(br#"{"id": 4, "ok": true}"#, 3),
+            Answer::OutOfOrder
+        );
+        assert_eq!(parse_answer(br#"{"ok": true}"#, 3), Answer::OutOfOrder);
+        assert_eq!(parse_answer(b"not json", 3), Answer::Broken);
+        match parse_answer(br#"{"id": 1, "ok": false, "error": " boom "}"#, 1) {
+            Answer::Outcome(Err(e)) => assert!(e.to_string().contains("boom")),
+            other => panic!("expected an error outcome, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_handshake_is_ready_or_says_why_not() {
+        assert!(parse_handshake(br#"{"ready": true}"#).is_ok());
+        let e = parse_handshake(br#"{"error": "no handle()"}"#).unwrap_err();
+        assert!(e.to_string().contains("no handle()"));
+        assert!(parse_handshake(b"{").is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! A loaded hook ([`LoadedHook`]): one bounded FIFO queue (`queue.rs`), counters (`stats.rs`) and one
+//! worker task (`worker.rs`) per version of a hook.
+//!
+//! `emit` pushes a [`Job`] onto each matching hook's queue and returns; it takes one short mutex
+//! per queue and never waits for a handler. The worker pops jobs in order, gets the handler ready
+//! (restart after a crash), calls it under the hook's timeout and reports the outcome to whoever
+//! waits for it (`emit_collect`) and to the hook's counters. A full queue applies the hook's
+//! overflow policy and counts the drop.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::discovery::HookSpec;
+use crate::handler::Signals;
+use crate::notices::Notices;
+
+mod queue;
+mod stats;
+mod worker;
+
+pub use queue::*;
+pub use stats::*;
+
+/// The one clock of the process for rate-limited logging: every version of every hook measures
+/// from it, so a reloaded hook's drop log keeps its rhythm.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// A hook that is loaded: its spec, its queue, its counters and its worker.
+///
+/// When a hook changes on reload, the new version shares the old one's queue and counters: events
+/// queued before the change stay in the one FIFO and are delivered once, in order, by whichever
+/// version takes them; the new worker starts when the old one has finished its in-flight call.
+pub struct LoadedHook {
+    /// What was discovered.
+    pub spec: HookSpec,
+    /// Events waiting for the worker (shared across versions of the hook).
+    pub queue: Arc<HookQueue>,
+    /// Counters and state (shared across versions of the hook).
+    pub stats: Arc<HookStats>,
+    /// Shared with the handler: its restarts and stuck calls; that a newer version took over.
+    signals: Arc<Signals>,
+    /// The handler's restart count already added to `stats.restarts`.
+    restarts_seen: AtomicU64,
+    /// The worker task, taken when the hook is stopped.
+    worker: Mutex<Option<JoinHandle<()>>>,
+    /// Becomes true when the worker has finished (drained and shut its handler down).
+    finished: watch::Sender<bool>,
+    /// Jobs this version's worker has taken from the queue and not settled yet.
+    in_flight: AtomicUsize,
+    /// Where `handler_error`, `handler_timeout`, `worker_restart`, `queue_overflow` go.
+    notices: Notices,
+}
+
+impl LoadedHook {
+    /// A hook with an empty queue and no worker yet.
+    pub fn new(spec: HookSpec) -> Arc<Self> {
+        Self::new_with(spec, Notices::default(), Arc::default())
+    }
+
+    /// A hook with an empty queue that reports to `notices`; `signals` are its handler's.
+    pub fn new_with(spec: HookSpec, notices: Notices, signals: Arc<Signals>) -> Arc<Self> {
+        let queue = Arc::new(HookQueue::new(
+            spec.manifest.queue_capacity,
+            spec.manifest.overflow,
+        ));
+        Self::with_queue(
+            spec,
+            queue,
+            Arc::new(HookStats::default()),
+            notices,
+            signals,
+        )
+    }
+
+    /// The next version of `prev`: same queue and counters, new spec and handler.
+    pub fn successor(spec: HookSpec, prev: &LoadedHook, signals: Arc<Signals>) -> Arc<Self> {
+        prev.queue
+            .set_limits(spec.manifest.queue_capacity, spec.manifest.overflow);
+        Self::with_queue(
+            spec,
+            prev.queue.clone(),
+            prev.stats.clone(),
+            prev.notices.clone(),
+            signals,
+        )
+    }
+
+    fn with_queue(
+        spec: HookSpec,
+        queue: Arc<HookQueue>,
+        stats: Arc<HookStats>,
+        notices: Notices,
+        signals: Arc<Signals>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            spec,
+            queue,
+            stats,
+            signals,
+            restarts_seen: AtomicU64::new(0),
+            worker: Mutex::new(None),
+            finished: watch::channel(false).0,
+            in_flight: AtomicUsize::new(0),
+            notices,
+        })
+    }
+
+    /// What the hook's handler shares with its worker (restarts, stuck, how it was started).
+    pub fn signals(&self) -> &Signals {
+        &self.signals
+    }
+
+    /// The hook's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The worker's state; `stuck` while the handler waits out a call it could not interrupt.
+    pub fn status(&self) -> Status {
+        match self.stats.status() {
+            Status::Busy | Status::Idle | Status::Restarting if self.signals.stuck() => {
+                Status::Stuck
+            }
+            s => s,
+        }
+    }
+
+    /// Queues `job`, counting and logging drops. Returns false when the job was refused.
+    pub fn enqueue(&self, job: Job) -> bool {
+        self.account(self.queue.push(job))
+    }
+
+    /// Queues several jobs under one lock; returns, per job, whether it was accepted.
+    pub fn enqueue_many(&self, jobs: Vec<Job>) -> Vec<bool> {
+        self.queue
+            .push_many(jobs)
+            .into_iter()
+            .map(|p| self.account(p))
+            .collect()
+    }
+
+    /// Counts one push outcome and fails the jobs that were dropped or refused.
+    fn account(&self, pushed: Pushed) -> bool {
+        match pushed {
+            Pushed::Queued => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Pushed::DroppedOldest(old) => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                self.count_drop();
+                old.fail("dropped: the hook's queue was full (drop_oldest)");
+                true
+            }
+            Pushed::Refused(job) => {
+                let closed = self.stats.status() == Status::Stopped;
+                if !closed {
+                    self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                    self.count_drop();
+                }
+                job.fail(if closed {
+                    "the hook is stopping"
+                } else {
+                    "dropped: the hook's queue was full (drop_newest)"
+                });
+                false
+            }
+        }
+    }
+
+    fn count_drop(&self) {
+        self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        self.stats.drops_unlogged.fetch_add(1, Ordering::Relaxed);
+        self.report_drops(false);
+    }
+
+    /// Logs (and sends `queue_overflow` for) drops not reported yet: at most once a second, or
+    /// now when `force`. The worker calls it after each event, so a burst's tail is reported
+    /// even when no further drop comes.
+    pub fn report_drops(&self, force: bool) {
+        if self.stats.drops_unlogged.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = (epoch().elapsed().as_millis() as u64).max(1);
+        let last = self.stats.last_drop_log_ms.load(Ordering::Relaxed);
+        let due = force || last == 0 || now.saturating_sub(last) >= 1000;
+        if !due
+            || self
+                .stats
+                .last_drop_log_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let n = self.stats.drops_unlogged.swap(0, Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        let total = self.stats.dropped.load(Ordering::Relaxed);
+        tracing::warn!(
+            hook = %self.spec.name,
+            dropped = n,
+            total_dropped = total,
+            "queue full (capacity {}, {}): {n} event(s) dropped",
+            self.queue.capacity(),
+            self.queue.overflow().as_str()
+        );
+        self.notices.send(
+            "queue_overflow",
+            serde_json::json!({
+                "hook": self.spec.name,
+                "dropped": n,
+                "total_dropped": total,
+                "capacity": self.queue.capacity(),
+                "overflow": self.queue.overflow().as_str(),
+            }),
+        );
+    }
+
+    /// Hands the queue to a newer version: this worker stops after its current call.
+    pub fn supersede(&self) {
+        self.signals.supersede();
+    }
+
+    /// Stops accepting events; the worker finishes the queue, then stops.
+    pub fn close(&self) {
+        self.stats.set_status(Status::Stopped);
+        self.queue.close();
+    }
+
+    /// Waits until the worker has finished.
+    pub async fn finished(&self) {
+        let mut rx = self.finished.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// True once the worker has finished (or was never started... and aborted).
+    pub fn is_finished(&self) -> bool {
+        *self.finished.borrow()
+    }
+
+    /// Kills the worker now (after a drain deadline) and waits until it is gone; returns how many
+    /// events were left: still queued, or taken by this version and not settled (counted in
+    /// `undelivered`).
+    pub async fn abort(&self) -> usize {
+        self.stop_now("the host stopped before this event was handled")
+            .await
+    }
+
+    /// Stops the worker now because this version may no longer run (its approval was revoked,
+    /// its tree became unsafe): the running call is killed and every queued event is reported
+    /// `why`, never run with the code that lost its approval. Returns how many events were left.
+    pub async fn stop_now(&self, why: &str) -> usize {
+        self.queue.close();
+        let task = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            // Dropping the handler kills its processes (process group + kill_on_drop). Waiting
+            // for the cancelled task means no call settles after the count below.
+            task.abort();
+            let _ = task.await;
+        }
+        let left = self.queue.take_all();
+        let n = left.len() + self.in_flight.swap(0, Ordering::SeqCst);
+        for job in left {
+            job.fail(why);
+        }
+        self.stats
+            .undelivered
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.stats.set_status(Status::Stopped);
+        self.finished.send_replace(true);
+        n
+    }
+}

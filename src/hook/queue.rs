@@ -1,0 +1,253 @@
+//! A hook's bounded FIFO of [`Job`]s, with its overflow policy; one consumer (the hook's worker).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{Notify, oneshot};
+
+use crate::manifest::Overflow;
+
+/// What one handler invocation produced, as reported to a waiting `emit_collect`.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    /// The result (`None` = the handler returned nothing) or the error message.
+    pub result: Result<Option<Value>, String>,
+    /// Time spent in the handler (zero when it never ran).
+    pub duration: Duration,
+}
+
+/// One event waiting in a hook's queue.
+pub struct Job {
+    /// Event name, shared by every hook the event was queued to.
+    pub event: Arc<str>,
+    /// Event context, shared likewise.
+    pub context: Arc<Value>,
+    /// Where the outcome goes, for `emit_collect`; `None` for fire-and-forget.
+    pub reply: Option<oneshot::Sender<CallOutcome>>,
+}
+
+impl Job {
+    /// Reports that the job will never run.
+    pub fn fail(self, why: &str) {
+        if let Some(reply) = self.reply {
+            let _ = reply.send(CallOutcome {
+                result: Err(why.to_string()),
+                duration: Duration::ZERO,
+            });
+        }
+    }
+}
+
+/// What happened to a pushed job.
+pub enum Pushed {
+    /// Queued.
+    Queued,
+    /// Queued; the oldest job was dropped to make room and is returned.
+    DroppedOldest(Job),
+    /// Refused (queue full with `drop_newest`, or closed); the job is returned.
+    Refused(Job),
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+/// A bounded FIFO with one consumer (the hook's worker).
+pub struct HookQueue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+    /// Bound; changes when a reloaded HOOK.yaml changes `queue:`.
+    capacity: AtomicUsize,
+    /// A burst's storage was released: return freed memory once the queue stays idle.
+    trim_pending: AtomicBool,
+    /// Overflow policy (0 = drop_oldest, 1 = drop_newest), likewise.
+    overflow: AtomicU8,
+}
+
+impl HookQueue {
+    /// An empty queue.
+    pub fn new(capacity: usize, overflow: Overflow) -> Self {
+        Self {
+            state: Mutex::new(QueueState {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            notify: Notify::new(),
+            capacity: AtomicUsize::new(capacity.max(1)),
+            trim_pending: AtomicBool::new(false),
+            overflow: AtomicU8::new(overflow as u8),
+        }
+    }
+
+    /// Applies new limits (a reloaded HOOK.yaml); already queued jobs stay.
+    pub fn set_limits(&self, capacity: usize, overflow: Overflow) {
+        self.capacity.store(capacity.max(1), Ordering::Relaxed);
+        self.overflow.store(overflow as u8, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // A panic while holding this lock cannot leave the deque inconsistent: keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Pushes `job`, applying the overflow policy when full.
+    pub fn push(&self, job: Job) -> Pushed {
+        let mut st = self.lock();
+        let outcome = self.push_locked(&mut st, job);
+        drop(st);
+        self.notify.notify_one();
+        outcome
+    }
+
+    /// Pushes several jobs under one lock and one wake-up (the batch endpoint).
+    pub fn push_many(&self, jobs: Vec<Job>) -> Vec<Pushed> {
+        let mut st = self.lock();
+        let out = jobs
+            .into_iter()
+            .map(|j| self.push_locked(&mut st, j))
+            .collect();
+        drop(st);
+        self.notify.notify_one();
+        out
+    }
+
+    fn push_locked(&self, st: &mut QueueState, job: Job) -> Pushed {
+        if st.closed {
+            return Pushed::Refused(job);
+        }
+        let outcome = if st.jobs.len() >= self.capacity() {
+            match self.overflow() {
+                Overflow::DropNewest => return Pushed::Refused(job),
+                Overflow::DropOldest => match st.jobs.pop_front() {
+                    Some(old) => Pushed::DroppedOldest(old),
+                    None => Pushed::Queued,
+                },
+            }
+        } else {
+            Pushed::Queued
+        };
+        st.jobs.push_back(job);
+        outcome
+    }
+
+    /// Next job; `None` once the queue is closed and empty.
+    pub async fn pop(&self) -> Option<Job> {
+        loop {
+            {
+                let mut st = self.lock();
+                if let Some(job) = st.jobs.pop_front() {
+                    if shrink_if_drained(&mut st.jobs) {
+                        self.trim_pending.store(true, Ordering::Relaxed);
+                    }
+                    return Some(job);
+                }
+                if st.closed {
+                    return None;
+                }
+            }
+            // Single consumer: a notify_one without a waiter leaves a permit, so no wake-up is lost.
+            if self.trim_pending.load(Ordering::Relaxed) {
+                // A burst drained: once the queue has stayed empty for a moment, hand the freed
+                // memory back to the system (not while busy: trimming the heap costs more than a
+                // fast hook's events, and a busy queue drains and refills all the time).
+                tokio::select! {
+                    _ = self.notify.notified() => {}
+                    _ = tokio::time::sleep(TRIM_WHEN_IDLE_FOR) => {
+                        if self.trim_pending.swap(false, Ordering::Relaxed) {
+                            give_memory_back();
+                        }
+                    }
+                }
+            } else {
+                self.notify.notified().await;
+            }
+        }
+    }
+
+    /// Puts `jobs` back at the front of the queue, in their order (calls a reloaded hook's
+    /// previous version never started). They were accepted once: neither the bound nor a closed
+    /// queue refuses them.
+    pub fn push_front_many(&self, jobs: Vec<Job>) {
+        let mut st = self.lock();
+        for job in jobs.into_iter().rev() {
+            st.jobs.push_front(job);
+        }
+        drop(st);
+        self.notify.notify_one();
+    }
+
+    /// Up to `max` queued jobs, without waiting.
+    pub fn try_pop_many(&self, max: usize) -> Vec<Job> {
+        let mut st = self.lock();
+        let n = max.min(st.jobs.len());
+        let jobs = st.jobs.drain(..n).collect();
+        if shrink_if_drained(&mut st.jobs) {
+            self.trim_pending.store(true, Ordering::Relaxed);
+        }
+        jobs
+    }
+
+    /// Refuses new jobs; the worker drains what is queued, then stops.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_one();
+    }
+
+    /// Removes and returns everything still queued.
+    pub fn take_all(&self) -> Vec<Job> {
+        self.lock().jobs.drain(..).collect()
+    }
+
+    /// Jobs waiting.
+    pub fn len(&self) -> usize {
+        self.lock().jobs.len()
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bound.
+    pub fn capacity(&self) -> usize {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// The overflow policy.
+    pub fn overflow(&self) -> Overflow {
+        if self.overflow.load(Ordering::Relaxed) == Overflow::DropNewest as u8 {
+            Overflow::DropNewest
+        } else {
+            Overflow::DropOldest
+        }
+    }
+}
+
+/// Queue storage kept after a drain; a burst's peak is released when the queue empties.
+const IDLE_QUEUE_SLOTS: usize = 64;
+/// How long a drained queue stays empty before the freed memory goes back to the system.
+const TRIM_WHEN_IDLE_FOR: Duration = Duration::from_millis(100);
+
+/// Releases the peak storage of a queue that a burst filled, once it is empty again; true when
+/// it did (the caller then returns freed memory to the system).
+fn shrink_if_drained(jobs: &mut VecDeque<Job>) -> bool {
+    if jobs.is_empty() && jobs.capacity() > IDLE_QUEUE_SLOTS * 4 {
+        jobs.shrink_to(IDLE_QUEUE_SLOTS);
+        return true;
+    }
+    false
+}
+
+/// After a burst: asks the allocator to hand freed pages back to the system (glibc keeps them
+/// otherwise, and the host's RSS would stay at the burst's peak).
+fn give_memory_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory held by the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -1,0 +1,169 @@
+//! A hook's counters, worker state and duration histogram, shared across its versions; [`Tally`].
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// Worker state, as shown by `/v1/hooks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// Waiting for events.
+    Idle = 0,
+    /// Running a handler.
+    Busy = 1,
+    /// Restarting a crashed worker.
+    Restarting = 2,
+    /// Stopped (removed, or the host shut down).
+    Stopped = 3,
+    /// Waiting for the previous version of the hook to finish its queue.
+    Pending = 4,
+    /// A call past its timeout that cannot be interrupted (a dynamic library) is still running;
+    /// no new calls until it returns.
+    Stuck = 5,
+}
+
+impl Status {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Idle => "ready",
+            Status::Busy => "busy",
+            Status::Restarting => "restarting",
+            Status::Stopped => "stopped",
+            Status::Pending => "pending",
+            Status::Stuck => "stuck",
+        }
+    }
+
+    pub(super) fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Status::Busy,
+            2 => Status::Restarting,
+            3 => Status::Stopped,
+            4 => Status::Pending,
+            5 => Status::Stuck,
+            _ => Status::Idle,
+        }
+    }
+}
+
+/// Counters of one hook; all updates are relaxed atomics off the emit path's critical section.
+#[derive(Debug, Default)]
+pub struct HookStats {
+    /// Events accepted into the queue.
+    pub queued: AtomicU64,
+    /// Events offered to the hook and not refused because it was stopping: `queued` plus those
+    /// a full `drop_newest` queue refused. Each ends up exactly once in `ok`, `failed`,
+    /// `dropped` or `undelivered`, or is still queued or running.
+    pub accepted: AtomicU64,
+    /// Events still queued or running when the host stopped after its drain deadline.
+    pub undelivered: AtomicU64,
+    /// Invocations that returned normally.
+    pub ok: AtomicU64,
+    /// Invocations that failed (error, crash, timeout).
+    pub failed: AtomicU64,
+    /// Invocations that exceeded the timeout (also counted in `failed`).
+    pub timeouts: AtomicU64,
+    /// Events dropped by the overflow policy.
+    pub dropped: AtomicU64,
+    /// Worker restarts.
+    pub restarts: AtomicU64,
+    /// Total handler time in microseconds.
+    pub busy_us: AtomicU64,
+    /// Handler durations, per bucket of [`DURATION_BUCKETS`] (the last one is +Inf); not
+    /// cumulative (the exposition sums them).
+    pub duration_buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    status: AtomicU8,
+    /// Drops not yet logged (logging is rate-limited to one line a second).
+    pub(super) drops_unlogged: AtomicU64,
+    /// Milliseconds since the process [`epoch`] at the last drop log line.
+    pub(super) last_drop_log_ms: AtomicU64,
+    last_error: Mutex<Option<(SystemTime, String)>>,
+}
+
+/// Upper bounds (seconds) of the handler duration histogram.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0,
+];
+
+impl HookStats {
+    /// Records one handler duration.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.duration_buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.busy_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Current worker state.
+    pub fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::Relaxed))
+    }
+
+    pub(super) fn set_status(&self, s: Status) {
+        self.status.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// The most recent error and when it happened.
+    pub fn last_error(&self) -> Option<(SystemTime, String)> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The account of every event offered: see [`Tally`].
+    pub fn tally(&self) -> Tally {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Tally {
+            accepted: get(&self.accepted),
+            ok: get(&self.ok),
+            failed: get(&self.failed),
+            dropped: get(&self.dropped),
+            undelivered: get(&self.undelivered),
+        }
+    }
+
+    /// Records an error as the hook's last one.
+    pub fn set_last_error(&self, msg: String) {
+        let msg = crate::text::cap(msg);
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((SystemTime::now(), msg));
+    }
+}
+
+/// Where every event offered to a hook went. Once the host has stopped,
+/// `accepted == ok + failed + dropped + undelivered` for each hook and in total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Offered and not refused for a stopping hook.
+    pub accepted: u64,
+    /// Handled successfully.
+    pub ok: u64,
+    /// Handled with an error (crash, timeout, refused start...).
+    pub failed: u64,
+    /// Dropped by the overflow policy.
+    pub dropped: u64,
+    /// Queued or running when the host stopped.
+    pub undelivered: u64,
+}
+
+impl Tally {
+    /// Adds `other` in.
+    pub fn add(&mut self, other: Tally) {
+        self.accepted += other.accepted;
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.dropped += other.dropped;
+        self.undelivered += other.undelivered;
+    }
+
+    /// True when every accepted event is accounted for.
+    pub fn balanced(&self) -> bool {
+        self.accepted == self.ok + self.failed + self.dropped + self.undelivered
+    }
+}

@@ -1,0 +1,193 @@
+//! A hook's worker task: pops jobs in order, gets the handler ready, calls it under the hook's
+//! timeout and settles each outcome (counters, notices, whoever waits).
+
+use super::LoadedHook;
+use super::queue::{CallOutcome, Job};
+use super::stats::Status;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::handler::{Call, Handler, HandlerError, HandlerResult};
+
+impl LoadedHook {
+    /// Starts the worker; when `after` is given, it first waits for that hook's worker to finish
+    /// (a reloaded hook keeps its per-hook order across versions).
+    pub fn start_worker(
+        self: &Arc<Self>,
+        handler: Box<dyn Handler>,
+        after: Option<Arc<LoadedHook>>,
+    ) {
+        if after.is_some() {
+            self.stats.set_status(Status::Pending);
+        }
+        let task = tokio::spawn(run_worker(self.clone(), handler, after));
+        *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+}
+
+async fn run_worker(
+    hook: Arc<LoadedHook>,
+    mut handler: Box<dyn Handler>,
+    after: Option<Arc<LoadedHook>>,
+) {
+    if let Some(prev) = after {
+        prev.finished().await;
+        if hook.stats.status() == Status::Pending {
+            hook.stats.set_status(Status::Idle);
+        }
+    }
+    let max_calls = handler.max_calls().max(1);
+    while let Some(first) = next_job(&hook).await {
+        let mut jobs = vec![first];
+        if max_calls > 1 {
+            jobs.extend(hook.queue.try_pop_many(max_calls - 1));
+        }
+        run_jobs(&hook, handler.as_mut(), jobs).await;
+    }
+    handler.shutdown().await;
+    if !hook.signals.superseded() {
+        hook.stats.set_status(Status::Stopped);
+    }
+    hook.finished.send_replace(true);
+}
+
+/// Sets the worker state unless the hook was stopped meanwhile.
+fn set_running(hook: &LoadedHook, s: Status) {
+    if hook.stats.status() != Status::Stopped {
+        hook.stats.set_status(s);
+    }
+}
+
+/// The next job, or `None` when the queue is closed or the hook was superseded.
+async fn next_job(hook: &LoadedHook) -> Option<Job> {
+    tokio::select! {
+        biased;
+        _ = hook.signals.wait_superseded() => None,
+        job = hook.queue.pop() => job,
+    }
+}
+
+/// Gets the handler ready, hands it `jobs` and settles each as the handler reports it; jobs the
+/// handler did not start go back to the front of the queue (for the hook's next version).
+async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) {
+    hook.in_flight.store(jobs.len(), Ordering::SeqCst);
+    set_running(hook, Status::Restarting);
+    let ready = handler.ready().await;
+    note_restarts(hook);
+    if let Err(e) = ready {
+        for job in jobs {
+            finish(hook, job, Err(e.clone()), Duration::ZERO);
+        }
+        hook.in_flight.store(0, Ordering::SeqCst);
+        set_running(hook, Status::Idle);
+        return;
+    }
+    set_running(hook, Status::Busy);
+    let calls: Vec<Call> = jobs
+        .iter()
+        .map(|j| Call {
+            event: j.event.clone(),
+            context: j.context.clone(),
+        })
+        .collect();
+    let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
+    let mut not_started = Vec::new();
+    let mut last = Instant::now();
+    {
+        let mut report = |i: usize, result: HandlerResult| {
+            let Some(job) = slots.get_mut(i).and_then(Option::take) else {
+                tracing::error!(hook = %hook.spec.name, "handler reported call {i} twice or out of range");
+                return;
+            };
+            if matches!(result, Err(HandlerError::NotStarted)) {
+                not_started.push(job);
+                return;
+            }
+            let now = Instant::now();
+            finish(hook, job, result, now - last);
+            hook.in_flight.fetch_sub(1, Ordering::SeqCst);
+            last = now;
+        };
+        handler.call(calls, &mut report).await;
+    }
+    for job in slots.into_iter().flatten() {
+        finish(
+            hook,
+            job,
+            Err(HandlerError::Crashed(
+                "the handler returned without an outcome for this event".into(),
+            )),
+            Duration::ZERO,
+        );
+    }
+    if !not_started.is_empty() {
+        tracing::info!(
+            hook = %hook.spec.name,
+            events = not_started.len(),
+            "events the handler never started go back to the front of the queue"
+        );
+        hook.queue.push_front_many(not_started);
+    }
+    hook.in_flight.store(0, Ordering::SeqCst);
+    set_running(hook, Status::Idle);
+    // A worker replaced at once after a timeout counts (and is announced) now.
+    note_restarts(hook);
+    hook.report_drops(false);
+}
+
+/// Counts an outcome, logs and announces failures, and answers whoever waits for it.
+fn finish(hook: &LoadedHook, job: Job, result: HandlerResult, duration: Duration) {
+    hook.stats.observe(duration);
+    let timeout = hook.spec.manifest.timeout;
+    let result = match result {
+        Ok(v) => {
+            hook.stats.ok.fetch_add(1, Ordering::Relaxed);
+            Ok(v)
+        }
+        Err(e) => {
+            let timed_out = matches!(e, HandlerError::TimedOut(_));
+            hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+            if timed_out {
+                hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            // Capped: a handler's error text (a traceback, a response body) can be any size.
+            let msg = crate::text::cap(e.to_string());
+            tracing::warn!(hook = %hook.spec.name, event = %job.event, "handler failed: {msg}");
+            hook.stats.set_last_error(format!("{}: {msg}", job.event));
+            if timed_out {
+                hook.notices.send(
+                    "handler_timeout",
+                    serde_json::json!({
+                        "hook": hook.spec.name,
+                        "event": &*job.event,
+                        "timeout_s": timeout.as_secs_f64(),
+                    }),
+                );
+            } else {
+                hook.notices.send(
+                    "handler_error",
+                    serde_json::json!({"hook": hook.spec.name, "event": &*job.event, "error": msg}),
+                );
+            }
+            Err(msg)
+        }
+    };
+    if let Some(reply) = job.reply {
+        let _ = reply.send(CallOutcome { result, duration });
+    }
+}
+
+/// Adds the restarts the handler made since the last look to the hook's count (shared across
+/// versions, so it never goes backwards) and announces them (`worker_restart`).
+fn note_restarts(hook: &LoadedHook) {
+    let now = hook.signals.restarts();
+    let seen = hook.restarts_seen.swap(now, Ordering::Relaxed);
+    if now > seen {
+        let total = hook.stats.restarts.fetch_add(now - seen, Ordering::Relaxed) + (now - seen);
+        hook.notices.send(
+            "worker_restart",
+            serde_json::json!({"hook": hook.spec.name, "restarts": total}),
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! The view of a loaded hook that `/v1/hooks` and `list` show ([`HookInfo`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use crate::hook::LoadedHook;
+
+/// A hook as shown by `/v1/hooks` and `list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HookInfo {
+    /// Hook name.
+    pub name: String,
+    /// `description:`.
+    pub description: String,
+    /// `events:` patterns.
+    pub events: Vec<String>,
+    /// Handler kind.
+    pub kind: &'static str,
+    /// Hook directory.
+    pub path: PathBuf,
+    /// Handler file or URL.
+    pub handler: String,
+    /// Root the hook came from.
+    pub root: PathBuf,
+    /// Worker state.
+    pub status: &'static str,
+    /// Timeout per invocation, seconds.
+    pub timeout_s: f64,
+    /// Queue state.
+    pub queue: QueueInfo,
+    /// Counters.
+    pub counters: Counters,
+    /// Last error, if any.
+    pub last_error: Option<LastError>,
+    /// Warnings from HOOK.yaml.
+    pub warnings: Vec<String>,
+    /// Webhooks only: false when deliveries go out UNSIGNED (`secret_env` unset or absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed: Option<bool>,
+    /// Where it runs (`runs`, `why`), its interpreter, the handler's SHA-256.
+    #[serde(flatten)]
+    pub placement: crate::ingateway::HookPlacement,
+    /// Python only: how the worker process was started (`forked` from the fork server, or
+    /// `fresh`) and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerStart>,
+    /// Calls in flight at once (`concurrency:`; locally for executable and webhook hooks, across
+    /// the fleet for every kind in fleet mode).
+    pub concurrency: usize,
+}
+
+/// How a hook's worker process was started, as shown by `/v1/hooks`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStart {
+    /// `forked` or `fresh`.
+    pub start: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Queue part of [`HookInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueInfo {
+    /// Events waiting.
+    pub depth: usize,
+    /// Bound.
+    pub capacity: usize,
+    /// Policy.
+    pub overflow: &'static str,
+}
+
+/// Counter part of [`HookInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Counters {
+    /// Events accepted.
+    pub queued: u64,
+    /// Successful invocations.
+    pub ok: u64,
+    /// Failed invocations.
+    pub failed: u64,
+    /// Timed-out invocations.
+    pub timeouts: u64,
+    /// Dropped by the overflow policy.
+    pub dropped: u64,
+    /// Worker restarts.
+    pub restarts: u64,
+    /// Events offered and not refused for a stopping hook (`queued` plus `drop_newest` drops).
+    pub accepted: u64,
+    /// Events still queued or running when the host stopped.
+    pub undelivered: u64,
+}
+
+/// Last error part of [`HookInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct LastError {
+    /// RFC 3339 time.
+    pub time: String,
+    /// Message.
+    pub message: String,
+}
+
+impl HookInfo {
+    pub(crate) fn of(h: &LoadedHook, python: &str, hermes_home: &Path) -> Self {
+        let s = &h.stats;
+        let spec = &h.spec;
+        Self {
+            name: spec.name.clone(),
+            description: spec.manifest.description.clone(),
+            events: spec.manifest.events.clone(),
+            kind: spec.kind.as_str(),
+            path: spec.dir.clone(),
+            handler: match (&spec.handler_path, &spec.manifest.url) {
+                (Some(p), _) => p.display().to_string(),
+                // Path and query may carry a token: scheme, host and port only.
+                (None, Some(u)) => crate::text::redact_url(u),
+                _ => String::new(),
+            },
+            root: spec.root.clone(),
+            status: if spec.placement.in_gateway() {
+                "in_gateway"
+            } else {
+                h.status().as_str()
+            },
+            timeout_s: spec.manifest.timeout.as_secs_f64(),
+            queue: QueueInfo {
+                depth: h.queue.len(),
+                capacity: h.queue.capacity(),
+                overflow: h.queue.overflow().as_str(),
+            },
+            counters: Counters {
+                queued: s.queued.load(Ordering::Relaxed),
+                ok: s.ok.load(Ordering::Relaxed),
+                failed: s.failed.load(Ordering::Relaxed),
+                timeouts: s.timeouts.load(Ordering::Relaxed),
+                dropped: s.dropped.load(Ordering::Relaxed),
+                restarts: s.restarts.load(Ordering::Relaxed),
+                accepted: s.accepted.load(Ordering::Relaxed),
+                undelivered: s.undelivered.load(Ordering::Relaxed),
+            },
+            last_error: s.last_error().map(|(t, m)| LastError {
+                time: crate::time::rfc3339(t),
+                message: m,
+            }),
+            warnings: spec.manifest.warnings.clone(),
+            signed: crate::handler::signed(spec),
+            placement: crate::ingateway::HookPlacement::of(spec, python, hermes_home),
+            worker: h
+                .signals()
+                .start()
+                .map(|(start, reason)| WorkerStart { start, reason }),
+            concurrency: spec.manifest.concurrency,
+        }
+    }
+}
