@@ -320,13 +320,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             });
         }
     }
-    let data = raw.data.unwrap_or_default();
-    if let Some(bad) = data.iter().find_map(|p| crate::trust::data::invalid(p)) {
-        return Err(ManifestError::BadField {
-            field: "data",
-            reason: bad,
-        });
-    }
+    let data = data_patterns(raw.data)?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -398,6 +392,39 @@ fn env_of(
         env.insert(k, value);
     }
     Ok(env)
+}
+
+/// `data:` patterns, each checked by [`invalid_data_pattern`].
+fn data_patterns(raw: Option<Vec<String>>) -> Result<Vec<String>, ManifestError> {
+    let data = raw.unwrap_or_default();
+    match data.iter().find_map(|p| invalid_data_pattern(p)) {
+        Some(reason) => Err(ManifestError::BadField {
+            field: "data",
+            reason,
+        }),
+        None => Ok(data),
+    }
+}
+
+/// Why a `data:` pattern is refused (syntax: [`crate::trust::data`]), or `None` when it is fine.
+pub fn invalid_data_pattern(pattern: &str) -> Option<String> {
+    let body = pattern.trim_end_matches('/');
+    if body.is_empty() {
+        return Some(format!(
+            "{pattern:?} would make the whole tree data: nothing would be approved"
+        ));
+    }
+    if body.starts_with('/') || body.split('/').any(|c| c == ".." || c.is_empty()) {
+        return Some(format!(
+            "{pattern:?}: give a path inside the hook directory, without `..` or empty components"
+        ));
+    }
+    if body.split('/').all(|c| c.chars().all(|ch| ch == '*')) {
+        return Some(format!(
+            "{pattern:?} matches everything: nothing would be approved"
+        ));
+    }
+    None
 }
 
 /// A hook name must be usable in URLs, log lines and Python module names.

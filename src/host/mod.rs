@@ -21,6 +21,7 @@ use crate::registry::Registry;
 
 mod info;
 mod plan;
+mod revoked;
 
 use plan::{Plan, Version};
 
@@ -596,7 +597,7 @@ impl Host {
         let old_skipped = old.skipped.clone();
         drop(running);
         drop(old);
-        crate::trust::revoked::stop_all(refused).await;
+        revoked::stop_all(refused).await;
         self.ledger().fold();
         self.announce_skipped(&skipped, &old_skipped);
         if self.inner.ready.swap(true, Ordering::Relaxed) {
@@ -801,7 +802,7 @@ impl Host {
     /// Reload phase 6: retires what the new snapshot no longer holds: a superseded version
     /// finishes its call and hands over; a removed one drains and stops, unless trust refused it
     /// in this scan (`skipped`): those are returned with the reason, to stop at once
-    /// ([`crate::trust::revoked`]). Returns the stopped names and the refused versions.
+    /// ([`revoked`]). Returns the stopped names and the refused versions.
     fn retire(&self, old: &Registry, skipped: &[Skipped]) -> (Vec<String>, Refused) {
         let current = self.snapshot();
         let mut stopped = Vec::new();
@@ -821,7 +822,7 @@ impl Host {
                 h.supersede();
             } else {
                 h.close();
-                if let Some(why) = crate::trust::revoked::refusal(skipped, &h.spec.dir) {
+                if let Some(why) = revoked::refusal(skipped, &h.spec.dir) {
                     refused.push((h.clone(), why));
                 }
                 stopped.push(h.spec.name.clone());

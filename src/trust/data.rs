@@ -11,26 +11,7 @@
 /// it at a cache the service owns) and log files.
 pub const DEFAULT_DATA: &[&str] = &["__pycache__/", "*.log"];
 
-/// Why a `data:` pattern is refused, or `None` when it is fine.
-pub fn invalid(pattern: &str) -> Option<String> {
-    let body = pattern.trim_end_matches('/');
-    if body.is_empty() {
-        return Some(format!(
-            "{pattern:?} would make the whole tree data: nothing would be approved"
-        ));
-    }
-    if body.starts_with('/') || body.split('/').any(|c| c == ".." || c.is_empty()) {
-        return Some(format!(
-            "{pattern:?}: give a path inside the hook directory, without `..` or empty components"
-        ));
-    }
-    if body.split('/').all(|c| c.chars().all(|ch| ch == '*')) {
-        return Some(format!(
-            "{pattern:?} matches everything: nothing would be approved"
-        ));
-    }
-    None
-}
+pub use crate::manifest::invalid_data_pattern as invalid;
 
 /// The data rules of one hook.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

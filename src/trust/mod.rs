@@ -7,7 +7,6 @@
 //! - [`files`]: the files of a hook that are code (hashed) and the permissions of its whole tree.
 //! - [`data`]: what of a hook's tree is data (`data:` in HOOK.yaml, and defaults).
 //! - [`coverage`]: what an approval covers, file by file, for `check`.
-//! - [`revoked`]: a hook refused at a reload stops at once.
 //! - [`prestart`]: the check before every process start (the tree is still the one loaded).
 //! - [`error`]: what trust refused or could not do.
 //!
@@ -45,7 +44,6 @@ pub mod error;
 pub mod files;
 pub mod policy;
 pub mod prestart;
-pub mod revoked;
 
 pub use crate::layout::check_inside;
 pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_hash, trust_file};
