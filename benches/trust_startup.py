@@ -257,9 +257,9 @@ def main():
                         results.setdefault((h, mode, case), []).append((s, r))
         for z in zygotes.values():
             z.close()
-        print("| helpers | start | rounds | start-up before | after | ratio | min before | min after "
-              "| events/s before | after | ratio |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| helpers | start | rounds | start-up before | after | ratio | paired | min before "
+              "| min after | events/s before | after | ratio | paired |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for h in hooks:
             for mode in ("fresh", "forked"):
                 b = results[(h, mode, "before")]
@@ -268,10 +268,14 @@ def main():
                 sa = statistics.median(x[0] for x in a) * 1e3
                 rb = statistics.median(x[1] for x in b)
                 ra = statistics.median(x[1] for x in a)
-                print("| %d | %s | %d | %.1f ms | %.1f ms | %.2f | %.1f ms | %.1f ms | %s | %s | %.2f |"
-                      % (h, mode, len(a), sb, sa, sa / sb, min(x[0] for x in b) * 1e3,
+                # Paired: the median of each round's after/before (both ran back to back).
+                ps = statistics.median(y[0] / x[0] for x, y in zip(b, a))
+                pr = statistics.median(y[1] / x[1] for x, y in zip(b, a))
+                print("| %d | %s | %d | %.1f ms | %.1f ms | %.2f | %.2f | %.1f ms | %.1f ms | %s | %s "
+                      "| %.2f | %.2f |"
+                      % (h, mode, len(a), sb, sa, sa / sb, ps, min(x[0] for x in b) * 1e3,
                          min(x[0] for x in a) * 1e3, format(int(rb), ","), format(int(ra), ","),
-                         ra / rb))
+                         ra / rb, pr))
         imports(hooks, after, args.rounds * args.forked_factor)
     finally:
         shutil.rmtree(tmp, True)
