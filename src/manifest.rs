@@ -5,6 +5,8 @@
 //! Semantic checks (events present, timeout range, queue size) follow. Nothing here touches the
 //! file system; [`crate::discovery`] reads the file and resolves the handler.
 
+mod shape;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -209,6 +211,33 @@ pub enum ManifestError {
     },
 }
 
+/// A YAML syntax error as one line that points at the cause: a bracket left open is reported on
+/// the line that opened it (the parser only notices on a later line), a duplicate key names both
+/// lines, and serde-saphyr's advice about its own options is left out.
+fn syntax_error(text: &str, e: &impl std::fmt::Display) -> String {
+    let msg = first_line(e);
+    if let Some((line, open)) = shape::unclosed_bracket(text) {
+        let close = if open == '[' { ']' } else { '}' };
+        return format!(
+            "line {line}: `{open}` is not closed: a flow list or mapping ends on the line it starts, with `{close}` (e.g. `events: [\"agent:start\"]`)"
+        );
+    }
+    if let Some(rest) = msg.split("duplicate mapping key: ").nth(1) {
+        let key = rest.split([',', ' ']).next().unwrap_or("").to_string();
+        let lines = shape::key_lines(text, &key);
+        let at = lines
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(" and ");
+        return format!("key `{key}` is given twice (lines {at}): keep one");
+    }
+    msg.split(", set DuplicateKeyPolicy")
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
 /// First line of a serde-saphyr error (it appends a source snippet we do not want in one-line
 /// reports).
 fn first_line(e: impl std::fmt::Display) -> String {
@@ -231,12 +260,17 @@ fn describe(v: &serde_json::Value) -> &'static str {
 /// Parses and validates the text of a HOOK.yaml.
 pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
     let generic: serde_json::Value =
-        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(first_line(e)))?;
+        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(syntax_error(text, &e)))?;
     let map = match &generic {
         serde_json::Value::Object(m) => m,
         other => return Err(ManifestError::NotMapping(describe(other))),
     };
-    let (warnings, notes) = key_remarks(map);
+    shape::check(map, text).map_err(|m| ManifestError::BadField {
+        field: m.field,
+        reason: m.reason,
+    })?;
+    let (mut warnings, notes) = key_remarks(map);
+    warnings.extend(webhook_timeout_remark(map));
     let raw: RawManifest =
         serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml(first_line(e)))?;
 
@@ -343,6 +377,17 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         data,
         warnings,
         notes,
+    })
+}
+
+/// A webhook's `timeout:` outside 1..=60 s is clamped: say so rather than silently.
+fn webhook_timeout_remark(map: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let t = map.get("timeout")?.as_f64()?;
+    (map.contains_key("url") && !(1.0..=60.0).contains(&t)).then(|| {
+        format!(
+            "`timeout: {t}` is per delivery attempt for a webhook and is clamped to 1..60 s (here {} s)",
+            t.clamp(1.0, 60.0)
+        )
     })
 }
 
@@ -493,7 +538,10 @@ mod tests {
             })
         ));
         match parse_manifest("events: 5\n") {
-            Err(ManifestError::Yaml(m)) => assert!(m.contains("line 1"), "{m}"),
+            Err(ManifestError::BadField {
+                field: "events",
+                reason,
+            }) => assert!(reason.contains("line 1"), "{reason}"),
             other => panic!("{other:?}"),
         }
     }
@@ -548,7 +596,19 @@ mod tests {
         assert_eq!(parse_manifest("events: [a]\n").unwrap().runs, Runs::Auto);
         assert!(matches!(
             parse_manifest("events: [a]\nruns: elsewhere\n"),
-            Err(ManifestError::Yaml(_))
+            Err(ManifestError::BadField { field: "runs", .. })
         ));
+    }
+
+    #[test]
+    fn a_webhook_timeout_past_60_s_is_warned_about() {
+        let m = parse_manifest("events: [a]\nurl: http://127.0.0.1:9/\ntimeout: 300\n").unwrap();
+        assert!(
+            m.warnings.iter().any(|w| w.contains("clamped to 1..60 s")),
+            "{:?}",
+            m.warnings
+        );
+        let m = parse_manifest("events: [a]\ntimeout: 300\n").unwrap();
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 }

@@ -304,13 +304,18 @@ fn manifest(name: &str, description: &str, extra: &str, handler: Option<&str>) -
     let handler = handler
         .map(|h| format!("handler: {h}\n"))
         .unwrap_or_default();
+    let timeout_note = if extra.contains("url:") {
+        "Seconds per delivery attempt, 1 to 60 (a webhook's default is 10)."
+    } else {
+        "Seconds per invocation, more than 0 and at most 300 (default 30)."
+    };
     format!(
-        "# {name}: {description}. See `hermes-hooks --help` and the README for every field.\n\
+        "# {name}: {description}. Every field: docs/hook-authors.md, section HOOK.yaml.\n\
          name: {name}\n\
          description: {description:?}\n\
          # Exact event names or globs: \"agent:*\", \"command:*\", \"{{session,agent}}:start\", \"*\".\n\
          events: [\"agent:start\", \"command:*\"]\n\
-         # Seconds per invocation (at most 300).\n\
+         # {timeout_note}\n\
          timeout: 10\n\
          {handler}{extra}"
     )

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::host::HostConfig;
 use crate::trust::policy::{TrustMode, TrustPolicy};
@@ -12,12 +12,28 @@ use crate::trust::policy::{TrustMode, TrustPolicy};
 #[derive(Debug, Parser)]
 #[command(name = "hermes-hooks", version, about, long_about = None)]
 pub struct Cli {
-    /// Log format on stderr.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    /// Log format on stderr: text, or json (one JSON object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, hide_possible_values = true)]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The command line as parsed, completed and documented: the derived one, with each fleet
+/// option shown only where it applies (`serve` hides the worker's, `worker` the edge's).
+pub fn command() -> clap::Command {
+    let cmd = Cli::command();
+    #[cfg(feature = "fleet")]
+    let cmd = crate::cli::fleet::hide_inapplicable(cmd);
+    cmd
+}
+
+/// Parses the process's arguments with [`command`].
+pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    let matches = command().try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 /// Log line format.
@@ -38,8 +54,9 @@ pub struct RootArgs {
     /// Load hooks whose directory or files are writable by group/others or owned by another user.
     #[arg(long)]
     pub insecure_permissions: bool,
-    /// Which hooks may load: all, or only those approved with `enable NAME` (explicit).
-    #[arg(long, value_enum, value_name = "MODE", env = "HERMES_HOOKS_TRUST", default_value_t = TrustMode::All)]
+    /// Which hooks may load: all, or explicit (only those approved with `enable NAME --trust
+    /// explicit`, with unchanged files).
+    #[arg(long, value_enum, value_name = "MODE", env = "HERMES_HOOKS_TRUST", default_value_t = TrustMode::All, hide_possible_values = true)]
     pub trust: TrustMode,
 }
 
@@ -56,6 +73,37 @@ impl RootArgs {
         }
         config
     }
+
+    /// [`RootArgs::config`], after checking that every `--hooks-dir` given is a directory: a
+    /// mistyped root is an error naming it, not an empty hook list. (The default root may be
+    /// missing: it is created by `new` and watched by `serve`.)
+    pub fn checked_config(&self) -> Result<HostConfig, String> {
+        for dir in &self.hooks_dir {
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(format!(
+                        "--hooks-dir {}: not a directory (a hook root is a directory of hook directories)",
+                        dir.display()
+                    ));
+                }
+                Err(e) => {
+                    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+                    let why = if e.kind() == std::io::ErrorKind::NotFound {
+                        "no such directory".to_string()
+                    } else {
+                        e.to_string()
+                    };
+                    return Err(format!(
+                        "--hooks-dir {}: {why} ({}); check the path, or create the root first (mkdir -p)",
+                        dir.display(),
+                        abs.display()
+                    ));
+                }
+            }
+        }
+        Ok(self.config())
+    }
 }
 
 /// The commands.
@@ -71,6 +119,8 @@ pub enum Command {
     #[cfg(feature = "fleet")]
     Worker(ServeArgs),
     /// Events that failed on every delivery in fleet mode: list them, or queue them again.
+    ///
+    /// Example: hermes-hooks dead list --fleet nats://127.0.0.1:4222 --hook mailer
     #[cfg(feature = "fleet")]
     Dead {
         /// list or replay.
@@ -87,8 +137,9 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Ask the running service (its live status and counters) instead of scanning here;
-        /// the address is $HERMES_HOOKS_ADDRESS or $HERMES_HOME/hooks.sock unless given.
+        /// Ask the running service (its live status and counters) instead of scanning here:
+        /// a socket path, HOST:PORT or http://HOST:PORT (default: $HERMES_HOOKS_ADDRESS, else
+        /// $HERMES_HOME/hooks.sock).
         #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
         live: Option<String>,
     },
@@ -186,13 +237,13 @@ pub struct ServeArgs {
     /// Do not watch the hook roots (reload only on POST /v1/reload or SIGHUP).
     #[arg(long)]
     pub no_watch: bool,
-    /// `json`: one JSON object per line on stdout for what the host does (host_start,
-    /// hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// text (nothing on stdout), or json: one JSON object per line on stdout for what the host
+    /// does (host_start, hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
+    #[arg(long, value_enum, default_value_t = Output::Text, hide_possible_values = true)]
     pub output: Output,
     /// Fleet mode (`--fleet nats://...`): publish to JetStream (serve) or take from it (worker).
     #[cfg(feature = "fleet")]
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Fleet mode (README, Fleet mode)")]
     pub fleet: crate::cli::fleet::FleetArgs,
 }
 

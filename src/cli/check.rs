@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use crate::cli::args::RootArgs;
-use crate::cli::common::{display_roots, with_loaded_hooks};
+use crate::cli::common::{common_python, describe_roots, with_loaded_hooks};
 
 /// Runs `check`; returns the exit code.
 pub async fn check(roots: RootArgs) -> i32 {
@@ -12,7 +12,20 @@ pub async fn check(roots: RootArgs) -> i32 {
         let mut out = std::io::stdout().lock();
         let snapshot = host.snapshot();
         let mut warnings = 0;
-        for h in &snapshot.hooks {
+        let config = host.config();
+        let placements: Vec<_> = snapshot
+            .hooks
+            .iter()
+            .map(|h| {
+                crate::ingateway::HookPlacement::of(&h.spec, &config.python, &config.hermes_home)
+            })
+            .collect();
+        let common = common_python(
+            placements
+                .iter()
+                .filter_map(|p| p.python.as_ref().map(|i| (i.path.clone(), i.why.clone()))),
+        );
+        for (h, placement) in snapshot.hooks.iter().zip(&placements) {
             let _ = writeln!(
                 out,
                 "ok      {} ({}, {})",
@@ -20,11 +33,15 @@ pub async fn check(roots: RootArgs) -> i32 {
                 h.spec.kind.as_str(),
                 h.spec.manifest.events.join(", ")
             );
-            let config = host.config();
-            let placement =
-                crate::ingateway::HookPlacement::of(&h.spec, &config.python, &config.hermes_home);
-            let _ = writeln!(out, "        {}", placement.summary());
-            if config.trust.mode == crate::trust::TrustMode::Explicit {
+            let python = placement
+                .python
+                .as_ref()
+                .map(|i| (i.path.clone(), i.why.clone()));
+            // Said once below for the usual case: in the service, with the common interpreter.
+            if placement.runs != "service" || python.is_some() && python != common {
+                let _ = writeln!(out, "        {}", placement.summary());
+            }
+            if host.config().trust.mode == crate::trust::TrustMode::Explicit {
                 for line in crate::trust::coverage::lines(&h.spec.files) {
                     let _ = writeln!(out, "        {line}");
                 }
@@ -64,11 +81,14 @@ pub async fn check(roots: RootArgs) -> i32 {
                 let _ = writeln!(out, "skip    {s}");
             }
         }
+        if let Some((path, why)) = &common {
+            let _ = writeln!(out, "python hooks: interpreter {path} ({why})");
+        }
         let _ = writeln!(
             out,
             "{} hook(s) ok, {problems} problem(s), {warnings} warning(s) in {}",
             snapshot.hooks.len(),
-            display_roots(&host.config().roots)
+            describe_roots(&host.config().roots)
         );
         i32::from(problems > 0)
     })

@@ -11,16 +11,42 @@ use crate::host::{Host, LoadReport};
 
 pub use crate::cli::exit::{fail, usage};
 
-/// Loads the hooks in this process (Python handlers are import-checked), runs `f`, stops them.
-pub async fn with_loaded_hooks<T>(
+/// Loads the hooks of `roots` in this process (Python handlers are import-checked), runs `f`,
+/// stops them. A `--hooks-dir` that is not a directory is a usage error (exit 2), naming it.
+pub async fn with_loaded_hooks(
     roots: RootArgs,
-    f: impl AsyncFnOnce(&Host, &LoadReport) -> T,
-) -> T {
-    let config = roots.config();
+    f: impl AsyncFnOnce(&Host, &LoadReport) -> i32,
+) -> i32 {
+    let config = match roots.checked_config() {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    // The runner is written under HERMES_HOME: create it private, as `serve` does.
+    if let Err(e) = crate::layout::create_private_dir(&config.hermes_home) {
+        return fail(format!(
+            "cannot create HERMES_HOME {}: {e}",
+            config.hermes_home.display()
+        ));
+    }
     let (host, report) = Host::start(config).await;
     let out = f(&host, &report).await;
     host.shutdown(Duration::from_secs(5)).await;
     out
+}
+
+/// The roots as one line for messages, each marked when it does not exist.
+pub fn describe_roots(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| {
+            if r.is_dir() {
+                r.display().to_string()
+            } else {
+                format!("{} (does not exist)", r.display())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Where the running service is when no option says: `$HERMES_HOOKS_ADDRESS`, else
@@ -35,13 +61,19 @@ pub fn default_address() -> crate::client::Address {
     }
 }
 
-/// The roots as one line, for messages.
-pub fn display_roots(roots: &[PathBuf]) -> String {
-    roots
-        .iter()
-        .map(|r| r.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+/// The interpreter most Python hooks use, as `(path, why)`: `check` and `list` say it once
+/// instead of under every hook, and name it under a hook only where it differs.
+pub fn common_python(pythons: impl Iterator<Item = (String, String)>) -> Option<(String, String)> {
+    let mut counts: Vec<((String, String), usize)> = Vec::new();
+    for p in pythons {
+        match counts.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((p, 1)),
+        }
+    }
+    // The first of the most frequent (max_by_key would pick the last).
+    let best = counts.iter().map(|(_, n)| *n).max()?;
+    counts.into_iter().find(|(_, n)| *n == best).map(|(p, _)| p)
 }
 
 /// The context given by `--context JSON` or `--context-file F` (`null` when neither).

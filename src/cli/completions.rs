@@ -5,10 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::CommandFactory;
 use clap_complete::Shell;
-
-use super::args::Cli;
 
 /// Why the man pages could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +24,7 @@ pub enum ManError {
 
 /// The completion script for `shell`.
 pub fn completion_script(shell: Shell) -> Vec<u8> {
-    let mut cmd = Cli::command();
+    let mut cmd = super::args::command();
     let mut out = Vec::new();
     // Into memory: clap_complete panics on a failed write, and stdout may be a closed pipe.
     clap_complete::generate(shell, &mut cmd, "hermes-hooks", &mut out);
@@ -39,7 +36,7 @@ pub fn man_page() -> Vec<u8> {
     let mut out = Vec::new();
     // Rendering into a Vec cannot fail.
     // Without the `help` subcommand, as in `write_man_pages`: no hermes-hooks-help(1) page exists.
-    let cmd = Cli::command().disable_help_subcommand(true);
+    let cmd = super::args::command().disable_help_subcommand(true);
     let _ = clap_mangen::Man::new(cmd).render(&mut out);
     out
 }
@@ -52,7 +49,7 @@ pub fn write_man_pages(dir: &Path) -> Result<Vec<PathBuf>, ManError> {
         path: dir.to_path_buf(),
         source,
     })?;
-    let mut cmd = Cli::command().disable_help_subcommand(true);
+    let mut cmd = super::args::command().disable_help_subcommand(true);
     cmd.build();
     let mut pages = Vec::new();
     let mut pending = vec![cmd];

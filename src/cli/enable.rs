@@ -5,7 +5,10 @@ use crate::cli::common::fail;
 
 /// Runs `enable` (`on`) or `disable`; returns the exit code.
 pub fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
-    let config = roots.config();
+    let config = match roots.checked_config() {
+        Ok(c) => c,
+        Err(e) => return crate::cli::common::usage(e),
+    };
     match crate::cli::set_enabled::set_enabled(
         &config.roots,
         &config.hermes_home,

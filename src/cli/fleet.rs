@@ -81,6 +81,26 @@ pub struct FleetArgs {
     pub worker: bool,
 }
 
+/// Options only a worker uses, hidden from `serve --help`.
+const WORKER_ONLY: &[&str] = &[
+    "worker_id",
+    "ack_wait",
+    "retry_backoff_ms",
+    "status_interval_ms",
+];
+/// Options only an edge uses, hidden from `worker --help`.
+const EDGE_ONLY: &[&str] = &["gateway_id", "fleet_buffer"];
+
+/// `serve` without the worker's options in its help, `worker` without the edge's (both still
+/// parse them, so a shared unit file keeps working).
+pub fn hide_inapplicable(cmd: clap::Command) -> clap::Command {
+    let hide = |ids: &'static [&'static str]| {
+        move |c: clap::Command| ids.iter().fold(c, |c, id| c.mut_arg(*id, |a| a.hide(true)))
+    };
+    cmd.mut_subcommand("serve", hide(WORKER_ONLY))
+        .mut_subcommand("worker", hide(EDGE_ONLY))
+}
+
 fn read_secret(path: &PathBuf, what: &str) -> Result<String, String> {
     let t = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::cli::args::RootArgs;
-use crate::cli::common::{default_address, display_roots, fail, with_loaded_hooks};
+use crate::cli::common::{common_python, default_address, describe_roots, fail, with_loaded_hooks};
 use crate::discovery::Skipped;
 
 fn skipped_json(s: &Skipped) -> Value {
@@ -22,7 +22,7 @@ pub async fn list(roots: RootArgs, as_json: bool) -> i32 {
             &hooks,
             &skipped,
             as_json,
-            &display_roots(&host.config().roots),
+            &describe_roots(&host.config().roots),
         );
         0
     })
@@ -34,6 +34,9 @@ pub async fn list_live(address: &str, as_json: bool) -> i32 {
     use crate::client::{Address, request};
     let address = if address.is_empty() {
         default_address()
+    } else if is_host_port(address) {
+        // HOST:PORT as `serve --listen` and `emit --listen` take it.
+        Address::Tcp(address.to_string())
     } else {
         Address::parse(address)
     };
@@ -62,6 +65,26 @@ pub async fn list_live(address: &str, as_json: bool) -> i32 {
     }
 }
 
+/// `127.0.0.1:8787`, `localhost:8787`, `[::1]:8787`: a TCP address, not a socket path.
+fn is_host_port(text: &str) -> bool {
+    !text.contains('/')
+        && text
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+/// A string field of a hook as `/v1/hooks` shows it ("" when absent).
+fn field(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
+/// A Python hook's interpreter as `(path, why)`.
+fn python_of(h: &Value) -> Option<(String, String)> {
+    h["python"]["path"]
+        .as_str()
+        .map(|p| (p.to_string(), field(&h["python"]["why"])))
+}
+
 /// Prints hooks (as `/v1/hooks` shows them) and the directories that did not load.
 fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
     let mut out = std::io::stdout().lock();
@@ -69,56 +92,56 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
         let _ = writeln!(out, "{}", json!({"hooks": hooks, "skipped": skipped}));
         return;
     }
+    let events_of = |h: &Value| -> String {
+        h["events"]
+            .as_array()
+            .map(|a| a.iter().map(field).collect::<Vec<_>>().join(","))
+            .unwrap_or_default()
+    };
+    // Columns as wide as their longest entry, so long names do not shift the rest of a row.
+    let name_w = hooks
+        .iter()
+        .map(|h| field(&h["name"]).len())
+        .fold(24, usize::max);
+    let events_w = hooks
+        .iter()
+        .map(|h| events_of(h).len())
+        .fold(34, usize::max);
     if hooks.is_empty() {
         let _ = writeln!(out, "no hooks loaded ({source})");
     } else {
         let _ = writeln!(
             out,
-            "{:<24} {:<8} {:<10} {:<34} {:>7} {:>7} {:>7}  ROOT",
+            "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  ROOT",
             "NAME", "KIND", "STATUS", "EVENTS", "OK", "FAILED", "DROPPED"
         );
     }
-    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let common = common_python(hooks.iter().filter_map(python_of));
     for h in hooks {
-        let events: Vec<String> = h["events"]
-            .as_array()
-            .map(|a| a.iter().map(s).collect())
-            .unwrap_or_default();
         let c = &h["counters"];
         let _ = writeln!(
             out,
-            "{:<24} {:<8} {:<10} {:<34} {:>7} {:>7} {:>7}  {}{}",
-            s(&h["name"]),
-            s(&h["kind"]),
-            s(&h["status"]),
-            events.join(","),
+            "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  {}{}",
+            field(&h["name"]),
+            field(&h["kind"]),
+            field(&h["status"]),
+            events_of(h),
             c["ok"].as_u64().unwrap_or(0),
             c["failed"].as_u64().unwrap_or(0),
             c["dropped"].as_u64().unwrap_or(0),
-            s(&h["root"]),
+            field(&h["root"]),
             if h["signed"] == json!(false) {
                 "  UNSIGNED"
             } else {
                 ""
             }
         );
-        if let Some(workers) = h["workers"].as_array() {
-            let names: Vec<String> = workers.iter().map(s).collect();
-            let lag = h["lag"]
-                .as_u64()
-                .map(|l| l.to_string())
-                .unwrap_or("?".into());
-            let _ = writeln!(out, "    workers: {}; lag {lag}", names.join(", "));
-        }
-        if let Some(start) = h["worker"]["start"].as_str() {
-            let _ = writeln!(out, "    worker: {start} ({})", s(&h["worker"]["reason"]));
-        }
-        if let Some(e) = h["last_error"]["message"].as_str() {
-            let _ = writeln!(out, "    last error: {e}");
-        }
-        for line in crate::ingateway::list_lines(h) {
+        for line in detail_lines(h, common.as_ref()) {
             let _ = writeln!(out, "    {line}");
         }
+    }
+    if let Some((path, why)) = &common {
+        let _ = writeln!(out, "python hooks: interpreter {path} ({why})");
     }
     if !skipped.is_empty() {
         let _ = writeln!(out, "\nnot loaded:");
@@ -126,10 +149,47 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
             let _ = writeln!(
                 out,
                 "  {:<22} {}: {}",
-                s(&k["name"]),
-                s(&k["file"]),
-                s(&k["reason"])
+                field(&k["name"]),
+                field(&k["file"]),
+                field(&k["reason"])
             );
         }
     }
+}
+
+/// The lines under a hook's row: what is out of the ordinary (fleet workers, a worker started
+/// from scratch, the last error, where it runs when that is not the service with the common
+/// interpreter, a gateway restart needed).
+fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(workers) = h["workers"].as_array() {
+        let names: Vec<String> = workers.iter().map(field).collect();
+        let lag = h["lag"]
+            .as_u64()
+            .map(|l| l.to_string())
+            .unwrap_or("?".into());
+        lines.push(format!("workers: {}; lag {lag}", names.join(", ")));
+    }
+    // A forked worker is the usual case; one started from scratch says why.
+    if let Some(start) = h["worker"]["start"].as_str()
+        && start != "forked"
+    {
+        lines.push(format!(
+            "worker: {start} ({})",
+            field(&h["worker"]["reason"])
+        ));
+    }
+    if let Some(e) = h["last_error"]["message"].as_str() {
+        lines.push(format!("last error: {e}"));
+    }
+    let python = python_of(h);
+    for line in crate::ingateway::list_lines(h) {
+        if line.starts_with("runs in the service:")
+            && (python.is_none() || python.as_ref() == common)
+        {
+            continue;
+        }
+        lines.push(line);
+    }
+    lines
 }

@@ -20,13 +20,11 @@ pub mod test_cmd;
 
 use std::time::Duration;
 
-use clap::Parser;
-
 pub use args::{Cli, Command, EmitArgs, LogFormat, Output, RootArgs, ServeArgs, TestArgs};
 
 /// Parses the arguments, sets up logging, runs the command; returns the exit code.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let cli = match args::parse() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };

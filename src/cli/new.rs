@@ -17,6 +17,16 @@ pub fn new_hook(
     let Some(root) = config.roots.first() else {
         return fail("no hook root");
     };
+    // A root under HERMES_HOME (the default one): create HERMES_HOME private (0700), as
+    // `serve` does, before the root's directories are made with the usual mode.
+    if root.starts_with(&config.hermes_home)
+        && let Err(e) = crate::layout::create_private_dir(&config.hermes_home)
+    {
+        return fail(format!(
+            "cannot create HERMES_HOME {}: {e}",
+            config.hermes_home.display()
+        ));
+    }
     let src = src.unwrap_or_else(|| crate::scaffold::rust_source_dir(&config.hermes_home, name));
     match crate::scaffold::new_hook(root, name, kind, url, Some(&src)) {
         Ok(s) => {

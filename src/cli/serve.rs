@@ -49,7 +49,16 @@ async fn bind(args: &ServeArgs, config: &HostConfig) -> Result<(Listener, Option
 /// Runs `serve`; returns the exit code.
 pub async fn serve(args: ServeArgs) -> i32 {
     #[allow(unused_mut)]
-    let mut config = args.roots.config();
+    let mut config = match args.roots.checked_config() {
+        Ok(c) => c,
+        Err(e) => return crate::cli::common::usage(e),
+    };
+    for root in config.roots.iter().filter(|r| !r.is_dir()) {
+        tracing::warn!(
+            "hook root {} does not exist (yet): no hooks from it until it is created",
+            root.display()
+        );
+    }
     #[cfg(feature = "fleet")]
     args.fleet.adjust(&mut config);
     let notices = match args.output {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::cli::args::TestArgs;
-use crate::cli::common::{fail, read_context, usage, with_loaded_hooks};
+use crate::cli::common::{describe_roots, fail, read_context, usage, with_loaded_hooks};
 
 /// Runs `test`; returns the exit code.
 pub async fn test(args: TestArgs) -> i32 {
@@ -46,12 +46,21 @@ pub async fn test(args: TestArgs) -> i32 {
             .filter(|n| only.as_ref().is_none_or(|o| o == n))
             .collect();
         if matching.is_empty() {
+            let roots = describe_roots(&host.config().roots);
+            let loaded: Vec<&str> = snapshot.hooks.iter().map(|h| h.spec.name.as_str()).collect();
+            let loaded = if loaded.is_empty() {
+                "no hook loaded there".to_string()
+            } else {
+                format!("loaded there: {}", loaded.join(", "))
+            };
             return fail(match &only {
-                Some(o) => format!("hook {o:?} is not loaded or does not match {event:?}"),
+                Some(o) => format!(
+                    "hook {o:?} is not loaded or does not match {event:?} (searched {roots}; {loaded})"
+                ),
                 None if !in_gateway.is_empty() => {
-                    format!("no hook that runs here matches {event:?} (see above)")
+                    format!("no hook that runs here matches {event:?} (see above; searched {roots})")
                 }
-                None => format!("no loaded hook matches {event:?}"),
+                None => format!("no loaded hook matches {event:?} (searched {roots}; {loaded})"),
             });
         }
         let timeout = snapshot
@@ -72,8 +81,12 @@ pub async fn test(args: TestArgs) -> i32 {
         };
         let mut out = std::io::stdout().lock();
         let mut errors = 0;
+        let w = outcomes.iter().map(|o| o.hook.len()).fold(24, usize::max);
         for o in &outcomes {
-            let ms = o.duration.map(|d| d.as_secs_f64() * 1000.0);
+            // Milliseconds to 0.1 ms, as the text shows them (not 0.6214770000000001).
+            let ms = o
+                .duration
+                .map(|d| (d.as_secs_f64() * 10_000.0).round() / 10.0);
             if o.result.is_err() {
                 errors += 1;
             }
@@ -89,13 +102,13 @@ pub async fn test(args: TestArgs) -> i32 {
                     .unwrap_or_else(|| "-".into());
                 match &o.result {
                     Ok(Some(v)) => {
-                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  result: {v}", o.hook);
+                        let _ = writeln!(out, "{:<w$} ok     {dur:>10}  result: {v}", o.hook);
                     }
                     Ok(None) => {
-                        let _ = writeln!(out, "{:<24} ok     {dur:>10}  (no result)", o.hook);
+                        let _ = writeln!(out, "{:<w$} ok     {dur:>10}  (no result)", o.hook);
                     }
                     Err(e) => {
-                        let _ = writeln!(out, "{:<24} error  {dur:>10}  {e}", o.hook);
+                        let _ = writeln!(out, "{:<w$} error  {dur:>10}  {e}", o.hook);
                     }
                 }
             }

@@ -26,7 +26,7 @@ pub enum TrustError {
         source: std::io::Error,
     },
     /// The approvals file is not what this program writes.
-    #[error("{} is not a valid approvals file ({reason}); fix or remove it, then approve hooks again with `hermes-hooks enable NAME`", path.display())]
+    #[error("{} is not a valid approvals file ({reason}); fix or remove it, then approve hooks again with `hermes-hooks enable NAME --trust explicit`", path.display())]
     Corrupt {
         /// The file.
         path: PathBuf,

@@ -120,7 +120,10 @@ impl RunFiles {
         {
             return Err(TreeError::Permissions {
                 path,
-                reason: format!("python interpreter: {reason}"),
+                reason: format!(
+                    "python interpreter (`python:` in {}): {reason}",
+                    self.dir.join("HOOK.yaml").display()
+                ),
             });
         }
         let mut files = BTreeMap::new();

@@ -97,7 +97,7 @@ impl Gate {
             .map_err(|e| format!("not approved: {e}"))?;
         let Some(approval) = approvals.hooks.get(name) else {
             return Err(format!(
-                "not approved (--trust explicit): review the hook, then run `hermes-hooks enable {name}`"
+                "not approved (--trust explicit): review the hook, then run `hermes-hooks enable {name} --trust explicit`"
             ));
         };
         let now = approval_hash(kind, handler, manifest)
@@ -110,7 +110,7 @@ impl Gate {
             };
             return Err(format!(
                 "{what} changed since it was approved (sha256 {} approved, now {}): review it, \
-                 then run `hermes-hooks enable {name}` to approve it again",
+                 then run `hermes-hooks enable {name} --trust explicit` to approve it again",
                 short(&approval.sha256),
                 short(&now)
             ));
@@ -120,13 +120,13 @@ impl Gate {
         {
             return Err(format!(
                 "its HOOK.yaml settings (handler, python, env, url, secret_env or ca_file) changed since it was approved: \
-                 review them, then run `hermes-hooks enable {name}` to approve it again"
+                 review them, then run `hermes-hooks enable {name} --trust explicit` to approve it again"
             ));
         }
         match &approval.files {
             Some(approved) if *approved != files.files => Err(format!(
                 "its files changed since it was approved ({}): review them, then run \
-                 `hermes-hooks enable {name}` to approve it again",
+                 `hermes-hooks enable {name} --trust explicit` to approve it again",
                 describe_changes(approved, &files.files)
             )),
             Some(_) => Ok(()),
@@ -135,7 +135,7 @@ impl Gate {
             None if files.files.len() <= 1 => Ok(()),
             None => Err(format!(
                 "the approval covers only the handler, but the hook has other files that can run \
-                 ({}): review them, then run `hermes-hooks enable {name}` to approve them too",
+                 ({}): review them, then run `hermes-hooks enable {name} --trust explicit` to approve them too",
                 files
                     .files
                     .keys()

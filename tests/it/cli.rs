@@ -373,3 +373,235 @@ fn new_rust_hook_builds_installs_and_runs() {
         serde_json::json!({"hook": "rusty", "event": "agent:start", "context_keys": 1})
     );
 }
+
+/// Runs the binary with `args` only (no --hooks-dir added), HERMES_HOME = the temp home.
+fn run_bare(hooks: &Hooks, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env("HERMES_HOME", hooks.home())
+        .env_remove("HERMES_HOOKS_ADDRESS")
+        .output()
+        .expect("run hermes-hooks")
+}
+
+/// Issue 24: a mistyped `--hooks-dir` is an error naming the path, not "0 hook(s) ok".
+#[test]
+fn a_missing_hooks_dir_is_an_error_naming_it() {
+    let hooks = Hooks::new();
+    let typo = hooks.tmp.path().join("hooks-exmaples");
+    let typo_s = typo.display().to_string();
+    for args in [
+        vec!["check"],
+        vec!["list"],
+        vec!["test", "agent:start"],
+        vec!["serve", "--listen", "127.0.0.1:0"],
+        vec!["enable", "x"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--hooks-dir", typo_s.as_str()]);
+        let o = run_bare(&hooks, &all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("--hooks-dir {typo_s}: no such directory")),
+            "{args:?}: {err}"
+        );
+    }
+    // A file is not a root either.
+    let file = hooks.tmp.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let o = run_bare(&hooks, &["check", "--hooks-dir", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a directory"));
+}
+
+/// Issue 24: when nothing matches, `test` says where it looked and what is there.
+#[test]
+fn test_names_the_roots_it_searched() {
+    let hooks = Hooks::new();
+    hooks.python("only", "[\"session:start\"]", "def handle(e, c): pass\n");
+    let o = run(&hooks, &["test", "agent:start"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("searched {}", hooks.root().display()))
+            && err.contains("loaded there: only"),
+        "{err}"
+    );
+}
+
+/// Issue 24: HOOK.yaml mistakes are reported with the key, the line and what to write.
+#[test]
+fn hook_yaml_errors_name_the_key_the_line_and_the_fix() {
+    let hooks = Hooks::new();
+    let cases = [
+        (
+            "soon",
+            "events: [\"agent:start\"]\ntimeout: soon\n",
+            "`timeout`: line 2: \"soon\" is not a number of seconds; write e.g. `timeout: 30`",
+        ),
+        (
+            "string",
+            "events: agent:start\n",
+            "`events`: line 1: \"agent:start\" is a single string, not a list: write `events: [\"agent:start\"]`",
+        ),
+        (
+            "bracket",
+            "events: [agent:start\ntimeout: 5\n",
+            "line 1: `[` is not closed",
+        ),
+        (
+            "twice",
+            "events: [a:b]\nconcurrency: 1\nconcurrency: 2\n",
+            "key `concurrency` is given twice (lines 2 and 3): keep one",
+        ),
+    ];
+    for (name, yaml, _) in &cases {
+        hooks.add(
+            name,
+            &[
+                ("HOOK.yaml", yaml),
+                ("handler.py", "def handle(e, c): pass\n"),
+            ],
+        );
+    }
+    let o = run(&hooks, &["check"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    for (name, _, want) in &cases {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("/{name}/HOOK.yaml")))
+            .unwrap_or_else(|| panic!("no line for {name}: {out}"));
+        assert!(line.contains(want), "{name}: {line}");
+    }
+    assert!(!out.contains("DuplicateKeyPolicy"), "{out}");
+}
+
+/// Issue 24: `test --json` durations are rounded to 0.1 ms, as the text shows them.
+#[test]
+fn test_json_durations_are_rounded() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "r",
+        "[\"agent:start\"]",
+        "def handle(e, c):\n    return 1\n",
+    );
+    let o = run(&hooks, &["test", "agent:start", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ms = v["duration_ms"].as_f64().unwrap();
+    assert_eq!((ms * 10.0).round() / 10.0, ms, "{v}");
+}
+
+/// Issue 24: a long name does not push the other columns of `list` out of line, and the
+/// interpreter is said once, not under every Python hook.
+#[test]
+fn list_columns_fit_long_names_and_the_interpreter_is_said_once() {
+    let hooks = Hooks::new();
+    let long = "a-hook-name-well-over-twenty-four-characters";
+    hooks.python(long, "[\"agent:start\"]", "def handle(e, c): pass\n");
+    hooks.python("short", "[\"agent:start\"]", "def handle(e, c): pass\n");
+    let o = run(&hooks, &["list"]);
+    let out = stdout(&o);
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("NAME") || l.starts_with(long) || l.starts_with("short "))
+        .collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    let kind_at: Vec<usize> = rows
+        .iter()
+        .map(|r| r.find(" python ").or_else(|| r.find(" KIND ")).unwrap())
+        .collect();
+    assert!(kind_at.iter().all(|k| *k == kind_at[0]), "{out}");
+    assert_eq!(out.matches("interpreter").count(), 1, "{out}");
+    let o = run(&hooks, &["check"]);
+    assert_eq!(
+        stdout(&o).matches("interpreter").count(),
+        1,
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// Issue 24: `new` creates a missing HERMES_HOME private (0700), as `serve` does.
+#[test]
+fn new_creates_hermes_home_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let hooks = Hooks::new();
+    let home = hooks.tmp.path().join("fresh-home");
+    let o = Command::new(bin())
+        .args(["new", "first", "--kind", "python"])
+        .env("HERMES_HOME", &home)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    assert!(home.join("hooks/first/HOOK.yaml").is_file());
+}
+
+/// Issue 24: `list --live HOST:PORT` talks TCP, as `emit --listen HOST:PORT` does.
+#[test]
+fn list_live_takes_host_port() {
+    let hooks = Hooks::new();
+    hooks.python("live", "[\"agent:start\"]", "def handle(e, c): pass\n");
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    let o = run_bare(&hooks, &["list", "--live", &serve.addr]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout(&o).contains("live"), "{}", stdout(&o));
+}
+
+/// Issue 24: `serve --help` shows no worker-only fleet option, `worker --help` no edge-only one.
+#[cfg(feature = "fleet")]
+#[test]
+fn fleet_options_show_where_they_apply() {
+    let hooks = Hooks::new();
+    let serve = stdout(&run_bare(&hooks, &["serve", "--help"]));
+    let worker = stdout(&run_bare(&hooks, &["worker", "--help"]));
+    assert!(
+        serve.contains("--gateway-id") && !serve.contains("--ack-wait"),
+        "{serve}"
+    );
+    assert!(
+        worker.contains("--ack-wait") && !worker.contains("--gateway-id"),
+        "{worker}"
+    );
+    let dead = stdout(&run_bare(&hooks, &["dead", "--help"]));
+    assert!(dead.contains("Example: hermes-hooks dead"), "{dead}");
+}
+
+/// Issue 24: a blank line a hook prints is not a log line, and a handler's traceback is one
+/// ERROR record (not one INFO line per traceback line).
+#[test]
+fn blank_prints_are_dropped_and_a_traceback_is_one_record() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "noisy",
+        "[\"agent:start\"]",
+        "def handle(e, c):\n    print()\n    print('before')\n    print('   ')\n    raise ValueError('boom')\n",
+    );
+    let o = run(&hooks, &["test", "agent:start"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let info: Vec<&str> = err.lines().filter(|l| l.contains(" INFO ")).collect();
+    assert_eq!(info.len(), 1, "only `before` is an info line:\n{err}");
+    assert!(info[0].contains("before"), "{err}");
+    let errors = err.lines().filter(|l| l.contains(" ERROR ")).count();
+    assert_eq!(errors, 1, "the traceback is one record:\n{err}");
+    assert_eq!(
+        err.matches("Traceback (most recent call last)").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("ValueError: boom"), "{err}");
+}

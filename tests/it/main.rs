@@ -9,6 +9,7 @@ mod completions;
 mod concurrency;
 mod contrib;
 mod core;
+mod docs;
 mod dylib;
 mod exec;
 #[cfg(feature = "fleet")]

@@ -60,31 +60,36 @@ fn write_atomic(path: &Path, content: &str) {
 
 #[test]
 fn new_hook_directory_and_late_root_are_picked_up() {
+    // The default root ($HERMES_HOME/hooks) is watched before it exists. (A `--hooks-dir` must
+    // exist at start: a typo is an error, see cli.rs.)
     let hooks = Hooks::new();
-    let late_root = hooks.tmp.path().join("later/hooks");
+    let root = hooks.home().join("hooks");
+    assert!(!root.exists());
     let mut cmd = std::process::Command::new(crate::util::bin());
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--hooks-dir"])
-        .arg(hooks.root())
-        .arg("--hooks-dir")
-        .arg(&late_root);
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]);
     let serve = Serve::spawn(cmd, &hooks);
     assert!(hook_names(&serve).is_empty());
 
-    hooks.python("fresh", "[command:x]", &versioned("fresh"));
-    wait_result(&serve, "command:x", json!("fresh"));
-
     // A root that did not exist at start.
-    std::fs::create_dir_all(late_root.join("late")).unwrap();
-    std::fs::write(late_root.join("late/HOOK.yaml"), "events: [command:y]\n").unwrap();
-    std::fs::write(late_root.join("late/handler.py"), versioned("late")).unwrap();
+    std::fs::create_dir_all(root.join("late")).unwrap();
+    std::fs::write(root.join("late/HOOK.yaml"), "events: [command:y]\n").unwrap();
+    std::fs::write(root.join("late/handler.py"), versioned("late")).unwrap();
     wait_result(&serve, "command:y", json!("late"));
 
+    // A new hook directory in it.
+    std::fs::create_dir_all(root.join("fresh")).unwrap();
+    std::fs::write(root.join("fresh/HOOK.yaml"), "events: [command:x]\n").unwrap();
+    std::fs::write(root.join("fresh/handler.py"), versioned("fresh")).unwrap();
+    wait_result(&serve, "command:x", json!("fresh"));
+
     // A root deleted and recreated.
-    std::fs::remove_dir_all(hooks.root()).unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
     poll(T, "the removed hook to go", || {
         (!hook_names(&serve).contains(&"fresh".to_string())).then_some(())
     });
-    hooks.python("again", "[command:z]", &versioned("again"));
+    std::fs::create_dir_all(root.join("again")).unwrap();
+    std::fs::write(root.join("again/HOOK.yaml"), "events: [command:z]\n").unwrap();
+    std::fs::write(root.join("again/handler.py"), versioned("again")).unwrap();
     wait_result(&serve, "command:z", json!("again"));
 }
 

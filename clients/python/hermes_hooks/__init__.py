@@ -7,8 +7,11 @@ Swap one import in the gateway::
 
     registry = HookRegistry()          # or HookRegistry(address="http://127.0.0.1:8787")
     registry.discover_and_load()
-    await registry.emit("agent:start", {"platform": "telegram", "user_id": "42"})
-    decisions = await registry.emit_collect("message:pre_route", ctx)
+
+    # then, in the gateway's coroutines, with the event's context dict:
+    async def on_message(ctx):
+        await registry.emit("agent:start", ctx)
+        decisions = await registry.emit_collect("message:pre_route", ctx)
 
 The hooks themselves run in the ``hermes-hooks`` service (``hermes-hooks serve``), found at the
 ``address`` argument, else ``$HERMES_HOOKS_ADDRESS``, else the Unix socket

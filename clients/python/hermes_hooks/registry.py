@@ -294,15 +294,17 @@ class HookRegistry:
 
         registry = HookRegistry()
         registry.discover_and_load()
-        await registry.emit("agent:start", {"platform": "telegram", ...})
-        decisions = await registry.emit_collect("message:pre_route", ctx)
+
+        async def on_message(ctx):            # in the gateway's coroutines
+            await registry.emit("agent:start", ctx)
+            decisions = await registry.emit_collect("message:pre_route", ctx)
 
     Counters (read them any time, from any thread): ``sent`` (events the service acknowledged
     with 202), ``dropped`` (events discarded because the buffer was full, or emitted after
     ``close()``), ``rejected`` (events the client or the service refused as invalid: bad event
     name, context not a mapping, 4xx answer), ``pending`` (buffered + in flight),
     ``pending_bytes`` (their size as JSON), ``connected`` (the service answered the last batch
-    request) and ``last_error`` (text of the last send failure, kept after recovery).
+    request; ``None`` until the first batch was sent, the sender connects lazily) and ``last_error`` (text of the last send failure, kept after recovery).
 
     When the buffer is full (``queue_size`` events or ``queue_bytes`` bytes) the **oldest**
     buffered events are dropped to make room (the service side's default overflow policy too):
@@ -384,7 +386,7 @@ class HookRegistry:
         self.sent = 0
         self.dropped = 0
         self.rejected = 0
-        self.connected = False
+        self.connected = None  # type: Optional[bool]  # None: no batch sent yet
         self.last_error = None  # type: Optional[str]
         #: LoadReport entries from the service: ``{"dir", "name", "reason"}``.
         self.skipped = []  # type: List[Dict[str, Any]]

@@ -27,6 +27,10 @@ pub fn log_line(hook: &str, text: &str, suffix: &str) {
         .strip_prefix(MARK)
         .and_then(|json| serde_json::from_str::<Record>(json).ok());
     let Some(r) = record else {
+        // A blank line a hook prints (print() with nothing, a spacer) is not worth a log line.
+        if text.trim().is_empty() && suffix.is_empty() {
+            return;
+        }
         tracing::info!(target: "hook", hook = %hook, "{text}{suffix}");
         return;
     };

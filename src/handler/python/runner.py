@@ -252,9 +252,20 @@ def describe(exc):
 
 
 def log_exception(header, exc):
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    sys.stderr.write(header + "\n" + "".join(lines))
-    sys.stderr.flush()
+    """The header and the traceback as one ERROR record of the service log (not one info line
+    per traceback line); a long traceback keeps its end, where the error is."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    room = MAX_LOG_CHARS - len(header) - 20
+    if len(tb) > room:
+        tb = "[cut] ..." + tb[-max(room, 0):]
+    line = LOG_MARK + json.dumps({"level": "ERROR", "levelno": logging.ERROR,
+                                  "logger": "hermes-hooks", "msg": header + "\n" + tb})
+    try:
+        sys.stderr.flush()
+        with _log_lock:
+            os.write(2, (line + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 class LoadError(Exception):
