@@ -354,7 +354,6 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             });
         }
     }
-    let data = data_patterns(raw.data)?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -374,7 +373,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,
-        data,
+        data: data_patterns(raw.data)?,
         warnings,
         notes,
     })
