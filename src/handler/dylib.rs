@@ -703,7 +703,9 @@ impl DylibHandler {
                     return;
                 };
                 let started = Instant::now();
+                // Biased: a result that is already there wins over a reload that came with it.
                 tokio::select! {
+                    biased;
                     outcome = rx => {
                         self.pending = None;
                         self.resumed(started, outcome.ok());
@@ -762,7 +764,11 @@ impl DylibHandler {
                     report(i, Err(HandlerError::TimedOut(self.timeout)));
                     self.became_stuck();
                     let started = Instant::now();
+                    // Biased: when the stuck call returned and the hook was reloaded by the time
+                    // this task runs, the result is taken (the calls after it then run here, once)
+                    // rather than discarding calls that already ran.
                     tokio::select! {
+                        biased;
                         r = results.recv() => self.resumed(started, r.map(Some).unwrap_or(None)),
                         _ = self.signals.wait_superseded() => {
                             let began = ctl.cancel();
