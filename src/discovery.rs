@@ -139,8 +139,9 @@ pub struct Discovery {
     pub skipped: Vec<Skipped>,
 }
 
-/// Scans `roots` in order. Missing roots load nothing; entries that are not directories are
-/// ignored; every hook directory yields either a [`HookSpec`] or a [`Skipped`].
+/// Scans `roots` in order. Missing roots load nothing; entries that are not directories, and
+/// directories without a HOOK.yaml, are ignored (debug log only, as upstream); every hook
+/// directory yields either a [`HookSpec`] or a [`Skipped`].
 pub fn discover(roots: &[PathBuf]) -> Discovery {
     discover_with(roots, &Gate::default())
 }
@@ -169,6 +170,11 @@ pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
                 by_name.insert(spec.name.clone(), dir.clone());
                 spec.order = out.hooks.len();
                 out.hooks.push(spec);
+            }
+            // As upstream: a directory without HOOK.yaml (`_disabled/`, `__pycache__/`, a
+            // `logs/` directory a hook made) is not a hook, not a problem.
+            Err(skip) if skip.code == SkipCode::NoManifest => {
+                tracing::debug!(dir = %skip.dir.display(), "no HOOK.yaml: not a hook directory");
             }
             Err(skip) => out.skipped.push(*skip),
         }

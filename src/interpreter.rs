@@ -87,6 +87,62 @@ pub fn missing_module_hint(interpreter: &Interpreter) -> String {
     )
 }
 
+/// The hint for a hook whose import failed with `ModuleNotFoundError` (`reason`): when the hook's
+/// own Python files look for modules under `$HERMES_HOME/plugins` (as gateway plugins are
+/// installed), the plugin is what is missing, not the interpreter; otherwise
+/// [`missing_module_hint`].
+pub fn module_not_found_hint(
+    reason: &str,
+    interpreter: &Interpreter,
+    hook_dir: &Path,
+    hermes_home: Option<&Path>,
+) -> String {
+    let module = reason
+        .split("No module named '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .map(|m| m.split('.').next().unwrap_or(m).to_string());
+    if let (Some(module), Some(home)) = (module, hermes_home)
+        && mentions_plugins(hook_dir)
+    {
+        let plugins = home.join("plugins");
+        let there = plugins.join(&module);
+        let found = there.exists() || plugins.join(format!("{module}.py")).exists();
+        return format!(
+            "the hook looks for modules under {} (gateway plugins), and {module:?} is {}: \
+             install or enable that plugin there (the interpreter, {}, is not the problem)",
+            plugins.display(),
+            if found {
+                "there but does not import"
+            } else {
+                "not there"
+            },
+            interpreter.path
+        );
+    }
+    missing_module_hint(interpreter)
+}
+
+/// Whether the Python files at the top of `dir` name the `plugins` directory (bounded read).
+fn mentions_plugins(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .take(32)
+        .any(|p| {
+            std::fs::read(&p).is_ok_and(|b| {
+                let text = String::from_utf8_lossy(&b[..b.len().min(256 * 1024)]);
+                text.contains("\"plugins\"")
+                    || text.contains("'plugins'")
+                    || text.contains("/plugins")
+            })
+        })
+}
+
 /// True when `python` is an executable file that exits 0 for `-c pass` within the probe timeout.
 fn runs(python: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;

@@ -54,7 +54,9 @@
 pub(crate) mod atomic;
 pub mod cli;
 pub(crate) mod client;
+pub(crate) mod decision;
 pub mod discovery;
+pub(crate) mod dotenv;
 pub mod events;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;

@@ -46,10 +46,23 @@ const KNOWN_KEYS: &[&str] = &[
     "concurrency",
     "ca_file",
     "data",
+    "cwd",
 ];
 
 /// Keys that published hooks carry for their own use: accepted with an informational note.
 const TOLERATED_KEYS: &[&str] = &["version", "platforms", "author"];
+
+/// `cwd:`: the working directory of a hook's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cwd {
+    /// The service's own working directory (the default): started alongside the gateway, the
+    /// gateway's, as a hook inside the original host had.
+    #[default]
+    Service,
+    /// The hook's own directory.
+    Hook,
+}
 
 /// `runs:`: where a Python hook runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -136,6 +149,7 @@ struct RawManifest {
     concurrency: Option<i64>,
     ca_file: Option<String>,
     data: Option<Vec<String>>,
+    cwd: Option<Cwd>,
 }
 
 /// A validated HOOK.yaml with defaults applied.
@@ -183,6 +197,8 @@ pub struct Manifest {
     /// `data:`: paths of the hook's tree that are data, not code (`state/`, `*.json`), in
     /// addition to the defaults of [`crate::trust::data`]; an approval covers every other file.
     pub data: Vec<String>,
+    /// `cwd:` (default `service`): where the hook's processes start.
+    pub cwd: Cwd,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
     /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
@@ -370,6 +386,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         url: raw.url,
         secret_env: raw.secret_env,
         runs: raw.runs.unwrap_or(Runs::Auto),
+        cwd: raw.cwd.unwrap_or_default(),
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,

@@ -24,7 +24,8 @@ pub const BODY_LIMIT: usize = 1024 * 1024;
 pub const BATCH_BODY_LIMIT: usize = 16 * 1024 * 1024;
 /// Most events in one batch.
 pub const BATCH_MAX_EVENTS: usize = 10_000;
-/// Collect deadline when the request gives none.
+/// Collect deadline when the request gives none and no local hook matches (otherwise the
+/// matching hooks' own timeouts decide: [`crate::decision::collect_budget`]).
 pub const DEFAULT_COLLECT_MS: u64 = 5_000;
 /// Longest collect deadline accepted.
 pub const MAX_COLLECT_MS: u64 = 300_000;
@@ -407,7 +408,8 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
     let timeout_ms = match obj.remove("timeout_ms") {
-        None | Some(Value::Null) => DEFAULT_COLLECT_MS,
+        None | Some(Value::Null) => crate::decision::collect_budget(&state.host.snapshot(), &event)
+            .map_or(DEFAULT_COLLECT_MS, |d| d.as_millis() as u64),
         Some(v) => match v.as_u64() {
             Some(ms) if (1..=MAX_COLLECT_MS).contains(&ms) => ms,
             _ => {
@@ -427,6 +429,9 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
         match o.result {
             Ok(Some(v)) => results.push(json!({"hook": o.hook, "result": v})),
             Ok(None) => {}
+            Err(e) if crate::decision::is_timeout(&e) => {
+                errors.push(json!({"hook": o.hook, "error": e, "timed_out": true}))
+            }
             Err(e) => errors.push(json!({"hook": o.hook, "error": e})),
         }
     }

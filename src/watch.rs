@@ -8,10 +8,14 @@
 //! through their nearest existing ancestor so that their creation is seen. A kernel queue
 //! overflow (a `Rescan` event) is just another reason to rescan.
 //!
+//! `$HERMES_HOME/.env` and `.op.env` are watched too: a Python hook's worker took its environment
+//! from them when it started ([`crate::dotenv`]).
+//!
 //! Only changes that can matter wake it ([`matters`]): HOOK.yaml, files that can run (`.py`,
 //! `.sh`, libraries, executables), directories, and entries directly in a root (hook directories
 //! appearing, disappearing, renamed). A hook writing a log or state file into its own directory
-//! does not cause a rescan. Arming the recursive watches walks whole trees, so it runs on a
+//! does not cause a rescan, nor does anything in a root's directory that has no HOOK.yaml (not a
+//! hook, as upstream: `_disabled/`, `logs/`). Arming the recursive watches walks whole trees, so it runs on a
 //! blocking thread, never on the runtime's workers.
 
 use std::collections::HashMap;
@@ -88,7 +92,7 @@ fn ignorable(path: &Path) -> bool {
 
 /// True when a change at `path` can change what loads or runs (see the module comment).
 fn matters(path: &Path, roots: &[PathBuf]) -> bool {
-    if ignorable(path) {
+    if ignorable(path) || outside_any_hook(path, roots) {
         return false;
     }
     if roots
@@ -115,6 +119,31 @@ fn matters(path: &Path, roots: &[PathBuf]) -> bool {
     // What is gone cannot be told apart: a removed directory is seen through its parent's
     // change, a removed helper through the check before the next start.
     std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir() || m.permissions().mode() & 0o111 != 0)
+}
+
+/// True for a path in (or being) a directory of a root that exists and has no HOOK.yaml: not a
+/// hook (`_disabled/`, `logs/`, `.git/`), so never a reason to rescan, as upstream ignores it. A
+/// directory that is gone may have been a hook: that still matters.
+fn outside_any_hook(path: &Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|r| {
+        let Ok(rest) = path.strip_prefix(r) else {
+            return false;
+        };
+        let Some(top) = rest.components().next() else {
+            return false;
+        };
+        let dir = r.join(top);
+        // A HOOK.yaml appearing is what turns a directory into a hook.
+        if rest
+            .components()
+            .nth(1)
+            .is_some_and(|c| c.as_os_str() == "HOOK.yaml")
+            && rest.components().count() == 2
+        {
+            return false;
+        }
+        dir.is_dir() && !dir.join("HOOK.yaml").exists()
+    })
 }
 
 struct Roots {
@@ -171,7 +200,9 @@ struct Change {
 pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> {
     let (tx, rx) = mpsc::channel::<Change>(256);
     let root_list = host.config().roots.clone();
-    let watcher =
+    let home = host.config().hermes_home.clone();
+    let env_home = home.clone();
+    let mut watcher =
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
             Ok(event) => {
                 if matches!(event.kind, EventKind::Access(_)) {
@@ -181,7 +212,16 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
                 let paths: Vec<PathBuf> = event
                     .paths
                     .into_iter()
-                    .filter(|p| rescan || matters(p, &root_list))
+                    .filter(|p| {
+                        // The home's own watch reports its other entries (the cache, logs):
+                        // only its .env files count there.
+                        let in_roots = root_list
+                            .iter()
+                            .any(|r| p.starts_with(r) || r.starts_with(p));
+                        rescan
+                            || (in_roots && matters(p, &root_list))
+                            || crate::dotenv::is_env_file(p, &env_home)
+                    })
                     .collect();
                 if paths.is_empty() && !rescan {
                     return;
@@ -195,6 +235,17 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
             }
         })
         .map_err(|e| watch_error(Path::new("."), e))?;
+    // `$HERMES_HOME/.env` is part of a Python hook's environment: its changes reload (one
+    // directory, not recursive; a home inside a watched root is covered already).
+    if home.is_dir()
+        && !host.config().roots.iter().any(|r| home.starts_with(r))
+        && let Err(e) = watcher.watch(&home, RecursiveMode::NonRecursive)
+    {
+        tracing::warn!(
+            "{}; changes to its .env are seen at the next reload",
+            watch_error(&home, e)
+        );
+    }
     let roots = Roots {
         watcher,
         watched: host

@@ -270,9 +270,10 @@ pub struct EmitArgs {
     /// Wait for the handlers' results (POST /v1/collect) instead of only queuing the event.
     #[arg(long)]
     pub collect: bool,
-    /// Deadline for --collect, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5000)]
-    pub timeout_ms: u64,
+    /// Deadline for --collect, in milliseconds (default: as long as the matching hooks' own
+    /// timeouts allow).
+    #[arg(long, value_name = "MS")]
+    pub timeout_ms: Option<u64>,
     /// The service's TCP address HOST:PORT (default: the Unix socket).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,

@@ -39,7 +39,11 @@ pub async fn emit(args: EmitArgs) -> i32 {
             json!({"event": args.event, "context": context}),
         )
     };
-    let wait = Duration::from_millis(args.timeout_ms.saturating_add(5000));
+    let wait = args
+        .timeout_ms
+        .map_or(crate::decision::MAX_WAIT + Duration::from_secs(5), |ms| {
+            Duration::from_millis(ms.saturating_add(5000))
+        });
     let body = body.to_string();
     match request(
         &address,

@@ -54,6 +54,10 @@ pub async fn test(args: TestArgs) -> i32 {
                 format!("loaded there: {}", loaded.join(", "))
             };
             return fail(match &only {
+                Some(o) if !in_gateway.is_empty() => format!(
+                    "hook {o:?} runs inside the gateway (see above): `test` runs only the hooks \
+                     that run in the service"
+                ),
                 Some(o) => format!(
                     "hook {o:?} is not loaded or does not match {event:?} (searched {roots}; {loaded})"
                 ),

@@ -217,8 +217,11 @@ pub fn parse_json_result(text: &str, what: &str, hint: &str) -> HandlerResult {
 pub struct HandlerContext {
     /// Hook name (logs, environment).
     pub name: String,
-    /// Hook directory (working directory of processes).
+    /// Hook directory.
     pub dir: PathBuf,
+    /// Working directory of the hook's processes: the service's own (`cwd: service`, the
+    /// default, as inside the gateway) or the hook directory (`cwd: hook`).
+    pub cwd: PathBuf,
     /// The handler file.
     pub handler_path: Option<PathBuf>,
     /// Interpreter for Python handlers.
@@ -258,15 +261,26 @@ impl HandlerContext {
         for (k, v) in &spec.manifest.env {
             env.insert(k.clone(), v.clone());
         }
+        let cwd = match spec.manifest.cwd {
+            crate::manifest::Cwd::Hook => spec.dir.clone(),
+            crate::manifest::Cwd::Service => {
+                std::env::current_dir().unwrap_or_else(|_| spec.dir.clone())
+            }
+        };
         Self {
             name: spec.name.clone(),
             dir: spec.dir.clone(),
+            cwd,
             handler_path: spec.handler_path.clone(),
-            python: spec
-                .manifest
-                .python
-                .clone()
-                .unwrap_or_else(|| default_python.to_string()),
+            python: match spec.manifest.python.as_deref() {
+                // A relative path names a file of the hook, as trust checks it: resolved
+                // against the hook directory, not the working directory of whoever starts it.
+                Some(p) if p.contains('/') && !std::path::Path::new(p).is_absolute() => {
+                    spec.dir.join(p).display().to_string()
+                }
+                Some(p) => p.to_string(),
+                None => default_python.to_string(),
+            },
             python_why: crate::interpreter::for_hook(
                 spec.manifest.python.as_deref(),
                 default_python,
@@ -280,6 +294,16 @@ impl HandlerContext {
             signals: Arc::new(Signals::default()),
             files: spec.files.clone(),
         }
+    }
+}
+
+impl HandlerContext {
+    /// The environment a process of this hook gets on top of the service's, read now:
+    /// `$HERMES_HOME/.env` as the gateway loads it, then [`HandlerContext::env`]
+    /// ([`crate::dotenv`]).
+    pub fn process_env(&self) -> BTreeMap<String, String> {
+        let home = self.env.get("HERMES_HOME").map(std::path::Path::new);
+        crate::dotenv::for_process(home, &self.env)
     }
 }
 

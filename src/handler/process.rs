@@ -15,12 +15,13 @@ const MAX_LOG_LINE: usize = 4096;
 /// Lines per second logged for one child before lines are counted instead of logged.
 const LOG_LINES_PER_SEC: u32 = 200;
 
-/// A command for `program` set up for a hook: own process group, working directory = hook
-/// directory, the hook's environment, killed when dropped.
+/// A command for `program` set up for a hook: own process group, the hook's working directory
+/// ([`HandlerContext::cwd`]) and environment ([`HandlerContext::process_env`]), killed when
+/// dropped.
 pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
     let mut cmd = Command::new(program);
-    cmd.current_dir(&ctx.dir)
-        .envs(&ctx.env)
+    cmd.current_dir(&ctx.cwd)
+        .envs(ctx.process_env())
         .process_group(0)
         .kill_on_drop(true)
         .stdin(std::process::Stdio::piped())

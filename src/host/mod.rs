@@ -617,8 +617,10 @@ impl Host {
         );
         let scan = move || {
             let mut found = discover_with(&roots, &trust.gate(&home));
+            let env_stamp = crate::dotenv::stamp(&home);
             for spec in &mut found.hooks {
                 handler::prepare(spec);
+                crate::dotenv::fold_into(spec, env_stamp);
             }
             found
         };

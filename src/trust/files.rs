@@ -2,12 +2,15 @@
 //! is the one rule for a single path, shared with [`crate::trust::policy`]).
 //!
 //! [`RunFiles::scan`] walks a hook directory once and (1) refuses any file or directory anywhere
-//! under it that is writable by group or others or owned by another user (unless
-//! `--insecure-permissions`), and a `python:` interpreter with the same problem; (2) records the
-//! SHA-256 of every file of the tree except its data ([`crate::trust::data`]: `__pycache__/`,
-//! `*.log` and what HOOK.yaml's `data:` declares) and HOOK.yaml itself (whose settings that
-//! change what runs are hashed by [`crate::trust::approvals::settings_hash`]). Whatever its name
-//! or mode, a file a handler may source, read as a program or import is covered.
+//! under it that is writable by others, by a group that is not the owner's private group, or
+//! owned by another user (unless `--insecure-permissions`; the rule is [`crate::trust::modes`]';
+//! data files a hook writes are not checked, directories and code are), and a `python:`
+//! interpreter with the same problem; (2) records the SHA-256 of every file of the tree except its
+//! data ([`crate::trust::data`]: `__pycache__/`, `*.log` and what HOOK.yaml's `data:` declares)
+//! and HOOK.yaml itself (whose settings that change what runs are hashed by
+//! [`crate::trust::approvals::settings_hash`]). Whatever its name or mode, a file a handler may
+//! source, read as a program or import is covered by the hash; the mode check is kept to what can
+//! run (as in [`crate::trust::modes`]).
 //!
 //! Discovery takes that record when a hook version loads; explicit approvals cover it; and
 //! [`crate::trust::prestart`] compares the tree with it before every process start, so what runs
@@ -175,7 +178,7 @@ impl RunFiles {
                     continue;
                 }
                 if self.check_permissions
-                    && let Some(reason) = problem_of(&path, &meta)
+                    && let Some(reason) = entry_problem(&self.dir, &path, &meta)
                 {
                     return Err(TreeError::Permissions { path, reason });
                 }
@@ -250,57 +253,33 @@ pub fn describe_changes(
     text
 }
 
-/// The uid this process runs as.
-fn service_uid() -> u32 {
-    // SAFETY: geteuid(2) has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+/// Whether a file can run: Python source, a shell script, a shared library, or executable.
+fn can_run(path: &Path, meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    matches!(ext.as_str(), "py" | "pyw" | "pth" | "sh" | "so" | "dylib")
+        || meta.permissions().mode() & 0o111 != 0
 }
 
-/// Why `path` is unsafe to run hooks from, or `None` when it is fine: writable by group or
-/// others, or owned by a user other than the service user or root. The reason names the path,
-/// the problem and the fix.
+/// Why `path` is unsafe to run hooks from, or `None` when it is fine (the rule is
+/// [`crate::trust::modes`]'). The reason names the path, the problem and the fix.
 pub fn permission_problem(path: &Path) -> Option<String> {
-    match std::fs::metadata(path) {
-        Ok(meta) => problem_of(path, &meta),
-        Err(e) => Some(format!("cannot inspect {}: {e}", path.display())),
-    }
+    crate::trust::modes::path_problem(path, None)
 }
 
-/// [`permission_problem`] for metadata already read.
-fn problem_of(path: &Path, meta: &std::fs::Metadata) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let mode = meta.mode() & 0o7777;
-    let what = if meta.is_dir() {
-        "hook directory"
-    } else {
-        "file"
-    };
-    let override_hint = "or start with --insecure-permissions if this is intended";
-    let me = service_uid();
-    let owner = meta.uid();
-    if owner != me && owner != 0 {
-        return Some(format!(
-            "{what} {} is owned by uid {owner}, not by the service user (uid {me}) or root: that \
-             user could change what this hook runs; fix: `chown {me} {}` ({override_hint})",
-            path.display(),
-            path.display()
-        ));
+/// The rule for one entry of a hook's tree: directories and code are checked, data files a hook
+/// writes for itself are not (bytecode counts as code: Python runs it).
+fn entry_problem(tree: &Path, path: &Path, meta: &std::fs::Metadata) -> Option<String> {
+    let bytecode = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("pyc"));
+    if meta.is_file() && !can_run(path, meta) && !bytecode {
+        return None;
     }
-    let writable = mode & 0o022;
-    if writable != 0 {
-        let by = match (writable & 0o020 != 0, writable & 0o002 != 0) {
-            (true, true) => "group and others",
-            (true, false) => "its group",
-            _ => "others",
-        };
-        return Some(format!(
-            "{what} {} is writable by {by} (mode {mode:04o}): they could change what this hook \
-             runs; fix: `chmod go-w {}` ({override_hint})",
-            path.display(),
-            path.display()
-        ));
-    }
-    None
+    crate::trust::modes::mode_problem(path, meta, Some(tree))
 }
 
 /// The interpreter a `python:` setting names: a path (relative to the hook directory) or a

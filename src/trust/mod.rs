@@ -4,6 +4,7 @@
 //!   (a handler stays inside its hook directory) are [`crate::layout`]'s, shared with discovery.
 //! - [`approvals`]: the approvals file `$HERMES_HOME/hooks-trust.json` and what its hashes cover.
 //! - [`edit`]: the `enabled:` line editor for HOOK.yaml.
+//! - [`modes`]: the ownership and mode rule for one path.
 //! - [`files`]: the files of a hook that are code (hashed) and the permissions of its whole tree.
 //! - [`data`]: what of a hook's tree is data (`data:` in HOOK.yaml, and defaults).
 //! - [`coverage`]: what an approval covers, file by file, for `check`.
@@ -12,8 +13,8 @@
 //!
 //! Hooks run with the service user's rights, so discovery refuses:
 //! - a hook directory, HOOK.yaml, handler file, or any file or directory under the hook
-//!   directory (helper modules, packages), or a `python:` interpreter, writable by group or
-//!   others, or owned by a user other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
+//!   directory (helper modules, packages), or a `python:` interpreter, writable by others or
+//!   by a group other than the owner's private group ([`modes`]: OpenSSH's user-group-modes), or owned by a user other than the service user or root ([`SkipCode::Permissions`]; `--insecure-permissions`
 //!   turns this off);
 //! - a handler that resolves outside its hook directory (`..`, absolute path, symlink escape);
 //! - with `--trust explicit`, any hook not approved in `$HERMES_HOME/hooks-trust.json`, or whose
@@ -42,6 +43,7 @@ pub mod data;
 pub mod edit;
 pub mod error;
 pub mod files;
+pub mod modes;
 pub mod policy;
 pub mod prestart;
 

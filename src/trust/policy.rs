@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
 use crate::trust::approvals::{TrustFile, approval_hash, settings_hash, short, trust_file};
-use crate::trust::files::{RunFiles, describe_changes, permission_problem};
+use crate::trust::files::{RunFiles, describe_changes};
 
 /// Which hooks may load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
@@ -73,7 +73,7 @@ impl Gate {
             .into_iter()
             .flatten()
         {
-            if let Some(reason) = permission_problem(p) {
+            if let Some(reason) = crate::trust::modes::path_problem(p, Some(dir)) {
                 return Err((p.to_path_buf(), reason));
             }
         }

@@ -66,8 +66,8 @@ async fn skips_missing_manifest() {
     hooks.add("nomanifest", &[("handler.py", "def handle(e, c): pass\n")]);
     let (host, report) = start(&hooks).await;
     assert!(report.loaded.is_empty());
-    assert_eq!(skip_code(&report, "nomanifest"), SkipCode::NoManifest);
-    assert!(report.skipped[0].file.ends_with("nomanifest/HOOK.yaml"));
+    // As upstream (issue 19): not a hook directory, so not a problem either.
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     host.shutdown(T).await;
 }
 

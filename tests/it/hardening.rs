@@ -148,7 +148,11 @@ async fn replaced_helper_never_runs_after_a_timeout_restart() {
 #[tokio::test]
 async fn executable_call_refused_when_a_sourced_script_changed() {
     let hooks = Hooks::new();
-    let dir = hooks.exec("e", "[\"x:*\"]", "#!/bin/sh\n. ./lib.sh\nvalue\n");
+    let dir = hooks.exec(
+        "e",
+        "[\"x:*\"]",
+        "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.sh\"\nvalue\n",
+    );
     std::fs::write(dir.join("lib.sh"), "value() { echo '\"approved\"'; }\n").unwrap();
     approve(&hooks, "e");
     let (host, report) = start(&hooks, TrustMode::Explicit).await;
@@ -256,6 +260,12 @@ async fn unsafe_permissions_anywhere_in_the_tree_are_refused() {
     );
     std::fs::write(a.join("helper.py"), "").unwrap();
     set_mode(&a.join("helper.py"), 0o664);
+    // Group-writable counts only for a group shared with others (issue 19's private-group rule).
+    if let Some(shared) = crate::dropin::shared_gid() {
+        std::os::unix::fs::lchown(a.join("helper.py"), None, Some(shared)).unwrap();
+    } else {
+        set_mode(&a.join("helper.py"), 0o666);
+    }
     let b = hooks.python("b", "[\"x:*\"]", "def handle(e, c):\n    return 1\n");
     std::fs::create_dir_all(b.join("pkg/sub")).unwrap();
     set_mode(&b.join("pkg/sub"), 0o777);
@@ -596,7 +606,7 @@ fn a_hook_writing_into_its_own_directory_causes_no_rescan() {
     hooks.python(
         "writer",
         "[\"x:*\"]",
-        "import time\n\ndef handle(event, context):\n    for i in range(60):\n        with open('state.json', 'w') as f:\n            f.write('{\"n\": %d}' % i)\n        with open('hook.log', 'a') as f:\n            f.write('line\\n')\n        time.sleep(0.025)\n    return 'done'\n",
+        "import os, time\n\nos.chdir(os.environ['HERMES_HOOK_DIR'])\n\ndef handle(event, context):\n    for i in range(60):\n        with open('state.json', 'w') as f:\n            f.write('{\"n\": %d}' % i)\n        with open('hook.log', 'a') as f:\n            f.write('line\\n')\n        time.sleep(0.025)\n    return 'done'\n",
     );
     let serve = Serve::start(&hooks, &[]);
     let (status, body) = serve.post("/v1/collect", &json!({"event": "x:go"}));

@@ -10,6 +10,7 @@ mod concurrency;
 mod contrib;
 mod core;
 mod docs;
+mod dropin;
 mod dylib;
 mod exec;
 #[cfg(feature = "fleet")]

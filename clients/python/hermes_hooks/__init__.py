@@ -50,9 +50,11 @@ Guarantees
 * **On the service side**, each handler runs each event at most once (a handler that crashes or
   times out is not re-run), and a hook sees its events in emit order.
 * **emit_collect never raises.** It calls ``POST /v1/collect`` on its own short-lived
-  connection with asyncio streams (the event loop is never blocked), waits at most
-  ``collect_timeout`` + 1 s, and returns the non-None handler results in match order
-  (exact-pattern hooks, then wildcard hooks), or ``[]`` when the service is down or the call
+  connection with asyncio streams (the event loop is never blocked), waits as long as the
+  matching hooks' own timeouts allow (the original host awaited every handler, so a decision
+  never fails open by default; ``collect_timeout=`` or ``timeout=`` give a shorter deadline),
+  and returns the non-None handler results in match order (exact-pattern hooks, then wildcard
+  hooks), or ``[]`` when the service is down or the call
   failed (logged, rate-limited). ``emit_collect_detailed`` returns the per-hook results and
   errors as well.
 * **discover_and_load never raises.** It lists the service's hooks into ``loaded_hooks`` and

@@ -47,7 +47,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _ingateway, _transport, _trusted
+from . import _ingateway, _transport, _trusted, _upstream
 
 log = logging.getLogger("hermes_hooks")
 
@@ -81,6 +81,10 @@ _WAKE = "wake"
 #: Seconds an idle sender sleeps before looking at the buffer anyway: the safety net for a
 #: wake scheduled on an event loop that stopped before running it.
 _IDLE_RECHECK = 1.0
+#: With no deadline from the caller, how long ``emit_collect`` waits for the service's answer:
+#: the service itself answers within the matching hooks' own timeouts (at most 301 s), this is
+#: only the bound on a service that stopped answering.
+_SERVICE_ANSWER_BOUND = 310.0
 
 
 class _RateLimited:
@@ -250,6 +254,10 @@ def _error_detail(status: int, body: bytes) -> str:
         return "%d %s" % (status, text or http.client.responses.get(status, ""))
 
 
+async def _nothing() -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    return [], []
+
+
 def _hook_entry(raw: Any) -> Dict[str, Any]:
     """A ``loaded_hooks`` entry: the original's keys (name, description, events, path) first,
     then whatever else the service reports (kind, root, status, counters...)."""
@@ -314,7 +322,8 @@ class HookRegistry:
     """
 
     def __init__(self, address: Any = None, token: Optional[str] = None, queue_size: int = 10000,
-                 batch_max: int = 500, collect_timeout: float = 5.0, autostart: bool = False, *,
+                 batch_max: int = 500, collect_timeout: Optional[float] = None,
+                 autostart: bool = False, *,
                  binary: Optional[str] = None, serve_args: Sequence[str] = (),
                  autostart_timeout: float = 5.0, autostart_log: Optional[str] = None,
                  request_timeout: float = 5.0, backoff_initial: float = 0.05,
@@ -329,8 +338,10 @@ class HookRegistry:
         :param queue_size: most events buffered (queued + in flight) while the service is slow
             or down; beyond it the oldest are dropped and counted.
         :param batch_max: most events per ``/v1/events/batch`` request (1..10,000).
-        :param collect_timeout: seconds ``emit_collect`` gives the handlers (sent as
-            ``timeout_ms``); the call itself gives up one second later.
+        :param collect_timeout: seconds ``emit_collect`` gives the handlers by default (sent as
+            ``timeout_ms``; the call itself gives up one second later). Default ``None``: as
+            long as the matching hooks' own timeouts allow, so a decision never fails open
+            (the original host awaited every handler); a call's ``timeout=`` is still honoured.
         :param autostart: start ``hermes-hooks serve`` from ``discover_and_load`` when no service
             answers at the address.
         :param binary: the ``hermes-hooks`` executable for autostart; default
@@ -365,12 +376,12 @@ class HookRegistry:
                              % (MAX_BATCH_EVENTS, batch_max))
         if int(queue_bytes) < 1:
             raise ValueError("queue_bytes must be at least 1, got %r" % (queue_bytes,))
-        if not float(collect_timeout) > 0:
+        if collect_timeout is not None and not float(collect_timeout) > 0:
             raise ValueError("collect_timeout must be positive, got %r" % (collect_timeout,))
         self._queue_size = int(queue_size)
         self._queue_bytes = int(queue_bytes)
         self._batch_max = int(batch_max)
-        self.collect_timeout = float(collect_timeout)
+        self.collect_timeout = None if collect_timeout is None else float(collect_timeout)
         self._autostart = bool(autostart)
         self._binary = binary
         self._serve_args = list(serve_args)
@@ -399,6 +410,13 @@ class HookRegistry:
         self._home_given = hermes_home is not None
         #: Hooks that run inside the gateway (``"runs": "gateway"``), imported here.
         self._ingateway = _ingateway.InGatewayHooks()
+        #: The original's in-process registry: event pattern -> callables (built-in hooks
+        #: register here through ``_register_builtin_hooks``); run as in-gateway hooks are.
+        self._handlers = {}  # type: Dict[str, List[Any]]
+        self._inprocess = _upstream.InProcess(self._handlers)
+        #: ``loaded_hooks`` came from the hooks directory on disk (the service did not answer):
+        #: refreshed from the service when it answers.
+        self._hooks_from_disk = False
         # Event name -> the encoded ``{"event":NAME,"context":`` prefix; a name is here once it
         # passed validation (bounded: past _NAME_CACHE_MAX names each emit computes its own).
         self._prefixes = {}  # type: Dict[Any, bytes]
@@ -444,44 +462,75 @@ class HookRegistry:
     @property
     def loaded_hooks(self) -> List[dict]:
         """Hooks the service reported at the last ``discover_and_load()``: dicts with at least
-        ``name``, ``description``, ``events``, ``path`` (plus the service's ``kind``, ``status``...)."""
+        ``name``, ``description``, ``events``, ``path`` (plus the service's ``kind``, ``status``...).
+        While the service has not answered, the hooks on disk by the original's rules
+        (``"source": "disk"``), replaced by the service's list once it answers."""
         return list(self._hooks)
+
+    def _register_builtin_hooks(self) -> None:
+        """The original's extension point for always-on hooks: a subclass or a patch may put
+        callables in ``self._handlers`` here; ``discover_and_load`` calls it first."""
+        return
 
     def discover_and_load(self) -> None:
         """Ask the service which hooks it loaded (``GET /v1/hooks``) and start the sender.
 
-        Never raises: when the service is down, logs a warning and leaves ``loaded_hooks``
-        empty (events emitted meanwhile wait in the buffer). With ``autostart=True`` it first
-        starts the service when none answers.
+        Never raises: when the service is down, logs a warning and lists the hooks on disk (the
+        gateway's ``HOOKS_DIR``) into ``loaded_hooks`` until the service answers (events
+        emitted meanwhile wait in the buffer). With ``autostart=True`` it first starts the
+        service when none answers. ``_register_builtin_hooks`` runs first, as in the original.
         """
         try:
-            self._peer = {}  # type: Dict[str, Any]
+            self._register_builtin_hooks()
+        except Exception:
+            log.exception("hermes-hooks: _register_builtin_hooks failed")
+        try:
+            self._peer = {}  # type: Dict[str, Any]  # who served /v1/hooks (SO_PEERCRED)
             status, body, exc = self._fetch("/v1/hooks", self._peer)
             if exc is not None and self._autostart and self._nobody_listening(exc):
                 if self._start_service():
                     status, body, exc = self._fetch("/v1/hooks", self._peer)
-            if exc is not None:
-                log.warning("hermes-hooks service not reachable at %s (%s): no hooks listed; "
-                            "events are buffered (up to %d) until it answers",
-                            self._address, exc, self._queue_size)
-            elif status != 200:
-                log.warning("hermes-hooks service at %s answered GET /v1/hooks with %s",
-                            self._address, _error_detail(status, body))
+            if exc is not None or status != 200:
+                directory = _upstream.hooks_dir(self._home)
+                self._hooks = _upstream.read_disk_hooks(directory)
+                self._hooks_from_disk = True
+                why = exc if exc is not None else _error_detail(status, body)
+                log.warning("hermes-hooks service not reachable at %s (%s): listing the %d "
+                            "hook(s) in %s until it answers; events are buffered (up to %d)",
+                            self._address, why, len(self._hooks), directory, self._queue_size)
             else:
-                data = json.loads(body.decode("utf-8"))
-                self._hooks = [_hook_entry(h) for h in data.get("hooks") or []]
-                self.skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
-                self._ingateway.load(self._hooks, self._home, _trusted.service_problem(
-                    self._address.kind, self._peer.get("uid"), bool(self._headers)))
-                for hook in self._hooks:
-                    log.info("[hooks] Loaded hook '%s' for events: %s", hook["name"], hook["events"])
-                for entry in self.skipped:
-                    log.warning("[hooks] Skipping %s: %s", entry.get("name") or entry.get("dir"),
-                                entry.get("reason"))
+                self._take_hook_list(body)
         except Exception:
             log.exception("hermes-hooks: discover_and_load failed")
         finally:
             self._ensure_sender()
+
+    def _take_hook_list(self, body: bytes) -> None:
+        """Adopt the service's ``GET /v1/hooks`` answer: ``loaded_hooks``, ``skipped``, and the
+        in-gateway hooks imported."""
+        data = json.loads(body.decode("utf-8"))
+        hooks = [_hook_entry(h) for h in data.get("hooks") or []]
+        self.skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
+        peer = getattr(self, "_peer", {})
+        self._ingateway.load(hooks, self._home, _trusted.service_problem(
+            self._address.kind, peer.get("uid"), bool(self._headers)))
+        self._hooks = hooks
+        self._hooks_from_disk = False
+        for hook in hooks:
+            log.info("[hooks] Loaded hook '%s' for events: %s", hook["name"], hook["events"])
+        for entry in self.skipped:
+            log.warning("[hooks] Skipping %s: %s", entry.get("name") or entry.get("dir"),
+                        entry.get("reason"))
+
+    def _refresh_hooks(self) -> None:
+        """The service answered after ``loaded_hooks`` was read from disk: take its list."""
+        try:
+            self._peer = {}
+            status, body, exc = self._fetch("/v1/hooks", self._peer)
+            if exc is None and status == 200:
+                self._take_hook_list(body)
+        except Exception:
+            log.exception("hermes-hooks: refreshing the hook list failed")
 
     async def emit(self, event_type: str, context: Optional[Dict[str, Any]] = None) -> None:
         """Queue an event for the hooks and return at once: never raises, never waits on the
@@ -492,6 +541,9 @@ class HookRegistry:
         the calling task next yields, off the message's path, and one wake serves every event
         emitted until then."""
         try:
+            if self._handlers:
+                self._inprocess.handlers = self._handlers
+                self._inprocess.dispatch(event_type, context)
             if self._ingateway:
                 self._ingateway.dispatch(event_type, context)
             if self._enqueue(event_type, context) is _WAKE:
@@ -507,6 +559,9 @@ class HookRegistry:
         Returns whether the event was buffered (``False``: rejected as invalid, dropped, or the
         registry is closed). Never raises."""
         try:
+            if self._handlers:
+                self._inprocess.handlers = self._handlers
+                self._inprocess.dispatch(event_type, context)
             if self._ingateway:
                 self._ingateway.dispatch(event_type, context)
             result = self._enqueue(event_type, context)
@@ -593,8 +648,10 @@ class HookRegistry:
                            timeout: Optional[float] = None) -> List[Any]:
         """Run the matching handlers now (``POST /v1/collect``) and return their non-None
         results in match order (exact-pattern hooks first, then wildcard hooks), like the
-        original. ``[]`` when the service is down, errs or times out: never raises (a failed
-        handler is logged and contributes nothing)."""
+        original. Waits as long as the matching hooks' own timeouts allow unless ``timeout``
+        (or ``collect_timeout``) says less: a decision never fails open by default. ``[]``
+        when the service is down or errs: never raises (a failed or timed-out handler is
+        logged and contributes nothing)."""
         detailed = await self.emit_collect_detailed(event_type, context, timeout=timeout)
         return [item.get("result") for item in detailed["results"]
                 if isinstance(item, dict) and item.get("result") is not None]
@@ -603,44 +660,61 @@ class HookRegistry:
                                     context: Optional[Dict[str, Any]] = None, *,
                                     timeout: Optional[float] = None) -> Dict[str, Any]:
         """``emit_collect`` with everything the service said: ``{"results": [{"hook",
-        "result"}], "errors": [{"hook", "error"}], "error": None | str}``; ``error`` is set when
-        the call itself failed (service down, timeout, refused request). Never raises.
-        In-gateway hooks run here at the same time; their results and errors are merged into
-        the one match order (exact-pattern hooks, then wildcard hooks, each in discovery order)."""
+        "result"}], "errors": [{"hook", "error"[, "timed_out": true]}], "error": None | str}``;
+        ``error`` is set when the call itself failed (service down, timeout, refused request).
+        Never raises. In-gateway hooks and the callables in ``_handlers`` run here at the same
+        time; their results and errors are merged into the one match order (exact-pattern
+        matches, then wildcard matches; in-process handlers first within each group, then hooks
+        in discovery order)."""
         try:
+            self._inprocess.handlers = self._handlers
+            inproc = self._inprocess.matching(event_type)
             local = self._ingateway.matches(event_type)
         except Exception:
-            local = False
-        if not local:
+            inproc, local = [], False
+        if not local and not inproc:
             return await self._service_collect(event_type, context, timeout=timeout)
         if context is None:
             context = {}
-        try:
-            wait = self.collect_timeout if timeout is None else float(timeout)
-        except (TypeError, ValueError):
-            wait = self.collect_timeout
-        service, local_part = await asyncio.gather(
+        wait = self._collect_wait(timeout)
+        service, ingw, mine = await asyncio.gather(
             self._service_collect(event_type, context, timeout=timeout),
-            self._ingateway.collect(event_type, context, max(wait, 0.001)),
+            self._ingateway.collect(event_type, context,
+                                    _SERVICE_ANSWER_BOUND if wait is None else max(wait, 0.001))
+            if local else _nothing(),
+            self._inprocess.collect(event_type, context, wait) if inproc else _nothing(),
             return_exceptions=True)
         if isinstance(service, BaseException):  # pragma: no cover - it never raises
             service = {"results": [], "errors": [], "error": repr(service)}
-        if isinstance(local_part, BaseException):
-            log.error("hermes-hooks: in-gateway hooks failed on %r: %r", event_type, local_part)
-            return service
-        results, errors = local_part
-        order = self._ingateway.match_order(event_type)
-        service["results"] = _ingateway.merge(order, service["results"], results)
-        service["errors"] = _ingateway.merge(order, service["errors"], errors)
+        parts_r, parts_e = [service["results"]], [service["errors"]]
+        for part in (ingw, mine):
+            if isinstance(part, BaseException):
+                log.error("hermes-hooks: in-gateway handlers failed on %r: %r", event_type, part)
+                continue
+            parts_r.append(part[0])
+            parts_e.append(part[1])
+        order = _upstream.match_order(event_type, self._hooks, inproc)
+        service["results"] = _ingateway.merge(order, *parts_r)
+        service["errors"] = _ingateway.merge(order, *parts_e)
+        for err in service["errors"]:
+            if _upstream.is_timeout(err.get("error")):
+                err["timed_out"] = True
         return service
+
+    def _collect_wait(self, timeout: Optional[float]) -> Optional[float]:
+        """The caller's deadline, else ``collect_timeout``; ``None``: the hooks' own timeouts."""
+        chosen = self.collect_timeout if timeout is None else timeout
+        if chosen is None:
+            return None
+        return float(chosen)
 
     async def _service_collect(self, event_type: str, context: Optional[Dict[str, Any]] = None,
                                *, timeout: Optional[float] = None) -> Dict[str, Any]:
         """The service's part of ``emit_collect_detailed`` (``POST /v1/collect``)."""
         out = {"results": [], "errors": [], "error": None}  # type: Dict[str, Any]
         try:
-            wait = self.collect_timeout if timeout is None else float(timeout)
-            if not wait > 0:
+            wait = self._collect_wait(timeout)
+            if wait is not None and not wait > 0:
                 raise ValueError("timeout must be positive, got %r" % (timeout,))
             if context is None:
                 context = {}
@@ -649,8 +723,9 @@ class HookRegistry:
             problem = check_event_name(event_type) if self._validate else None
             if problem is not None:
                 raise ValueError(problem)
-            request = {"event": event_type, "context": context,
-                       "timeout_ms": max(1, int(wait * 1000))}
+            request = {"event": event_type, "context": context}  # type: Dict[str, Any]
+            if wait is not None:
+                request["timeout_ms"] = max(1, int(wait * 1000))
             try:
                 body = _dumps(request).encode("utf-8")
             except (TypeError, ValueError, RecursionError):
@@ -661,10 +736,11 @@ class HookRegistry:
             self._say("collect-bad", logging.WARNING,
                       "hermes-hooks: emit_collect(%r) not sent: %s", event_type, out["error"])
             return out
+        bound = _SERVICE_ANSWER_BOUND if wait is None else wait + 1.0
         try:
             status, raw = await asyncio.wait_for(
                 _transport.arequest(self._address, "POST", "/v1/collect", body, self._headers),
-                wait + 1.0)
+                bound)
             if status != 200:
                 out["error"] = _error_detail(status, raw)
             else:
@@ -672,11 +748,17 @@ class HookRegistry:
                 out["results"] = [r for r in data.get("results") or [] if isinstance(r, dict)]
                 out["errors"] = [e for e in data.get("errors") or [] if isinstance(e, dict)]
                 for err in out["errors"]:
+                    if err.get("timed_out"):
+                        self._say("collect-hook-timeout:%s" % err.get("hook"), logging.WARNING,
+                                  "[hooks] Decision hook %s timed out for '%s' (%s): no "
+                                  "decision from it; the gateway goes on as if it returned "
+                                  "nothing", err.get("hook"), event_type, err.get("error"))
+                        continue
                     self._say("collect-hook-error:%s" % err.get("hook"), logging.WARNING,
                               "[hooks] Error in handler %s for '%s': %s",
                               err.get("hook"), event_type, err.get("error"))
         except asyncio.TimeoutError:
-            out["error"] = "no answer from %s within %.1f s" % (self._address, wait + 1.0)
+            out["error"] = "no answer from %s within %.1f s" % (self._address, bound)
         except Exception as exc:
             out["error"] = "%s: %s" % (type(exc).__name__, exc)
         if out["error"] is not None:
@@ -855,6 +937,8 @@ class HookRegistry:
                 # (``chunk`` may be ``parts`` itself: settle before deleting.)
                 if outcome == _OK:
                     self._settle(chunk, sent=True)
+                    if self._hooks_from_disk:  # the service answers now: take its hook list
+                        self._refresh_hooks()
                     del parts[:len(chunk)]
                     delay = self._backoff_initial
                     chunk_limit = min(self._batch_max, chunk_limit * 2)

@@ -5,6 +5,7 @@ Run the gateway through it::
 
     HERMES_HOOKS_SHIM=1 python -m hermes_hooks.shim -m hermes_cli.main gateway run
     # or: python -m hermes_hooks.shim path/to/script.py args...   (same as `python script.py`)
+    # or: python -m hermes_hooks.shim -c CODE args...              (same as `python -c CODE`)
     # or the console script: hermes-hooks-gateway -m hermes_cli.main gateway run
 
 It is off unless ``HERMES_HOOKS_SHIM`` is ``1``/``true``/``yes``/``on``, or
@@ -113,8 +114,8 @@ def install(force: bool = False) -> bool:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m hermes_hooks.shim (-m MODULE | SCRIPT) [ARGS...]``: install when enabled,
-    then run the target as ``python`` would."""
+    """``python -m hermes_hooks.shim (-m MODULE | -c CODE | SCRIPT) [ARGS...]``: install when
+    enabled, then run the target as ``python`` would."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         sys.stderr.write(__doc__ or "")
@@ -126,6 +127,16 @@ def main(argv: Optional[List[str]] = None) -> None:
             raise SystemExit(2)
         sys.argv = [args[1]] + args[2:]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    elif args[0] == "-c":
+        if len(args) < 2:
+            sys.stderr.write("hermes_hooks.shim: -c needs a program\n")
+            raise SystemExit(2)
+        sys.argv = ["-c"] + args[2:]
+        sys.path.insert(0, "")  # as `python -c`: the current directory first
+        main_module = sys.modules["__main__"]
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None,
+                     "__spec__": None, "__loader__": getattr(main_module, "__loader__", None)}
+        exec(compile(args[1], "<string>", "exec"), namespace)
     else:
         sys.argv = args
         sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))

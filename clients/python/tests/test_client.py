@@ -383,7 +383,7 @@ class OutageTest(ServiceCase):
 
         start = time.perf_counter()
         self.assertEqual(await registry.emit_collect("message:pre_route", {"user_id": "1"}), [])
-        self.assertLess(time.perf_counter() - start, registry.collect_timeout)
+        self.assertLess(time.perf_counter() - start, 5.0)  # the service is absent: no wait at all
         detailed = await registry.emit_collect_detailed("message:pre_route")
         self.assertEqual((detailed["results"], detailed["errors"]), ([], []))
         self.assertTrue(detailed["error"])

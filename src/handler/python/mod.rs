@@ -202,7 +202,7 @@ pub fn start_mode(ctx: &HandlerContext) -> StartMode {
         return StartMode::Fresh(format!("{}=0 turns forking off", zygote::FORK_ENV));
     }
     let hook_env: std::collections::BTreeMap<String, String> = ctx
-        .env
+        .process_env()
         .iter()
         .filter(|(k, _)| !k.starts_with("HERMES_HOOK"))
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -253,9 +253,10 @@ impl PythonHandler {
                     &self.ctx.python,
                     &self.runner,
                     &self.ctx.dir,
+                    &self.ctx.cwd,
                     handler,
                     &self.ctx.name,
-                    &self.ctx.env,
+                    &self.ctx.process_env(),
                 )
                 .await
                 {
@@ -359,9 +360,10 @@ impl PythonHandler {
             path: self.ctx.python.clone(),
             why: self.ctx.python_why.clone(),
         };
+        let home = self.ctx.env.get("HERMES_HOME").map(Path::new);
         format!(
             "{reason}: {}",
-            crate::interpreter::missing_module_hint(&interpreter)
+            crate::interpreter::module_not_found_hint(&reason, &interpreter, &self.ctx.dir, home)
         )
     }
 

@@ -34,7 +34,7 @@ record's level, tagged with the hook's name and the logger's. The handler is ins
 took: a hook that configures logging itself (``basicConfig``, its own handlers) keeps its own.
 
 Zygote protocol: fd 0 is a SOCK_SEQPACKET socket to the host, one JSON message per packet.
-  host -> zygote:  {"spawn": 3, "dir": ..., "handler": ..., "name": ..., "env": {...}}
+  host -> zygote:  {"spawn": 3, "dir": ..., "cwd": ..., "handler": ..., "name": ..., "env": {...}}
   zygote -> host:  {"zygote": "ready", "pid": 12, "python": "3.11.7"}          once, at start
                    {"spawned": 3, "pid": 345} + fds [stdin w, stdout r, stderr r, pidfd]
                    {"spawned": 3, "error": "..."}
@@ -277,7 +277,7 @@ def load_handler(hook_dir, handler_path, hook_name, files=None):
     With ``files`` (relative path -> SHA-256, from the host), every module of the hook's tree is
     imported through a :class:`HookFinder` that checks it against them."""
     base = os.path.basename(handler_path)
-    module_name = "hermes_hook_" + re.sub(r"\W", "_", hook_name)
+    module_name = "hermes_hook_" + hook_name  # as written, as the original host names it
     sys.path.insert(0, hook_dir)
     if files is not None:
         finder = HookFinder(hook_dir, files)
@@ -408,6 +408,19 @@ async def serve(hook_dir, handler_path, hook_name, reader, early, files):
         sys.stderr.write("hermes-hooks: exiting with %d unfinished task(s)\n" % len(pending))
 
 
+def apply_process_env(env):
+    """What a fresh interpreter does with its environment at start and a fork inherits stale:
+    the time zone (``TZ``) and the locale (``LC_*``, ``LANG``) of the hook's ``env:``."""
+    if "TZ" in env and hasattr(time, "tzset"):
+        time.tzset()
+    if any(k == "LANG" or k.startswith("LC_") for k in env):
+        try:
+            import locale
+            locale.setlocale(locale.LC_CTYPE, "")  # what interpreter start-up sets
+        except Exception as exc:  # an unknown locale: the C locale stays, as in a fresh start
+            sys.stderr.write("hermes-hooks: locale from env not applied: %s\n" % describe(exc))
+
+
 def run_worker(hook_dir, handler_path, hook_name):
     """The worker's life, the same whether started from scratch or forked; never returns."""
     take_protocol_fds()
@@ -511,7 +524,8 @@ class Zygote:
                 os.environ.update(req.get("env") or {})
                 if service_cache:  # the service's, whatever a hook's env says
                     os.environ[PYCACHE_ENV] = service_cache
-                os.chdir(req["dir"])
+                apply_process_env(req.get("env") or {})
+                os.chdir(req.get("cwd") or req["dir"])
                 sys.argv = [sys.argv[0], req["dir"], req["handler"], req["name"]]
                 run_worker(req["dir"], req["handler"], req["name"])
             except BaseException as exc:

@@ -143,6 +143,7 @@ pub async fn fork_worker(
     python: &str,
     runner: &Path,
     dir: &Path,
+    cwd: &Path,
     handler: &Path,
     name: &str,
     env: &std::collections::BTreeMap<String, String>,
@@ -158,6 +159,7 @@ pub async fn fork_worker(
     let request = json!({
         "spawn": id,
         "dir": dir,
+        "cwd": cwd,
         "handler": handler,
         "name": name,
         "env": env,

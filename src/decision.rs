@@ -1,0 +1,40 @@
+//! Decisions that never fail open (issue 19): how long a collect waits when its caller gives no
+//! deadline, and how a decision hook that ran out of time is reported.
+//!
+//! The original host awaited every decision handler inline, so a `command:*` hook that denies
+//! after 6 s (its own `timeout: 30`) was waited for. Here a collect without `timeout_ms` waits as
+//! long as the matching hooks' own timeouts allow: for each hook its `timeout` once per event
+//! ahead of this one in its queue plus this one, and a second for the answer to travel; the
+//! longest of these, at most [`MAX_WAIT`]. A caller may still pass a shorter deadline.
+
+use std::time::Duration;
+
+use crate::registry::Registry;
+
+/// Longest wait a collect gets (the longest `timeout:` a hook may have, plus the answer's second).
+pub const MAX_WAIT: Duration = Duration::from_secs(301);
+/// Time for an answer to come back after a handler's own timeout fired (kill, restart, reply).
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a collect of `event` waits by default: `None` when no hook of `reg` matches (the
+/// caller's default applies).
+pub fn collect_budget(reg: &Registry, event: &str) -> Option<Duration> {
+    reg.matching(event)
+        .into_iter()
+        .map(|hook| {
+            let ahead = u32::try_from(hook.queue.len()).unwrap_or(u32::MAX);
+            hook.spec
+                .manifest
+                .timeout
+                .saturating_mul(ahead.saturating_add(1))
+                .saturating_add(ANSWER_GRACE)
+        })
+        .max()
+        .map(|d| d.min(MAX_WAIT))
+}
+
+/// Whether an outcome's error means the hook ran out of time (its own `timeout`, or the
+/// collect's deadline) rather than failing: reported as `"timed_out": true`.
+pub fn is_timeout(error: &str) -> bool {
+    error.starts_with("timed out after") || error.starts_with("no result within the deadline")
+}
