@@ -356,20 +356,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason: format!("{concurrency} is out of range 1..={MAX_CONCURRENCY}"),
         });
     }
-    if let Some(c) = &raw.ca_file {
-        if raw.url.is_none() {
-            return Err(ManifestError::BadField {
-                field: "ca_file",
-                reason: "only a webhook (`url:`) has a certificate authority file".into(),
-            });
-        }
-        if c.trim().is_empty() {
-            return Err(ManifestError::BadField {
-                field: "ca_file",
-                reason: "is empty".into(),
-            });
-        }
-    }
+    check_ca_file(raw.ca_file.as_deref(), raw.url.is_some())?;
     Ok(Manifest {
         name: raw.name,
         description: raw.description.unwrap_or_default(),
@@ -453,6 +440,25 @@ fn env_of(
         env.insert(k, value);
     }
     Ok(env)
+}
+
+/// `ca_file:` belongs to a webhook and names a file.
+fn check_ca_file(ca_file: Option<&str>, webhook: bool) -> Result<(), ManifestError> {
+    if let Some(c) = ca_file {
+        if !webhook {
+            return Err(ManifestError::BadField {
+                field: "ca_file",
+                reason: "only a webhook (`url:`) has a certificate authority file".into(),
+            });
+        }
+        if c.trim().is_empty() {
+            return Err(ManifestError::BadField {
+                field: "ca_file",
+                reason: "is empty".into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `data:` patterns, each checked by [`invalid_data_pattern`].

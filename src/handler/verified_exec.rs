@@ -3,8 +3,8 @@
 //! and the process is started from `/proc/self/fd/N` (the descriptor is inherited for the exec
 //! only). Renaming another file over the path between the check and the exec changes nothing.
 //! A script with a `#!` line gets `/proc/self/fd/N` as its path (its interpreter opens that,
-//! so `$0` is that path too: a script finds its directory through `HERMES_HOOK_DIR` or its
-//! working directory, which is the hook directory).
+//! so `$0` is that path too: a script finds its directory through `HERMES_HOOK_DIR`, or its
+//! working directory with `cwd: hook`).
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

@@ -41,7 +41,7 @@ async fn row_2_sourced_files_of_any_name_are_covered() {
     let dir = hooks.exec(
         "e",
         "[\"x:*\"]",
-        "#!/bin/sh\n. ./lib.bash\nawk -v v=\"$(value)\" -f fmt.awk /dev/null\n",
+        "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.bash\"\nawk -v v=\"$(value)\" -f \"$HERMES_HOOK_DIR/fmt.awk\" /dev/null\n",
     );
     std::fs::write(dir.join("lib.bash"), "value() { echo approved; }\n").unwrap();
     std::fs::write(
