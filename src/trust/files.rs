@@ -135,7 +135,8 @@ impl RunFiles {
         }
         let mut seen = 0usize;
         let mut visited = HashSet::new();
-        let mut stack = vec![self.dir.clone()];
+        // (directory, whether it is data): data is walked for the permission rule, not hashed.
+        let mut stack = vec![(self.dir.clone(), false)];
         if let Ok(c) = std::fs::canonicalize(&self.dir) {
             visited.insert(c);
         }
@@ -147,7 +148,7 @@ impl RunFiles {
                 reason,
             });
         }
-        while let Some(d) = stack.pop() {
+        while let Some((d, in_data)) = stack.pop() {
             let entries = std::fs::read_dir(&d).map_err(|e| TreeError::Unreadable {
                 path: d.clone(),
                 reason: e.to_string(),
@@ -173,10 +174,10 @@ impl RunFiles {
                     continue; // a dangling link opens nothing
                 };
                 let rel = self.rel(&path);
-                if self.data.is_data(&rel, meta.is_dir()) || (d == self.dir && name == "HOOK.yaml")
-                {
+                if d == self.dir && name == "HOOK.yaml" {
                     continue;
                 }
+                let data = in_data || self.data.is_data(&rel, meta.is_dir());
                 if self.check_permissions
                     && let Some(reason) = entry_problem(&self.dir, &path, &meta)
                 {
@@ -186,9 +187,9 @@ impl RunFiles {
                     // A linked directory is walked once, wherever it points.
                     let canon = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
                     if visited.insert(canon) {
-                        stack.push(path);
+                        stack.push((path, data));
                     }
-                } else if self.runs_locally && meta.is_file() {
+                } else if self.runs_locally && meta.is_file() && !data {
                     files.insert(rel, file_sha256(&path, Some(&meta))?);
                 }
             }
