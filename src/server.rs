@@ -90,6 +90,11 @@ impl From<EmitError> for ApiError {
     }
 }
 
+/// Version of the HTTP protocol this service speaks (the API of `docs/openapi.json`): sent on
+/// every answer as the `Hermes-Hooks-Protocol` header and in `GET /healthz`. Raised only for a
+/// change an older client cannot work with; the Python client refuses a service of another.
+pub const PROTOCOL_VERSION: u32 = 1;
+
 /// The router, without a listener: tests can drive it directly.
 pub fn app(host: Host, config: ApiConfig) -> Router {
     let state = AppState {
@@ -104,6 +109,7 @@ pub fn app(host: Host, config: ApiConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .layer(axum::middleware::map_response(stamp))
         .with_state(state)
 }
 
@@ -160,6 +166,20 @@ where
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Says on every answer (401s included) which protocol and which release answered.
+async fn stamp(mut res: Response) -> Response {
+    let headers = res.headers_mut();
+    headers.insert(
+        header::HeaderName::from_static("hermes-hooks-protocol"),
+        header::HeaderValue::from(PROTOCOL_VERSION),
+    );
+    headers.insert(
+        header::SERVER,
+        header::HeaderValue::from_static(concat!("hermes-hooks/", env!("CARGO_PKG_VERSION"))),
+    );
+    res
 }
 
 async fn auth(
@@ -494,7 +514,12 @@ async fn openapi() -> Response {
 }
 
 async fn healthz() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
+    axum::Json(json!({
+        "status": "ok",
+        "protocol": PROTOCOL_VERSION,
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+    .into_response()
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

@@ -1,10 +1,23 @@
-//! Chaos soak: the real binary under load while a driver breaks things, for
-//! `HERMES_SOAK_SECS` seconds (default 60). Ignored by default; `.ci/run` runs it:
+//! Soaks: the real binary under load while a driver breaks things. Ignored by default; `.ci/run`
+//! runs short versions of the three phases, one after the other:
 //!
 //! ```text
-//! HERMES_SOAK_SECS=60 cargo test --test soak -- --ignored --nocapture
+//! HERMES_SOAK_SECS=25 HERMES_SOAK_BUDGET_SECS=15 HERMES_SOAK_FLEET_SECS=15 \
+//!     cargo test --test soak -- --ignored --nocapture --test-threads 1
 //! ```
 //!
+//! - the chaos phase (this file, `HERMES_SOAK_SECS`, default 60): exact accounting under overload
+//!   and every kind of fault;
+//! - the loss-budget phase ([`budget`], `HERMES_SOAK_BUDGET_SECS`, default 20): what a fault costs,
+//!   without overload;
+//! - the fleet phase ([`fleet`], `HERMES_SOAK_FLEET_SECS`, default 20): edge, workers and broker
+//!   SIGKILLed and restarted under load, every 202 accounted for.
+//!
+//! `HERMES_SOAK_SEED` replays the drivers' and clients' choices; `HERMES_SOAK_REPORT=<file>` also
+//! writes each phase's figures as JSON (`<file>` for the chaos phase, `<file>.budget`,
+//! `<file>.fleet` for the others).
+//!
+//! The chaos phase:
 //! Several clients emit (single, batch) and collect while a driver adds, edits (good and broken),
 //! renames and removes hooks of three kinds (Python, executable, C library), SIGKILLs workers,
 //! sends SIGHUP, asks for reloads and posts malformed requests; the events themselves make
@@ -12,10 +25,16 @@
 //! pipes and return huge results. At the end, per hook and in total (from `host_stop`):
 //! accepted = ok + failed + dropped + undelivered, exactly, and the total accepted equals what
 //! the clients were told was queued; no handler process is left; RSS stayed bounded; `/healthz`
-//! answered every probe. `HERMES_SOAK_REPORT=<file>` also writes the figures as JSON.
+//! answered every probe.
 
 #[path = "it/util.rs"]
 mod util;
+
+#[path = "soak/budget.rs"]
+mod budget;
+#[cfg(feature = "fleet")]
+#[path = "soak/fleet.rs"]
+mod fleet;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -31,6 +50,52 @@ use util::{Hooks, Serve, signal};
 
 /// Largest resident set the service may reach during the soak.
 const RSS_LIMIT_KB: u64 = 512 * 1024;
+
+/// Seconds a phase runs: `var`, or `default`.
+fn env_secs(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `HERMES_SOAK_SEED`, or one from the clock.
+fn env_seed() -> u64 {
+    std::env::var("HERMES_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
+/// Writes a phase's figures where `HERMES_SOAK_REPORT` says (`phase` "chaos": the path itself).
+fn report(phase: &str, figures: &Value) {
+    if let Ok(path) = std::env::var("HERMES_SOAK_REPORT") {
+        let path = if phase == "chaos" {
+            path
+        } else {
+            format!("{path}.{phase}")
+        };
+        std::fs::write(path, serde_json::to_string_pretty(figures).unwrap()).unwrap();
+    }
+}
+
+/// Waits (up to 10 s) until `left()` is empty: killed process groups are reaped by the system
+/// once their parent is gone. Returns what is still there.
+fn wait_gone(left: impl Fn() -> Vec<u32>) -> Vec<u32> {
+    let gone_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = left();
+        if now.is_empty() || Instant::now() > gone_by {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 /// A small deterministic generator (xorshift64*), seeded per thread.
 struct Rng(u64);
@@ -408,19 +473,8 @@ struct Managed {
 #[test]
 #[ignore = "chaos soak: run with --ignored (HERMES_SOAK_SECS, default 60)"]
 fn chaos_soak_keeps_every_promise() {
-    let secs: u64 = std::env::var("HERMES_SOAK_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    let seed: u64 = std::env::var("HERMES_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let secs = env_secs("HERMES_SOAK_SECS", 60);
+    let seed = env_seed();
     eprintln!("soak: {secs} s, seed {seed}");
     let hooks = Hooks::new();
     let root = hooks.root();
@@ -630,15 +684,7 @@ fn chaos_soak_keeps_every_promise() {
 
     assert_eq!(serve.terminate(), Some(0), "the service must exit cleanly");
     let stop_notice: Value = serve.notice("host_stop");
-    // Killed process groups are reaped by the system once the service is gone: allow a moment.
-    let gone_by = Instant::now() + Duration::from_secs(10);
-    let leftovers = loop {
-        let left = handler_processes(&hooks.home());
-        if left.is_empty() || Instant::now() > gone_by {
-            break left;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let leftovers = wait_gone(|| handler_processes(&hooks.home()));
 
     // The accounts.
     let accounts = stop_notice["accounts"]
@@ -676,9 +722,7 @@ fn chaos_soak_keeps_every_promise() {
         "notices_lost": stop_notice["notices_lost"],
     });
     eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
-    if let Ok(path) = std::env::var("HERMES_SOAK_REPORT") {
-        std::fs::write(path, serde_json::to_string_pretty(&figures).unwrap()).unwrap();
-    }
+    report("chaos", &figures);
 
     assert!(
         leftovers.is_empty(),

@@ -241,6 +241,13 @@ pub struct ServeArgs {
     /// does (host_start, hook_loaded, handler_error, ..., host_stop); logs stay on stderr.
     #[arg(long, value_enum, default_value_t = Output::Text, hide_possible_values = true)]
     pub output: Output,
+    /// Stop (draining, as on SIGTERM) once no process has held a shared flock on FILE for
+    /// --linger seconds: the gateways that autostarted this service hold it while they run.
+    #[arg(long, value_name = "FILE")]
+    pub gateway_lease: Option<PathBuf>,
+    /// With --gateway-lease: seconds without any gateway before the service stops (0 to 86400).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = linger_secs, requires = "gateway_lease")]
+    pub linger: f64,
     /// Fleet mode (`--fleet nats://...`): publish to JetStream (serve) or take from it (worker).
     #[cfg(feature = "fleet")]
     #[command(flatten, next_help_heading = "Fleet mode (README, Fleet mode)")]
@@ -320,6 +327,23 @@ fn drain_secs(text: &str) -> Result<f64, String> {
     if !secs.is_finite() || !(0.0..=MAX_DRAIN_SECS).contains(&secs) {
         return Err(format!(
             "{text:?} is not a number of seconds from 0 to {MAX_DRAIN_SECS}"
+        ));
+    }
+    Ok(secs)
+}
+
+/// Longest `--linger` accepted, in seconds (a day).
+const MAX_LINGER_SECS: f64 = 86400.0;
+
+/// Parses `--linger`: a finite number of seconds from 0 to a day.
+fn linger_secs(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !secs.is_finite() || !(0.0..=MAX_LINGER_SECS).contains(&secs) {
+        return Err(format!(
+            "{text:?} is not a number of seconds from 0 to {MAX_LINGER_SECS}"
         ));
     }
     Ok(secs)

@@ -12,6 +12,7 @@ pub mod enable;
 pub mod exit;
 #[cfg(feature = "fleet")]
 pub mod fleet;
+pub mod lease;
 pub mod list;
 pub mod new;
 pub mod serve;

@@ -74,6 +74,14 @@ pub async fn serve(args: ServeArgs) -> i32 {
         service::report_failed_start(&notices, &config.roots, watch, &e);
         return fail(e);
     }
+    let lease = match args.gateway_lease.as_deref().map(crate::cli::lease::open) {
+        Some(Err(e)) => {
+            service::report_failed_start(&notices, &config.roots, watch, &e);
+            return fail(e);
+        }
+        Some(Ok(file)) => Some(file),
+        None => None,
+    };
     let (listener, token) = match bind(&args, &config).await {
         Ok(b) => b,
         Err(e) => {
@@ -98,8 +106,15 @@ pub async fn serve(args: ServeArgs) -> i32 {
             return fail(e);
         }
     }
-    // Only SIGINT/SIGTERM stop the CLI's service.
-    match service::run(listener, host, service_config, std::future::pending()).await {
+    // SIGINT/SIGTERM stop the CLI's service, and with --gateway-lease the last gateway's going.
+    let linger = Duration::from_secs_f64(args.linger);
+    let stop = async move {
+        match lease {
+            Some(file) => crate::cli::lease::unused_for(file, linger).await,
+            None => std::future::pending().await,
+        }
+    };
+    match service::run(listener, host, service_config, stop).await {
         Ok(_) => 0,
         Err(e) => {
             let e = e.to_string();

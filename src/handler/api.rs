@@ -129,11 +129,20 @@ pub enum HandlerError {
     /// event goes back to the front of the hook's queue for the new version.
     #[error("not started")]
     NotStarted,
+    /// The call was not started because the hook's files changed since this version was loaded
+    /// (a process may start only from the files it was loaded with): the event waits for the
+    /// version being loaded from the new files.
+    #[error("{0}")]
+    Changed(String),
 }
 
 impl From<crate::trust::prestart::StartRefused> for HandlerError {
     fn from(e: crate::trust::prestart::StartRefused) -> Self {
-        HandlerError::Load(e.to_string())
+        if e.changed {
+            HandlerError::Changed(e.to_string())
+        } else {
+            HandlerError::Load(e.to_string())
+        }
     }
 }
 

@@ -5,9 +5,10 @@
 //! per queue and never waits for a handler. The worker pops jobs in order, gets the handler ready
 //! (restart after a crash), calls it under the hook's timeout and reports the outcome to whoever
 //! waits for it (`emit_collect`) and to the hook's counters. A full queue applies the hook's
-//! overflow policy and counts the drop.
+//! overflow policy and counts the drop. A version whose files changed hands its queue to the
+//! next version (`handover.rs`).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -18,10 +19,12 @@ use crate::discovery::HookSpec;
 use crate::handler::Signals;
 use crate::notices::Notices;
 
+mod handover;
 mod queue;
 mod stats;
 mod worker;
 
+pub use handover::Reloader;
 pub use queue::*;
 pub use stats::*;
 
@@ -56,6 +59,11 @@ pub struct LoadedHook {
     in_flight: AtomicUsize,
     /// Where `handler_error`, `handler_timeout`, `worker_restart`, `queue_overflow` go.
     notices: Notices,
+    /// Asks the host for a reload (the hand-over when the hook's files changed).
+    reloader: OnceLock<Reloader>,
+    /// A reload tried newer files of this hook and could not load them: a worker refused for
+    /// changed files does not ask for another reload of the same files.
+    newer_failed: AtomicBool,
 }
 
 impl LoadedHook {
@@ -83,13 +91,28 @@ impl LoadedHook {
     pub fn successor(spec: HookSpec, prev: &LoadedHook, signals: Arc<Signals>) -> Arc<Self> {
         prev.queue
             .set_limits(spec.manifest.queue_capacity, spec.manifest.overflow);
-        Self::with_queue(
+        let hook = Self::with_queue(
             spec,
             prev.queue.clone(),
             prev.stats.clone(),
             prev.notices.clone(),
             signals,
-        )
+        );
+        if let Some(r) = prev.reloader.get() {
+            hook.set_reloader(r.clone());
+        }
+        hook
+    }
+
+    /// Where the worker asks for a reload when the hook's files changed (set once, by the host;
+    /// a successor inherits it).
+    pub fn set_reloader(&self, reloader: Reloader) {
+        let _ = self.reloader.set(reloader);
+    }
+
+    /// A reload could not load the hook's newer files (this version keeps running).
+    pub fn note_newer_version_failed(&self) {
+        self.newer_failed.store(true, Ordering::Relaxed);
     }
 
     fn with_queue(
@@ -109,6 +132,8 @@ impl LoadedHook {
             finished: watch::channel(false).0,
             in_flight: AtomicUsize::new(0),
             notices,
+            reloader: OnceLock::new(),
+            newer_failed: AtomicBool::new(false),
         })
     }
 

@@ -2,6 +2,7 @@
 //! timeout and settles each outcome (counters, notices, whoever waits).
 
 use super::LoadedHook;
+use super::handover::{self, HANDOVER_WAIT, Waited};
 use super::queue::{CallOutcome, Job};
 use super::stats::Status;
 use std::sync::Arc;
@@ -75,6 +76,9 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
     set_running(hook, Status::Restarting);
     let ready = handler.ready().await;
     note_restarts(hook);
+    if let Err(HandlerError::Changed(why)) = ready {
+        return await_next_version(hook, jobs, &why).await;
+    }
     if let Err(e) = ready {
         for job in jobs {
             finish(hook, job, Err(e.clone()), Duration::ZERO);
@@ -93,6 +97,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         .collect();
     let mut slots: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
     let mut not_started = Vec::new();
+    let mut changed = None;
     let mut last = Instant::now();
     {
         let mut report = |i: usize, result: HandlerResult| {
@@ -100,9 +105,13 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
                 tracing::error!(hook = %hook.spec.name, "handler reported call {i} twice or out of range");
                 return;
             };
-            if matches!(result, Err(HandlerError::NotStarted)) {
-                not_started.push(job);
-                return;
+            match &result {
+                Err(HandlerError::NotStarted) => return not_started.push(job),
+                Err(HandlerError::Changed(why)) => {
+                    changed = Some(why.clone());
+                    return not_started.push(job);
+                }
+                _ => {}
             }
             let now = Instant::now();
             finish(hook, job, result, now - last);
@@ -121,6 +130,9 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             Duration::ZERO,
         );
     }
+    if let Some(why) = changed {
+        return await_next_version(hook, not_started, &why).await;
+    }
     if !not_started.is_empty() {
         tracing::info!(
             hook = %hook.spec.name,
@@ -134,6 +146,72 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
     // A worker replaced at once after a timeout counts (and is announced) now.
     note_restarts(hook);
     hook.report_drops(false);
+}
+
+/// The worker could not start `jobs` (or a process for them) because the hook's files changed
+/// since this version was loaded: they go back to the front of the queue and wait for the version
+/// loaded from the new files ([`handover`]). When none takes over (a broken or unapproved edit,
+/// the hook removed), everything waiting is failed, logged once.
+async fn await_next_version(hook: &LoadedHook, jobs: Vec<Job>, why: &str) {
+    if !jobs.is_empty() {
+        hook.queue.push_front_many(jobs);
+    }
+    hook.in_flight.store(0, Ordering::SeqCst);
+    set_running(hook, Status::Pending);
+    tracing::info!(
+        hook = %hook.spec.name,
+        waiting = hook.queue.len(),
+        "the hook's files changed since this version was loaded; its events wait for the new version"
+    );
+    let started = Instant::now();
+    let ask = || {
+        if !hook.newer_failed.load(Ordering::Relaxed)
+            && let Some(r) = hook.reloader.get()
+        {
+            r.request();
+        }
+    };
+    let stopped = || hook.stats.status() == Status::Stopped;
+    let reason = match handover::wait_for_next_version(&hook.signals, ask, stopped).await {
+        Waited::Superseded => {
+            tracing::info!(
+                hook = %hook.spec.name,
+                waited_ms = started.elapsed().as_millis() as u64,
+                "the new version takes the waiting events over"
+            );
+            return;
+        }
+        Waited::Stopped => {
+            format!("{why} (the hook was removed or stopped before a new version loaded)")
+        }
+        Waited::TimedOut => format!(
+            "{why} (no new version loaded within {})",
+            crate::time::fmt_duration(HANDOVER_WAIT)
+        ),
+    };
+    fail_waiting(hook, hook.queue.take_all(), &reason);
+    set_running(hook, Status::Idle);
+}
+
+/// Fails `jobs` that never started: each counted and answered; one log line and one
+/// `handler_error` notice for all of them.
+fn fail_waiting(hook: &LoadedHook, jobs: Vec<Job>, why: &str) {
+    let Some(first) = jobs.first().map(|j| j.event.clone()) else {
+        return;
+    };
+    let n = jobs.len();
+    let msg = crate::text::cap(why.to_string());
+    for job in jobs {
+        hook.stats.observe(Duration::ZERO);
+        hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+        job.fail(&msg);
+    }
+    tracing::warn!(hook = %hook.spec.name, events = n, "{n} waiting event(s) failed: {msg}");
+    hook.stats.set_last_error(format!("{first}: {msg}"));
+    hook.notices.send(
+        "handler_error",
+        serde_json::json!({"hook": hook.spec.name, "event": &*first, "error": msg, "events": n}),
+    );
 }
 
 /// Counts an outcome, logs and announces failures, and answers whoever waits for it.

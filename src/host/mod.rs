@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::{self, HandlerContext};
-use crate::hook::{CallOutcome, HookStats, Job, LoadedHook, Tally};
+use crate::hook::{CallOutcome, HookStats, Job, LoadedHook, Reloader, Tally};
 use crate::registry::Registry;
 
 mod info;
@@ -165,6 +165,8 @@ struct Inner {
     retired: std::sync::Mutex<Vec<Arc<LoadedHook>>>,
     /// The accounts of every hook name: see [`Ledger`].
     ledger: std::sync::Mutex<Ledger>,
+    /// Where hooks' workers ask for a reload: see [`Host::reloader`].
+    reloader: std::sync::OnceLock<Reloader>,
 }
 
 /// The counters of every hook the host ever loaded, by name: live counter sets, and the sums of
@@ -255,6 +257,7 @@ impl Host {
                 sink: std::sync::OnceLock::new(),
                 retired: std::sync::Mutex::new(Vec::new()),
                 ledger: std::sync::Mutex::new(Ledger::default()),
+                reloader: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -546,6 +549,9 @@ impl Host {
     /// its last good version running. Emit is never blocked: the new snapshot is swapped in.
     pub async fn reload(&self) -> LoadReport {
         let _guard = self.inner.reload_lock.lock().await;
+        if self.is_draining() {
+            return LoadReport::default(); // shut down (or shutting down): nothing starts again
+        }
         let Some(discovery) = self.scan().await else {
             return LoadReport::default();
         };
@@ -704,6 +710,7 @@ impl Host {
                     Some(p) => LoadedHook::successor(spec, p, signals),
                     None => {
                         let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                        hook.set_reloader(self.reloader());
                         self.ledger()
                             .live
                             .push((hook.spec.name.clone(), hook.stats.clone()));
@@ -738,6 +745,7 @@ impl Host {
                 if let Some(p) = &prev {
                     reason.push_str(" (the previous version keeps running)");
                     p.stats.set_last_error(format!("reload failed: {e}"));
+                    p.note_newer_version_failed();
                     self.inner.notices.send(
                         "hook_reloaded",
                         json!({"hook": p.spec.name, "dir": p.spec.dir, "error": e.to_string(), "kept_previous": true}),
@@ -774,6 +782,7 @@ impl Host {
                 .unwrap_or(&skipped[si].reason);
             prev.stats
                 .set_last_error(format!("reload failed: {reason}"));
+            prev.note_newer_version_failed();
             self.inner.notices.send(
                 "hook_reloaded",
                 json!({"hook": prev.spec.name, "dir": prev.spec.dir, "error": reason, "kept_previous": true}),
@@ -856,6 +865,29 @@ impl Host {
                 tracing::info!(hook = %s.name, file = %s.file.display(), "not loaded: {}", s.reason);
             }
         }
+    }
+
+    /// Where hooks' workers ask for a reload (a hook's files changed under a worker that must
+    /// start a process: its events wait for the new version). The first call starts the task
+    /// that serves the requests; it holds the host weakly and ends with it.
+    fn reloader(&self) -> Reloader {
+        let init = || {
+            let (reloader, mut requests) = Reloader::channel();
+            let host = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                while requests.recv().await.is_some() {
+                    let Some(inner) = host.upgrade() else { break };
+                    let host = Host { inner };
+                    if host.is_draining() {
+                        break;
+                    }
+                    tracing::info!("reloading: a hook's files changed under its worker");
+                    host.reload().await;
+                }
+            });
+            reloader
+        };
+        self.inner.reloader.get_or_init(init).clone()
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {

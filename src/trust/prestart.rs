@@ -15,8 +15,20 @@ use crate::trust::files::{RunFiles, describe_changes, digest_of};
 
 /// A refused process start, worded for an operator (`not started: ...`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not started: {0}")]
-pub struct StartRefused(pub String);
+#[error("not started: {why}")]
+pub struct StartRefused {
+    /// Why, for an operator.
+    pub why: String,
+    /// The files changed (rather than became unsafe or unreadable): a newer version of the hook
+    /// may load them, and the events waiting for this one can wait for that one.
+    pub changed: bool,
+}
+
+impl StartRefused {
+    fn new(why: String, changed: bool) -> Self {
+        Self { why, changed }
+    }
+}
 
 /// Refuses the start when the tree of hook `hook` changed since `loaded` was recorded, or is no
 /// longer safe. Walks the tree off the runtime's worker threads.
@@ -24,17 +36,20 @@ pub async fn check(loaded: &Arc<RunFiles>, hook: &str) -> Result<(), StartRefuse
     let files = loaded.clone();
     let now = tokio::task::spawn_blocking(move || files.rescan())
         .await
-        .map_err(|e| StartRefused(format!("checking the hook's files failed: {e}")))?;
-    let why = match now {
+        .map_err(|e| StartRefused::new(format!("checking the hook's files failed: {e}"), false))?;
+    let (why, changed) = match now {
         Ok(now) if digest_of(&now) == loaded.digest() => return Ok(()),
-        Ok(now) => format!(
-            "{} since this version of the hook was loaded; only the files it was loaded (and \
+        Ok(now) => (
+            format!(
+                "{} since this version of the hook was loaded; only the files it was loaded (and \
              approved) with run. Restore them, or fix the hook so that the reload loads the new \
              version",
-            describe_changes(&loaded.files, &now)
+                describe_changes(&loaded.files, &now)
+            ),
+            true,
         ),
-        Err(e) => e.to_string(),
+        Err(e) => (e.to_string(), false),
     };
     tracing::warn!(hook = %hook, "process start refused: {why}");
-    Err(StartRefused(why))
+    Err(StartRefused::new(why, changed))
 }

@@ -75,9 +75,12 @@ async fn replaced_helper_never_runs_under_an_approval() {
         err.contains("not started") && err.contains("helper.py changed"),
         "the refusal should name helper.py: {err}"
     );
-    let info = host.hook("h").unwrap();
-    let last = serde_json::to_string(&info.last_error).unwrap();
-    assert!(last.contains("helper.py changed"), "last_error: {last}");
+    // The refused restart asked for a reload, which may already have refused the new helper.py
+    // (not approved) and stopped the hook; while it is listed, its last error names helper.py.
+    if let Some(info) = host.hook("h") {
+        let last = serde_json::to_string(&info.last_error).unwrap();
+        assert!(last.contains("helper.py changed"), "last_error: {last}");
+    }
 
     // The next scan refuses the hook: its approval does not cover the new helper.py.
     let report = host.reload().await;

@@ -261,3 +261,51 @@ fn event_name_limit_counts_characters_as_documented() {
         "the message counts characters: {v}"
     );
 }
+
+/// Issue 26: a client refuses a service of another protocol, so every answer (a 401 and a 404
+/// too) says its protocol in the `Hermes-Hooks-Protocol` header, the document's `info.version`;
+/// `/healthz` says it and the release in its body.
+#[test]
+fn every_answer_says_the_protocol_version_of_the_document() {
+    let hooks = Hooks::new();
+    let token_file = hooks.tmp.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").expect("write the token");
+    let serve = Serve::start(&hooks, &["--token-file", token_file.to_str().unwrap()]);
+    let doc = document();
+    let protocol = doc["info"]["version"].as_str().expect("info.version");
+    assert_eq!(
+        protocol,
+        hermes_hooks::server::PROTOCOL_VERSION.to_string(),
+        "docs/openapi.json's info.version is the protocol version"
+    );
+    let auth = [("Authorization", "Bearer s3cret")];
+    for (path, headers, status) in [
+        ("/healthz", &[][..], 200),
+        ("/v1/hooks", &auth[..], 200),
+        ("/v1/hooks", &[][..], 401),
+        ("/v1/nothing", &auth[..], 404),
+    ] {
+        let (s, answer_headers, _) = http(&serve.addr, "GET", path, headers, b"");
+        assert_eq!(s, status, "GET {path}");
+        let said = answer_headers
+            .iter()
+            .find(|(k, _)| k == "hermes-hooks-protocol")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(said, Some(protocol), "GET {path} {s}: {answer_headers:?}");
+        let server = answer_headers
+            .iter()
+            .find(|(k, _)| k == "server")
+            .map(|(_, v)| v.clone());
+        assert_eq!(
+            server,
+            Some(format!("hermes-hooks/{}", env!("CARGO_PKG_VERSION"))),
+            "GET {path} {s}"
+        );
+    }
+    let (_, _, body) = http(&serve.addr, "GET", "/healthz", &[], b"");
+    let body: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(
+        body,
+        json!({"status": "ok", "protocol": hermes_hooks::server::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")})
+    );
+}

@@ -59,7 +59,9 @@ Guarantees
   errors as well.
 * **discover_and_load never raises.** It lists the service's hooks into ``loaded_hooks`` and
   starts the sender; with the service down it logs a warning and leaves the list empty. With
-  ``autostart=True`` it starts ``hermes-hooks serve`` (detached) when nobody answers.
+  ``autostart=True`` (the default under the shim) it starts the bundled ``hermes-hooks serve``
+  (detached, one per socket, stopping after the last gateway) when nobody answers: see
+  ``hermes_hooks._autostart``. A service of another protocol version is refused.
 * **Exit and fork.** At interpreter exit the buffer gets ``exit_flush_timeout`` (1 s) to drain;
   ``close()``/``aclose()`` flush explicitly. A forked child starts with an empty buffer and its
   own sender (the parent delivers what it had buffered).

@@ -28,6 +28,33 @@ DEFAULT_SOCKET_NAME = "hooks.sock"
 #: Largest response body read from the service (collect answers and hook lists are small).
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
+#: The protocol (the HTTP API of the service's docs/openapi.json, its ``info.version``) this
+#: client speaks. The service says its own on every answer in this header; a service that says
+#: none predates the header and speaks protocol 1.
+PROTOCOL = "1"
+PROTOCOL_HEADER = "hermes-hooks-protocol"
+
+
+class IncompatibleService(ConnectionError):
+    """The service speaks another protocol version than this client: nothing is sent to it (an
+    ``OSError``, so every caller treats it as a service it cannot use, and never starts a
+    second one beside it)."""
+
+
+def check_protocol(headers: Dict[str, str], address: object) -> None:
+    """Raises :class:`IncompatibleService` when an answer's (lower-cased) ``headers`` name a
+    protocol other than :data:`PROTOCOL`."""
+    said = headers.get(PROTOCOL_HEADER)
+    if said is None or said.strip() == PROTOCOL:
+        return
+    from . import __version__  # the package is fully imported by the time anything is sent
+    server = headers.get("server") or "an unknown release"
+    raise IncompatibleService(
+        "the hermes-hooks service at %s (%s) speaks protocol %s, this client (hermes_hooks %s) "
+        "speaks protocol %s: install the client and the service from one release (`pip install "
+        "hermes-hooks==VERSION` gives both, or pin hermes-hooks-client to the service's "
+        "version)" % (address, server, said.strip(), __version__, PROTOCOL))
+
 
 def hermes_home() -> str:
     """``$HERMES_HOME``, defaulting to ``~/.hermes`` (as the gateway does)."""
@@ -218,6 +245,7 @@ class KeepAliveConnection:
                 self.sock.sendall(data)
                 self.sock.sendall(body)
             status, answer_headers, answer = _read_response_sync(self._rfile)
+            check_protocol(answer_headers, self.address)
         except BaseException:
             self.close()
             raise
@@ -316,6 +344,7 @@ def request(address: Address, method: str, path: str, body: Optional[bytes] = No
             hdrs.update(headers)
         conn.request(method, path, body=body, headers=hdrs)
         resp = conn.getresponse()
+        check_protocol({k.lower(): v for k, v in resp.getheaders()}, address)
         return resp.status, resp.read(MAX_RESPONSE_BYTES)
     finally:
         conn.close()
@@ -345,12 +374,13 @@ async def arequest(address: Address, method: str, path: str, body: Optional[byte
             lines.append("%s: %s" % (key, value))
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
         await writer.drain()
-        return await _read_response(reader)
+        return await _read_response(reader, address)
     finally:
         writer.close()
 
 
-async def _read_response(reader: asyncio.StreamReader) -> Tuple[int, bytes]:
+async def _read_response(reader: asyncio.StreamReader, address: object = "?"
+                         ) -> Tuple[int, bytes]:
     while True:
         status = _status(await reader.readline())
         headers = {}  # type: Dict[str, str]
@@ -365,6 +395,7 @@ async def _read_response(reader: asyncio.StreamReader) -> Tuple[int, bytes]:
             headers[key.strip().lower()] = value.strip()
         if not 100 <= status < 200:  # skip interim answers (100 Continue)
             break
+    check_protocol(headers, address)
     if status in (204, 304):
         return status, b""
     if "chunked" in headers.get("transfer-encoding", "").lower():

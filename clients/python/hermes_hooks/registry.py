@@ -39,7 +39,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -47,7 +46,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _ingateway, _transport, _trusted, _upstream
+from . import _autostart, _ingateway, _transport, _trusted, _upstream
 
 log = logging.getLogger("hermes_hooks")
 
@@ -323,7 +322,7 @@ class HookRegistry:
 
     def __init__(self, address: Any = None, token: Optional[str] = None, queue_size: int = 10000,
                  batch_max: int = 500, collect_timeout: Optional[float] = None,
-                 autostart: bool = False, *,
+                 autostart: Optional[bool] = None, *,
                  binary: Optional[str] = None, serve_args: Sequence[str] = (),
                  autostart_timeout: float = 5.0, autostart_log: Optional[str] = None,
                  request_timeout: float = 5.0, backoff_initial: float = 0.05,
@@ -343,13 +342,15 @@ class HookRegistry:
             long as the matching hooks' own timeouts allow, so a decision never fails open
             (the original host awaited every handler); a call's ``timeout=`` is still honoured.
         :param autostart: start ``hermes-hooks serve`` from ``discover_and_load`` when no service
-            answers at the address.
+            answers at the address (see ``hermes_hooks._autostart``); default
+            ``$HERMES_HOOKS_AUTOSTART``, else on when the shim is active.
         :param binary: the ``hermes-hooks`` executable for autostart; default
-            ``$HERMES_HOOKS_BIN``, else ``hermes-hooks`` on ``PATH``.
+            ``$HERMES_HOOKS_BIN``, else the one the wheel installed beside this interpreter,
+            else ``hermes-hooks`` on ``PATH``.
         :param serve_args: extra ``serve`` arguments for autostart (``["--hooks-dir", d]``...).
         :param autostart_timeout: seconds to wait for ``/readyz`` after starting the service.
         :param autostart_log: file receiving the started service's output; default
-            ``$HERMES_HOME/logs/hermes-hooks.log``.
+            ``$HERMES_HOME/logs/hooks.log``.
         :param request_timeout: socket timeout for each batch request and for
             ``discover_and_load``'s request.
         :param backoff_initial, backoff_max: reconnect delays, doubling from the first to the second.
@@ -382,7 +383,7 @@ class HookRegistry:
         self._queue_bytes = int(queue_bytes)
         self._batch_max = int(batch_max)
         self.collect_timeout = None if collect_timeout is None else float(collect_timeout)
-        self._autostart = bool(autostart)
+        self._autostart = _autostart.wanted(autostart)
         self._binary = binary
         self._serve_args = list(serve_args)
         self._autostart_timeout = float(autostart_timeout)
@@ -485,11 +486,14 @@ class HookRegistry:
         except Exception:
             log.exception("hermes-hooks: _register_builtin_hooks failed")
         try:
+            if self._autostart:
+                self.service_process = _autostart.ensure_service(
+                    self._address, self._home, headers=self._headers, binary=self._binary,
+                    serve_args=self._serve_args, timeout=self._autostart_timeout,
+                    log_path=self._autostart_log, env_home=self._home_given,
+                    request_timeout=self._request_timeout) or self.service_process
             self._peer = {}  # type: Dict[str, Any]  # who served /v1/hooks (SO_PEERCRED)
             status, body, exc = self._fetch("/v1/hooks", self._peer)
-            if exc is not None and self._autostart and self._nobody_listening(exc):
-                if self._start_service():
-                    status, body, exc = self._fetch("/v1/hooks", self._peer)
             if exc is not None or status != 200:
                 directory = _upstream.hooks_dir(self._home)
                 self._hooks = _upstream.read_disk_hooks(directory)
@@ -1098,54 +1102,3 @@ class HookRegistry:
             return status, body, None
         except (OSError, http.client.HTTPException) as exc:
             return 0, b"", exc
-
-    @staticmethod
-    def _nobody_listening(exc: BaseException) -> bool:
-        # A missing socket or a refused connection: nobody serves there. A timeout is a hung
-        # service, which must not be answered with a second one.
-        return isinstance(exc, (FileNotFoundError, ConnectionRefusedError))
-
-    def _start_service(self) -> bool:
-        binary = (self._binary or os.environ.get(_transport.BIN_ENV)
-                  or shutil.which("hermes-hooks"))
-        if not binary:
-            log.warning("hermes-hooks: autostart wanted but no binary found (pass binary=, set "
-                        "%s, or put hermes-hooks on PATH)", _transport.BIN_ENV)
-            return False
-        argv = [binary, "serve"] + self._address.serve_args() + self._serve_args
-        log_path = self._autostart_log or os.path.join(self._home, "logs",
-                                                       "hermes-hooks.log")
-        try:
-            if self._address.kind == "unix":
-                os.makedirs(os.path.dirname(os.path.abspath(str(self._address.path))),
-                            mode=0o700, exist_ok=True)
-            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-            with open(log_path, "ab") as out:
-                env = dict(os.environ, HERMES_HOME=self._home) if self._home_given else None
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                        close_fds=True, start_new_session=True, env=env)
-        except OSError as exc:
-            log.warning("hermes-hooks: autostart of %s failed: %s", argv, exc)
-            return False
-        self.service_process = proc
-        log.info("hermes-hooks: started %s (pid %d, log %s)", " ".join(argv), proc.pid, log_path)
-        deadline = time.monotonic() + self._autostart_timeout
-        pause = 0.01
-        while True:
-            status, _, _ = self._fetch("/readyz")
-            if status == 200:
-                return True
-            if proc.poll() is not None:
-                # Perhaps another gateway started one first; take it if it is ready.
-                if self._fetch("/readyz")[0] == 200:
-                    return True
-                log.warning("hermes-hooks: autostarted service exited with status %s; see %s",
-                            proc.returncode, log_path)
-                return False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                log.warning("hermes-hooks: autostarted service not ready after %.1f s; see %s",
-                            self._autostart_timeout, log_path)
-                return False
-            time.sleep(min(pause, remaining))  # polling readiness against a deadline
-            pause = min(pause * 2, 0.2)

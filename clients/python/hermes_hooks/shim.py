@@ -28,6 +28,7 @@ import runpy
 import sys
 from typing import Any, List, Optional
 
+from . import _autostart
 from .profiles import ProfileHookRegistries
 from .registry import HookRegistry
 
@@ -105,6 +106,7 @@ def install(force: bool = False) -> bool:
     once if it is already imported. Returns whether the shim is active. Idempotent."""
     if not (force or enabled()):
         return False
+    _autostart.shim_active = True  # registries the gateway builds start the service if needed
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     module = sys.modules.get(TARGET)

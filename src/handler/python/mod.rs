@@ -714,9 +714,12 @@ impl Handler for PythonHandler {
                 Err(e) => {
                     self.restart_at = Some(Instant::now() + self.backoff);
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                    Err(HandlerError::Crashed(format!(
-                        "python worker could not be restarted: {e}"
-                    )))
+                    let why = format!("python worker could not be restarted: {e}");
+                    // Files changed: the events wait for the version loaded from them.
+                    Err(match e {
+                        HandlerError::Changed(_) => HandlerError::Changed(why),
+                        _ => HandlerError::Crashed(why),
+                    })
                 }
             }
         })

@@ -1,0 +1,328 @@
+//! The loss budget (issue 25): what a fault costs. A SIGKILLed Python worker loses at most the
+//! call in flight, also when its files were edited meanwhile: the queued events wait for the new
+//! version and run there, instead of failing because the old version may not restart.
+
+use std::path::Path;
+use std::time::Duration;
+
+use hermes_hooks::Host;
+use serde_json::json;
+
+use crate::util::{Hooks, config, poll_async, read_jsonl, signal};
+
+const T: Duration = Duration::from_secs(60);
+
+/// A Python hook that records `{n, tag}` per event into out/<name>.jsonl, writes its pid at
+/// import, and holds an event asking `hold` (in version v1 only) until it is killed.
+fn held_python(hooks: &Hooks, name: &str, tag: &str) -> String {
+    let out = hooks.out();
+    format!(
+        r#"import json, os, time
+TAG = {tag:?}
+with open({pid:?}, "w") as f:
+    f.write(str(os.getpid()))
+
+def handle(event, context):
+    if context.get("hold") and TAG == "v1":
+        open({held:?}, "w").close()
+        time.sleep(120)
+    with open({rec:?}, "a") as f:
+        f.write(json.dumps({{"n": context.get("n"), "tag": TAG}}) + "\n")
+    return TAG
+"#,
+        pid = out.join(format!("{name}.pid")).display().to_string(),
+        held = out.join(format!("{name}.held")).display().to_string(),
+        rec = out.join(format!("{name}.jsonl")).display().to_string(),
+    )
+}
+
+fn write_atomic(path: &Path, content: &str) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_an_edit_waits_hands_its_queue_to_the_new_version() {
+    let hooks = Hooks::new();
+    let name = "edited";
+    let dir = hooks.add(
+        name,
+        &[
+            (
+                "HOOK.yaml",
+                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
+            ),
+            ("handler.py", &held_python(&hooks, name, "v1")),
+        ],
+    );
+    // No file watcher in an in-process host: the hand-over must not wait for one.
+    let (host, report) = Host::start(config(&hooks)).await;
+    assert_eq!(report.started, vec![name.to_string()], "{report:?}");
+
+    host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
+    let held = hooks.out().join(format!("{name}.held"));
+    poll_async(T, "the first event to be held by v1", || {
+        held.exists().then_some(())
+    })
+    .await;
+    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let queued = 40u64;
+    for n in 1..=queued {
+        host.emit("job:run", json!({"n": n})).unwrap();
+    }
+    // A valid new version lands on disk; then the old version's worker dies.
+    write_atomic(&dir.join("handler.py"), &held_python(&hooks, name, "v2"));
+    signal(pid, libc::SIGKILL);
+
+    let tally = poll_async(T, "every event settled", || {
+        let t = *host.accounts().get(name)?;
+        (t.accepted == queued + 1 && t.ok + t.failed == t.accepted).then_some(t)
+    })
+    .await;
+    let last_error = host.hook(name).and_then(|h| h.last_error);
+    let recs = read_jsonl(&hooks.out().join(format!("{name}.jsonl")));
+    host.shutdown(T).await;
+    assert_eq!(
+        tally.failed, 1,
+        "the kill costs the event in flight only, not the queued ones: {tally:?}, last error \
+         {last_error:?}"
+    );
+    assert_eq!(tally.ok, queued, "{tally:?}");
+    let ran: Vec<(u64, String)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["n"].as_u64().unwrap_or(0),
+                r["tag"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(u64, String)> = (1..=queued).map(|n| (n, "v2".to_string())).collect();
+    assert_eq!(
+        ran, want,
+        "the queued events ran once each, in order, on the new version"
+    );
+}
+
+/// An executable that records `{n, tag}` per event and holds the event asking `hold` until the
+/// gate file exists.
+fn held_exec(hooks: &Hooks, name: &str, tag: &str) -> String {
+    let out = hooks.out();
+    format!(
+        r#"#!/bin/sh
+ctx=$(cat)
+case "$ctx" in
+  *'"hold":true'*) : > {held}; while [ ! -e {gate} ]; do sleep 0.01; done ;;
+esac
+n=$(printf '%s' "$ctx" | sed -n 's/.*"n":\([0-9]*\).*/\1/p')
+printf '{{"n": %s, "tag": "{tag}"}}\n' "$n" >> {rec}
+echo '"{tag}"'
+"#,
+        held = out.join(format!("{name}.held")).display(),
+        gate = out.join(format!("{name}.gate")).display(),
+        rec = out.join(format!("{name}.jsonl")).display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executable_edited_while_events_wait_runs_them_on_the_new_version() {
+    let hooks = Hooks::new();
+    let name = "edited_exec";
+    let dir = hooks.exec(name, "[\"job:*\"]", &held_exec(&hooks, name, "v1"));
+    let (host, report) = Host::start(config(&hooks)).await;
+    assert_eq!(report.started, vec![name.to_string()], "{report:?}");
+
+    host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
+    let held = hooks.out().join(format!("{name}.held"));
+    poll_async(T, "the first event to be held by v1", || {
+        held.exists().then_some(())
+    })
+    .await;
+    let queued = 20u64;
+    for n in 1..=queued {
+        host.emit("job:run", json!({"n": n})).unwrap();
+    }
+    // A valid new version lands on disk while v1 still runs the first event.
+    let handler = dir.join("handler");
+    write_atomic(&handler, &held_exec(&hooks, name, "v2"));
+    crate::util::set_mode(&handler, 0o755);
+    std::fs::write(hooks.out().join(format!("{name}.gate")), "").unwrap();
+
+    let tally = poll_async(T, "every event settled", || {
+        let t = *host.accounts().get(name)?;
+        (t.accepted == queued + 1 && t.ok + t.failed == t.accepted).then_some(t)
+    })
+    .await;
+    let last_error = host.hook(name).and_then(|h| h.last_error);
+    let recs = read_jsonl(&hooks.out().join(format!("{name}.jsonl")));
+    host.shutdown(T).await;
+    assert_eq!(
+        tally.failed, 0,
+        "an edit loses nothing: {tally:?}, last error {last_error:?}"
+    );
+    let ran: Vec<(u64, String)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["n"].as_u64().unwrap_or(0),
+                r["tag"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let mut want = vec![(0, "v1".to_string())];
+    want.extend((1..=queued).map(|n| (n, "v2".to_string())));
+    assert_eq!(
+        ran, want,
+        "the held event finished on v1, the queued ones ran once each, in order, on v2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
+    let hooks = Hooks::new();
+    let name = "broken_edit";
+    let dir = hooks.add(
+        name,
+        &[
+            (
+                "HOOK.yaml",
+                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
+            ),
+            ("handler.py", &held_python(&hooks, name, "v1")),
+        ],
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
+    let held = hooks.out().join(format!("{name}.held"));
+    poll_async(T, "the first event to be held by v1", || {
+        held.exists().then_some(())
+    })
+    .await;
+    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for n in 1..=10 {
+        host.emit("job:run", json!({"n": n})).unwrap();
+    }
+    write_atomic(&dir.join("handler.py"), "def handle(event, context:\n");
+    signal(pid, libc::SIGKILL);
+    let killed = std::time::Instant::now();
+
+    let tally = poll_async(T, "every event settled", || {
+        let t = *host.accounts().get(name)?;
+        (t.ok + t.failed == 11).then_some(t)
+    })
+    .await;
+    let waited = killed.elapsed();
+    let info = host.hook(name).unwrap();
+    host.shutdown(T).await;
+    assert_eq!(tally.failed, 11, "nothing loadable followed: {tally:?}");
+    assert!(
+        // The hand-over's bound (HANDOVER_WAIT) is 10 s.
+        waited >= Duration::from_secs(10),
+        "the waiting events failed only after the bound: {waited:?}"
+    );
+    let last = info.last_error.map(|e| e.message).unwrap_or_default();
+    assert!(
+        last.contains("changed since this version") && last.contains("no new version loaded"),
+        "{last}"
+    );
+}
+
+/// The same through the real service (file watcher on): the watcher's reload fails on the broken
+/// edit, the worker then dies; its waiting events fail together after the bound, with one log
+/// line and one `handler_error` notice for all of them, and no reload of the same broken files.
+#[test]
+fn waiting_events_that_fail_are_logged_once() {
+    let hooks = Hooks::new();
+    let name = "logged_once";
+    let dir = hooks.add(
+        name,
+        &[
+            (
+                "HOOK.yaml",
+                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
+            ),
+            ("handler.py", &held_python(&hooks, name, "v1")),
+        ],
+    );
+    let serve = crate::util::Serve::start(&hooks, &["--output", "json"]);
+    let notices = || -> Vec<serde_json::Value> {
+        serve
+            .stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let (status, _) = serve.post(
+        "/v1/events",
+        &json!({"event": "job:run", "context": {"n": 0, "hold": true}}),
+    );
+    assert_eq!(status, 202);
+    let held = hooks.out().join(format!("{name}.held"));
+    crate::util::poll(T, "the first event to be held by v1", || {
+        held.exists().then_some(())
+    });
+    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for n in 1..=10 {
+        let (status, _) = serve.post(
+            "/v1/events",
+            &json!({"event": "job:run", "context": {"n": n}}),
+        );
+        assert_eq!(status, 202);
+    }
+    write_atomic(&dir.join("handler.py"), "def handle(event, context:\n");
+    crate::util::poll(T, "the watcher's reload to fail on the broken edit", || {
+        notices()
+            .iter()
+            .any(|n| n["type"] == "hook_reloaded" && n["kept_previous"] == true)
+            .then_some(())
+    });
+    signal(pid, libc::SIGKILL);
+    let bulk = crate::util::poll(T, "the waiting events failed together", || {
+        notices()
+            .into_iter()
+            .find(|n| n["type"] == "handler_error" && n["events"].is_u64())
+    });
+    assert_eq!(bulk["events"], 10, "{bulk}");
+    let errors: Vec<_> = notices()
+        .into_iter()
+        .filter(|n| n["type"] == "handler_error")
+        .collect();
+    assert_eq!(
+        errors.len(),
+        2,
+        "one notice for the call in flight, one for the 10 waiting events: {errors:?}"
+    );
+    let log = serve.log();
+    assert_eq!(
+        log.matches("waiting event(s) failed").count(),
+        1,
+        "one log line for all of them:\n{log}"
+    );
+    let reloads = notices()
+        .iter()
+        .filter(|n| n["type"] == "hook_reloaded")
+        .count();
+    assert_eq!(
+        reloads,
+        1,
+        "the broken files were tried once: {:?}",
+        notices()
+    );
+    let (_, v) = serve.get(&format!("/v1/hooks/{name}"));
+    assert_eq!(v["counters"]["failed"], 11, "{v}");
+}

@@ -1,0 +1,397 @@
+//! The fleet phase (issue 25): an edge, two workers and a nats-server (JetStream, file store)
+//! under steady load while a driver SIGKILLs one of them at a time and restarts it (the broker on
+//! the same port and store). Every event that got a 202 must be accounted for: handled, dead-
+//! lettered, or reported to the client as not stored (the answer said it was only buffered).
+//! At-least-once: an event handled twice only where the broker redelivered it (counted).
+//!
+//! Skipped (with a message) when `nats-server` is not installed and `CI` is not set.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{Rng, handler_processes, try_http};
+use crate::util::{Hooks, Serve, bin, poll, read_jsonl, signal};
+
+/// A nats-server with JetStream on a fixed-for-its-life free port and a temp store.
+struct Broker {
+    child: Option<Child>,
+    port: u16,
+    store: tempfile::TempDir,
+}
+
+fn nats_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+impl Broker {
+    fn start() -> Option<Self> {
+        if nats_binary().is_none() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "nats-server is not installed (CI is set: the fleet phase must run)"
+            );
+            eprintln!("SKIPPED: nats-server is not installed (apt-get install nats-server)");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut b = Self {
+            child: None,
+            port,
+            store: tempfile::tempdir().expect("tempdir"),
+        };
+        b.restart();
+        Some(b)
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts on the same port and store; waits until it answers.
+    fn restart(&mut self) {
+        let child = Command::new(nats_binary().expect("nats-server"))
+            .args(["-js", "-sd"])
+            .arg(self.store.path())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        self.child = Some(child);
+        let addr = format!("127.0.0.1:{}", self.port);
+        poll(Duration::from_secs(30), "nats-server to accept", || {
+            use std::io::Read;
+            let mut s = std::net::TcpStream::connect(&addr).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).ok()?;
+            (&buf == b"INFO").then_some(())
+        });
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn worker(hooks: &Hooks, url: &str, id: &str) -> Serve {
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker")
+        .args(["--fleet", url, "--hooks-dir"])
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0", "--worker-id", id])
+        .args(["--ack-wait", "2", "--retry-backoff-ms", "50"])
+        .args(["--status-interval-ms", "100"])
+        .env("SOAK_WORKER", id);
+    Serve::spawn(cmd, hooks)
+}
+
+fn edge(hooks: &Hooks, url: &str) -> Serve {
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .args(["--fleet", url, "--gateway-id", "gw-soak"])
+        .args(["--listen", "127.0.0.1:0"]);
+    Serve::spawn(cmd, hooks)
+}
+
+/// What the client was told.
+#[derive(Default)]
+struct Told {
+    /// Events (by `n`) whose request got a 202.
+    accepted: Vec<u64>,
+    /// Of those, the ones the answer said were only buffered, not stored by the broker.
+    buffered: HashSet<u64>,
+    /// Requests without a 202 (edge down, restarting).
+    refused: u64,
+}
+
+/// True when a 202 answer says its events were not stored yet (`"stored": false` or a
+/// `buffered` count), in whatever form the edge reports it.
+fn says_buffered(v: &Value) -> bool {
+    v["stored"] == Value::Bool(false)
+        || v["buffered"].as_u64().is_some_and(|b| b > 0)
+        || v["status"] == "buffered"
+}
+
+fn client(edge_addr: Arc<Mutex<String>>, stop: Arc<AtomicBool>) -> Told {
+    let mut told = Told::default();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let events: Vec<Value> = (n..n + 10)
+            .map(|i| json!({"event": "soak:step", "context": {"n": i}}))
+            .collect();
+        let addr = edge_addr.lock().unwrap().clone();
+        let body = json!({"events": events}).to_string();
+        match try_http(&addr, "POST", "/v1/events/batch", body.as_bytes()) {
+            Some((202, v)) => {
+                told.accepted.extend(n..n + 10);
+                if says_buffered(&v) {
+                    told.buffered.extend(n..n + 10);
+                }
+            }
+            _ => told.refused += 1,
+        }
+        n += 10;
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    told
+}
+
+fn epoch_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Event numbers in the broker's dead letters (`dead list --json`).
+fn dead_letters(url: &str) -> HashSet<u64> {
+    let out = Command::new(bin())
+        .args(["dead", "list", "--json", "--fleet", url])
+        .output()
+        .expect("run dead list");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["envelope"]["context"]["n"].as_u64())
+        .collect()
+}
+
+#[test]
+#[ignore = "fleet soak: run with --ignored (HERMES_SOAK_FLEET_SECS, default 20)"]
+fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
+    let secs = super::env_secs("HERMES_SOAK_FLEET_SECS", 20);
+    let seed = super::env_seed();
+    let Some(mut broker) = Broker::start() else {
+        return;
+    };
+    eprintln!("fleet soak: {secs} s, seed {seed}");
+    let hooks = Hooks::new();
+    let out = hooks.out().join("rec.jsonl");
+    hooks.add(
+        "rec",
+        &[
+            (
+                "HOOK.yaml",
+                "name: rec\nevents: [\"soak:*\"]\ntimeout: 30\n",
+            ),
+            (
+                "handler.py",
+                &format!(
+                    r#"import json, os, time
+
+def handle(event, context):
+    fleet = context.get("_fleet", {{}})
+    rec = {{"n": context.get("n"), "d": fleet.get("delivered"), "seq": fleet.get("stream_seq"),
+            "w": os.environ.get("SOAK_WORKER"), "t": time.time()}}
+    with open({out:?}, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+"#,
+                    out = out.display().to_string()
+                ),
+            ),
+        ],
+    );
+    let url = broker.url();
+    let ids = ["wa", "wb"];
+    let mut workers: Vec<Serve> = ids.iter().map(|id| worker(&hooks, &url, id)).collect();
+    let mut front = edge(&hooks, &url);
+    poll(Duration::from_secs(30), "the fleet to serve rec", || {
+        let (_, v) = front.get("/v1/hooks");
+        let h = v["hooks"]
+            .as_array()?
+            .iter()
+            .find(|h| h["name"] == "rec")?
+            .clone();
+        (h["workers"].as_array()?.len() == 2).then_some(())
+    });
+    let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (edge_addr, stop) = (edge_addr.clone(), stop.clone());
+        std::thread::spawn(move || client(edge_addr, stop))
+    };
+
+    let mut rng = Rng::new(seed ^ 0xf1ee7);
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // When the broker was killed (seconds since the epoch, as the handler's `t`).
+    let mut broker_kills: Vec<f64> = Vec::new();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(800 + rng.below(1200)));
+        let pause = Duration::from_millis(200 + rng.below(1000));
+        let fault = match rng.below(3) {
+            0 => {
+                let i = rng.below(2) as usize;
+                signal(workers[i].child.id(), libc::SIGKILL);
+                let _ = workers[i].child.wait();
+                std::thread::sleep(pause);
+                workers[i] = worker(&hooks, &url, ids[i]);
+                "SIGKILL a worker, restart it"
+            }
+            1 => {
+                signal(front.child.id(), libc::SIGKILL);
+                let _ = front.child.wait();
+                front = edge(&hooks, &url);
+                *edge_addr.lock().unwrap() = front.addr.clone();
+                "SIGKILL the edge, restart it"
+            }
+            _ => {
+                broker_kills.push(epoch_secs());
+                broker.kill();
+                std::thread::sleep(pause);
+                broker.restart();
+                "SIGKILL the broker, restart it (same store)"
+            }
+        };
+        *faults.entry(fault).or_default() += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let told = load.join().unwrap();
+    let ran = started.elapsed();
+
+    // Everything settles: handled, or in the dead letters.
+    let want: HashSet<u64> = told.accepted.iter().copied().collect();
+    let settling = Instant::now();
+    let settle_by = settling + Duration::from_secs(60);
+    let recs = loop {
+        let recs = read_jsonl(&out);
+        let handled: HashSet<u64> = recs.iter().filter_map(|r| r["n"].as_u64()).collect();
+        if want.is_subset(&handled) || Instant::now() > settle_by {
+            break recs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let settled_in = settling.elapsed();
+    let handled: HashSet<u64> = recs.iter().filter_map(|r| r["n"].as_u64()).collect();
+    let dead = dead_letters(&url);
+    let edge_state = front.get("/v1/hooks").1["fleet"].clone();
+    let mut missing: Vec<u64> = want
+        .iter()
+        .filter(|n| !handled.contains(n) && !dead.contains(n))
+        .copied()
+        .collect();
+    missing.sort_unstable();
+    let unreported: Vec<u64> = missing
+        .iter()
+        .filter(|n| !told.buffered.contains(n))
+        .copied()
+        .collect();
+
+    // Duplicates: a second handling only where the broker redelivered (`delivered` > 1).
+    let mut per: BTreeMap<u64, Vec<&Value>> = BTreeMap::new();
+    for r in &recs {
+        if let Some(n) = r["n"].as_u64() {
+            per.entry(n).or_default().push(r);
+        }
+    }
+    let mut duplicates = 0;
+    let mut unexplained = Vec::new();
+    // Handled again with `delivered` 1 after a broker crash that followed (or overlapped, by up
+    // to OVERLAP) the first handling: the broker's consumer state rolled back (acknowledgements
+    // not yet written when it was killed). Counted apart: the workers cannot tell them from
+    // first deliveries.
+    const OVERLAP: f64 = 1.0;
+    let mut replayed_after_broker_crash = 0;
+    for (n, ds) in &per {
+        let extra = ds.len() - 1;
+        let redelivered = ds.iter().filter(|r| r["d"].as_i64() > Some(1)).count();
+        let first = ds
+            .iter()
+            .filter_map(|r| r["t"].as_f64())
+            .fold(f64::MAX, f64::min);
+        let crash_between = |r: &&&Value| {
+            let t = r["t"].as_f64().unwrap_or(0.0);
+            r["d"].as_i64() == Some(1)
+                && t > first
+                && broker_kills.iter().any(|k| *k > first - OVERLAP && *k < t)
+        };
+        let replays = ds.iter().filter(crash_between).count();
+        if extra > redelivered + replays {
+            let how: Vec<String> = ds
+                .iter()
+                .map(|r| {
+                    format!(
+                        "(delivered {}, stream seq {}, worker {}, at {})",
+                        r["d"], r["seq"], r["w"], r["t"]
+                    )
+                })
+                .collect();
+            unexplained.push(format!("{n}: {}", how.join(", ")));
+        }
+        duplicates += extra;
+        replayed_after_broker_crash += extra.min(replays);
+    }
+
+    drop(front);
+    drop(workers);
+    drop(broker);
+    // Handler processes a killed worker left behind (its Python workers have no parent-death
+    // signal): counted, then killed so the phase leaves nothing running.
+    let orphans = super::wait_gone(|| handler_processes(&hooks.home()));
+    for pid in &orphans {
+        signal(*pid, libc::SIGKILL);
+    }
+    let figures = json!({
+        "seed": seed,
+        "duration_s": ran.as_secs_f64(),
+        "settled_after_s": settled_in.as_secs_f64(),
+        "faults": faults,
+        "events_accepted_202": want.len(),
+        "told_buffered": told.buffered.len(),
+        "requests_without_202": told.refused,
+        "handled_unique": handled.len(),
+        "handlings": recs.len(),
+        "duplicates": duplicates,
+        "duplicates_replayed_after_broker_crash": replayed_after_broker_crash,
+        "duplicates_unexplained": unexplained.len(),
+        "unexplained_first": &unexplained[..unexplained.len().min(10)],
+        "broker_kills_at": &broker_kills,
+        "dead_letters": dead.len(),
+        "missing": missing.len(),
+        "missing_unreported": unreported.len(),
+        "edge_at_end": edge_state,
+        "handler_processes_left": orphans.len(),
+    });
+    eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
+    super::report("fleet", &figures);
+
+    assert!(!want.is_empty(), "nothing was accepted");
+    assert!(
+        unreported.is_empty(),
+        "events that got a 202 (stored) were neither handled nor dead-lettered: {} of {}, first \
+         {:?} ({figures})",
+        unreported.len(),
+        want.len(),
+        &unreported[..unreported.len().min(20)]
+    );
+    assert!(
+        unexplained.is_empty(),
+        "handled more often than redelivered: {:?}",
+        &unexplained[..unexplained.len().min(10)]
+    );
+}
