@@ -46,6 +46,10 @@ impl VerifiedExec {
     }
 }
 
+fn refused(why: String, changed: bool) -> StartRefused {
+    StartRefused { why, changed }
+}
+
 /// Opens `program` and checks its bytes against the hook version's manifest.
 pub async fn open(ctx: &HandlerContext, program: &Path) -> Result<VerifiedExec, HandlerError> {
     let files = ctx.files.clone();
@@ -58,26 +62,30 @@ pub async fn open(ctx: &HandlerContext, program: &Path) -> Result<VerifiedExec, 
             .display()
             .to_string();
         let file = std::fs::File::open(&program)
-            .map_err(|e| StartRefused(format!("cannot open {}: {e}", program.display())))?;
-        let sha = open_file_sha256(&file, &program).map_err(|e| StartRefused(e.to_string()))?;
+            .map_err(|e| refused(format!("cannot open {}: {e}", program.display()), false))?;
+        let sha = open_file_sha256(&file, &program).map_err(|e| refused(e.to_string(), false))?;
         match files.files.get(&rel) {
             Some(want) if *want == sha => {
                 let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
                 Ok(VerifiedExec { file, path })
             }
-            Some(_) => Err(StartRefused(format!(
-                "{rel} changed since this version of the hook was loaded; only the files it was \
-                 loaded (and approved) with run"
-            ))),
-            None => Err(StartRefused(format!(
-                "{rel} is not among the files this version of the hook was loaded with"
-            ))),
+            Some(_) => Err(refused(
+                format!(
+                    "{rel} changed since this version of the hook was loaded; only the files it \
+                     was loaded (and approved) with run"
+                ),
+                true,
+            )),
+            None => Err(refused(
+                format!("{rel} is not among the files this version of the hook was loaded with"),
+                true,
+            )),
         }
     })
     .await
-    .map_err(|e| StartRefused(format!("checking the handler failed: {e}")))?;
+    .map_err(|e| refused(format!("checking the handler failed: {e}"), false))?;
     checked.map_err(|e: StartRefused| {
-        tracing::warn!(hook = %hook, "process start refused: {}", e.0);
+        tracing::warn!(hook = %hook, "process start refused: {}", e.why);
         HandlerError::from(e)
     })
 }
