@@ -20,7 +20,7 @@ pub fn refusal(skipped: &[Skipped], dir: &Path) -> Option<String> {
                     SkipCode::NotApproved | SkipCode::Permissions | SkipCode::HandlerOutside
                 )
         })
-        .map(|s| format!("not run: the hook was refused ({})", s.reason))
+        .map(|s| format!("not started: the hook was refused ({})", s.reason))
 }
 
 /// Stops each refused hook now; logs how many queued events were reported instead of run.
