@@ -32,6 +32,10 @@ pub struct HookPlacement {
     /// Python hooks: the interpreter and why (in-gateway hooks run in the gateway's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python: Option<Interpreter>,
+    /// In-gateway hooks: every file of the hook's tree but its data, with its SHA-256 (relative
+    /// path -> hex), which the gateway's client checks each module against as it imports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<BTreeMap<String, String>>,
     /// In-gateway hooks changed (or added) since the running gateway imported its hooks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restart_needed: Option<String>,
@@ -47,6 +51,10 @@ impl HookPlacement {
             runs: spec.placement.runs.as_str(),
             why: spec.placement.why.clone(),
             sha256: spec.sha256.clone(),
+            files: spec
+                .placement
+                .in_gateway()
+                .then(|| spec.files.files.clone()),
             python,
             restart_needed: spec
                 .placement

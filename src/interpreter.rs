@@ -151,7 +151,10 @@ fn runs(python: &Path) -> bool {
     if !executable {
         return false;
     }
+    use std::os::unix::process::CommandExt;
+    // Its own process group, as every process the service starts: see crate::reaper.
     let child = std::process::Command::new(python)
+        .process_group(0)
         .args(["-c", "pass"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

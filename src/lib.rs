@@ -76,6 +76,7 @@ pub(crate) mod notices;
 pub mod pattern;
 pub(crate) mod placement;
 pub mod priority;
+pub(crate) mod reaper;
 pub(crate) mod registry;
 pub(crate) mod scaffold;
 pub mod server;

@@ -47,6 +47,7 @@ const KNOWN_KEYS: &[&str] = &[
     "ca_file",
     "nice",
     "sched",
+    "data",
     "cwd",
 ];
 
@@ -151,6 +152,7 @@ struct RawManifest {
     ca_file: Option<String>,
     nice: Option<i64>,
     sched: Option<crate::priority::Sched>,
+    data: Option<Vec<String>>,
     cwd: Option<Cwd>,
 }
 
@@ -201,6 +203,9 @@ pub struct Manifest {
     pub nice: Option<i32>,
     /// `sched:` (`normal` or `idle`); `None`: the service's default (`serve --worker-sched`).
     pub sched: Option<crate::priority::Sched>,
+    /// `data:`: paths of the hook's tree that are data, not code (`state/`, `*.json`), in
+    /// addition to the defaults of [`crate::trust::data`]; an approval covers every other file.
+    pub data: Vec<String>,
     /// `cwd:` (default `service`): where the hook's processes start.
     pub cwd: Cwd,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
@@ -383,6 +388,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             .transpose()?
             .map(|n| n as i32),
         sched: raw.sched,
+        data: data_patterns(raw.data)?,
         warnings,
         notes,
     })
@@ -484,6 +490,39 @@ fn in_range(
             range.end()
         ),
     })
+}
+
+/// `data:` patterns, each checked by [`invalid_data_pattern`].
+fn data_patterns(raw: Option<Vec<String>>) -> Result<Vec<String>, ManifestError> {
+    let data = raw.unwrap_or_default();
+    match data.iter().find_map(|p| invalid_data_pattern(p)) {
+        Some(reason) => Err(ManifestError::BadField {
+            field: "data",
+            reason,
+        }),
+        None => Ok(data),
+    }
+}
+
+/// Why a `data:` pattern is refused (syntax: [`crate::trust::data`]), or `None` when it is fine.
+pub fn invalid_data_pattern(pattern: &str) -> Option<String> {
+    let body = pattern.trim_end_matches('/');
+    if body.is_empty() {
+        return Some(format!(
+            "{pattern:?} would make the whole tree data: nothing would be approved"
+        ));
+    }
+    if body.starts_with('/') || body.split('/').any(|c| c == ".." || c.is_empty()) {
+        return Some(format!(
+            "{pattern:?}: give a path inside the hook directory, without `..` or empty components"
+        ));
+    }
+    if body.split('/').all(|c| c.chars().all(|ch| ch == '*')) {
+        return Some(format!(
+            "{pattern:?} matches everything: nothing would be approved"
+        ));
+    }
+    None
 }
 
 /// A hook name must be usable in URLs, log lines and Python module names.

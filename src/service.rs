@@ -178,6 +178,8 @@ pub async fn run(
     } else {
         None
     };
+    // The real service (which owns the signals) also reaps its hooks' orphans as PID 1.
+    let _reaper = config.signals.then(crate::reaper::start).flatten();
     let address = listener.address();
     let router = server::app(host.clone(), config.api.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -41,6 +41,11 @@ pub async fn check(roots: RootArgs) -> i32 {
             if placement.runs != "service" || python.is_some() && python != common {
                 let _ = writeln!(out, "        {}", placement.summary());
             }
+            if host.config().trust.mode == crate::trust::TrustMode::Explicit {
+                for line in crate::trust::coverage::lines(&h.spec.files) {
+                    let _ = writeln!(out, "        {line}");
+                }
+            }
             if let Some(r) = &placement.restart_needed {
                 warnings += 1;
                 let _ = writeln!(out, "warning {}: {r}", h.spec.name);

@@ -73,14 +73,20 @@ impl ExecHandler {
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');
+        // What runs is the open file whose bytes were checked, not whatever the path names by
+        // the time the kernel opens it (a rename race between the check and the exec).
+        let verified = super::verified_exec::open(&self.ctx, &self.program).await?;
         let mut cmd = if self.via_shell {
             let mut c = command("sh", &self.ctx);
-            c.arg(&self.program);
+            c.arg(verified.path());
             c
         } else {
-            command(&self.program, &self.ctx)
+            command(verified.path(), &self.ctx)
         };
-        let mut child = cmd.spawn().map_err(|e| {
+        verified.pass_to(&mut cmd);
+        let spawned = cmd.spawn();
+        drop(verified);
+        let mut child = spawned.map_err(|e| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
         })?;
         let mut group = GroupKill::new(child.id());

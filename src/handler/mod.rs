@@ -17,6 +17,7 @@ pub mod exec;
 pub mod process;
 pub mod python;
 pub mod retire;
+pub mod verified_exec;
 pub mod webhook;
 
 pub use api::*;

@@ -278,6 +278,14 @@ impl LoadedHook {
     /// events were left: still queued, or taken by this version and not settled (counted in
     /// `undelivered`).
     pub async fn abort(&self) -> usize {
+        self.stop_now("the host stopped before this event was handled")
+            .await
+    }
+
+    /// Stops the worker now because this version may no longer run (its approval was revoked,
+    /// its tree became unsafe): the running call is killed and every queued event is reported
+    /// `why`, never run with the code that lost its approval. Returns how many events were left.
+    pub async fn stop_now(&self, why: &str) -> usize {
         self.queue.close();
         let task = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = task {
@@ -289,7 +297,7 @@ impl LoadedHook {
         let left = self.queue.take_all();
         let n = left.len() + self.in_flight.swap(0, Ordering::SeqCst);
         for job in left {
-            job.fail("the host stopped before this event was handled");
+            job.fail(why);
         }
         self.stats
             .undelivered

@@ -21,6 +21,7 @@ use crate::registry::Registry;
 
 mod info;
 mod plan;
+mod revoked;
 
 use plan::{Plan, Version};
 
@@ -149,6 +150,8 @@ pub struct ShutdownReport {
 }
 
 /// A handler start's result; `None` when its task panicked.
+/// Versions trust refused at a reload, with why: they stop at once.
+type Refused = Vec<(Arc<LoadedHook>, String)>;
 type Started = Option<Result<Box<dyn handler::Handler>, handler::HandlerError>>;
 
 struct Inner {
@@ -627,10 +630,12 @@ impl Host {
         self.keep_last_good(&old, &running, &mut skipped, &mut new_hooks);
         let generation = old.generation + 1;
         report.loaded = self.swap(new_hooks, skipped.clone(), generation);
-        report.stopped = self.retire(&old);
+        let (stopped, refused) = self.retire(&old, &skipped);
+        report.stopped = stopped;
         let old_skipped = old.skipped.clone();
         drop(running);
         drop(old);
+        revoked::stop_all(refused).await;
         self.ledger().fold();
         self.announce_skipped(&skipped, &old_skipped);
         if self.inner.ready.swap(true, Ordering::Relaxed) {
@@ -839,10 +844,13 @@ impl Host {
     }
 
     /// Reload phase 6: retires what the new snapshot no longer holds: a superseded version
-    /// finishes its call and hands over; a removed one drains and stops. Returns the stopped.
-    fn retire(&self, old: &Registry) -> Vec<String> {
+    /// finishes its call and hands over; a removed one drains and stops, unless trust refused it
+    /// in this scan (`skipped`): those are returned with the reason, to stop at once
+    /// ([`revoked`]). Returns the stopped names and the refused versions.
+    fn retire(&self, old: &Registry, skipped: &[Skipped]) -> (Vec<String>, Refused) {
         let current = self.snapshot();
         let mut stopped = Vec::new();
+        let mut refused = Vec::new();
         let mut retired = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|h| !h.is_finished());
         for h in &old.hooks {
@@ -858,6 +866,9 @@ impl Host {
                 h.supersede();
             } else {
                 h.close();
+                if let Some(why) = revoked::refusal(skipped, &h.spec.dir) {
+                    refused.push((h.clone(), why));
+                }
                 stopped.push(h.spec.name.clone());
                 self.inner.notices.send(
                     "hook_unloaded",
@@ -865,7 +876,7 @@ impl Host {
                 );
             }
         }
-        stopped
+        (stopped, refused)
     }
 
     /// Reload phase 7: reports what is newly wrong; a rescan does not repeat problems already

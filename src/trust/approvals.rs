@@ -173,6 +173,12 @@ pub fn settings_hash(manifest: &Manifest) -> String {
             h.update(b"\n");
         }
     }
+    // `data:` decides what the approval does not cover.
+    for d in &manifest.data {
+        h.update(b"data=");
+        h.update(d.as_bytes());
+        h.update(b"\n");
+    }
     hex::encode(h.finalize())
 }
 

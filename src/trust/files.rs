@@ -1,12 +1,16 @@
-//! The files of a hook that can run, and the permissions of its whole tree ([`permission_problem`]
+//! The files of a hook that run, and the permissions of its whole tree ([`permission_problem`]
 //! is the one rule for a single path, shared with [`crate::trust::policy`]).
 //!
 //! [`RunFiles::scan`] walks a hook directory once and (1) refuses any file or directory anywhere
 //! under it that is writable by others, by a group that is not the owner's private group, or
 //! owned by another user (unless `--insecure-permissions`; the rule is [`crate::trust::modes`]';
-//! data files a hook writes are not checked, directories and code are), and a `python:` interpreter with the same problem; (2) records the
-//! SHA-256 of every file that can run: the handler, every Python file (`.py`, `.pyw`, `.pth`), shell
-//! script (`.sh`), shared library (`.so`, `.dylib`) and every file with an execute bit.
+//! data files a hook writes are not checked, directories and code are), and a `python:`
+//! interpreter with the same problem; (2) records the SHA-256 of every file of the tree except its
+//! data ([`crate::trust::data`]: `__pycache__/`, `*.log` and what HOOK.yaml's `data:` declares)
+//! and HOOK.yaml itself (whose settings that change what runs are hashed by
+//! [`crate::trust::approvals::settings_hash`]). Whatever its name or mode, a file a handler may
+//! source, read as a program or import is covered by the hash; the mode check is kept to what can
+//! run (as in [`crate::trust::modes`]).
 //!
 //! Discovery takes that record when a hook version loads; explicit approvals cover it; and
 //! [`crate::trust::prestart`] compares the tree with it before every process start, so what runs
@@ -16,11 +20,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
+use crate::trust::data::DataRules;
 
 /// Most entries looked at under one hook directory; a larger tree is refused.
 pub const MAX_ENTRIES: usize = 20_000;
@@ -77,7 +83,9 @@ pub struct RunFiles {
     pub check_permissions: bool,
     /// False for a webhook: nothing in its directory runs, only permissions are checked.
     pub runs_locally: bool,
-    /// Relative path -> SHA-256 (hex) of every file that can run.
+    /// What of the tree is data (not covered).
+    pub data: DataRules,
+    /// Relative path -> SHA-256 (hex) of every file of the tree that is not data.
     pub files: BTreeMap<String, String>,
 }
 
@@ -101,6 +109,7 @@ impl RunFiles {
                 .flatten(),
             check_permissions,
             runs_locally: kind.spec().runs_locally,
+            data: DataRules::new(&manifest.data),
             files: BTreeMap::new(),
         };
         this.files = this.rescan()?;
@@ -128,7 +137,8 @@ impl RunFiles {
         }
         let mut seen = 0usize;
         let mut visited = HashSet::new();
-        let mut stack = vec![self.dir.clone()];
+        // (directory, whether it is data): data is walked for the permission rule, not hashed.
+        let mut stack = vec![(self.dir.clone(), false)];
         if let Ok(c) = std::fs::canonicalize(&self.dir) {
             visited.insert(c);
         }
@@ -140,7 +150,7 @@ impl RunFiles {
                 reason,
             });
         }
-        while let Some(d) = stack.pop() {
+        while let Some((d, in_data)) = stack.pop() {
             let entries = std::fs::read_dir(&d).map_err(|e| TreeError::Unreadable {
                 path: d.clone(),
                 reason: e.to_string(),
@@ -165,6 +175,11 @@ impl RunFiles {
                 let Ok(meta) = std::fs::metadata(&path) else {
                     continue; // a dangling link opens nothing
                 };
+                let rel = self.rel(&path);
+                if d == self.dir && name == "HOOK.yaml" {
+                    continue;
+                }
+                let data = in_data || self.data.is_data(&rel, meta.is_dir());
                 if self.check_permissions
                     && let Some(reason) = entry_problem(&self.dir, &path, &meta)
                 {
@@ -174,17 +189,17 @@ impl RunFiles {
                     // A linked directory is walked once, wherever it points.
                     let canon = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
                     if visited.insert(canon) {
-                        stack.push(path);
+                        stack.push((path, data));
                     }
-                } else if self.runs_locally && meta.is_file() && can_run(&path, &meta) {
-                    files.insert(self.rel(&path), file_sha256(&path, Some(&meta))?);
+                } else if self.runs_locally && meta.is_file() && !data {
+                    files.insert(rel, file_sha256(&path, Some(&meta))?);
                 }
             }
         }
         Ok(files)
     }
 
-    /// SHA-256 (hex) over every file that can run (relative path and hash, in path order).
+    /// SHA-256 (hex) over every covered file (relative path and hash, in path order).
     pub fn digest(&self) -> String {
         digest_of(&self.files)
     }
@@ -285,17 +300,59 @@ fn interpreter_path(dir: &Path, python: &str) -> Option<PathBuf> {
     }
 }
 
-/// Identity of a file's content as far as `stat` tells: any write changes ctime.
+/// Identity of a file's content as far as `stat` tells: any write changes ctime (but within one
+/// timestamp tick a write may leave mtime and ctime as they were: see [`RACY_WINDOW`]).
 type StatKey = (u64, u64, u64, i64, i64, i64, i64);
 
+/// A cached hash: the identity it was computed for, the hash, and when hashing started.
+type Cached = (StatKey, String, SystemTime);
+
 /// Hashes already computed, by path and identity.
-static CACHE: Mutex<Option<HashMap<PathBuf, (StatKey, String)>>> = Mutex::new(None);
+static CACHE: Mutex<Option<HashMap<PathBuf, Cached>>> = Mutex::new(None);
 /// Entries kept in [`CACHE`] at most (it is emptied when full).
 const CACHE_MAX: usize = 100_000;
+/// Git's "racy clean" rule: a file whose mtime is this close to (or after) the moment its hash
+/// was computed may have been written again within the same timestamp tick without its `stat`
+/// changing, so its cached hash is not trusted and the file is read again. Two seconds covers
+/// the coarsest timestamps in use (FAT, some network filesystems); jiffy-grained local ones are
+/// far finer.
+pub const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+fn stat_key(meta: &std::fs::Metadata) -> StatKey {
+    use std::os::unix::fs::MetadataExt;
+    (
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+    )
+}
+
+/// The cached hash of `path` when its identity is `key` and it is not racily clean.
+fn cached(path: &Path, key: &StatKey, meta: &std::fs::Metadata) -> Option<String> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let (k, sha, hashed_at) = cache.as_ref()?.get(path)?;
+    let modified = meta.modified().ok()?;
+    let settled = hashed_at
+        .duration_since(modified)
+        .is_ok_and(|age| age > RACY_WINDOW);
+    (k == key && settled).then(|| sha.clone())
+}
+
+fn remember(path: &Path, key: StatKey, sha: &str, hashed_at: SystemTime) {
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let map = cache.get_or_insert_with(HashMap::new);
+    if map.len() >= CACHE_MAX {
+        map.clear();
+    }
+    map.insert(path.to_path_buf(), (key, sha.to_string(), hashed_at));
+}
 
 /// SHA-256 (hex) of a file's content, cached by its identity.
 fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String, TreeError> {
-    use std::os::unix::fs::MetadataExt;
     let unreadable = |e: std::io::Error| TreeError::Unreadable {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -304,34 +361,41 @@ fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String,
         Some(m) => m.clone(),
         None => std::fs::metadata(path).map_err(unreadable)?,
     };
-    let key: StatKey = (
-        meta.dev(),
-        meta.ino(),
-        meta.size(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ctime(),
-        meta.ctime_nsec(),
-    );
-    {
-        let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, sha)) = cache.as_ref().and_then(|c| c.get(path))
-            && *k == key
-        {
-            return Ok(sha.clone());
-        }
+    let key = stat_key(&meta);
+    if let Some(sha) = cached(path, &key, &meta) {
+        return Ok(sha);
     }
+    let hashed_at = SystemTime::now();
     let bytes = std::fs::read(path).map_err(unreadable)?;
     let sha = hex::encode(Sha256::digest(&bytes));
     // The file may have changed while it was read: cache only when its identity held.
     let after = std::fs::metadata(path).map_err(unreadable)?;
-    if (after.ctime(), after.ctime_nsec(), after.size()) == (key.5, key.6, key.2) {
-        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        let map = cache.get_or_insert_with(HashMap::new);
-        if map.len() >= CACHE_MAX {
-            map.clear();
-        }
-        map.insert(path.to_path_buf(), (key, sha.clone()));
+    if stat_key(&after) == key {
+        remember(path, key, &sha, hashed_at);
+    }
+    Ok(sha)
+}
+
+/// SHA-256 (hex) of the content of an open file, read through the descriptor (what `exec` of
+/// that descriptor runs), cached as [`file_sha256`] by the descriptor's identity.
+pub fn open_file_sha256(file: &std::fs::File, path: &Path) -> Result<String, TreeError> {
+    use std::io::Read;
+    let unreadable = |e: std::io::Error| TreeError::Unreadable {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let meta = file.metadata().map_err(unreadable)?;
+    let key = stat_key(&meta);
+    if let Some(sha) = cached(path, &key, &meta) {
+        return Ok(sha);
+    }
+    let hashed_at = SystemTime::now();
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    let mut reader = file;
+    reader.read_to_end(&mut bytes).map_err(unreadable)?;
+    let sha = hex::encode(Sha256::digest(&bytes));
+    if stat_key(&file.metadata().map_err(unreadable)?) == key {
+        remember(path, key, &sha, hashed_at);
     }
     Ok(sha)
 }
@@ -353,12 +417,40 @@ mod tests {
         let h = d.join("handler.py");
         let rf = RunFiles::scan(d, HandlerKind::Python, Some(&h), &m, false).unwrap();
         let names: Vec<&str> = rf.files.keys().map(String::as_str).collect();
-        assert_eq!(names, ["handler.py", "helper.py", "pkg/__init__.py"]);
+        assert_eq!(
+            names,
+            ["data.txt", "handler.py", "helper.py", "pkg/__init__.py"]
+        );
         std::fs::write(d.join("helper.py"), "X = 2\n").unwrap();
-        std::fs::write(d.join("data.txt"), "still not code\n").unwrap();
+        std::fs::write(d.join("hook.log"), "a log is data\n").unwrap();
+        std::fs::create_dir(d.join("__pycache__")).unwrap();
+        std::fs::write(d.join("__pycache__/helper.cpython-311.pyc"), "x").unwrap();
         let now = rf.rescan().unwrap();
         assert_ne!(digest_of(&now), rf.digest());
         assert_eq!(describe_changes(&rf.files, &now), "helper.py changed");
+    }
+
+    /// Row 8 of issue 20: an in-place, same-size rewrite right after a check, within one
+    /// timestamp tick (ramfs, a coarse clock: `stat` says nothing changed), is seen by the next
+    /// check. This kernel's timestamps may be finer than that, so the test makes the cache hold
+    /// what such a tick leaves: the old hash under the rewritten file's identity.
+    #[test]
+    fn racy_clean_rewrite_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let m = crate::manifest::parse_manifest("events: [a]\n").unwrap();
+        let h = d.join("handler.sh");
+        std::fs::write(&h, "echo approved\n").unwrap();
+        let rf = RunFiles::scan(d, HandlerKind::Exec, Some(&h), &m, false).unwrap();
+        let hashed_at = {
+            let cache = CACHE.lock().unwrap();
+            cache.as_ref().unwrap().get(&h).unwrap().2
+        };
+        std::fs::write(&h, "echo injected\n").unwrap();
+        let meta = std::fs::metadata(&h).unwrap();
+        remember(&h, stat_key(&meta), &rf.files["handler.sh"], hashed_at);
+        let now = rf.rescan().unwrap();
+        assert_eq!(describe_changes(&rf.files, &now), "handler.sh changed");
     }
 
     /// The cost of the pre-start check on an unchanged tree (hashes cached), printed, not

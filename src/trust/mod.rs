@@ -5,7 +5,9 @@
 //! - [`approvals`]: the approvals file `$HERMES_HOME/hooks-trust.json` and what its hashes cover.
 //! - [`edit`]: the `enabled:` line editor for HOOK.yaml.
 //! - [`modes`]: the ownership and mode rule for one path.
-//! - [`files`]: the files of a hook that can run (hashed) and the permissions of its whole tree.
+//! - [`files`]: the files of a hook that are code (hashed) and the permissions of its whole tree.
+//! - [`data`]: what of a hook's tree is data (`data:` in HOOK.yaml, and defaults).
+//! - [`coverage`]: what an approval covers, file by file, for `check`.
 //! - [`prestart`]: the check before every process start (the tree is still the one loaded).
 //! - [`error`]: what trust refused or could not do.
 //!
@@ -16,9 +18,8 @@
 //!   turns this off);
 //! - a handler that resolves outside its hook directory (`..`, absolute path, symlink escape);
 //! - with `--trust explicit`, any hook not approved in `$HERMES_HOME/hooks-trust.json`, or whose
-//!   handler's SHA-256, or the SHA-256 of any of its files that can run (every `.py`, script,
-//!   library or executable under the hook directory), differs from the approved one
-//!   ([`SkipCode::NotApproved`]).
+//!   handler's SHA-256, or the SHA-256 of any file of its tree that is not data ([`data`]),
+//!   differs from the approved one ([`SkipCode::NotApproved`]).
 //!
 //! Before every process start ([`prestart`]) the tree is checked again: its files that can run
 //! must be the ones the version was loaded with, so neither a replaced helper module nor a broken
@@ -29,14 +30,16 @@
 //! `enabled: false`), so comments, order and quoting stay byte for byte as they were.
 //!
 //! What an approval covers: the handler file's bytes (for a webhook, its `url` and `secret_env`),
-//! every file that can run ([`files`]) and the HOOK.yaml settings that change what runs
-//! (`handler`, `python`, `env`, `url`, `secret_env`). The rest of HOOK.yaml is covered by the
+//! every file of the tree but its data ([`files`]) and the HOOK.yaml settings that change what
+//! runs (`handler`, `python`, `env`, `url`, `secret_env`, `data`). The rest of HOOK.yaml is covered by the
 //! permission checks, not by the hash.
 //!
 //! [`SkipCode::Permissions`]: crate::discovery::SkipCode::Permissions
 //! [`SkipCode::NotApproved`]: crate::discovery::SkipCode::NotApproved
 
 pub mod approvals;
+pub mod coverage;
+pub mod data;
 pub mod edit;
 pub mod error;
 pub mod files;

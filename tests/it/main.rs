@@ -31,6 +31,7 @@ mod python;
 mod reload;
 mod service;
 mod trust;
+mod trust_holds;
 mod webhook;
 mod wheel;
 mod zygote;

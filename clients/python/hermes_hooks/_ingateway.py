@@ -8,8 +8,10 @@ watchers on its loop) and runs no worker for them. ``InGatewayHooks`` owns the r
 * **Import** (``load``, from ``discover_and_load``): the handler file is read once, its SHA-256
   compared with the one the service reported (a mismatch refuses the hook: the file changed
   after the service looked at it, possibly after an approval), then executed from those same
-  bytes as module ``hermes_hook_<name>`` (registered in ``sys.modules`` first, hook directory on
-  ``sys.path``), so import-time patches are in place before the gateway goes on. What was
+  bytes as module ``hermes_hook_<name>`` (registered in ``sys.modules`` first; the hook's other
+  modules through its own finder, each checked against the service's manifest, never through
+  ``sys.path``: see ``_trusted``, which also checks the service and the hook's tree first), so
+  import-time patches are in place before the gateway goes on. What was
   imported is recorded in ``$HERMES_HOME/hooks-in-gateway.json`` (pid, SHA-256 per hook) so that
   ``hermes-hooks list``/``check`` can say when a changed hook needs a gateway restart.
 * **emit** (``dispatch``): returns at once. An ``async def`` handler becomes a task on the
@@ -21,11 +23,14 @@ watchers on its loop) and runs no worker for them. ``InGatewayHooks`` owns the r
   order of every hook (exact-pattern hooks, then wildcard hooks, each in discovery order) to
   merge them with the service's results.
 
-Handlers get the caller's real ``context`` dict, as with the original host.
+An ``async def`` handler gets the caller's real ``context`` dict, as with the original host; a
+sync handler, which runs on its own thread while the caller goes on, gets a deep copy (a shallow
+one when the context cannot be deep-copied): mutating it changes nothing the caller sees.
 """
 
 import asyncio
 import collections
+import copy
 import hashlib
 import importlib.util
 import inspect
@@ -37,6 +42,8 @@ import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import _trusted
 
 log = logging.getLogger("hermes_hooks")
 
@@ -159,7 +166,8 @@ class _Hook:
         queue = self._queue
         if len(queue) >= self.capacity:
             self._drop_oldest()
-        queue.append((event, context, loop, done))
+        # Its own thread runs it while the caller goes on: it gets a copy, never the live dict.
+        queue.append((event, _private_copy(context), loop, done))
         if self._idle:
             self._wake_up()
 
@@ -280,6 +288,15 @@ class _Hook:
         return result, None
 
 
+def _private_copy(context: Any) -> Any:
+    """A deep copy of the context for a handler on its own thread (a shallow one when something
+    in it cannot be copied): the caller keeps using its dict while the handler runs."""
+    try:
+        return copy.deepcopy(context)
+    except Exception:
+        return dict(context) if isinstance(context, dict) else context
+
+
 async def _awaited(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
@@ -305,9 +322,14 @@ class InGatewayHooks:
 
     # ------------------------------------------------------------------ import
 
-    def load(self, entries: List[Dict[str, Any]], hermes_home: Optional[str]) -> None:
+    def load(self, entries: List[Dict[str, Any]], hermes_home: Optional[str],
+             service_problem: Optional[str] = None) -> None:
         """Import the entries with ``runs == "gateway"`` (once per name: a hook already imported
-        is kept, re-importing patching code is not safe). Marks each entry's ``status``."""
+        is kept, re-importing patching code is not safe). Marks each entry's ``status``.
+        ``service_problem`` (see :mod:`._trusted`) refuses every import: the listing may not
+        come from the real service."""
+        self._service_problem = service_problem
+        self._roots = _trusted.known_roots(hermes_home)
         self._order = [(e.get("name", ""), _Patterns(list(e.get("events") or [])))
                        for e in entries]
         self._cache = {}
@@ -338,6 +360,17 @@ class InGatewayHooks:
             entry["error"] = why
             log.error("[hooks] Skipping %s (runs in the gateway): %s", name, why)
 
+        mod_name = module_name(name)
+        problem = getattr(self, "_service_problem", None)
+        if problem is None:
+            problem = _trusted.tree_problem(hook_dir, getattr(self, "_roots", []))
+        files = entry.get("files")
+        if problem is None and not isinstance(files, dict):
+            problem = "the service sent no manifest of the hook's files"
+        if problem is not None:
+            refuse("refused", problem + "; not imported")
+            return None
+        finder = _trusted.HookFinder(name, hook_dir, files)
         try:
             with open(handler, "rb") as f:
                 source = f.read()
@@ -345,25 +378,24 @@ class InGatewayHooks:
             refuse("failed", "cannot read %s: %s" % (handler, exc))
             return None
         digest = hashlib.sha256(source).hexdigest()
-        if not entry.get("sha256") or digest != entry.get("sha256"):
+        rel = os.path.relpath(os.path.realpath(handler), finder.root)
+        if not entry.get("sha256") or digest != entry.get("sha256") or files.get(rel) != digest:
             refuse("refused", "%s has SHA-256 %s, not %s as the service reported: it changed "
                    "after the service checked it; not imported (reload the service, then "
                    "restart the gateway)" % (handler, digest[:12], str(entry.get("sha256"))[:12]))
             return None
-        mod_name = module_name(name)
         spec = importlib.util.spec_from_file_location(mod_name, handler)
         if spec is None:
             refuse("failed", "cannot make a module of %s" % handler)
             return None
         module = importlib.util.module_from_spec(spec)
-        if hook_dir and hook_dir not in sys.path:
-            sys.path.insert(0, hook_dir)
+        finder.install()  # no sys.path entry: see _trusted
         sys.modules[mod_name] = module
         try:
             code = compile(source, handler, "exec", dont_inherit=True)
             exec(code, module.__dict__)  # the bytes whose digest was checked, not a re-read
         except BaseException as exc:  # a hook's SystemExit must not stop the gateway either
-            sys.modules.pop(mod_name, None)
+            _trusted.drop(finder, hook_dir, [mod_name])
             refuse("failed", "import failed: %s: %s" % (type(exc).__name__, exc))
             log.debug("import traceback", exc_info=(type(exc), exc, exc.__traceback__))
             if isinstance(exc, KeyboardInterrupt):
@@ -371,7 +403,7 @@ class InGatewayHooks:
             return None
         handle = getattr(module, "handle", None)
         if not callable(handle):
-            sys.modules.pop(mod_name, None)
+            _trusted.drop(finder, hook_dir, [mod_name])
             refuse("failed", "no 'handle' function found in %s" % os.path.basename(handler))
             return None
         entry["status"] = "imported"
@@ -435,15 +467,15 @@ class InGatewayHooks:
         except RuntimeError:
             loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
             running_here = False
-        item = (event, context, loop, None)
         for hook in hooks:
             try:
                 if not hook.is_async:
-                    # hook.submit(event, context, loop), inline: one shared item, no call.
+                    # hook.submit(event, context, loop), inline. The hook's thread runs it while
+                    # the caller goes on: each gets its own copy, never the caller's live dict.
                     queue = hook._queue
                     if len(queue) >= hook.capacity:
                         hook._drop_oldest()
-                    queue.append(item)
+                    queue.append((event, _private_copy(context), loop, None))
                     if hook._idle:
                         hook._wake_up()
                 elif running_here:

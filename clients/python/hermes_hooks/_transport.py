@@ -14,6 +14,8 @@ import socket
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import _trusted
+
 #: Environment variable naming the service address (socket path or ``http://host:port``).
 ADDRESS_ENV = "HERMES_HOOKS_ADDRESS"
 #: Environment variable holding the bearer token, when the service requires one.
@@ -171,6 +173,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
+        #: Who serves the socket (SO_PEERCRED), for the in-gateway import's check.
+        self.peer_uid = _trusted.peer_uid(sock)
 
 
 class KeepAliveConnection:
@@ -321,13 +325,18 @@ def _chunk_size(line: bytes) -> int:
 
 
 def request(address: Address, method: str, path: str, body: Optional[bytes] = None,
-            headers: Optional[Dict[str, str]] = None, timeout: float = 5.0) -> Tuple[int, bytes]:
-    """One blocking request on a fresh connection; returns ``(status, body)``.
+            headers: Optional[Dict[str, str]] = None, timeout: float = 5.0,
+            peer: Optional[Dict[str, Any]] = None) -> Tuple[int, bytes]:
+    """One blocking request on a fresh connection; returns ``(status, body)``. With ``peer``
+    (a dict), ``peer["uid"]`` is set to the uid serving a Unix socket (None over TCP).
 
     Raises ``OSError`` / ``http.client.HTTPException`` when the service cannot be reached.
     """
     conn = address.connection(timeout)
     try:
+        if peer is not None:
+            conn.connect()
+            peer["uid"] = getattr(conn, "peer_uid", None)
         hdrs = {"Accept": "application/json", "Connection": "close"}
         if body is not None:
             hdrs["Content-Type"] = "application/json"

@@ -46,7 +46,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _autostart, _ingateway, _transport, _upstream
+from . import _autostart, _ingateway, _transport, _trusted, _upstream
 
 log = logging.getLogger("hermes_hooks")
 
@@ -492,7 +492,8 @@ class HookRegistry:
                     serve_args=self._serve_args, timeout=self._autostart_timeout,
                     log_path=self._autostart_log, env_home=self._home_given,
                     request_timeout=self._request_timeout) or self.service_process
-            status, body, exc = self._fetch("/v1/hooks")
+            self._peer = {}  # type: Dict[str, Any]  # who served /v1/hooks (SO_PEERCRED)
+            status, body, exc = self._fetch("/v1/hooks", self._peer)
             if exc is not None or status != 200:
                 directory = _upstream.hooks_dir(self._home)
                 self._hooks = _upstream.read_disk_hooks(directory)
@@ -514,7 +515,9 @@ class HookRegistry:
         data = json.loads(body.decode("utf-8"))
         hooks = [_hook_entry(h) for h in data.get("hooks") or []]
         self.skipped = [s for s in data.get("skipped") or [] if isinstance(s, dict)]
-        self._ingateway.load(hooks, self._home)
+        peer = getattr(self, "_peer", {})
+        self._ingateway.load(hooks, self._home, _trusted.service_problem(
+            self._address.kind, peer.get("uid"), bool(self._headers)))
         self._hooks = hooks
         self._hooks_from_disk = False
         for hook in hooks:
@@ -526,7 +529,8 @@ class HookRegistry:
     def _refresh_hooks(self) -> None:
         """The service answered after ``loaded_hooks`` was read from disk: take its list."""
         try:
-            status, body, exc = self._fetch("/v1/hooks")
+            self._peer = {}
+            status, body, exc = self._fetch("/v1/hooks", self._peer)
             if exc is None and status == 200:
                 self._take_hook_list(body)
         except Exception:
@@ -1090,10 +1094,11 @@ class HookRegistry:
 
     # ------------------------------------------------------------------ internals: control calls
 
-    def _fetch(self, path: str) -> Tuple[int, bytes, Optional[BaseException]]:
+    def _fetch(self, path: str, peer: Optional[Dict[str, Any]] = None
+               ) -> Tuple[int, bytes, Optional[BaseException]]:
         try:
             status, body = _transport.request(self._address, "GET", path, None, self._headers,
-                                              self._request_timeout)
+                                              self._request_timeout, peer)
             return status, body, None
         except (OSError, http.client.HTTPException) as exc:
             return 0, b"", exc

@@ -435,7 +435,7 @@ class SenderTest(unittest.TestCase):
         self.assertIsNone(detailed["error"])
 
     def test_discover_and_load_reads_hooks(self) -> None:
-        def fake(address, method, path, body=None, headers=None, timeout=5.0):
+        def fake(address, method, path, body=None, headers=None, timeout=5.0, peer=None):
             self.assertEqual((method, path), ("GET", "/v1/hooks"))
             return 200, json.dumps({
                 "hooks": [{"name": "h", "events": ["agent:*"], "path": "/x/h", "kind": "python",

@@ -140,6 +140,17 @@ pub struct PythonHandler {
     restart_at: Option<Instant>,
 }
 
+/// The runner and the bytecode cache beside it are code: their directory is checked as a hook's
+/// is (owned by the service user or root, writable by nobody else).
+fn check_runner_dir(dir: &Path) -> Result<(), HandlerError> {
+    match crate::trust::permission_problem(dir) {
+        Some(reason) => Err(HandlerError::Load(format!(
+            "the Python runner's directory is unsafe: {reason}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Writes the runner into `dir` (once per content version) and returns its path.
 pub async fn ensure_runner(dir: &Path) -> Result<PathBuf, HandlerError> {
     use std::hash::{DefaultHasher, Hash, Hasher};
@@ -150,6 +161,7 @@ pub async fn ensure_runner(dir: &Path) -> Result<PathBuf, HandlerError> {
         .await
         .is_ok_and(|s| s == RUNNER_SOURCE)
     {
+        check_runner_dir(dir)?;
         return Ok(path);
     }
     let fail = |what: &str, e: std::io::Error| {
@@ -165,6 +177,7 @@ pub async fn ensure_runner(dir: &Path) -> Result<PathBuf, HandlerError> {
         use std::os::unix::fs::PermissionsExt;
         let _ = tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).await;
     }
+    check_runner_dir(dir)?;
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".runner-{}-{seq}.tmp", std::process::id()));
@@ -289,7 +302,7 @@ impl PythonHandler {
         let handshake = async {
             let stdin = worker.stdin.as_mut().ok_or("python worker has no stdin")?;
             stdin
-                .write_all(b"{\"hello\": 1, \"protocol\": 1}\n")
+                .write_all(&self.hello())
                 .await
                 .map_err(|e| format!("cannot talk to the python worker: {e}"))?;
             stdin
@@ -340,6 +353,17 @@ impl PythonHandler {
         }
     }
 
+    /// The hello line: the protocol, and the files of the hook's tree with their SHA-256, which
+    /// the runner's import hook checks every module against when it is imported.
+    fn hello(&self) -> Vec<u8> {
+        let mut line =
+            serde_json::json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files})
+                .to_string()
+                .into_bytes();
+        line.push(b'\n');
+        line
+    }
+
     /// A load failure caused by a module the interpreter lacks says which interpreter ran and
     /// how to pick another.
     fn with_hint(&self, reason: String) -> String {
@@ -360,7 +384,8 @@ impl PythonHandler {
     /// Starts a worker from scratch: `<python> -u runner.py DIR HANDLER NAME`.
     fn spawn_fresh(&self, handler: &Path) -> Result<Worker, HandlerError> {
         let mut cmd = command(&self.ctx.python, &self.ctx);
-        cmd.arg("-u")
+        cmd.env(zygote::PYCACHE_ENV, zygote::pycache_dir(&self.runner))
+            .arg("-u")
             .arg(&self.runner)
             .arg(&self.ctx.dir)
             .arg(handler)

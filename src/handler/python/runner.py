@@ -7,12 +7,14 @@ The fork server ("zygote") has imported what every worker needs and called gc.fr
 host's request it forks a worker, which takes its own process group, pipes, environment, working
 directory and sys.path, then runs exactly what a worker started from scratch runs. After the fork a
 worker needs nothing from the zygote.
-A worker owns: importing handler.py as module ``hermes_hook_<name>`` (HOOK_DIR first on sys.path),
+A worker owns: importing handler.py as module ``hermes_hook_<name>`` (HOOK_DIR first on sys.path,
+every module of the hook's tree through HookFinder, checked against the host's manifest),
 one asyncio event loop for the whole process, and calling ``handle(event, context)`` one event at a
 time, in order.
 
 Worker protocol: newline-delimited JSON, one compact object per line, UTF-8.
-  host -> runner (stdin):   {"hello": 1, "protocol": 1}                      first line, content ignored
+  host -> runner (stdin):   {"hello": 1, "protocol": 1, "files": {"helper.py": "<sha256>", ...}}
+                            first line; "files" is what the hook's tree may import (HookFinder)
                             {"id": 7, "event": "agent:start", "context": {...}}
   runner -> host (stdout):  {"ready": true, "pid": 123, "python": "3.11.7"}  or {"ready": false, "error": "..."}
                             {"id": 7, "ok": true, "result": ...}               or {"id": 7, "ok": false, "error": "..."}
@@ -45,6 +47,7 @@ On EOF (the host is gone) the zygote waits for its workers (their stdin closes t
 """
 import asyncio
 import gc
+import hashlib
 import importlib.machinery
 import importlib.util
 import inspect
@@ -62,6 +65,8 @@ import time
 import traceback
 
 DRAIN_SECONDS = 2.0
+#: The bytecode cache the service owns (see use_service_pycache).
+PYCACHE_ENV = "HERMES_HOOKS_PYCACHE"
 READ_CHUNK = 1 << 16
 
 _proto_out = None  # the real stdout, for replies only
@@ -115,9 +120,97 @@ def take_protocol_fds():
         pass
     sys.stdout = sys.stderr
     sys.stdin = open(os.devnull, "r")
-    # No __pycache__ in hook directories: they may be read-only, and new files there would wake the
-    # host's hot-reload watcher.
-    sys.dont_write_bytecode = True
+    use_service_pycache()
+
+
+def use_service_pycache():
+    """Python never reads or writes a hook's own ``__pycache__``: a planted ``.pyc`` whose header
+    matches a source file would run instead of it. The hook's own modules never use bytecode
+    (HookFinder compiles the bytes it checked); everything imported from here on (what a hook
+    imports lazily, or loads by hand) keeps its cache under the directory the service owns
+    (``HERMES_HOOKS_PYCACHE``, set by the host), written even under ``PYTHONDONTWRITEBYTECODE``
+    since it is nobody's source tree. The runner's own imports came before, from the usual
+    caches. Without the variable no bytecode is written at all."""
+    prefix = os.environ.get(PYCACHE_ENV)
+    if prefix and os.path.isabs(prefix):
+        sys.pycache_prefix = prefix
+        sys.dont_write_bytecode = False
+    else:
+        sys.dont_write_bytecode = True
+
+
+def drop_own_directory():
+    """The runner's directory (the service's cache) is not an import location: a ``csv.py`` left
+    there must not shadow the standard library for every hook."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
+class VerifiedLoader(importlib.machinery.SourceFileLoader):
+    """Executes exactly the bytes it hashed: read once, compared with the manifest, compiled."""
+
+    def __init__(self, fullname, path, finder):
+        super().__init__(fullname, path)
+        self.finder = finder
+
+    def get_code(self, fullname):
+        return compile(self.finder.verified(self.path), self.path, "exec", dont_inherit=True)
+
+
+class HookFinder:
+    """Imports from a hook's tree only what the host says this version was loaded (and, with
+    ``--trust explicit``, approved) with, at the moment of the import: a module imported lazily,
+    after an edit, is refused instead of run. First on ``sys.meta_path``; names not found in the
+    tree fall through to the usual finders (the standard library, site-packages)."""
+
+    def __init__(self, root, files):
+        self.root = os.path.abspath(root)
+        self.files = files
+
+    def inside(self, path):
+        path = os.path.abspath(path)
+        return path == self.root or path.startswith(self.root + os.sep)
+
+    def verified(self, path):
+        """The bytes of ``path`` when their SHA-256 is the one in the manifest; else ImportError."""
+        rel = os.path.relpath(os.path.abspath(path), self.root)
+        with open(path, "rb") as f:
+            data = f.read()
+        want = self.files.get(rel)
+        if want is None:
+            raise ImportError("hermes-hooks: %s is not among the files this version of the hook "
+                              "was loaded (and approved) with; not imported" % rel, path=path)
+        if hashlib.sha256(data).hexdigest() != want:
+            raise ImportError("hermes-hooks: %s changed since this version of the hook was loaded "
+                              "(and approved); not imported" % rel, path=path)
+        return data
+
+    def find_spec(self, fullname, path=None, target=None):
+        dirs = [self.root] if path is None else [d for d in path
+                                                  if isinstance(d, str) and self.inside(d)]
+        tail = fullname.rpartition(".")[2]
+        for d in dirs:
+            base = os.path.join(d, tail)
+            init = os.path.join(base, "__init__.py")
+            if os.path.isfile(init):
+                return importlib.util.spec_from_file_location(
+                    fullname, init, loader=VerifiedLoader(fullname, init, self),
+                    submodule_search_locations=[base])
+            for suffix in importlib.machinery.SOURCE_SUFFIXES:
+                if os.path.isfile(base + suffix):
+                    return importlib.util.spec_from_file_location(
+                        fullname, base + suffix, loader=VerifiedLoader(fullname, base + suffix, self))
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                if os.path.isfile(base + suffix):
+                    self.verified(base + suffix)  # dlopen reads the path again: see README
+                    return importlib.util.spec_from_file_location(
+                        fullname, base + suffix,
+                        loader=importlib.machinery.ExtensionFileLoader(fullname, base + suffix))
+            for suffix in importlib.machinery.BYTECODE_SUFFIXES:
+                if os.path.isfile(base + suffix):
+                    raise ImportError("hermes-hooks: %s has bytecode without source; a hook's "
+                                      "bytecode is never run" % (base + suffix), name=fullname)
+        return None
 
 
 class LineReader:
@@ -191,13 +284,20 @@ class LoadError(Exception):
     """A hook that cannot load; the message is shown to the operator as is."""
 
 
-def load_handler(hook_dir, handler_path, hook_name):
-    """Import handler.py and return its callable ``handle``; raise LoadError with a readable reason."""
+def load_handler(hook_dir, handler_path, hook_name, files=None):
+    """Import handler.py and return its callable ``handle``; raise LoadError with a readable reason.
+    With ``files`` (relative path -> SHA-256, from the host), every module of the hook's tree is
+    imported through a :class:`HookFinder` that checks it against them."""
     base = os.path.basename(handler_path)
     module_name = "hermes_hook_" + hook_name  # as written, as the original host names it
     sys.path.insert(0, hook_dir)
-    # An explicit loader also accepts a handler file whose name does not end in .py.
-    loader = importlib.machinery.SourceFileLoader(module_name, handler_path)
+    if files is not None:
+        finder = HookFinder(hook_dir, files)
+        sys.meta_path.insert(0, finder)
+        loader = VerifiedLoader(module_name, handler_path, finder)
+    else:
+        # An explicit loader also accepts a handler file whose name does not end in .py.
+        loader = importlib.machinery.SourceFileLoader(module_name, handler_path)
     spec = importlib.util.spec_from_file_location(module_name, handler_path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -324,10 +424,10 @@ def reply(req_id, result):
               "error": "TypeError: result of handle() is not JSON serializable: %s" % exc})
 
 
-async def serve(hook_dir, handler_path, hook_name, reader, early):
+async def serve(hook_dir, handler_path, hook_name, reader, early, files):
     """Load the handler (inside the running loop, as the gateway did), then answer requests in order."""
     try:
-        handle = load_handler(hook_dir, handler_path, hook_name)
+        handle = load_handler(hook_dir, handler_path, hook_name, files)
     except LoadError as exc:
         sys.stderr.write("hermes-hooks: hook %r cannot load: %s\n" % (hook_name, exc))
         send({"ready": False, "error": str(exc)})
@@ -390,17 +490,28 @@ def run_worker(hook_dir, handler_path, hook_name):
         if lines is None:
             os._exit(0)
     early = lines[1:]  # requests sent right behind the hello
+    files = hello_files(lines[0])
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     keep_tasks_alive(loop)
     code = 0
     try:
-        loop.run_until_complete(serve(hook_dir, handler_path, hook_name, reader, early))
+        loop.run_until_complete(serve(hook_dir, handler_path, hook_name, reader, early, files))
     except BaseException as exc:
         log_exception("hermes-hooks: runner failed:", exc)
         code = 1
     sys.stderr.flush()
     os._exit(code)  # do not wait for non-daemon threads a handler left behind
+
+
+def hello_files(line):
+    """The manifest the host sends in its hello (``"files"``: relative path -> SHA-256), or None."""
+    try:
+        hello = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    files = hello.get("files") if isinstance(hello, dict) else None
+    return files if isinstance(files, dict) else None
 
 
 # --- the fork server ---
@@ -479,7 +590,10 @@ class Zygote:
                 os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
                 sys.stdout = sys.stderr = open(2, "w", closefd=False)
                 set_priority(req.get("nice"), req.get("idle"))
+                service_cache = os.environ.get(PYCACHE_ENV)
                 os.environ.update(req.get("env") or {})
+                if service_cache:  # the service's, whatever a hook's env says
+                    os.environ[PYCACHE_ENV] = service_cache
                 apply_process_env(req.get("env") or {})
                 os.chdir(req.get("cwd") or req["dir"])
                 sys.argv = [sys.argv[0], req["dir"], req["handler"], req["name"]]
@@ -571,7 +685,7 @@ def zygote_main():
     os.dup2(2, 1)
     os.close(devnull)
     sys.stdout = sys.stderr
-    sys.dont_write_bytecode = True
+    use_service_pycache()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     zygote = Zygote(ctl)
     warm_up()
@@ -586,6 +700,7 @@ def zygote_main():
 
 
 def main():
+    drop_own_directory()
     if sys.argv[1:] == ["--zygote"]:
         zygote_main()
     if len(sys.argv) != 4:

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -37,6 +37,16 @@ const MAX_MESSAGE: usize = 64 * 1024;
 const MAX_EXITS: usize = 4096;
 /// Environment variable that turns forking off (`0`, `off`, `false`, `no`).
 pub const FORK_ENV: &str = "HERMES_HOOKS_FORK";
+
+/// Where Python keeps bytecode caches: given to every interpreter the service starts (the runner
+/// sets `sys.pycache_prefix` from it after its own imports), so none reads (or writes) a hook's
+/// own `__pycache__`.
+pub const PYCACHE_ENV: &str = "HERMES_HOOKS_PYCACHE";
+
+/// The bytecode cache of the interpreters started with `runner`: beside it, owned by the service.
+pub fn pycache_dir(runner: &Path) -> PathBuf {
+    runner.parent().unwrap_or(Path::new("/")).join("pycache")
+}
 
 /// A worker forked by a zygote: its pipes, pid and pidfd.
 pub struct Forked {
@@ -292,7 +302,8 @@ fn start(
     let (host_end, child_end) =
         seqpacket_pair().map_err(|e| format!("cannot create the fork server's socket: {e}"))?;
     let mut cmd = std::process::Command::new(python);
-    cmd.arg("-u")
+    cmd.env(PYCACHE_ENV, pycache_dir(runner))
+        .arg("-u")
         .arg(runner)
         .arg("--zygote")
         .stdin(Stdio::from(child_end))

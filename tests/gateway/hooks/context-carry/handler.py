@@ -1,4 +1,5 @@
-"""Uses the real context dict: what agent:start writes, agent:end reads (same dict object)."""
+"""Writes into the context on agent:start and reads it back on agent:end: a sync handler in the
+gateway gets a private copy per event, so the mark does not carry over (issue 20)."""
 
 SEEN = []
 
