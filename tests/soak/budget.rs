@@ -244,6 +244,14 @@ fn loss_budget_soak_a_kill_costs_at_most_the_call_in_flight() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let settled_ms = settling.elapsed().as_millis() as u64;
+    if std::env::var_os("HERMES_SOAK_DEBUG").is_some() {
+        let log = serve.log();
+        for l in log.lines().filter(|l| !l.contains(" INFO ")).take(400) {
+            eprintln!("LOG {l}");
+        }
+        let (_, v) = serve.get("/v1/hooks");
+        eprintln!("HOOKS {v}");
+    }
     assert_eq!(serve.terminate(), Some(0), "the service must exit cleanly");
     let stop_notice: Value = serve.notice("host_stop");
     let leftovers = super::wait_gone(|| handler_processes(&hooks.home()));

@@ -126,15 +126,20 @@ pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
     if answer.get("ready") == Some(&Value::Bool(true)) {
         return Ok(());
     }
-    Err(HandlerError::Load(
-        answer
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|m| !m.is_empty())
-            .unwrap_or("python worker refused to start")
-            .to_string(),
-    ))
+    let why = answer
+        .get("error")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .unwrap_or("python worker refused to start")
+        .to_string();
+    // The runner's import check found a file of the hook's tree changed since this version was
+    // loaded: the events wait for the version loaded from the new files, as when the host's own
+    // check before the start finds it.
+    if answer.get("changed") == Some(&Value::Bool(true)) {
+        return Err(HandlerError::Changed(why));
+    }
+    Err(HandlerError::Load(why))
 }
 
 #[cfg(test)]
@@ -204,6 +209,10 @@ mod tests {
         let e = parse_handshake(br#"{"error": "no handle()"}"#).unwrap_err();
         assert!(e.to_string().contains("no handle()"));
         assert!(parse_handshake(b"{").is_err());
+        assert!(matches!(
+            parse_handshake(br#"{"ready": false, "error": "x changed", "changed": true}"#),
+            Err(HandlerError::Changed(m)) if m == "x changed"
+        ));
     }
 
     #[test]

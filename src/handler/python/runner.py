@@ -178,10 +178,10 @@ class HookFinder:
             data = f.read()
         want = self.files.get(rel)
         if want is None:
-            raise ImportError("hermes-hooks: %s is not among the files this version of the hook "
+            raise FileChanged("hermes-hooks: %s is not among the files this version of the hook "
                               "was loaded (and approved) with; not imported" % rel, path=path)
         if hashlib.sha256(data).hexdigest() != want:
-            raise ImportError("hermes-hooks: %s changed since this version of the hook was loaded "
+            raise FileChanged("hermes-hooks: %s changed since this version of the hook was loaded "
                               "(and approved); not imported" % rel, path=path)
         return data
 
@@ -280,8 +280,17 @@ def log_exception(header, exc):
         pass
 
 
+class FileChanged(ImportError):
+    """A module of the hook's tree is not the one this version was loaded (and approved) with."""
+
+
 class LoadError(Exception):
-    """A hook that cannot load; the message is shown to the operator as is."""
+    """A hook that cannot load; the message is shown to the operator as is. ``changed``: because
+    a file of its tree changed (the host then hands the events to the version loaded from it)."""
+
+    def __init__(self, message, changed=False):
+        Exception.__init__(self, message)
+        self.changed = changed
 
 
 def load_handler(hook_dir, handler_path, hook_name, files=None):
@@ -309,7 +318,7 @@ def load_handler(hook_dir, handler_path, hook_name, files=None):
         if isinstance(exc, SyntaxError):
             where = " (%s, line %s)" % (os.path.basename(exc.filename or base), exc.lineno)
             raise LoadError("%s: %s%s" % (type(exc).__name__, exc.msg, where))
-        raise LoadError(describe(exc))
+        raise LoadError(describe(exc), changed=isinstance(exc, FileChanged))
     handle = getattr(module, "handle", None)
     if handle is None:
         raise LoadError("no 'handle' function found in %s" % base)
@@ -430,7 +439,10 @@ async def serve(hook_dir, handler_path, hook_name, reader, early, files):
         handle = load_handler(hook_dir, handler_path, hook_name, files)
     except LoadError as exc:
         sys.stderr.write("hermes-hooks: hook %r cannot load: %s\n" % (hook_name, exc))
-        send({"ready": False, "error": str(exc)})
+        refusal = {"ready": False, "error": str(exc)}
+        if exc.changed:
+            refusal["changed"] = True
+        send(refusal)
         return
     send({"ready": True, "pid": os.getpid(), "python": platform.python_version()})
     queue = asyncio.Queue()
