@@ -58,14 +58,14 @@ pub(crate) mod atomic;
 pub mod cli;
 pub(crate) mod client;
 pub(crate) mod decision;
-pub mod discovery;
+pub(crate) mod discovery;
 pub(crate) mod dotenv;
 pub mod events;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
 pub mod handler;
-pub mod hook;
-pub mod host;
+pub(crate) mod hook;
+pub(crate) mod host;
 pub(crate) mod ingateway;
 pub(crate) mod interpreter;
 pub(crate) mod kind;
@@ -84,12 +84,24 @@ pub mod service;
 pub(crate) mod sink;
 pub(crate) mod text;
 pub(crate) mod time;
-pub mod trust;
+pub(crate) mod trust;
 pub(crate) mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
 pub use hook::Tally;
-pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
+pub use host::{
+    Counters, EmitError, HookInfo, HookOutcome, Host, HostConfig, LastError, LoadReport, QueueInfo,
+    ShutdownReport, StatusSource, WorkerStart,
+};
+pub use trust::{TrustMode, TrustPolicy};
+
+/// Internals the benchmarks drive directly (not part of the API; may change at any time).
+#[doc(hidden)]
+pub mod bench_support {
+    pub use crate::discovery::discover;
+    pub use crate::handler::{BoxFuture, Call, Handler, Report};
+    pub use crate::hook::{Job, LoadedHook};
+}
 pub use notices::Notices;
 pub use registry::Registry;
 pub use sink::{EventSink, SinkError};
