@@ -63,7 +63,7 @@ pub(crate) mod dotenv;
 pub mod events;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
-pub mod handler;
+pub(crate) mod handler;
 pub(crate) mod hook;
 pub(crate) mod host;
 pub(crate) mod ingateway;
@@ -95,10 +95,12 @@ pub use host::{
 };
 pub use trust::{TrustMode, TrustPolicy};
 
-/// Internals the benchmarks drive directly (not part of the API; may change at any time).
+/// Internals the benchmarks and a few integration tests drive directly (not part of the API;
+/// may change at any time).
 #[doc(hidden)]
 pub mod bench_support {
     pub use crate::discovery::discover;
+    pub use crate::handler::python::zygote::zygote_pid;
     pub use crate::handler::{BoxFuture, Call, Handler, Report};
     pub use crate::hook::{Job, LoadedHook};
 }

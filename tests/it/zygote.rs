@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hermes_hooks::Host;
-use hermes_hooks::handler::python::zygote::zygote_pid;
+use hermes_hooks::bench_support::zygote_pid;
 use serde_json::{Value, json};
 
 use crate::util::{Hooks, Serve, bin, collect_one as one, config, poll, poll_async};
