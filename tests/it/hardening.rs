@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hermes_hooks::cli::set_enabled::set_enabled;
+use hermes_hooks::cli::set_enabled;
 use hermes_hooks::{Host, LoadReport, SkipCode};
 use hermes_hooks::{TrustMode, TrustPolicy};
 use serde_json::{Value, json};

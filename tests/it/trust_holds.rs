@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use hermes_hooks::cli::set_enabled::set_enabled;
+use hermes_hooks::cli::set_enabled;
 use hermes_hooks::{Host, LoadReport};
 use hermes_hooks::{TrustMode, TrustPolicy};
 use serde_json::json;
