@@ -73,7 +73,7 @@ pub(crate) mod layout;
 pub mod manifest;
 pub(crate) mod metrics;
 pub(crate) mod notices;
-pub mod pattern;
+pub(crate) mod pattern;
 pub(crate) mod placement;
 pub mod priority;
 pub(crate) mod reaper;
