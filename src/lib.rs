@@ -70,7 +70,7 @@ pub(crate) mod ingateway;
 pub(crate) mod interpreter;
 pub(crate) mod kind;
 pub(crate) mod layout;
-pub mod manifest;
+pub(crate) mod manifest;
 pub(crate) mod metrics;
 pub(crate) mod notices;
 pub(crate) mod pattern;
