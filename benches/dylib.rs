@@ -151,12 +151,12 @@ fn emit_through_noop_dylib_contexts_prebuilt(b: divan::Bencher) {
 /// A handler that does nothing, inline on the worker task: the dispatcher's own ceiling.
 struct Inline;
 
-impl hermes_hooks::handler::Handler for Inline {
+impl hermes_hooks::bench_support::Handler for Inline {
     fn call<'a>(
         &'a mut self,
-        calls: Vec<hermes_hooks::handler::Call>,
-        report: &'a mut hermes_hooks::handler::Report<'_>,
-    ) -> hermes_hooks::handler::BoxFuture<'a, ()> {
+        calls: Vec<hermes_hooks::bench_support::Call>,
+        report: &'a mut hermes_hooks::bench_support::Report<'_>,
+    ) -> hermes_hooks::bench_support::BoxFuture<'a, ()> {
         Box::pin(async move {
             for i in 0..calls.len() {
                 report(i, Ok(None));
@@ -177,7 +177,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
         .expect("hook noop")
         .spec
         .clone();
-    let hook = hermes_hooks::hook::LoadedHook::new(spec);
+    let hook = hermes_hooks::bench_support::LoadedHook::new(spec);
     {
         let _guard = fx.rt.enter();
         hook.start_worker(Box::new(Inline), None);
@@ -188,7 +188,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
             let done = stats.ok.load(Ordering::Relaxed) + EVENTS;
             let event: std::sync::Arc<str> = std::sync::Arc::from("bench:noop");
             for _ in 0..EVENTS {
-                hook.enqueue(hermes_hooks::hook::Job {
+                hook.enqueue(hermes_hooks::bench_support::Job {
                     event: event.clone(),
                     context: std::sync::Arc::new(context()),
                     reply: None,

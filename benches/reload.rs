@@ -121,7 +121,7 @@ fn rescan_cost() -> (f64, f64) {
     let mut discover = Vec::new();
     for _ in 0..10 {
         let t0 = Instant::now();
-        let d = hermes_hooks::discovery::discover(std::slice::from_ref(&root));
+        let d = hermes_hooks::bench_support::discover(std::slice::from_ref(&root));
         assert_eq!(d.hooks.len(), 1000);
         discover.push(t0.elapsed().as_secs_f64() * 1000.0);
     }

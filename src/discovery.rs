@@ -251,12 +251,7 @@ pub fn resolve_handler(
     Ok((kind, Some(path)))
 }
 
-/// Loads one hook directory.
-pub fn load_dir(root: &Path, dir: &Path) -> Result<HookSpec, Box<Skipped>> {
-    load_dir_with(root, dir, &Gate::default())
-}
-
-/// [`load_dir`] under a trust gate.
+/// Loads one hook directory under a trust gate.
 pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, Box<Skipped>> {
     let manifest_path = dir.join("HOOK.yaml");
     let mut name = dir_name(dir);

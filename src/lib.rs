@@ -9,21 +9,21 @@
 //!   [`cli::main`]; `enable`/`disable`'s work is [`cli::set_enabled`].
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).
-//! - [`server`]: the HTTP API (axum), thin over [`host::Host`].
+//! - [`server`]: the HTTP API (axum), thin over [`Host`].
 //! - [`metrics`]: OpenMetrics exposition of the host's counters (prometheus-client).
 //! - [`client`]: the CLI's HTTP client (hyper, TCP or Unix socket) for `emit` and `list --live`.
 //! - [`watch`]: hot reload: watches the roots, debounces, rescans.
 //! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`;
 //!   `host/plan.rs` is reload as a pure value, `host/info.rs` the `/v1/hooks` view.
 //! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
-//! - [`hook`]: a loaded hook ([`hook::LoadedHook`]): its bounded queue (`hook/queue.rs`),
+//! - [`hook`]: a loaded hook (`hook::LoadedHook`): its bounded queue (`hook/queue.rs`),
 //!   counters (`hook/stats.rs`) and worker task (`hook/worker.rs`), overflow accounting.
 //! - [`handler`]: the four handler kinds behind one trait: [`handler::python`] (a persistent
 //!   Python worker, its fork server, `runner.py` and the pipe protocol), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
 //!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
 //!   shared child-process plumbing.
 //! - [`ingateway`]: hooks that run inside the gateway: what `list`/`check` say about them.
-//! - [`discovery`]: hook roots -> [`discovery::HookSpec`]s plus a report of what did not load.
+//! - [`discovery`]: hook roots -> [`HookSpec`]s plus a report of what did not load.
 //! - [`placement`]: `runs: service | gateway | auto`, decided by reading the hook's source.
 //! - [`interpreter`]: which Python runs a hook's handler.py, and why.
 //! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
@@ -45,7 +45,7 @@
 //!   [`text`] (error texts capped, URLs redacted).
 //!
 //! # The path of an event
-//! receive (`POST /v1/events` or [`host::Host::emit`]) -> validate the name and context ->
+//! receive (`POST /v1/events` or [`Host::emit`]) -> validate the name and context ->
 //! load the registry snapshot (a pointer read) -> match every hook's pattern set (exact hooks
 //! first, then wildcard hooks, each in discovery order) -> push a job onto each matching hook's
 //! bounded queue -> return the count. Later, on the hook's own worker task: pop -> get the
@@ -58,22 +58,22 @@ pub(crate) mod atomic;
 pub mod cli;
 pub(crate) mod client;
 pub(crate) mod decision;
-pub mod discovery;
+pub(crate) mod discovery;
 pub(crate) mod dotenv;
 pub mod events;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
-pub mod handler;
-pub mod hook;
-pub mod host;
+pub(crate) mod handler;
+pub(crate) mod hook;
+pub(crate) mod host;
 pub(crate) mod ingateway;
 pub(crate) mod interpreter;
 pub(crate) mod kind;
 pub(crate) mod layout;
-pub mod manifest;
+pub(crate) mod manifest;
 pub(crate) mod metrics;
 pub(crate) mod notices;
-pub mod pattern;
+pub(crate) mod pattern;
 pub(crate) mod placement;
 pub mod priority;
 pub(crate) mod reaper;
@@ -84,12 +84,30 @@ pub mod service;
 pub(crate) mod sink;
 pub(crate) mod text;
 pub(crate) mod time;
-pub mod trust;
+pub(crate) mod trust;
 pub(crate) mod watch;
 
 pub use discovery::{HandlerKind, HookSpec, SkipCode, Skipped};
 pub use hook::Tally;
-pub use host::{EmitError, HookOutcome, Host, HostConfig, LoadReport};
+pub use host::{
+    Counters, EmitError, HookInfo, HookOutcome, Host, HostConfig, LastError, LoadReport, QueueInfo,
+    ShutdownReport, StatusSource, WorkerStart,
+};
+pub use trust::{TrustMode, TrustPolicy};
+
 pub use notices::Notices;
+pub use priority::{Priority, Sched};
 pub use registry::Registry;
+pub use server::ApiConfig;
+pub use service::{BeforeDrain, Listener, ServiceConfig, ServiceError};
 pub use sink::{EventSink, SinkError};
+
+/// Internals the benchmarks and a few integration tests drive directly (not part of the API;
+/// may change at any time).
+#[doc(hidden)]
+pub mod bench_support {
+    pub use crate::discovery::discover;
+    pub use crate::handler::python::zygote::zygote_pid;
+    pub use crate::handler::{BoxFuture, Call, Handler, Report};
+    pub use crate::hook::{Job, LoadedHook};
+}

@@ -546,6 +546,10 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -663,5 +667,150 @@ mod tests {
         );
         let m = parse_manifest("events: [a]\ntimeout: 300\n").unwrap();
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+    }
+
+    // Moved from tests/it/fuzz.rs (same case counts): HOOK.yaml from real keys or any text,
+    // and hook names, parse or say why; an alias bomb is refused quickly.
+    /// A scalar, list or mapping as YAML text, including the edge values HOOK.yaml fields see.
+    fn yaml_value() -> impl Strategy<Value = String> {
+        let scalar = prop_oneof![
+            Just("".to_string()),
+            Just("~".to_string()),
+            Just("true".to_string()),
+            Just("no".to_string()),
+            Just("0".to_string()),
+            Just("-1".to_string()),
+            Just("1e309".to_string()),
+            Just(".nan".to_string()),
+            Just("18446744073709551616".to_string()),
+            Just("0.001".to_string()),
+            Just("\"agent:*\"".to_string()),
+            Just("drop_oldest".to_string()),
+            Just("drop_newest".to_string()),
+            Just("handler.py".to_string()),
+            Just("../../etc/passwd".to_string()),
+            Just("http://127.0.0.1:1/x".to_string()),
+            "[a-z:*?._\\[\\]{}!-]{0,16}",
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|n| n.to_string()),
+            "\\PC{0,24}".prop_map(|s| format!("{s:?}")),
+        ];
+        scalar.prop_recursive(2, 12, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(", "))),
+                prop::collection::vec(("[a-z_]{1,8}", inner), 0..4).prop_map(|kv| {
+                    let body: Vec<String> =
+                        kv.into_iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                    format!("{{{}}}", body.join(", "))
+                }),
+            ]
+        })
+    }
+
+    /// A HOOK.yaml built from the real keys (and some unknown ones) with arbitrary values.
+    fn manifest_text() -> impl Strategy<Value = String> {
+        let key = prop_oneof![
+            Just("name"),
+            Just("description"),
+            Just("events"),
+            Just("enabled"),
+            Just("handler"),
+            Just("timeout"),
+            Just("queue"),
+            Just("python"),
+            Just("env"),
+            Just("requires"),
+            Just("url"),
+            Just("secret_env"),
+            Just("runs"),
+            Just("metadata"),
+            Just("x-unknown"),
+        ];
+        prop::collection::vec((key, yaml_value()), 0..8).prop_map(|kv| {
+            kv.into_iter()
+                .map(|(k, v)| format!("{k}: {v}\n"))
+                .collect::<String>()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 384,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn hook_yaml_from_real_keys_parses_or_says_why(text in manifest_text()) {
+            check_manifest(&text);
+        }
+
+        #[test]
+        fn hook_yaml_from_any_text_parses_or_says_why(text in "\\PC{0,200}") {
+            check_manifest(&text);
+        }
+
+        #[test]
+        fn hook_names_are_accepted_or_refused_with_a_reason(name in "\\PC{0,40}") {
+            if let Err(why) = validate_name(&name) {
+                prop_assert!(!why.is_empty());
+            }
+        }
+    }
+
+    fn check_manifest(text: &str) {
+        let t0 = Instant::now();
+        match parse_manifest(text) {
+            Ok(m) => {
+                assert!(
+                    !m.events.is_empty(),
+                    "a valid manifest has events: {text:?}"
+                );
+                assert!(m.queue_capacity >= 1, "{text:?}");
+                assert!(!m.timeout.is_zero(), "{text:?}");
+            }
+            Err(e) => assert!(!e.to_string().is_empty(), "{text:?}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "parsing hung: {text:?}"
+        );
+    }
+
+    #[test]
+    fn an_alias_bomb_in_hook_yaml_is_refused_quickly() {
+        let mut text =
+            String::from("a: &a [\"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\"]\n");
+        for i in 0..12 {
+            let prev = if i == 0 {
+                "a".to_string()
+            } else {
+                format!("l{}", i - 1)
+            };
+            text.push_str(&format!(
+                "l{i}: &l{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+        }
+        text.push_str("events: *l11\n");
+        let t0 = Instant::now();
+        let _ = parse_manifest(&text);
+        // About 0.5 s alone in a debug build; the bound is "no hang", roomy enough for a machine
+        // busy with the rest of the suite (measured over 5 s with two CPU hogs running).
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "an alias bomb took {:?}",
+            t0.elapsed()
+        );
+    }
+
+    #[test]
+    fn nice_out_of_range_is_refused() {
+        let m = parse_manifest("events: [a:b]\nnice: 25\n");
+        assert!(
+            m.as_ref()
+                .is_err_and(|e| e.to_string().contains("`nice`: 25 is out of range")),
+            "{m:?}"
+        );
     }
 }

@@ -190,4 +190,35 @@ mod tests {
         assert!(matches_known_event("agent:start"));
         assert!(!matches_known_event("sesion:start"));
     }
+
+    // Moved from tests/it/fuzz.rs (same case count): any pattern list compiles or names the
+    // pattern it refuses, with a reason; matching never panics.
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 384,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })]
+
+        #[test]
+        fn patterns_compile_or_name_the_bad_one(
+            patterns in proptest::collection::vec(proptest::prop_oneof!["[a-z:*?._\\[\\]{}!,-]{0,24}", "\\PC{0,24}"], 0..5),
+            events in proptest::collection::vec("[a-z:._-]{0,24}", 0..5),
+        ) {
+            match PatternSet::new(&patterns) {
+                Ok(set) => {
+                    for e in &events {
+                        let _ = set.matches(e);
+                    }
+                    for p in &patterns {
+                        let _ = matches_known_event(p);
+                    }
+                }
+                Err(e) => {
+                    proptest::prop_assert!(patterns.contains(&e.pattern), "the error names a given pattern: {e:?}");
+                    proptest::prop_assert!(!e.reason.is_empty());
+                }
+            }
+        }
+    }
 }

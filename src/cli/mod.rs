@@ -3,25 +3,26 @@
 //! exit code: 0 ok, 1 a problem was found or the service failed, 2 usage error (errors are one
 //! line on stderr saying what to do).
 
-pub mod args;
-pub mod check;
-pub mod common;
-pub mod completions;
-pub mod emit;
-pub mod enable;
-pub mod exit;
+pub(crate) mod args;
+pub(crate) mod check;
+pub(crate) mod common;
+pub(crate) mod completions;
+pub(crate) mod emit;
+pub(crate) mod enable;
+pub(crate) mod exit;
 #[cfg(feature = "fleet")]
-pub mod fleet;
-pub mod lease;
-pub mod list;
-pub mod new;
-pub mod serve;
-pub mod set_enabled;
-pub mod test_cmd;
+pub(crate) mod fleet;
+pub(crate) mod lease;
+pub(crate) mod list;
+pub(crate) mod new;
+pub(crate) mod serve;
+pub(crate) mod set_enabled;
+pub(crate) mod test_cmd;
 
 use std::time::Duration;
 
-pub use args::{Cli, Command, EmitArgs, LogFormat, Output, RootArgs, ServeArgs, TestArgs};
+pub(crate) use args::{Command, LogFormat};
+pub use set_enabled::set_enabled;
 
 /// Parses the arguments, sets up logging, runs the command; returns the exit code.
 pub fn main() -> i32 {

@@ -109,21 +109,6 @@ impl Edge {
         Ok(Self { inner })
     }
 
-    /// The fleet view (workers and their hooks).
-    pub fn view(&self) -> &FleetView {
-        &self.inner.view
-    }
-
-    /// Events waiting to be sent or acknowledged.
-    pub fn buffered(&self) -> usize {
-        self.inner.held()
-    }
-
-    /// Events refused (503) because the buffer was full.
-    pub fn refused_full(&self) -> u64 {
-        self.inner.full.load(Ordering::Relaxed)
-    }
-
     /// Stops accepting and sends what is buffered, for up to `drain`; returns what was left.
     pub async fn stop(&self, drain: Duration) -> usize {
         self.inner.closing.store(true, Ordering::SeqCst);

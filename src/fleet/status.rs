@@ -223,6 +223,7 @@ impl FleetView {
     }
 
     /// Number of live workers.
+    #[cfg(test)]
     pub fn workers(&self) -> usize {
         self.state.lock().map(|s| s.workers.len()).unwrap_or(0)
     }

@@ -220,11 +220,6 @@ impl WebhookHandler {
         })
     }
 
-    /// True when deliveries carry `X-Hermes-Signature-256`.
-    pub fn signed(&self) -> bool {
-        self.secret.is_some()
-    }
-
     async fn deliver(&self, event: &str, context: &Value) -> HandlerResult {
         let id = delivery_id(&self.name);
         let body = json!({

@@ -47,9 +47,5 @@ pub mod modes;
 pub mod policy;
 pub mod prestart;
 
-pub use crate::layout::check_inside;
-pub use approvals::{Approval, TRUST_FILE, TrustFile, approval_hash, settings_hash, trust_file};
-pub use edit::edit_enabled;
-pub use error::TrustError;
-pub use files::{RunFiles, TreeError, permission_problem};
-pub use policy::{Gate, TrustMode, TrustPolicy};
+pub use files::permission_problem;
+pub use policy::{TrustMode, TrustPolicy};

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use hermes_hooks::cli::set_enabled::set_enabled;
-use hermes_hooks::trust::{TrustMode, TrustPolicy};
+use hermes_hooks::cli::set_enabled;
 use hermes_hooks::{Host, LoadReport, SkipCode};
+use hermes_hooks::{TrustMode, TrustPolicy};
 use serde_json::{Value, json};
 
 use crate::util::{Hooks, collect_one, config, set_mode};

@@ -76,13 +76,3 @@ async fn the_hosts_default_applies_to_executables_and_fresh_workers() {
     );
     host.shutdown(T).await;
 }
-
-#[test]
-fn nice_out_of_range_is_refused() {
-    let m = hermes_hooks::manifest::parse_manifest("events: [a:b]\nnice: 25\n");
-    assert!(
-        m.as_ref()
-            .is_err_and(|e| e.to_string().contains("`nice`: 25 is out of range")),
-        "{m:?}"
-    );
-}

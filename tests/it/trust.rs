@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use hermes_hooks::trust::{TrustMode, TrustPolicy};
 use hermes_hooks::{Host, LoadReport, SkipCode, Skipped};
+use hermes_hooks::{TrustMode, TrustPolicy};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 

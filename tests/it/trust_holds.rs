@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use hermes_hooks::cli::set_enabled::set_enabled;
-use hermes_hooks::trust::{TrustMode, TrustPolicy};
+use hermes_hooks::cli::set_enabled;
 use hermes_hooks::{Host, LoadReport};
+use hermes_hooks::{TrustMode, TrustPolicy};
 use serde_json::json;
 
 use crate::util::{Hooks, collect_one, config};

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hermes_hooks::Host;
-use hermes_hooks::handler::python::zygote::zygote_pid;
+use hermes_hooks::bench_support::zygote_pid;
 use serde_json::{Value, json};
 
 use crate::util::{Hooks, Serve, bin, collect_one as one, config, poll, poll_async};
@@ -245,7 +245,7 @@ async fn the_timeout_of_a_pipelined_call_counts_from_the_previous_answer() {
 async fn pipeline_with_failure(
     misbehave: &str,
     yaml_extra: &str,
-) -> (Vec<u64>, hermes_hooks::host::HookInfo) {
+) -> (Vec<u64>, hermes_hooks::HookInfo) {
     let hooks = Hooks::new();
     let out = hooks.out().join("seen.txt");
     hooks.add(

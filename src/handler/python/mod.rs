@@ -11,7 +11,7 @@
 //! `{"id", "event", "context"}` get answers `{"id", "ok", "result" | "error"}`. The runner keeps
 //! the real stdout for the protocol, so `print` in a handler becomes a log line.
 //!
-//! Requests are pipelined: up to [`PIPELINE_DEPTH`] calls (and [`PIPELINE_BYTES`] of requests) are
+//! Requests are pipelined: up to [`PIPELINE_DEPTH`] calls (and [`PIPELINE_BYTES`](protocol::PIPELINE_BYTES) of requests) are
 //! written at once and their answers read as they come. The runner handles them one at a time, in
 //! order, so the timeout of a call counts from the answer to the one before it, and when a worker
 //! dies or is killed the calls after the one it was running are provably never started: they are
@@ -44,9 +44,7 @@ pub mod pylog;
 pub mod zygote;
 
 use protocol::answer_result;
-pub use protocol::{
-    Answer, PIPELINE_BYTES, PIPELINE_DEPTH, encode_requests, parse_answer, parse_handshake,
-};
+pub use protocol::{Answer, PIPELINE_DEPTH, encode_requests, parse_answer, parse_handshake};
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");

@@ -146,6 +146,7 @@ pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
 mod tests {
     use std::sync::Arc;
 
+    use proptest::prelude::*;
     use serde_json::json;
 
     use super::*;
@@ -234,6 +235,59 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(other)
             );
+        }
+    }
+
+    /// A JSON value of any shape, small.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "\\PC{0,16}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z_]{0,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    // Moved from tests/it/fuzz.rs (same case count): any line the runner might write is an
+    // outcome, a stale or out-of-order answer, or broken; never a panic.
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 384,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn runner_answer_lines_are_an_outcome_a_stale_answer_or_broken(
+            line in prop_oneof![
+                any::<Vec<u8>>(),
+                (any::<u64>(), any::<bool>(), any_json(), "\\PC{0,30}").prop_map(|(id, ok, result, error)| {
+                    serde_json::to_vec(&json!({"id": id, "ok": ok, "result": result, "error": error})).unwrap()
+                }),
+                (0u64..3, any::<Option<bool>>()).prop_map(|(id, ok)| {
+                    serde_json::to_vec(&json!({"id": id, "ok": ok})).unwrap()
+                }),
+            ],
+            id in 0u64..3,
+        ) {
+            match parse_answer(&line, id) {
+                Answer::Broken => prop_assert!(serde_json::from_slice::<Value>(&line).is_err()),
+                Answer::Stale | Answer::OutOfOrder => {}
+                Answer::Outcome(Ok(_)) => {}
+                Answer::Outcome(Err(HandlerError::Failed(msg))) => prop_assert!(!msg.is_empty()),
+                Answer::Outcome(Err(other)) => prop_assert!(false, "unexpected error kind {other:?}"),
+            }
+            if let Err(e) = parse_handshake(&line) {
+                prop_assert!(matches!(e, HandlerError::Load(ref m) if !m.is_empty()), "{e:?}");
+            }
         }
     }
 }
