@@ -69,8 +69,29 @@ impl NatsServer {
             s.args
                 .extend(["-c".to_string(), file.display().to_string()]);
         }
+        s.check_disk();
         s.restart();
         Some(s)
+    }
+
+    /// Fails at once, saying why, when the store's file system is nearly full: JetStream then
+    /// refuses every stream ("insufficient storage") and each test would only time out.
+    fn check_disk(&self) {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.store.path().as_os_str().as_bytes()).expect("path");
+        // SAFETY: statvfs fills the zeroed struct; `path` is a valid C string.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return;
+        }
+        let free = st.f_bavail as u64 * st.f_frsize as u64;
+        assert!(
+            free >= 256 << 20,
+            "the file system of {} has {} MiB free: nats-server's JetStream would refuse to store \
+             (insufficient storage) and every fleet test would time out; free some space",
+            self.store.path().display(),
+            free >> 20
+        );
     }
 
     /// SIGKILL, and empty the store: the broker comes back knowing nothing.
@@ -100,7 +121,7 @@ impl NatsServer {
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(self.log_file())
             .spawn()
             .expect("spawn nats-server");
         self.child = Some(child);
@@ -128,9 +149,67 @@ impl NatsServer {
     }
 }
 
+impl NatsServer {
+    fn log_path(&self) -> PathBuf {
+        self.store.path().join("nats-server.log")
+    }
+
+    /// The broker's log (appended across restarts), for the failure message of a test.
+    fn log_file(&self) -> Stdio {
+        std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null())
+    }
+
+    /// The broker's warnings and errors so far (JetStream out of storage, a refused config,
+    /// ...): a full disk made every fleet test time out with nothing else to say.
+    pub fn warnings(&self) -> Vec<String> {
+        broker_warnings(&self.log_path())
+    }
+}
+
+/// The lines of a nats-server log that are warnings, errors or about storage.
+pub fn broker_warnings(log: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| {
+            [
+                "[WRN]",
+                "[ERR]",
+                "[FTL]",
+                "insufficient",
+                "JetStream is disabled",
+            ]
+            .iter()
+            .any(|k| l.contains(k))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            // Into the failed test's output, next to its panic message.
+            let w = self.warnings();
+            eprintln!(
+                "nats-server {} (port {}): {} warning/error line(s){}",
+                nats_binary()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                self.port,
+                w.len(),
+                if w.is_empty() {
+                    String::new()
+                } else {
+                    format!(":\n  {}", w.join("\n  "))
+                }
+            );
+        }
     }
 }
 

@@ -314,6 +314,25 @@ impl Drop for Serve {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            // A failed test shows what the service warned about (a broker refusing to store,
+            // a hook that did not load) next to its panic message.
+            let lines = self.stderr.lock().map(|l| l.clone()).unwrap_or_default();
+            let bad: Vec<&String> = lines
+                .iter()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect();
+            let from = bad.len().saturating_sub(20);
+            eprintln!(
+                "hermes-hooks on {}: last {} of {} warning/error line(s):",
+                self.addr,
+                bad.len() - from,
+                bad.len()
+            );
+            for l in &bad[from..] {
+                eprintln!("  {l}");
+            }
+        }
     }
 }
 

@@ -68,7 +68,14 @@ impl Broker {
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(self.log())
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            )
             .spawn()
             .expect("spawn nats-server");
         self.child = Some(child);
@@ -94,6 +101,29 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+            let w: Vec<&str> = text
+                .lines()
+                .filter(|l| {
+                    ["[WRN]", "[ERR]", "[FTL]", "insufficient"]
+                        .iter()
+                        .any(|k| l.contains(k))
+                })
+                .collect();
+            eprintln!(
+                "nats-server: {} warning/error line(s):\n  {}",
+                w.len(),
+                w.join("\n  ")
+            );
+        }
+    }
+}
+
+impl Broker {
+    /// The broker's log, next to (not in) its store.
+    fn log(&self) -> PathBuf {
+        self.store.path().with_extension("nats-server.log")
     }
 }
 
