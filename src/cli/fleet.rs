@@ -26,6 +26,12 @@ pub struct ConnArgs {
     /// File holding a broker token.
     #[arg(long, value_name = "FILE")]
     pub fleet_token_file: Option<PathBuf>,
+    /// NATS credentials file (`.creds`: user JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, value_name = "FILE", env = "HERMES_HOOKS_FLEET_CREDS")]
+    pub fleet_creds: Option<PathBuf>,
+    /// File holding an nkey seed (`SU...`) for a broker user given as `nkey:`.
+    #[arg(long, value_name = "FILE", env = "HERMES_HOOKS_FLEET_NKEY")]
+    pub fleet_nkey: Option<PathBuf>,
     /// Extra root certificate (PEM) to trust for the broker's TLS.
     #[arg(long, value_name = "FILE")]
     pub fleet_tls_ca: Option<PathBuf>,
@@ -132,6 +138,21 @@ impl ConnArgs {
         }
         if let Some(p) = &self.fleet_token_file {
             c.token = Some(read_secret(p, "--fleet-token-file")?);
+        }
+        if let Some(p) = &self.fleet_nkey {
+            let seed = read_secret(p, "--fleet-nkey")?;
+            if !seed.starts_with('S') {
+                return Err(format!(
+                    "--fleet-nkey {}: not an nkey seed (a seed starts with S, e.g. SU... for a user)",
+                    p.display()
+                ));
+            }
+            c.nkey_seed = Some(seed);
+        }
+        if let Some(p) = &self.fleet_creds {
+            std::fs::metadata(p)
+                .map_err(|e| format!("cannot read --fleet-creds {}: {e}", p.display()))?;
+            c.creds = Some(p.clone());
         }
         c.tls_ca = self.fleet_tls_ca.clone();
         c.tls_cert = self.fleet_tls_cert.clone().zip(self.fleet_tls_key.clone());

@@ -40,6 +40,10 @@ pub struct FleetConfig {
     pub password: Option<String>,
     /// Token.
     pub token: Option<String>,
+    /// A `.creds` file (user JWT and nkey seed, as `nsc` writes it): decentralised auth.
+    pub creds: Option<PathBuf>,
+    /// An nkey seed (`SU...`): the server's `nkey:` users.
+    pub nkey_seed: Option<String>,
     /// Extra root certificates (PEM) for TLS.
     pub tls_ca: Option<PathBuf>,
     /// Client certificate and key (PEM) for mutual TLS.
@@ -109,6 +113,8 @@ impl FleetConfig {
             user,
             password,
             token,
+            creds: None,
+            nkey_seed: None,
             tls_ca: None,
             tls_cert: None,
             require_tls: false,
@@ -207,6 +213,17 @@ impl FleetConfig {
         }
         if let Some(t) = &self.token {
             opts = opts.token(t.clone());
+        }
+        if let Some(seed) = &self.nkey_seed {
+            opts = opts.nkey(seed.clone());
+        }
+        if let Some(path) = &self.creds {
+            opts = opts.credentials_file(path).await.map_err(|e| {
+                FleetError::Config(format!(
+                    "cannot use the credentials file {}: {e}",
+                    path.display()
+                ))
+            })?;
         }
         if let Some(ca) = &self.tls_ca {
             opts = opts.add_root_certificates(ca.clone());

@@ -1565,3 +1565,72 @@ fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
     let (_, out) = dead_cmd(&nats, &["list", "--hook", "doomed"]);
     assert!(out.contains("doomed"), "the letter stays: {out}");
 }
+
+#[test]
+fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly() {
+    let user = nkeys::KeyPair::new_user();
+    let conf = format!(
+        "authorization {{\n  users = [\n    {{ nkey: {} }}\n  ]\n}}\n",
+        user.public_key()
+    );
+    let Some(nats) = NatsServer::start_with(&[], &conf) else {
+        return;
+    };
+    let hooks = Hooks::new();
+    let seed = hooks.tmp.path().join("worker.nk");
+    std::fs::write(&seed, format!("{}\n", user.seed().expect("seed"))).unwrap();
+    recording_hook(&hooks, "nkeyed", r#"["agent:*"]"#, "");
+    let fleet_args = |cmd: &mut Command, id: &str| {
+        cmd.args(["--fleet", &nats.url()])
+            .arg("--fleet-nkey")
+            .arg(&seed)
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--listen", "127.0.0.1:0", "--worker-id", id])
+            .args(FAST);
+    };
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker");
+    fleet_args(&mut cmd, "wn");
+    let w = Serve::spawn(cmd, &hooks);
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--gateway-id", "gw-test"]);
+    fleet_args(&mut cmd, "unused");
+    let edge = Serve::spawn(cmd, &hooks);
+    wait_for_fleet(&edge, "nkeyed", &["wn"]);
+    let (status, _) = post_batch(&edge, 0..3, json!({}));
+    assert_eq!(status, 202);
+    poll(Duration::from_secs(30), "3 events handled", || {
+        (records(&hooks, "nkeyed").len() >= 3).then_some(())
+    });
+    assert!(
+        !w.log().contains(&user.seed().unwrap()),
+        "the seed is never logged"
+    );
+    // Without the nkey the broker refuses the login: `dead list` (which waits for the broker)
+    // fails and says why.
+    let out = Command::new(bin())
+        .args(["dead", "list", "--fleet", &nats.url()])
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(err.contains("authoriz"), "says the login failed: {err}");
+    // A .creds file that is not one fails at start, naming the file.
+    let bad = hooks.tmp.path().join("bad.creds");
+    std::fs::write(&bad, "not a creds file\n").unwrap();
+    let out = Command::new(bin())
+        .args(["dead", "list", "--fleet", &nats.url()])
+        .arg("--fleet-creds")
+        .arg(&bad)
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("credentials file") && err.contains("bad.creds"),
+        "names the file: {err}"
+    );
+}
