@@ -2,7 +2,16 @@
 //! `<prefix>.collect.<hook>` (a queue group, so one worker that serves the hook answers), all at
 //! once, each bounded by the collect deadline, and returns the outcomes in match order. The
 //! worker side runs the hook on its host and replies with the result or the error.
+//!
+//! An abandoned collect is cancelled on the worker: when the deadline passes (the worker's own
+//! clock, from the request's arrival) or the edge gives up early (its caller went away, or its
+//! deadline passed first), the edge publishes the event id on `<prefix>.cancel.<hook>`; the worker
+//! stops waiting for the call, and a call that has not started yet is dropped from the hook's
+//! queue (never run). A call already running in a handler process finishes (bounded by the
+//! hook's `timeout:`) and its result is dropped.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -75,12 +84,22 @@ pub async fn request(
         };
         let payload = serde_json::to_vec(&body).unwrap_or_default();
         let subject = cfg.collect_subject(hook);
+        let mut guard = Cancel {
+            client: client.clone(),
+            subject: cfg.cancel_subject(hook),
+            id: envelope.id.clone(),
+            done: false,
+        };
         let hook = hook.clone();
         async move {
             let req = async_nats::Request::new()
                 .payload(payload.into())
                 .timeout(Some(timeout));
-            let result = match client.send_request(subject, req).await {
+            let answer = client.send_request(subject, req).await;
+            let timed_out = answer
+                .as_ref()
+                .is_err_and(|e| e.kind() == async_nats::RequestErrorKind::TimedOut);
+            let result = match answer {
                 Ok(msg) => match serde_json::from_slice::<CollectReply>(&msg.payload) {
                     Ok(r) => match r.error {
                         Some(e) => Err(e),
@@ -99,6 +118,10 @@ pub async fn request(
                     _ => format!("fleet request failed: {e}"),
                 }),
             };
+            guard.done = true;
+            if timed_out {
+                guard.cancel();
+            }
             HookOutcome {
                 hook,
                 result,
@@ -109,44 +132,123 @@ pub async fn request(
     futures_util::future::join_all(asks).await
 }
 
-/// Worker side: answers collect requests for `hook` until the subscription ends.
-pub async fn serve(
+/// Edge side: tells the hook's workers that a request was given up (dropped before its answer,
+/// or timed out), so the worker drops the call.
+struct Cancel {
     client: async_nats::Client,
     subject: String,
+    id: String,
+    done: bool,
+}
+
+impl Cancel {
+    fn cancel(&self) {
+        let (client, subject, id) = (self.client.clone(), self.subject.clone(), self.id.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = client.publish(subject, id.into()).await;
+            });
+        }
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cancel();
+        }
+    }
+}
+
+/// Collect calls a worker is running, by event id, so that a cancel can abort them.
+type Running = Arc<Mutex<HashMap<String, tokio::task::AbortHandle>>>;
+
+/// Worker side: answers collect requests for `hook` until the subscription ends, and drops
+/// those the edge cancels (`cancel_subject`).
+pub async fn serve(
+    client: async_nats::Client,
+    subjects: (String, String),
     host: Host,
     hook: String,
     worker: String,
 ) {
-    let mut sub = match client
-        .queue_subscribe(subject.clone(), QUEUE_GROUP.into())
-        .await
-    {
+    let (subject, cancel_subject) = subjects;
+    let subs = async {
+        let sub = client
+            .queue_subscribe(subject.clone(), QUEUE_GROUP.into())
+            .await?;
+        let cancels = client.subscribe(cancel_subject.clone()).await?;
+        Ok::<_, async_nats::SubscribeError>((sub, cancels))
+    };
+    let (mut sub, mut cancels) = match subs.await {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(hook = %hook, "fleet: cannot subscribe to {subject}: {e}; collect will not reach this worker");
             return;
         }
     };
-    while let Some(msg) = sub.next().await {
+    let running: Running = Arc::default();
+    loop {
+        let msg = tokio::select! {
+            m = sub.next() => m,
+            c = cancels.next() => {
+                if let Some(c) = c {
+                    let id = String::from_utf8_lossy(&c.payload).into_owned();
+                    if let Some(task) = running.lock().ok().and_then(|mut r| r.remove(&id)) {
+                        tracing::debug!(hook = %hook, id, "fleet: collect cancelled by the edge; its call is dropped");
+                        task.abort();
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
         let Some(reply_to) = msg.reply.clone() else {
             continue;
         };
-        let (client, host, hook, worker) =
-            (client.clone(), host.clone(), hook.clone(), worker.clone());
-        tokio::spawn(async move {
-            let reply = match serde_json::from_slice::<CollectRequest>(&msg.payload) {
+        let req = serde_json::from_slice::<CollectRequest>(&msg.payload);
+        let id = req.as_ref().map(|r| r.envelope.id.clone()).ok();
+        let (client, host, hook, worker, reg) = (
+            client.clone(),
+            host.clone(),
+            hook.clone(),
+            worker.clone(),
+            running.clone(),
+        );
+        let gone = id.clone();
+        let task = tokio::spawn(async move {
+            let reply = match req {
                 Ok(req) => run(&host, &hook, req).await,
                 Err(e) => CollectReply {
                     error: Some(format!("unreadable collect request: {e}")),
                     ..Default::default()
                 },
             };
+            if let (Some(id), Ok(mut r)) = (gone, reg.lock()) {
+                r.remove(&id);
+            }
             let reply = CollectReply { worker, ..reply };
             let body = serde_json::to_vec(&reply).unwrap_or_default();
             if let Err(e) = client.publish(reply_to, body.into()).await {
                 tracing::warn!(hook = %hook, "fleet: cannot answer a collect request: {e}");
             }
         });
+        if let (Some(id), Ok(mut r)) = (id, running.lock()) {
+            // Registered under the lock the task takes to leave: either it is still running
+            // here or it has already gone (and must not stay registered).
+            if task.is_finished() {
+                r.remove(&id);
+            } else {
+                r.insert(id, task.abort_handle());
+            }
+        }
+    }
+    for (_, t) in running
+        .lock()
+        .map(|mut r| r.drain().collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        t.abort();
     }
 }
 

@@ -12,7 +12,7 @@
 //!
 //! Subjects (with the default prefix `hermes`): events `hermes.ev.e.<ns>.<rest>` (and replays,
 //! whose envelope names their hook; stream `HERMES_EVENTS`), dead letters `hermes.dead.<hook>` (stream
-//! `HERMES_DEAD`), collect requests `hermes.collect.<hook>`, worker status `hermes.status.<id>`.
+//! `HERMES_DEAD`), collect requests `hermes.collect.<hook>` (cancels `hermes.cancel.<hook>`), worker status `hermes.status.<id>`.
 
 pub mod collect;
 pub mod dead;
@@ -184,6 +184,11 @@ impl FleetConfig {
     /// The subject collect requests for a hook go to.
     pub fn collect_subject(&self, hook: &str) -> String {
         format!("{}.collect.{}", self.prefix, token(hook))
+    }
+
+    /// The subject on which the edge cancels a collect request for a hook it gave up on.
+    pub fn cancel_subject(&self, hook: &str) -> String {
+        format!("{}.cancel.{}", self.prefix, token(hook))
     }
 
     /// The subject a worker's status goes to.

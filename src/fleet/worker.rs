@@ -378,7 +378,7 @@ fn apply(
         ));
         let collect = tokio::spawn(super::collect::serve(
             sh.client.clone(),
-            sh.cfg.collect_subject(&name),
+            (sh.cfg.collect_subject(&name), sh.cfg.cancel_subject(&name)),
             sh.host.clone(),
             name.clone(),
             sh.opts.id.clone(),

@@ -30,6 +30,12 @@ pub struct Job {
 }
 
 impl Job {
+    /// Whoever waited for this job's outcome has gone (a collect whose deadline passed, or
+    /// whose caller went away): running it would be work for nobody.
+    pub fn abandoned(&self) -> bool {
+        self.reply.as_ref().is_some_and(|r| r.is_closed())
+    }
+
     /// Reports that the job will never run.
     pub fn fail(self, why: &str) {
         if let Some(reply) = self.reply {
@@ -54,6 +60,19 @@ pub enum Pushed {
 struct QueueState {
     jobs: VecDeque<Job>,
     closed: bool,
+}
+
+impl QueueState {
+    /// The first job someone still waits for; abandoned collects before it are dropped.
+    fn pop_live(&mut self) -> Option<Job> {
+        loop {
+            let job = self.jobs.pop_front()?;
+            if !job.abandoned() {
+                return Some(job);
+            }
+            tracing::debug!(event = %job.event, "a collect whose caller gave up is dropped before it started");
+        }
+    }
 }
 
 /// A bounded FIFO with one consumer (the hook's worker).
@@ -139,7 +158,7 @@ impl HookQueue {
         loop {
             {
                 let mut st = self.lock();
-                if let Some(job) = st.jobs.pop_front() {
+                if let Some(job) = st.pop_live() {
                     if shrink_if_drained(&mut st.jobs) {
                         self.trim_pending.store(true, Ordering::Relaxed);
                     }
@@ -183,7 +202,7 @@ impl HookQueue {
     /// The next queued job, without waiting.
     pub fn try_pop(&self) -> Option<Job> {
         let mut st = self.lock();
-        let job = st.jobs.pop_front()?;
+        let job = st.pop_live()?;
         if shrink_if_drained(&mut st.jobs) {
             self.trim_pending.store(true, Ordering::Relaxed);
         }
@@ -193,8 +212,12 @@ impl HookQueue {
     /// Up to `max` queued jobs, without waiting.
     pub fn try_pop_many(&self, max: usize) -> Vec<Job> {
         let mut st = self.lock();
-        let n = max.min(st.jobs.len());
-        let jobs = st.jobs.drain(..n).collect();
+        let mut jobs = Vec::with_capacity(max.min(st.jobs.len()));
+        while jobs.len() < max
+            && let Some(job) = st.pop_live()
+        {
+            jobs.push(job);
+        }
         if shrink_if_drained(&mut st.jobs) {
             self.trim_pending.store(true, Ordering::Relaxed);
         }

@@ -1634,3 +1634,66 @@ fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly(
         "names the file: {err}"
     );
 }
+
+#[test]
+fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    let calls = hooks.out().join("slow.calls");
+    hooks.python(
+        "slow",
+        r#"["message:pre_route"]"#,
+        &format!(
+            "import time\n\ndef handle(event, context):\n    with open({:?}, 'a') as f:\n        f.write(str(context.get('n')) + '\\n')\n    time.sleep(1.5)\n    return {{'n': context.get('n')}}\n",
+            calls.display().to_string()
+        ),
+    );
+    let _w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "slow", &["wa"]);
+    // Five collects at once with a deadline far shorter than one call: the first runs, the
+    // others wait in the hook's queue behind it and are given up by their callers.
+    let edge = Arc::new(edge);
+    let asks: Vec<_> = (0..5)
+        .map(|n| {
+            let edge = edge.clone();
+            std::thread::spawn(move || {
+                edge.post(
+                    "/v1/collect",
+                    &json!({"event": "message:pre_route", "context": {"n": n}, "timeout_ms": 300}),
+                )
+            })
+        })
+        .collect();
+    for a in asks {
+        let (status, v) = a.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert!(
+            v["errors"][0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("deadline")),
+            "{v}"
+        );
+    }
+    // Long enough for all five to have run one after the other had they been kept.
+    let ran = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let until = Instant::now() + Duration::from_secs(9);
+    while Instant::now() < until {
+        assert!(ran() <= 2, "abandoned collects ran on the worker: {} calls", ran());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(ran() >= 1, "the first call ran");
+    // The hook still answers a collect that waits for it.
+    let (_, v) = edge.post(
+        "/v1/collect",
+        &json!({"event": "message:pre_route", "context": {"n": 9}, "timeout_ms": 10000}),
+    );
+    assert_eq!(v["results"][0]["result"]["n"], 9, "{v}");
+}
