@@ -30,6 +30,7 @@ pub const MAX_CONCURRENCY: usize = 64;
 
 const KNOWN_KEYS: &[&str] = &[
     "name",
+    "id",
     "description",
     "events",
     "enabled",
@@ -135,6 +136,7 @@ struct RawQueue {
 #[derive(Debug, Default, Deserialize)]
 struct RawManifest {
     name: Option<String>,
+    id: Option<String>,
     description: Option<String>,
     events: Option<Vec<String>>,
     enabled: Option<bool>,
@@ -161,6 +163,9 @@ struct RawManifest {
 pub struct Manifest {
     /// `name:`; `None` means "use the directory name".
     pub name: Option<String>,
+    /// `id:`: the hook's identity in a fleet (its consumer, its place in the stream, its dead
+    /// letters), kept when the hook is renamed; `None`: the name is the identity.
+    pub id: Option<String>,
     /// `description:`, empty when absent.
     pub description: String,
     /// `events:` patterns, at least one.
@@ -321,6 +326,12 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
             reason,
         })?;
     }
+    if let Some(id) = &raw.id {
+        validate_name(id).map_err(|reason| ManifestError::BadField {
+            field: "id",
+            reason,
+        })?;
+    }
     let timeout = raw.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
     if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_SECS) {
         return Err(ManifestError::BadField {
@@ -364,6 +375,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
     check_ca_file(raw.ca_file.as_deref(), raw.url.is_some())?;
     Ok(Manifest {
         name: raw.name,
+        id: raw.id,
         description: raw.description.unwrap_or_default(),
         events,
         enabled: raw.enabled.unwrap_or(true),

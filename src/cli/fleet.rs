@@ -296,6 +296,10 @@ pub enum DeadCommand {
         /// Only this hook's.
         #[arg(long, value_name = "NAME")]
         hook: Option<String>,
+        /// Run them on this hook (its current name; its patterns must match the events)
+        /// instead of the one that failed them.
+        #[arg(long, value_name = "HOOK")]
+        to: Option<String>,
         /// Every dead letter (of --hook, when given).
         #[arg(long, conflicts_with = "seq")]
         all: bool,
@@ -308,12 +312,19 @@ pub enum DeadCommand {
 pub async fn dead(cmd: DeadCommand) -> i32 {
     use std::io::Write;
     let (conn, sel, replay, json) = match cmd {
-        DeadCommand::List { conn, hook, json } => {
-            (conn, dead::Selection { hook, seqs: vec![] }, false, json)
-        }
+        DeadCommand::List { conn, hook, json } => (
+            conn,
+            dead::Selection {
+                hook,
+                ..Default::default()
+            },
+            false,
+            json,
+        ),
         DeadCommand::Replay {
             conn,
             hook,
+            to,
             all,
             seq,
         } => {
@@ -322,7 +333,16 @@ pub async fn dead(cmd: DeadCommand) -> i32 {
                     "dead replay: give sequences (see `dead list`) or --all",
                 );
             }
-            (conn, dead::Selection { hook, seqs: seq }, true, false)
+            (
+                conn,
+                dead::Selection {
+                    hook,
+                    seqs: seq,
+                    to,
+                },
+                true,
+                false,
+            )
         }
     };
     let cfg = match conn.config() {

@@ -1,7 +1,8 @@
 //! Dead letters: `hermes-hooks dead list` reads the dead-letter stream; `dead replay` publishes
-//! the chosen events again for the one hook that failed them (a replay copy names its hook, so
-//! the other hooks' consumers skip it) and removes them from the dead-letter stream once the
-//! event stream has acknowledged the copy.
+//! the chosen events again for the one hook that failed them, found by its identity (`id:`, so
+//! a hook renamed since gets them under its new name), or for the hook `--to` names (a replay
+//! copy names its hook, so the other hooks' consumers skip it), and removes them from the
+//! dead-letter stream once the event stream has acknowledged the copy.
 
 use async_nats::jetstream;
 use serde::Serialize;
@@ -26,6 +27,8 @@ pub struct Selection {
     pub hook: Option<String>,
     /// Only these sequences (empty: all that match `hook`).
     pub seqs: Vec<u64>,
+    /// Replay into this hook (by its current name) instead of the one that failed them.
+    pub to: Option<String>,
 }
 
 impl Selection {
@@ -102,33 +105,56 @@ pub async fn replay(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>
         .map_err(|e| err("read the dead-letter stream", e))?;
     let mut done = Vec::new();
     for e in entries {
-        // A replay reaches the hook through its consumer: none (the hook was renamed or
-        // removed) means nobody would run it, so the letter stays.
-        let consumer = super::consumer_name(&e.letter.hook);
-        if events
-            .get_consumer::<jetstream::consumer::pull::Config>(&consumer)
-            .await
-            .is_err()
+        // A replay reaches the hook through its consumer: none (the hook was removed, or
+        // renamed without an `id:`) means nobody would run it, so the letter stays.
+        let key = e.letter.hook_id.clone().unwrap_or(e.letter.hook.clone());
+        let target = match &sel.to {
+            Some(name) => super::identity::by_name(&events, name).await,
+            None => super::identity::by_identity(&events, &key).await,
+        };
+        let kept = format!(
+            "dead letter {} kept; {} re-queued before it",
+            e.seq,
+            done.len()
+        );
+        let Some(target) = target else {
+            let why = match &sel.to {
+                Some(name) => format!("no hook {name:?} in the fleet (no consumer for it)"),
+                None => format!(
+                    "no consumer for hook {:?} (renamed or removed? a hook renamed with the same `id:` keeps it; or replay with --to NAME)",
+                    e.letter.hook
+                ),
+            };
+            return Err(err("replay a dead letter", format!("{why}: {kept}")));
+        };
+        let subject = cfg.event_subject(&e.letter.envelope.event);
+        if !target
+            .filters
+            .iter()
+            .any(|f| super::identity::subject_matches(f, &subject))
         {
             return Err(err(
                 "replay a dead letter",
                 format!(
-                    "no consumer for hook {:?} (renamed or removed?): dead letter {} kept; {} re-queued before it",
-                    e.letter.hook,
-                    e.seq,
-                    done.len()
+                    "hook {:?} does not take event {:?} (none of its patterns matches): {kept}",
+                    target.hook, e.letter.envelope.event
                 ),
             ));
         }
         let env = Envelope {
-            hook: Some(e.letter.hook.clone()),
+            hook: Some(target.hook.clone()),
             ..e.letter.envelope.clone()
         };
         let payload = serde_json::to_vec(&env).unwrap_or_default();
         // The same dead letter replayed twice within the duplicate window is stored once.
         let publish = jetstream::message::PublishMessage::build()
             .payload(payload.into())
-            .message_id(format!("replay:{}:{}", cfg.dead_stream(), e.seq));
+            .message_id(format!(
+                "replay:{}:{}:{}",
+                cfg.dead_stream(),
+                e.seq,
+                target.hook
+            ));
         js.send_publish(cfg.event_subject(&env.event), publish)
             .await
             .map_err(|x| err("publish a replay", x.to_string()))?

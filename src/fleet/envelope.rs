@@ -96,6 +96,9 @@ pub struct DeadLetter {
     pub v: u32,
     /// The hook that failed.
     pub hook: String,
+    /// Its identity (`id:`, else the name), which a replay goes to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_id: Option<String>,
     /// The last error.
     pub error: String,
     /// How many deliveries were made.

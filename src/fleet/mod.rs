@@ -18,8 +18,10 @@ pub mod collect;
 pub mod dead;
 pub mod edge;
 pub mod envelope;
+pub mod identity;
 pub mod lease;
 pub mod status;
+pub mod versions;
 pub mod worker;
 
 use std::path::PathBuf;

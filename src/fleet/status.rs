@@ -83,6 +83,10 @@ pub struct WorkerStatus {
     pub running: bool,
     /// Its hooks.
     pub hooks: Vec<HookStatus>,
+    /// Every hook it has loaded, by identity, with its patterns (also before its consumer
+    /// exists): what the other workers know of this version ([`super::versions`]).
+    #[serde(default)]
+    pub patterns: BTreeMap<String, Vec<String>>,
 }
 
 struct Entry {
@@ -374,6 +378,7 @@ mod tests {
             time: String::new(),
             running,
             hooks,
+            patterns: BTreeMap::new(),
         }
     }
 

@@ -17,6 +17,12 @@
 //! without running the handler again.
 //!
 //! A removed hook's consumer is deleted after `consumer_grace` when no worker pulls from it.
+//!
+//! A hook's consumer, lease and dead letters are named by its identity ([`super::identity`]:
+//! `id:`, else the name), so a renamed hook keeps its place in the stream. Its filter covers the
+//! patterns of every live version of the hook ([`super::versions`]), and an event this version
+//! does not match goes back (nak) when another version does, for a worker that has it (an
+//! ordered hook's lease holder hands the lease over for it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +37,7 @@ use tokio::task::JoinHandle;
 
 use super::envelope::{DeadLetter, Envelope, VERSION};
 use super::status::{FleetCounters, HookStatus, WorkerStatus};
+use super::versions::Versions;
 use super::{FleetConfig, FleetError, consumer_name};
 use crate::host::Host;
 
@@ -117,6 +124,8 @@ struct Counters {
     dead: AtomicU64,
     skipped: AtomicU64,
     mismatched: AtomicU64,
+    /// An ordered hook's event only another version matches: the lease holder hands over.
+    handover: tokio::sync::Notify,
 }
 
 impl Counters {
@@ -139,6 +148,8 @@ impl Counters {
 #[derive(Debug, Clone, PartialEq)]
 struct Settings {
     name: String,
+    /// The hook's identity ([`super::identity`]): names its consumer and lease.
+    key: String,
     timeout: Duration,
     max_deliver: i64,
     concurrency: u32,
@@ -149,8 +160,11 @@ struct Settings {
     window: u32,
     /// When the hook appeared: the start of a consumer created for it.
     since: std::time::SystemTime,
-    /// The consumer's filter subject ([`FleetConfig::hook_filter`]).
-    filter: String,
+    /// The consumer's filter subjects: this version's and every other live version's patterns
+    /// ([`super::versions::filters`]).
+    filters: Vec<String>,
+    /// This version's own filter subjects (an event outside them was routed for another).
+    own: Vec<String>,
 }
 
 impl Settings {
@@ -179,6 +193,10 @@ struct Shared {
     opts: WorkerOptions,
     client: async_nats::Client,
     js: jetstream::Context,
+    /// The other live versions of the hooks.
+    versions: Versions,
+    /// The broker takes several filter subjects per consumer (nats-server ≥ 2.10).
+    multi: std::sync::atomic::AtomicBool,
 }
 
 /// A running worker.
@@ -206,7 +224,15 @@ impl Worker {
             opts,
             client,
             js,
+            versions: Versions::default(),
+            multi: Default::default(),
         });
+        tokio::spawn(super::versions::follow(
+            shared.client.clone(),
+            shared.cfg.status_filter(),
+            shared.opts.id.clone(),
+            shared.versions.clone(),
+        ));
         let (stop, stop_rx) = watch::channel(false);
         let metrics = Arc::downgrade(&shared);
         shared.host.set_worker_status(Arc::new(move || {
@@ -262,7 +288,10 @@ async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             }
         }
     };
-    tracing::info!(worker = %sh.opts.id, stream = %sh.cfg.events_stream(), "fleet worker connected");
+    let version = sh.client.server_info().version;
+    let multi = super::versions::multi_filter(&version);
+    sh.multi.store(multi, Ordering::Relaxed);
+    tracing::info!(worker = %sh.opts.id, stream = %sh.cfg.events_stream(), server = %version, "fleet worker connected{}", if multi { "" } else { " (nats-server < 2.10: one filter subject per consumer; a hook needing several reads every event)" });
     let mut tasks: HashMap<String, HookTask> = HashMap::new();
     let mut seen: HashMap<String, std::time::SystemTime> = HashMap::new();
     let mut reconcile = tokio::time::interval(Duration::from_millis(200));
@@ -276,9 +305,16 @@ async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 if snap.generation != generation {
                     generation = snap.generation;
                     apply(&sh, &stream, &snap, &mut tasks, &mut seen, started);
+                    // Announced before any consumer changes: the other versions' workers then
+                    // hand back what only this one matches.
+                    publish_status(&sh, &tasks, true).await;
                 }
             }
-            _ = status.tick() => publish_status(&sh, &tasks, true).await,
+            _ = status.tick() => {
+                // Other versions of the hooks come and go: filters follow.
+                apply(&sh, &stream, &sh.host.snapshot(), &mut tasks, &mut seen, started);
+                publish_status(&sh, &tasks, true).await
+            }
         }
     }
     // Stop pulling everywhere, then wait for the events in flight.
@@ -321,28 +357,15 @@ fn apply(
 ) {
     let mut wanted: HashMap<String, Settings> = HashMap::new();
     for h in &snap.hooks {
-        let m = &h.spec.manifest;
+        let key = super::identity::of(&h.spec);
+        if let Some(other) = wanted.get(&key) {
+            tracing::error!(hook = %h.spec.name, "fleet: hooks {} and {} have the same identity {key:?} (id:); only the first is fed from the stream", other.name, h.spec.name);
+            continue;
+        }
         let since = *seen
-            .entry(h.spec.name.clone())
+            .entry(key.clone())
             .or_insert_with(|| appeared(&h.spec, started));
-        let concurrency = (m.concurrency as u32).max(1);
-        let window = if concurrency == 1 {
-            WINDOW.min((m.queue_capacity / 2) as u32).max(1)
-        } else {
-            concurrency
-        };
-        wanted.insert(
-            h.spec.name.clone(),
-            Settings {
-                name: h.spec.name.clone(),
-                timeout: m.timeout,
-                max_deliver: m.retries as i64 + 1,
-                concurrency,
-                window,
-                since,
-                filter: sh.cfg.hook_filter(h.spec.patterns.patterns()),
-            },
-        );
+        wanted.insert(key.clone(), settings(sh, &h.spec, key, since));
     }
     seen.retain(|name, _| wanted.contains_key(name));
     tasks.retain(|name, t| {
@@ -357,10 +380,11 @@ fn apply(
         }
         keep
     });
-    for (name, settings) in wanted {
-        if tasks.contains_key(&name) {
+    for (key, settings) in wanted {
+        if tasks.contains_key(&key) {
             continue;
         }
+        let name = settings.name.clone();
         let (stop, stop_rx) = watch::channel(false);
         let consumer = Arc::new(Mutex::new(None));
         let counters = sh
@@ -384,7 +408,7 @@ fn apply(
             sh.opts.id.clone(),
         ));
         tasks.insert(
-            name,
+            key,
             HookTask {
                 settings,
                 stop,
@@ -397,12 +421,49 @@ fn apply(
     }
 }
 
+/// What a hook's consumer task is configured from.
+fn settings(
+    sh: &Shared,
+    spec: &crate::discovery::HookSpec,
+    key: String,
+    since: std::time::SystemTime,
+) -> Settings {
+    let m = &spec.manifest;
+    let concurrency = (m.concurrency as u32).max(1);
+    let window = if concurrency == 1 {
+        WINDOW.min((m.queue_capacity / 2) as u32).max(1)
+    } else {
+        concurrency
+    };
+    let mine = spec.patterns.patterns().to_vec();
+    let mut versions = vec![mine.clone()];
+    versions.extend(sh.versions.others(&key));
+    let multi = sh.multi.load(Ordering::Relaxed);
+    Settings {
+        name: spec.name.clone(),
+        timeout: m.timeout,
+        max_deliver: m.retries as i64 + 1,
+        concurrency,
+        window,
+        since,
+        filters: super::versions::filters(&sh.cfg, &versions, multi),
+        own: super::versions::filters(&sh.cfg, &[mine], true),
+        key,
+    }
+}
+
 /// A hook left this worker: after the grace, its consumer is deleted unless this worker has the
 /// hook again or another worker still pulls from it (checked three times, a second apart: a
 /// serving worker always has a pull request waiting, renewed every few seconds).
 async fn remove_after_grace(sh: Arc<Shared>, stream: jetstream::stream::Stream, hook: String) {
     tokio::time::sleep(sh.opts.consumer_grace).await;
-    if sh.host.snapshot().get(&hook).is_some() {
+    if sh
+        .host
+        .snapshot()
+        .hooks
+        .iter()
+        .any(|h| super::identity::of(&h.spec) == hook)
+    {
         return;
     }
     let name = consumer_name(&hook);
@@ -431,10 +492,10 @@ async fn ensure_consumer(
     stream: &jetstream::stream::Stream,
     s: &Settings,
 ) -> Result<jetstream::consumer::PullConsumer, String> {
-    let name = consumer_name(&s.name);
+    let name = consumer_name(&s.key);
     let config = pull::Config {
         durable_name: Some(name.clone()),
-        description: Some(format!("hermes-hooks hook {}", s.name)),
+        description: Some(super::identity::description(&s.name)),
         // From the time the hook appeared (not "new": events published while the consumer was
         // being created would be missed); a stream recreated since is read from its start.
         deliver_policy: jetstream::consumer::DeliverPolicy::ByStartTime {
@@ -446,18 +507,26 @@ async fn ensure_consumer(
         // the last allowed delivery.
         max_deliver: s.max_deliver + 1,
         max_ack_pending: s.window as i64,
-        filter_subject: s.filter.clone(),
         ..Default::default()
     };
     match stream.get_consumer::<pull::Config>(&name).await {
         Ok(c) => {
             let have = &c.cached_info().config;
+            let filters = super::versions::update_filters(
+                &sh.cfg,
+                &s.filters,
+                have,
+                sh.multi.load(Ordering::Relaxed),
+                sh.versions.settled(sh.opts.status_interval),
+            );
+            let config = super::versions::with_filters(config, &filters);
             if have.ack_wait != config.ack_wait
                 || have.max_deliver != config.max_deliver
                 || have.max_ack_pending != config.max_ack_pending
-                || have.filter_subject != config.filter_subject
+                || have.description != config.description
+                || super::versions::of_config(have) != filters
             {
-                tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency or patterns changed)");
+                tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency, name or patterns changed)");
                 // The deliver policy of an existing durable cannot change: keep its own.
                 let config = pull::Config {
                     deliver_policy: have.deliver_policy,
@@ -475,7 +544,7 @@ async fn ensure_consumer(
             }
         }
         Err(_) => stream
-            .create_consumer(config)
+            .create_consumer(super::versions::with_filters(config, &s.filters))
             .await
             .map_err(|e| format!("cannot create consumer {name}: {e}")),
     }
@@ -546,6 +615,7 @@ async fn consume(
             }
         };
         loop {
+            let holding = lease.is_some();
             let lost = async {
                 match lease.as_mut() {
                     Some(l) => l.lost().await,
@@ -562,6 +632,22 @@ async fn consume(
                     // Another worker may take over: hand back what no handler started.
                     give_back(&mut messages).await;
                     lease = None;
+                    break;
+                }
+                _ = counters.handover.notified(), if holding => {
+                    // An event only another version of the hook matches: let a worker with
+                    // that version pull for a while (ordered hooks have one puller).
+                    give_back(&mut messages).await;
+                    while running.join_next().await.is_some() {}
+                    if let Some(l) = lease.take() {
+                        l.release().await;
+                    }
+                    let back = leases.as_ref().map_or(Duration::from_secs(1), |(_, t)| *t / 2);
+                    tracing::info!(hook = %s.name, "fleet: an event for another version of this ordered hook: lease handed over for {}", crate::time::fmt_duration(back));
+                    tokio::select! {
+                        _ = tokio::time::sleep(back) => {}
+                        _ = stop.changed() => break 'outer,
+                    }
                     break;
                 }
             };
@@ -625,7 +711,7 @@ async fn take_lease(
         }
         if let Some((store, ttl)) = leases.as_ref() {
             wait = *ttl / 4;
-            match super::lease::Lease::try_take(store, *ttl, &consumer_name(&s.name), &sh.opts.id)
+            match super::lease::Lease::try_take(store, *ttl, &consumer_name(&s.key), &sh.opts.id)
                 .await
             {
                 Ok(Some(l)) => {
@@ -731,7 +817,11 @@ fn triage(s: &Settings, counters: &Counters, msg: jetstream::Message) -> Triage 
             return Triage::Settle(msg, AckKind::Term);
         }
     };
-    if env.hook.as_deref().is_some_and(|h| h != s.name) {
+    if env
+        .hook
+        .as_deref()
+        .is_some_and(|h| h != s.name && h != s.key)
+    {
         counters.skipped.fetch_add(1, Ordering::Relaxed);
         return Triage::Settle(msg, AckKind::Ack);
     }
@@ -819,11 +909,17 @@ async fn settle(
         Ok(v) => match v.into_iter().next() {
             None => {
                 if sh.host.snapshot().get(&s.name).is_some() {
-                    if s.filter != sh.cfg.events_filter() {
-                        // The broker routed it here by the consumer's filter, which another
-                        // version of the hook set (a rolling update): hand it back for a worker
-                        // with that version; on the last delivery it is dead-lettered, never
-                        // silently skipped.
+                    let routed = !s
+                        .own
+                        .iter()
+                        .any(|f| super::identity::subject_matches(f, msg.subject.as_str()));
+                    if routed || sh.versions.other_matches(&s.key, &d.env.event) {
+                        // Another version of the hook matches it (a rolling update): hand it
+                        // back for a worker with that version; on the last delivery it is
+                        // dead-lettered, never silently skipped.
+                        if s.ordered() {
+                            counters.handover.notify_one();
+                        }
                         if delivered < s.max_deliver {
                             counters.mismatched.fetch_add(1, Ordering::Relaxed);
                             let _ = msg
@@ -880,6 +976,7 @@ async fn dead_letter(
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),
+        hook_id: Some(s.key.clone()),
         error: error.clone(),
         deliveries: delivered,
         worker: sh.opts.id.clone(),
@@ -919,13 +1016,16 @@ async fn dead_letter(
 
 async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask>, running: bool) {
     let mut hooks = Vec::new();
-    for (name, t) in tasks {
-        let consumer = t.consumer.lock().ok().and_then(|g| g.clone());
-        // A hook joins the fleet view once its consumer exists (events from then on reach it).
-        let Some(consumer) = consumer else { continue };
+    let mut patterns = std::collections::BTreeMap::new();
+    for (key, t) in tasks {
+        let name = &t.settings.name;
         let Some(info) = sh.host.hook(name) else {
             continue;
         };
+        patterns.insert(key.clone(), info.events.clone());
+        let consumer = t.consumer.lock().ok().and_then(|g| g.clone());
+        // A hook joins the fleet view once its consumer exists (events from then on reach it).
+        let Some(consumer) = consumer else { continue };
         let lag = match tokio::time::timeout(Duration::from_secs(1), consumer.get_info()).await {
             Ok(Ok(i)) => Some(i.num_pending + i.num_ack_pending as u64),
             _ => None,
@@ -953,6 +1053,7 @@ async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask>, running:
         time: crate::time::now(),
         running,
         hooks,
+        patterns,
     };
     let body = serde_json::to_vec(&status).unwrap_or_default();
     if let Err(e) = sh

@@ -94,6 +94,7 @@ fn shape(key: &str) -> Option<(&'static str, Shape, &'static str)> {
         "runs" => (Shape::OneOf(&["auto", "service", "gateway"]), "runs: auto"),
         "retries" => (Shape::Integer, "retries: 3"),
         "concurrency" => (Shape::Integer, "concurrency: 1"),
+        "id" => (Shape::Str, "id: mailer-1"),
         "ca_file" => (Shape::Str, "ca_file: ca.pem"),
         _ => return None,
     };

@@ -1686,7 +1686,11 @@ fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
     };
     let until = Instant::now() + Duration::from_secs(9);
     while Instant::now() < until {
-        assert!(ran() <= 2, "abandoned collects ran on the worker: {} calls", ran());
+        assert!(
+            ran() <= 2,
+            "abandoned collects ran on the worker: {} calls",
+            ran()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(ran() >= 1, "the first call ran");
@@ -1696,4 +1700,114 @@ fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
         &json!({"event": "message:pre_route", "context": {"n": 9}, "timeout_ms": 10000}),
     );
     assert_eq!(v["results"][0]["result"]["n"], 9, "{v}");
+}
+
+/// Posts one event; 202 expected.
+fn post_one(edge: &Serve, event: &str, ctx: Value) {
+    let (status, v) = edge.post("/v1/events", &json!({"event": event, "context": ctx}));
+    assert_eq!(status, 202, "{v}");
+}
+
+#[test]
+fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(
+        &hooks,
+        "mailer-v1",
+        r#"["agent:*"]"#,
+        "id: mailer\nretries: 0\n",
+    );
+    recording_hook(&hooks, "backup", r#"["agent:*"]"#, "");
+    std::fs::write(hooks.out().join("backup.fixed"), "").unwrap();
+    let w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "mailer-v1", &["wa"]);
+    wait_for_fleet(&edge, "backup", &["wa"]);
+    post_one(&edge, "agent:step", json!({"n": 100, "poison": true}));
+    let (status, _) = post_batch(&edge, 0..3, json!({}));
+    assert_eq!(status, 202);
+    let letter = poll(Duration::from_secs(30), "the dead letter", || {
+        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "mailer-v1"]);
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    assert_eq!(letter["hook_id"], "mailer", "{letter}");
+    poll(Duration::from_secs(30), "0..3 handled", || {
+        let ns: HashSet<u64> = handled_ns(&records(&hooks, "mailer-v1"))
+            .into_iter()
+            .collect();
+        (0..3).all(|n| ns.contains(&n)).then_some(())
+    });
+    drop(w);
+    // Published while no worker runs: they wait in the hook's consumer.
+    let (status, v) = post_batch(&edge, 3..8, json!({}));
+    assert_eq!(status, 202, "{v}");
+    // Renamed: the directory moves and `name:` follows; `id:` stays.
+    let old = hooks.root().join("mailer-v1");
+    let new = hooks.root().join("mailer-v2");
+    std::fs::rename(&old, &new).unwrap();
+    let yaml = std::fs::read_to_string(new.join("HOOK.yaml")).unwrap();
+    std::fs::write(
+        new.join("HOOK.yaml"),
+        yaml.replace("name: mailer-v1", "name: mailer-v2"),
+    )
+    .unwrap();
+    let _w = worker(&hooks, &nats, "wb");
+    wait_for_fleet(&edge, "mailer-v2", &["wb"]);
+    // (The handler still writes to mailer-v1.jsonl: its file name is in its code.)
+    poll(
+        Duration::from_secs(30),
+        "3..8 handled by the renamed hook",
+        || {
+            let ns: HashSet<u64> = handled_ns(&records(&hooks, "mailer-v1"))
+                .into_iter()
+                .collect();
+            (3..8).all(|n| ns.contains(&n)).then_some(())
+        },
+    );
+
+    // The letter of the old name runs on the renamed hook.
+    std::fs::write(hooks.out().join("mailer-v1.fixed"), "").unwrap();
+    let (code, out) = dead_cmd(&nats, &["replay", "--all"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("re-queued 1 event"), "{out}");
+    let rec = poll(Duration::from_secs(30), "the replay handled", || {
+        records(&hooks, "mailer-v1")
+            .into_iter()
+            .find(|r| r["n"] == 100)
+    });
+    assert_eq!(rec["id"], letter["envelope"]["id"], "{rec}");
+
+    // `--to`: a letter of the renamed hook, replayed into another hook.
+    std::fs::remove_file(hooks.out().join("mailer-v1.fixed")).unwrap();
+    post_one(&edge, "agent:step", json!({"n": 200, "poison": true}));
+    poll(Duration::from_secs(30), "the second dead letter", || {
+        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "mailer-v2"]);
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    let (code, out) = dead_cmd(&nats, &["replay", "--all", "--to", "nosuch"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("nosuch") && out.contains("kept"), "{out}");
+    let (code, out) = dead_cmd(&nats, &["replay", "--all", "--to", "backup"]);
+    assert_eq!(code, 0, "{out}");
+    poll(Duration::from_secs(30), "the replay run on backup", || {
+        let n = records(&hooks, "backup")
+            .iter()
+            .filter(|r| r["n"] == 200)
+            .count();
+        // Once as an event of its own, once as the replay.
+        (n == 2).then_some(())
+    });
+    assert_eq!(
+        records(&hooks, "mailer-v1")
+            .iter()
+            .filter(|r| r["n"] == 200)
+            .count(),
+        0,
+        "not run on the hook that failed it"
+    );
 }

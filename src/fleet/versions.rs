@@ -1,0 +1,249 @@
+//! The other versions of this worker's hooks in the fleet (a rolling update: some workers have
+//! a hook's old HOOK.yaml, others its new one), learnt from the workers' status messages, which
+//! carry every loaded hook's identity and patterns (`WorkerStatus::patterns`).
+//!
+//! Used for two things:
+//! - a hook's consumer filter covers the patterns of every live version, so the broker never
+//!   passes over an event that only another version matches (nats-server ≥ 2.10: one filter
+//!   subject per pattern, `filter_subjects`; 2.9 takes one filter subject, so a hook whose
+//!   versions need several reads every event);
+//! - an event this worker's version does not match is handed back (nak, counted as
+//!   `mismatched`) when another live version matches it, and only otherwise acknowledged and
+//!   skipped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use super::status::WorkerStatus;
+use crate::pattern::PatternSet;
+
+struct Peer {
+    seen: Instant,
+    interval: Duration,
+    /// Identity -> (patterns, compiled).
+    hooks: BTreeMap<String, (Vec<String>, Arc<PatternSet>)>,
+}
+
+/// What the other live workers run; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Versions {
+    peers: Arc<Mutex<HashMap<String, Peer>>>,
+    since: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Versions {
+    /// Records a worker's status (`me`'s own is ignored).
+    pub fn update(&self, me: &str, status: WorkerStatus) {
+        if status.worker == me {
+            return;
+        }
+        let Ok(mut peers) = self.peers.lock() else {
+            return;
+        };
+        if !status.running {
+            peers.remove(&status.worker);
+            return;
+        }
+        let hooks = status
+            .patterns
+            .into_iter()
+            .filter_map(|(id, p)| {
+                let set = PatternSet::new(&p).ok()?;
+                Some((id, (p, Arc::new(set))))
+            })
+            .collect();
+        peers.insert(
+            status.worker,
+            Peer {
+                seen: Instant::now(),
+                interval: Duration::from_millis(status.interval_ms),
+                hooks,
+            },
+        );
+    }
+
+    fn live<T>(&self, f: impl FnOnce(Vec<&Peer>) -> T) -> T {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers.retain(|_, p| p.seen.elapsed() < p.interval * 3 + Duration::from_secs(1));
+        f(peers.values().collect())
+    }
+
+    /// Whether another live worker's version of hook `key` matches `event`.
+    pub fn other_matches(&self, key: &str, event: &str) -> bool {
+        self.live(|peers| {
+            peers.iter().any(|p| {
+                p.hooks
+                    .get(key)
+                    .is_some_and(|(_, set)| set.matches(event).is_some())
+            })
+        })
+    }
+
+    /// The pattern lists of hook `key` on the other live workers (distinct, sorted).
+    pub fn others(&self, key: &str) -> Vec<Vec<String>> {
+        let mut v: Vec<Vec<String>> = self.live(|peers| {
+            peers
+                .iter()
+                .filter_map(|p| p.hooks.get(key).map(|(p, _)| p.clone()))
+                .collect()
+        });
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Whether this worker has listened long enough to know every live worker (three of the
+    /// slowest status intervals): only then may a consumer's filter be narrowed.
+    pub fn settled(&self, own_interval: Duration) -> bool {
+        let started = *self
+            .since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
+        let slowest = self.live(|peers| {
+            peers
+                .iter()
+                .map(|p| p.interval)
+                .max()
+                .unwrap_or(own_interval)
+                .max(own_interval)
+        });
+        started.elapsed() >= slowest * 3 + Duration::from_secs(1)
+    }
+}
+
+/// Follows every worker's status until the subscription ends.
+pub async fn follow(client: async_nats::Client, subject: String, me: String, versions: Versions) {
+    let _ = versions.settled(Duration::ZERO);
+    let mut sub = match client.subscribe(subject.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(
+                "fleet: cannot subscribe to {subject}: {e}; other versions of the hooks are unknown to this worker"
+            );
+            return;
+        }
+    };
+    while let Some(msg) = sub.next().await {
+        if let Ok(s) = serde_json::from_slice::<WorkerStatus>(&msg.payload) {
+            versions.update(&me, s);
+        }
+    }
+}
+
+/// The consumer filter subjects for a hook whose live versions have `versions` as patterns
+/// (this worker's own first): one subject per pattern (exact names and `ns:*`), none covered
+/// by another; every event (`<prefix>.ev.>`) as soon as one pattern is another glob, or, when
+/// `multi` is false (nats-server 2.9: one filter per consumer), as soon as more than one
+/// subject is needed.
+pub fn filters(cfg: &super::FleetConfig, versions: &[Vec<String>], multi: bool) -> Vec<String> {
+    let subjects = versions
+        .iter()
+        .flatten()
+        .map(|p| cfg.hook_filter(std::slice::from_ref(p)))
+        .collect();
+    normalize(cfg, subjects, multi)
+}
+
+/// The filter subjects of an existing consumer, sorted.
+pub fn of_config(c: &async_nats::jetstream::consumer::Config) -> Vec<String> {
+    let mut f = c.filter_subjects.clone();
+    if !c.filter_subject.is_empty() {
+        f.push(c.filter_subject.clone());
+    }
+    f.sort();
+    f
+}
+
+/// `config` with `filters` as its filter subject(s).
+pub fn with_filters(
+    mut config: async_nats::jetstream::consumer::pull::Config,
+    filters: &[String],
+) -> async_nats::jetstream::consumer::pull::Config {
+    match filters {
+        [one] => config.filter_subject = one.clone(),
+        many => config.filter_subjects = many.to_vec(),
+    }
+    config
+}
+
+/// The filters to give an existing consumer that has `have`: `want`, widened by what it has
+/// unless this worker has `settled` (heard from every live worker): another worker's version,
+/// not yet heard of, may have set them.
+pub fn update_filters(
+    cfg: &super::FleetConfig,
+    want: &[String],
+    have: &async_nats::jetstream::consumer::Config,
+    multi: bool,
+    settled: bool,
+) -> Vec<String> {
+    let mut out = want.to_vec();
+    if !settled {
+        out.extend(of_config(have));
+    }
+    normalize(cfg, out, multi)
+}
+
+/// Sorted, without duplicates or subjects another covers; one wide filter when needed.
+fn normalize(cfg: &super::FleetConfig, mut subjects: Vec<String>, multi: bool) -> Vec<String> {
+    let wide = cfg.events_filter();
+    if subjects.iter().any(|s| s == &wide) {
+        return vec![wide];
+    }
+    subjects.sort();
+    subjects.dedup();
+    let all = subjects.clone();
+    subjects.retain(|s| {
+        !all.iter()
+            .any(|o| o != s && super::identity::subject_matches(o, s))
+    });
+    if subjects.is_empty() || (!multi && subjects.len() > 1) {
+        return vec![wide];
+    }
+    subjects
+}
+
+/// Whether the broker takes several filter subjects per consumer (nats-server ≥ 2.10).
+pub fn multi_filter(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn filters_cover_every_version_without_overlap() {
+        let c = super::super::FleetConfig::new("nats://h:1");
+        let f =
+            |v: &[&[&str]], multi| filters(&c, &v.iter().map(|p| s(p)).collect::<Vec<_>>(), multi);
+        assert_eq!(
+            f(&[&["a:x", "b:*"]], true),
+            ["hermes.ev.e.a.x", "hermes.ev.e.b.*"]
+        );
+        assert_eq!(f(&[&["a:x", "b:*"]], false), ["hermes.ev.>"]);
+        assert_eq!(f(&[&["a:x"]], false), ["hermes.ev.e.a.x"]);
+        assert_eq!(
+            f(&[&["a:x", "b:y"], &["a:x", "b:y", "c:z"]], true),
+            ["hermes.ev.e.a.x", "hermes.ev.e.b.y", "hermes.ev.e.c.z"]
+        );
+        assert_eq!(f(&[&["a:*", "a:x"]], true), ["hermes.ev.e.a.*"], "covered");
+        assert_eq!(f(&[&["a:x"], &["*"]], true), ["hermes.ev.>"]);
+        assert!(multi_filter("2.10.0"));
+        assert!(multi_filter("v2.15.1"));
+        assert!(!multi_filter("2.9.10"));
+        assert!(!multi_filter(""));
+    }
+}
