@@ -207,6 +207,31 @@ fn encode_fleet(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<(),
         "Accepted events the broker refused for good (over a limit), taken off the buffer.",
         num("refused"),
     )?;
+    counter(
+        e,
+        "fleet_stream_discarded",
+        "Events the event stream discarded at its limits (max bytes, age), handled or not, seen by this edge.",
+        num("stream_discarded"),
+    )?;
+    let mut family = e.encode_descriptor(
+        "fleet_hook_discarded",
+        "Events the event stream discarded at its limits before this hook handled them (lost to it).",
+        None,
+        MetricType::Counter,
+    )?;
+    // Every fleet hook (0 until it loses one), and any other the counts name.
+    let lost = f["discarded_unhandled"].as_object();
+    let mut names: std::collections::BTreeSet<&str> = st["hooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h["name"].as_str())
+        .collect();
+    names.extend(lost.into_iter().flat_map(|m| m.keys().map(String::as_str)));
+    for hook in names {
+        let n = lost.and_then(|m| m.get(hook)).and_then(|v| v.as_u64());
+        ConstCounter::new(n.unwrap_or(0)).encode(family.encode_family(&[("hook", hook)])?)?;
+    }
     if let Some(n) = f["dead_letters"].as_u64() {
         gauge(
             e,

@@ -64,6 +64,8 @@ struct Inner {
     closing: AtomicBool,
     view: FleetView,
     client: async_nats::Client,
+    /// What the event stream discarded at its limits.
+    discards: Arc<super::discards::Discards>,
 }
 
 /// The fleet edge; cheap to clone.
@@ -102,7 +104,13 @@ impl Edge {
             view: view.clone(),
             client: client.clone(),
             cfg: cfg.clone(),
+            discards: Default::default(),
         });
+        tokio::spawn(super::discards::watch(
+            client.clone(),
+            cfg.clone(),
+            Arc::downgrade(&inner.discards),
+        ));
         tokio::spawn(super::status::follow(client, cfg.status_filter(), view));
         tokio::spawn(publisher(inner.clone()));
         tokio::spawn(count_dead_letters(Arc::downgrade(&inner)));
@@ -450,6 +458,7 @@ impl EventSink for Edge {
     fn status(&self) -> Option<Value> {
         let (hooks, workers) = self.inner.view.render();
         let degraded = self.inner.degraded();
+        let discards = self.inner.discards.status();
         Some(json!({
             "fleet": {
                 "role": "edge",
@@ -464,6 +473,8 @@ impl EventSink for Edge {
                 "duplicates": self.inner.duplicates.load(Ordering::Relaxed),
                 "buffer_full": self.inner.full.load(Ordering::Relaxed),
                 "refused": self.inner.refused.load(Ordering::Relaxed),
+                "stream_discarded": discards.as_ref().map(|d| d.0),
+                "discarded_unhandled": discards.map(|d| d.1),
                 "dead_letters": Some(self.inner.dead_letters.load(Ordering::Relaxed)).filter(|n| *n != u64::MAX),
                 "workers": workers,
             },

@@ -16,6 +16,7 @@
 
 pub mod collect;
 pub mod dead;
+pub mod discards;
 pub mod edge;
 pub mod envelope;
 pub mod identity;

@@ -1895,3 +1895,68 @@ fn rolling_update_on(bin: PathBuf) {
         "the old version never runs what it does not match"
     );
 }
+
+#[test]
+fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    // A glob: its consumer takes every event (the exact count; a hook whose filter takes only
+    // some subjects gets a lower bound).
+    recording_hook(&hooks, "slowpoke", r#"["agent:s*"]"#, "");
+    let small = ["--stream-max-bytes", "65536"];
+    let start_worker = || {
+        let mut cmd = Command::new(bin());
+        cmd.arg("worker")
+            .args(["--fleet", &nats.url()])
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
+            .args(small)
+            .args(FAST);
+        Serve::spawn(cmd, &hooks)
+    };
+    let w = start_worker();
+    let edge = edge(&hooks, &nats.url(), &small);
+    wait_for_fleet(&edge, "slowpoke", &["wa"]);
+    poll(
+        Duration::from_secs(30),
+        "the edge to watch the stream",
+        || fleet_state(&edge)["stream_discarded"].as_u64(),
+    );
+    // The hook's consumer exists; nobody handles events while these go in.
+    drop(w);
+    let total = 2000u64;
+    for b in 0..(total / 200) {
+        let (status, v) = post_batch(&edge, b * 200..(b + 1) * 200, json!({}));
+        assert_eq!(status, 202, "{v}");
+    }
+    let (discarded, lost) = poll(Duration::from_secs(30), "the discards counted", || {
+        let f = fleet_state(&edge);
+        let d = f["stream_discarded"].as_u64()?;
+        let lost = f["discarded_unhandled"]["slowpoke"].as_u64().unwrap_or(0);
+        if d > 0 && lost != d {
+            eprintln!("discarded {d}, lost to slowpoke {lost}");
+        }
+        (d > 0 && lost == d).then_some((d, lost))
+    });
+    assert!(
+        discarded > total / 2,
+        "a 64 KiB stream keeps few: {discarded}"
+    );
+    let (_, _, metrics) = crate::util::http(&edge.addr, "GET", "/metrics", &[], b"");
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains(&format!(
+            "hermes_hooks_fleet_hook_discarded_total{{hook=\"slowpoke\"}} {lost}"
+        )),
+        "{metrics}"
+    );
+    // What is left is handled: handled + discarded is everything accepted.
+    let _w = start_worker();
+    poll(Duration::from_secs(60), "the rest handled", || {
+        let n = handled_ns(&records(&hooks, "slowpoke")).len() as u64;
+        (n + lost == total).then_some(())
+    });
+}
