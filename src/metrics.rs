@@ -156,6 +156,10 @@ fn encode_worker(e: &mut DescriptorEncoder, st: &serde_json::Value) -> Result<()
             "already_done",
             "Redeliveries of events this worker had finished (acknowledged again).",
         ),
+        (
+            "duplicate",
+            "First deliveries replayed by a broker that lost consumer state (crash); those not in already_done ran again.",
+        ),
     ] {
         let name = format!("fleet_worker_{key}");
         let mut family = e.encode_descriptor(&name, help, None, MetricType::Counter)?;

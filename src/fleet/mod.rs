@@ -21,6 +21,7 @@ pub mod edge;
 pub mod envelope;
 pub mod identity;
 pub mod lease;
+pub mod replayed;
 pub mod status;
 pub mod versions;
 pub mod worker;

@@ -37,6 +37,11 @@ pub struct FleetCounters {
     /// acknowledgement): acknowledged again without running the handler.
     #[serde(default)]
     pub already_done: u64,
+    /// First deliveries of events the hook's consumer had delivered before (a broker that
+    /// crashed lost consumer state and replayed them); those this worker had finished are
+    /// also in `already_done` (not run again), the others ran again.
+    #[serde(default)]
+    pub duplicate: u64,
 }
 
 /// One hook in a worker's status.
@@ -291,6 +296,7 @@ impl FleetView {
                 f.skipped += h.fleet.skipped;
                 f.mismatched += h.fleet.mismatched;
                 f.already_done += h.fleet.already_done;
+                f.duplicate += h.fleet.duplicate;
                 if let Value::Object(c) = &h.counters {
                     for (k, v) in c {
                         *s.2.entry(k.clone()).or_default() += v.as_u64().unwrap_or(0);

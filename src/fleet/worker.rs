@@ -126,6 +126,9 @@ struct Counters {
     mismatched: AtomicU64,
     /// An ordered hook's event only another version matches: the lease holder hands over.
     handover: tokio::sync::Notify,
+    /// First deliveries replayed by a broker that lost consumer state ([`super::replayed`]).
+    high: super::replayed::HighWater,
+    duplicate: AtomicU64,
 }
 
 impl Counters {
@@ -140,6 +143,7 @@ impl Counters {
             skipped: g(&self.skipped),
             mismatched: g(&self.mismatched),
             already_done: g(&self.already_done),
+            duplicate: g(&self.duplicate),
         }
     }
 }
@@ -790,7 +794,13 @@ enum Triage {
 
 fn triage(s: &Settings, counters: &Counters, msg: jetstream::Message) -> Triage {
     let (delivered, seq) = match msg.info() {
-        Ok(i) => (i.delivered, i.stream_sequence),
+        Ok(i) => {
+            let at = i.published.unix_timestamp_nanos();
+            if counters.high.replayed(i.delivered, i.stream_sequence, at) {
+                counters.duplicate.fetch_add(1, Ordering::Relaxed);
+            }
+            (i.delivered, i.stream_sequence)
+        }
         Err(_) => (1, 0),
     };
     counters.delivered.fetch_add(1, Ordering::Relaxed);

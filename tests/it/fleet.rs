@@ -1960,3 +1960,86 @@ fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
         (n + lost == total).then_some(())
     });
 }
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "once", r#"["agent:*"]"#, "");
+    let w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "once", &["wa"]);
+    let handled = |n: usize| {
+        poll(
+            Duration::from_secs(60),
+            &format!("{n} events handled"),
+            || (records(&hooks, "once").len() >= n).then_some(()),
+        )
+    };
+    let (status, _) = post_batch(&edge, 0..5, json!({}));
+    assert_eq!(status, 202);
+    handled(5);
+    // The consumer's state as it is now, kept aside; then five more handled and acknowledged.
+    let obs = |root: &std::path::Path| {
+        root.join("js/jetstream/$G/streams")
+            .join("HERMES_EVENTS")
+            .join("obs")
+    };
+    nats.kill();
+    let kept = nats.store.path().join("obs-kept");
+    copy_dir(&obs(nats.store.path()), &kept);
+    nats.restart();
+    poll(Duration::from_secs(30), "the edge connected again", || {
+        (fleet_state(&edge)["state"] == "connected").then_some(())
+    });
+    let (status, v) = post_batch(&edge, 5..10, json!({}));
+    assert_eq!(status, 202, "{v}");
+    handled(10);
+    // A crash that loses the acknowledgements since: the broker comes back with the older
+    // consumer state and delivers those events again as first deliveries.
+    poll(
+        Duration::from_secs(30),
+        "the acknowledgements stored",
+        || {
+            let (_, v) = edge.get("/v1/hooks/once");
+            (v["lag"].as_u64() == Some(0)).then_some(())
+        },
+    );
+    nats.kill();
+    std::fs::remove_dir_all(obs(nats.store.path())).unwrap();
+    copy_dir(&kept, &obs(nats.store.path()));
+    nats.restart();
+    let (_, _, m) = poll(Duration::from_secs(60), "the replays counted", || {
+        let (_, _, b) = crate::util::http(&w.addr, "GET", "/metrics", &[], b"");
+        let m = String::from_utf8_lossy(&b).to_string();
+        let count = |name: &str| {
+            m.lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "hermes_hooks_fleet_worker_{name}_total{{hook=\"once\"}}"
+                    ))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        };
+        let (dup, done) = (count("duplicate")?, count("already_done")?);
+        (dup >= 5 && done >= 5).then_some((dup, done, m))
+    });
+    assert!(m.contains("fleet_worker_duplicate"), "{m}");
+    let mut ns = handled_ns(&records(&hooks, "once"));
+    ns.sort_unstable();
+    assert_eq!(ns, (0..10).collect::<Vec<_>>(), "each ran once");
+}
