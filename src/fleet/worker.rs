@@ -639,18 +639,10 @@ async fn consume(
                     break;
                 }
                 _ = counters.handover.notified(), if holding => {
-                    // An event only another version of the hook matches: let a worker with
-                    // that version pull for a while (ordered hooks have one puller).
                     give_back(&mut messages).await;
                     while running.join_next().await.is_some() {}
-                    if let Some(l) = lease.take() {
-                        l.release().await;
-                    }
-                    let back = leases.as_ref().map_or(Duration::from_secs(1), |(_, t)| *t / 2);
-                    tracing::info!(hook = %s.name, "fleet: an event for another version of this ordered hook: lease handed over for {}", crate::time::fmt_duration(back));
-                    tokio::select! {
-                        _ = tokio::time::sleep(back) => {}
-                        _ = stop.changed() => break 'outer,
+                    if !hand_over(&s, lease.take(), &leases, &mut stop).await {
+                        break 'outer;
                     }
                     break;
                 }
@@ -678,6 +670,28 @@ async fn consume(
     // Only now (every event this worker held is settled) may the next worker start.
     if let Some(l) = lease {
         l.release().await;
+    }
+}
+
+/// An event only another version of the ordered hook matches: gives the lease up and stands
+/// back for half its time, so that a worker with that version takes it (an ordered hook has one
+/// puller). False when stopping meanwhile.
+async fn hand_over(
+    s: &Settings,
+    lease: Option<super::lease::Lease>,
+    leases: &Option<(async_nats::jetstream::kv::Store, Duration)>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    if let Some(l) = lease {
+        l.release().await;
+    }
+    let back = leases
+        .as_ref()
+        .map_or(Duration::from_secs(1), |(_, t)| *t / 2);
+    tracing::info!(hook = %s.name, "fleet: an event for another version of this ordered hook: lease handed over for {}", crate::time::fmt_duration(back));
+    tokio::select! {
+        _ = tokio::time::sleep(back) => true,
+        _ = stop.changed() => false,
     }
 }
 
