@@ -131,7 +131,7 @@ pub async fn replay(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>
         if !target
             .filters
             .iter()
-            .any(|f| super::identity::subject_matches(f, &subject))
+            .any(|f| super::subject_matches(f, &subject))
         {
             return Err(err(
                 "replay a dead letter",

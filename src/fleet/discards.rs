@@ -36,6 +36,8 @@ struct State {
     /// Per consumer at the last look: events waiting (pending + unacknowledged), ack floor.
     waiting: HashMap<String, (u64, u64)>,
     discarded: u64,
+    /// Consumers seen at the last look.
+    consumers: usize,
     /// Per hook (by name): discarded before that hook finished them.
     unhandled: BTreeMap<String, u64>,
 }
@@ -93,18 +95,23 @@ impl Discards {
                 }
             }
         }
+        st.consumers = consumers.len();
         st.waiting = consumers
             .iter()
             .map(|c| (c.consumer.clone(), (c.waiting, c.floor)))
             .collect();
     }
 
-    /// `(stream_discarded, discarded_unhandled by hook)` for the edge's status; `None` before
-    /// the first look at the stream (nothing can be counted yet).
-    pub fn status(&self) -> Option<(u64, Value)> {
+    /// `{stream_discarded, discarded_unhandled (by hook), stream_consumers}` for the edge's
+    /// status; `None` before the first look at the stream (nothing can be counted yet).
+    pub fn status(&self) -> Option<Value> {
         let st = self.state.lock().ok()?;
         st.stream.as_ref()?;
-        Some((st.discarded, json!(st.unhandled)))
+        Some(json!({
+            "stream_discarded": st.discarded,
+            "discarded_unhandled": st.unhandled,
+            "stream_consumers": st.consumers,
+        }))
     }
 }
 
@@ -155,7 +162,7 @@ async fn consumers(stream: &jetstream::stream::Stream, wide: &str) -> Vec<Seen> 
             hook,
             floor: i.ack_floor.stream_sequence,
             waiting: i.num_pending + i.num_ack_pending as u64,
-            wide: super::versions::of_config(&i.config) == [wide],
+            wide: super::identity::of_config(&i.config) == [wide],
             consumer: i.name,
         });
     }
@@ -188,7 +195,7 @@ mod tests {
                 seen("done", 100, 0),
             ],
         );
-        assert_eq!(d.status().unwrap().0, 0, "a baseline");
+        assert_eq!(d.status().unwrap()["stream_discarded"], 0, "a baseline");
         // 50 discarded: slow (every event) had acknowledged up to 10, few (a filter) only had
         // 3 waiting, done none.
         // (The server moves the floors past what it discarded: the last look's count.)
@@ -201,11 +208,11 @@ mod tests {
                 seen("done", 110, 0),
             ],
         );
-        let (n, by) = d.status().unwrap();
-        assert_eq!(n, 50);
-        assert_eq!(by, json!({"slow": 40, "few": 3}));
+        let st = d.status().unwrap();
+        assert_eq!(st["stream_discarded"], 50);
+        assert_eq!(st["discarded_unhandled"], json!({"slow": 40, "few": 3}));
         // A stream recreated: a new baseline, nothing counted for the jump.
         d.observe("t2".into(), (500, 600), &[seen("slow", 0, 5)]);
-        assert_eq!(d.status().unwrap().0, 50);
+        assert_eq!(d.status().unwrap()["stream_discarded"], 50);
     }
 }

@@ -45,7 +45,7 @@ pub async fn by_identity(stream: &jetstream::stream::Stream, key: &str) -> Optio
         .ok()?;
     Some(Target {
         hook: key.to_string(),
-        filters: super::versions::of_config(&c.cached_info().config),
+        filters: of_config(&c.cached_info().config),
     })
 }
 
@@ -60,31 +60,26 @@ pub async fn by_name(stream: &jetstream::stream::Stream, name: &str) -> Option<T
         if info.config.description.as_deref() == Some(want.as_str()) {
             return Some(Target {
                 hook: name.to_string(),
-                filters: super::versions::of_config(&info.config),
+                filters: of_config(&info.config),
             });
         }
     }
     None
 }
 
-/// Whether NATS subject `subject` matches `filter` (`*` one token, `>` the rest).
-pub fn subject_matches(filter: &str, subject: &str) -> bool {
-    let mut f = filter.split('.');
-    let mut s = subject.split('.');
-    loop {
-        match (f.next(), s.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
+/// The filter subjects of a consumer's config, sorted.
+pub fn of_config(c: &jetstream::consumer::Config) -> Vec<String> {
+    let mut f = c.filter_subjects.clone();
+    if !c.filter_subject.is_empty() {
+        f.push(c.filter_subject.clone());
     }
+    f.sort();
+    f
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::subject_matches;
 
     #[test]
     fn subjects_match_filters_token_by_token() {

@@ -420,6 +420,21 @@ pub fn consumer_name(hook: &str) -> String {
     }
 }
 
+/// Whether NATS subject `subject` matches `filter` (`*` one token, `>` the rest).
+pub fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// This machine's host name (the default gateway and worker id).
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -148,16 +148,6 @@ pub fn filters(cfg: &super::FleetConfig, versions: &[Vec<String>], multi: bool) 
     normalize(cfg, subjects, multi)
 }
 
-/// The filter subjects of an existing consumer, sorted.
-pub fn of_config(c: &async_nats::jetstream::consumer::Config) -> Vec<String> {
-    let mut f = c.filter_subjects.clone();
-    if !c.filter_subject.is_empty() {
-        f.push(c.filter_subject.clone());
-    }
-    f.sort();
-    f
-}
-
 /// `config` with `filters` as its filter subject(s).
 pub fn with_filters(
     mut config: async_nats::jetstream::consumer::pull::Config,
@@ -182,7 +172,7 @@ pub fn update_filters(
 ) -> Vec<String> {
     let mut out = want.to_vec();
     if !settled {
-        out.extend(of_config(have));
+        out.extend(super::identity::of_config(have));
     }
     normalize(cfg, out, multi)
 }
@@ -196,10 +186,7 @@ fn normalize(cfg: &super::FleetConfig, mut subjects: Vec<String>, multi: bool) -
     subjects.sort();
     subjects.dedup();
     let all = subjects.clone();
-    subjects.retain(|s| {
-        !all.iter()
-            .any(|o| o != s && super::identity::subject_matches(o, s))
-    });
+    subjects.retain(|s| !all.iter().any(|o| o != s && super::subject_matches(o, s)));
     if subjects.is_empty() || (!multi && subjects.len() > 1) {
         return vec![wide];
     }

@@ -528,7 +528,7 @@ async fn ensure_consumer(
                 || have.max_deliver != config.max_deliver
                 || have.max_ack_pending != config.max_ack_pending
                 || have.description != config.description
-                || super::versions::of_config(have) != filters
+                || super::identity::of_config(have) != filters
             {
                 tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency, name or patterns changed)");
                 // The deliver policy of an existing durable cannot change: keep its own.
@@ -936,7 +936,7 @@ async fn settle(
                     let routed = !s
                         .own
                         .iter()
-                        .any(|f| super::identity::subject_matches(f, msg.subject.as_str()));
+                        .any(|f| super::subject_matches(f, msg.subject.as_str()));
                     if routed || sh.versions.other_matches(&s.key, &d.env.event) {
                         // Another version of the hook matches it (a rolling update): hand it
                         // back for a worker with that version; on the last delivery it is

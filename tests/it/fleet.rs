@@ -1920,10 +1920,11 @@ fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
     let w = start_worker();
     let edge = edge(&hooks, &nats.url(), &small);
     wait_for_fleet(&edge, "slowpoke", &["wa"]);
+    // The edge has looked at the stream since the hook's consumer exists.
     poll(
         Duration::from_secs(30),
-        "the edge to watch the stream",
-        || fleet_state(&edge)["stream_discarded"].as_u64(),
+        "the edge to watch the consumer",
+        || (fleet_state(&edge)["stream_consumers"].as_u64()? >= 1).then_some(()),
     );
     // The hook's consumer exists; nobody handles events while these go in.
     drop(w);
