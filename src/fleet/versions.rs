@@ -160,6 +160,83 @@ pub fn with_filters(
     config
 }
 
+/// Updates consumer `name` of `stream`: the server's own config (read back as it stores it,
+/// not through typed fields) with `changes` and `filters` applied.
+pub async fn update_consumer(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    name: &str,
+    changes: serde_json::Value,
+    filters: &[String],
+) -> Result<(), String> {
+    use serde_json::Value;
+    let info: Value = js
+        .request(
+            format!("CONSUMER.INFO.{stream}.{name}"),
+            &serde_json::json!({}),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(e) = info.get("error") {
+        return Err(e.to_string());
+    }
+    let mut config = info["config"].clone();
+    let Value::Object(c) = &mut config else {
+        return Err("no config in the consumer's info".into());
+    };
+    if let Value::Object(ch) = changes {
+        c.extend(ch);
+    }
+    c.remove("filter_subject");
+    c.remove("filter_subjects");
+    match filters {
+        [one] => c.insert("filter_subject".into(), one.clone().into()),
+        many => c.insert("filter_subjects".into(), many.to_vec().into()),
+    };
+    let create = |config: &Value| {
+        let body = serde_json::json!({"stream_name": stream, "config": config});
+        async move {
+            let answer: Value = js
+                .request(format!("CONSUMER.CREATE.{stream}.{name}"), &body)
+                .await
+                .map_err(|e| (None, e.to_string()))?;
+            match answer.get("error") {
+                Some(e) => Err((e["err_code"].as_u64(), e.to_string())),
+                None => Ok(()),
+            }
+        }
+    };
+    match create(&config).await {
+        Ok(()) => Ok(()),
+        // A consumer that starts at a time cannot be updated at all (the server compares the
+        // start times as pointers): made again from the first event it has not acknowledged
+        // (by sequence, which later updates keep). Events it had delivered and not yet
+        // acknowledged come again as first deliveries.
+        Err((Some(10012), _)) => {
+            let floor = info["ack_floor"]["stream_seq"].as_u64().unwrap_or(0);
+            if let Value::Object(c) = &mut config {
+                c.remove("opt_start_time");
+                c.insert("deliver_policy".into(), "by_start_sequence".into());
+                c.insert("opt_start_seq".into(), (floor + 1).into());
+            }
+            let _: Value = js
+                .request(
+                    format!("CONSUMER.DELETE.{stream}.{name}"),
+                    &serde_json::json!({}),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                consumer = name,
+                "fleet: consumer made again from sequence {} to change it (a consumer starting at a time cannot be updated)",
+                floor + 1
+            );
+            create(&config).await.map_err(|(_, e)| e)
+        }
+        Err((_, e)) => Err(e),
+    }
+}
+
 /// The filters to give an existing consumer that has `have`: `want`, widened by what it has
 /// unless this worker has `settled` (heard from every live worker): another worker's version,
 /// not yet heard of, may have set them.

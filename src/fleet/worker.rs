@@ -531,13 +531,28 @@ async fn ensure_consumer(
                 || super::identity::of_config(have) != filters
             {
                 tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency, name or patterns changed)");
-                // The deliver policy of an existing durable cannot change: keep its own.
-                let config = pull::Config {
-                    deliver_policy: have.deliver_policy,
-                    ..config
-                };
-                match stream.create_consumer(config).await {
-                    Ok(c) => Ok(c),
+                // The server's own config with the changed fields: its start time sent back
+                // through a typed config is refused as a change ("start time can not be
+                // updated", 2.9 and 2.15 alike).
+                let changes = serde_json::json!({
+                    "ack_wait": config.ack_wait.as_nanos() as u64,
+                    "max_deliver": config.max_deliver,
+                    "max_ack_pending": config.max_ack_pending,
+                    "description": config.description,
+                });
+                match super::versions::update_consumer(
+                    &sh.js,
+                    &sh.cfg.events_stream(),
+                    &name,
+                    changes,
+                    &filters,
+                )
+                .await
+                {
+                    Ok(()) => Ok(stream
+                        .get_consumer::<pull::Config>(&name)
+                        .await
+                        .unwrap_or(c)),
                     Err(e) => {
                         tracing::warn!(hook = %s.name, "fleet: cannot update consumer {name} ({e}); using it as it is");
                         Ok(c)

@@ -1844,56 +1844,63 @@ fn a_rolling_update_of_a_hook_with_several_patterns_skips_nothing_the_new_versio
 
 fn rolling_update_on(bin: PathBuf) {
     let nats = NatsServer::start_bin(bin, &[], "");
-    // The same hook in two versions, on two workers: v2 adds a pattern.
+    // The same hooks in two versions, on two workers: v2 adds a pattern to "multi" and widens
+    // "single" (one pattern: the consumer's filter subject changes).
     let (old, new) = (Hooks::new(), Hooks::new());
     recording_hook(&old, "multi", r#"["a:x", "b:y"]"#, "");
     recording_hook(&new, "multi", r#"["a:x", "b:y", "c:z"]"#, "");
-    // The old version's worker first: it holds the ordered hook's lease.
+    recording_hook(&old, "single", r#"["a:x"]"#, "");
+    recording_hook(&new, "single", r#"["a:*"]"#, "");
+    // The old version's worker first: it holds the ordered hooks' leases.
     let w1 = worker(&old, &nats, "w1");
-    poll(Duration::from_secs(30), "w1 to take the lease", || {
-        w1.log().contains("lease taken").then_some(())
+    poll(Duration::from_secs(30), "w1 to take the leases", || {
+        (w1.log().matches("lease taken").count() >= 2).then_some(())
     });
     let _w2 = worker(&new, &nats, "w2");
     let edge = edge(&old, &nats.url(), &[]);
     wait_for_fleet(&edge, "multi", &["w1", "w2"]);
-    let names = ["a:x", "b:y", "c:z"];
+    wait_for_fleet(&edge, "single", &["w1", "w2"]);
+    let names = ["a:x", "b:y", "c:z", "a:w"];
     let events: Vec<Value> = (0..60u64)
-        .map(|n| json!({"event": names[n as usize % 3], "context": {"n": n}}))
+        .map(|n| json!({"event": names[n as usize % 4], "context": {"n": n}}))
         .collect();
     let (status, v) = edge.post("/v1/events/batch", &json!({"events": events}));
     assert_eq!(status, 202, "{v}");
-    let want_new: HashSet<u64> = (0..60).filter(|n| n % 3 == 2).collect();
-    let want_any: HashSet<u64> = (0..60).filter(|n| n % 3 != 2).collect();
-    poll(
-        Duration::from_secs(60),
-        "every event handled by a version that matches it",
-        || {
-            let new_recs = records(&new, "multi");
-            let old_recs = records(&old, "multi");
-            let by_new: HashSet<u64> = handled_ns(&new_recs).into_iter().collect();
-            let all: HashSet<u64> = by_new
+    // (hook, events only v2 matches, events both match), as n % 4.
+    for (hook, only_new, both) in [("multi", 2, vec![0, 1]), ("single", 3, vec![0])] {
+        let want_new: HashSet<u64> = (0..60).filter(|n| n % 4 == only_new).collect();
+        let want_any: HashSet<u64> = (0..60).filter(|n| both.contains(&(n % 4))).collect();
+        poll(
+            Duration::from_secs(60),
+            &format!("every event of {hook} handled by a version that matches it"),
+            || {
+                let by_new: HashSet<u64> = handled_ns(&records(&new, hook)).into_iter().collect();
+                let all: HashSet<u64> = by_new
+                    .iter()
+                    .copied()
+                    .chain(handled_ns(&records(&old, hook)))
+                    .collect();
+                let done = want_new.iter().all(|n| by_new.contains(n))
+                    && want_any.iter().all(|n| all.contains(n));
+                if !done {
+                    let (_, v) = edge.get(&format!("/v1/hooks/{hook}"));
+                    eprintln!(
+                        "{hook}: only-v2 missing {:?}; others missing {:?}; fleet {}",
+                        want_new.difference(&by_new).collect::<Vec<_>>(),
+                        want_any.difference(&all).collect::<Vec<_>>(),
+                        v["fleet"]
+                    );
+                }
+                done.then_some(())
+            },
+        );
+        assert!(
+            handled_ns(&records(&old, hook))
                 .iter()
-                .copied()
-                .chain(handled_ns(&old_recs))
-                .collect();
-            let z_done = want_new.iter().all(|n| by_new.contains(n));
-            let rest_done = want_any.iter().all(|n| all.contains(n));
-            if !z_done || !rest_done {
-                let (_, v) = edge.get("/v1/hooks/multi");
-                eprintln!(
-                    "c:z missing {:?}; others missing {:?}; fleet {}",
-                    want_new.difference(&by_new).collect::<Vec<_>>(),
-                    want_any.difference(&all).collect::<Vec<_>>(),
-                    v["fleet"]
-                );
-            }
-            (z_done && rest_done).then_some(())
-        },
-    );
-    assert!(
-        records(&old, "multi").iter().all(|r| r["event"] != "c:z"),
-        "the old version never runs what it does not match"
-    );
+                .all(|n| n % 4 != only_new),
+            "the old version of {hook} never runs what it does not match"
+        );
+    }
 }
 
 #[test]
