@@ -500,7 +500,10 @@ struct Run {
     /// The retry consumer's events.
     retry: Arc<Held>,
     _tend: [AbortOnDrop; 2],
-    running: tokio::task::JoinSet<()>,
+    /// Handler calls in flight, polled by the pull session itself (no task, no cross-thread
+    /// wake-up per event); moved to `background` when the session ends.
+    running: futures_util::stream::FuturesUnordered<InFlight>,
+    background: tokio::task::JoinSet<()>,
     /// Retries held until their time (one sleeping task each; there are at most
     /// [`super::retry::WINDOW`]).
     waiting: tokio::task::JoinSet<()>,
@@ -509,6 +512,9 @@ struct Run {
     /// Something was delivered since the last look (the pause between pulls starts over).
     pulled: bool,
 }
+
+/// A handler call in flight and what follows it (acknowledgement, retry, dead letter).
+type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Where a delivery came from.
 #[derive(Clone, Copy, PartialEq)]
@@ -542,7 +548,8 @@ impl Run {
             counters,
             main,
             retry,
-            running: tokio::task::JoinSet::new(),
+            running: futures_util::stream::FuturesUnordered::new(),
+            background: tokio::task::JoinSet::new(),
             waiting: tokio::task::JoinSet::new(),
             due_tx,
             due_rx,
@@ -552,12 +559,28 @@ impl Run {
 
     /// Waits for every handler call in flight, then acknowledges what finished.
     async fn drain(&mut self) {
-        while self.running.join_next().await.is_some() {}
+        while self.running.next().await.is_some() {}
+        while self.background.join_next().await.is_some() {}
         self.main.flush().await;
     }
 
-    /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`).
+    /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`); the
+    /// handler calls still in flight then go on in tasks of their own.
     async fn session(
+        &mut self,
+        consumer: &jetstream::consumer::PullConsumer,
+        retries: &jetstream::consumer::PullConsumer,
+        lease: &mut Option<super::lease::Lease>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        let ended = self.pull(consumer, retries, lease, stop).await;
+        for f in std::mem::take(&mut self.running) {
+            self.background.spawn(f);
+        }
+        ended
+    }
+
+    async fn pull(
         &mut self,
         consumer: &jetstream::consumer::PullConsumer,
         retries: &jetstream::consumer::PullConsumer,
@@ -606,6 +629,7 @@ impl Run {
                     self.dispatch(m, Source::Retry).await;
                     continue;
                 }
+                Some(()) = self.running.next(), if !self.running.is_empty() => continue,
                 _ = stop.changed() => {
                     give_back(&mut messages).await;
                     give_back(&mut retried).await;
@@ -633,7 +657,7 @@ impl Run {
                 }
                 None => return Ended::Again,
             }
-            while self.running.try_join_next().is_some() {}
+            while self.background.try_join_next().is_some() {}
             while self.waiting.try_join_next().is_some() {}
         }
     }
@@ -921,7 +945,7 @@ impl Run {
     /// returns (so deliveries enter it in stream order), the rest runs in `running`.
     async fn dispatch(&mut self, msg: Arc<jetstream::Message>, source: Source) {
         self.pulled = true;
-        let d = match self.triage(msg, source) {
+        let mut d = match self.triage(msg, source) {
             Triage::Settle(msg, hseq, kind) => {
                 let held = match source {
                     Source::Main => &self.main,
@@ -934,14 +958,14 @@ impl Run {
             Triage::Dead(d) => {
                 d.held.hold(d.hseq, d.msg.clone());
                 let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-                self.running.spawn(async move {
+                self.running.push(Box::pin(async move {
                     let error = format!(
                         "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
                         s.max_deliver, s.max_deliver
                     );
                     let delivered = d.delivered - 1;
                     dead_letter(&sh, &s, &counters, d, delivered, error).await;
-                });
+                }));
                 return;
             }
             Triage::Run(d) => d,
@@ -953,20 +977,21 @@ impl Run {
         let s = &self.s;
         let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
         let (host, event, name) = (self.sh.host.clone(), d.env.event.clone(), s.name.clone());
-        let ctx = d.env.handler_context(d.delivered, d.seq);
+        // Moved out, not copied: a retry or a dead letter reads the envelope again.
+        let ctx = d.env.take_handler_context(d.delivered, d.seq);
         let mut outcome =
             Box::pin(async move { host.emit_collect_only(&event, ctx, wait, Some(&name)).await });
         // The first poll puts the event in the hook's queue.
         let first =
             std::future::poll_fn(|cx| std::task::Poll::Ready(outcome.as_mut().poll(cx))).await;
         let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-        self.running.spawn(async move {
+        self.running.push(Box::pin(async move {
             let outcome = match first {
                 std::task::Poll::Ready(o) => o,
                 std::task::Poll::Pending => outcome.await,
             };
             settle(&sh, &s, &counters, d, outcome).await;
-        });
+        }));
     }
 }
 
@@ -1029,7 +1054,8 @@ async fn settle(
         let delay = (sh.opts.retry_backoff * 2u32.pow(shift)).min(Duration::from_secs(60));
         tracing::warn!(hook = %s.name, seq, delivered, "fleet: handler failed ({error}); retry in {}", crate::time::fmt_duration(delay));
         let retry = super::retry::due_in(delivered, seq, delay);
-        match super::retry::publish(&sh.js, &sh.cfg, &s.name, &d.env, retry).await {
+        let env = full_envelope(&d);
+        match super::retry::publish(&sh.js, &sh.cfg, &s.name, &env, retry).await {
             Ok(()) => d.held.finish(hseq, msg, AckKind::Ack).await,
             Err(e) => {
                 // Not stored: the broker redelivers this one after the delay instead.
@@ -1043,6 +1069,17 @@ async fn settle(
     dead_letter(sh, s, counters, d, delivered, error).await;
 }
 
+/// The delivery's envelope with its context (which the handler call took).
+fn full_envelope(d: &Delivery) -> Envelope {
+    let mut env = d.env.clone();
+    if env.context.is_null()
+        && let Ok(e) = serde_json::from_slice::<Envelope>(&d.msg.payload)
+    {
+        env.context = e.context;
+    }
+    env
+}
+
 /// Publishes the event to the dead-letter subject, then finishes it.
 async fn dead_letter(
     sh: &Shared,
@@ -1052,7 +1089,8 @@ async fn dead_letter(
     delivered: i64,
     error: String,
 ) {
-    let (msg, seq, hseq, key, env) = (d.msg, d.seq, d.hseq, d.key, d.env);
+    let env = full_envelope(&d);
+    let (msg, seq, hseq, key) = (d.msg, d.seq, d.hseq, d.key);
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),
