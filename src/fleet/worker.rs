@@ -2,21 +2,25 @@
 //! handler kind, hot reload, trust, as `serve` does) and feeds them from the event stream.
 //!
 //! Each hook gets one durable pull consumer named after it, shared by every worker that has the
-//! hook: `max_ack_pending` = `concurrency:` (1 keeps the hook's order across the fleet). A new
-//! consumer starts at the time the hook appeared (its HOOK.yaml written on a running worker, or
-//! the worker's start), so events published while it was being created are not missed, and a
-//! stream recreated empty by its broker is read from its start.
+//! hook, and a second one on its retry subject ([`super::retry`]). An ordered hook
+//! (`concurrency: 1`) is pulled by one worker at a time (the lease holder, [`super::lease`]) with
+//! up to [`WINDOW`] events in flight, fed in stream order into the hook's local queue, and its
+//! consumer acknowledges cumulatively ([`super::held`]); a hook with `concurrency: N` lets every
+//! worker pull, N in flight, explicit acknowledgements. A new consumer starts at the time the
+//! hook appeared (its HOOK.yaml written on a running worker, or the worker's start), so events
+//! published while it was being created are not missed, and a stream recreated empty by its
+//! broker is read from its start.
 //!
 //! An event is acknowledged after its handler finished, with progress signals from the moment
 //! it arrives (also while it waits in the hook's local queue, so it is never redelivered while
-//! it waits); a failure or a timeout is handed back with a growing delay; on the last allowed
-//! delivery (`retries:` + 1) the event is published to the dead-letter subject with its error
-//! and delivery count, then acknowledged. The consumer allows one delivery more than that: a
-//! worker killed during the last allowed delivery leaves the event unacknowledged, the broker
-//! delivers it once more after the ack wait, and that delivery goes to the dead letters
-//! without running the handler again.
+//! it waits); a failure or a timeout is published to the hook's retry subject with a growing
+//! delay and the event finished; on the last allowed delivery (`retries:` + 1) the event is
+//! published to the dead-letter subject with its error and delivery count, then acknowledged.
+//! The consumer allows one delivery more than that: a worker killed during the last allowed
+//! delivery leaves the event unacknowledged, the broker delivers it once more after the ack
+//! wait, and that delivery goes to the dead letters without running the handler again.
 //!
-//! A removed hook's consumer is deleted after `consumer_grace` when no worker pulls from it.
+//! A removed hook's consumers are deleted after `consumer_grace` when no worker pulls from them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
