@@ -147,6 +147,14 @@ impl Held {
         }
     }
 
+    /// Forgets every held event (the lease was lost and the events still held were handed
+    /// back: whoever pulls next gets them).
+    pub fn forget(&self) {
+        if let Ok(mut s) = self.slots.lock() {
+            s.clear();
+        }
+    }
+
     /// Hands back every held event not finished (stopping: another worker takes them now).
     pub async fn give_back_all(&self) {
         let msgs: Vec<(u64, Arc<Message>)> = match self.slots.lock() {

@@ -753,6 +753,12 @@ async fn consume(
         if let Ended::Stop = r.session(&consumer, &retries, &mut lease, &mut stop).await {
             break 'outer;
         }
+        if s.ordered() && lease.is_none() {
+            // The lease was lost: finish what runs, acknowledge it, and forget what was handed
+            // back (it goes to whoever holds the lease next) before standing by.
+            r.drain().await;
+            r.main.forget();
+        }
         if std::mem::take(&mut r.pulled) {
             pause = Duration::from_millis(100);
         }
