@@ -102,7 +102,11 @@ class ServiceLogHandler(logging.Handler):
 
 
 def setup_logging():
-    """Records nobody else handles go to the service log, from INFO up (see the module doc)."""
+    """Records nobody else handles go to the service log, from INFO up (see the module doc). Done
+    in the fork server already (a forked worker then shares the handler and the loggers' caches
+    it clears), in a worker started from scratch here."""
+    if isinstance(logging.lastResort, ServiceLogHandler):
+        return
     logging.lastResort = ServiceLogHandler(logging.INFO)
     if not logging.root.handlers and logging.root.level == logging.WARNING:
         logging.root.setLevel(logging.INFO)
@@ -118,11 +122,14 @@ def take_protocol_fds():
     os.dup2(devnull, 0)
     os.close(devnull)
     try:
-        sys.stderr.reconfigure(line_buffering=True)
+        # One write per line: a print() from a thread cannot be cut by a log line (os.write(2)).
+        sys.stderr.reconfigure(line_buffering=True, write_through=False)
     except (AttributeError, ValueError):
         pass
     sys.stdout = sys.stderr
-    sys.stdin = open(os.devnull, "r")
+    # sys.stdin stays the interpreter's own object: it reads fd 0, /dev/null from here on, and
+    # nothing has read from it (requests come through _proto_in). A new one would be io objects
+    # of its own in every forked worker.
     use_service_pycache()
 
 
@@ -671,6 +678,7 @@ class Zygote:
     def spawn(self, req):
         req_id = req.get("spawn")
         pipes = [os.pipe() for _ in range(3)]
+        sys.stderr.flush()  # the worker keeps this object (on its own fd 2): nothing of ours in it
         try:
             pid = os.fork()
         except OSError as exc:
@@ -689,7 +697,6 @@ class Zygote:
                 os.dup2(pipes[1][1], 1)
                 os.dup2(pipes[2][1], 2)
                 os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
-                sys.stdout = sys.stderr = open(2, "w", closefd=False)
                 set_priority(req.get("nice"), req.get("idle"))
                 service_cache = os.environ.get(PYCACHE_ENV)
                 os.environ.update(req.get("env") or {})
@@ -777,6 +784,83 @@ def warm_up():
     json.loads(json.dumps({"id": 1, "ok": True, "result": [1.5, "x", None]}))
     platform.python_version()
     re.sub(r"\W", "_", "warm-up")
+    warm_import()
+
+
+class _StubFinder:
+    """Hands ``warm_import`` a handler's source without reading any hook."""
+
+    @staticmethod
+    def verified(path):
+        return b"def handle(event, context):\n    return None\n"
+
+
+def warm_import():
+    """What loading a hook runs, once, on a module that is not kept: a checked read with its
+    SHA-256 (OpenSSL's first digest sets up tables of its own), importlib's spec and module
+    set-up, compiling and executing the source."""
+    here = os.path.abspath(__file__)
+    with open(here, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    HookFinder(os.path.dirname(here), {os.path.basename(here): digest}).verified(here)
+    name = "hermes_hook_warm_up"
+    spec = importlib.util.spec_from_file_location(
+        name, here, loader=VerifiedLoader(name, here, _StubFinder()))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(name, None)
+
+
+def malloc_holes():
+    """``(block size, free blocks)`` of pymalloc's partly used pools, read from
+    ``sys._debugmallocstats()`` (CPython writes it to C stderr); empty when that is unavailable or
+    another allocator runs (``PYTHONMALLOC=malloc``)."""
+    if not (hasattr(sys, "_debugmallocstats") and hasattr(os, "memfd_create")):
+        return []
+    out = os.memfd_create("hermes-hooks-mallocstats")
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(out, 2)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    try:
+        os.lseek(out, 0, os.SEEK_SET)
+        with open(out, "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return []
+    holes = []
+    for line in text.splitlines():
+        cols = line.split()  # class, size, pools, blocks in use, blocks free
+        if len(cols) == 5 and all(c.isdigit() for c in cols):
+            holes.append((int(cols[1]), int(cols[4])))
+    return holes
+
+
+def fill_pool_holes():
+    """Objects filling the free blocks of pymalloc's partly used pools, kept for the fork server's
+    life. Without them a worker's first allocations land in those holes, scattered over the
+    pages it shares with the fork server, and each such page becomes its own copy; with them they
+    go to fresh pools, packed. The blocks are memory the fork server holds anyway."""
+    ballast = []
+    for size, free in malloc_holes():
+        if size <= 16:
+            ballast.extend(object() for _ in range(free))  # 16 bytes
+        elif size <= 32:
+            ballast.extend(float(i) for i in range(free))  # 24 bytes
+        elif size > 33:
+            ballast.extend(bytes(size - 33) for _ in range(free))  # 33 + n bytes
+    return ballast
+
+
+#: What ``fill_pool_holes`` allocated in the fork server (never read; only held).
+_ballast = None
 
 
 def zygote_main():
@@ -789,8 +873,11 @@ def zygote_main():
     use_service_pycache()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     zygote = Zygote(ctl)
+    setup_logging()
     warm_up()
     gc.collect()
+    global _ballast
+    _ballast = fill_pool_holes()
     gc.freeze()  # what the workers share stays shared: the collector never writes to it
     zygote.tell({"zygote": "ready", "pid": os.getpid(), "python": platform.python_version()})
     try:
