@@ -776,15 +776,44 @@ class Zygote:
 def warm_up():
     """Do once, before the fork, what every worker does first, so the modules it imports lazily and
     the caches it fills are shared by all workers instead of copied into each."""
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(asyncio.sleep(0))
-    finally:
-        loop.close()
+    for _ in range(WARM_LOOPS):
+        warm_loop()
     json.loads(json.dumps({"id": 1, "ok": True, "result": [1.5, "x", None]}))
     platform.python_version()
     re.sub(r"\W", "_", "warm-up")
     warm_import()
+
+
+#: Event loops the fork server runs before forking. Measured with 50 hooks of an async ``handle``:
+#: 10 runs instead of 1 save each worker ~0.1 MB of private memory (CPython has adapted the code
+#: the loop runs, instead of each worker writing into it); 30 saved no more.
+WARM_LOOPS = 10
+
+
+def warm_loop():
+    """A worker's event loop in small: a queue fed by a reader on a pipe, a task, a wait."""
+    r, w = os.pipe()
+    fds = [r, w]
+    loop = asyncio.new_event_loop()
+    try:
+        keep_tasks_alive(loop)
+
+        async def run():
+            queue = asyncio.Queue()
+            start_reader(asyncio.get_running_loop(), queue, LineReader(r))
+            os.write(w, b'{"id": 1}\n')
+            await queue.get()
+            os.close(w)
+            fds.remove(w)
+            await queue.get()  # EOF
+            task = asyncio.ensure_future(asyncio.sleep(0))
+            await asyncio.wait({task}, timeout=1)
+
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+        for fd in fds:
+            os.close(fd)
 
 
 class _StubFinder:
