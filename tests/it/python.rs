@@ -294,3 +294,26 @@ async fn a_sync_hook_whose_helper_module_uses_asyncio_is_called_inside_the_loop(
     );
     host.shutdown(T).await;
 }
+
+#[tokio::test]
+async fn a_future_a_sync_handle_returns_is_awaited_on_the_loop_it_belongs_to() {
+    let hooks = Hooks::new();
+    // `Future()` outside a loop makes the policy's loop current and binds the future to it: the
+    // worker must continue on that loop, not a new one.
+    hooks.python(
+        "fut",
+        "[command:x]",
+        &format!(
+            "{NO_LOOP_MENTION}def handle(e, c):\n    fut = aio.Future()\n    \
+             fut.get_loop().call_soon(fut.set_result, c['n'])\n    return fut\n"
+        ),
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    for n in 1..=2 {
+        assert_eq!(
+            one(&host, "command:x", json!({"n": n})).await,
+            Ok(Some(json!(n)))
+        );
+    }
+    host.shutdown(T).await;
+}

@@ -66,6 +66,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 DRAIN_SECONDS = 2.0
 #: The bytecode cache the service owns (see use_service_pycache).
@@ -499,6 +500,20 @@ def serve_blocking(handle, hook_name, reader, lines):
             return None, None
 
 
+def current_or_new_loop():
+    """The loop for a synchronous ``handle``'s first awaitable: the one its code already made
+    current, if any (a future it returned is bound to it), else a new one."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            loop = asyncio.get_event_loop()  # creates one when none is set, up to CPython 3.13
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+    return loop
+
+
 def is_async(handle):
     """``handle`` is a coroutine function (or an object whose ``__call__`` is one)."""
     return (inspect.iscoroutinefunction(handle)
@@ -600,7 +615,7 @@ def run_worker(hook_dir, handler_path, hook_name):
                     sys.stderr.flush()
                     os._exit(0)
         # The event loop from the start, or from the first awaitable a synchronous handle returned.
-        loop = asyncio.new_event_loop()
+        loop = asyncio.new_event_loop() if first is None else current_or_new_loop()
         asyncio.set_event_loop(loop)
         keep_tasks_alive(loop)
         loop.run_until_complete(serve(hook_dir, handler_path, hook_name, reader, early, files,
@@ -849,21 +864,31 @@ def malloc_holes():
     another allocator runs (``PYTHONMALLOC=malloc``)."""
     if not (hasattr(sys, "_debugmallocstats") and hasattr(os, "memfd_create")):
         return []
-    out = os.memfd_create("hermes-hooks-mallocstats")
-    saved = os.dup(2)
     try:
-        sys.stderr.flush()
-        os.dup2(out, 2)
-        sys._debugmallocstats()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-    try:
-        os.lseek(out, 0, os.SEEK_SET)
-        with open(out, "rb") as f:
-            text = f.read().decode("ascii", "replace")
+        out = os.memfd_create("hermes-hooks-mallocstats")
     except OSError:
         return []
+    chunks = []
+    try:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(out, 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        os.lseek(out, 0, os.SEEK_SET)
+        while True:
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        return []
+    finally:
+        os.close(out)
+    text = b"".join(chunks).decode("ascii", "replace")
     holes = []
     for line in text.splitlines():
         cols = line.split()  # class, size, pools, blocks in use, blocks free
