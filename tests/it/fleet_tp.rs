@@ -181,3 +181,49 @@ fn an_ordered_hooks_cumulative_acks_cover_only_what_ran_when_its_worker_is_kille
     );
     assert_duplicates_are_redeliveries(&recs);
 }
+
+#[test]
+fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    // concurrency: 4 = explicit acknowledgements, every worker pulls.
+    recording_hook(
+        &hooks,
+        "wide",
+        r#"["agent:*"]"#,
+        "retries: 1\nconcurrency: 4\n",
+    );
+    let _a = slow_retry_worker(&hooks, &nats, "wa", 300);
+    let _b = slow_retry_worker(&hooks, &nats, "wb", 300);
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "wide", &["wa", "wb"]);
+    let (status, _) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
+    );
+    assert_eq!(status, 202);
+    let (status, body) = post_batch(&edge, 1..41, json!({}));
+    assert_eq!(status, 202, "{body}");
+    let letter = poll(Duration::from_secs(60), "the dead letter", || {
+        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "wide"]);
+        assert_eq!(code, 0, "{out}");
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    assert_eq!(
+        letter["deliveries"], 2,
+        "retries: 1 = two deliveries: {letter}"
+    );
+    let failed = read_jsonl(&hooks.out().join("wide.jsonl.failed"));
+    let d: Vec<i64> = failed.iter().map(|r| r["d"].as_i64().unwrap()).collect();
+    assert_eq!(d, vec![1, 2], "{failed:?}");
+    let t = |r: &Value| r["t"].as_f64().unwrap();
+    assert!(t(&failed[1]) - t(&failed[0]) >= 0.25, "{failed:?}");
+    let ok = poll(Duration::from_secs(30), "the other 40 handled", || {
+        let r = records(&hooks, "wide");
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 40).then_some(r)
+    });
+    assert_duplicates_are_redeliveries(&ok);
+}
