@@ -1163,28 +1163,16 @@ async fn settle(
         Ok(v) => match v.into_iter().next() {
             None => {
                 if sh.host.snapshot().get(&s.name).is_some() {
-                    // Outside this version's own filters: routed for another version (a retry
-                    // is on its hook's retry subject, which they never cover).
+                    // A consumer narrowed to subjects, and this one outside this version's
+                    // own: routed for another version (a retry is on its hook's retry
+                    // subject, which they never cover). On a consumer of every event, only
+                    // the other versions' patterns tell.
                     let subject = msg.subject.as_str();
-                    let routed = !super::retry::is_retry(&sh.cfg, subject)
+                    let routed = s.filters != [sh.cfg.events_filter()]
+                        && !super::retry::is_retry(&sh.cfg, subject)
                         && !s.own.iter().any(|f| super::subject_matches(f, subject));
                     if routed || sh.versions.other_matches(&s.key, &d.env.event) {
-                        // Another version of the hook matches it (a rolling update): hand it
-                        // back for a worker with that version; on the last delivery it is
-                        // dead-lettered, never silently skipped.
-                        if s.ordered() {
-                            counters.handover.notify_one();
-                        }
-                        if delivered < s.max_deliver {
-                            counters.mismatched.fetch_add(1, Ordering::Relaxed);
-                            d.held
-                                .give_back(hseq, msg, Some(Duration::from_secs(1)))
-                                .await;
-                            return;
-                        }
-                        let error = "no pattern of this worker's version of the hook matches the event (a rolling update?)".to_string();
-                        dead_letter(sh, s, counters, d, delivered, error).await;
-                        return;
+                        return for_another_version(sh, s, counters, d).await;
                     }
                     // Loaded, but none of its patterns matches this event.
                     d.held.finish(hseq, msg, AckKind::Ack).await;
@@ -1223,6 +1211,34 @@ async fn settle(
         return;
     }
     dead_letter(sh, s, counters, d, delivered, error).await;
+}
+
+/// Another version of the hook matches the delivery, this one does not (a rolling update): it
+/// goes to the hook's retry subject for a worker with that version (the original is finished,
+/// so an ordered hook's cumulative acknowledgements go on), and an ordered hook's lease holder
+/// hands the lease over so that such a worker pulls; on the last delivery it is dead-lettered,
+/// never silently skipped.
+async fn for_another_version(sh: &Shared, s: &Settings, counters: &Counters, d: Delivery) {
+    if s.ordered() {
+        counters.handover.notify_one();
+    }
+    let (delivered, seq, hseq) = (d.delivered, d.seq, d.hseq);
+    if delivered >= s.max_deliver {
+        let error =
+            "no pattern of this worker's version of the hook matches the event (a rolling update?)"
+                .to_string();
+        return dead_letter(sh, s, counters, d, delivered, error).await;
+    }
+    counters.mismatched.fetch_add(1, Ordering::Relaxed);
+    let later = Duration::from_millis(200);
+    let retry = super::retry::due_in(delivered, seq, later);
+    match super::retry::publish(&sh.js, &sh.cfg, &s.key, &full_envelope(&d), retry).await {
+        Ok(()) => d.held.finish(hseq, &d.msg, AckKind::Ack).await,
+        Err(e) => {
+            tracing::warn!(hook = %s.name, seq, "fleet: event for another version not republished ({e}); handing it back");
+            d.held.give_back(hseq, &d.msg, Some(later)).await;
+        }
+    }
 }
 
 /// The delivery's envelope with its context (which the handler call took).

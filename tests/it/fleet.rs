@@ -1882,6 +1882,16 @@ fn rolling_update_on(bin: PathBuf) {
                     .collect();
                 let done = want_new.iter().all(|n| by_new.contains(n))
                     && want_any.iter().all(|n| all.contains(n));
+                if !done && std::env::var_os("DEBUG_ROLL").is_some() {
+                    for (w, l) in [("w1", w1.log()), ("w2", _w2.log())] {
+                        for line in l
+                            .lines()
+                            .filter(|x| x.contains("lease") || x.contains("another version"))
+                        {
+                            eprintln!("{w}: {line}");
+                        }
+                    }
+                }
                 if !done {
                     let (_, v) = edge.get(&format!("/v1/hooks/{hook}"));
                     eprintln!(
