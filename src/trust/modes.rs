@@ -118,52 +118,20 @@ fn ask_private_group(owner: u32, gid: u32) -> bool {
 /// Size of the buffer handed to the `_r` lookups (grown on ERANGE up to 1 MiB).
 const BUF_START: usize = 4096;
 
-/// The user's name and primary gid.
-fn user_of(uid: u32) -> Option<(Vec<u8>, u32)> {
+/// Runs one of the reentrant NSS lookups (`getpwuid_r`, `getgrgid_r`): `call` gets a zeroed
+/// record, the buffer and the result pointer, and answers the lookup's return code. The buffer
+/// grows on ERANGE up to 1 MiB. Some((record, buffer)) when an entry was found; the record's
+/// pointers point into the buffer.
+fn lookup_r<T>(
+    mut call: impl FnMut(&mut T, &mut [u8], &mut *mut T) -> libc::c_int,
+) -> Option<(T, Vec<u8>)> {
     let mut buf = vec![0u8; BUF_START];
     loop {
-        // SAFETY: a zeroed passwd is a valid out-parameter; getpwuid_r writes into it and
-        // into `buf`, whose length is passed; `result` is null or points at `pw`.
-        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = unsafe {
-            libc::getpwuid_r(
-                uid,
-                &mut pw,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        };
-        if rc == libc::ERANGE && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 2, 0);
-            continue;
-        }
-        if rc != 0 || result.is_null() || pw.pw_name.is_null() {
-            return None;
-        }
-        // SAFETY: pw_name points into `buf`, NUL-terminated by getpwuid_r.
-        let name = unsafe { CStr::from_ptr(pw.pw_name) }.to_bytes().to_vec();
-        return Some((name, pw.pw_gid));
-    }
-}
-
-/// The supplementary members listed for `gid`.
-fn group_members(gid: u32) -> Option<Vec<Vec<u8>>> {
-    let mut buf = vec![0u8; BUF_START];
-    loop {
-        // SAFETY: as in `user_of`, for getgrgid_r.
-        let mut gr: libc::group = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::group = std::ptr::null_mut();
-        let rc = unsafe {
-            libc::getgrgid_r(
-                gid,
-                &mut gr,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        };
+        // SAFETY: the records used here (passwd, group) are plain C structs of integers and
+        // pointers, for which all-zero is a valid value; the lookup fills them in.
+        let mut record: T = unsafe { std::mem::zeroed() };
+        let mut result: *mut T = std::ptr::null_mut();
+        let rc = call(&mut record, &mut buf, &mut result);
         if rc == libc::ERANGE && buf.len() < 1 << 20 {
             buf.resize(buf.len() * 2, 0);
             continue;
@@ -171,15 +139,38 @@ fn group_members(gid: u32) -> Option<Vec<Vec<u8>>> {
         if rc != 0 || result.is_null() {
             return None;
         }
-        let mut members = Vec::new();
-        let mut p = gr.gr_mem;
-        // SAFETY: gr_mem is a null-terminated array of NUL-terminated strings in `buf`.
-        while !p.is_null() && !unsafe { *p }.is_null() {
-            members.push(unsafe { CStr::from_ptr(*p) }.to_bytes().to_vec());
-            p = unsafe { p.add(1) };
-        }
-        return Some(members);
+        return Some((record, buf));
     }
+}
+
+/// The user's name and primary gid.
+fn user_of(uid: u32) -> Option<(Vec<u8>, u32)> {
+    // SAFETY: getpwuid_r writes into the record and into the buffer, whose length is passed.
+    let (pw, _buf) = lookup_r(|pw: &mut libc::passwd, buf, result| unsafe {
+        libc::getpwuid_r(uid, pw, buf.as_mut_ptr().cast(), buf.len(), result)
+    })?;
+    if pw.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name points into `_buf` (still alive), NUL-terminated by getpwuid_r.
+    let name = unsafe { CStr::from_ptr(pw.pw_name) }.to_bytes().to_vec();
+    Some((name, pw.pw_gid))
+}
+
+/// The supplementary members listed for `gid`.
+fn group_members(gid: u32) -> Option<Vec<Vec<u8>>> {
+    // SAFETY: as in `user_of`, for getgrgid_r.
+    let (gr, _buf) = lookup_r(|gr: &mut libc::group, buf, result| unsafe {
+        libc::getgrgid_r(gid, gr, buf.as_mut_ptr().cast(), buf.len(), result)
+    })?;
+    let mut members = Vec::new();
+    let mut p = gr.gr_mem;
+    // SAFETY: gr_mem is a null-terminated array of NUL-terminated strings in `_buf`.
+    while !p.is_null() && !unsafe { *p }.is_null() {
+        members.push(unsafe { CStr::from_ptr(*p) }.to_bytes().to_vec());
+        p = unsafe { p.add(1) };
+    }
+    Some(members)
 }
 
 /// Whether a user other than `owner` has `gid` as primary group.

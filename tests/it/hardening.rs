@@ -4,35 +4,19 @@
 
 use std::time::Duration;
 
-use hermes_hooks::cli::set_enabled;
-use hermes_hooks::{Host, LoadReport, SkipCode};
-use hermes_hooks::{TrustMode, TrustPolicy};
+use hermes_hooks::TrustMode;
+use hermes_hooks::{LoadReport, SkipCode};
 use serde_json::{Value, json};
 
-use crate::util::{Hooks, collect_one, config, set_mode};
+use crate::util::{
+    Hooks, approve, approved_host, assert_edit_refused, collect_one, set_mode,
+    start_trusted as start,
+};
 
 const T: Duration = Duration::from_secs(20);
 
 /// A Python hook on `x:*` that returns `helper.value()` and exits hard on `x:crash`.
 const IMPORTS_HELPER: &str = "import os\nimport helper\n\ndef handle(event, context):\n    if event == 'x:crash':\n        os._exit(3)\n    return helper.value()\n";
-
-async fn start(hooks: &Hooks, mode: TrustMode) -> (Host, LoadReport) {
-    let mut cfg = config(hooks);
-    cfg.trust = TrustPolicy {
-        mode,
-        insecure_permissions: false,
-    };
-    Host::start(cfg).await
-}
-
-fn approve(hooks: &Hooks, name: &str) {
-    let policy = TrustPolicy {
-        mode: TrustMode::Explicit,
-        insecure_permissions: false,
-    };
-    set_enabled(&[hooks.root()], &hooks.home(), &policy, name, true)
-        .unwrap_or_else(|e| panic!("approving {name}: {e}"));
-}
 
 fn skip_of(report: &LoadReport, name: &str) -> (SkipCode, String) {
     report
@@ -157,19 +141,9 @@ async fn executable_call_refused_when_a_sourced_script_changed() {
         "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.sh\"\nvalue\n",
     );
     std::fs::write(dir.join("lib.sh"), "value() { echo '\"approved\"'; }\n").unwrap();
-    approve(&hooks, "e");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["e"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!("approved")))
-    );
-    std::fs::write(dir.join("lib.sh"), "value() { echo '\"injected\"'; }\n").unwrap();
-    let err = collect_one(&host, "x:go", json!({}))
-        .await
-        .expect_err("a call with a replaced lib.sh must be refused");
-    assert!(err.contains("lib.sh changed"), "{err}");
-    host.shutdown(T).await;
+    let host = approved_host(&hooks, "e", "x:go", json!("approved")).await;
+    let injected = "value() { echo '\"injected\"'; }\n";
+    assert_edit_refused(host, &dir.join("lib.sh"), injected, "x:go").await;
 }
 
 /// An approval written before approvals covered helper files passes only a one-file hook.

@@ -3,34 +3,22 @@
 
 use std::time::Duration;
 
+use hermes_hooks::Host;
 use hermes_hooks::cli::set_enabled;
-use hermes_hooks::{Host, LoadReport};
 use hermes_hooks::{TrustMode, TrustPolicy};
 use serde_json::json;
 
-use crate::util::{Hooks, collect_one, config};
+use crate::util::{
+    Hooks, approve, approved_host, assert_edit_refused, collect_one, config, start_trusted as start,
+};
 
 const T: Duration = Duration::from_secs(20);
-
-async fn start(hooks: &Hooks, mode: TrustMode) -> (Host, LoadReport) {
-    let mut cfg = config(hooks);
-    cfg.trust = TrustPolicy {
-        mode,
-        insecure_permissions: false,
-    };
-    Host::start(cfg).await
-}
 
 fn explicit() -> TrustPolicy {
     TrustPolicy {
         mode: TrustMode::Explicit,
         insecure_permissions: false,
     }
-}
-
-fn approve(hooks: &Hooks, name: &str) {
-    set_enabled(&[hooks.root()], &hooks.home(), &explicit(), name, true)
-        .unwrap_or_else(|e| panic!("approving {name}: {e}"));
 }
 
 const UNLOADED: &str = "the hook was unloaded (refused at the reload its change caused)";
@@ -203,19 +191,8 @@ async fn row_3_lazily_imported_module_is_checked_at_import() {
         "def handle(event, context):\n    if event == 'x:late':\n        import late\n        return late.VALUE\n    return 'started'\n",
     );
     std::fs::write(dir.join("late.py"), "VALUE = 'approved'\n").unwrap();
-    approve(&hooks, "h");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["h"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!("started")))
-    );
-    std::fs::write(dir.join("late.py"), "VALUE = 'injected'\n").unwrap();
-    let err = collect_one(&host, "x:late", json!({}))
-        .await
-        .expect_err("the edited late.py must not be imported");
-    assert!(err.contains("late.py changed"), "{err}");
-    host.shutdown(T).await;
+    let host = approved_host(&hooks, "h", "x:go", json!("started")).await;
+    assert_edit_refused(host, &dir.join("late.py"), "VALUE = 'injected'\n", "x:late").await;
 }
 
 /// Row 10: the service's own cache directory (where the runner lives) is not an import location,

@@ -389,3 +389,61 @@ pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
     }
     (status, headers, body)
 }
+
+/// A host over `hooks` under the trust `mode` (permissions checked).
+pub async fn start_trusted(
+    hooks: &Hooks,
+    mode: hermes_hooks::TrustMode,
+) -> (hermes_hooks::Host, hermes_hooks::LoadReport) {
+    let mut cfg = config(hooks);
+    cfg.trust = hermes_hooks::TrustPolicy {
+        mode,
+        insecure_permissions: false,
+    };
+    hermes_hooks::Host::start(cfg).await
+}
+
+/// Approves the hook `name` (`enable` in explicit mode), as an operator would.
+pub fn approve(hooks: &Hooks, name: &str) {
+    let policy = hermes_hooks::TrustPolicy {
+        mode: hermes_hooks::TrustMode::Explicit,
+        insecure_permissions: false,
+    };
+    hermes_hooks::cli::set_enabled(&[hooks.root()], &hooks.home(), &policy, name, true)
+        .unwrap_or_else(|e| panic!("approving {name}: {e}"));
+}
+
+/// Approves the one hook `name`, starts an explicit-mode host and checks that `event` answers
+/// `first` (the approved code runs).
+pub async fn approved_host(
+    hooks: &Hooks,
+    name: &str,
+    event: &str,
+    first: Value,
+) -> hermes_hooks::Host {
+    approve(hooks, name);
+    let (host, report) = start_trusted(hooks, hermes_hooks::TrustMode::Explicit).await;
+    assert_eq!(report.loaded, vec![name], "{report:#?}");
+    assert_eq!(
+        collect_one(&host, event, serde_json::json!({})).await,
+        Ok(Some(first))
+    );
+    host
+}
+
+/// Writes `content` over `file` and checks that the next `event` is refused with an error
+/// saying `<name> changed` (the name of the file), then shuts the host down.
+pub async fn assert_edit_refused(
+    host: hermes_hooks::Host,
+    file: &Path,
+    content: &str,
+    event: &str,
+) {
+    std::fs::write(file, content).unwrap();
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let err = collect_one(&host, event, serde_json::json!({}))
+        .await
+        .expect_err("a call after the edit must be refused");
+    assert!(err.contains(&format!("{name} changed")), "{err}");
+    host.shutdown(Duration::from_secs(20)).await;
+}
