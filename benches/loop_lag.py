@@ -281,11 +281,11 @@ def ready(sock_path: str) -> bool:
 
 
 def child(args: argparse.Namespace, case: str, burst: int, interval_ms: float,
-          address: str, pid: int) -> dict:
+          address: str, pid: int, client: str = "") -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--case", case, "--burst", str(burst),
             "--interval-ms", str(interval_ms), "--seconds", str(args.seconds),
             "--warmup", str(args.warmup), "--address", address, "--service-pid", str(pid),
-            "--client", args.client]
+            "--client", client or args.client]
     if args.rt:
         argv.append("--rt")
     before = cpu_split(pid)
@@ -360,10 +360,17 @@ def driver(args: argparse.Namespace) -> None:
         plan = [p for p in plan if p[0] in wanted or p[0] in ("none", "original")]
     # A/B: the client case against each variant's service too, in the same rounds.
     variants = {}
+    clients = {}
     for spec in args.variant:
         name, _, command = spec.partition("=")
-        variants[name] = start_service(args, tmp, "service", "variant-" + name,
-                                       tuple(shlex.split(command)))
+        words = shlex.split(command)
+        # --client=DIR in a variant: that variant's gateway uses another client checkout.
+        clients[name] = next((w.split("=", 1)[1] for w in words if w.startswith("--client=")),
+                             "")
+        words = [w for w in words if not w.startswith("--client=")]
+        if not words or words[0].startswith("-"):
+            words.insert(0, args.bin)
+        variants[name] = start_service(args, tmp, "service", "variant-" + name, tuple(words))
     for at, (case, label, burst, interval) in reversed(list(enumerate(plan))):
         if case == "client":
             plan[at + 1:at + 1] = [("client:" + name, "%s [%s]" % (label, name), burst, interval)
@@ -382,8 +389,10 @@ def driver(args: argparse.Namespace) -> None:
                 if case == "ingateway":
                     results[i].append(child(args, case, burst, interval, gw_sock, gw_service.pid))
                 elif case.startswith("client:"):
-                    svc, path, _ = variants[case.split(":", 1)[1]]
-                    results[i].append(child(args, "client", burst, interval, path, svc.pid))
+                    name = case.split(":", 1)[1]
+                    svc, path, _ = variants[name]
+                    results[i].append(child(args, "client", burst, interval, path, svc.pid,
+                                            clients[name]))
                 else:
                     results[i].append(child(args, case, burst, interval, sock, service.pid))
     finally:
@@ -515,9 +524,10 @@ def main() -> None:
                          "service's priority")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BIN [ARG...]",
                     help="A/B in one run: also run the client case against a service started "
-                         "as BIN serve ... ARG... (another build, a wrapper such as `chrt -i 0`, "
-                         "other serve options), alternating with the others in every round "
-                         "(repeatable); rows labelled [NAME]")
+                         "as BIN serve ... ARG... (another build, a wrapper script, other serve "
+                         "options; an ARG --client=DIR gives that variant's gateway another "
+                         "client checkout; BIN may be left out), alternating with the others "
+                         "in every round (repeatable); rows labelled [NAME]")
     ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw",
                                        "ingateway"],
                     help=argparse.SUPPRESS)
