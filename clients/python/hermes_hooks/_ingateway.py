@@ -206,7 +206,9 @@ class _Lane:
 
     def run(self, wait_first: bool) -> None:
         lane = self
+        lock = lane.lock
         clock = time.monotonic
+        handed = [None]  # set by detach(): the lane this thread runs from now on
         if wait_first:
             lane.wake.acquire()  # released by wake_up once start() returned
         while True:
@@ -236,14 +238,17 @@ class _Lane:
                     # The hook has a thread of its own now: it runs there, in order.
                     own.put((event, context, loop, done, (hook,)))
                     continue
-                handed = [None]  # set by detach(): the lane this thread runs from now on
-                lane.call = (hook, clock(), item, index, handed)
-                hook.call(event, context, loop, done)
-                with lane.lock:
-                    if handed[0] is None:
-                        lane.call = None
+                started = clock()
+                lane.call = (hook, started, item, index, handed)
+                hook.call(event, context, loop, done, started)
+                lock.acquire()
+                if handed[0] is None:
+                    lane.call = None
+                lock.release()
                 if handed[0] is not None:  # the rest of the item is the new thread's
                     lane = handed[0]
+                    lock = lane.lock
+                    handed = [None]
                     threading.current_thread().name = "hermes-hook-" + lane.name
                     break
 
@@ -318,8 +323,8 @@ class _Hook:
                         "oldest dropped (%d dropped so far)", self.name, capacity, self.dropped)
 
     def call(self, event: str, context: Dict[str, Any],
-             loop: Optional[asyncio.AbstractEventLoop], done: Optional[Callable]) -> None:
-        started = time.monotonic()
+             loop: Optional[asyncio.AbstractEventLoop], done: Optional[Callable],
+             started: float) -> None:
         try:
             result = self.handle(event, context)
         except Exception as exc:
