@@ -48,6 +48,19 @@ impl Envelope {
         }
     }
 
+    /// [`Envelope::handler_context`], taking the context out of the envelope (left `null`)
+    /// instead of copying it.
+    pub fn take_handler_context(&mut self, delivered: i64, stream_seq: u64) -> Value {
+        let mut ctx = std::mem::take(&mut self.context);
+        if let Value::Object(m) = &mut ctx {
+            m.insert(
+                CONTEXT_KEY.into(),
+                serde_json::json!({"event_id": self.id, "gateway_id": self.gateway, "delivered": delivered, "stream_seq": stream_seq}),
+            );
+        }
+        ctx
+    }
+
     /// The context a handler sees: the event's, plus [`CONTEXT_KEY`].
     pub fn handler_context(&self, delivered: i64, stream_seq: u64) -> Value {
         let mut ctx = self.context.clone();

@@ -18,7 +18,9 @@ pub mod collect;
 pub mod dead;
 pub mod edge;
 pub mod envelope;
+pub mod held;
 pub mod lease;
+pub mod retry;
 pub mod status;
 pub mod worker;
 

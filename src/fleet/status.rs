@@ -107,7 +107,18 @@ struct ViewState {
     /// Compiled hooks, rebuilt when the set of (hook, patterns) changes.
     hooks: Vec<FleetHook>,
     key: Vec<(String, Vec<String>)>,
+    /// [`FleetView::matching`]'s answers per event name, for the compiled hooks as they are.
+    matches: HashMap<String, Vec<String>>,
+    /// When silent workers were last looked for by [`FleetView::matching`].
+    checked: Option<Instant>,
 }
+
+/// Most event names whose matching hooks the view remembers.
+const MATCHES_KEPT: usize = 1024;
+
+/// How often [`FleetView::matching`] looks for silent workers (not on every event: an edge
+/// takes tens of thousands a second).
+const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// How long a hook whose workers all went stays in the view.
 pub const GONE_KEPT: Duration = Duration::from_secs(24 * 3600);
@@ -189,6 +200,7 @@ impl FleetView {
         if key == st.key {
             return;
         }
+        st.matches.clear();
         st.hooks = key
             .iter()
             .filter_map(|(name, events)| {
@@ -207,8 +219,14 @@ impl FleetView {
         let Ok(mut st) = self.state.lock() else {
             return Vec::new();
         };
-        Self::expire(&mut st);
-        Self::recompile(&mut st);
+        if st.checked.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
+            Self::expire(&mut st);
+            Self::recompile(&mut st);
+            st.checked = Some(Instant::now());
+        }
+        if let Some(hit) = st.matches.get(event) {
+            return hit.clone();
+        }
         let mut exact = Vec::new();
         let mut wild = Vec::new();
         for h in &st.hooks {
@@ -219,6 +237,9 @@ impl FleetView {
             }
         }
         exact.extend(wild);
+        if st.matches.len() < MATCHES_KEPT {
+            st.matches.insert(event.to_string(), exact.clone());
+        }
         exact
     }
 

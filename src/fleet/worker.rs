@@ -2,21 +2,25 @@
 //! handler kind, hot reload, trust, as `serve` does) and feeds them from the event stream.
 //!
 //! Each hook gets one durable pull consumer named after it, shared by every worker that has the
-//! hook: `max_ack_pending` = `concurrency:` (1 keeps the hook's order across the fleet). A new
-//! consumer starts at the time the hook appeared (its HOOK.yaml written on a running worker, or
-//! the worker's start), so events published while it was being created are not missed, and a
-//! stream recreated empty by its broker is read from its start.
+//! hook, and a second one on its retry subject ([`super::retry`]). An ordered hook
+//! (`concurrency: 1`) is pulled by one worker at a time (the lease holder, [`super::lease`]) with
+//! up to [`WINDOW`] events in flight, fed in stream order into the hook's local queue, and its
+//! consumer acknowledges cumulatively ([`super::held`]); a hook with `concurrency: N` lets every
+//! worker pull, N in flight, explicit acknowledgements. A new consumer starts at the time the
+//! hook appeared (its HOOK.yaml written on a running worker, or the worker's start), so events
+//! published while it was being created are not missed, and a stream recreated empty by its
+//! broker is read from its start.
 //!
 //! An event is acknowledged after its handler finished, with progress signals from the moment
 //! it arrives (also while it waits in the hook's local queue, so it is never redelivered while
-//! it waits); a failure or a timeout is handed back with a growing delay; on the last allowed
-//! delivery (`retries:` + 1) the event is published to the dead-letter subject with its error
-//! and delivery count, then acknowledged. The consumer allows one delivery more than that: a
-//! worker killed during the last allowed delivery leaves the event unacknowledged, the broker
-//! delivers it once more after the ack wait, and that delivery goes to the dead letters
-//! without running the handler again.
+//! it waits); a failure or a timeout is published to the hook's retry subject with a growing
+//! delay and the event finished; on the last allowed delivery (`retries:` + 1) the event is
+//! published to the dead-letter subject with its error and delivery count, then acknowledged.
+//! The consumer allows one delivery more than that: a worker killed during the last allowed
+//! delivery leaves the event unacknowledged, the broker delivers it once more after the ack
+//! wait, and that delivery goes to the dead letters without running the handler again.
 //!
-//! A removed hook's consumer is deleted after `consumer_grace` when no worker pulls from it.
+//! A removed hook's consumers are deleted after `consumer_grace` when no worker pulls from them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::envelope::{DeadLetter, Envelope, VERSION};
+use super::held::Held;
 use super::status::{FleetCounters, HookStatus, WorkerStatus};
 use super::{FleetConfig, FleetError, consumer_name};
 use crate::host::Host;
@@ -418,6 +423,7 @@ async fn remove_after_grace(sh: Arc<Shared>, stream: jetstream::stream::Stream, 
             Err(_) => return,
         }
     }
+    let _ = stream.delete_consumer(&super::retry::consumer(&hook)).await;
     match stream.delete_consumer(&name).await {
         Ok(_) => {
             tracing::info!(hook = %hook, "fleet: removed hook: consumer {name} deleted after the grace")
@@ -440,7 +446,13 @@ async fn ensure_consumer(
         deliver_policy: jetstream::consumer::DeliverPolicy::ByStartTime {
             start_time: time::OffsetDateTime::from(s.since),
         },
-        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        // An ordered hook's events finish in stream order: one acknowledgement of the highest
+        // finished sequence acknowledges a batch (held.rs).
+        ack_policy: if s.ordered() {
+            jetstream::consumer::AckPolicy::All
+        } else {
+            jetstream::consumer::AckPolicy::Explicit
+        },
         ack_wait: sh.opts.ack_wait,
         // One more than allowed: the extra one is the dead letter of a worker killed during
         // the last allowed delivery.
@@ -481,10 +493,207 @@ async fn ensure_consumer(
     }
 }
 
+/// What one hook's consume task keeps across its pull sessions: the held events of its two
+/// consumers, the handler calls in flight, and the retries waiting for their time.
+struct Run {
+    sh: Arc<Shared>,
+    s: Settings,
+    counters: Arc<Counters>,
+    /// The hook's consumer's events.
+    main: Arc<Held>,
+    /// The retry consumer's events.
+    retry: Arc<Held>,
+    _tend: [AbortOnDrop; 2],
+    /// Handler calls in flight, polled by the pull session itself (no task, no cross-thread
+    /// wake-up per event); moved to `background` when the session ends.
+    running: futures_util::stream::FuturesUnordered<InFlight>,
+    background: tokio::task::JoinSet<()>,
+    /// Retries held until their time (one sleeping task each; there are at most
+    /// [`super::retry::WINDOW`]).
+    waiting: tokio::task::JoinSet<()>,
+    due_tx: tokio::sync::mpsc::Sender<Arc<jetstream::Message>>,
+    due_rx: tokio::sync::mpsc::Receiver<Arc<jetstream::Message>>,
+    /// Something was delivered since the last look (the pause between pulls starts over).
+    pulled: bool,
+}
+
+/// A handler call in flight and what follows it (acknowledgement, retry, dead letter).
+type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Where a delivery came from.
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    Main,
+    Retry,
+}
+
+/// How a pull session ended.
+enum Ended {
+    Stop,
+    Again,
+}
+
+impl Run {
+    fn new(sh: Arc<Shared>, s: Settings, counters: Arc<Counters>, ack_all: bool) -> Self {
+        let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
+        let progress = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
+        let tend = |h: &Arc<Held>| {
+            AbortOnDrop(tokio::spawn(super::held::tend(
+                h.clone(),
+                ACK_BATCH_EVERY,
+                progress,
+            )))
+        };
+        let (due_tx, due_rx) = tokio::sync::mpsc::channel(super::retry::WINDOW as usize);
+        Self {
+            _tend: [tend(&main), tend(&retry)],
+            sh,
+            s,
+            counters,
+            main,
+            retry,
+            running: futures_util::stream::FuturesUnordered::new(),
+            background: tokio::task::JoinSet::new(),
+            waiting: tokio::task::JoinSet::new(),
+            due_tx,
+            due_rx,
+            pulled: false,
+        }
+    }
+
+    /// Waits for every handler call in flight, then acknowledges what finished.
+    async fn drain(&mut self) {
+        while self.running.next().await.is_some() {}
+        while self.background.join_next().await.is_some() {}
+        self.main.flush().await;
+    }
+
+    /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`); the
+    /// handler calls still in flight then go on in tasks of their own.
+    async fn session(
+        &mut self,
+        consumer: &jetstream::consumer::PullConsumer,
+        retries: &jetstream::consumer::PullConsumer,
+        lease: &mut Option<super::lease::Lease>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        let ended = self.pull(consumer, retries, lease, stop).await;
+        for f in std::mem::take(&mut self.running) {
+            self.background.spawn(f);
+        }
+        ended
+    }
+
+    async fn pull(
+        &mut self,
+        consumer: &jetstream::consumer::PullConsumer,
+        retries: &jetstream::consumer::PullConsumer,
+        lease: &mut Option<super::lease::Lease>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        fn pull(
+            c: &jetstream::consumer::PullConsumer,
+            batch: usize,
+        ) -> impl std::future::Future<
+            Output = Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError>,
+        > + '_ {
+            c.stream()
+                // More than may be in flight: a pull request is always waiting at the broker
+                // when an acknowledgement frees a slot (with exactly one, nats-server 2.9 only
+                // delivered after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
+                .max_messages_per_batch(batch)
+                .expires(Duration::from_secs(5))
+                .heartbeat(Duration::from_secs(2))
+                .messages()
+        }
+        let batch = (2 * self.s.window as usize).max(4);
+        let (mut messages, mut retried) = match futures_util::future::try_join(
+            pull(consumer, batch),
+            pull(retries, 2 * super::retry::WINDOW as usize),
+        )
+        .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(hook = %self.s.name, "fleet: cannot pull: {e}; retrying");
+                return Ended::Again;
+            }
+        };
+        loop {
+            let lost = async {
+                match lease.as_mut() {
+                    Some(l) => l.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let (next, source) = tokio::select! {
+                m = messages.next() => (m, Source::Main),
+                m = retried.next() => (m, Source::Retry),
+                Some(m) = self.due_rx.recv() => {
+                    self.dispatch(m, Source::Retry).await;
+                    continue;
+                }
+                Some(()) = self.running.next(), if !self.running.is_empty() => continue,
+                _ = stop.changed() => {
+                    give_back(&mut messages).await;
+                    give_back(&mut retried).await;
+                    return Ended::Stop;
+                }
+                _ = lost => {
+                    // Another worker may take over: hand back what no handler started.
+                    give_back(&mut messages).await;
+                    give_back(&mut retried).await;
+                    *lease = None;
+                    return Ended::Again;
+                }
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let msg = Arc::new(msg);
+                    if source == Source::Retry && !self.hold_until_due(&msg) {
+                        continue;
+                    }
+                    self.dispatch(msg, source).await;
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(hook = %self.s.name, "fleet: pull interrupted: {e}; pulling again");
+                    return Ended::Again;
+                }
+                None => return Ended::Again,
+            }
+            while self.background.try_join_next().is_some() {}
+            while self.waiting.try_join_next().is_some() {}
+        }
+    }
+
+    /// A retry before its time is held (with progress signals) until then: false. True when
+    /// it is due (or unreadable: triage drops it).
+    fn hold_until_due(&mut self, msg: &Arc<jetstream::Message>) -> bool {
+        let Some(wait) = super::retry::Retry::read(msg)
+            .map(|r| r.wait())
+            .filter(|w| !w.is_zero())
+        else {
+            return true;
+        };
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        self.retry.hold(seq, msg.clone());
+        let (tx, msg) = (self.due_tx.clone(), msg.clone());
+        self.waiting.spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = tx.send(msg).await;
+        });
+        false
+    }
+}
+
+/// Most often an ordered hook's finished events are acknowledged (one acknowledgement of the
+/// highest finished sequence for all that finished meanwhile).
+const ACK_BATCH_EVERY: Duration = Duration::from_millis(2);
+
 /// Pulls the hook's events and hands each to the host as soon as it arrives, in stream order
 /// (the broker holds back more than `window` unacknowledged ones; the hook's local queue keeps
-/// them in order and the handler's own concurrency and pipelining apply). An ordered hook is
-/// pulled only while this worker holds its lease.
+/// them in order and the handler's own concurrency and pipelining apply), and its retries when
+/// they are due. An ordered hook is pulled only while this worker holds its lease.
 async fn consume(
     sh: Arc<Shared>,
     stream: jetstream::stream::Stream,
@@ -493,13 +702,20 @@ async fn consume(
     slot: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut running = tokio::task::JoinSet::new();
+    let mut run: Option<Run> = None;
     let mut pause = Duration::from_millis(100);
     let mut lease: Option<super::lease::Lease> = None;
     let mut leases: Option<(async_nats::jetstream::kv::Store, Duration)> = None;
     'outer: while !*stop.borrow() {
-        // The consumer first (the hook joins the fleet view with it, also on a standby worker).
-        let consumer = match ensure_consumer(&sh, &stream, &s).await {
+        // The consumers first (the hook joins the fleet view with it, also on a standby worker).
+        let consumers = async {
+            let c = ensure_consumer(&sh, &stream, &s).await?;
+            let r =
+                super::retry::ensure_consumer(&stream, &sh.cfg, &s.name, sh.opts.ack_wait, s.since)
+                    .await?;
+            Ok::<_, String>((c, r))
+        };
+        let (consumer, retries) = match consumers.await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(hook = %s.name, "fleet: {e}; retrying");
@@ -514,6 +730,16 @@ async fn consume(
         if let Ok(mut g) = slot.lock() {
             *g = Some(consumer.clone());
         }
+        // Cumulative acknowledgements only on a consumer made with them (one made by an older
+        // version keeps explicit ones until it is recreated).
+        let ack_all =
+            consumer.cached_info().config.ack_policy == jetstream::consumer::AckPolicy::All;
+        if let Some(r) = run.as_mut().filter(|r| r.main.ack_all() != ack_all) {
+            r.drain().await;
+            run = None;
+        }
+        let r =
+            run.get_or_insert_with(|| Run::new(sh.clone(), s.clone(), counters.clone(), ack_all));
         if s.ordered() && lease.is_none() {
             match take_lease(&sh, &s, &mut leases, &mut stop).await {
                 Some(l) => lease = Some(l),
@@ -524,59 +750,17 @@ async fn consume(
             // later events first.
             settled(&consumer, &s, sh.opts.ack_wait * 2 + Duration::from_secs(1)).await;
         }
-        let messages = consumer
-            .stream()
-            // More than may be in flight: a pull request is always waiting at the broker when
-            // an acknowledgement frees a slot (with exactly one, nats-server 2.9 only delivered
-            // after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
-            .max_messages_per_batch((2 * s.window as usize).max(4))
-            .expires(Duration::from_secs(5))
-            .heartbeat(Duration::from_secs(2))
-            .messages()
-            .await;
-        let mut messages = match messages {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(hook = %s.name, "fleet: cannot pull: {e}; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = stop.changed() => break 'outer,
-                }
-                continue;
-            }
-        };
-        loop {
-            let lost = async {
-                match lease.as_mut() {
-                    Some(l) => l.lost().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let next = tokio::select! {
-                m = messages.next() => m,
-                _ = stop.changed() => {
-                    give_back(&mut messages).await;
-                    break 'outer;
-                }
-                _ = lost => {
-                    // Another worker may take over: hand back what no handler started.
-                    give_back(&mut messages).await;
-                    lease = None;
-                    break;
-                }
-            };
-            match next {
-                Some(Ok(msg)) => {
-                    pause = Duration::from_millis(100);
-                    dispatch(&sh, &s, &counters, msg, &mut running).await;
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(hook = %s.name, "fleet: pull interrupted: {e}; pulling again");
-                    break;
-                }
-                None => break,
-            }
-            while running.try_join_next().is_some() {}
+        if let Ended::Stop = r.session(&consumer, &retries, &mut lease, &mut stop).await {
+            break 'outer;
+        }
+        if s.ordered() && lease.is_none() {
+            // The lease was lost: finish what runs, acknowledge it, and forget what was handed
+            // back (it goes to whoever holds the lease next) before standing by.
+            r.drain().await;
+            r.main.forget();
+        }
+        if std::mem::take(&mut r.pulled) {
+            pause = Duration::from_millis(100);
         }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
@@ -584,7 +768,12 @@ async fn consume(
         }
         pause = (pause * 2).min(Duration::from_secs(1));
     }
-    while running.join_next().await.is_some() {}
+    if let Some(mut r) = run {
+        r.drain().await;
+        // Retries still waiting for their time: back to the broker for the next worker.
+        r.waiting.abort_all();
+        r.retry.give_back_all().await;
+    }
     // Only now (every event this worker held is settled) may the next worker start.
     if let Some(l) = lease {
         l.release().await;
@@ -660,21 +849,6 @@ async fn give_back(messages: &mut jetstream::consumer::pull::Stream) {
     }
 }
 
-/// Progress signals for `msg` until dropped: it is never redelivered while this worker holds it
-/// (waiting in the hook's local queue or running).
-fn keep_alive(sh: &Shared, msg: &Arc<jetstream::Message>) -> AbortOnDrop {
-    let msg = msg.clone();
-    let every = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
-    AbortOnDrop(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            let _ = msg.ack_with(AckKind::Progress).await;
-        }
-    }))
-}
-
 struct AbortOnDrop(JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
@@ -686,122 +860,153 @@ impl Drop for AbortOnDrop {
 /// A delivery about to run.
 struct Delivery {
     msg: Arc<jetstream::Message>,
+    /// Deliveries of the event so far, this one included (a retry's count goes on).
     delivered: i64,
+    /// The event's stream sequence (a retry's: the original's).
     seq: u64,
+    /// This message's own stream sequence (where it is held).
+    hseq: u64,
     key: DoneKey,
     env: Envelope,
+    held: Arc<Held>,
 }
 
 /// What to do with a delivery.
 enum Triage {
-    /// Settle it without running the handler (already counted).
-    Settle(jetstream::Message, AckKind),
+    /// Finish it without running the handler (already counted).
+    Settle(Arc<jetstream::Message>, u64, AckKind),
     /// Its last allowed delivery went to a worker that stopped before finishing it.
     Dead(Delivery),
     /// Run the handler.
     Run(Delivery),
 }
 
-fn triage(s: &Settings, counters: &Counters, msg: jetstream::Message) -> Triage {
-    let (delivered, seq) = match msg.info() {
-        Ok(i) => (i.delivered, i.stream_sequence),
-        Err(_) => (1, 0),
-    };
-    counters.delivered.fetch_add(1, Ordering::Relaxed);
-    let key = done_key(&msg, seq);
-    if seq > 0
-        && counters
-            .done
-            .lock()
-            .map(|d| d.set.contains(&key))
-            .unwrap_or(false)
-    {
-        // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
-        counters.already_done.fetch_add(1, Ordering::Relaxed);
-        return Triage::Settle(msg, AckKind::Ack);
-    }
-    if delivered > 1 {
-        counters.redelivered.fetch_add(1, Ordering::Relaxed);
-    }
-    let env: Envelope = match serde_json::from_slice(&msg.payload) {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::warn!(hook = %s.name, seq, "fleet: unreadable event in the stream ({e}); dropping it");
-            counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return Triage::Settle(msg, AckKind::Term);
-        }
-    };
-    if env.hook.as_deref().is_some_and(|h| h != s.name) {
-        counters.skipped.fetch_add(1, Ordering::Relaxed);
-        return Triage::Settle(msg, AckKind::Ack);
-    }
-    let d = Delivery {
-        msg: Arc::new(msg),
-        delivered,
-        seq,
-        key,
-        env,
-    };
-    if delivered > s.max_deliver {
-        Triage::Dead(d)
-    } else {
-        Triage::Run(d)
-    }
-}
-
-/// Hands one delivery to the host: the event enters the hook's local queue before this returns
-/// (so deliveries enter it in stream order), the rest runs in `running`.
-async fn dispatch(
-    sh: &Arc<Shared>,
-    s: &Settings,
-    counters: &Arc<Counters>,
-    msg: jetstream::Message,
-    running: &mut tokio::task::JoinSet<()>,
-) {
-    let d = match triage(s, counters, msg) {
-        Triage::Settle(msg, kind) => {
-            running.spawn(async move {
-                let _ = msg.ack_with(kind).await;
-            });
-            return;
-        }
-        Triage::Dead(d) => {
-            let (sh, s, counters) = (sh.clone(), s.clone(), counters.clone());
-            running.spawn(async move {
-                let error = format!(
-                    "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
-                    s.max_deliver, s.max_deliver
-                );
-                let delivered = d.delivered - 1;
-                dead_letter(&sh, &s, &counters, d, delivered, error).await;
-            });
-            return;
-        }
-        Triage::Run(d) => d,
-    };
-    let alive = keep_alive(sh, &d.msg);
-    // The host enforces the hook's timeout per call; this bound only covers the wait in the
-    // hook's local queue behind the others this worker holds.
-    let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
-    let (host, event, name) = (sh.host.clone(), d.env.event.clone(), s.name.clone());
-    let ctx = d.env.handler_context(d.delivered, d.seq);
-    let mut outcome =
-        Box::pin(async move { host.emit_collect_only(&event, ctx, wait, Some(&name)).await });
-    // The first poll puts the event in the hook's queue.
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(outcome.as_mut().poll(cx))).await;
-    let (sh, s, counters) = (sh.clone(), s.clone(), counters.clone());
-    running.spawn(async move {
-        let outcome = match first {
-            std::task::Poll::Ready(o) => o,
-            std::task::Poll::Pending => outcome.await,
+impl Run {
+    fn triage(&self, msg: Arc<jetstream::Message>, source: Source) -> Triage {
+        let (s, counters) = (&self.s, &self.counters);
+        let (broker_delivered, hseq) = match msg.info() {
+            Ok(i) => (i.delivered, i.stream_sequence),
+            Err(_) => (1, 0),
         };
-        drop(alive);
-        settle(&sh, &s, &counters, d, outcome).await;
-    });
+        counters.delivered.fetch_add(1, Ordering::Relaxed);
+        let key = done_key(&msg, hseq);
+        if hseq > 0
+            && counters
+                .done
+                .lock()
+                .map(|d| d.set.contains(&key))
+                .unwrap_or(false)
+        {
+            // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
+            counters.already_done.fetch_add(1, Ordering::Relaxed);
+            return Triage::Settle(msg, hseq, AckKind::Ack);
+        }
+        let (delivered, seq) = match source {
+            // A retry on a consumer of every event: its hook's retry consumer runs it.
+            Source::Main if super::retry::is_retry(&self.sh.cfg, &msg.subject) => {
+                return Triage::Settle(msg, hseq, AckKind::Ack);
+            }
+            Source::Main => (broker_delivered, hseq),
+            Source::Retry => match super::retry::Retry::read(&msg) {
+                Some(r) => (r.delivered + broker_delivered, r.seq),
+                None => (i64::MAX, hseq),
+            },
+        };
+        if broker_delivered > 1 {
+            counters.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+        let env: Envelope = match serde_json::from_slice(&msg.payload) {
+            Ok(e) if delivered != i64::MAX => e,
+            Ok(_) => {
+                tracing::warn!(hook = %s.name, seq, "fleet: retry without its headers in the stream; dropping it");
+                counters.skipped.fetch_add(1, Ordering::Relaxed);
+                return Triage::Settle(msg, hseq, AckKind::Term);
+            }
+            Err(e) => {
+                tracing::warn!(hook = %s.name, seq, "fleet: unreadable event in the stream ({e}); dropping it");
+                counters.skipped.fetch_add(1, Ordering::Relaxed);
+                return Triage::Settle(msg, hseq, AckKind::Term);
+            }
+        };
+        if env.hook.as_deref().is_some_and(|h| h != s.name) {
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return Triage::Settle(msg, hseq, AckKind::Ack);
+        }
+        let d = Delivery {
+            msg,
+            delivered,
+            seq,
+            hseq,
+            key,
+            env,
+            held: match source {
+                Source::Main => self.main.clone(),
+                Source::Retry => self.retry.clone(),
+            },
+        };
+        if delivered > s.max_deliver {
+            Triage::Dead(d)
+        } else {
+            Triage::Run(d)
+        }
+    }
+
+    /// Hands one delivery to the host: the event enters the hook's local queue before this
+    /// returns (so deliveries enter it in stream order), the rest runs in `running`.
+    async fn dispatch(&mut self, msg: Arc<jetstream::Message>, source: Source) {
+        self.pulled = true;
+        let mut d = match self.triage(msg, source) {
+            Triage::Settle(msg, hseq, kind) => {
+                let held = match source {
+                    Source::Main => &self.main,
+                    Source::Retry => &self.retry,
+                };
+                held.hold(hseq, msg.clone());
+                held.finish(hseq, &msg, kind).await;
+                return;
+            }
+            Triage::Dead(d) => {
+                d.held.hold(d.hseq, d.msg.clone());
+                let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+                self.running.push(Box::pin(async move {
+                    let error = format!(
+                        "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
+                        s.max_deliver, s.max_deliver
+                    );
+                    let delivered = d.delivered - 1;
+                    dead_letter(&sh, &s, &counters, d, delivered, error).await;
+                }));
+                return;
+            }
+            Triage::Run(d) => d,
+        };
+        // Held from here: progress signals while it waits in the local queue and runs.
+        d.held.hold(d.hseq, d.msg.clone());
+        // The host enforces the hook's timeout per call; this bound only covers the wait in the
+        // hook's local queue behind the others this worker holds.
+        let s = &self.s;
+        let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
+        let (host, event, name) = (self.sh.host.clone(), d.env.event.clone(), s.name.clone());
+        // Moved out, not copied: a retry or a dead letter reads the envelope again.
+        let ctx = d.env.take_handler_context(d.delivered, d.seq);
+        let mut outcome =
+            Box::pin(async move { host.emit_collect_only(&event, ctx, wait, Some(&name)).await });
+        // The first poll puts the event in the hook's queue.
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(outcome.as_mut().poll(cx))).await;
+        let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+        self.running.push(Box::pin(async move {
+            let outcome = match first {
+                std::task::Poll::Ready(o) => o,
+                std::task::Poll::Pending => outcome.await,
+            };
+            settle(&sh, &s, &counters, d, outcome).await;
+        }));
+    }
 }
 
-/// After the handler: acknowledge, hand back for a retry (the hook goes on with the next events
-/// meanwhile), or dead-letter.
+/// After the handler: acknowledge, retry later through the hook's retry subject (the hook goes
+/// on with the next events meanwhile), or dead-letter.
 async fn settle(
     sh: &Shared,
     s: &Settings,
@@ -809,11 +1014,11 @@ async fn settle(
     d: Delivery,
     outcome: Result<Vec<crate::sink::HookOutcome>, crate::host::EmitError>,
 ) {
-    let (msg, delivered, seq) = (&d.msg, d.delivered, d.seq);
+    let (msg, delivered, seq, hseq) = (&d.msg, d.delivered, d.seq, d.hseq);
     let error = match outcome {
         Err(_) => {
             // Shutting down: give it back now, another worker takes it.
-            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            d.held.give_back(hseq, msg, None).await;
             return;
         }
         Ok(v) => match v.into_iter().next() {
@@ -826,8 +1031,8 @@ async fn settle(
                         // silently skipped.
                         if delivered < s.max_deliver {
                             counters.mismatched.fetch_add(1, Ordering::Relaxed);
-                            let _ = msg
-                                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                            d.held
+                                .give_back(hseq, msg, Some(Duration::from_secs(1)))
                                 .await;
                             return;
                         }
@@ -836,10 +1041,10 @@ async fn settle(
                         return;
                     }
                     // Loaded, but none of its patterns matches this event.
-                    let _ = msg.ack().await;
+                    d.held.finish(hseq, msg, AckKind::Ack).await;
                     counters.skipped.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    let _ = msg.ack_with(AckKind::Nak(None)).await;
+                    d.held.give_back(hseq, msg, None).await;
                 }
                 return;
             }
@@ -847,9 +1052,7 @@ async fn settle(
         },
     };
     let Some(error) = error else {
-        if let Err(e) = msg.ack().await {
-            tracing::warn!(hook = %s.name, seq, "fleet: acknowledgement not sent ({e}); the event will come again");
-        }
+        d.held.finish(hseq, msg, AckKind::Ack).await;
         counters.acked.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut done) = counters.done.lock() {
             done.insert(d.key);
@@ -860,14 +1063,34 @@ async fn settle(
         let shift = (delivered.max(1) - 1).min(16) as u32;
         let delay = (sh.opts.retry_backoff * 2u32.pow(shift)).min(Duration::from_secs(60));
         tracing::warn!(hook = %s.name, seq, delivered, "fleet: handler failed ({error}); retry in {}", crate::time::fmt_duration(delay));
-        let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+        let retry = super::retry::due_in(delivered, seq, delay);
+        let env = full_envelope(&d);
+        match super::retry::publish(&sh.js, &sh.cfg, &s.name, &env, retry).await {
+            Ok(()) => d.held.finish(hseq, msg, AckKind::Ack).await,
+            Err(e) => {
+                // Not stored: the broker redelivers this one after the delay instead.
+                tracing::warn!(hook = %s.name, seq, "fleet: retry not published ({e}); handing the event back");
+                d.held.give_back(hseq, msg, Some(delay)).await;
+            }
+        }
         counters.retried.fetch_add(1, Ordering::Relaxed);
         return;
     }
     dead_letter(sh, s, counters, d, delivered, error).await;
 }
 
-/// Publishes the event to the dead-letter subject, then acknowledges it.
+/// The delivery's envelope with its context (which the handler call took).
+fn full_envelope(d: &Delivery) -> Envelope {
+    let mut env = d.env.clone();
+    if env.context.is_null()
+        && let Ok(e) = serde_json::from_slice::<Envelope>(&d.msg.payload)
+    {
+        env.context = e.context;
+    }
+    env
+}
+
+/// Publishes the event to the dead-letter subject, then finishes it.
 async fn dead_letter(
     sh: &Shared,
     s: &Settings,
@@ -876,7 +1099,8 @@ async fn dead_letter(
     delivered: i64,
     error: String,
 ) {
-    let (msg, seq, key, env) = (d.msg, d.seq, d.key, d.env);
+    let env = full_envelope(&d);
+    let (msg, seq, hseq, key) = (d.msg, d.seq, d.hseq, d.key);
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),
@@ -903,15 +1127,15 @@ async fn dead_letter(
     match stored {
         Ok(()) => {
             tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: handler failed on the last delivery ({error}); event moved to the dead-letter subject");
-            let _ = msg.ack().await;
+            d.held.finish(hseq, &msg, AckKind::Ack).await;
             counters.dead.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut d) = counters.done.lock() {
                 d.insert(key);
             }
         }
         Err(e) => {
-            // Not acknowledged: delivered once more (the consumer's extra delivery), which
-            // tries the dead letter again.
+            // Not finished: delivered once more (the consumer's extra delivery), which tries
+            // the dead letter again.
             tracing::error!(hook = %s.name, seq, "fleet: cannot publish the dead letter ({e}); the event stays in the stream at sequence {seq}");
         }
     }

@@ -135,7 +135,7 @@ impl Drop for NatsServer {
 }
 
 /// Options that make failover and retries fast enough for tests.
-const FAST: &[&str] = &[
+pub(crate) const FAST: &[&str] = &[
     "--ack-wait",
     "2",
     "--retry-backoff-ms",
@@ -144,7 +144,7 @@ const FAST: &[&str] = &[
     "100",
 ];
 
-fn worker(hooks: &Hooks, nats: &NatsServer, id: &str) -> Serve {
+pub(crate) fn worker(hooks: &Hooks, nats: &NatsServer, id: &str) -> Serve {
     let mut cmd = Command::new(bin());
     cmd.arg("worker")
         .args(["--fleet", &nats.url()])
@@ -156,7 +156,7 @@ fn worker(hooks: &Hooks, nats: &NatsServer, id: &str) -> Serve {
     Serve::spawn(cmd, hooks)
 }
 
-fn edge(hooks: &Hooks, url: &str, extra: &[&str]) -> Serve {
+pub(crate) fn edge(hooks: &Hooks, url: &str, extra: &[&str]) -> Serve {
     let mut cmd = Command::new(bin());
     cmd.arg("serve")
         .args(["--fleet", url, "--gateway-id", "gw-test"])
@@ -167,7 +167,7 @@ fn edge(hooks: &Hooks, url: &str, extra: &[&str]) -> Serve {
 
 /// A Python hook that records every delivery (`n`, event id, delivery count, worker) and, on
 /// request, is slow on a first delivery or fails.
-fn recording_hook(hooks: &Hooks, name: &str, events: &str, extra_yaml: &str) {
+pub(crate) fn recording_hook(hooks: &Hooks, name: &str, events: &str, extra_yaml: &str) {
     let out = hooks.out().join(format!("{name}.jsonl"));
     let started = hooks.out().join(format!("{name}.started"));
     let fixed = hooks.out().join(format!("{name}.fixed"));
@@ -178,7 +178,7 @@ def handle(event, context):
     fleet = context.get("_fleet", {{}})
     rec = {{"n": context.get("n"), "id": fleet.get("event_id"), "d": fleet.get("delivered"),
             "w": os.environ.get("TEST_WORKER"), "event": event, "seq": fleet.get("stream_seq"),
-            "pid": os.getpid()}}
+            "pid": os.getpid(), "t": time.time()}}
     if context.get("slow") and fleet.get("delivered") == 1:
         with open({started:?}, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -216,12 +216,12 @@ def handle(event, context):
     );
 }
 
-fn records(hooks: &Hooks, name: &str) -> Vec<Value> {
+pub(crate) fn records(hooks: &Hooks, name: &str) -> Vec<Value> {
     read_jsonl(&hooks.out().join(format!("{name}.jsonl")))
 }
 
 /// Waits until the edge's fleet view shows `hook` served by every worker in `workers`.
-fn wait_for_fleet(edge: &Serve, hook: &str, workers: &[&str]) {
+pub(crate) fn wait_for_fleet(edge: &Serve, hook: &str, workers: &[&str]) {
     poll(
         Duration::from_secs(30),
         &format!("the edge's fleet view to show {hook} on {workers:?}"),
@@ -242,7 +242,7 @@ fn wait_for_fleet(edge: &Serve, hook: &str, workers: &[&str]) {
     );
 }
 
-fn post_batch(edge: &Serve, range: std::ops::Range<u64>, extra: Value) -> (u16, Value) {
+pub(crate) fn post_batch(edge: &Serve, range: std::ops::Range<u64>, extra: Value) -> (u16, Value) {
     let events: Vec<Value> = range
         .map(|n| {
             let mut ctx = json!({"n": n});
@@ -255,7 +255,7 @@ fn post_batch(edge: &Serve, range: std::ops::Range<u64>, extra: Value) -> (u16, 
     edge.post("/v1/events/batch", &json!({"events": events}))
 }
 
-fn handled_ns(recs: &[Value]) -> Vec<u64> {
+pub(crate) fn handled_ns(recs: &[Value]) -> Vec<u64> {
     recs.iter().filter_map(|r| r["n"].as_u64()).collect()
 }
 
@@ -358,7 +358,7 @@ fn order_per_hook_holds_with_two_workers() {
     );
 }
 
-fn dead_cmd(nats: &NatsServer, args: &[&str]) -> (i32, String) {
+pub(crate) fn dead_cmd(nats: &NatsServer, args: &[&str]) -> (i32, String) {
     let out = Command::new(bin())
         .arg("dead")
         .args(args)
@@ -771,7 +771,7 @@ fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
 
 /// At-least-once, but a second handling only where the broker redelivered (the handler sees
 /// `delivered` > 1): returns the number of extra handlings.
-fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
+pub(crate) fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
     let mut per: BTreeMap<u64, Vec<(i64, u64)>> = BTreeMap::new();
     for r in recs {
         per.entry(r["n"].as_u64().unwrap())

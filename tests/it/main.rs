@@ -15,6 +15,8 @@ mod dylib;
 mod exec;
 #[cfg(feature = "fleet")]
 mod fleet;
+#[cfg(feature = "fleet")]
+mod fleet_tp;
 mod fuzz;
 mod gateway;
 mod handover;

@@ -1,0 +1,229 @@
+//! Fleet throughput path (issue 21) against a real nats-server: retries through the hook's
+//! retry subject (a failing event does not hold up the next ones, comes back after its delay,
+//! and goes to the dead letters after `retries:`), and the cumulative acknowledgements of an
+//! ordered hook across a killed worker (nothing acknowledged that did not run).
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::fleet::{
+    NatsServer, assert_duplicates_are_redeliveries, dead_cmd, edge, handled_ns, post_batch,
+    recording_hook, records, wait_for_fleet, worker,
+};
+use crate::util::{Hooks, Serve, bin, poll, read_jsonl, signal};
+
+/// A worker whose first retry waits `backoff_ms` (the second twice that).
+fn slow_retry_worker(hooks: &Hooks, nats: &NatsServer, id: &str, backoff_ms: u64) -> Serve {
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker")
+        .args(["--fleet", &nats.url()])
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0", "--worker-id", id])
+        .args(["--ack-wait", "2", "--status-interval-ms", "100"])
+        .args(["--retry-backoff-ms", &backoff_ms.to_string()])
+        .env("TEST_WORKER", id);
+    Serve::spawn(cmd, hooks)
+}
+
+fn fleet_hook(edge: &Serve, name: &str) -> Value {
+    let (_, v) = edge.get("/v1/hooks");
+    v["hooks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|h| h["name"] == name).cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_then_dead() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    // Ordered (concurrency 1): its consumer acknowledges cumulatively, so a failed event handed
+    // back to the broker would be acknowledged by the next one's acknowledgement.
+    recording_hook(&hooks, "fragile", r#"["agent:*"]"#, "retries: 2\n");
+    let _w = slow_retry_worker(&hooks, &nats, "wa", 1500);
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "fragile", &["wa"]);
+    let (status, _) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
+    );
+    assert_eq!(status, 202);
+    let (status, body) = post_batch(&edge, 1..21, json!({}));
+    assert_eq!(status, 202, "{body}");
+
+    let letter = poll(Duration::from_secs(60), "the dead letter", || {
+        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "fragile"]);
+        assert_eq!(code, 0, "{out}");
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    assert_eq!(
+        letter["deliveries"], 3,
+        "retries: 2 = three deliveries: {letter}"
+    );
+    assert_eq!(letter["envelope"]["context"]["n"], 0, "{letter}");
+
+    let failed = read_jsonl(&hooks.out().join("fragile.jsonl.failed"));
+    let d: Vec<i64> = failed.iter().map(|r| r["d"].as_i64().unwrap()).collect();
+    assert_eq!(d, vec![1, 2, 3], "three attempts, counted on: {failed:?}");
+    let seqs: HashSet<u64> = failed.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs.len(),
+        1,
+        "a retry keeps the event's stream sequence: {failed:?}"
+    );
+    let t = |r: &Value| r["t"].as_f64().unwrap();
+    assert!(
+        t(&failed[1]) - t(&failed[0]) >= 1.4,
+        "the first retry waited for its delay (1.5 s): {failed:?}"
+    );
+    assert!(
+        t(&failed[2]) - t(&failed[1]) >= 2.9,
+        "the second retry waited twice as long: {failed:?}"
+    );
+
+    // The next events did not wait for the failing one's retries, and kept their order.
+    let ok = records(&hooks, "fragile");
+    assert_eq!(handled_ns(&ok), (1..21).collect::<Vec<_>>(), "{ok:?}");
+    let last_ok = ok.iter().map(t).fold(0.0, f64::max);
+    assert!(
+        last_ok < t(&failed[1]),
+        "every later event ran before the first retry ({last_ok} vs {})",
+        t(&failed[1])
+    );
+    assert!(
+        ok.iter().all(|r| r["d"] == 1),
+        "no later event was redelivered: {ok:?}"
+    );
+
+    let fragile = poll(Duration::from_secs(10), "the counters", || {
+        let h = fleet_hook(&edge, "fragile");
+        (h["fleet"]["dead"] == 1).then_some(h)
+    });
+    assert_eq!(fragile["fleet"]["retried"], 2, "{fragile}");
+    assert_eq!(fragile["fleet"]["acked"], 20, "{fragile}");
+}
+
+/// The acknowledgement policy of the consumer of the hook whose filter is `filter`.
+fn ack_policy(nats: &NatsServer, filter: &str) -> async_nats::jetstream::consumer::AckPolicy {
+    use futures_util::StreamExt;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let stream = js.get_stream("HERMES_EVENTS").await.expect("the stream");
+        let mut list = stream.consumers();
+        while let Some(info) = list.next().await {
+            let info = info.expect("consumer info");
+            if info.config.filter_subject == filter {
+                return info.config.ack_policy;
+            }
+        }
+        panic!("no consumer on {filter}");
+    })
+}
+
+#[test]
+fn an_ordered_hooks_cumulative_acks_cover_only_what_ran_when_its_worker_is_killed() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "strict", r#"["agent:step"]"#, "");
+    let mut a = worker(&hooks, &nats, "wa");
+    let mut b = worker(&hooks, &nats, "wb");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "strict", &["wa", "wb"]);
+    assert_eq!(
+        ack_policy(&nats, "hermes.ev.e.agent.step"),
+        async_nats::jetstream::consumer::AckPolicy::All,
+        "an ordered hook's consumer acknowledges cumulatively"
+    );
+    // 300 events of 10 ms each: when the holder is killed most of them wait in its local queue
+    // (delivered, not run) behind the acknowledged ones.
+    let (status, body) = post_batch(&edge, 0..300, json!({"pause": 0.01}));
+    assert_eq!(status, 202, "{body}");
+    let first = poll(Duration::from_secs(30), "some events handled", || {
+        let r = records(&hooks, "strict");
+        (r.len() >= 40).then_some(r)
+    });
+    let holder = first[0]["w"].as_str().unwrap().to_string();
+    let victim = if holder == "wa" { &mut a } else { &mut b };
+    signal(victim.child.id(), libc::SIGKILL);
+    let _ = victim.child.wait();
+    let recs = poll(Duration::from_secs(90), "300 events handled", || {
+        let r = records(&hooks, "strict");
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 300).then_some(r)
+    });
+    let by_holder = recs.iter().filter(|r| r["w"] == holder.as_str()).count();
+    assert!(
+        by_holder < 300,
+        "the holder was killed before it ran everything ({by_holder})"
+    );
+    let mut seen = HashSet::new();
+    let firsts: Vec<u64> = handled_ns(&recs)
+        .into_iter()
+        .filter(|n| seen.insert(*n))
+        .collect();
+    assert_eq!(
+        firsts,
+        (0..300).collect::<Vec<_>>(),
+        "every event ran, first handlings in publish order"
+    );
+    assert_duplicates_are_redeliveries(&recs);
+}
+
+#[test]
+fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    // concurrency: 4 = explicit acknowledgements, every worker pulls.
+    recording_hook(
+        &hooks,
+        "wide",
+        r#"["agent:*"]"#,
+        "retries: 1\nconcurrency: 4\n",
+    );
+    let _a = slow_retry_worker(&hooks, &nats, "wa", 300);
+    let _b = slow_retry_worker(&hooks, &nats, "wb", 300);
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "wide", &["wa", "wb"]);
+    let (status, _) = edge.post(
+        "/v1/events",
+        &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
+    );
+    assert_eq!(status, 202);
+    let (status, body) = post_batch(&edge, 1..41, json!({}));
+    assert_eq!(status, 202, "{body}");
+    let letter = poll(Duration::from_secs(60), "the dead letter", || {
+        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "wide"]);
+        assert_eq!(code, 0, "{out}");
+        out.lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+    });
+    assert_eq!(
+        letter["deliveries"], 2,
+        "retries: 1 = two deliveries: {letter}"
+    );
+    let failed = read_jsonl(&hooks.out().join("wide.jsonl.failed"));
+    let d: Vec<i64> = failed.iter().map(|r| r["d"].as_i64().unwrap()).collect();
+    assert_eq!(d, vec![1, 2], "{failed:?}");
+    let t = |r: &Value| r["t"].as_f64().unwrap();
+    assert!(t(&failed[1]) - t(&failed[0]) >= 0.25, "{failed:?}");
+    let ok = poll(Duration::from_secs(30), "the other 40 handled", || {
+        let r = records(&hooks, "wide");
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 40).then_some(r)
+    });
+    assert_duplicates_are_redeliveries(&ok);
+}
