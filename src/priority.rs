@@ -178,6 +178,12 @@ pub fn base_nice() -> i32 {
 
 static BASE_NICE: OnceLock<i32> = OnceLock::new();
 
+/// Records the calling thread's nice value as the service's starting one (once; from the main
+/// thread, before the runtime's threads start and lower theirs).
+pub fn record_base_nice() {
+    let _ = BASE_NICE.set(own_nice());
+}
+
 /// A job for the spawner thread: it runs there and hands its result back itself.
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -192,7 +198,7 @@ impl ServiceThreads {
     /// priority: call it from the main thread, before any thread lowers its own). `runtime`: the
     /// runtime whose context child processes are spawned in (tokio's child reaping).
     pub fn install(self, runtime: tokio::runtime::Handle) {
-        let _ = BASE_NICE.set(own_nice());
+        record_base_nice();
         let (tx, rx) = mpsc::channel::<Job>();
         let started = std::thread::Builder::new()
             .name("hermes-spawner".into())

@@ -49,6 +49,9 @@ pub fn main() -> i32 {
         Command::Worker(args) => Some(args.service_threads()),
         _ => None,
     };
+    if service_threads.is_some() {
+        crate::priority::record_base_nice();
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Some(threads) = service_threads {
