@@ -35,6 +35,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -280,11 +281,11 @@ def ready(sock_path: str) -> bool:
 
 
 def child(args: argparse.Namespace, case: str, burst: int, interval_ms: float,
-          address: str, pid: int) -> dict:
+          address: str, pid: int, client: str = "") -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--case", case, "--burst", str(burst),
             "--interval-ms", str(interval_ms), "--seconds", str(args.seconds),
             "--warmup", str(args.warmup), "--address", address, "--service-pid", str(pid),
-            "--client", args.client]
+            "--client", client or args.client]
     if args.rt:
         argv.append("--rt")
     before = cpu_split(pid)
@@ -305,16 +306,19 @@ def child(args: argparse.Namespace, case: str, burst: int, interval_ms: float,
     return out
 
 
-def start_service(args: argparse.Namespace, tmp: str, runs: str) -> tuple:
+def start_service(args: argparse.Namespace, tmp: str, runs: str, name: str = "",
+                  command: tuple = ()) -> tuple:
     """A service on its own socket over 10 trivial hooks that run in the service or (`runs:
-    gateway`) in the gateway's process, imported there by the client."""
-    home = os.path.join(tmp, runs)
+    gateway`) in the gateway's process, imported there by the client. ``command``: another
+    binary (or wrapper) and extra ``serve`` arguments, for a ``--variant``."""
+    home = os.path.join(tmp, name or runs)
     hooks = os.path.join(home, "hooks")
     write_service_hooks(hooks, runs)
     sock = os.path.join(home, "hooks.sock")
     log = open(os.path.join(home, "service.log"), "wb")
-    service = subprocess.Popen([args.bin, "serve", "--drain-timeout", "0", "--hooks-dir", hooks,
-                                "--socket", sock] + args.serve_arg,
+    binary, extra = (command[0], list(command[1:])) if command else (args.bin, [])
+    service = subprocess.Popen([binary, "serve", "--drain-timeout", "0", "--hooks-dir", hooks,
+                                "--socket", sock] + args.serve_arg + extra,
                                env=dict(os.environ, HERMES_HOME=home),
                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     return service, sock, log
@@ -354,10 +358,28 @@ def driver(args: argparse.Namespace) -> None:
     if args.cases:
         wanted = set(args.cases.split(","))
         plan = [p for p in plan if p[0] in wanted or p[0] in ("none", "original")]
+    # A/B: the client case against each variant's service too, in the same rounds.
+    variants = {}
+    clients = {}
+    for spec in args.variant:
+        name, _, command = spec.partition("=")
+        words = shlex.split(command)
+        # --client=DIR in a variant: that variant's gateway uses another client checkout.
+        clients[name] = next((w.split("=", 1)[1] for w in words if w.startswith("--client=")),
+                             "")
+        words = [w for w in words if not w.startswith("--client=")]
+        if not words or words[0].startswith("-"):
+            words.insert(0, args.bin)
+        variants[name] = start_service(args, tmp, "service", "variant-" + name, tuple(words))
+    for at, (case, label, burst, interval) in reversed(list(enumerate(plan))):
+        if case == "client":
+            plan[at + 1:at + 1] = [("client:" + name, "%s [%s]" % (label, name), burst, interval)
+                                   for name in variants]
+    services = [(service, sock, log), (gw_service, gw_sock, gw_log)] + list(variants.values())
     results = {i: [] for i in range(len(plan))}
     try:
         deadline = time.monotonic() + 60
-        for svc, path, svc_log in ((service, sock, log), (gw_service, gw_sock, gw_log)):
+        for svc, path, svc_log in services:
             while not ready(path):
                 if svc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("service did not become ready; see %s" % svc_log.name)
@@ -366,11 +388,16 @@ def driver(args: argparse.Namespace) -> None:
             for i, (case, _, burst, interval) in enumerate(plan):
                 if case == "ingateway":
                     results[i].append(child(args, case, burst, interval, gw_sock, gw_service.pid))
+                elif case.startswith("client:"):
+                    name = case.split(":", 1)[1]
+                    svc, path, _ = variants[name]
+                    results[i].append(child(args, "client", burst, interval, path, svc.pid,
+                                            clients[name]))
                 else:
                     results[i].append(child(args, case, burst, interval, sock, service.pid))
     finally:
-        stop_service(service, log)
-        stop_service(gw_service, gw_log)
+        for svc, _, svc_log in services:
+            stop_service(svc, svc_log)
         shutil.rmtree(tmp, True)
 
     keys = ["emit_us_p50", "emit_us_p99", "emit_us_max", "lag_ms_p50", "lag_ms_p99", "lag_ms_p999",
@@ -443,7 +470,8 @@ def report(args: argparse.Namespace, table: list, results: dict, load_before: tu
                 continue
             p99 = row["lag_ms_p99"] / orig["lag_ms_p99"]
             mx = row["lag_ms_max"] / orig["lag_ms_max"]
-            goal_p99, goal_max = GOALS.get(row["case"], (None, None))
+            kind = row["case"].split(":")[0]
+            goal_p99, goal_max = GOALS.get(kind, (None, None))
             cells = []
             for value, goal in ((p99, goal_p99), (mx, goal_max)):
                 if goal is None:
@@ -457,10 +485,10 @@ def report(args: argparse.Namespace, table: list, results: dict, load_before: tu
                                                                          value, goal))
             emit = row["emit_us_p50"]
             emit_cell = num(emit, 1)
-            if row["case"] == "client" and emit is not None:
+            if kind in GOALS and emit is not None:
                 emit_cell += " [≤ %.0f]" % EMIT_P50_GOAL_US
                 if emit > EMIT_P50_GOAL_US:
-                    misses.append("client emit p50 at %d ev/s: %.1f µs" % (rate, emit))
+                    misses.append("%s emit p50 at %d ev/s: %.1f µs" % (row["case"], rate, emit))
             cpu = "—"
             if row.get("service_us_per_event") is not None:
                 cpu = "%s / %s" % (num(row["service_us_per_event"], 1),
@@ -494,6 +522,12 @@ def main() -> None:
                     help="an extra argument for `hermes-hooks serve` (repeatable), e.g. "
                          "--serve-arg=--worker-nice=0 to compare with the workers at the "
                          "service's priority")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BIN [ARG...]",
+                    help="A/B in one run: also run the client case against a service started "
+                         "as BIN serve ... ARG... (another build, a wrapper script, other serve "
+                         "options; an ARG --client=DIR gives that variant's gateway another "
+                         "client checkout; BIN may be left out), alternating with the others "
+                         "in every round (repeatable); rows labelled [NAME]")
     ap.add_argument("--case", choices=["none", "original", "client", "frozen", "thaw",
                                        "ingateway"],
                     help=argparse.SUPPRESS)

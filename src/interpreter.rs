@@ -153,13 +153,15 @@ fn runs(python: &Path) -> bool {
     }
     use std::os::unix::process::CommandExt;
     // Its own process group, as every process the service starts: see crate::reaper.
-    let child = std::process::Command::new(python)
-        .process_group(0)
+    let mut cmd = std::process::Command::new(python);
+    cmd.process_group(0)
         .args(["-c", "pass"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
+        .stderr(std::process::Stdio::null());
+    // At the service's starting priority, not a SCHED_IDLE runtime thread's: a probe starved by
+    // a busy machine would time out and call a working interpreter broken.
+    let child = crate::priority::spawn_at_base(move || cmd.spawn());
     let Ok(mut child) = child else {
         return false;
     };

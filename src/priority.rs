@@ -2,20 +2,42 @@
 //! Python fork server) yield the CPU to the gateway and to the service's own threads.
 //!
 //! A [`Priority`] is a `nice` increment over the service's own nice value (default +10, like
-//! `nice -n 10`) and, optionally, `SCHED_IDLE` (the process runs only when a CPU would otherwise be
-//! idle). `serve --worker-nice N --worker-sched idle` sets the default for every hook; a hook's
-//! HOOK.yaml (`nice:`, `sched:`) overrides it. A process can always lower its own priority; raising
+//! `nice -n 10`) and a policy: by default `SCHED_IDLE` (the process gets the CPU only when no
+//! normal task of its group wants it, and a waking gateway preempts it at once; under `nice`
+//! alone the kernel lets a running hook finish its slice first, which measured as loop lag),
+//! `normal` on request. `serve --worker-nice N --worker-sched normal|idle` sets the default for
+//! every hook; a hook's HOOK.yaml (`nice:`, `sched:`) overrides it. A process can always lower its own priority; raising
 //! it above the service's needs `CAP_SYS_NICE` (or `RLIMIT_NICE`): a hook asking for more than it
 //! may have runs at what it could get, and says so in the log.
+//!
+//! The service's own runtime threads (HTTP, queues, the pipes to the workers) are background work
+//! too: `serve` lowers each of them as it starts ([`ServiceThreads`], `serve --service-nice
+//! --service-sched`). Hook processes are then started by one thread that keeps the service's
+//! starting priority ([`spawn_at_base`]): a child inherits the priority of the thread that forks
+//! it, and an unprivileged process can lower its priority but never raise it again (nor leave
+//! `SCHED_IDLE`), so a hook that asks for more than the runtime threads have still gets it.
+
+use std::sync::OnceLock;
+use std::sync::mpsc;
 
 use serde::Deserialize;
 
 /// Default `nice` increment of hook processes over the service's own.
 pub const DEFAULT_NICE: i32 = 10;
+/// Default scheduling policy of hook processes.
+pub const DEFAULT_SCHED: Sched = Sched::Idle;
 /// Environment variable for the default increment (`serve --worker-nice`).
 pub const NICE_ENV: &str = "HERMES_HOOKS_WORKER_NICE";
 /// Environment variable for the default scheduling policy (`serve --worker-sched`).
 pub const SCHED_ENV: &str = "HERMES_HOOKS_WORKER_SCHED";
+/// Default `nice` increment of the service's runtime threads over the service's starting value.
+pub const DEFAULT_SERVICE_NICE: i32 = 10;
+/// Default scheduling policy of the service's runtime threads.
+pub const DEFAULT_SERVICE_SCHED: Sched = Sched::Idle;
+/// Environment variable for `serve --service-nice`.
+pub const SERVICE_NICE_ENV: &str = "HERMES_HOOKS_SERVICE_NICE";
+/// Environment variable for `serve --service-sched`.
+pub const SERVICE_SCHED_ENV: &str = "HERMES_HOOKS_SERVICE_SCHED";
 
 /// `sched:` of a hook, `--worker-sched` of `serve`.
 #[derive(
@@ -53,7 +75,7 @@ impl Default for Priority {
     fn default() -> Self {
         Self {
             nice: DEFAULT_NICE,
-            sched: Sched::Normal,
+            sched: DEFAULT_SCHED,
         }
     }
 }
@@ -67,9 +89,10 @@ impl Priority {
         }
     }
 
-    /// The absolute nice value a hook process gets: the service's own plus the increment.
+    /// The absolute nice value a hook process gets: the service's own (as it started, before
+    /// its runtime threads lowered theirs) plus the increment.
     pub fn target_nice(self) -> i32 {
-        (own_nice() + self.nice).clamp(-20, 19)
+        (base_nice() + self.nice).clamp(-20, 19)
     }
 
     /// What the handler's processes are started with, as resolved now (for a child to apply).
@@ -144,6 +167,96 @@ impl Resolved {
     }
 }
 
+/// The service's nice value as it started: what [`ServiceThreads::install`] recorded before any
+/// thread lowered its own, else the calling thread's.
+pub fn base_nice() -> i32 {
+    match BASE_NICE.get() {
+        Some(n) => *n,
+        None => own_nice(),
+    }
+}
+
+static BASE_NICE: OnceLock<i32> = OnceLock::new();
+
+/// Records the calling thread's nice value as the service's starting one (once; from the main
+/// thread, before the runtime's threads start and lower theirs).
+pub fn record_base_nice() {
+    let _ = BASE_NICE.set(own_nice());
+}
+
+/// A job for the spawner thread: it runs there and hands its result back itself.
+type Job = Box<dyn FnOnce() + Send>;
+
+static SPAWNER: OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+
+/// The priority of the service's own runtime threads (`serve --service-nice --service-sched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceThreads(pub Priority);
+
+impl ServiceThreads {
+    /// Records the service's starting nice value and starts the spawner thread (at that
+    /// priority: call it from the main thread, before any thread lowers its own). `runtime`: the
+    /// runtime whose context child processes are spawned in (tokio's child reaping).
+    pub fn install(self, runtime: tokio::runtime::Handle) {
+        record_base_nice();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("hermes-spawner".into())
+            .spawn(move || {
+                let _context = runtime.enter();
+                // The thread lives as long as the service: PR_SET_PDEATHSIG of the children it
+                // starts follows it.
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            });
+        match started {
+            Ok(_) => {
+                let _ = SPAWNER.set(std::sync::Mutex::new(tx));
+            }
+            Err(e) => tracing::warn!(
+                "no spawner thread ({e}): hook processes are started by the runtime's threads"
+            ),
+        }
+    }
+
+    /// Lowers the calling thread to this priority (for the runtime's `on_thread_start`).
+    pub fn lower_this_thread(self) {
+        let resolved = Resolved {
+            nice: (base_nice() + self.0.nice).clamp(-20, 19),
+            idle: self.0.sched == Sched::Idle,
+        };
+        // Only ever lower: a thread at a better value than asked keeps it, a worse one too.
+        if resolved.nice > own_nice() || resolved.idle {
+            resolved.apply_to_self();
+        }
+    }
+}
+
+/// Runs `job` (spawning a child process) on the spawner thread, which has the service's starting
+/// priority, and returns its result; the caller waits for it as it would for the spawn itself.
+/// Without a spawner (commands other than `serve`, the library in tests) it runs here.
+pub fn spawn_at_base<T: Send + 'static>(
+    job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let Some(spawner) = SPAWNER.get() else {
+        return job();
+    };
+    let (tx, rx) = mpsc::sync_channel(1);
+    let boxed: Job = Box::new(move || {
+        let _ = tx.send(job());
+    });
+    let sent = spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send(boxed);
+    if let Err(mpsc::SendError(boxed)) = sent {
+        boxed(); // the spawner is gone: start it here, at this thread's priority
+    }
+    rx.recv()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the spawner thread is gone")))
+}
+
 /// The nice value of the calling thread (the service's, called from its threads).
 pub fn own_nice() -> i32 {
     // getpriority returns -1 both for nice -1 and for an error; errno tells them apart.
@@ -185,9 +298,9 @@ mod tests {
     #[test]
     fn overrides_and_description() {
         let p = Priority::default();
-        assert_eq!(p.describe(), "nice +10");
-        let q = p.overridden(Some(0), Some(Sched::Idle));
-        assert_eq!(q.describe(), "nice +0, idle");
+        assert_eq!(p.describe(), "nice +10, idle");
+        let q = p.overridden(Some(0), Some(Sched::Normal));
+        assert_eq!(q.describe(), "nice +0");
         assert_eq!(p.overridden(None, None), p);
     }
 

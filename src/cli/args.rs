@@ -246,10 +246,19 @@ pub struct ServeArgs {
     /// gateway. A hook's `nice:` in HOOK.yaml overrides it.
     #[arg(long, value_name = "N", env = crate::priority::NICE_ENV, default_value_t = crate::priority::DEFAULT_NICE, value_parser = crate::priority::parse_nice, allow_negative_numbers = true)]
     pub worker_nice: i32,
-    /// normal, or idle: SCHED_IDLE for those processes (hook work only on CPU time nothing else
-    /// wants). A hook's `sched:` overrides it.
-    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, default_value_t = crate::priority::Sched::Normal, hide_possible_values = true)]
+    /// idle (default: SCHED_IDLE, hook work only on CPU time the gateway does not want; a
+    /// waking gateway preempts it at once) or normal. A hook's `sched:` overrides it.
+    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, default_value_t = crate::priority::DEFAULT_SCHED, hide_possible_values = true)]
     pub worker_sched: crate::priority::Sched,
+    /// CPU priority of the service's own threads (HTTP, queues, the pipes to the workers), as a
+    /// nice increment over the service's starting value; hook processes are still started at
+    /// --worker-nice over the starting value.
+    #[arg(long, value_name = "N", env = crate::priority::SERVICE_NICE_ENV, default_value_t = crate::priority::DEFAULT_SERVICE_NICE, value_parser = crate::priority::parse_nice, allow_negative_numbers = true)]
+    pub service_nice: i32,
+    /// idle (default: SCHED_IDLE, the gateway preempts the service's threads at once when it
+    /// wakes) or normal, for the service's own threads.
+    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SERVICE_SCHED_ENV, default_value_t = crate::priority::DEFAULT_SERVICE_SCHED, hide_possible_values = true)]
+    pub service_sched: crate::priority::Sched,
     /// Stop (draining, as on SIGTERM) once no process has held a shared flock on FILE for
     /// --linger seconds: the gateways that autostarted this service hold it while they run.
     #[arg(long, value_name = "FILE")]
@@ -261,6 +270,16 @@ pub struct ServeArgs {
     #[cfg(feature = "fleet")]
     #[command(flatten, next_help_heading = "Fleet mode (README, Fleet mode)")]
     pub fleet: crate::cli::fleet::FleetArgs,
+}
+
+impl ServeArgs {
+    /// The priority of the service's own runtime threads.
+    pub fn service_threads(&self) -> crate::priority::ServiceThreads {
+        crate::priority::ServiceThreads(crate::priority::Priority {
+            nice: self.service_nice,
+            sched: self.service_sched,
+        })
+    }
 }
 
 /// What `serve` writes on stdout.

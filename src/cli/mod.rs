@@ -43,16 +43,32 @@ pub fn main() -> i32 {
         _ => "error",
     };
     init_logging(cli.log_format, default_filter);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let service_threads = match &cli.command {
+        Command::Serve(args) => Some(args.service_threads()),
+        #[cfg(feature = "fleet")]
+        Command::Worker(args) => Some(args.service_threads()),
+        _ => None,
+    };
+    if service_threads.is_some() {
+        crate::priority::record_base_nice();
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(threads) = service_threads {
+        // The service's own work is background work too (crate::priority): each runtime thread
+        // lowers itself as it starts; hook processes are started by a thread that does not.
+        builder.on_thread_start(move || threads.lower_this_thread());
+    }
+    let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("hermes-hooks: cannot start the async runtime: {e}");
             return 1;
         }
     };
+    if let Some(threads) = service_threads {
+        threads.install(runtime.handle().clone());
+    }
     let code = runtime.block_on(async move {
         let code = match cli.command {
             Command::Serve(args) => serve::serve(args).await,

@@ -84,7 +84,7 @@ impl ExecHandler {
             command(verified.path(), &self.ctx)
         };
         verified.pass_to(&mut cmd);
-        let spawned = cmd.spawn();
+        let spawned = crate::priority::spawn_at_base(move || cmd.spawn());
         drop(verified);
         let mut child = spawned.map_err(|e| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))

@@ -1,6 +1,8 @@
 //! Issue 22: hook work yields the CPU to the gateway. Python workers (forked or started from
-//! scratch) and executables run at the service's nice value + 10 by default; `nice:` / `sched:`
-//! in HOOK.yaml and the host's default (`serve --worker-nice`, `--worker-sched`) change it.
+//! scratch) and executables run at the service's nice value + 10 under SCHED_IDLE by default;
+//! `nice:` / `sched:` in HOOK.yaml and the host's default (`serve --worker-nice`,
+//! `--worker-sched`) change it. `serve`'s own runtime threads lower themselves too
+//! (`--service-nice`, `--service-sched`), while a hook can still have more than they have.
 
 use std::time::Duration;
 
@@ -8,7 +10,7 @@ use hermes_hooks::Host;
 use hermes_hooks::priority::{Priority, Sched, own_nice};
 use serde_json::{Value, json};
 
-use crate::util::{Hooks, collect_one, config};
+use crate::util::{Hooks, Serve, collect_one, config, http};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -34,23 +36,118 @@ async fn python_workers_run_below_the_service_by_default_and_hooks_can_choose() 
     let hooks = Hooks::new();
     python_hook(&hooks, "default", "a:x", "");
     python_hook(&hooks, "nicer", "b:x", "nice: 15\n");
-    python_hook(&hooks, "idle", "c:x", "sched: idle\n");
+    python_hook(&hooks, "normal", "c:x", "sched: normal\n");
     // Above the fork server's priority: started from scratch, where it can have it.
     python_hook(&hooks, "eager", "d:x", "nice: 2\n");
     let (host, report) = Host::start(config(&hooks)).await;
     assert_eq!(report.loaded.len(), 4, "{report:?}");
     let got = |ev: &'static str| collect_one(&host, ev, json!({}));
-    assert_eq!(got("a:x").await, Ok(Some(expect(10, false))));
-    assert_eq!(got("b:x").await, Ok(Some(expect(15, false))));
-    assert_eq!(got("c:x").await, Ok(Some(expect(10, true))));
-    assert_eq!(got("d:x").await, Ok(Some(expect(2, false))));
+    assert_eq!(got("a:x").await, Ok(Some(expect(10, true))));
+    assert_eq!(got("b:x").await, Ok(Some(expect(15, true))));
+    assert_eq!(got("c:x").await, Ok(Some(expect(10, false))));
+    assert_eq!(got("d:x").await, Ok(Some(expect(2, true))));
     let eager = host.hook("eager").unwrap();
     assert_eq!(
         eager.worker.as_ref().map(|w| w.start.as_str()),
         Some("fresh"),
         "{eager:?}"
     );
+    // A normal policy is above the fork server's SCHED_IDLE: started from scratch too.
+    let normal = host.hook("normal").unwrap();
+    assert_eq!(
+        normal.worker.as_ref().map(|w| w.start.as_str()),
+        Some("fresh"),
+        "{normal:?}"
+    );
     host.shutdown(T).await;
+}
+
+/// (nice, SCHED_IDLE) of each thread of `pid`, by thread name.
+fn threads(pid: u32) -> Vec<(String, i32, bool)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(entry) = entry else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (head, rest) = stat.rsplit_once(')').unwrap();
+        let name = head.split_once('(').unwrap().1.to_string();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the name: state is field 3; nice is field 19, policy field 41 (proc(5)).
+        let nice: i32 = fields[19 - 3].parse().unwrap();
+        let policy: i32 = fields[41 - 3].parse().unwrap();
+        out.push((name, nice, policy == libc::SCHED_IDLE));
+    }
+    out
+}
+
+fn collect_result(serve: &Serve, event: &str) -> Value {
+    let body = serde_json::to_vec(&json!({ "event": event })).unwrap();
+    let ct = [("Content-Type", "application/json")];
+    let (status, _, b) = http(&serve.addr, "POST", "/v1/collect", &ct, &body);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    v["results"][0]["result"].clone()
+}
+
+#[test]
+fn the_services_runtime_threads_run_idle_and_a_hook_can_still_ask_for_normal() {
+    let hooks = Hooks::new();
+    python_hook(&hooks, "default", "a:x", "");
+    python_hook(&hooks, "normal", "n:x", "sched: normal\nnice: 10\n");
+    hooks.exec("sh", "[\"e:x\"]", "#!/bin/sh\ncat >/dev/null\nnice\n");
+    let mut serve = Serve::start(&hooks, &[]);
+    let base = own_nice();
+    let pid = serve.child.id();
+    let all = threads(pid);
+    let workers: Vec<_> = all
+        .iter()
+        .filter(|(name, _, _)| name.starts_with("tokio-r"))
+        .collect();
+    assert!(!workers.is_empty(), "{all:?}");
+    for (name, nice, idle) in &workers {
+        assert!(*idle, "{name} is not SCHED_IDLE: {all:?}");
+        assert_eq!(*nice, (base + 10).clamp(-20, 19), "{name}: {all:?}");
+    }
+    // The main thread and the spawner keep the service's starting priority...
+    let spawner = all.iter().find(|(name, _, _)| name == "hermes-spawner");
+    assert_eq!(
+        spawner.map(|(_, n, i)| (*n, *i)),
+        Some((base, false)),
+        "{all:?}"
+    );
+    // ...so that hooks get what they ask for, whatever the runtime's threads have.
+    assert_eq!(collect_result(&serve, "a:x"), expect(10, true));
+    assert_eq!(collect_result(&serve, "n:x"), expect(10, false));
+    assert_eq!(
+        collect_result(&serve, "e:x"),
+        json!((base + 10).clamp(-20, 19))
+    );
+    serve.terminate();
+}
+
+#[test]
+fn serve_can_keep_its_threads_at_normal_priority() {
+    let hooks = Hooks::new();
+    python_hook(&hooks, "default", "a:x", "");
+    let mut serve = Serve::start(
+        &hooks,
+        &[
+            "--service-sched",
+            "normal",
+            "--service-nice",
+            "0",
+            "--worker-sched",
+            "normal",
+        ],
+    );
+    let all = threads(serve.child.id());
+    assert!(
+        all.iter().all(|(_, n, idle)| !idle && *n == own_nice()),
+        "{all:?}"
+    );
+    assert_eq!(collect_result(&serve, "a:x"), expect(10, false));
+    serve.terminate();
 }
 
 #[tokio::test]

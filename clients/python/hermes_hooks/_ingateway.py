@@ -15,16 +15,20 @@ watchers on its loop) and runs no worker for them. ``InGatewayHooks`` owns the r
   imported is recorded in ``$HERMES_HOME/hooks-in-gateway.json`` (pid, SHA-256 per hook) so that
   ``hermes-hooks list``/``check`` can say when a changed hook needs a gateway restart.
 * **emit** (``dispatch``): returns at once. An ``async def`` handler becomes a task on the
-  gateway's loop under the hook's ``timeout``; a sync handler runs on the hook's own worker
-  thread (one per hook: its events in order; bounded queue, oldest dropped and counted). An
-  exception or a timeout is logged with the hook's name, never raised into the gateway.
+  gateway's loop under the hook's ``timeout``; the sync handlers run on one shared thread, off
+  the loop (one item per event for all of them, each hook's events in order; bounded queue,
+  oldest dropped and counted): one thread to wake and to hand the GIL to, not one per hook. A
+  sync call that overruns ``DETACH_AFTER`` (50 ms) gives its hook a thread of its own, and the
+  shared work goes on on a new thread (``_Lane``): a slow hook delays the others by at most that
+  much, then only its own events. An exception or a timeout is logged with the hook's name,
+  never raised into the gateway.
 * **emit_collect** (``collect``): awaits both kinds under the timeout and returns
   ``{"hook", "result"}`` / ``{"hook", "error"}`` items; ``match_order`` gives the one match
   order of every hook (exact-pattern hooks, then wildcard hooks, each in discovery order) to
   merge them with the service's results.
 
 An ``async def`` handler gets the caller's real ``context`` dict, as with the original host; a
-sync handler, which runs on its own thread while the caller goes on, gets a deep copy (a shallow
+sync handler, which runs on another thread while the caller goes on, gets a deep copy (a shallow
 one when the context cannot be deep-copied): mutating it changes nothing the caller sees.
 """
 
@@ -113,13 +117,20 @@ class _Patterns:
         return None
 
 
-#: Seconds the in-gateway hook threads, all together, work before they nap (see ``_Hook._run``)...
+#: Seconds the in-gateway hook threads, all together, work before they nap (see ``_Lane.run``)...
 _BUSY_SLICE = 0.0003
 #: ...and the nap, long enough for the loop's thread to wake and take the GIL.
 _NAP = 0.0001
 #: When the current slice of all hook threads began (shared: one slice for every hook thread,
-#: so ten busy hooks cost the loop one slice, not ten).
+#: so busy hooks cost the loop one slice, not one each).
 _slice = [0.0]
+#: A call on the shared thread running longer than this gives its hook a thread of its own: the
+#: shared thread's other work goes on on a new thread (see ``_Lane.detach``)...
+DETACH_AFTER = 0.05
+#: ...checked this often by the watchdog thread while the shared thread works.
+_WATCH_EVERY = 0.02
+#: Seconds without work after which the watchdog sleeps until the shared thread is woken again.
+_WATCH_PARK_AFTER = 1.0
 
 
 def module_name(hook_name: str) -> str:
@@ -127,8 +138,149 @@ def module_name(hook_name: str) -> str:
     return "hermes_hook_" + hook_name
 
 
+class _Lane:
+    """A queue of sync calls and the one thread that runs them, in order.
+
+    The in-gateway hooks of a registry share one lane (``InGatewayHooks``): ``emit`` appends one
+    item ``(event, context, loop, done, hooks)`` for all of an event's sync hooks and wakes at
+    most one thread, and that thread holds the GIL in short slices; ten threads woken per
+    burst, each taking the GIL in turn, cost the gateway's loop more (``benches/loop_lag.py``).
+    A hook whose call on the shared lane overruns ``DETACH_AFTER`` gets a lane of its own: the
+    stuck thread becomes that hook's thread and a new thread takes the shared lane over, so a
+    slow hook delays the others' events by at most that long, and then only its own."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.queue = collections.deque()  # type: collections.deque
+        # Wakes the lane's thread: released by ``put`` when the thread said it is idle. No
+        # Condition: on the loop's thread a put costs a deque append and a flag test.
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.thread = None  # type: Optional[threading.Thread]
+        # The thread waits for work (only then does put wake it); True before it exists, so the
+        # first put starts it.
+        self.idle = True
+        #: Set while the thread is in a sync call: (hook, started, item, index, hand-over cell).
+        self.call = None  # type: Optional[tuple]
+        #: Guards the hand-over of a stuck lane against the end of its call.
+        self.lock = threading.Lock()
+        #: Called when an idle lane is woken (the watchdog's unpark).
+        self.on_wake = None  # type: Optional[Callable[[], None]]
+
+    def put(self, item: tuple) -> None:
+        queue = self.queue
+        if len(queue) >= self.capacity:
+            self.drop_oldest()
+        queue.append(item)
+        if self.idle:
+            self.wake_up()
+
+    def wake_up(self) -> None:
+        self.idle = False  # one wake per idle period; a busy thread needs none
+        if self.on_wake is not None:
+            self.on_wake()
+        if self.thread is None:
+            # The new thread first waits for the release below: it takes its first item only
+            # after this (the loop's) thread goes on, as a thread that was idle would.
+            self.start(wait_first=True)
+        try:
+            self.wake.release()
+        except RuntimeError:  # already released: the thread wakes anyway
+            pass
+
+    def start(self, wait_first: bool) -> None:
+        self.thread = threading.Thread(target=self.run, args=(wait_first,), daemon=True,
+                                       name="hermes-hook-" + self.name)
+        self.thread.start()
+
+    def drop_oldest(self) -> None:
+        try:
+            event, _, _, done, hooks = self.queue.popleft()
+        except IndexError:  # the thread took it meanwhile
+            return
+        for hook in hooks:
+            hook.note_drop(self.capacity)
+        if done is not None:
+            done(None, "dropped: the hook's queue was full")
+
+    def run(self, wait_first: bool) -> None:
+        lane = self
+        lock = lane.lock
+        clock = time.monotonic
+        handed = [None]  # set by detach(): the lane this thread runs from now on
+        if wait_first:
+            lane.wake.acquire()  # released by wake_up once start() returned
+        while True:
+            queue = lane.queue
+            if not queue:
+                lane.idle = True
+                if not queue:  # checked again after saying so: put wakes only an idle thread
+                    lane.wake.acquire()
+                lane.idle = False
+                continue
+            # Threads working through a backlog keep the GIL for up to the switch interval
+            # (5 ms), stalling the gateway's loop that long: once the hook threads together
+            # have worked _BUSY_SLICE, each naps briefly on its next item, so a waiting thread
+            # (the loop) takes the GIL. A bare release is not enough: a hook thread would take
+            # it back before the loop's thread wakes.
+            if clock() - _slice[0] > _BUSY_SLICE:
+                time.sleep(_NAP)
+                _slice[0] = clock()
+            try:
+                item = queue.popleft()
+            except IndexError:
+                continue
+            event, context, loop, done, hooks = item
+            for index, hook in enumerate(hooks):
+                own = hook.lane
+                if own is not None and own is not lane:
+                    # The hook has a thread of its own now: it runs there, in order.
+                    own.put((event, context, loop, done, (hook,)))
+                    continue
+                started = clock()
+                lane.call = (hook, started, item, index, handed)
+                hook.call(event, context, loop, done, started)
+                lock.acquire()
+                if handed[0] is None:
+                    lane.call = None
+                lock.release()
+                if handed[0] is not None:  # the rest of the item is the new thread's
+                    lane = handed[0]
+                    lock = lane.lock
+                    handed = [None]
+                    threading.current_thread().name = "hermes-hook-" + lane.name
+                    break
+
+    def detach(self, limit: float) -> bool:
+        """Called by the watchdog: if this lane's thread has been in one call for over
+        ``limit`` s, that hook gets a lane of its own, run by the stuck thread once the call
+        returns, and this lane a new thread, which goes on with the rest. Returns whether it
+        did. The hook's later events reach its lane through this one (see ``run``), so they
+        stay in order."""
+        with self.lock:
+            call = self.call
+            if call is None or time.monotonic() - call[1] <= limit:
+                return False
+            hook, _, item, index, handed = call
+            event, context, loop, done, hooks = item
+            own = _Lane(hook.name, hook.capacity)
+            own.idle = False  # its thread (the stuck one) is busy: puts need not wake it
+            own.thread = self.thread
+            hook.lane = own
+            if index + 1 < len(hooks):
+                self.queue.appendleft((event, context, loop, done, hooks[index + 1:]))
+            handed[0] = own
+            self.call = None
+            self.start(wait_first=False)
+        log.warning("[hooks] %s has run for over %.2f s on the in-gateway hooks' shared thread: "
+                    "it gets a thread of its own, the other hooks go on without waiting for it",
+                    hook.name, limit)
+        return True
+
+
 class _Hook:
-    """One imported in-gateway hook and its worker thread."""
+    """One imported in-gateway hook (or an in-process callable) and its calls."""
 
     def __init__(self, entry: Dict[str, Any], handle: Callable, module: Any) -> None:
         self.name = entry["name"]
@@ -149,98 +301,48 @@ class _Hook:
         self._drop_logged = -_DROP_LOG_INTERVAL
         self.failed = 0
         self.ok = 0
-        self._queue = collections.deque()  # type: collections.deque
-        # Wakes the hook's thread: released by ``submit`` when the thread said it is idle. No
-        # Condition: on the loop's thread a submit costs a deque append and a flag test.
-        self._wake = threading.Lock()
-        self._wake.acquire()
-        self._thread = None  # type: Optional[threading.Thread]
-        # The thread waits for work (only then does submit wake it); True before it exists, so
-        # the first submit starts it.
-        self._idle = True
+        #: The hook's own lane, or None while it runs on its registry's shared lane.
+        self.lane = None  # type: Optional[_Lane]
 
-    # -- sync handlers: the hook's own thread, its events in order
+    # -- sync handlers: on a lane's thread, the hook's events in order
 
     def submit(self, event: str, context: Dict[str, Any], loop: Optional[asyncio.AbstractEventLoop],
                done: Optional[Callable[[Any, Optional[str]], None]] = None) -> None:
-        queue = self._queue
-        if len(queue) >= self.capacity:
-            self._drop_oldest()
+        """Run on the hook's own thread (a hook outside ``InGatewayHooks``, which shares one)."""
+        if self.lane is None:
+            self.lane = _Lane(self.name, self.capacity)
         # Its own thread runs it while the caller goes on: it gets a copy, never the live dict.
-        queue.append((event, _private_copy(context), loop, done))
-        if self._idle:
-            self._wake_up()
+        self.lane.put((event, _private_copy(context), loop, done, (self,)))
 
-    def _wake_up(self) -> None:
-        self._idle = False  # one wake per idle period; a busy thread needs none
-        if self._thread is None:
-            # The new thread first waits for the release below: it takes its first event only
-            # after this (the loop's) thread goes on, as a thread that was idle would.
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name="hermes-hook-" + self.name)
-            self._thread.start()
-        try:
-            self._wake.release()
-        except RuntimeError:  # already released: the thread wakes anyway
-            pass
-
-    def _drop_oldest(self) -> None:
-        try:
-            _, _, _, old_done = self._queue.popleft()
-        except IndexError:  # the thread took it meanwhile
-            return
+    def note_drop(self, capacity: int) -> None:
         self.dropped += 1
         now = time.monotonic()
         if now - self._drop_logged >= _DROP_LOG_INTERVAL:
             self._drop_logged = now
             log.warning("[hooks] %s: queue full (%d events waiting for its thread); "
-                        "oldest dropped (%d dropped so far)", self.name, self.capacity,
-                        self.dropped)
-        if old_done is not None:
-            old_done(None, "dropped: the hook's queue was full")
+                        "oldest dropped (%d dropped so far)", self.name, capacity, self.dropped)
 
-    def _run(self) -> None:
-        queue = self._queue
-        clock = time.monotonic
-        handle = self.handle
-        self._wake.acquire()  # released by _wake_up once start() returned
-        while True:
-            if not queue:
-                self._idle = True
-                if not queue:  # checked again after saying so: submit wakes only an idle thread
-                    self._wake.acquire()
-                self._idle = False
-                continue
-            # Threads working through a backlog keep the GIL for up to the switch interval
-            # (5 ms), stalling the gateway's loop that long: once all hook threads together have
-            # worked _BUSY_SLICE, each naps briefly on its next event, so a waiting thread (the
-            # loop) takes the GIL. A bare release is not enough: a hook thread would take it back
-            # before the loop's thread wakes.
-            if clock() - _slice[0] > _BUSY_SLICE:
-                time.sleep(_NAP)
-                _slice[0] = clock()
-            try:
-                event, context, loop, done = queue.popleft()
-            except IndexError:
-                continue
-            started = clock()
-            try:
-                result = handle(event, context)
-            except Exception as exc:
-                result, error = None, self._failed(event, exc)
+    def call(self, event: str, context: Dict[str, Any],
+             loop: Optional[asyncio.AbstractEventLoop], done: Optional[Callable],
+             started: float) -> None:
+        try:
+            result = self.handle(event, context)
+        except Exception as exc:
+            result, error = None, self._failed(event, exc)
+        else:
+            if result is None:
+                self.ok += 1
+                error = None
             else:
-                if result is None:
-                    self.ok += 1
-                    error = None
-                else:
-                    result, error = self._settle(event, result, loop)
-            if clock() - started > self.timeout:
-                self._overran(event, clock() - started)
-            if done is not None:
-                try:
-                    done(result, error)
-                except Exception:  # pragma: no cover - the waiter's side is already gone
-                    pass
+                result, error = self._settle(event, result, loop)
+        elapsed = time.monotonic() - started
+        if elapsed > self.timeout:
+            self._overran(event, elapsed)
+        if done is not None:
+            try:
+                done(result, error)
+            except Exception:  # pragma: no cover - the waiter's side is already gone
+                pass
 
     def _settle(self, event: str, result: Any, loop: Optional[asyncio.AbstractEventLoop]
                 ) -> Tuple[Any, Optional[str]]:
@@ -310,6 +412,8 @@ def _private_copy(context: Any) -> Any:
     """A deep copy of the context for handlers on their own threads (a shallow one when something
     in it cannot be copied): the caller keeps using its dict while the handlers run."""
     try:
+        if type(context) is dict and _PLAIN.issuperset(map(type, context.values())):
+            return context.copy()  # flat (the usual gateway context): the same, in C
         return _plain_copy(context)
     except Exception:  # includes RecursionError for a very deep context
         return dict(context) if isinstance(context, dict) else context
@@ -330,6 +434,11 @@ class InGatewayHooks:
         self._cache = {}  # type: Dict[str, Tuple[List[str], List[_Hook]]]
         self._tasks = set()  # type: set
         self._loop = None  # type: Optional[asyncio.AbstractEventLoop]
+        #: The sync handlers' shared lane (started at the first call) and its watchdog's state.
+        self._shared = None  # type: Optional[_Lane]
+        self._capacity = DEFAULT_QUEUE
+        self._parked = False
+        self._unparked = threading.Event()
 
     def __bool__(self) -> bool:
         return bool(self._hooks)
@@ -365,6 +474,9 @@ class InGatewayHooks:
             hook = self._import(entry)
             if hook is not None:
                 self._hooks[name] = hook
+        self._capacity = max([h.capacity for h in self._hooks.values()] or [DEFAULT_QUEUE])
+        if self._shared is not None:
+            self._shared.capacity = self._capacity
         if hermes_home:
             self._write_record(hermes_home)
 
@@ -443,8 +555,9 @@ class InGatewayHooks:
 
     # ------------------------------------------------------------------ matching
 
-    def _match(self, event: str) -> Tuple[List[str], List[_Hook]]:
-        """(every matching hook's name in match order, the in-gateway ones among them)."""
+    def _match(self, event: str) -> tuple:
+        """(every matching hook's name in match order, the in-gateway ones among them, those
+        with a sync handler as a tuple, those with an async one)."""
         hit = self._cache.get(event)
         if hit is not None:
             return hit
@@ -456,7 +569,9 @@ class InGatewayHooks:
             elif kind == "wildcard":
                 wild.append(name)
         names = exact + wild
-        hit = (names, [self._hooks[n] for n in names if n in self._hooks])
+        hooks = [self._hooks[n] for n in names if n in self._hooks]
+        hit = (names, hooks, tuple(h for h in hooks if not h.is_async),
+               [h for h in hooks if h.is_async])
         if len(self._cache) < _MATCH_CACHE_MAX:
             self._cache[event] = hit
         return hit
@@ -473,7 +588,7 @@ class InGatewayHooks:
         """Start every matching in-gateway handler and return at once (never raises)."""
         if not self._hooks or not isinstance(event, str):
             return
-        hooks = self._match(event)[1]
+        _, hooks, sync, asyncs = self._cache.get(event) or self._match(event)
         if not hooks:
             return
         if context is None:
@@ -485,23 +600,19 @@ class InGatewayHooks:
         except RuntimeError:
             loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
             running_here = False
-        item = None
-        for hook in hooks:
+        if sync:
             try:
-                if not hook.is_async:
-                    # hook.submit(event, context, loop), inline. The hooks' threads run it while
-                    # the caller goes on: they get one copy of the context for this event (made
-                    # once, shared by this event's sync handlers as the original host shared its
-                    # dict between handlers), never the caller's live dict.
-                    if item is None:
-                        item = (event, _private_copy(context), loop, None)
-                    queue = hook._queue
-                    if len(queue) >= hook.capacity:
-                        hook._drop_oldest()
-                    queue.append(item)
-                    if hook._idle:
-                        hook._wake_up()
-                elif running_here:
+                # One item for all of the event's sync handlers, on the shared lane; they run
+                # while the caller goes on, so they get one copy of the context (made once,
+                # shared by this event's sync handlers as the original host shared its dict
+                # between handlers), never the caller's live dict.
+                (self._shared or self._start_shared()).put(
+                    (event, _private_copy(context), loop, None, sync))
+            except Exception as exc:  # never into the gateway
+                log.error("[hooks] in-gateway hooks not run for '%s': %r", event, exc)
+        for hook in asyncs:
+            try:
+                if running_here:
                     task = loop.create_task(hook.call_async(event, context))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -512,6 +623,38 @@ class InGatewayHooks:
                                 "known yet", hook.name, event)
             except Exception as exc:  # never into the gateway
                 log.error("[hooks] %s not run for '%s': %r", hook.name, event, exc)
+
+    def _start_shared(self) -> _Lane:
+        """The sync handlers' shared lane, and the watchdog that hands a stuck one over."""
+        lane = _Lane("in-gateway", self._capacity)
+        lane.on_wake = self._unpark
+        self._shared = lane
+        threading.Thread(target=self._watch, args=(lane,), daemon=True,
+                         name="hermes-hooks-watchdog").start()
+        return lane
+
+    def _unpark(self) -> None:
+        if self._parked:
+            self._parked = False
+            self._unparked.set()
+
+    def _watch(self, lane: _Lane) -> None:
+        """Every ``_WATCH_EVERY`` s while the shared lane works: hand a call that overran
+        ``DETACH_AFTER`` over (``_Lane.detach``). Sleeps while the lane is idle."""
+        quiet_since = time.monotonic()
+        while True:
+            time.sleep(_WATCH_EVERY)
+            lane.detach(DETACH_AFTER)
+            now = time.monotonic()
+            if not lane.idle or lane.call is not None:
+                quiet_since = now
+            elif now - quiet_since > _WATCH_PARK_AFTER:
+                self._unparked.clear()
+                self._parked = True
+                if lane.idle:  # else it was woken before it could see _parked
+                    self._unparked.wait()
+                self._parked = False
+                quiet_since = time.monotonic()
 
     # ------------------------------------------------------------------ emit_collect
 
@@ -539,7 +682,8 @@ class InGatewayHooks:
                         loop.call_soon_threadsafe(settle)
                     except RuntimeError:  # loop closed meanwhile
                         pass
-                hook.submit(event, context, loop, done)
+                (self._shared or self._start_shared()).put(
+                    (event, _private_copy(context), loop, done, (hook,)))
                 waits.append(_bounded(fut, hook, limit))
         outcomes = await asyncio.gather(*waits, return_exceptions=True)
         results, errors = [], []

@@ -24,7 +24,7 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hermes_hooks import HookRegistry, check_event_name, parse_address, resolve_address  # noqa: E402
-from hermes_hooks import _transport  # noqa: E402
+from hermes_hooks import _ingateway, _transport  # noqa: E402
 from hermes_hooks.registry import encode_event  # noqa: E402
 
 TIMEOUT = 20.0
@@ -201,6 +201,70 @@ class NoServiceTest(unittest.TestCase):
         _, status = os.waitpid(pid, 0)
         self.assertEqual(os.WEXITSTATUS(status), 0)
         self.assertEqual(registry.pending, 1)
+
+
+def _sync_hooks(specs):
+    """InGatewayHooks over sync handlers on event ``x`` (no import): ``specs`` is a list of
+    (name, handle); returns the registry's in-gateway part."""
+    hooks = _ingateway.InGatewayHooks()
+    for name, handle in specs:
+        hooks._hooks[name] = _ingateway._Hook({"name": name}, handle, None)
+    hooks._order = [(name, _ingateway._Patterns(["x"])) for name, _ in specs]
+    return hooks
+
+
+class InGatewayLaneTest(unittest.TestCase):
+    """Sync in-gateway handlers share one thread; one that overruns gets its own (issue 22)."""
+
+    def test_ten_sync_hooks_share_one_thread_and_keep_their_order(self) -> None:
+        seen = []
+        threads = set()
+
+        def make(name):
+            def handle(event, context):
+                threads.add(threading.current_thread().name)
+                seen.append((name, context["i"]))
+            return handle
+        hooks = _sync_hooks([("h%d" % n, make("h%d" % n)) for n in range(10)])
+        for i in range(100):
+            hooks.dispatch("x", {"i": i})
+        eventually(lambda: len(seen) == 1000, "every call")
+        self.assertEqual(threads, {"hermes-hook-in-gateway"})
+        for n in range(10):
+            self.assertEqual([i for name, i in seen if name == "h%d" % n], list(range(100)))
+
+    def test_a_slow_hook_gets_its_own_thread_and_delays_only_itself(self) -> None:
+        seen = []
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        def fast(event, context):
+            seen.append(("fast", context["i"]))
+
+        def slow(event, context):
+            if context["i"] == 1:
+                release.wait(TIMEOUT)  # blocks until the test has seen the others go on
+            seen.append(("slow", context["i"]))
+        hooks = _sync_hooks([("slow", slow), ("fast", fast)])
+        with self.assertLogs("hermes_hooks", level="WARNING") as logs:
+            started = time.monotonic()
+            for i in range(5):
+                hooks.dispatch("x", {"i": i})
+            # The fast hook's events do not wait for the blocked call (handed over after
+            # DETACH_AFTER), and the slow hook's later events wait for it, in order.
+            eventually(lambda: [i for name, i in seen if name == "fast"] == list(range(5)),
+                       "the fast hook's events while the slow one blocks")
+            self.assertLess(time.monotonic() - started, TIMEOUT / 2)
+            self.assertEqual([i for name, i in seen if name == "slow"], [0])
+            release.set()
+            eventually(lambda: [i for name, i in seen if name == "slow"] == list(range(5)),
+                       "the slow hook's events, in order")
+        self.assertTrue(any("slow has run for over" in line for line in logs.output), logs.output)
+        # Later events of the slow hook go to its own thread, the others stay on the shared one.
+        hooks.dispatch("x", {"i": 5})
+        eventually(lambda: ("slow", 5) in seen and ("fast", 5) in seen, "the next event")
+        self.assertIsNotNone(hooks._hooks["slow"].lane)
+        self.assertIsNone(hooks._hooks["fast"].lane)
 
 
 class _Handler(BaseHTTPRequestHandler):

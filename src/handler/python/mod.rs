@@ -388,7 +388,7 @@ impl PythonHandler {
             .arg(&self.ctx.dir)
             .arg(handler)
             .arg(&self.ctx.name);
-        let mut child = cmd.spawn().map_err(|e| {
+        let mut child = crate::priority::spawn_at_base(move || cmd.spawn()).map_err(|e| {
             HandlerError::Load(format!(
                 "cannot start Python interpreter {:?}: {e}",
                 self.ctx.python

@@ -323,8 +323,7 @@ fn start(
     if let Some(dir) = runner.parent() {
         cmd.current_dir(dir);
     }
-    let mut child = cmd
-        .spawn()
+    let mut child = crate::priority::spawn_at_base(move || cmd.spawn())
         .map_err(|e| format!("cannot start Python interpreter {python:?}: {e}"))?;
     let zygote = Arc::new(Zygote {
         python: python.to_string(),
