@@ -310,7 +310,7 @@ fn per_hook_families(
         e,
         hooks,
         "dropped",
-        "Events dropped by a full queue.",
+        "Events dropped by a full queue, or collects dropped unstarted because their caller gave up.",
         None,
         counter,
         |h| ConstCounter::new(load(&h.stats.dropped)),

@@ -74,17 +74,13 @@ impl LoadedHook {
 
     /// A hook with an empty queue that reports to `notices`; `signals` are its handler's.
     pub fn new_with(spec: HookSpec, notices: Notices, signals: Arc<Signals>) -> Arc<Self> {
+        let stats = Arc::new(HookStats::default());
         let queue = Arc::new(HookQueue::new(
             spec.manifest.queue_capacity,
             spec.manifest.overflow,
+            stats.clone(),
         ));
-        Self::with_queue(
-            spec,
-            queue,
-            Arc::new(HookStats::default()),
-            notices,
-            signals,
-        )
+        Self::with_queue(spec, queue, stats, notices, signals)
     }
 
     /// The next version of `prev`: same queue and counters, new spec and handler.

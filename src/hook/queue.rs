@@ -1,13 +1,14 @@
 //! A hook's bounded FIFO of [`Job`]s, with its overflow policy; one consumer (the hook's worker).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{Notify, oneshot};
 
+use super::stats::HookStats;
 use crate::manifest::Overflow;
 
 /// What one handler invocation produced, as reported to a waiting `emit_collect`.
@@ -63,13 +64,15 @@ struct QueueState {
 }
 
 impl QueueState {
-    /// The first job someone still waits for; abandoned collects before it are dropped.
-    fn pop_live(&mut self) -> Option<Job> {
+    /// The first job someone still waits for; abandoned collects before it are dropped and
+    /// counted in `dropped` (they were accepted, so the hook's counters must account for them).
+    fn pop_live(&mut self, dropped: &AtomicU64) -> Option<Job> {
         loop {
             let job = self.jobs.pop_front()?;
             if !job.abandoned() {
                 return Some(job);
             }
+            dropped.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(event = %job.event, "a collect whose caller gave up is dropped before it started");
         }
     }
@@ -85,11 +88,13 @@ pub struct HookQueue {
     trim_pending: AtomicBool,
     /// Overflow policy (0 = drop_oldest, 1 = drop_newest), likewise.
     overflow: AtomicU8,
+    /// The hook's counters: a collect dropped because its caller gave up counts as `dropped`.
+    stats: Arc<HookStats>,
 }
 
 impl HookQueue {
-    /// An empty queue.
-    pub fn new(capacity: usize, overflow: Overflow) -> Self {
+    /// An empty queue counting what it drops in `stats`.
+    pub fn new(capacity: usize, overflow: Overflow, stats: Arc<HookStats>) -> Self {
         Self {
             state: Mutex::new(QueueState {
                 jobs: VecDeque::new(),
@@ -99,6 +104,7 @@ impl HookQueue {
             capacity: AtomicUsize::new(capacity.max(1)),
             trim_pending: AtomicBool::new(false),
             overflow: AtomicU8::new(overflow as u8),
+            stats,
         }
     }
 
@@ -158,7 +164,7 @@ impl HookQueue {
         loop {
             {
                 let mut st = self.lock();
-                if let Some(job) = st.pop_live() {
+                if let Some(job) = st.pop_live(&self.stats.dropped) {
                     if shrink_if_drained(&mut st.jobs) {
                         self.trim_pending.store(true, Ordering::Relaxed);
                     }
@@ -202,7 +208,7 @@ impl HookQueue {
     /// The next queued job, without waiting.
     pub fn try_pop(&self) -> Option<Job> {
         let mut st = self.lock();
-        let job = st.pop_live()?;
+        let job = st.pop_live(&self.stats.dropped)?;
         if shrink_if_drained(&mut st.jobs) {
             self.trim_pending.store(true, Ordering::Relaxed);
         }
@@ -214,7 +220,7 @@ impl HookQueue {
         let mut st = self.lock();
         let mut jobs = Vec::with_capacity(max.min(st.jobs.len()));
         while jobs.len() < max
-            && let Some(job) = st.pop_live()
+            && let Some(job) = st.pop_live(&self.stats.dropped)
         {
             jobs.push(job);
         }

@@ -65,7 +65,8 @@ pub struct HookStats {
     pub failed: AtomicU64,
     /// Invocations that exceeded the timeout (also counted in `failed`).
     pub timeouts: AtomicU64,
-    /// Events dropped by the overflow policy.
+    /// Events dropped by the overflow policy, and collects dropped before they started because
+    /// their caller gave up (deadline passed or went away).
     pub dropped: AtomicU64,
     /// Worker restarts.
     pub restarts: AtomicU64,

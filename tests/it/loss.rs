@@ -326,3 +326,43 @@ fn waiting_events_that_fail_are_logged_once() {
     let (_, v) = serve.get(&format!("/v1/hooks/{name}"));
     assert_eq!(v["counters"]["failed"], 11, "{v}");
 }
+
+/// A collect whose deadline passes while its event waits in the hook's queue is not run (work for
+/// nobody), and the hook's counters still account for it: `dropped`, so that
+/// `accepted = ok + failed + dropped + undelivered` holds (the chaos soak found it missing).
+#[tokio::test]
+async fn an_abandoned_local_collect_is_not_run_and_counts_as_dropped() {
+    let hooks = Hooks::new();
+    let runs = hooks.out().join("runs");
+    hooks.exec(
+        "slow",
+        "[\"x:*\"]",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\necho ran >> '{}'\nsleep 1\necho null\n",
+            runs.display()
+        ),
+    );
+    let (host, report) = Host::start(config(&hooks)).await;
+    assert_eq!(report.started, vec!["slow".to_string()], "{report:?}");
+    // The first collect starts the hook; the next three wait behind it past their deadline.
+    let collect = || host.emit_collect("x:go", json!({}), Duration::from_millis(200));
+    let (a, b, c, d) = tokio::join!(collect(), collect(), collect(), collect());
+    for out in [a, b, c, d] {
+        let out = out.unwrap();
+        assert!(out.iter().all(|o| o.result.is_err()), "{out:?}");
+    }
+    let tally = poll_async(T, "every event settled", || {
+        let t = *host.accounts().get("slow")?;
+        (t.accepted == 4 && t.ok + t.failed + t.dropped == 4).then_some(t)
+    })
+    .await;
+    host.shutdown(T).await;
+    assert_eq!(
+        tally.ok, 1,
+        "only the collect that had started ran: {tally:?}"
+    );
+    assert_eq!(tally.dropped, 3, "{tally:?}");
+    assert!(tally.balanced(), "{tally:?}");
+    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert_eq!(ran.lines().count(), 1, "the handler ran {ran:?}");
+}
