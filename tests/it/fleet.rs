@@ -1434,11 +1434,13 @@ fn collect_names_a_hook_whose_worker_is_gone() {
     );
 }
 
-/// Issue 21: an ordered hook has one active puller (a lease) and many events in flight; when
-/// the puller is SIGKILLed mid-stream the other worker takes over and the order holds (every
-/// event's first handling in publish order).
+/// Issue 21: an ordered hook has one active puller (a lease) and many events in flight, and its
+/// consumer acknowledges cumulatively (the highest sequence below which everything ran); when
+/// the puller is SIGKILLed mid-stream, with most events waiting in its local queue (delivered,
+/// not run), the other worker takes over, every event runs and the order holds (every event's
+/// first handling in publish order): no acknowledgement covered an event that had not run.
 #[test]
-fn order_holds_when_the_active_puller_is_killed() {
+fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -1448,20 +1450,30 @@ fn order_holds_when_the_active_puller_is_killed() {
     let mut b = worker(&hooks, &nats, "wb");
     let edge = edge(&hooks, &nats.url(), &[]);
     wait_for_fleet(&edge, "strict", &["wa", "wb"]);
-    let (status, body) = post_batch(&edge, 0..150, json!({"pause": 0.01}));
+    assert_eq!(
+        crate::fleet_tp::ack_policy(&nats, "hermes.ev.e.agent.step"),
+        async_nats::jetstream::consumer::AckPolicy::All,
+        "an ordered hook's consumer acknowledges cumulatively"
+    );
+    let (status, body) = post_batch(&edge, 0..300, json!({"pause": 0.01}));
     assert_eq!(status, 202, "{body}");
     let first = poll(Duration::from_secs(30), "some events handled", || {
         let r = records(&hooks, "strict");
-        (r.len() >= 20).then_some(r)
+        (r.len() >= 40).then_some(r)
     });
     let holder = first[0]["w"].as_str().unwrap().to_string();
     let victim = if holder == "wa" { &mut a } else { &mut b };
     signal(victim.child.id(), libc::SIGKILL);
     let _ = victim.child.wait();
-    let recs = poll(Duration::from_secs(60), "150 events handled", || {
+    let recs = poll(Duration::from_secs(90), "300 events handled", || {
         let r = records(&hooks, "strict");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 150).then_some(r)
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 300).then_some(r)
     });
+    let by_holder = recs.iter().filter(|r| r["w"] == holder.as_str()).count();
+    assert!(
+        by_holder < 300,
+        "the holder was killed before it ran everything ({by_holder})"
+    );
     let mut seen = HashSet::new();
     let firsts: Vec<u64> = handled_ns(&recs)
         .into_iter()
@@ -1469,8 +1481,8 @@ fn order_holds_when_the_active_puller_is_killed() {
         .collect();
     assert_eq!(
         firsts,
-        (0..150).collect::<Vec<_>>(),
-        "first handlings in publish order across the hand-over"
+        (0..300).collect::<Vec<_>>(),
+        "every event ran, first handlings in publish order across the hand-over"
     );
     assert!(
         recs.iter().any(|r| r["w"] != holder.as_str()),

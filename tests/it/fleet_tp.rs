@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 
 use crate::fleet::{
     NatsServer, assert_duplicates_are_redeliveries, dead_cmd, edge, handled_ns, post_batch,
-    recording_hook, records, wait_for_fleet, worker,
+    recording_hook, records, wait_for_fleet,
 };
-use crate::util::{Hooks, Serve, bin, poll, read_jsonl, signal};
+use crate::util::{Hooks, Serve, bin, poll, read_jsonl};
 
 /// A worker whose first retry waits `backoff_ms` (the second twice that).
 fn slow_retry_worker(hooks: &Hooks, nats: &NatsServer, id: &str, backoff_ms: u64) -> Serve {
@@ -111,7 +111,10 @@ fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_the
 }
 
 /// The acknowledgement policy of the consumer of the hook whose filter is `filter`.
-fn ack_policy(nats: &NatsServer, filter: &str) -> async_nats::jetstream::consumer::AckPolicy {
+pub(crate) fn ack_policy(
+    nats: &NatsServer,
+    filter: &str,
+) -> async_nats::jetstream::consumer::AckPolicy {
     use futures_util::StreamExt;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -130,56 +133,6 @@ fn ack_policy(nats: &NatsServer, filter: &str) -> async_nats::jetstream::consume
         }
         panic!("no consumer on {filter}");
     })
-}
-
-#[test]
-fn an_ordered_hooks_cumulative_acks_cover_only_what_ran_when_its_worker_is_killed() {
-    let Some(nats) = NatsServer::start() else {
-        return;
-    };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "strict", r#"["agent:step"]"#, "");
-    let mut a = worker(&hooks, &nats, "wa");
-    let mut b = worker(&hooks, &nats, "wb");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "strict", &["wa", "wb"]);
-    assert_eq!(
-        ack_policy(&nats, "hermes.ev.e.agent.step"),
-        async_nats::jetstream::consumer::AckPolicy::All,
-        "an ordered hook's consumer acknowledges cumulatively"
-    );
-    // 300 events of 10 ms each: when the holder is killed most of them wait in its local queue
-    // (delivered, not run) behind the acknowledged ones.
-    let (status, body) = post_batch(&edge, 0..300, json!({"pause": 0.01}));
-    assert_eq!(status, 202, "{body}");
-    let first = poll(Duration::from_secs(30), "some events handled", || {
-        let r = records(&hooks, "strict");
-        (r.len() >= 40).then_some(r)
-    });
-    let holder = first[0]["w"].as_str().unwrap().to_string();
-    let victim = if holder == "wa" { &mut a } else { &mut b };
-    signal(victim.child.id(), libc::SIGKILL);
-    let _ = victim.child.wait();
-    let recs = poll(Duration::from_secs(90), "300 events handled", || {
-        let r = records(&hooks, "strict");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 300).then_some(r)
-    });
-    let by_holder = recs.iter().filter(|r| r["w"] == holder.as_str()).count();
-    assert!(
-        by_holder < 300,
-        "the holder was killed before it ran everything ({by_holder})"
-    );
-    let mut seen = HashSet::new();
-    let firsts: Vec<u64> = handled_ns(&recs)
-        .into_iter()
-        .filter(|n| seen.insert(*n))
-        .collect();
-    assert_eq!(
-        firsts,
-        (0..300).collect::<Vec<_>>(),
-        "every event ran, first handlings in publish order"
-    );
-    assert_duplicates_are_redeliveries(&recs);
 }
 
 #[test]
