@@ -300,6 +300,24 @@ def handle(event, context):
     );
 }
 
+/// A broker, a recording hook `name` on `events` (with `extra_yaml`), one worker `id` serving it
+/// and an edge that sees the worker; None when no nats-server is installed (the test is skipped,
+/// as every fleet test).
+pub(crate) fn one_worker(
+    name: &str,
+    events: &str,
+    extra_yaml: &str,
+    id: &str,
+) -> Option<(NatsServer, Hooks, Serve, Serve)> {
+    let nats = NatsServer::start()?;
+    let hooks = Hooks::new();
+    recording_hook(&hooks, name, events, extra_yaml);
+    let worker = worker(&hooks, &nats, id);
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, name, &[id]);
+    Some((nats, hooks, worker, edge))
+}
+
 pub(crate) fn records(hooks: &Hooks, name: &str) -> Vec<Value> {
     read_jsonl(&hooks.out().join(format!("{name}.jsonl")))
 }
@@ -655,14 +673,11 @@ asyncio.run(main())
 
 #[test]
 fn the_edge_killed_after_202_loses_nothing() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, hooks, _w, mut edge)) =
+        one_worker("keeper", r#"["agent:*"]"#, "concurrency: 8\n", "wa")
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "keeper", r#"["agent:*"]"#, "concurrency: 8\n");
-    let _w = worker(&hooks, &nats, "wa");
-    let mut edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "keeper", &["wa"]);
     for chunk in 0..4 {
         let (status, body) = post_batch(&edge, chunk * 100..chunk * 100 + 100, json!({}));
         assert_eq!(status, 202, "{body}");
@@ -878,14 +893,9 @@ pub(crate) fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
 
 #[test]
 fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, hooks, _w, edge)) = one_worker("first", r#"["agent:*"]"#, "", "wa") else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "first", r#"["agent:*"]"#, "");
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "first", &["wa"]);
 
     // An executable hook appears: hot reload starts it and its consumer.
     let seen = hooks.out().join("exec.jsonl");
@@ -1132,14 +1142,10 @@ fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handl
 /// "already done" memory must not take the new events for old ones.
 #[test]
 fn a_broker_back_with_an_empty_store_loses_nothing() {
-    let Some(mut nats) = NatsServer::start() else {
+    let Some((mut nats, hooks, _w, edge)) = one_worker("amnesia", r#"["agent:*"]"#, "", "wa")
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "amnesia", r#"["agent:*"]"#, "");
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "amnesia", &["wa"]);
     let (status, body) = post_batch(&edge, 0..16, json!({}));
     assert_eq!(status, 202, "{body}");
     poll(Duration::from_secs(30), "16 events handled", || {
@@ -1343,14 +1349,9 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
 /// is the broker's de-duplication id: resent after a lost answer, it is stored and run once.
 #[test]
 fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, hooks, _w, edge)) = one_worker("idem", r#"["agent:*"]"#, "", "wa") else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "idem", r#"["agent:*"]"#, "");
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "idem", &["wa"]);
     for _ in 0..2 {
         let (status, body) = edge.post(
             "/v1/events",
@@ -1495,14 +1496,9 @@ fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
 /// the worker's /metrics carries its fleet counters per hook.
 #[test]
 fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, _hooks, w, edge)) = one_worker("counted", r#"["agent:*"]"#, "", "wa") else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "counted", r#"["agent:*"]"#, "");
-    let w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "counted", &["wa"]);
     let (status, _) = post_batch(&edge, 0..3, json!({}));
     assert_eq!(status, 202);
     let metrics = |s: &Serve| {
@@ -2016,14 +2012,9 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 
 #[test]
 fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again() {
-    let Some(mut nats) = NatsServer::start() else {
+    let Some((mut nats, hooks, w, edge)) = one_worker("once", r#"["agent:*"]"#, "", "wa") else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "once", r#"["agent:*"]"#, "");
-    let w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "once", &["wa"]);
     let handled = |n: usize| {
         poll(
             Duration::from_secs(60),
