@@ -82,6 +82,8 @@ pub(crate) mod scaffold;
 pub mod server;
 pub mod service;
 pub(crate) mod sink;
+#[cfg(test)]
+mod testing;
 pub(crate) mod text;
 pub(crate) mod time;
 pub(crate) mod trust;

@@ -146,6 +146,7 @@ pub fn parse_handshake(line: &[u8]) -> Result<(), HandlerError> {
 mod tests {
     use std::sync::Arc;
 
+    use crate::testing::any_json;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -236,24 +237,6 @@ mod tests {
                 String::from_utf8_lossy(other)
             );
         }
-    }
-
-    /// A JSON value of any shape, small.
-    fn any_json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(|n| json!(n)),
-            any::<f64>().prop_map(|f| json!(f)),
-            "\\PC{0,16}".prop_map(Value::String),
-        ];
-        leaf.prop_recursive(3, 24, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                prop::collection::btree_map("[a-z_]{0,8}", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
     }
 
     // Moved from tests/it/fuzz.rs (same case count): any line the runner might write is an
