@@ -476,21 +476,31 @@ def needs_loop(hook_dir, handler_path, files):
     return False
 
 
+def answer_lines(handle, hook_name, lines):
+    """Answers the request lines in order (a retiring worker skips them) up to the first whose
+    ``handle`` returned an awaitable: ``(that answer's coroutine, the lines after it)``, or
+    ``(None, [])`` when every line was answered."""
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        if _retiring:
+            skip(line)
+            continue
+        pending = answer(handle, hook_name, line)
+        if pending is not None:
+            return pending, lines[i + 1:]
+    return None, []
+
+
 def serve_blocking(handle, hook_name, reader, lines):
     """Answers requests in order with no event loop: each line read from the pipe (blocking) is
     answered before the next is read. Returns ``(None, None)`` at EOF; when ``handle`` returned an
     awaitable, returns ``(that answer's coroutine, the request lines after it)``: the caller
     continues on an event loop."""
     while True:
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            if _retiring:
-                skip(line)
-                continue
-            pending = answer(handle, hook_name, line)
-            if pending is not None:
-                return pending, lines[i + 1:]
+        pending, rest = answer_lines(handle, hook_name, lines)
+        if pending is not None:
+            return pending, rest
         try:
             lines = reader.read_lines()
         except (OSError, ValueError) as exc:
@@ -552,13 +562,8 @@ async def serve(hook_dir, handler_path, hook_name, reader, early, files, handle=
         lines = await queue.get()
         if lines is None:
             break
-        for line in lines:
-            if not line.strip():
-                continue
-            if _retiring:
-                skip(line)
-                continue
-            pending = answer(handle, hook_name, line)
+        while lines:
+            pending, lines = answer_lines(handle, hook_name, lines)
             if pending is not None:
                 await pending
     # stdin closed: give the work handlers started (and the work that work starts) a short grace.
