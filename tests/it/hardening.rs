@@ -38,13 +38,7 @@ async fn replaced_helper_never_runs_under_an_approval() {
         "def value():\n    return 'approved'\n",
     )
     .unwrap();
-    approve(&hooks, "h");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["h"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!("approved")))
-    );
+    let host = approved_host(&hooks, "h", "x:go", json!("approved")).await;
 
     std::fs::write(
         dir.join("helper.py"),
@@ -107,13 +101,7 @@ async fn replaced_helper_never_runs_after_a_timeout_restart() {
             ("helper.py", "def value():\n    return 'approved'\n"),
         ],
     );
-    approve(&hooks, "slow");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["slow"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!("approved")))
-    );
+    let host = approved_host(&hooks, "slow", "x:go", json!("approved")).await;
     std::fs::write(
         dir.join("helper.py"),
         "def value():\n    return 'injected'\n",

@@ -51,13 +51,7 @@ async fn row_2_sourced_files_of_any_name_are_covered() {
         "BEGIN { printf \"\\\"%s-awk\\\"\\n\", v }\n",
     )
     .unwrap();
-    approve(&hooks, "e");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["e"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!("approved-awk")))
-    );
+    let host = approved_host(&hooks, "e", "x:go", json!("approved-awk")).await;
     for (file, injected) in [
         ("lib.bash", "value() { echo injected; }\n"),
         ("fmt.awk", "BEGIN { printf \"\\\"injected\\\"\\n\" }\n"),
@@ -161,13 +155,7 @@ async fn row_1_planted_bytecode_cache_never_runs() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     std::fs::remove_dir_all(&planted).unwrap();
-    approve(&hooks, "h");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["h"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!("approved")))
-    );
+    let host = approved_host(&hooks, "h", "x:go", json!("approved")).await;
     host.shutdown(T).await;
 }
 
@@ -428,13 +416,7 @@ async fn checked_imports_keep_packages_working() {
             ("state/planted.py", "raise SystemExit('data ran')\n"),
         ],
     );
-    approve(&hooks, "pk");
-    let (host, report) = start(&hooks, TrustMode::Explicit).await;
-    assert_eq!(report.loaded, vec!["pk"], "{report:#?}");
-    assert_eq!(
-        collect_one(&host, "x:go", json!({})).await,
-        Ok(Some(json!(["pkg", "ns", "sub.py"])))
-    );
+    let host = approved_host(&hooks, "pk", "x:go", json!(["pkg", "ns", "sub.py"])).await;
     let err = collect_one(&host, "x:data", json!({}))
         .await
         .expect_err("a module under a data directory is not imported");
