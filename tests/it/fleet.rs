@@ -300,22 +300,22 @@ def handle(event, context):
     );
 }
 
-/// A broker, a recording hook `name` on `events` (with `extra_yaml`), one worker `id` serving it
-/// and an edge that sees the worker; None when no nats-server is installed (the test is skipped,
-/// as every fleet test).
-pub(crate) fn one_worker(
+/// A broker, a recording hook `name` on `events` (with `extra_yaml`), a worker serving it for
+/// each id in `ids` and an edge that sees them all; None when no nats-server is installed (the
+/// test is skipped, as every fleet test).
+pub(crate) fn fleet_of<const N: usize>(
     name: &str,
     events: &str,
     extra_yaml: &str,
-    id: &str,
-) -> Option<(NatsServer, Hooks, Serve, Serve)> {
+    ids: [&str; N],
+) -> Option<(NatsServer, Hooks, [Serve; N], Serve)> {
     let nats = NatsServer::start()?;
     let hooks = Hooks::new();
     recording_hook(&hooks, name, events, extra_yaml);
-    let worker = worker(&hooks, &nats, id);
+    let workers = ids.map(|id| worker(&hooks, &nats, id));
     let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, name, &[id]);
-    Some((nats, hooks, worker, edge))
+    wait_for_fleet(&edge, name, &ids);
+    Some((nats, hooks, workers, edge))
 }
 
 pub(crate) fn records(hooks: &Hooks, name: &str) -> Vec<Value> {
@@ -363,15 +363,11 @@ pub(crate) fn handled_ns(recs: &[Value]) -> Vec<u64> {
 
 #[test]
 fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, hooks, [mut a, mut b], edge)) =
+        fleet_of("shared", r#"["agent:*"]"#, "concurrency: 4\n", ["wa", "wb"])
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "shared", r#"["agent:*"]"#, "concurrency: 4\n");
-    let mut a = worker(&hooks, &nats, "wa");
-    let mut b = worker(&hooks, &nats, "wb");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "shared", &["wa", "wb"]);
 
     let (status, body) = post_batch(&edge, 0..40, json!({"pause": 0.02}));
     assert_eq!(status, 202, "{body}");
@@ -436,15 +432,11 @@ fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
 
 #[test]
 fn order_per_hook_holds_with_two_workers() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, hooks, [_a, _b], edge)) =
+        fleet_of("ordered", r#"["agent:step"]"#, "", ["wa", "wb"])
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "ordered", r#"["agent:step"]"#, "");
-    let _a = worker(&hooks, &nats, "wa");
-    let _b = worker(&hooks, &nats, "wb");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "ordered", &["wa", "wb"]);
     for chunk in 0..3 {
         let (status, body) = post_batch(&edge, chunk * 20..chunk * 20 + 20, json!({}));
         assert_eq!(status, 202, "{body}");
@@ -673,8 +665,8 @@ asyncio.run(main())
 
 #[test]
 fn the_edge_killed_after_202_loses_nothing() {
-    let Some((_nats, hooks, _w, mut edge)) =
-        one_worker("keeper", r#"["agent:*"]"#, "concurrency: 8\n", "wa")
+    let Some((_nats, hooks, [_w], mut edge)) =
+        fleet_of("keeper", r#"["agent:*"]"#, "concurrency: 8\n", ["wa"])
     else {
         return;
     };
@@ -893,7 +885,7 @@ pub(crate) fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
 
 #[test]
 fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
-    let Some((_nats, hooks, _w, edge)) = one_worker("first", r#"["agent:*"]"#, "", "wa") else {
+    let Some((_nats, hooks, [_w], edge)) = fleet_of("first", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
     };
 
@@ -941,15 +933,11 @@ fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
 
 #[test]
 fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_others() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((_nats, hooks, [mut a, mut b], edge)) =
+        fleet_of("graceful", r#"["agent:*"]"#, "", ["wa", "wb"])
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "graceful", r#"["agent:*"]"#, "");
-    let mut a = worker(&hooks, &nats, "wa");
-    let mut b = worker(&hooks, &nats, "wb");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "graceful", &["wa", "wb"]);
     let (status, _) = edge.post(
         "/v1/events",
         &json!({"event": "agent:start", "context": {"n": 1, "pause": 1.0}}),
@@ -1092,15 +1080,11 @@ fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
 /// dies with its worker instead of finishing the event as an orphan.
 #[test]
 fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handler_dies() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((nats, hooks, [mut a, mut b], edge)) =
+        fleet_of("once", r#"["agent:*"]"#, "retries: 0\n", ["wa", "wb"])
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "once", r#"["agent:*"]"#, "retries: 0\n");
-    let mut a = worker(&hooks, &nats, "wa");
-    let mut b = worker(&hooks, &nats, "wb");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "once", &["wa", "wb"]);
     let (status, _) = edge.post(
         "/v1/events",
         &json!({"event": "agent:start", "context": {"n": 5, "slow": true}}),
@@ -1142,7 +1126,7 @@ fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handl
 /// "already done" memory must not take the new events for old ones.
 #[test]
 fn a_broker_back_with_an_empty_store_loses_nothing() {
-    let Some((mut nats, hooks, _w, edge)) = one_worker("amnesia", r#"["agent:*"]"#, "", "wa")
+    let Some((mut nats, hooks, [_w], edge)) = fleet_of("amnesia", r#"["agent:*"]"#, "", ["wa"])
     else {
         return;
     };
@@ -1349,7 +1333,7 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
 /// is the broker's de-duplication id: resent after a lost answer, it is stored and run once.
 #[test]
 fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
-    let Some((_nats, hooks, _w, edge)) = one_worker("idem", r#"["agent:*"]"#, "", "wa") else {
+    let Some((_nats, hooks, [_w], edge)) = fleet_of("idem", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
     };
     for _ in 0..2 {
@@ -1442,15 +1426,11 @@ fn collect_names_a_hook_whose_worker_is_gone() {
 /// first handling in publish order): no acknowledgement covered an event that had not run.
 #[test]
 fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
-    let Some(nats) = NatsServer::start() else {
+    let Some((nats, hooks, [mut a, mut b], edge)) =
+        fleet_of("strict", r#"["agent:step"]"#, "", ["wa", "wb"])
+    else {
         return;
     };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "strict", r#"["agent:step"]"#, "");
-    let mut a = worker(&hooks, &nats, "wa");
-    let mut b = worker(&hooks, &nats, "wb");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "strict", &["wa", "wb"]);
     assert_eq!(
         crate::fleet_tp::ack_policy(&nats, "hermes.ev.e.agent.step"),
         async_nats::jetstream::consumer::AckPolicy::All,
@@ -1496,7 +1476,7 @@ fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
 /// the worker's /metrics carries its fleet counters per hook.
 #[test]
 fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
-    let Some((_nats, _hooks, w, edge)) = one_worker("counted", r#"["agent:*"]"#, "", "wa") else {
+    let Some((_nats, _hooks, [w], edge)) = fleet_of("counted", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
     };
     let (status, _) = post_batch(&edge, 0..3, json!({}));
@@ -2012,7 +1992,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 
 #[test]
 fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again() {
-    let Some((mut nats, hooks, w, edge)) = one_worker("once", r#"["agent:*"]"#, "", "wa") else {
+    let Some((mut nats, hooks, [w], edge)) = fleet_of("once", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
     };
     let handled = |n: usize| {
