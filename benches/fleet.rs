@@ -5,7 +5,8 @@
 //! mode; the broker's own publish-and-consume rate (a JetStream client publishing and a pull
 //! consumer acknowledging at once, no hermes-hooks) in the same run; rounds alternate. Then
 //! (unless FLEET_BENCH_THROUGHPUT_ONLY is set) end-to-end latency p50/p99 and the failover time
-//! of an event whose worker is SIGKILLed mid-handler.
+//! of an event whose worker is SIGKILLed mid-handler. FLEET_BENCH_CPU prints the CPU time per
+//! event of nats-server, the edge and the worker of each fleet run (and of nats-server alone).
 
 mod common;
 
@@ -62,6 +63,35 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// CPU seconds (user + system, its reaped children included) process `pid` has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name: state is field 3; utime..cstime are 14..17.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// CPU microseconds per event of each named process over `f`.
+fn cpu_per_event<T>(procs: &[(&str, u32)], events: usize, f: impl FnOnce() -> T) -> (T, String) {
+    let before: Vec<f64> = procs.iter().map(|(_, p)| cpu_secs(*p)).collect();
+    let out = f();
+    let per: Vec<String> = procs
+        .iter()
+        .zip(before)
+        .map(|((name, p), b)| format!("{name} {:.1}", (cpu_secs(*p) - b) / events as f64 * 1e6))
+        .collect();
+    (out, per.join(", "))
 }
 
 /// The nats-server binary: `HERMES_NATS_SERVER`, else on PATH, else /usr/sbin.
@@ -195,15 +225,17 @@ fn batch(n: usize, first: usize) -> Vec<u8> {
 }
 
 /// Sends `total` events in batches of 1,000 to `edge`, returns events/s until `done` says all
-/// were handled.
+/// were handled. The request bodies are written before the clock starts (as the broker-alone
+/// baseline's message is): the figure is the service's, not the bench client's JSON writing.
 fn run_load(edge: &str, total: usize, done: impl Fn() -> u64) -> f64 {
+    let bodies: Vec<Vec<u8>> = (0..total)
+        .step_by(1000)
+        .map(|first| batch((total - first).min(1000), first))
+        .collect();
     let start = Instant::now();
-    let mut sent = 0;
-    while sent < total {
-        let n = (total - sent).min(1000);
-        let (status, v) = http(edge, "POST", "/v1/events/batch", &batch(n, sent));
+    for body in &bodies {
+        let (status, v) = http(edge, "POST", "/v1/events/batch", body);
         assert_eq!(status, 202, "{v}");
-        sent += n;
     }
     wait_until("every event handled", Duration::from_secs(600), || {
         done() >= total as u64
@@ -252,9 +284,17 @@ fn throughput(
                 .all(|h| h["workers"].as_array().map(|a| a.len()) == Some(workers))
     });
     let addrs: Vec<String> = ws.iter().map(|w| w.addr.clone()).collect();
-    run_load(&edge.addr, total, || {
-        addrs.iter().map(|a| ok_count(a)).sum()
-    })
+    let mut procs = vec![("nats-server", nats.child.id()), ("edge", edge.child.id())];
+    procs.extend(ws.iter().map(|w| ("worker", w.child.id())));
+    let (rate, cpu) = cpu_per_event(&procs, total, || {
+        run_load(&edge.addr, total, || {
+            addrs.iter().map(|a| ok_count(a)).sum()
+        })
+    });
+    if std::env::var_os("FLEET_BENCH_CPU").is_some() {
+        println!("  CPU us per event: {cpu}");
+    }
+    rate
 }
 
 fn local(dir: &Path, kind: Kind, total: usize) -> f64 {
@@ -504,10 +544,21 @@ fn main() {
         .unwrap_or(3);
     // Per workload: local, fleet, fleet beside 9 idle hooks; and the broker alone. Rounds
     // alternate the variants so that a load change on the shared machine hits them all.
-    let workloads = [
-        (Kind::Dylib, "no-op C library", 20_000usize),
-        (Kind::Python, "trivial Python", 20_000usize),
-    ];
+    // FLEET_BENCH_EVENTS (default 20,000) and FLEET_BENCH_KINDS (`c`, `python` or both, comma
+    // separated) make longer, narrower runs for profiling.
+    let events: usize = std::env::var("FLEET_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let kinds = std::env::var("FLEET_BENCH_KINDS").unwrap_or_else(|_| "c,python".into());
+    let workloads: Vec<(Kind, &str, usize)> = [
+        (Kind::Dylib, "no-op C library", "c"),
+        (Kind::Python, "trivial Python", "python"),
+    ]
+    .into_iter()
+    .filter(|(_, _, key)| kinds.split(',').any(|k| k.trim() == *key))
+    .map(|(kind, name, _)| (kind, name, events))
+    .collect();
     let mut figures: Vec<[Vec<f64>; 3]> = workloads.iter().map(|_| Default::default()).collect();
     let mut broker = Vec::new();
     for round in 0..rounds {
@@ -525,7 +576,12 @@ fn main() {
             figures[w][2].push(i);
         }
         let nats = Nats::start();
-        let b = broker_rate(&nats.url(), 20_000);
+        let (b, cpu) = cpu_per_event(&[("nats-server", nats.child.id())], events, || {
+            broker_rate(&nats.url(), events)
+        });
+        if std::env::var_os("FLEET_BENCH_CPU").is_some() {
+            println!("  CPU us per event: {cpu}");
+        }
         println!("round {round}: broker alone (publish + consume, JetStream file store): {b:.0}/s");
         broker.push(b);
     }
@@ -551,7 +607,9 @@ fn main() {
             i / f
         );
     }
-    println!("| broker alone: publish + consume at once, 20000 messages | | {b:.0} | | 1.00 | | |");
+    println!(
+        "| broker alone: publish + consume at once, {events} messages | | {b:.0} | | 1.00 | | |"
+    );
     if std::env::var_os("FLEET_BENCH_THROUGHPUT_ONLY").is_some() {
         return;
     }
