@@ -18,8 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::message::PublishMessage as Publish;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
@@ -38,10 +36,36 @@ pub const DEFAULT_BUFFER: usize = 100_000;
 pub const PUBLISH_WAIT: Duration = Duration::from_secs(5);
 
 struct Pending {
-    subject: String,
+    subject: async_nats::Subject,
     msg_id: String,
     payload: Bytes,
-    done: Option<oneshot::Sender<Result<(), SinkError>>>,
+    /// The accept waiting for this event (shared by a batch's events).
+    done: Option<Arc<Waiter>>,
+}
+
+/// One accept waiting for its events: answered once every one is stored, or at the first one
+/// refused (one channel per request, not one per event).
+struct Waiter {
+    left: AtomicUsize,
+    tx: Mutex<Option<oneshot::Sender<Result<(), SinkError>>>>,
+}
+
+impl Waiter {
+    fn new(events: usize) -> (Arc<Self>, oneshot::Receiver<Result<(), SinkError>>) {
+        let (tx, rx) = oneshot::channel();
+        let w = Self {
+            left: AtomicUsize::new(events),
+            tx: Mutex::new(Some(tx)),
+        };
+        (Arc::new(w), rx)
+    }
+
+    fn answer(&self, r: Result<(), SinkError>) {
+        let last = r.is_err() || self.left.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last && let Some(tx) = self.tx.lock().ok().and_then(|mut t| t.take()) {
+            let _ = tx.send(r);
+        }
+    }
 }
 
 struct Inner {
@@ -176,7 +200,7 @@ impl Edge {
             return Err(SinkError::TooLarge { size, limit });
         }
         Ok(Pending {
-            subject: self.inner.cfg.event_subject(&env.event),
+            subject: self.inner.cfg.event_subject(&env.event).into(),
             msg_id,
             payload: Bytes::from(payload),
             done: None,
@@ -233,7 +257,7 @@ impl Inner {
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::error!(msg_id = %p.msg_id, subject = %p.subject, refused = n, "fleet: the broker refuses this event for good ({why}); dropped from the buffer");
         if let Some(done) = p.done {
-            let _ = done.send(Err(SinkError::Refused(why)));
+            done.answer(Err(SinkError::Refused(why)));
         }
     }
 
@@ -279,37 +303,156 @@ async fn count_dead_letters(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Sends the buffer to the stream, keeping up to [`WINDOW`] acknowledgements outstanding.
+/// An event sent to the stream, waiting for its acknowledgement.
+struct Sent {
+    p: Pending,
+    at: tokio::time::Instant,
+    ack: Option<Ack>,
+}
+
+/// The stream's answer to one publish.
+enum Ack {
+    Stored {
+        duplicate: bool,
+    },
+    /// An error from the stream (too large for it, a limit, ...): sending it again cannot help.
+    Refused(String),
+    /// No stream listens on the subject (deleted, or the broker lost its store).
+    NoStream,
+}
+
+/// How long a publish waits for its acknowledgement before it and every later one are sent
+/// again (the stream de-duplicates those that did arrive).
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The body of a JetStream publish acknowledgement (`{"stream","seq","duplicate"}` or
+/// `{"error": {...}}`), read without copying.
+#[derive(serde::Deserialize)]
+struct AckBody<'a> {
+    #[serde(default)]
+    duplicate: bool,
+    #[serde(default, borrow)]
+    error: Option<AckError<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct AckError<'a> {
+    #[serde(default)]
+    code: u16,
+    #[serde(default)]
+    err_code: u16,
+    #[serde(default, borrow)]
+    description: std::borrow::Cow<'a, str>,
+}
+
+impl Ack {
+    fn read(m: &async_nats::Message) -> Self {
+        if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            return Ack::NoStream;
+        }
+        match serde_json::from_slice::<AckBody>(&m.payload) {
+            Ok(AckBody {
+                error: None,
+                duplicate,
+            }) => Ack::Stored { duplicate },
+            Ok(AckBody { error: Some(e), .. }) => Ack::Refused(format!(
+                "{} (code {}, error {})",
+                e.description, e.code, e.err_code
+            )),
+            Err(e) => Ack::Refused(format!("unreadable acknowledgement from the stream ({e})")),
+        }
+    }
+}
+
+/// The events sent and not yet acknowledged, in order: `sent[i]` went out with reply subject
+/// `{inbox}.{first + i}`.
+struct Window {
+    inbox: String,
+    sent: VecDeque<Sent>,
+    first: u64,
+}
+
+impl Window {
+    fn next_reply(&self) -> String {
+        format!("{}.{}", self.inbox, self.first + self.sent.len() as u64)
+    }
+
+    /// Notes an acknowledgement; one for an event no longer waiting (sent again since) is
+    /// ignored.
+    fn note(&mut self, m: &async_nats::Message) {
+        let n = m
+            .subject
+            .rsplit_once('.')
+            .and_then(|(_, n)| n.parse::<u64>().ok());
+        if let Some(i) = n.and_then(|n| n.checked_sub(self.first))
+            && let Some(s) = self.sent.get_mut(i as usize)
+            && s.ack.is_none()
+        {
+            s.ack = Some(Ack::read(m));
+        }
+    }
+
+    /// Everything sent goes back to the buffer's front, in order; their late acknowledgements
+    /// are ignored.
+    fn take_back(&mut self) -> Vec<Pending> {
+        self.first += self.sent.len() as u64;
+        self.sent.drain(..).map(|s| s.p).collect()
+    }
+}
+
+/// Sends the buffer to the stream, keeping up to [`WINDOW`] acknowledgements outstanding. The
+/// acknowledgements come to one subscription (the reply subject numbers the event), so a
+/// publish costs no request bookkeeping of its own.
 async fn publisher(inner: Arc<Inner>) {
     use async_nats::connection::State;
+    use futures_util::StreamExt;
     let js = inner.cfg.jetstream(inner.client.clone());
     let mut stream_ok = false;
     let mut backoff = Duration::from_millis(50);
-    let mut inflight: VecDeque<(Pending, async_nats::jetstream::context::PublishAckFuture)> =
-        VecDeque::new();
+    let mut window = Window {
+        inbox: inner.client.new_inbox(),
+        sent: VecDeque::new(),
+        first: 0,
+    };
+    let mut acks: Option<async_nats::Subscriber> = None;
     loop {
         let mut failed: Option<String> = None;
-        if !stream_ok {
+        if acks.is_none() {
+            match inner.client.subscribe(format!("{}.*", window.inbox)).await {
+                Ok(s) => acks = Some(s),
+                Err(e) => failed = Some(format!("cannot subscribe to acknowledgements: {e}")),
+            }
+        }
+        if failed.is_none() && !stream_ok {
             match inner.cfg.events(&js).await {
                 Ok(_) => stream_ok = true,
                 Err(e) => failed = Some(e.to_string()),
             }
         }
-        while failed.is_none() && inflight.len() < WINDOW {
+        while failed.is_none() && window.sent.len() < WINDOW {
             if inner.client.connection_state() != State::Connected {
                 failed = Some(format!("broker {} unreachable", inner.cfg.url));
                 break;
             }
             let Some(p) = inner.pop() else { break };
-            let publish = Publish::build()
-                .payload(p.payload.clone())
-                .message_id(&p.msg_id);
-            match js.send_publish(p.subject.clone(), publish).await {
-                Ok(f) => {
-                    inflight.push_back((p, f));
-                    inner.inflight.store(inflight.len(), Ordering::Relaxed);
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, p.msg_id.as_str());
+            let publish = inner.client.publish_with_reply_and_headers(
+                p.subject.clone(),
+                window.next_reply(),
+                headers,
+                p.payload.clone(),
+            );
+            match publish.await {
+                Ok(()) => {
+                    window.sent.push_back(Sent {
+                        p,
+                        at: tokio::time::Instant::now(),
+                        ack: None,
+                    });
+                    inner.inflight.store(window.sent.len(), Ordering::Relaxed);
                 }
-                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
                     inner.refuse(p, format!("publish: {e}"));
                 }
                 Err(e) => {
@@ -318,11 +461,16 @@ async fn publisher(inner: Arc<Inner>) {
                 }
             }
         }
-        if let Some((p, f)) = inflight.pop_front() {
-            match f.await {
-                Ok(ack) => {
+        // Settle the acknowledged front, in order.
+        while window.sent.front().is_some_and(|s| s.ack.is_some()) {
+            let Some(Sent { p, ack, .. }) = window.sent.pop_front() else {
+                break;
+            };
+            window.first += 1;
+            match ack {
+                Some(Ack::Stored { duplicate }) => {
                     inner.published.fetch_add(1, Ordering::Relaxed);
-                    if ack.duplicate {
+                    if duplicate {
                         inner.duplicates.fetch_add(1, Ordering::Relaxed);
                     }
                     if failed.is_none() {
@@ -330,44 +478,71 @@ async fn publisher(inner: Arc<Inner>) {
                         backoff = Duration::from_millis(50);
                     }
                     if let Some(done) = p.done {
-                        let _ = done.send(Ok(()));
+                        done.answer(Ok(()));
                     }
                 }
-                Err(e) if e.kind() == PublishErrorKind::Other => {
-                    // The stream answered with an error for this message (too large for it, ...):
-                    // sending it again cannot help.
-                    inner.refuse(p, format!("stored by no stream: {e}"));
-                }
-                Err(e) => {
-                    // Send this one and every later one again, in order; the stream
-                    // de-duplicates those that did arrive.
+                Some(Ack::Refused(why)) => inner.refuse(p, format!("stored by no stream: {why}")),
+                Some(Ack::NoStream) | None => {
+                    // Send this one and every later one again, in order, once the stream is
+                    // there again; the stream de-duplicates those that did arrive.
                     let mut back = vec![p];
-                    back.extend(inflight.drain(..).map(|(p, _)| p));
+                    back.extend(window.take_back());
                     inner.push_front(back);
-                    failed = Some(format!("no acknowledgement from the stream: {e}"));
+                    failed = Some("no stream took the event (stream deleted?)".into());
                     stream_ok = false;
                 }
             }
-            inner.inflight.store(inflight.len(), Ordering::Relaxed);
         }
+        inner.inflight.store(window.sent.len(), Ordering::Relaxed);
         if let Some(why) = failed {
             inner.failures.fetch_add(1, Ordering::Relaxed);
             inner.set_degraded(why);
-            if inflight.is_empty() {
+            if window.sent.is_empty() {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        }
+        if let Some(front) = window.sent.front() {
+            let deadline = front.at + ACK_TIMEOUT;
+            let room = window.sent.len() < WINDOW;
+            let wake = inner.wake.notified();
+            let Some(sub) = acks.as_mut() else { continue };
+            tokio::select! {
+                m = sub.next() => match m {
+                    Some(m) => {
+                        window.note(&m);
+                        // Whatever else already arrived, without waiting.
+                        while let Some(Some(m)) = futures_util::FutureExt::now_or_never(sub.next()) {
+                            window.note(&m);
+                        }
+                    }
+                    None => {
+                        // The subscription ended (the client closed): send them again.
+                        acks = None;
+                        inner.push_front(window.take_back());
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    inner.push_front(window.take_back());
+                    inner.failures.fetch_add(1, Ordering::Relaxed);
+                    inner.set_degraded(format!(
+                        "no acknowledgement from the stream within {}",
+                        crate::time::fmt_duration(ACK_TIMEOUT)
+                    ));
+                    stream_ok = false;
+                }
+                _ = wake, if room => {}
             }
             continue;
         }
-        if inflight.is_empty() {
-            let wake = inner.wake.notified();
-            if inner.buf.lock().map(|b| b.is_empty()).unwrap_or(true) {
-                inner.idle.notify_waiters();
-                if inner.closing.load(Ordering::SeqCst) {
-                    return;
-                }
-                let _ = tokio::time::timeout(Duration::from_secs(1), wake).await;
+        let wake = inner.wake.notified();
+        if inner.buf.lock().map(|b| b.is_empty()).unwrap_or(true) {
+            inner.idle.notify_waiters();
+            if inner.closing.load(Ordering::SeqCst) {
+                return;
             }
+            let _ = tokio::time::timeout(Duration::from_secs(1), wake).await;
         }
     }
 }
@@ -398,32 +573,25 @@ impl EventSink for Edge {
                 return Err(SinkError::ShuttingDown);
             }
             let mut counts = Vec::with_capacity(events.len());
-            let mut waiting = Vec::with_capacity(events.len());
             let mut items = Vec::with_capacity(events.len());
+            let (waiter, stored_rx) = Waiter::new(events.len());
             let mut ids = ids.into_iter();
             // Every event checked before any is buffered: a batch is taken whole or refused.
             for (event, context) in events {
                 counts.push(self.inner.view.matching(&event).len());
                 let mut p = self.envelope(event, context, ids.next().flatten())?;
-                let (tx, rx) = oneshot::channel();
-                p.done = Some(tx);
-                waiting.push(rx);
+                p.done = Some(waiter.clone());
                 items.push(p);
             }
+            drop(waiter);
             self.inner.push(items)?;
-            let mut stored = false;
-            if self.inner.degraded().is_none() {
-                let deadline = tokio::time::Instant::now() + PUBLISH_WAIT;
-                stored = true;
-                for rx in waiting {
-                    match tokio::time::timeout_at(deadline, rx).await {
-                        Ok(Ok(Ok(()))) => {}
-                        Ok(Ok(Err(e))) => return Err(e),
-                        _ => {
-                            stored = false;
-                            break;
-                        }
-                    }
+            let mut stored = counts.is_empty();
+            if !stored && self.inner.degraded().is_none() {
+                match tokio::time::timeout(PUBLISH_WAIT, stored_rx).await {
+                    Ok(Ok(Ok(()))) => stored = true,
+                    Ok(Ok(Err(e))) => return Err(e),
+                    // Still buffered (the broker is slow or went away): answered as buffered.
+                    _ => {}
                 }
             }
             Ok(Accepted {
