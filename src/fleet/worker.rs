@@ -74,7 +74,8 @@ impl Default for WorkerOptions {
     }
 }
 
-/// Events this worker finished for a hook, most recent [`RECENT`]: a broker that crashed may
+/// Events this worker finished for a hook, at least the most recent `RECENT / 2` and at most
+/// `RECENT`: a broker that crashed may
 /// have lost their acknowledgements and deliver them again (as first deliveries). Each is known
 /// by its stream sequence and its message id together: a broker back with an empty store reuses
 /// sequences for other events.
@@ -82,10 +83,40 @@ const RECENT: usize = 65_536;
 
 type DoneKey = (u64, u64);
 
+/// Two generations of keys: inserts go to `young`; when it holds half of [`RECENT`] it becomes
+/// `old` (the previous `old` is dropped). No per-insert eviction and no tombstones to rehash.
 #[derive(Default)]
 struct Recent {
-    set: std::collections::HashSet<DoneKey>,
-    order: std::collections::VecDeque<DoneKey>,
+    young: std::collections::HashSet<DoneKey, KeyHash>,
+    old: std::collections::HashSet<DoneKey, KeyHash>,
+}
+
+/// Hashes a [`DoneKey`] by mixing its two words (the second is already a hash of the id).
+#[derive(Default, Clone, Copy)]
+struct KeyHash;
+
+impl std::hash::BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// The key of a delivered message in [`Recent`].
@@ -106,15 +137,18 @@ fn done_key(msg: &jetstream::Message, seq: u64) -> DoneKey {
 }
 
 impl Recent {
-    fn insert(&mut self, seq: DoneKey) {
-        if self.set.insert(seq) {
-            self.order.push_back(seq);
-            if self.order.len() > RECENT
-                && let Some(old) = self.order.pop_front()
-            {
-                self.set.remove(&old);
-            }
+    fn insert(&mut self, key: DoneKey) {
+        if self.old.contains(&key) || !self.young.insert(key) {
+            return;
         }
+        if self.young.len() >= RECENT / 2 {
+            self.old = std::mem::take(&mut self.young);
+            self.young.reserve(RECENT / 2);
+        }
+    }
+
+    fn contains(&self, key: &DoneKey) -> bool {
+        self.young.contains(key) || self.old.contains(key)
     }
 }
 
@@ -585,7 +619,8 @@ async fn ensure_consumer(
 /// consumers, the handler calls in flight, and the retries waiting for their time.
 struct Run {
     sh: Arc<Shared>,
-    s: Settings,
+    /// Shared with every call in flight (an `Arc`: cloned per event).
+    s: Arc<Settings>,
     counters: Arc<Counters>,
     /// The hook's consumer's events.
     main: Arc<Held>,
@@ -638,7 +673,7 @@ impl Run {
         Self {
             _tend: [tend(&main), tend(&retry)],
             sh,
-            s,
+            s: Arc::new(s),
             counters,
             main,
             retry,
@@ -1029,7 +1064,7 @@ impl Run {
             && counters
                 .done
                 .lock()
-                .map(|d| d.set.contains(&key))
+                .map(|d| d.contains(&key))
                 .unwrap_or(false)
         {
             // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
@@ -1123,24 +1158,20 @@ impl Run {
         d.held.hold(d.hseq, d.msg.clone());
         // The host enforces the hook's timeout per call; this bound only covers the wait in the
         // hook's local queue behind the others this worker holds.
-        let s = &self.s;
-        let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
-        let (host, event, name) = (self.sh.host.clone(), d.env.event.clone(), s.name.clone());
+        let wait = (self.s.timeout + Duration::from_secs(5)) * (self.s.window.max(1) + 1);
         // Moved out, not copied: a retry or a dead letter reads the envelope again.
         let ctx = d.env.take_handler_context(d.delivered, d.seq);
-        let mut outcome =
-            Box::pin(async move { host.emit_collect_only(&event, ctx, wait, Some(&name)).await });
-        // The first poll puts the event in the hook's queue.
-        let first =
-            std::future::poll_fn(|cx| std::task::Poll::Ready(outcome.as_mut().poll(cx))).await;
         let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-        self.running.push(Box::pin(async move {
-            let outcome = match first {
-                std::task::Poll::Ready(o) => o,
-                std::task::Poll::Pending => outcome.await,
-            };
+        // One future per event: the handler call, then what follows it.
+        let mut call: InFlight = Box::pin(async move {
+            let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
             settle(&sh, &s, &counters, d, outcome).await;
-        }));
+        });
+        // The first poll puts the event in the hook's queue (so events enter it in stream order).
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        if first.is_pending() {
+            self.running.push(call);
+        }
     }
 }
 
@@ -1151,7 +1182,7 @@ async fn settle(
     s: &Settings,
     counters: &Counters,
     d: Delivery,
-    outcome: Result<Vec<crate::sink::HookOutcome>, crate::host::EmitError>,
+    outcome: Result<Option<crate::hook::CallOutcome>, crate::host::EmitError>,
 ) {
     let (msg, delivered, seq, hseq) = (&d.msg, d.delivered, d.seq, d.hseq);
     let error = match outcome {
@@ -1160,7 +1191,7 @@ async fn settle(
             d.held.give_back(hseq, msg, None).await;
             return;
         }
-        Ok(v) => match v.into_iter().next() {
+        Ok(v) => match v {
             None => {
                 if sh.host.snapshot().get(&s.name).is_some() {
                     // A consumer narrowed to subjects, and this one outside this version's
@@ -1352,5 +1383,31 @@ async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask>, running:
         .await
     {
         tracing::debug!("fleet: status not published: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_keeps_at_least_half_its_size_of_the_latest_keys() {
+        let mut r = Recent::default();
+        let n = RECENT as u64 * 2 + 17;
+        for seq in 1..=n {
+            r.insert((seq, seq.wrapping_mul(31)));
+        }
+        // The latest RECENT / 2 are always there; the oldest are gone.
+        for seq in n - RECENT as u64 / 2 + 1..=n {
+            assert!(r.contains(&(seq, seq.wrapping_mul(31))), "{seq} forgotten");
+        }
+        assert!(!r.contains(&(1, 31)));
+        assert!(r.young.len() + r.old.len() <= RECENT);
+        // The same sequence with another id (a broker that lost its store) is not done.
+        assert!(!r.contains(&(n, 0)));
+        // Inserting a known key again changes nothing.
+        let before = r.young.len();
+        r.insert((n, n.wrapping_mul(31)));
+        assert_eq!(r.young.len(), before);
     }
 }

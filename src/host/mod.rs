@@ -480,29 +480,46 @@ impl Host {
         };
         let mut out = Vec::with_capacity(waiting.len());
         for (hook, rx) in waiting {
-            let outcome = match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(o)) => HookOutcome {
-                    hook,
-                    duration: (!o.duration.is_zero()).then_some(o.duration),
-                    result: o.result,
-                },
-                Ok(Err(_)) => HookOutcome {
-                    hook,
-                    result: Err("the hook stopped before handling the event".into()),
-                    duration: None,
-                },
-                Err(_) => HookOutcome {
-                    hook,
-                    result: Err(format!(
-                        "no result within the deadline of {}",
-                        crate::time::fmt_duration(timeout)
-                    )),
-                    duration: None,
-                },
-            };
-            out.push(outcome);
+            let o = outcome_within(tokio::time::timeout_at(deadline, rx).await, timeout);
+            out.push(HookOutcome {
+                hook,
+                duration: (!o.duration.is_zero()).then_some(o.duration),
+                result: o.result,
+            });
         }
         Ok(out)
+    }
+
+    /// [`Host::emit_collect_only`] for the one hook named `hook`, as a fleet worker calls it for
+    /// each event: `None` when no hook of that name is loaded or it does not match `event`.
+    pub async fn call_one(
+        &self,
+        event: &str,
+        context: Value,
+        timeout: Duration,
+        hook: &str,
+    ) -> Result<Option<CallOutcome>, EmitError> {
+        let context = self.admit(event, context)?;
+        let rx = {
+            let reg = self.inner.registry.load();
+            let found = reg
+                .match_indices(event)
+                .iter()
+                .map(|&i| &reg.hooks[i])
+                .find(|h| h.spec.name == hook);
+            let Some(h) = found else { return Ok(None) };
+            let (tx, rx) = oneshot::channel();
+            h.enqueue(Job {
+                event: Arc::from(event),
+                context: Arc::new(context),
+                reply: Some(tx),
+            });
+            rx
+        };
+        Ok(Some(outcome_within(
+            tokio::time::timeout(timeout, rx).await,
+            timeout,
+        )))
     }
 
     /// Sends accepted events to `sink` instead of the local queues from now on (the fleet
@@ -982,5 +999,24 @@ impl Host {
         // those processes to be gone.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
+    }
+}
+
+/// A call's outcome as its waiter saw it: what the hook reported, or why nothing came.
+fn outcome_within(
+    waited: Result<Result<CallOutcome, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+    timeout: Duration,
+) -> CallOutcome {
+    let result = match waited {
+        Ok(Ok(o)) => return o,
+        Ok(Err(_)) => Err("the hook stopped before handling the event".into()),
+        Err(_) => Err(format!(
+            "no result within the deadline of {}",
+            crate::time::fmt_duration(timeout)
+        )),
+    };
+    CallOutcome {
+        result,
+        duration: Duration::ZERO,
     }
 }
