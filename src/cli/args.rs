@@ -259,6 +259,12 @@ pub struct ServeArgs {
     /// wakes) or normal, for the service's own threads.
     #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SERVICE_SCHED_ENV, default_value_t = crate::priority::DEFAULT_SERVICE_SCHED, hide_possible_values = true)]
     pub service_sched: crate::priority::Sched,
+    /// Threads of the service's async runtime (0: one per core). Default: one per core for
+    /// `serve`; one for the fleet's edge (`serve --fleet`) and `worker`: their own work per
+    /// event is small, and a second thread costs more CPU per event in cross-thread wake-ups
+    /// than it adds (handlers never run on these threads).
+    #[arg(long, value_name = "N", env = "HERMES_HOOKS_RUNTIME_THREADS", value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub runtime_threads: Option<u16>,
     /// Stop (draining, as on SIGTERM) once no process has held a shared flock on FILE for
     /// --linger seconds: the gateways that autostarted this service hold it while they run.
     #[arg(long, value_name = "FILE")]
@@ -273,6 +279,20 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Threads for the async runtime (`None`: one per core), for `serve` or a `worker`.
+    pub fn runtime_threads(&self, worker: bool) -> Option<usize> {
+        #[cfg(feature = "fleet")]
+        let fleet = worker || self.fleet.conn.fleet.is_some();
+        #[cfg(not(feature = "fleet"))]
+        let fleet = worker;
+        match self.runtime_threads {
+            Some(0) => None,
+            Some(n) => Some(n as usize),
+            None if fleet => Some(1),
+            None => None,
+        }
+    }
+
     /// The priority of the service's own runtime threads.
     pub fn service_threads(&self) -> crate::priority::ServiceThreads {
         crate::priority::ServiceThreads(crate::priority::Priority {

@@ -71,8 +71,8 @@ pub struct FleetArgs {
     /// This edge's id in every event it publishes (default: the host name).
     #[arg(long, value_name = "NAME")]
     pub gateway_id: Option<String>,
-    /// Events the edge keeps in memory while the broker is unreachable (the oldest are
-    /// dropped, counted, beyond it).
+    /// Events the edge keeps in memory while the broker is unreachable or slow (beyond it, new
+    /// events are refused with 503 and Retry-After; nothing accepted is dropped).
     #[arg(long, value_name = "N", default_value_t = crate::fleet::edge::DEFAULT_BUFFER)]
     pub fleet_buffer: usize,
     /// Worker id in the fleet view (default: HOST-PID).

@@ -52,8 +52,17 @@ pub fn main() -> i32 {
     if service_threads.is_some() {
         crate::priority::record_base_nice();
     }
+    let runtime_threads = match &cli.command {
+        Command::Serve(args) => args.runtime_threads(false),
+        #[cfg(feature = "fleet")]
+        Command::Worker(args) => args.runtime_threads(true),
+        _ => None,
+    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
+    if let Some(n) = runtime_threads {
+        builder.worker_threads(n);
+    }
     if let Some(threads) = service_threads {
         // The service's own work is background work too (crate::priority): each runtime thread
         // lowers itself as it starts; hook processes are started by a thread that does not.

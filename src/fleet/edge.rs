@@ -400,11 +400,87 @@ impl Window {
     }
 }
 
+/// Sends buffered events until the window is full or the buffer empty; the reason when the
+/// broker cannot take them now (the event goes back to the buffer's front).
+async fn send_more(inner: &Inner, window: &mut Window) -> Result<(), String> {
+    use async_nats::connection::State;
+    while window.sent.len() < WINDOW {
+        if inner.client.connection_state() != State::Connected {
+            return Err(format!("broker {} unreachable", inner.cfg.url));
+        }
+        let Some(p) = inner.pop() else { break };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, p.msg_id.as_str());
+        let publish = inner.client.publish_with_reply_and_headers(
+            p.subject.clone(),
+            window.next_reply(),
+            headers,
+            p.payload.clone(),
+        );
+        match publish.await {
+            Ok(()) => {
+                window.sent.push_back(Sent {
+                    p,
+                    at: tokio::time::Instant::now(),
+                    ack: None,
+                });
+                inner.inflight.store(window.sent.len(), Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                inner.refuse(p, format!("publish: {e}"));
+            }
+            Err(e) => {
+                inner.push_front(vec![p]);
+                return Err(format!("publish: {e}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Settles the acknowledged front of the window, in order: whether any event was stored, and
+/// the reason when the stream was missing (that event and every later one went back to the
+/// buffer's front, to be sent again once it is there; the stream de-duplicates those that did
+/// arrive).
+fn settle_front(inner: &Inner, window: &mut Window) -> (bool, Option<String>) {
+    let mut stored = false;
+    while window.sent.front().is_some_and(|s| s.ack.is_some()) {
+        let Some(Sent { p, ack, .. }) = window.sent.pop_front() else {
+            break;
+        };
+        window.first += 1;
+        match ack {
+            Some(Ack::Stored { duplicate }) => {
+                stored = true;
+                inner.published.fetch_add(1, Ordering::Relaxed);
+                if duplicate {
+                    inner.duplicates.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(done) = p.done {
+                    done.answer(Ok(()));
+                }
+            }
+            Some(Ack::Refused(why)) => inner.refuse(p, format!("stored by no stream: {why}")),
+            Some(Ack::NoStream) | None => {
+                let mut back = vec![p];
+                back.extend(window.take_back());
+                inner.push_front(back);
+                inner.inflight.store(0, Ordering::Relaxed);
+                return (
+                    stored,
+                    Some("no stream took the event (stream deleted?)".into()),
+                );
+            }
+        }
+    }
+    inner.inflight.store(window.sent.len(), Ordering::Relaxed);
+    (stored, None)
+}
+
 /// Sends the buffer to the stream, keeping up to [`WINDOW`] acknowledgements outstanding. The
 /// acknowledgements come to one subscription (the reply subject numbers the event), so a
 /// publish costs no request bookkeeping of its own.
 async fn publisher(inner: Arc<Inner>) {
-    use async_nats::connection::State;
     use futures_util::StreamExt;
     let js = inner.cfg.jetstream(inner.client.clone());
     let mut stream_ok = false;
@@ -429,71 +505,20 @@ async fn publisher(inner: Arc<Inner>) {
                 Err(e) => failed = Some(e.to_string()),
             }
         }
-        while failed.is_none() && window.sent.len() < WINDOW {
-            if inner.client.connection_state() != State::Connected {
-                failed = Some(format!("broker {} unreachable", inner.cfg.url));
-                break;
-            }
-            let Some(p) = inner.pop() else { break };
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(async_nats::header::NATS_MESSAGE_ID, p.msg_id.as_str());
-            let publish = inner.client.publish_with_reply_and_headers(
-                p.subject.clone(),
-                window.next_reply(),
-                headers,
-                p.payload.clone(),
-            );
-            match publish.await {
-                Ok(()) => {
-                    window.sent.push_back(Sent {
-                        p,
-                        at: tokio::time::Instant::now(),
-                        ack: None,
-                    });
-                    inner.inflight.store(window.sent.len(), Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    inner.refuse(p, format!("publish: {e}"));
-                }
-                Err(e) => {
-                    inner.push_front(vec![p]);
-                    failed = Some(format!("publish: {e}"));
-                }
-            }
+        if failed.is_none()
+            && let Err(why) = send_more(&inner, &mut window).await
+        {
+            failed = Some(why);
         }
-        // Settle the acknowledged front, in order.
-        while window.sent.front().is_some_and(|s| s.ack.is_some()) {
-            let Some(Sent { p, ack, .. }) = window.sent.pop_front() else {
-                break;
-            };
-            window.first += 1;
-            match ack {
-                Some(Ack::Stored { duplicate }) => {
-                    inner.published.fetch_add(1, Ordering::Relaxed);
-                    if duplicate {
-                        inner.duplicates.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if failed.is_none() {
-                        inner.clear_degraded();
-                        backoff = Duration::from_millis(50);
-                    }
-                    if let Some(done) = p.done {
-                        done.answer(Ok(()));
-                    }
-                }
-                Some(Ack::Refused(why)) => inner.refuse(p, format!("stored by no stream: {why}")),
-                Some(Ack::NoStream) | None => {
-                    // Send this one and every later one again, in order, once the stream is
-                    // there again; the stream de-duplicates those that did arrive.
-                    let mut back = vec![p];
-                    back.extend(window.take_back());
-                    inner.push_front(back);
-                    failed = Some("no stream took the event (stream deleted?)".into());
-                    stream_ok = false;
-                }
-            }
+        let (stored, missing) = settle_front(&inner, &mut window);
+        if stored && failed.is_none() {
+            inner.clear_degraded();
+            backoff = Duration::from_millis(50);
         }
-        inner.inflight.store(window.sent.len(), Ordering::Relaxed);
+        if let Some(why) = missing {
+            failed = Some(why);
+            stream_ok = false;
+        }
         if let Some(why) = failed {
             inner.failures.fetch_add(1, Ordering::Relaxed);
             inner.set_degraded(why);
