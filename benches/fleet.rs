@@ -582,12 +582,13 @@ fn main() {
         .unwrap_or(3);
     // Per workload: local, fleet, fleet beside 9 idle hooks; and the broker alone. Rounds
     // alternate the variants so that a load change on the shared machine hits them all.
-    // FLEET_BENCH_EVENTS (default 20,000) and FLEET_BENCH_KINDS (`c`, `python` or both, comma
-    // separated) make longer, narrower runs for profiling.
+    // FLEET_BENCH_EVENTS (default 100,000: about a second per run, so the start and the last
+    // acknowledgements weigh little) and FLEET_BENCH_KINDS (`c`, `python` or both, comma
+    // separated) make other runs, e.g. longer and narrower ones for profiling.
     let events: usize = std::env::var("FLEET_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(100_000);
     let kinds = std::env::var("FLEET_BENCH_KINDS").unwrap_or_else(|_| "c,python".into());
     let workloads: Vec<(Kind, &str, usize)> = [
         (Kind::Dylib, "no-op C library", "c"),
