@@ -600,7 +600,22 @@ fn main() {
     .collect();
     let mut figures: Vec<[Vec<f64>; 3]> = workloads.iter().map(|_| Default::default()).collect();
     let mut broker = Vec::new();
-    for round in 0..rounds {
+    // FLEET_BENCH_WARMUP rounds (default 1) run first and are not counted: on this shared VM
+    // the first round after a pause ran every variant (local mode and the broker alone too) at
+    // half to two thirds of the later rounds' rates (binaries and the store paged in, CPUs
+    // clocking up).
+    let warmup: usize = std::env::var("FLEET_BENCH_WARMUP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..warmup + rounds {
+        if round == warmup {
+            figures.iter_mut().flatten().for_each(Vec::clear);
+            broker.clear();
+        }
+        if round < warmup {
+            println!("(warm-up round, not counted)");
+        }
         for (w, &(kind, name, total)) in workloads.iter().enumerate() {
             let sub = d.join(format!("r{round}-{}", name.len()));
             std::fs::create_dir_all(&sub).expect("mkdir");
@@ -649,6 +664,21 @@ fn main() {
     println!(
         "| broker alone: publish + consume at once, {events} messages | | {b:.0} | | 1.00 | | |"
     );
+    // The same ratios taken within each round (each variant beside the others run in the same
+    // minute), then the median over rounds: less exposed to the machine's slow swings.
+    let paired = |a: &[f64], b: &[f64]| {
+        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        med(&r)
+    };
+    println!("\nmedians of the per-round ratios:");
+    for (w, &(_, name, _)) in workloads.iter().enumerate() {
+        println!(
+            "  {name}: fleet / local {:.2}, fleet / broker {:.2}, idle / alone {:.2}",
+            paired(&figures[w][1], &figures[w][0]),
+            paired(&figures[w][1], &broker),
+            paired(&figures[w][2], &figures[w][1])
+        );
+    }
     if std::env::var_os("FLEET_BENCH_THROUGHPUT_ONLY").is_some() {
         return;
     }
