@@ -19,8 +19,9 @@
 //!   `hermes_hook_shutdown` run on that thread, never on the async runtime's workers. Calls reach
 //!   it over a channel, one at a time, and results come back over a oneshot. Both sides poll
 //!   briefly (yielding the CPU between polls) before they block, so a busy hook does not pay two
-//!   thread wake-ups per event: the library thread for [`SPIN_FOR`] after each call, the
-//!   caller for up to [`WAIT_SPIN`] while the library keeps answering that fast.
+//!   thread wake-ups per event: the library thread for [`SPIN_FOR`] after each call while
+//!   calls keep coming that fast, the caller for up to [`WAIT_SPIN`] while the library keeps
+//!   answering that fast.
 //! - **Timeouts.** A call cannot be interrupted. When the dispatcher's timeout fires, the call is
 //!   left running and the handler reports [`Handler::stuck`]: the worker marks the hook `stuck` and
 //!   waits in [`Handler::ready`] until the call returns; the hook gets no new calls meanwhile (its
@@ -487,23 +488,27 @@ fn load(setup: &Setup) -> Result<Loaded, DylibError> {
     Ok(loaded)
 }
 
-/// Waits for the next request, spinning briefly first so a busy hook avoids a wake-up per call.
-fn next_request(rx: &mpsc::Receiver<Request>, spin: bool) -> Option<Request> {
+/// Waits for the next request, spinning briefly first (when `spin`) so a busy hook avoids a
+/// wake-up per call. Also says whether it came within [`SPIN_FOR`], i.e. whether spinning
+/// for the next one is likely to pay: requests that come further apart (a hook fed in bursts
+/// by a fleet worker on a loaded machine) would only burn the CPU others need.
+fn next_request(rx: &mpsc::Receiver<Request>, spin: bool) -> (Option<Request>, bool) {
+    let start = Instant::now();
     if spin {
-        let start = Instant::now();
         loop {
             match rx.try_recv() {
-                Ok(r) => return Some(r),
-                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Ok(r) => return (Some(r), true),
+                Err(mpsc::TryRecvError::Disconnected) => return (None, false),
                 Err(mpsc::TryRecvError::Empty) => {}
             }
             if start.elapsed() >= SPIN_FOR {
-                break;
+                return (rx.recv().ok(), false);
             }
             std::thread::yield_now();
         }
     }
-    rx.recv().ok()
+    let r = rx.recv().ok();
+    (r, start.elapsed() < SPIN_FOR)
 }
 
 /// True on a machine with more than one CPU (where polling for a hand-off can pay off).
@@ -531,7 +536,11 @@ fn thread_main(
         loaded.retire(&setup.hook);
         return;
     }
-    while let Some(req) = next_request(&rx, multi_core()) {
+    let mut spin = multi_core();
+    loop {
+        let (req, quick) = next_request(&rx, spin);
+        spin = quick && multi_core();
+        let Some(req) = req else { break };
         match req {
             Request::One {
                 event,
