@@ -57,11 +57,16 @@ fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+fn wait_until(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
+    poll_until(what, timeout, Duration::from_millis(2), f);
+}
+
+/// Asks `f` every `every` until it says yes; panics after `timeout`.
+fn poll_until(what: &str, timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(every);
     }
 }
 
@@ -248,36 +253,25 @@ fn batch(n: usize, first: usize) -> Vec<u8> {
 /// issue 21's third measured (the client's JSON writing then bounds local mode).
 fn run_load(edge: &str, total: usize, done: impl Fn() -> u64) -> f64 {
     let in_loop = std::env::var_os("FLEET_BENCH_CLIENT_JSON").is_some();
-    let firsts: Vec<usize> = (0..total).step_by(1000).collect();
     let body = |first: usize| batch((total - first).min(1000), first);
-    let bodies: Vec<Vec<u8>> = if in_loop {
-        Vec::new()
-    } else {
-        firsts.iter().map(|&f| body(f)).collect()
-    };
+    let mut bodies: Vec<(usize, Option<Vec<u8>>)> = (0..total)
+        .step_by(1000)
+        .map(|first| (first, (!in_loop).then(|| body(first))))
+        .collect();
     let start = Instant::now();
-    for (i, &first) in firsts.iter().enumerate() {
-        let written;
-        let b = match bodies.get(i) {
-            Some(b) => b,
-            None => {
-                written = body(first);
-                &written
-            }
-        };
-        let (status, v) = http(edge, "POST", "/v1/events/batch", b);
+    for (first, written) in &mut bodies {
+        let b = written.take().unwrap_or_else(|| body(*first));
+        let (status, v) = http(edge, "POST", "/v1/events/batch", &b);
         assert_eq!(status, 202, "{v}");
     }
     // Asked every 5 ms: at most 0.5 % of a 1 s run (every 2 ms was 500 HTTP requests a second
     // for the measured service to answer on its own threads).
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while done() < total as u64 {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for every event handled"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll_until(
+        "every event handled",
+        Duration::from_secs(600),
+        Duration::from_millis(5),
+        || done() >= total as u64,
+    );
     total as f64 / start.elapsed().as_secs_f64()
 }
 

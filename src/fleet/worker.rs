@@ -75,10 +75,9 @@ impl Default for WorkerOptions {
 }
 
 /// Events this worker finished for a hook, at least the most recent `RECENT / 2` and at most
-/// `RECENT`: a broker that crashed may
-/// have lost their acknowledgements and deliver them again (as first deliveries). Each is known
-/// by its stream sequence and its message id together: a broker back with an empty store reuses
-/// sequences for other events.
+/// `RECENT`: a broker that crashed may have lost their acknowledgements and deliver them again
+/// (as first deliveries). Each is known by its stream sequence and its message id together: a
+/// broker back with an empty store reuses sequences for other events.
 const RECENT: usize = 65_536;
 
 type DoneKey = (u64, u64);

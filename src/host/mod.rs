@@ -457,6 +457,13 @@ impl Host {
         timeout: Duration,
         only: Option<&str>,
     ) -> Result<Vec<HookOutcome>, EmitError> {
+        if let Some(name) = only {
+            let o = self.call_one(event, context, timeout, name).await?;
+            return Ok(o
+                .map(|o| hook_outcome(name.to_string(), o))
+                .into_iter()
+                .collect());
+        }
         let context = self.admit(event, context)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let waiting: Vec<(String, oneshot::Receiver<CallOutcome>)> = {
@@ -465,7 +472,6 @@ impl Host {
             let context = Arc::new(context);
             reg.matching(&event)
                 .into_iter()
-                .filter(|hook| only.is_none_or(|o| o == hook.spec.name))
                 .map(|hook| {
                     let (tx, rx) = oneshot::channel();
                     let job = Job {
@@ -481,11 +487,7 @@ impl Host {
         let mut out = Vec::with_capacity(waiting.len());
         for (hook, rx) in waiting {
             let o = outcome_within(tokio::time::timeout_at(deadline, rx).await, timeout);
-            out.push(HookOutcome {
-                hook,
-                duration: (!o.duration.is_zero()).then_some(o.duration),
-                result: o.result,
-            });
+            out.push(hook_outcome(hook, o));
         }
         Ok(out)
     }
@@ -999,6 +1001,15 @@ impl Host {
         // those processes to be gone.
         report.drain_ms = started.elapsed().as_millis() as u64;
         report
+    }
+}
+
+/// `o` as the outcome of hook `hook` in a collect answer.
+fn hook_outcome(hook: String, o: CallOutcome) -> HookOutcome {
+    HookOutcome {
+        hook,
+        duration: (!o.duration.is_zero()).then_some(o.duration),
+        result: o.result,
     }
 }
 
