@@ -190,7 +190,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
             for _ in 0..EVENTS {
                 hook.enqueue(hermes_hooks::bench_support::Job {
                     event: event.clone(),
-                    context: std::sync::Arc::new(context()),
+                    context: std::sync::Arc::new(context().into()),
                     reply: None,
                 });
             }

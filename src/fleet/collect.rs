@@ -69,7 +69,7 @@ pub async fn request(
         id: ids.next(),
         gateway: gateway.to_string(),
         event,
-        context,
+        context: super::envelope::raw_context(&context),
         time: crate::time::now(),
         hook: None,
         client_id: false,
@@ -255,20 +255,20 @@ pub async fn serve(
 async fn run(host: &Host, hook: &str, req: CollectRequest) -> CollectReply {
     let env = req.envelope;
     let timeout = Duration::from_millis(req.timeout_ms.clamp(1, 300_000));
-    let ctx = env.handler_context(1, 0);
-    match host
-        .emit_collect_only(&env.event, ctx, timeout, Some(hook))
-        .await
-    {
-        Ok(outcomes) => match outcomes.into_iter().next() {
-            Some(o) => CollectReply {
-                duration_ms: o.duration.map(|d| d.as_secs_f64() * 1000.0),
-                result: o.result.clone().ok().flatten(),
-                error: o.result.err(),
-                worker: String::new(),
-            },
-            None => CollectReply::default(),
+    let Some(ctx) = env.handler_context(1, 0) else {
+        return CollectReply {
+            error: Some("context must be a JSON object".into()),
+            ..Default::default()
+        };
+    };
+    match host.call_one(&env.event, ctx, timeout, hook).await {
+        Ok(Some(o)) => CollectReply {
+            duration_ms: (!o.duration.is_zero()).then_some(o.duration.as_secs_f64() * 1000.0),
+            result: o.result.clone().ok().flatten(),
+            error: o.result.err(),
+            worker: String::new(),
         },
+        Ok(None) => CollectReply::default(),
         Err(e) => CollectReply {
             error: Some(e.to_string()),
             ..Default::default()

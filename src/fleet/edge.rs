@@ -187,7 +187,7 @@ impl Edge {
             id: client_id.unwrap_or_else(|| self.inner.ids.next()),
             gateway: self.inner.gateway.clone(),
             event,
-            context,
+            context: super::envelope::raw_context(&context),
             time: crate::time::now(),
             hook: None,
         };

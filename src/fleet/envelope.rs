@@ -5,7 +5,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::handler::context::Context;
 
 /// Version of the envelope format.
 pub const VERSION: u32 = 1;
@@ -25,8 +28,8 @@ pub struct Envelope {
     pub gateway: String,
     /// Event name.
     pub event: String,
-    /// Event context (a JSON object).
-    pub context: Value,
+    /// Event context (a JSON object), as text: a worker passes it on without building an object.
+    pub context: Box<RawValue>,
     /// RFC 3339 time of acceptance.
     pub time: String,
     /// Replays only: the one hook this copy is for.
@@ -48,30 +51,57 @@ impl Envelope {
         }
     }
 
-    /// [`Envelope::handler_context`], taking the context out of the envelope (left `null`)
-    /// instead of copying it.
-    pub fn take_handler_context(&mut self, delivered: i64, stream_seq: u64) -> Value {
-        let mut ctx = std::mem::take(&mut self.context);
-        if let Value::Object(m) = &mut ctx {
-            m.insert(
-                CONTEXT_KEY.into(),
-                serde_json::json!({"event_id": self.id, "gateway_id": self.gateway, "delivered": delivered, "stream_seq": stream_seq}),
-            );
+    /// The context a handler sees: the event's, plus [`CONTEXT_KEY`]. Made from the stream's
+    /// text without building an object (the key is appended to the object's text), except when
+    /// the event's context already has that key (the worker's replaces it); `None` when the
+    /// context is not an object (nothing a fleet edge publishes).
+    pub fn handler_context(&self, delivered: i64, stream_seq: u64) -> Option<Context> {
+        let fleet = Delivery {
+            event_id: &self.id,
+            gateway_id: &self.gateway,
+            delivered,
+            stream_seq,
+        };
+        let text = self.context.get().trim_ascii();
+        // `null` is an empty context, as everywhere else.
+        let inner = match text {
+            "null" => "",
+            _ => text.strip_prefix('{')?.strip_suffix('}')?,
+        };
+        if inner.contains(concat!('"', "_fleet", '"')) {
+            let mut object: Map<String, Value> = serde_json::from_str(text).ok()?;
+            object.insert(CONTEXT_KEY.into(), serde_json::to_value(&fleet).ok()?);
+            return Some(Context::new(Value::Object(object)));
         }
-        ctx
+        let fleet = serde_json::to_string(&fleet).ok()?;
+        let mut out = String::with_capacity(text.len() + fleet.len() + CONTEXT_KEY.len() + 5);
+        out.push('{');
+        if !inner.trim_ascii().is_empty() {
+            out.push_str(inner);
+            out.push(',');
+        }
+        out.push('"');
+        out.push_str(CONTEXT_KEY);
+        out.push_str("\":");
+        out.push_str(&fleet);
+        out.push('}');
+        Some(Context::from_object_text(out))
     }
+}
 
-    /// The context a handler sees: the event's, plus [`CONTEXT_KEY`].
-    pub fn handler_context(&self, delivered: i64, stream_seq: u64) -> Value {
-        let mut ctx = self.context.clone();
-        if let Value::Object(m) = &mut ctx {
-            m.insert(
-                CONTEXT_KEY.into(),
-                serde_json::json!({"event_id": self.id, "gateway_id": self.gateway, "delivered": delivered, "stream_seq": stream_seq}),
-            );
-        }
-        ctx
-    }
+/// What [`CONTEXT_KEY`] holds.
+#[derive(Serialize)]
+struct Delivery<'a> {
+    event_id: &'a str,
+    gateway_id: &'a str,
+    delivered: i64,
+    stream_seq: u64,
+}
+
+/// A context object as the envelope's text.
+pub fn raw_context(context: &Value) -> Box<RawValue> {
+    // A JSON value always encodes; `null` (an empty context) if it somehow did not.
+    serde_json::value::to_raw_value(context).unwrap_or_default()
 }
 
 /// Makes event ids unique across restarts of an edge: boot time and pid, then a counter.
@@ -130,26 +160,58 @@ pub struct DeadLetter {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ids_are_unique_and_context_gets_the_delivery() {
-        let g = IdGen::default();
-        assert_ne!(g.next(), g.next());
-        let e = Envelope {
+    fn envelope(context: &str) -> Envelope {
+        Envelope {
             v: VERSION,
             id: "x-1".into(),
             gateway: "gw".into(),
             event: "agent:start".into(),
-            context: serde_json::json!({"a": 1}),
+            context: RawValue::from_string(context.into()).unwrap(),
             time: String::new(),
             hook: None,
             client_id: false,
-        };
+        }
+    }
+
+    fn handler_context(context: &str) -> Option<Value> {
+        let c = envelope(context).handler_context(2, 9)?;
+        Some(serde_json::from_str(c.json().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn ids_are_unique_and_context_gets_the_delivery() {
+        let g = IdGen::default();
+        assert_ne!(g.next(), g.next());
+        let e = envelope(r#"{"a":1}"#);
         assert_eq!(e.msg_id(), "gw:x-1");
-        let c = e.handler_context(2, 9);
+        let c = handler_context(r#"{"a": 1, "b": {"c": "}"}}"#).unwrap();
         assert_eq!(c["a"], 1);
+        assert_eq!(c["b"]["c"], "}");
         assert_eq!(c["_fleet"]["delivered"], 2);
+        assert_eq!(c["_fleet"]["stream_seq"], 9);
+        assert_eq!(c["_fleet"]["event_id"], "x-1");
         assert_eq!(c["_fleet"]["gateway_id"], "gw");
         let back: Envelope = serde_json::from_slice(&serde_json::to_vec(&e).unwrap()).unwrap();
         assert_eq!(back.hook, None);
+        assert_eq!(back.context.get(), r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn the_delivery_key_is_added_to_any_object_and_replaces_the_events_own() {
+        for empty in ["{}", "{ }", "null"] {
+            let c = handler_context(empty).unwrap();
+            assert_eq!(c.as_object().unwrap().len(), 1, "{empty}");
+            assert_eq!(c["_fleet"]["delivered"], 2);
+        }
+        let c = handler_context(r#"{"_fleet": "mine", "z": 1}"#).unwrap();
+        assert_eq!(c["_fleet"]["delivered"], 2);
+        assert_eq!(c["z"], 1);
+        // The key's name inside a value is no key: appended as usual.
+        let c = handler_context(r#"{"note": "_fleet", "s": "\"_fleet\""}"#).unwrap();
+        assert_eq!(c["note"], "_fleet");
+        assert_eq!(c["_fleet"]["delivered"], 2);
+        for not_object in ["[1]", "\"s\"", "3", "true"] {
+            assert!(handler_context(not_object).is_none(), "{not_object}");
+        }
     }
 }

@@ -44,6 +44,7 @@ use super::held::Held;
 use super::status::{FleetCounters, HookStatus, WorkerStatus};
 use super::versions::Versions;
 use super::{FleetConfig, FleetError, consumer_name};
+use crate::handler::context::Context;
 use crate::host::Host;
 
 /// Settings of a worker.
@@ -1038,8 +1039,8 @@ enum Triage {
     Settle(Arc<jetstream::Message>, u64, AckKind),
     /// Its last allowed delivery went to a worker that stopped before finishing it.
     Dead(Delivery),
-    /// Run the handler.
-    Run(Delivery),
+    /// Run the handler with the context it sees.
+    Run(Delivery, Context),
 }
 
 impl Run {
@@ -1105,6 +1106,11 @@ impl Run {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return Triage::Settle(msg, hseq, AckKind::Ack);
         }
+        let Some(context) = env.handler_context(delivered, seq) else {
+            tracing::warn!(hook = %s.name, seq, "fleet: event in the stream whose context is not a JSON object; dropping it");
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return Triage::Settle(msg, hseq, AckKind::Term);
+        };
         let d = Delivery {
             msg,
             delivered,
@@ -1120,7 +1126,7 @@ impl Run {
         if delivered > s.max_deliver {
             Triage::Dead(d)
         } else {
-            Triage::Run(d)
+            Triage::Run(d, context)
         }
     }
 
@@ -1128,7 +1134,7 @@ impl Run {
     /// returns (so deliveries enter it in stream order), the rest runs in `running`.
     async fn dispatch(&mut self, msg: Arc<jetstream::Message>, source: Source) {
         self.pulled = true;
-        let mut d = match self.triage(msg, source) {
+        let (d, ctx) = match self.triage(msg, source) {
             Triage::Settle(msg, hseq, kind) => {
                 let held = match source {
                     Source::Main => &self.main,
@@ -1151,15 +1157,13 @@ impl Run {
                 }));
                 return;
             }
-            Triage::Run(d) => d,
+            Triage::Run(d, ctx) => (d, ctx),
         };
         // Held from here: progress signals while it waits in the local queue and runs.
         d.held.hold(d.hseq, d.msg.clone());
         // The host enforces the hook's timeout per call; this bound only covers the wait in the
         // hook's local queue behind the others this worker holds.
         let wait = (self.s.timeout + Duration::from_secs(5)) * (self.s.window.max(1) + 1);
-        // Moved out, not copied: a retry or a dead letter reads the envelope again.
-        let ctx = d.env.take_handler_context(d.delivered, d.seq);
         let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
         // One future per event: the handler call, then what follows it.
         let mut call: InFlight = Box::pin(async move {
@@ -1228,8 +1232,7 @@ async fn settle(
         let delay = (sh.opts.retry_backoff * 2u32.pow(shift)).min(Duration::from_secs(60));
         tracing::warn!(hook = %s.name, seq, delivered, "fleet: handler failed ({error}); retry in {}", crate::time::fmt_duration(delay));
         let retry = super::retry::due_in(delivered, seq, delay);
-        let env = full_envelope(&d);
-        match super::retry::publish(&sh.js, &sh.cfg, &s.key, &env, retry).await {
+        match super::retry::publish(&sh.js, &sh.cfg, &s.key, &d.env, retry).await {
             Ok(()) => d.held.finish(hseq, msg, AckKind::Ack).await,
             Err(e) => {
                 // Not stored: the broker redelivers this one after the delay instead.
@@ -1262,24 +1265,13 @@ async fn for_another_version(sh: &Shared, s: &Settings, counters: &Counters, d: 
     counters.mismatched.fetch_add(1, Ordering::Relaxed);
     let later = Duration::from_millis(200);
     let retry = super::retry::due_in(delivered, seq, later);
-    match super::retry::publish(&sh.js, &sh.cfg, &s.key, &full_envelope(&d), retry).await {
+    match super::retry::publish(&sh.js, &sh.cfg, &s.key, &d.env, retry).await {
         Ok(()) => d.held.finish(hseq, &d.msg, AckKind::Ack).await,
         Err(e) => {
             tracing::warn!(hook = %s.name, seq, "fleet: event for another version not republished ({e}); handing it back");
             d.held.give_back(hseq, &d.msg, Some(later)).await;
         }
     }
-}
-
-/// The delivery's envelope with its context (which the handler call took).
-fn full_envelope(d: &Delivery) -> Envelope {
-    let mut env = d.env.clone();
-    if env.context.is_null()
-        && let Ok(e) = serde_json::from_slice::<Envelope>(&d.msg.payload)
-    {
-        env.context = e.context;
-    }
-    env
 }
 
 /// Publishes the event to the dead-letter subject, then finishes it.
@@ -1291,8 +1283,7 @@ async fn dead_letter(
     delivered: i64,
     error: String,
 ) {
-    let env = full_envelope(&d);
-    let (msg, seq, hseq, key) = (d.msg, d.seq, d.hseq, d.key);
+    let (env, msg, seq, hseq, key) = (d.env, d.msg, d.seq, d.hseq, d.key);
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),

@@ -33,8 +33,8 @@ pub type Report<'a> = dyn FnMut(usize, HandlerResult) + Send + 'a;
 pub struct Call {
     /// Event name.
     pub event: Arc<str>,
-    /// Event context.
-    pub context: Arc<Value>,
+    /// Event context (its JSON text is made once for every hook the event went to).
+    pub context: Arc<super::context::Context>,
 }
 
 /// What a hook's worker ([`crate::hook`]) and its handler share, for one version of the hook:

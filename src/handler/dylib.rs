@@ -42,7 +42,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
@@ -194,8 +193,7 @@ impl From<DylibError> for HandlerError {
 enum Request {
     /// One call (emit_collect of a single event, or a batch of one).
     One {
-        event: Box<str>,
-        context: Vec<u8>,
+        call: Call,
         reply: oneshot::Sender<HandlerResult>,
     },
     /// Several calls in order; each result is sent as soon as its call returns. The contexts are
@@ -518,6 +516,17 @@ fn multi_core() -> bool {
 }
 
 /// The library's thread: load, report, serve calls until the handler goes away, retire.
+/// Calls the library with one event, its context encoded here (on the library's thread, off the
+/// async runtime) unless another hook of the event already did.
+fn call_with(loaded: &Loaded, call: &Call) -> HandlerResult {
+    match call.context.json() {
+        Ok(context) => loaded.call(&call.event, context.as_bytes()),
+        Err(e) => Err(HandlerError::Failed(format!(
+            "cannot encode the event: {e}"
+        ))),
+    }
+}
+
 fn thread_main(
     setup: Setup,
     loaded_tx: oneshot::Sender<Result<(), DylibError>>,
@@ -542,12 +551,8 @@ fn thread_main(
         spin = quick && multi_core();
         let Some(req) = req else { break };
         match req {
-            Request::One {
-                event,
-                context,
-                reply,
-            } => {
-                let result = loaded.call(&event, &context);
+            Request::One { call, reply } => {
+                let result = call_with(&loaded, &call);
                 // The receiver is gone only if the hook was torn down mid-call; nothing to tell.
                 let _ = reply.send(result);
             }
@@ -556,18 +561,11 @@ fn thread_main(
                 replies,
                 ctl,
             } => {
-                let mut context = Vec::new();
                 for call in events {
                     if !ctl.claim() {
                         break;
                     }
-                    context.clear();
-                    let result = match serde_json::to_writer(&mut context, &*call.context) {
-                        Ok(()) => loaded.call(&call.event, &context),
-                        Err(e) => Err(HandlerError::Failed(format!(
-                            "cannot encode the event: {e}"
-                        ))),
-                    };
+                    let result = call_with(&loaded, &call);
                     if replies.blocking_send(result).is_err() {
                         break;
                     }
@@ -652,18 +650,12 @@ impl DylibHandler {
         }
     }
 
-    async fn run(&mut self, event: &str, context: &Value) -> HandlerResult {
-        let context = serde_json::to_vec(context)
-            .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
+    async fn run(&mut self, call: Call) -> HandlerResult {
         let (reply, rx) = oneshot::channel();
-        let sent = self.tx.as_ref().is_some_and(|tx| {
-            tx.send(Request::One {
-                event: event.into(),
-                context,
-                reply,
-            })
-            .is_ok()
-        });
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send(Request::One { call, reply }).is_ok());
         if !sent {
             return Err(self.thread_gone());
         }
@@ -703,7 +695,7 @@ impl DylibHandler {
 impl DylibHandler {
     /// One call, straight to the library's thread (a lone event: the fastest path).
     async fn call_one(&mut self, call: &Call, report: &mut Report<'_>) {
-        match tokio::time::timeout(self.timeout, self.run(&call.event, &call.context)).await {
+        match tokio::time::timeout(self.timeout, self.run(call.clone())).await {
             Ok(result) => report(0, result),
             Err(_) => {
                 report(0, Err(HandlerError::TimedOut(self.timeout)));

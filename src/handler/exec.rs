@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
@@ -23,6 +23,7 @@ use super::api::{
     BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
     call_each,
 };
+use super::context::Context;
 use super::process::{GroupKill, command, describe_exit};
 
 /// Largest stdout kept; beyond it the output is cut and the call fails.
@@ -62,8 +63,11 @@ impl ExecHandler {
         })
     }
 
-    async fn run(&self, event: &str, context: &Value) -> HandlerResult {
+    async fn run(&self, event: &str, context: &Context) -> HandlerResult {
         crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
+        let context = context
+            .raw()
+            .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         let payload = json!({
             "hook_event_name": event,
             "event": event,

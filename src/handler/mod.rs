@@ -11,8 +11,8 @@
 use crate::discovery::{HandlerKind, HookSpec};
 
 mod api;
+pub mod context;
 pub mod dylib;
-pub mod encoded;
 pub mod exec;
 pub mod process;
 pub mod python;

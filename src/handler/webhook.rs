@@ -26,6 +26,7 @@ use super::api::{
     BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
     call_each,
 };
+use super::context::Context;
 use crate::discovery::{HandlerKind, HookSpec};
 use crate::manifest::Manifest;
 
@@ -220,8 +221,11 @@ impl WebhookHandler {
         })
     }
 
-    async fn deliver(&self, event: &str, context: &Value) -> HandlerResult {
+    async fn deliver(&self, event: &str, context: &Context) -> HandlerResult {
         let id = delivery_id(&self.name);
+        let context = context
+            .raw()
+            .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         let body = json!({
             "hook_event_name": event,
             "event": event,

@@ -25,7 +25,7 @@ pub struct Job {
     /// Event name, shared by every hook the event was queued to.
     pub event: Arc<str>,
     /// Event context, shared likewise.
-    pub context: Arc<Value>,
+    pub context: Arc<crate::handler::context::Context>,
     /// Where the outcome goes, for `emit_collect`; `None` for fire-and-forget.
     pub reply: Option<oneshot::Sender<CallOutcome>>,
 }

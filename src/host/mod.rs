@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
 use crate::events::{EventNameError, validate_event_name};
+use crate::handler::context::Context;
 use crate::handler::{self, HandlerContext};
 use crate::hook::{CallOutcome, HookStats, Job, LoadedHook, Reloader, Tally};
 use crate::registry::Registry;
@@ -242,11 +243,17 @@ impl Host {
     /// Lets one event in: checked ([`check_event`]), refused while draining, counted as received.
     fn admit(&self, event: &str, context: Value) -> Result<Value, EmitError> {
         let context = check_event(event, context)?;
+        self.let_in()?;
+        Ok(context)
+    }
+
+    /// Refuses while draining, else counts one event as received.
+    fn let_in(&self) -> Result<(), EmitError> {
         if self.is_draining() {
             return Err(EmitError::ShuttingDown);
         }
         self.inner.events_received.fetch_add(1, Ordering::Relaxed);
-        Ok(context)
+        Ok(())
     }
 
     /// A host with no hooks loaded yet; call [`Host::reload`] to load.
@@ -348,7 +355,7 @@ impl Host {
             return Ok(0);
         }
         let event: Arc<str> = Arc::from(event);
-        let context = Arc::new(context);
+        let context = Arc::new(Context::new(context));
         let mut queued = 0;
         for hook in matching.iter().map(|&i| &reg.hooks[i]) {
             let job = Job {
@@ -412,7 +419,7 @@ impl Host {
             if matching.is_empty() {
                 continue;
             }
-            let context = Arc::new(context);
+            let context = Arc::new(Context::new(context));
             for &h in matching.iter() {
                 per_hook[h].push((
                     i,
@@ -458,6 +465,7 @@ impl Host {
         only: Option<&str>,
     ) -> Result<Vec<HookOutcome>, EmitError> {
         if let Some(name) = only {
+            let context = Context::new(check_event(event, context)?);
             let o = self.call_one(event, context, timeout, name).await?;
             return Ok(o
                 .map(|o| hook_outcome(name.to_string(), o))
@@ -469,7 +477,7 @@ impl Host {
         let waiting: Vec<(String, oneshot::Receiver<CallOutcome>)> = {
             let reg = self.inner.registry.load();
             let event: Arc<str> = Arc::from(event);
-            let context = Arc::new(context);
+            let context = Arc::new(Context::new(context));
             reg.matching(&event)
                 .into_iter()
                 .map(|hook| {
@@ -493,15 +501,17 @@ impl Host {
     }
 
     /// [`Host::emit_collect_only`] for the one hook named `hook`, as a fleet worker calls it for
-    /// each event: `None` when no hook of that name is loaded or it does not match `event`.
+    /// each event: `None` when no hook of that name is loaded or it does not match `event`. The
+    /// context is a JSON object (a fleet worker's comes as the stream's text, checked there).
     pub async fn call_one(
         &self,
         event: &str,
-        context: Value,
+        context: Context,
         timeout: Duration,
         hook: &str,
     ) -> Result<Option<CallOutcome>, EmitError> {
-        let context = self.admit(event, context)?;
+        validate_event_name(event)?;
+        self.let_in()?;
         let rx = {
             let reg = self.inner.registry.load();
             let found = reg

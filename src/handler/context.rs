@@ -1,0 +1,80 @@
+//! An event's context as the handlers get it, shared (`Arc`) by the jobs of every hook the event
+//! was queued to.
+//!
+//! Every handler kind passes the context on as JSON text (a Python worker's request line, a
+//! library's argument, an executable's stdin, a webhook's body), so the text is what a context
+//! holds: made once, by the first handler that needs it, when the event arrived as a JSON object
+//! (local mode: ten Python hooks on one event share one encoding), or given as it came when the
+//! event arrived as text (a fleet worker passes the stream's bytes on without building an object).
+
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// A context: a JSON object, or its text.
+#[derive(Debug)]
+pub struct Context {
+    /// The object, when the context was given as one (`None` when given as text).
+    value: Option<Value>,
+    /// Its JSON text, made at most once.
+    json: OnceLock<Box<str>>,
+}
+
+impl Context {
+    /// A context given as a JSON object (the caller checked it is one).
+    pub fn new(value: Value) -> Self {
+        Self {
+            value: Some(value),
+            json: OnceLock::new(),
+        }
+    }
+
+    /// A context given as the JSON text of an object; `text` must be valid JSON (a fleet worker
+    /// builds it from the stream's text, which the envelope's parse checked).
+    pub fn from_object_text(text: String) -> Self {
+        Self {
+            value: None,
+            json: OnceLock::from(text.into_boxed_str()),
+        }
+    }
+
+    /// The JSON text.
+    pub fn json(&self) -> Result<&str, serde_json::Error> {
+        if let Some(text) = self.json.get() {
+            return Ok(text);
+        }
+        let text = serde_json::to_string(self.value.as_ref().unwrap_or(&Value::Null))?;
+        // Another handler may have encoded it meanwhile: either encoding is the same text.
+        Ok(self.json.get_or_init(|| text.into_boxed_str()))
+    }
+
+    /// The JSON text as a value to embed in a larger JSON document (an executable's input, a
+    /// webhook's body) without parsing it into an object.
+    pub fn raw(&self) -> Result<&RawValue, serde_json::Error> {
+        serde_json::from_str(self.json()?)
+    }
+}
+
+impl From<Value> for Context {
+    fn from(value: Value) -> Self {
+        Self::new(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoded_once_and_text_passed_as_it_came() {
+        let c = Context::new(serde_json::json!({"a": 1, "b": [true]}));
+        let first = c.json().unwrap().as_ptr();
+        assert_eq!(c.json().unwrap(), r#"{"a":1,"b":[true]}"#);
+        assert_eq!(c.json().unwrap().as_ptr(), first, "encoded once");
+        let t = Context::from_object_text(r#"{ "x" : 2 }"#.into());
+        assert_eq!(t.json().unwrap(), r#"{ "x" : 2 }"#);
+        let doc = serde_json::json!({"context": t.raw().unwrap()});
+        assert_eq!(doc["context"]["x"], 2);
+    }
+}
