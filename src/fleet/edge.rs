@@ -174,12 +174,21 @@ impl Edge {
         left
     }
 
-    /// The event as published; refused when it can never be stored (over the broker's limit).
+    /// How many hooks take `event` (for the answer), and the subject it is published to.
+    fn route(&self, event: &str) -> (usize, async_nats::Subject) {
+        let count = self.inner.view.matching(event).len();
+        (count, self.inner.cfg.event_subject(event).into())
+    }
+
+    /// The event as published, accepted at `time` and sent to `subject` (its event's); refused
+    /// when it can never be stored (over the broker's limit).
     fn envelope(
         &self,
         event: String,
         context: Value,
         client_id: ClientId,
+        time: &str,
+        subject: async_nats::Subject,
     ) -> Result<Pending, SinkError> {
         let env = Envelope {
             v: VERSION,
@@ -188,7 +197,7 @@ impl Edge {
             gateway: self.inner.gateway.clone(),
             event,
             context: super::envelope::raw_context(&context),
-            time: crate::time::now(),
+            time: time.to_string(),
             hook: None,
         };
         let payload = serde_json::to_vec(&env).unwrap_or_default();
@@ -200,7 +209,7 @@ impl Edge {
             return Err(SinkError::TooLarge { size, limit });
         }
         Ok(Pending {
-            subject: self.inner.cfg.event_subject(&env.event).into(),
+            subject,
             msg_id,
             payload: Bytes::from(payload),
             done: None,
@@ -601,10 +610,23 @@ impl EventSink for Edge {
             let mut items = Vec::with_capacity(events.len());
             let (waiter, stored_rx) = Waiter::new(events.len());
             let mut ids = ids.into_iter();
+            // One time of acceptance for the batch; batches repeat event names, so the last
+            // name's hook count and subject are reused.
+            let time = crate::time::now();
+            let mut last: Option<(String, usize, async_nats::Subject)> = None;
             // Every event checked before any is buffered: a batch is taken whole or refused.
             for (event, context) in events {
-                counts.push(self.inner.view.matching(&event).len());
-                let mut p = self.envelope(event, context, ids.next().flatten())?;
+                let (count, subject) = match &last {
+                    Some((name, count, subject)) if *name == event => (*count, subject.clone()),
+                    _ => {
+                        let (count, subject) = self.route(&event);
+                        last = Some((event.clone(), count, subject.clone()));
+                        (count, subject)
+                    }
+                };
+                counts.push(count);
+                let id = ids.next().flatten();
+                let mut p = self.envelope(event, context, id, &time, subject)?;
                 p.done = Some(waiter.clone());
                 items.push(p);
             }

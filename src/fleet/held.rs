@@ -81,7 +81,8 @@ impl Held {
         if let Ok(mut s) = self.slots.lock() {
             s.remove(&seq);
         }
-        if let Err(e) = msg.ack_with(kind).await {
+        // Boxed: the publish's future would otherwise be part of every event's (see `settle`).
+        if let Err(e) = Box::pin(msg.ack_with(kind)).await {
             tracing::warn!(
                 seq,
                 "fleet: acknowledgement not sent ({e}); the event will come again"

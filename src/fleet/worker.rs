@@ -1178,14 +1178,35 @@ impl Run {
     }
 }
 
-/// After the handler: acknowledge, retry later through the hook's retry subject (the hook goes
-/// on with the next events meanwhile), or dead-letter.
-async fn settle(
+type Outcome = Result<Option<crate::hook::CallOutcome>, crate::host::EmitError>;
+
+/// After the handler: acknowledge, or [`settle_other`].
+async fn settle(sh: &Shared, s: &Settings, counters: &Counters, d: Delivery, outcome: Outcome) {
+    match outcome {
+        Ok(Some(o)) if o.result.is_ok() => acknowledge(counters, d).await,
+        // Boxed: the rare paths (publishing a retry or a dead letter) would make every event's
+        // future several times larger.
+        other => Box::pin(settle_other(sh, s, counters, d, other)).await,
+    }
+}
+
+/// Acknowledges a delivery whose handler succeeded.
+async fn acknowledge(counters: &Counters, d: Delivery) {
+    d.held.finish(d.hseq, &d.msg, AckKind::Ack).await;
+    counters.acked.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut done) = counters.done.lock() {
+        done.insert(d.key);
+    }
+}
+
+/// After a handler failed, or did not run: retry later through the hook's retry subject (the
+/// hook goes on with the next events meanwhile), or dead-letter, or hand the event back.
+async fn settle_other(
     sh: &Shared,
     s: &Settings,
     counters: &Counters,
     d: Delivery,
-    outcome: Result<Option<crate::hook::CallOutcome>, crate::host::EmitError>,
+    outcome: Outcome,
 ) {
     let (msg, delivered, seq, hseq) = (&d.msg, d.delivered, d.seq, d.hseq);
     let error = match outcome {
@@ -1220,12 +1241,7 @@ async fn settle(
         },
     };
     let Some(error) = error else {
-        d.held.finish(hseq, msg, AckKind::Ack).await;
-        counters.acked.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut done) = counters.done.lock() {
-            done.insert(d.key);
-        }
-        return;
+        return acknowledge(counters, d).await;
     };
     if delivered < s.max_deliver {
         let shift = (delivered.max(1) - 1).min(16) as u32;
