@@ -13,9 +13,11 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
+use crate::handler::context::Context;
 use crate::host::{EmitError, Host};
 use crate::sink::SinkError;
 
@@ -421,8 +423,9 @@ struct BatchBody {
 #[derive(serde::Deserialize)]
 struct BatchItem {
     event: String,
+    /// Kept as the client's text: no hook needs it as an object (checked to be one later).
     #[serde(default)]
-    context: Value,
+    context: Option<Box<RawValue>>,
     #[serde(default)]
     id: Option<String>,
 }
@@ -431,14 +434,22 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
     require_ready(&state.host)?;
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, BATCH_BODY_LIMIT).await?;
-    let (events, ids): (Vec<(String, Value)>, Vec<Option<String>>) =
+    let (events, ids): (Vec<(String, Context)>, Vec<Option<String>>) =
         match serde_json::from_slice::<BatchBody>(&bytes) {
             Ok(b) => b
                 .events
                 .into_iter()
-                .map(|i| ((i.event, i.context), i.id))
+                .map(|i| {
+                    let context = i
+                        .context
+                        .map_or_else(|| Value::Null.into(), Context::from_raw);
+                    ((i.event, context), i.id)
+                })
                 .unzip(),
-            Err(_) => batch_slow_path(&bytes)?.into_iter().unzip(),
+            Err(_) => batch_slow_path(&bytes)?
+                .into_iter()
+                .map(|((event, context), id)| ((event, Context::new(context)), id))
+                .unzip(),
         };
     for (i, id) in ids.iter().enumerate() {
         if let Some(id) = id {

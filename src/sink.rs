@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::handler::context::Context;
+
 /// The crate's one boxed future (so that the trait can be used as `dyn EventSink`).
 pub use crate::handler::BoxFuture;
 
@@ -92,7 +94,7 @@ pub trait EventSink: Send + Sync {
     /// Takes many events at once (`ids` empty or one per event); one count per event, in order.
     fn accept_batch(
         &self,
-        events: Vec<(String, Value)>,
+        events: Vec<(String, Context)>,
         ids: Vec<ClientId>,
     ) -> BoxFuture<'_, Result<Accepted<Vec<usize>>, SinkError>>;
     /// Runs the matching hooks and returns their outcomes in match order, waiting at most

@@ -25,6 +25,7 @@ use tokio::sync::{Notify, oneshot};
 use super::envelope::{Envelope, IdGen, VERSION};
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
+use crate::handler::context::Context;
 use crate::sink::{Accepted, BoxFuture, ClientId, EventSink, HookOutcome, SinkError};
 
 /// Publish acknowledgements outstanding at once.
@@ -185,7 +186,7 @@ impl Edge {
     fn envelope(
         &self,
         event: String,
-        context: Value,
+        context: Context,
         client_id: ClientId,
         time: &str,
         subject: async_nats::Subject,
@@ -196,7 +197,7 @@ impl Edge {
             id: client_id.unwrap_or_else(|| self.inner.ids.next()),
             gateway: self.inner.gateway.clone(),
             event,
-            context: super::envelope::raw_context(&context),
+            context: context.into_raw().unwrap_or_default(),
             time: time.to_string(),
             hook: None,
         };
@@ -589,7 +590,8 @@ impl EventSink for Edge {
         id: ClientId,
     ) -> BoxFuture<'_, Result<Accepted<usize>, SinkError>> {
         Box::pin(async move {
-            let mut r = self.accept_batch(vec![(event, context)], vec![id]).await?;
+            let events = vec![(event, Context::new(context))];
+            let mut r = self.accept_batch(events, vec![id]).await?;
             Ok(Accepted {
                 queued: r.queued.pop().unwrap_or(0),
                 stored: r.stored,
@@ -599,7 +601,7 @@ impl EventSink for Edge {
 
     fn accept_batch(
         &self,
-        events: Vec<(String, Value)>,
+        events: Vec<(String, Context)>,
         ids: Vec<ClientId>,
     ) -> BoxFuture<'_, Result<Accepted<Vec<usize>>, SinkError>> {
         Box::pin(async move {

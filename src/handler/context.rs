@@ -39,6 +39,47 @@ impl Context {
         }
     }
 
+    /// A context given as JSON text (an HTTP batch's, which is passed on as it came): checked
+    /// to be an object by [`Context::checked`] before any hook gets it.
+    pub fn from_raw(raw: Box<RawValue>) -> Self {
+        Self {
+            value: None,
+            json: OnceLock::from(Box::<str>::from(raw)),
+        }
+    }
+
+    /// The context if it is an object (`null` becomes `{}`), else what it is instead ("a
+    /// list", "a string", "a number", "a boolean").
+    pub fn checked(self) -> Result<Self, &'static str> {
+        let first = match (&self.value, self.json.get()) {
+            (Some(Value::Null), _) => b'n',
+            (Some(Value::Object(_)), _) => b'{',
+            (Some(Value::Array(_)), _) => b'[',
+            (Some(Value::String(_)), _) => b'"',
+            (Some(Value::Bool(_)), _) => b't',
+            (Some(Value::Number(_)), _) => b'0',
+            (None, Some(text)) => text.trim_ascii_start().bytes().next().unwrap_or(b'n'),
+            (None, None) => b'n',
+        };
+        match first {
+            b'{' => Ok(self),
+            b'n' => Ok(Self::new(Value::Object(Default::default()))),
+            b'[' => Err("a list"),
+            b'"' => Err("a string"),
+            b't' | b'f' => Err("a boolean"),
+            _ => Err("a number"),
+        }
+    }
+
+    /// The JSON text as a value of its own (to embed in a message), without parsing it into
+    /// an object when it was given as text.
+    pub fn into_raw(self) -> Result<Box<RawValue>, serde_json::Error> {
+        match (self.json.into_inner(), self.value) {
+            (Some(text), _) => RawValue::from_string(text.into()),
+            (None, value) => serde_json::value::to_raw_value(&value.unwrap_or_default()),
+        }
+    }
+
     /// The JSON text.
     pub fn json(&self) -> Result<&str, serde_json::Error> {
         if let Some(text) = self.json.get() {
@@ -76,5 +117,32 @@ mod tests {
         assert_eq!(t.json().unwrap(), r#"{ "x" : 2 }"#);
         let doc = serde_json::json!({"context": t.raw().unwrap()});
         assert_eq!(doc["context"]["x"], 2);
+        assert_eq!(t.into_raw().unwrap().get(), r#"{ "x" : 2 }"#);
+    }
+
+    #[test]
+    fn only_objects_pass_and_null_is_empty() {
+        let raw = |t: &str| Context::from_raw(RawValue::from_string(t.into()).unwrap());
+        for (text, kind) in [
+            ("[1]", "a list"),
+            ("\"s\"", "a string"),
+            ("-1", "a number"),
+            ("2.5", "a number"),
+            ("false", "a boolean"),
+            ("true", "a boolean"),
+        ] {
+            assert_eq!(raw(text).checked().err(), Some(kind), "{text}");
+            let value: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(Context::new(value).checked().err(), Some(kind), "{text}");
+        }
+        assert_eq!(raw("null").checked().unwrap().json().unwrap(), "{}");
+        assert_eq!(
+            Context::new(Value::Null).checked().unwrap().json().unwrap(),
+            "{}"
+        );
+        assert_eq!(
+            raw(r#"{"a":[1]}"#).checked().unwrap().json().unwrap(),
+            r#"{"a":[1]}"#
+        );
     }
 }

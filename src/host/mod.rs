@@ -374,11 +374,14 @@ impl Host {
     /// is half-delivered) and counts them as received.
     fn accept_checked(
         &self,
-        events: Vec<(String, Value)>,
-    ) -> Result<Vec<(String, Value)>, (usize, EmitError)> {
+        events: Vec<(String, Context)>,
+    ) -> Result<Vec<(String, Context)>, (usize, EmitError)> {
         let mut checked = Vec::with_capacity(events.len());
         for (i, (event, context)) in events.into_iter().enumerate() {
-            let context = check_event(&event, context).map_err(|e| (i, e))?;
+            let context = validate_event_name(&event)
+                .map_err(EmitError::from)
+                .and_then(|()| context.checked().map_err(EmitError::ContextNotObject))
+                .map_err(|e| (i, e))?;
             checked.push((event, context));
         }
         if self.is_draining() {
@@ -396,7 +399,7 @@ impl Host {
     /// number of hooks it was queued to.
     pub fn emit_batch(
         &self,
-        events: Vec<(String, Value)>,
+        events: Vec<(String, Context)>,
     ) -> Result<Vec<usize>, (usize, EmitError)> {
         let checked = self.accept_checked(events)?;
         let reg = self.inner.registry.load();
@@ -419,7 +422,7 @@ impl Host {
             if matching.is_empty() {
                 continue;
             }
-            let context = Arc::new(Context::new(context));
+            let context = Arc::new(context);
             for &h in matching.iter() {
                 per_hook[h].push((
                     i,
@@ -578,7 +581,7 @@ impl Host {
     /// [`Host::emit_batch`] through the dispatch interface.
     pub async fn accept_batch(
         &self,
-        events: Vec<(String, Value)>,
+        events: Vec<(String, Context)>,
         ids: Vec<crate::sink::ClientId>,
     ) -> Result<Accepted<Vec<usize>>, (usize, EmitError)> {
         let Some(sink) = self.inner.sink.get() else {

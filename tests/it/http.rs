@@ -431,3 +431,34 @@ fn a_handler_flooding_its_output_is_rate_limited_and_keeps_working() {
         log.lines().count()
     );
 }
+
+#[test]
+fn a_batchs_contexts_reach_the_hook_as_the_client_wrote_them() {
+    // The batch endpoint passes each context's text on (no object is built in between): an
+    // integer past 64 bits arrives exact, `null` is an empty context, whitespace is harmless.
+    let hooks = Hooks::new();
+    let out = hooks.out().join("seen.jsonl");
+    let code = format!(
+        "import json\n\ndef handle(event, context):\n    with open({out:?}, 'a') as f:\n        f.write(json.dumps({{'event': event, 'n': str(context.get('n')), 'keys': sorted(context)}}) + '\\n')\n",
+        out = out.display().to_string()
+    );
+    hooks.python("seen", "[\"big:*\"]", &code);
+    let serve = Serve::start(&hooks, &[]);
+    let body = br#"{"events": [
+        {"event": "big:int", "context": { "n" : 12345678901234567890123 , "m": [1, {"x": null}] }},
+        {"event": "big:null", "context": null},
+        {"event": "big:none"}
+    ]}"#;
+    let ct = [("Content-Type", "application/json")];
+    let (s, _, answer) = http(&serve.addr, "POST", "/v1/events/batch", &ct, body);
+    assert_eq!(s, 202, "{}", String::from_utf8_lossy(&answer));
+    let seen = poll(T, "three events seen", || {
+        let v = crate::util::read_jsonl(&out);
+        (v.len() == 3).then_some(v)
+    });
+    assert_eq!(seen[0]["n"], "12345678901234567890123");
+    assert_eq!(seen[0]["keys"], json!(["m", "n"]));
+    for s in &seen[1..] {
+        assert_eq!((&s["n"], &s["keys"]), (&json!("None"), &json!([])), "{s}");
+    }
+}
