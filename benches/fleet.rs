@@ -88,16 +88,22 @@ fn cpu_secs(pid: u32) -> f64 {
 }
 
 /// [`cpu_secs`] of `pid` and every live descendant (a worker's Python processes are children
-/// of its fork server).
+/// of its fork server, which a thread other than the main one started: every thread's
+/// children are read).
 fn tree_cpu_secs(pid: u32) -> f64 {
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    cpu_secs(pid)
-        + children
-            .split_whitespace()
-            .filter_map(|c| c.parse().ok())
-            .map(tree_cpu_secs)
-            .sum::<f64>()
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    let children: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    cpu_secs(pid) + children.into_iter().map(tree_cpu_secs).sum::<f64>()
 }
 
 /// CPU microseconds per event of each named process (and its descendants) over `f`.
