@@ -1559,6 +1559,55 @@ fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
     assert!(out.contains("doomed"), "the letter stays: {out}");
 }
 
+/// A worker and an edge log in with `login FILE` and a recording hook `hook` handles three
+/// events through them; neither logs `secret`; without the login the broker refuses `dead
+/// list` (which waits for the broker), and it says why.
+fn logs_in_and_runs_three_events(
+    nats: &NatsServer,
+    hooks: &Hooks,
+    hook: &str,
+    login: &str,
+    file: &std::path::Path,
+    secret: &str,
+) {
+    let id = "w-login";
+    recording_hook(hooks, hook, r#"["agent:*"]"#, "");
+    let fleet_args = |cmd: &mut Command, id: &str| {
+        cmd.args(["--fleet", &nats.url(), login])
+            .arg(file)
+            .arg("--hooks-dir")
+            .arg(hooks.root())
+            .args(["--listen", "127.0.0.1:0", "--worker-id", id])
+            .args(FAST);
+    };
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker");
+    fleet_args(&mut cmd, id);
+    let w = Serve::spawn(cmd, hooks);
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--gateway-id", "gw-test"]);
+    fleet_args(&mut cmd, "unused");
+    let edge = Serve::spawn(cmd, hooks);
+    wait_for_fleet(&edge, hook, &[id]);
+    let (status, _) = post_batch(&edge, 0..3, json!({}));
+    assert_eq!(status, 202);
+    poll(Duration::from_secs(30), "3 events handled", || {
+        (records(hooks, hook).len() >= 3).then_some(())
+    });
+    assert!(
+        !w.log().contains(secret) && !edge.log().contains(secret),
+        "the secret is never logged"
+    );
+    let out = Command::new(bin())
+        .args(["dead", "list", "--fleet", &nats.url()])
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(err.contains("authoriz"), "says the login failed: {err}");
+}
+
 #[test]
 fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly() {
     let user = nkeys::KeyPair::new_user();
@@ -1572,44 +1621,8 @@ fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly(
     let hooks = Hooks::new();
     let seed = hooks.tmp.path().join("worker.nk");
     std::fs::write(&seed, format!("{}\n", user.seed().expect("seed"))).unwrap();
-    recording_hook(&hooks, "nkeyed", r#"["agent:*"]"#, "");
-    let fleet_args = |cmd: &mut Command, id: &str| {
-        cmd.args(["--fleet", &nats.url()])
-            .arg("--fleet-nkey")
-            .arg(&seed)
-            .arg("--hooks-dir")
-            .arg(hooks.root())
-            .args(["--listen", "127.0.0.1:0", "--worker-id", id])
-            .args(FAST);
-    };
-    let mut cmd = Command::new(bin());
-    cmd.arg("worker");
-    fleet_args(&mut cmd, "wn");
-    let w = Serve::spawn(cmd, &hooks);
-    let mut cmd = Command::new(bin());
-    cmd.args(["serve", "--gateway-id", "gw-test"]);
-    fleet_args(&mut cmd, "unused");
-    let edge = Serve::spawn(cmd, &hooks);
-    wait_for_fleet(&edge, "nkeyed", &["wn"]);
-    let (status, _) = post_batch(&edge, 0..3, json!({}));
-    assert_eq!(status, 202);
-    poll(Duration::from_secs(30), "3 events handled", || {
-        (records(&hooks, "nkeyed").len() >= 3).then_some(())
-    });
-    assert!(
-        !w.log().contains(&user.seed().unwrap()),
-        "the seed is never logged"
-    );
-    // Without the nkey the broker refuses the login: `dead list` (which waits for the broker)
-    // fails and says why.
-    let out = Command::new(bin())
-        .args(["dead", "list", "--fleet", &nats.url()])
-        .env("HERMES_HOME", hooks.home())
-        .output()
-        .unwrap();
-    assert_ne!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
-    assert!(err.contains("authoriz"), "says the login failed: {err}");
+    let secret = user.seed().unwrap();
+    logs_in_and_runs_three_events(&nats, &hooks, "nkeyed", "--fleet-nkey", &seed, &secret);
     // A .creds file that is not one fails at start, naming the file.
     let bad = hooks.tmp.path().join("bad.creds");
     std::fs::write(&bad, "not a creds file\n").unwrap();
@@ -1626,6 +1639,90 @@ fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly(
         err.contains("credentials file") && err.contains("bad.creds"),
         "names the file: {err}"
     );
+}
+
+/// A NATS JWT (v2) for `subject`, signed by `issuer`: what `nsc` writes, made here so that the
+/// test needs no tool. `nats` is the claims' `nats` object (its `type` and `version` added).
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, mut nats: Value) -> String {
+    use data_encoding::BASE64URL_NOPAD as B64;
+    let kind = if subject.starts_with('O') {
+        "operator"
+    } else if subject.starts_with('A') {
+        "account"
+    } else {
+        "user"
+    };
+    nats["type"] = json!(kind);
+    nats["version"] = json!(2);
+    let claims = json!({
+        "jti": format!("{name}-{subject}"),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let header = B64.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let body = B64.encode(claims.to_string().as_bytes());
+    let signed = format!("{header}.{body}");
+    let sig = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", B64.encode(&sig))
+}
+
+#[test]
+fn a_creds_file_logs_in_to_a_broker_in_operator_mode() {
+    let operator = nkeys::KeyPair::new_operator();
+    let system = nkeys::KeyPair::new_account();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let unlimited = json!({"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1});
+    let mut with_js = unlimited.clone();
+    for k in ["mem_storage", "disk_storage", "streams", "consumer"] {
+        with_js[k] = json!(-1);
+    }
+    let op_jwt = nats_jwt(&operator, &operator.public_key(), "op", json!({}));
+    let sys_jwt = nats_jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        json!({"limits": unlimited}),
+    );
+    let acc_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "hooks",
+        json!({"limits": with_js}),
+    );
+    let user_jwt = nats_jwt(
+        &account,
+        &user.public_key(),
+        "worker",
+        json!({"pub": {}, "sub": {},
+        "subs": -1, "data": -1, "payload": -1}),
+    );
+    let conf = format!(
+        "operator: \"{op_jwt}\"\nsystem_account: {sys}\nresolver: MEMORY\nresolver_preload: {{\n  {sys}: \"{sys_jwt}\"\n  {acc}: \"{acc_jwt}\"\n}}\n",
+        sys = system.public_key(),
+        acc = account.public_key(),
+    );
+    let Some(nats) = NatsServer::start_with(&[], &conf) else {
+        return;
+    };
+    let hooks = Hooks::new();
+    let creds = hooks.tmp.path().join("worker.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().expect("seed")
+        ),
+    )
+    .unwrap();
+    let secret = user.seed().unwrap();
+    logs_in_and_runs_three_events(&nats, &hooks, "credsed", "--fleet-creds", &creds, &secret);
 }
 
 #[test]
