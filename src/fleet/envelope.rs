@@ -16,6 +16,8 @@ pub const VERSION: u32 = 1;
 /// The context key under which a fleet worker tells the handler about the delivery:
 /// `{"event_id", "gateway_id", "delivered", "stream_seq"}` (`stream_seq` 0 for collect).
 pub const CONTEXT_KEY: &str = "_fleet";
+/// [`CONTEXT_KEY`] as it appears in JSON text.
+const CONTEXT_KEY_QUOTED: &str = "\"_fleet\"";
 
 /// One event as published to the stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,7 +58,7 @@ impl Envelope {
     /// the event's context already has that key (the worker's replaces it); `None` when the
     /// context is not an object (nothing a fleet edge publishes).
     pub fn handler_context(&self, delivered: i64, stream_seq: u64) -> Option<Context> {
-        let fleet = Delivery {
+        let fleet = FleetInfo {
             event_id: &self.id,
             gateway_id: &self.gateway,
             delivered,
@@ -68,7 +70,7 @@ impl Envelope {
             "null" => "",
             _ => text.strip_prefix('{')?.strip_suffix('}')?,
         };
-        if inner.contains(concat!('"', "_fleet", '"')) {
+        if inner.contains(CONTEXT_KEY_QUOTED) {
             let mut object: Map<String, Value> = serde_json::from_str(text).ok()?;
             object.insert(CONTEXT_KEY.into(), serde_json::to_value(&fleet).ok()?);
             return Some(Context::new(Value::Object(object)));
@@ -91,7 +93,7 @@ impl Envelope {
 
 /// What [`CONTEXT_KEY`] holds.
 #[derive(Serialize)]
-struct Delivery<'a> {
+struct FleetInfo<'a> {
     event_id: &'a str,
     gateway_id: &'a str,
     delivered: i64,
@@ -198,6 +200,7 @@ mod tests {
 
     #[test]
     fn the_delivery_key_is_added_to_any_object_and_replaces_the_events_own() {
+        assert_eq!(CONTEXT_KEY_QUOTED, format!("\"{CONTEXT_KEY}\""));
         for empty in ["{}", "{ }", "null"] {
             let c = handler_context(empty).unwrap();
             assert_eq!(c.as_object().unwrap().len(), 1, "{empty}");
