@@ -434,23 +434,14 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
     require_ready(&state.host)?;
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, BATCH_BODY_LIMIT).await?;
-    let (events, ids): (Vec<(String, Context)>, Vec<Option<String>>) =
-        match serde_json::from_slice::<BatchBody>(&bytes) {
-            Ok(b) => b
-                .events
-                .into_iter()
-                .map(|i| {
-                    let context = i
-                        .context
-                        .map_or_else(|| Value::Null.into(), Context::from_raw);
-                    ((i.event, context), i.id)
-                })
-                .unzip(),
-            Err(_) => batch_slow_path(&bytes)?
-                .into_iter()
-                .map(|((event, context), id)| ((event, Context::new(context)), id))
-                .unzip(),
-        };
+    let (events, ids): (Vec<(String, Context)>, Vec<Option<String>>) = match batch_fast_path(&bytes)
+    {
+        Some(items) => items.into_iter().unzip(),
+        None => batch_slow_path(&bytes)?
+            .into_iter()
+            .map(|((event, context), id)| ((event, Context::new(context)), id))
+            .unzip(),
+    };
     for (i, id) in ids.iter().enumerate() {
         if let Some(id) = id {
             check_id(id, &format!("events[{i}]: "))?;
@@ -484,6 +475,25 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
 type EventItem = (String, Value);
 
 /// Parses a batch the fast path refused, to say exactly what is wrong with it.
+/// An event of a batch with its context as the client's text.
+type TextItem = (String, Context);
+
+/// The batch as the fast path reads it, each context kept as the client's text; `None` for
+/// anything it cannot read (the slow path words the error).
+fn batch_fast_path(bytes: &[u8]) -> Option<Vec<(TextItem, Option<String>)>> {
+    let body = serde_json::from_slice::<BatchBody>(bytes).ok()?;
+    body.events
+        .into_iter()
+        .map(|i| {
+            let context = match i.context {
+                Some(raw) => Context::from_raw(raw).ok()?,
+                None => Value::Null.into(),
+            };
+            Some(((i.event, context), i.id))
+        })
+        .collect()
+}
+
 fn batch_slow_path(bytes: &[u8]) -> Result<Vec<(EventItem, Option<String>)>, ApiError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;

@@ -31,21 +31,38 @@ impl Context {
     }
 
     /// A context given as the JSON text of an object; `text` must be valid JSON (a fleet worker
-    /// builds it from the stream's text, which the envelope's parse checked).
+    /// builds it from the stream's text, which the envelope's parse checked). Line breaks
+    /// between tokens are taken out: a Python worker reads one request per line.
     pub fn from_object_text(text: String) -> Self {
+        let text = if text.contains(['\n', '\r']) {
+            compact(&text)
+        } else {
+            text
+        };
         Self {
             value: None,
             json: OnceLock::from(text.into_boxed_str()),
         }
     }
 
-    /// A context given as JSON text (an HTTP batch's, which is passed on as it came): checked
-    /// to be an object by [`Context::checked`] before any hook gets it.
-    pub fn from_raw(raw: Box<RawValue>) -> Self {
-        Self {
+    /// A context given as JSON text (an HTTP batch's), refused where parsing it into an object
+    /// would fail (a lone surrogate escape, a number out of range, nesting past 128 levels: the
+    /// raw parse lets those through), kept as it came but for the whitespace between tokens,
+    /// which is taken out (the text must fit on one line, and counts against the broker's
+    /// limit as it would compact). Checked to be an object by [`Context::checked`] before any
+    /// hook gets it.
+    pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
+        serde_json::from_str::<Strict>(raw.get())?;
+        let text = Box::<str>::from(raw);
+        let text = if text.contains([' ', '\n', '\r', '\t']) {
+            compact(&text).into_boxed_str()
+        } else {
+            text
+        };
+        Ok(Self {
             value: None,
-            json: OnceLock::from(Box::<str>::from(raw)),
-        }
+            json: OnceLock::from(text),
+        })
     }
 
     /// The context if it is an object (`null` becomes `{}`), else what it is instead ("a
@@ -97,6 +114,81 @@ impl Context {
     }
 }
 
+/// `text` (valid JSON) without the whitespace between its tokens; whitespace inside strings is
+/// kept (a line break there is always escaped).
+fn compact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if matches!(c, ' ' | '\n' | '\r' | '\t') {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Reads any JSON value as strictly as parsing it into a [`Value`] does (the same parser calls),
+/// keeping nothing.
+struct Strict;
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Strict;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_unit<E>(self) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_none<E>(self) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Strict, A::Error> {
+        while a.next_element::<Strict>()?.is_some() {}
+        Ok(Strict)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Strict, A::Error> {
+        while a.next_key::<Strict>()?.is_some() {
+            a.next_value::<Strict>()?;
+        }
+        Ok(Strict)
+    }
+}
+
 impl From<Value> for Context {
     fn from(value: Value) -> Self {
         Self::new(value)
@@ -121,8 +213,26 @@ mod tests {
     }
 
     #[test]
-    fn only_objects_pass_and_null_is_empty() {
+    fn raw_text_is_refused_where_an_object_parse_fails_and_comes_out_on_one_line() {
         let raw = |t: &str| Context::from_raw(RawValue::from_string(t.into()).unwrap());
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        for bad in [r#"{"s":"\ud800"}"#, r#"{"n":1e400}"#, deep.as_str()] {
+            assert!(serde_json::from_str::<Value>(bad).is_err(), "{bad}");
+            assert!(raw(bad).is_err(), "{bad}");
+        }
+        let c = raw("{\n  \"a b\" : [1, 2],\r\n\t\"s\": \"x \\\" }\\\\\"\n}").unwrap();
+        assert_eq!(c.json().unwrap(), r#"{"a b":[1,2],"s":"x \" }\\"}"#);
+        assert_eq!(
+            serde_json::from_str::<Value>(c.json().unwrap()).unwrap()["s"],
+            "x \" }\\"
+        );
+        let t = Context::from_object_text("{\"a\":\n1}".into());
+        assert_eq!(t.json().unwrap(), r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn only_objects_pass_and_null_is_empty() {
+        let raw = |t: &str| Context::from_raw(RawValue::from_string(t.into()).unwrap()).unwrap();
         for (text, kind) in [
             ("[1]", "a list"),
             ("\"s\"", "a string"),

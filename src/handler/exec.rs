@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
@@ -40,6 +39,15 @@ pub struct ExecHandler {
     program: PathBuf,
     /// `sh` for a `.sh` file without the run bit.
     via_shell: bool,
+}
+
+/// What an executable reads on stdin (the context's text embedded as it is, not parsed).
+#[derive(serde::Serialize)]
+struct Input<'a> {
+    hook_event_name: &'a str,
+    event: &'a str,
+    context: &'a serde_json::value::RawValue,
+    hook: &'a str,
 }
 
 impl ExecHandler {
@@ -68,12 +76,12 @@ impl ExecHandler {
         let context = context
             .raw()
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
-        let payload = json!({
-            "hook_event_name": event,
-            "event": event,
-            "context": context,
-            "hook": self.ctx.name,
-        });
+        let payload = Input {
+            hook_event_name: event,
+            event,
+            context,
+            hook: &self.ctx.name,
+        };
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');

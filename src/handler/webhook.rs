@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hmac::{Hmac, KeyInit, Mac};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderValue, LOCATION};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::api::{
@@ -169,6 +169,16 @@ pub struct WebhookHandler {
     concurrency: usize,
 }
 
+/// A delivery's body (the context's text embedded as it is, not parsed).
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    hook_event_name: &'a str,
+    event: &'a str,
+    context: &'a serde_json::value::RawValue,
+    delivery_id: &'a str,
+    timestamp: String,
+}
+
 impl WebhookHandler {
     /// Checks the URL, reads the secret and builds the hook's HTTP client; nothing is sent yet.
     pub fn new(ctx: &HandlerContext, target: Option<WebhookTarget>) -> Result<Self, HandlerError> {
@@ -226,13 +236,13 @@ impl WebhookHandler {
         let context = context
             .raw()
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
-        let body = json!({
-            "hook_event_name": event,
-            "event": event,
-            "context": context,
-            "delivery_id": id,
-            "timestamp": crate::time::now(),
-        });
+        let body = Body {
+            hook_event_name: event,
+            event,
+            context,
+            delivery_id: &id,
+            timestamp: crate::time::now(),
+        };
         let body = serde_json::to_vec(&body)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         let signature = self.secret.as_deref().map(|s| signature(s, &body));

@@ -435,7 +435,8 @@ fn a_handler_flooding_its_output_is_rate_limited_and_keeps_working() {
 #[test]
 fn a_batchs_contexts_reach_the_hook_as_the_client_wrote_them() {
     // The batch endpoint passes each context's text on (no object is built in between): an
-    // integer past 64 bits arrives exact, `null` is an empty context, whitespace is harmless.
+    // integer past 64 bits arrives exact, `null` is an empty context, line breaks inside a
+    // context do not break the Python worker's one-request-per-line protocol.
     let hooks = Hooks::new();
     let out = hooks.out().join("seen.jsonl");
     let code = format!(
@@ -445,7 +446,9 @@ fn a_batchs_contexts_reach_the_hook_as_the_client_wrote_them() {
     hooks.python("seen", "[\"big:*\"]", &code);
     let serve = Serve::start(&hooks, &[]);
     let body = br#"{"events": [
-        {"event": "big:int", "context": { "n" : 12345678901234567890123 , "m": [1, {"x": null}] }},
+        {"event": "big:int", "context": {
+            "n" : 12345678901234567890123 ,
+            "m": [1, {"x": null}] }},
         {"event": "big:null", "context": null},
         {"event": "big:none"}
     ]}"#;
@@ -460,5 +463,25 @@ fn a_batchs_contexts_reach_the_hook_as_the_client_wrote_them() {
     assert_eq!(seen[0]["keys"], json!(["m", "n"]));
     for s in &seen[1..] {
         assert_eq!((&s["n"], &s["keys"]), (&json!("None"), &json!([])), "{s}");
+    }
+    // What a JSON object cannot hold is refused as from `POST /v1/events`: a lone surrogate, a
+    // number out of range.
+    for bad in [r#"{"s": "\ud800"}"#, r#"{"n": 1e400}"#] {
+        let one = format!(r#"{{"event": "big:bad", "context": {bad}}}"#);
+        let (s1, _, _) = http(&serve.addr, "POST", "/v1/events", &ct, one.as_bytes());
+        let batch = format!(r#"{{"events": [{one}]}}"#);
+        let (s2, _, a) = http(
+            &serve.addr,
+            "POST",
+            "/v1/events/batch",
+            &ct,
+            batch.as_bytes(),
+        );
+        assert_eq!(
+            (s1, s2),
+            (400, 400),
+            "{bad}: {}",
+            String::from_utf8_lossy(&a)
+        );
     }
 }
