@@ -1,4 +1,5 @@
-//! Test-only helpers shared by the crate's unit tests (property-test generators).
+//! Test-only helpers shared by the crate's unit tests and the integration tests' fuzzing
+//! (`tests/it/fuzz.rs` includes this file by path): property-test generators.
 
 use proptest::prelude::*;
 use serde_json::{Value, json};

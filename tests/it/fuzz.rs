@@ -19,6 +19,12 @@ use tower::ServiceExt;
 
 use crate::util::Hooks;
 
+// The crate's own JSON generator for property tests (a `cfg(test)` module, so included here by
+// path rather than copied).
+#[path = "../../src/testing.rs"]
+mod testing;
+use testing::any_json;
+
 fn cases(n: u32) -> ProptestConfig {
     ProptestConfig {
         cases: n,
@@ -37,24 +43,6 @@ proptest! {
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
     }
-}
-
-/// A JSON value of any shape, small.
-fn yaml_json() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| json!(n)),
-        any::<f64>().prop_map(|f| json!(f)),
-        "\\PC{0,16}".prop_map(Value::String),
-    ];
-    leaf.prop_recursive(3, 24, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::btree_map("[a-z_]{0,8}", inner, 0..4)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
 }
 
 /// A request to one of the routes (and some that are not routes) with an arbitrary body.
@@ -81,10 +69,10 @@ fn request() -> impl Strategy<Value = (String, String, Option<String>, Vec<u8>)>
     ];
     let body = prop_oneof![
         any::<Vec<u8>>(),
-        yaml_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+        any_json().prop_map(|v| serde_json::to_vec(&v).unwrap()),
         (
             prop_oneof!["fuzz:[a-z]{1,6}", "\\PC{0,20}"],
-            yaml_json(),
+            any_json(),
             0u64..3000
         )
             .prop_map(|(event, context, timeout_ms)| serde_json::to_vec(
@@ -92,7 +80,7 @@ fn request() -> impl Strategy<Value = (String, String, Option<String>, Vec<u8>)>
             )
             .unwrap()),
         prop::collection::vec(
-            (prop_oneof!["fuzz:[a-z]{1,6}", "\\PC{0,12}"], yaml_json()),
+            (prop_oneof!["fuzz:[a-z]{1,6}", "\\PC{0,12}"], any_json()),
             0..6
         )
         .prop_map(|evs| {
