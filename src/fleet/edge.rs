@@ -8,6 +8,12 @@
 //! Retry-After: nothing accepted is ever dropped), and the buffer is sent when the broker is
 //! back; the stream's de-duplication absorbs what was sent twice across the outage.
 //!
+//! Events of one name accepted in one request go to the stream together, as bundles of up to
+//! [`BUNDLE_EVENTS`] events ([`super::envelope`]): one message to store, deliver and acknowledge
+//! instead of one per event. Only while every live worker says it reads bundles (an older
+//! worker would drop one as unreadable), and never an event with a client event id (its
+//! `Nats-Msg-Id` is its own, for the stream's de-duplication).
+//!
 //! An event larger than the broker's `max_payload` can never be stored: it is refused before
 //! anything is accepted (413). One the broker refuses for good anyway (its limit lowered, a
 //! stream limit) is taken off the buffer, logged with its id and counted as `refused`: it never
@@ -22,7 +28,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 
-use super::envelope::{Envelope, IdGen, VERSION};
+use serde_json::value::RawValue;
+
+use super::envelope::{
+    BUNDLE_BYTES, BUNDLE_EVENTS, BUNDLE_ITEM_EXTRA, Envelope, IdGen, VERSION, bundle_head_len,
+    write_bundle,
+};
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
 use crate::handler::context::Context;
@@ -36,15 +47,53 @@ pub const DEFAULT_BUFFER: usize = 100_000;
 /// event stays buffered and the edge reports degraded).
 pub const PUBLISH_WAIT: Duration = Duration::from_secs(5);
 
+/// One stream message to send: an event, or a bundle of events.
 struct Pending {
     subject: async_nats::Subject,
     msg_id: String,
     payload: Bytes,
+    /// Events in it.
+    events: usize,
     /// The accept waiting for this event (shared by a batch's events).
     done: Option<Arc<Waiter>>,
 }
 
-/// One accept waiting for its events: answered once every one is stored, or at the first one
+/// The buffer: messages not yet sent, and how many events they hold.
+#[derive(Default)]
+struct Buf {
+    q: VecDeque<Pending>,
+    events: usize,
+}
+
+impl Buf {
+    fn push_back(&mut self, p: Pending) {
+        self.events += p.events;
+        self.q.push_back(p);
+    }
+
+    fn push_front(&mut self, p: Pending) {
+        self.events += p.events;
+        self.q.push_front(p);
+    }
+
+    fn pop_front(&mut self) -> Option<Pending> {
+        let p = self.q.pop_front()?;
+        self.events -= p.events;
+        Some(p)
+    }
+}
+
+/// Events of one name, in order, to go to the stream as one bundle.
+struct Run {
+    event: String,
+    subject: async_nats::Subject,
+    /// Event id and context text.
+    items: Vec<(String, Box<RawValue>)>,
+    /// The bundle's size, at most.
+    bytes: usize,
+}
+
+/// One accept waiting for its messages: answered once every one is stored, or at the first one
 /// refused (one channel per request, not one per event).
 struct Waiter {
     left: AtomicUsize,
@@ -74,7 +123,7 @@ struct Inner {
     gateway: String,
     ids: IdGen,
     capacity: usize,
-    buf: Mutex<VecDeque<Pending>>,
+    buf: Mutex<Buf>,
     wake: Notify,
     idle: Notify,
     inflight: AtomicUsize,
@@ -114,7 +163,7 @@ impl Edge {
             gateway,
             ids: IdGen::default(),
             capacity: capacity.max(1),
-            buf: Mutex::new(VecDeque::new()),
+            buf: Mutex::new(Buf::default()),
             wake: Notify::new(),
             idle: Notify::new(),
             inflight: AtomicUsize::new(0),
@@ -175,34 +224,69 @@ impl Edge {
         left
     }
 
-    /// How many hooks take `event` (for the answer), and the subject it is published to.
-    fn route(&self, event: &str) -> (usize, async_nats::Subject) {
-        let count = self.inner.view.matching(event).len();
-        (count, self.inner.cfg.event_subject(event).into())
+    /// How many hooks take `event` (for the answer), the subject it is published to, and
+    /// whether it may go in bundles ([`super::status::FleetView::route`]).
+    fn route(&self, event: &str) -> (usize, async_nats::Subject, bool) {
+        let (hooks, bundles) = self.inner.view.route(event);
+        (
+            hooks.len(),
+            self.inner.cfg.event_subject(event).into(),
+            bundles,
+        )
     }
 
-    /// The event as published, accepted at `time` and sent to `subject` (its event's); refused
-    /// when it can never be stored (over the broker's limit).
+    /// The event as published alone, accepted at `time` and sent to `subject` (its event's);
+    /// refused when it can never be stored (over the broker's limit).
     fn envelope(
         &self,
         event: String,
-        context: Context,
-        client_id: ClientId,
+        context: Box<RawValue>,
+        (id, client_id): (String, bool),
         time: &str,
         subject: async_nats::Subject,
     ) -> Result<Pending, SinkError> {
         let env = Envelope {
             v: VERSION,
-            client_id: client_id.is_some(),
-            id: client_id.unwrap_or_else(|| self.inner.ids.next()),
+            client_id,
+            id,
             gateway: self.inner.gateway.clone(),
             event,
-            context: context.into_raw().unwrap_or_default(),
+            context,
             time: time.to_string(),
             hook: None,
         };
         let payload = serde_json::to_vec(&env).unwrap_or_default();
-        let msg_id = env.msg_id();
+        self.pending(subject, env.msg_id(), payload, 1)
+    }
+
+    /// A run of events as one message: alone when it is one, else a bundle (its id is its first
+    /// event's).
+    fn seal(&self, mut run: Run, time: &str) -> Result<Pending, SinkError> {
+        if run.items.len() == 1
+            && let Some((id, context)) = run.items.pop()
+        {
+            return self.envelope(run.event, context, (id, false), time, run.subject);
+        }
+        let gateway = &self.inner.gateway;
+        let payload = write_bundle(
+            gateway,
+            &run.event,
+            time,
+            run.items.iter().map(|(id, c)| (id.as_str(), &**c)),
+        );
+        let first = run.items.first().map(|(id, _)| id.as_str()).unwrap_or("");
+        let msg_id = format!("{gateway}:{first}");
+        self.pending(run.subject, msg_id, payload, run.items.len())
+    }
+
+    /// A message to send; refused when it can never be stored (over the broker's limit).
+    fn pending(
+        &self,
+        subject: async_nats::Subject,
+        msg_id: String,
+        payload: Vec<u8>,
+        events: usize,
+    ) -> Result<Pending, SinkError> {
         // Payload plus the header block (`NATS/1.0`, `Nats-Msg-Id: ...`) as the server counts it.
         let size = payload.len() + msg_id.len() + 32;
         let limit = self.inner.client.max_payload();
@@ -213,26 +297,34 @@ impl Edge {
             subject,
             msg_id,
             payload: Bytes::from(payload),
+            events,
             done: None,
         })
+    }
+
+    /// The largest bundle to write: [`BUNDLE_BYTES`], less when the broker takes less.
+    fn bundle_limit(&self) -> usize {
+        BUNDLE_BYTES.min(self.inner.client.max_payload().saturating_sub(512))
     }
 }
 
 impl Inner {
+    /// Events buffered or sent and not yet stored.
     fn held(&self) -> usize {
-        self.buf.lock().map(|b| b.len()).unwrap_or(0) + self.inflight.load(Ordering::Relaxed)
+        self.buf.lock().map(|b| b.events).unwrap_or(0) + self.inflight.load(Ordering::Relaxed)
     }
 
     /// Buffers `items`, all or none: a full buffer refuses them (nothing accepted is dropped).
     fn push(&self, items: Vec<Pending>) -> Result<(), SinkError> {
+        let events: usize = items.iter().map(|p| p.events).sum();
         {
             let Ok(mut buf) = self.buf.lock() else {
                 return Err(SinkError::ShuttingDown);
             };
-            if buf.len() + self.inflight.load(Ordering::Relaxed) + items.len() > self.capacity {
+            if buf.events + self.inflight.load(Ordering::Relaxed) + events > self.capacity {
                 drop(buf);
-                let n = self.full.fetch_add(items.len() as u64, Ordering::Relaxed) + 1;
-                if n.is_power_of_two() || items.len() > 1 {
+                let n = self.full.fetch_add(events as u64, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() || events > 1 {
                     tracing::warn!(
                         refused = n,
                         "fleet: buffer full ({} events): refusing new events (503) until the broker takes more",
@@ -243,7 +335,9 @@ impl Inner {
                     capacity: self.capacity,
                 });
             }
-            buf.extend(items);
+            for p in items {
+                buf.push_back(p);
+            }
         }
         self.wake.notify_one();
         Ok(())
@@ -261,11 +355,11 @@ impl Inner {
         }
     }
 
-    /// Takes an event the broker will never store off the buffer: logged with its id, counted,
-    /// and its accept (if still waiting) answered with the reason.
+    /// Takes a message the broker will never store off the buffer: logged with its id, its
+    /// events counted, and its accept (if still waiting) answered with the reason.
     fn refuse(&self, p: Pending, why: String) {
-        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::error!(msg_id = %p.msg_id, subject = %p.subject, refused = n, "fleet: the broker refuses this event for good ({why}); dropped from the buffer");
+        let n = self.refused.fetch_add(p.events as u64, Ordering::Relaxed) + p.events as u64;
+        tracing::error!(msg_id = %p.msg_id, subject = %p.subject, events = p.events, refused = n, "fleet: the broker refuses this message for good ({why}); dropped from the buffer");
         if let Some(done) = p.done {
             done.answer(Err(SinkError::Refused(why)));
         }
@@ -380,6 +474,8 @@ struct Window {
     inbox: String,
     sent: VecDeque<Sent>,
     first: u64,
+    /// Events in `sent`.
+    events: usize,
 }
 
 impl Window {
@@ -406,6 +502,7 @@ impl Window {
     /// are ignored.
     fn take_back(&mut self) -> Vec<Pending> {
         self.first += self.sent.len() as u64;
+        self.events = 0;
         self.sent.drain(..).map(|s| s.p).collect()
     }
 }
@@ -429,12 +526,13 @@ async fn send_more(inner: &Inner, window: &mut Window) -> Result<(), String> {
         );
         match publish.await {
             Ok(()) => {
+                window.events += p.events;
                 window.sent.push_back(Sent {
                     p,
                     at: tokio::time::Instant::now(),
                     ack: None,
                 });
-                inner.inflight.store(window.sent.len(), Ordering::Relaxed);
+                inner.inflight.store(window.events, Ordering::Relaxed);
             }
             Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
                 inner.refuse(p, format!("publish: {e}"));
@@ -459,12 +557,17 @@ fn settle_front(inner: &Inner, window: &mut Window) -> (bool, Option<String>) {
             break;
         };
         window.first += 1;
+        window.events -= p.events;
         match ack {
             Some(Ack::Stored { duplicate }) => {
                 stored = true;
-                inner.published.fetch_add(1, Ordering::Relaxed);
+                inner
+                    .published
+                    .fetch_add(p.events as u64, Ordering::Relaxed);
                 if duplicate {
-                    inner.duplicates.fetch_add(1, Ordering::Relaxed);
+                    inner
+                        .duplicates
+                        .fetch_add(p.events as u64, Ordering::Relaxed);
                 }
                 if let Some(done) = p.done {
                     done.answer(Ok(()));
@@ -483,7 +586,7 @@ fn settle_front(inner: &Inner, window: &mut Window) -> (bool, Option<String>) {
             }
         }
     }
-    inner.inflight.store(window.sent.len(), Ordering::Relaxed);
+    inner.inflight.store(window.events, Ordering::Relaxed);
     (stored, None)
 }
 
@@ -499,6 +602,7 @@ async fn publisher(inner: Arc<Inner>) {
         inbox: inner.client.new_inbox(),
         sent: VecDeque::new(),
         first: 0,
+        events: 0,
     };
     let mut acks: Option<async_nats::Subscriber> = None;
     loop {
@@ -572,13 +676,78 @@ async fn publisher(inner: Arc<Inner>) {
             continue;
         }
         let wake = inner.wake.notified();
-        if inner.buf.lock().map(|b| b.is_empty()).unwrap_or(true) {
+        if inner.buf.lock().map(|b| b.q.is_empty()).unwrap_or(true) {
             inner.idle.notify_waiters();
             if inner.closing.load(Ordering::SeqCst) {
                 return;
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), wake).await;
         }
+    }
+}
+
+impl Edge {
+    /// The messages that carry a request's `events` to the stream (bundles where it can), and
+    /// each event's hook count in `counts`. Every event is checked before any is buffered: a
+    /// request is taken whole or refused.
+    fn messages(
+        &self,
+        events: Vec<(String, Context)>,
+        ids: Vec<ClientId>,
+        counts: &mut Vec<usize>,
+    ) -> Result<Vec<Pending>, SinkError> {
+        let mut items = Vec::with_capacity(events.len().min(BUNDLE_EVENTS));
+        let mut ids = ids.into_iter();
+        let limit = self.bundle_limit();
+        // One time of acceptance for the request; requests repeat event names, so the last
+        // name's hook count and subject are reused.
+        let time = crate::time::now();
+        let mut last: Option<(String, (usize, async_nats::Subject, bool))> = None;
+        let mut run: Option<Run> = None;
+        for (event, context) in events {
+            let (count, subject, bundles) = match &last {
+                Some((name, route)) if *name == event => route.clone(),
+                _ => {
+                    let route = self.route(&event);
+                    last = Some((event.clone(), route.clone()));
+                    route
+                }
+            };
+            counts.push(count);
+            let context = context.into_raw().unwrap_or_default();
+            let client_id = ids.next().flatten();
+            if !bundles || client_id.is_some() {
+                if let Some(r) = run.take() {
+                    items.push(self.seal(r, &time)?);
+                }
+                let id = match client_id {
+                    Some(id) => (id, true),
+                    None => (self.inner.ids.next(), false),
+                };
+                items.push(self.envelope(event, context, id, &time, subject)?);
+                continue;
+            }
+            let id = self.inner.ids.next();
+            let size = id.len() + context.get().len() + BUNDLE_ITEM_EXTRA;
+            if let Some(r) = &run
+                && (r.event != event || r.items.len() >= BUNDLE_EVENTS || r.bytes + size > limit)
+                && let Some(r) = run.take()
+            {
+                items.push(self.seal(r, &time)?);
+            }
+            let r = run.get_or_insert_with(|| Run {
+                bytes: bundle_head_len(&self.inner.gateway, &event, &time),
+                event,
+                subject,
+                items: Vec::new(),
+            });
+            r.bytes += size;
+            r.items.push((id, context));
+        }
+        if let Some(r) = run.take() {
+            items.push(self.seal(r, &time)?);
+        }
+        Ok(items)
     }
 }
 
@@ -609,28 +778,10 @@ impl EventSink for Edge {
                 return Err(SinkError::ShuttingDown);
             }
             let mut counts = Vec::with_capacity(events.len());
-            let mut items = Vec::with_capacity(events.len());
-            let (waiter, stored_rx) = Waiter::new(events.len());
-            let mut ids = ids.into_iter();
-            // One time of acceptance for the batch; batches repeat event names, so the last
-            // name's hook count and subject are reused.
-            let time = crate::time::now();
-            let mut last: Option<(String, usize, async_nats::Subject)> = None;
-            // Every event checked before any is buffered: a batch is taken whole or refused.
-            for (event, context) in events {
-                let (count, subject) = match &last {
-                    Some((name, count, subject)) if *name == event => (*count, subject.clone()),
-                    _ => {
-                        let (count, subject) = self.route(&event);
-                        last = Some((event.clone(), count, subject.clone()));
-                        (count, subject)
-                    }
-                };
-                counts.push(count);
-                let id = ids.next().flatten();
-                let mut p = self.envelope(event, context, id, &time, subject)?;
+            let mut items = self.messages(events, ids, &mut counts)?;
+            let (waiter, stored_rx) = Waiter::new(items.len());
+            for p in &mut items {
                 p.done = Some(waiter.clone());
-                items.push(p);
             }
             drop(waiter);
             self.inner.push(items)?;

@@ -1,6 +1,12 @@
 //! The wire format of an event in the stream: the event id and the gateway id (so that a handler
 //! can de-duplicate: delivery in fleet mode is at-least-once), the name, the context, and for a
 //! replay the one hook it is meant for. Also the dead-letter record.
+//!
+//! A stream message holds one event ([`Envelope`], format 1) or a **bundle** (format 2): several
+//! events of one name accepted in one request, `{"v":2,"gateway","event","time","events":
+//! [{"id","context"},...]}`. The broker then stores, delivers and acknowledges one message for
+//! up to [`BUNDLE_EVENTS`] events; a worker runs them one by one, in order, and acknowledges the
+//! message when every one of them is finished ([`read`] gives them as envelopes).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,6 +18,13 @@ use crate::handler::context::Context;
 
 /// Version of the envelope format.
 pub const VERSION: u32 = 1;
+/// Version of the bundle format (several events in one stream message).
+pub const BUNDLE: u32 = 2;
+/// Most events in one bundle.
+pub const BUNDLE_EVENTS: usize = 128;
+/// Most bytes of one bundle (less when the broker's `max_payload` is lower): a larger event
+/// goes alone.
+pub const BUNDLE_BYTES: usize = 64 * 1024;
 
 /// The context key under which a fleet worker tells the handler about the delivery:
 /// `{"event_id", "gateway_id", "delivered", "stream_seq"}` (`stream_seq` 0 for collect).
@@ -98,6 +111,123 @@ struct FleetInfo<'a> {
     gateway_id: &'a str,
     delivered: i64,
     stream_seq: u64,
+}
+
+/// A stream message as the broker delivers it, one event or a bundle.
+#[derive(Deserialize)]
+struct Wire {
+    v: u32,
+    #[serde(default)]
+    id: Option<String>,
+    gateway: String,
+    event: String,
+    #[serde(default)]
+    context: Option<Box<RawValue>>,
+    time: String,
+    #[serde(default)]
+    hook: Option<String>,
+    #[serde(default)]
+    client_id: bool,
+    #[serde(default)]
+    events: Option<Vec<Item>>,
+}
+
+/// One event of a bundle.
+#[derive(Deserialize)]
+struct Item {
+    id: String,
+    context: Box<RawValue>,
+}
+
+/// [`Item`] as written.
+#[derive(Serialize)]
+struct ItemRef<'a> {
+    id: &'a str,
+    context: &'a RawValue,
+}
+
+/// The events of a stream message, in order: one, or a bundle's.
+pub fn read(payload: &[u8]) -> Result<Vec<Envelope>, String> {
+    let w: Wire = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    let Some(items) = w.events else {
+        let (Some(id), Some(context)) = (w.id, w.context) else {
+            return Err("an event without its id or context".into());
+        };
+        return Ok(vec![Envelope {
+            v: w.v,
+            id,
+            gateway: w.gateway,
+            event: w.event,
+            context,
+            time: w.time,
+            hook: w.hook,
+            client_id: w.client_id,
+        }]);
+    };
+    if items.is_empty() {
+        return Err("a bundle without events".into());
+    }
+    Ok(items
+        .into_iter()
+        .map(|i| Envelope {
+            v: w.v,
+            id: i.id,
+            gateway: w.gateway.clone(),
+            event: w.event.clone(),
+            context: i.context,
+            time: w.time.clone(),
+            hook: None,
+            client_id: false,
+        })
+        .collect())
+}
+
+/// Bytes a bundle takes besides its events' ids and contexts, at most: the head with these
+/// names, and per event its keys and punctuation ([`BUNDLE_ITEM_EXTRA`]).
+pub fn bundle_head_len(gateway: &str, event: &str, time: &str) -> usize {
+    // `{"v":2,"gateway":"","event":"","time":"","events":[]}` is 53 bytes; names may escape.
+    64 + 2 * (gateway.len() + event.len() + time.len())
+}
+
+/// Bytes an event of a bundle takes besides its id and context text: `{"id":"","context":}`
+/// and a comma.
+pub const BUNDLE_ITEM_EXTRA: usize = 24;
+
+/// A bundle's payload: `events` (id, context) of the event `event`, accepted at `time` by
+/// `gateway`. Ids are written as they are: only an edge's own ids (no character to escape)
+/// go into bundles.
+pub fn write_bundle<'a>(
+    gateway: &str,
+    event: &str,
+    time: &str,
+    events: impl Iterator<Item = (&'a str, &'a RawValue)>,
+) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Head<'a> {
+        v: u32,
+        gateway: &'a str,
+        event: &'a str,
+        time: &'a str,
+    }
+    let head = Head {
+        v: BUNDLE,
+        gateway,
+        event,
+        time,
+    };
+    let mut buf = Vec::with_capacity(4096);
+    // Strings and raw JSON always encode. The head's closing brace makes room for the events.
+    let _ = serde_json::to_writer(&mut buf, &head);
+    buf.pop();
+    buf.extend_from_slice(b",\"events\":[");
+    for (i, (id, context)) in events.enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut buf, &ItemRef { id, context });
+    }
+    buf.extend_from_slice(b"]}");
+    buf
 }
 
 /// A context object as the envelope's text.
@@ -216,5 +346,45 @@ mod tests {
         for not_object in ["[1]", "\"s\"", "3", "true"] {
             assert!(handler_context(not_object).is_none(), "{not_object}");
         }
+    }
+
+    #[test]
+    fn a_bundle_reads_back_as_its_events_in_order_and_a_single_event_as_one() {
+        let contexts = [r#"{"n":0}"#, r#"{"n":1,"s":"a\"b"}"#, "{}"];
+        let raws: Vec<Box<RawValue>> = contexts
+            .iter()
+            .map(|c| RawValue::from_string(c.to_string()).unwrap())
+            .collect();
+        let ids = ["b-0", "b-1", "b-2"];
+        let time = "2026-12-01T00:00:00Z";
+        let payload = write_bundle(
+            "gw",
+            "agent:step",
+            time,
+            ids.iter().copied().zip(raws.iter().map(|r| &**r)),
+        );
+        let estimate = bundle_head_len("gw", "agent:step", time)
+            + ids
+                .iter()
+                .zip(contexts)
+                .map(|(i, c)| i.len() + c.len() + BUNDLE_ITEM_EXTRA)
+                .sum::<usize>();
+        assert!(payload.len() <= estimate, "{} > {estimate}", payload.len());
+        let events = read(&payload).unwrap();
+        assert_eq!(events.len(), 3);
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e.id, ids[i]);
+            assert_eq!(e.context.get(), contexts[i]);
+            assert_eq!((e.event.as_str(), e.gateway.as_str()), ("agent:step", "gw"));
+            assert_eq!(e.time, time);
+            assert_eq!(e.msg_id(), format!("gw:{}", ids[i]));
+            assert!(e.hook.is_none() && !e.client_id);
+        }
+        let one = read(&serde_json::to_vec(&envelope(r#"{"a":1}"#)).unwrap()).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].id, "x-1");
+        assert!(read(br#"{"v":2,"gateway":"g","event":"e","time":"t","events":[]}"#).is_err());
+        assert!(read(br#"{"v":1,"gateway":"g","event":"e","time":"t"}"#).is_err());
+        assert!(read(b"not json").is_err());
     }
 }

@@ -1,6 +1,11 @@
 //! The events a worker holds for one hook's consumer during one pull session: delivered, not
 //! yet acknowledged. It owns their acknowledgements and their progress signals.
 //!
+//! A held message carries one event or a bundle of them ([`super::envelope`]): it is finished
+//! when each of its events is (finished, or handed back), and handed back (`Nak`, once) as soon
+//! as one of its events is. Each holding has its own id, so the events of a delivery that was
+//! handed back and delivered again never count towards the new delivery.
+//!
 //! - **Acknowledgements.** On a consumer with `AckPolicy::All` (ordered hooks) one
 //!   acknowledgement of stream sequence `s` acknowledges every event of the consumer up to `s`.
 //!   So an event is only marked finished here, and [`Held::flush`] acknowledges the highest
@@ -14,21 +19,39 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_nats::jetstream::{AckKind, Message};
 use tokio::sync::Notify;
 
-/// One held event.
+/// One held message.
 struct Slot {
     msg: Arc<Message>,
+    /// Which holding of the sequence this is.
+    id: u64,
+    /// Its events not yet finished or handed back.
+    left: usize,
+    /// Handed back: redelivered, never acknowledged from this holding.
+    back: bool,
     /// Finished (acknowledged by the next [`Held::flush`]).
     done: bool,
+}
+
+/// What to do after marking one event of a held message.
+enum Then {
+    Nothing,
+    /// `All`: the message is finished; the flusher acknowledges it.
+    Flush,
+    /// Acknowledge the message now.
+    Ack,
 }
 
 /// The events held for one consumer (see the module comment).
 pub struct Held {
     ack_all: bool,
     slots: Mutex<BTreeMap<u64, Slot>>,
+    /// The id of the next holding.
+    next: std::sync::atomic::AtomicU64,
     /// Woken when an event finishes (the flusher batches what finished meanwhile).
     pub finished: Notify,
 }
@@ -39,6 +62,7 @@ impl Held {
         Self {
             ack_all,
             slots: Mutex::new(BTreeMap::new()),
+            next: Default::default(),
             finished: Notify::new(),
         }
     }
@@ -48,58 +72,121 @@ impl Held {
         self.ack_all
     }
 
-    /// Holds a delivered event (a redelivery replaces the message of its sequence).
-    pub fn hold(&self, seq: u64, msg: Arc<Message>) {
+    /// Holds a delivered message of `events` events (a redelivery replaces the message of its
+    /// sequence); returns the holding's id, which [`Held::finish`] and [`Held::give_back`] take.
+    pub fn hold(&self, seq: u64, msg: Arc<Message>, events: usize) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut s) = self.slots.lock() {
-            s.insert(seq, Slot { msg, done: false });
-        }
-    }
-
-    /// The event at `seq` is finished: acknowledged at once (`Explicit`, or `kind` is not a
-    /// plain acknowledgement there), or by the next flush (`All`).
-    pub async fn finish(&self, seq: u64, msg: &Message, kind: AckKind) {
-        if self.ack_all && seq > 0 {
-            let marked = match self.slots.lock() {
-                Ok(mut s) => match s.get_mut(&seq) {
-                    Some(slot) => {
-                        slot.done = true;
-                        true
-                    }
-                    None => false,
-                },
-                Err(_) => false,
+            let slot = Slot {
+                msg,
+                id,
+                left: events.max(1),
+                back: false,
+                done: false,
             };
-            if marked {
-                self.finished.notify_one();
-                return;
+            s.insert(seq, slot);
+        }
+        id
+    }
+
+    /// One event of the message at `seq` (holding `id`) is finished: the message is
+    /// acknowledged when it was the last one, at once (`Explicit`, or `kind` is not a plain
+    /// acknowledgement there), or by the next flush (`All`).
+    pub async fn finish(&self, seq: u64, id: u64, msg: &Message, kind: AckKind) {
+        let then = match self.slots.lock() {
+            Ok(mut s) => match s.get_mut(&seq) {
+                Some(slot) if slot.id == id => {
+                    slot.left = slot.left.saturating_sub(1);
+                    if slot.left > 0 {
+                        Then::Nothing
+                    } else if slot.back {
+                        // Handed back: what comes again is held anew.
+                        if !self.ack_all {
+                            s.remove(&seq);
+                        }
+                        Then::Nothing
+                    } else if self.ack_all && seq > 0 && matches!(kind, AckKind::Ack) {
+                        slot.done = true;
+                        Then::Flush
+                    } else {
+                        s.remove(&seq);
+                        Then::Ack
+                    }
+                }
+                // No sequence to hold it by (no delivery info): acknowledged on its own.
+                None if seq == 0 => Then::Ack,
+                // A holding replaced by a redelivery: never acknowledge for it (the broker
+                // redelivers after the ack wait what no holding finishes).
+                _ => {
+                    tracing::debug!(
+                        seq,
+                        "fleet: finished event of an older delivery; left to the new one"
+                    );
+                    Then::Nothing
+                }
+            },
+            Err(_) => Then::Nothing,
+        };
+        match then {
+            Then::Nothing => {}
+            Then::Flush => self.finished.notify_one(),
+            Then::Ack => {
+                // Boxed: the publish's future would otherwise be part of every event's.
+                if let Err(e) = Box::pin(msg.ack_with(kind)).await {
+                    tracing::warn!(
+                        seq,
+                        "fleet: acknowledgement not sent ({e}); the event will come again"
+                    );
+                }
             }
-            // Not held (cannot happen for a delivery this session dispatched): never send a
-            // cumulative acknowledgement for it; the broker redelivers it after the ack wait.
-            tracing::debug!(seq, "fleet: finished event not held; left to the ack wait");
-            return;
-        }
-        if let Ok(mut s) = self.slots.lock() {
-            s.remove(&seq);
-        }
-        // Boxed: the publish's future would otherwise be part of every event's (see `settle`).
-        if let Err(e) = Box::pin(msg.ack_with(kind)).await {
-            tracing::warn!(
-                seq,
-                "fleet: acknowledgement not sent ({e}); the event will come again"
-            );
         }
     }
 
-    /// Hands the event at `seq` back for redelivery (after `delay`). On an `All` consumer it
-    /// stays held, unfinished, so no flush acknowledges past it until it is redelivered and
-    /// finished.
-    pub async fn give_back(&self, seq: u64, msg: &Message, delay: Option<std::time::Duration>) {
-        if !self.ack_all
-            && let Ok(mut s) = self.slots.lock()
-        {
-            s.remove(&seq);
+    /// Hands one event of the message at `seq` (holding `id`) back for redelivery (after
+    /// `delay`): the whole message goes back, once. On an `All` consumer it stays held,
+    /// unfinished, so no flush acknowledges past it until it is redelivered and finished.
+    pub async fn give_back(&self, seq: u64, id: u64, msg: &Message, delay: Option<Duration>) {
+        let nak = match self.slots.lock() {
+            Ok(mut s) => match s.get_mut(&seq) {
+                Some(slot) if slot.id == id => {
+                    slot.left = slot.left.saturating_sub(1);
+                    let first = !slot.back;
+                    slot.back = true;
+                    if !self.ack_all && slot.left == 0 {
+                        s.remove(&seq);
+                    }
+                    first
+                }
+                None => seq == 0,
+                _ => false,
+            },
+            Err(_) => false,
+        };
+        if nak {
+            let _ = msg.ack_with(AckKind::Nak(delay)).await;
         }
-        let _ = msg.ack_with(AckKind::Nak(delay)).await;
+    }
+
+    /// Hands back the message at `seq` (holding `id`) none of whose events started.
+    pub async fn hand_back(&self, seq: u64, id: u64) {
+        let msg = match self.slots.lock() {
+            Ok(mut s) => match s.get_mut(&seq) {
+                Some(slot) if slot.id == id && !slot.back => {
+                    slot.back = true;
+                    slot.left = 0;
+                    let msg = slot.msg.clone();
+                    if !self.ack_all {
+                        s.remove(&seq);
+                    }
+                    Some(msg)
+                }
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        if let Some(m) = msg {
+            let _ = m.ack_with(AckKind::Nak(None)).await;
+        }
     }
 
     /// `All`: acknowledges the highest sequence up to which every held event is finished, and
@@ -133,12 +220,13 @@ impl Held {
         n
     }
 
-    /// Sends a progress signal for every held event not finished.
+    /// Sends a progress signal for every held message not finished (nor handed back: that
+    /// would hold back its redelivery).
     pub async fn progress(&self) {
         let msgs: Vec<Arc<Message>> = match self.slots.lock() {
             Ok(s) => s
                 .values()
-                .filter(|slot| !slot.done)
+                .filter(|slot| !slot.done && !slot.back)
                 .map(|slot| slot.msg.clone())
                 .collect(),
             Err(_) => return,
@@ -156,18 +244,18 @@ impl Held {
         }
     }
 
-    /// Hands back every held event not finished (stopping: another worker takes them now).
+    /// Hands back every held message not finished (stopping: another worker takes them now).
     pub async fn give_back_all(&self) {
-        let msgs: Vec<(u64, Arc<Message>)> = match self.slots.lock() {
+        let held: Vec<(u64, u64)> = match self.slots.lock() {
             Ok(s) => s
                 .iter()
                 .filter(|(_, slot)| !slot.done)
-                .map(|(seq, slot)| (*seq, slot.msg.clone()))
+                .map(|(seq, slot)| (*seq, slot.id))
                 .collect(),
             Err(_) => return,
         };
-        for (seq, m) in msgs {
-            self.give_back(seq, &m, None).await;
+        for (seq, id) in held {
+            self.hand_back(seq, id).await;
         }
     }
 }

@@ -92,6 +92,10 @@ pub struct WorkerStatus {
     /// exists): what the other workers know of this version ([`super::versions`]).
     #[serde(default)]
     pub patterns: BTreeMap<String, Vec<String>>,
+    /// It reads bundles (several events in one stream message, [`super::envelope`]); absent
+    /// in an older worker's status.
+    #[serde(default)]
+    pub bundles: bool,
 }
 
 struct Entry {
@@ -103,6 +107,9 @@ struct Entry {
 struct FleetHook {
     name: String,
     patterns: PatternSet,
+    /// Its events are spread over several workers (`concurrency` above 1, more than one worker
+    /// serving it): bundling them would keep all of a bundle on one worker.
+    spread: bool,
 }
 
 #[derive(Default)]
@@ -115,9 +122,9 @@ struct ViewState {
     gone: BTreeMap<String, (Vec<String>, Instant)>,
     /// Compiled hooks, rebuilt when the set of (hook, patterns) changes.
     hooks: Vec<FleetHook>,
-    key: Vec<(String, Vec<String>)>,
-    /// [`FleetView::matching`]'s answers per event name, for the compiled hooks as they are.
-    matches: HashMap<String, Vec<String>>,
+    key: Vec<(String, Vec<String>, bool)>,
+    /// [`FleetView::route`]'s answers per event name, for the compiled hooks as they are.
+    matches: HashMap<String, (Vec<String>, bool)>,
     /// When silent workers were last looked for by [`FleetView::matching`].
     checked: Option<Instant>,
 }
@@ -197,25 +204,42 @@ impl FleetView {
     }
 
     fn recompile(st: &mut ViewState) {
-        let mut key: Vec<(String, Vec<String>)> = st
+        let mut key: Vec<(String, Vec<String>, bool)> = st
             .workers
             .values()
             .flat_map(|e| e.status.hooks.iter())
-            .map(|h| (h.name.clone(), h.events.clone()))
-            .chain(st.gone.iter().map(|(n, (ev, _))| (n.clone(), ev.clone())))
+            .map(|h| (h.name.clone(), h.events.clone(), false))
+            .chain(
+                st.gone
+                    .iter()
+                    .map(|(n, (ev, _))| (n.clone(), ev.clone(), false)),
+            )
             .collect();
         key.sort();
         key.dedup_by(|a, b| a.0 == b.0);
+        for (name, _, spread) in &mut key {
+            let serving = st
+                .workers
+                .values()
+                .filter_map(|w| w.status.hooks.iter().find(|h| h.name == *name));
+            let (mut workers, mut concurrent) = (0, false);
+            for h in serving {
+                workers += 1;
+                concurrent |= h.concurrency > 1;
+            }
+            *spread = concurrent && workers > 1;
+        }
         if key == st.key {
             return;
         }
         st.matches.clear();
         st.hooks = key
             .iter()
-            .filter_map(|(name, events)| {
+            .filter_map(|(name, events, spread)| {
                 PatternSet::new(events).ok().map(|patterns| FleetHook {
                     name: name.clone(),
                     patterns,
+                    spread: *spread,
                 })
             })
             .collect();
@@ -225,31 +249,49 @@ impl FleetView {
     /// The fleet's hooks matching `event`, in match order: exact matches first, then wildcard
     /// matches, each by hook name (the fleet has no single discovery order).
     pub fn matching(&self, event: &str) -> Vec<String> {
+        self.route(event).0
+    }
+
+    /// [`FleetView::matching`], and whether `event`s may go to the stream in bundles: every
+    /// live worker reads them ([`FleetView::bundles`]) and no matching hook spreads its events
+    /// over several workers.
+    pub fn route(&self, event: &str) -> (Vec<String>, bool) {
         let Ok(mut st) = self.state.lock() else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         if st.checked.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
             Self::expire(&mut st);
             Self::recompile(&mut st);
             st.checked = Some(Instant::now());
         }
-        if let Some(hit) = st.matches.get(event) {
-            return hit.clone();
+        if let Some((hit, unspread)) = st.matches.get(event) {
+            return (hit.clone(), *unspread && Self::all_read_bundles(&st));
         }
         let mut exact = Vec::new();
         let mut wild = Vec::new();
+        // Cached without the workers' capability (which changes with no recompile).
+        let mut unspread = true;
         for h in &st.hooks {
-            match h.patterns.matches(event) {
+            let kind = h.patterns.matches(event);
+            match kind {
                 Some(MatchKind::Exact) => exact.push(h.name.clone()),
                 Some(_) => wild.push(h.name.clone()),
                 None => {}
             }
+            unspread &= kind.is_none() || !h.spread;
         }
         exact.extend(wild);
         if st.matches.len() < MATCHES_KEPT {
-            st.matches.insert(event.to_string(), exact.clone());
+            st.matches
+                .insert(event.to_string(), (exact.clone(), unspread));
         }
-        exact
+        (exact, unspread && Self::all_read_bundles(&st))
+    }
+
+    /// Whether there is a live worker and every live worker reads bundles (an older one would
+    /// drop a bundle as unreadable).
+    fn all_read_bundles(st: &ViewState) -> bool {
+        !st.workers.is_empty() && st.workers.values().all(|w| w.status.bundles)
     }
 
     /// Number of live workers.
@@ -406,6 +448,7 @@ mod tests {
             running,
             hooks,
             patterns: BTreeMap::new(),
+            bundles: true,
         }
     }
 
@@ -448,5 +491,49 @@ mod tests {
         view.update(worker("w3", true, vec![hook("beta", &["*"], 0)]));
         view.update(worker("w3", true, vec![]));
         assert_eq!(view.matching("session:start"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn bundles_only_while_every_live_worker_reads_them_and_no_hook_spreads() {
+        let view = FleetView::default();
+        let bundles = |event: &str| view.route(event).1;
+        assert!(
+            !bundles("agent:start"),
+            "no worker yet: an older one may come"
+        );
+        view.update(worker("w1", true, vec![hook("a", &["agent:*"], 0)]));
+        assert!(bundles("agent:start"));
+        let mut old = worker("w2", true, vec![]);
+        old.bundles = false;
+        view.update(old);
+        assert!(
+            !bundles("agent:start"),
+            "an older worker would drop a bundle"
+        );
+        view.update(worker("w2", false, vec![]));
+        assert!(bundles("agent:start"));
+        // A hook running several events at once on two workers: its events are not bundled
+        // (a bundle goes to one worker); other events are.
+        let mut c = hook("c", &["session:*"], 0);
+        c.concurrency = 4;
+        view.update(worker(
+            "w1",
+            true,
+            vec![hook("a", &["agent:*"], 0), c.clone()],
+        ));
+        assert!(
+            bundles("session:start"),
+            "served by one worker: nothing to spread"
+        );
+        view.update(worker("w3", true, vec![c]));
+        assert!(!bundles("session:start"));
+        assert!(bundles("agent:start"));
+        // An older worker's status has no such key.
+        let old: WorkerStatus = serde_json::from_value(json!({
+            "worker": "w4", "host": "h", "pid": 1, "interval_ms": 1000, "time": "",
+            "running": true, "hooks": []
+        }))
+        .unwrap();
+        assert!(!old.bundles);
     }
 }

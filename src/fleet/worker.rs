@@ -44,7 +44,6 @@ use super::held::Held;
 use super::status::{FleetCounters, HookStatus, WorkerStatus};
 use super::versions::Versions;
 use super::{FleetConfig, FleetError, consumer_name};
-use crate::handler::context::Context;
 use crate::host::Host;
 
 /// Settings of a worker.
@@ -638,6 +637,9 @@ struct Run {
     due_rx: tokio::sync::mpsc::Receiver<Arc<jetstream::Message>>,
     /// Something was delivered since the last look (the pause between pulls starts over).
     pulled: bool,
+    /// Delivered events not started yet, in stream order: a message may hold many (a bundle),
+    /// and at most the window enter the hook's local queue at once ([`Run::feed`]).
+    backlog: std::collections::VecDeque<Delivery>,
 }
 
 /// A handler call in flight and what follows it (acknowledgement, retry, dead letter).
@@ -683,12 +685,26 @@ impl Run {
             due_tx,
             due_rx,
             pulled: false,
+            backlog: Default::default(),
         }
     }
 
-    /// Waits for every handler call in flight, then acknowledges what finished.
+    /// Hands back what no handler started, runs the rest of what was started (the events
+    /// of a bundle partly started too) and waits for it, then acknowledges what finished.
     async fn drain(&mut self) {
-        while self.running.next().await.is_some() {}
+        self.release_backlog().await;
+        loop {
+            while self.background.try_join_next().is_some() {}
+            self.feed().await;
+            if self.running.next().await.is_some() {
+                continue;
+            }
+            if self.backlog.is_empty() {
+                break;
+            }
+            // Only calls of an earlier session hold the window: wait for one.
+            self.background.join_next().await;
+        }
         while self.background.join_next().await.is_some() {}
         self.main.flush().await;
     }
@@ -759,7 +775,14 @@ impl Run {
                     self.dispatch(m, Source::Retry).await;
                     continue;
                 }
-                Some(()) = self.running.next(), if !self.running.is_empty() => continue,
+                Some(()) = self.running.next(), if !self.running.is_empty() => {
+                    self.feed().await;
+                    continue;
+                }
+                Some(_) = self.background.join_next(), if !self.background.is_empty() => {
+                    self.feed().await;
+                    continue;
+                }
                 _ = stop.changed() => {
                     give_back(&mut messages).await;
                     give_back(&mut retried).await;
@@ -807,7 +830,7 @@ impl Run {
             return true;
         };
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        self.retry.hold(seq, msg.clone());
+        self.retry.hold(seq, msg.clone(), 1);
         let (tx, msg) = (self.due_tx.clone(), msg.clone());
         self.waiting.spawn(async move {
             tokio::time::sleep(wait).await;
@@ -1019,7 +1042,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A delivery about to run.
+/// One event of a delivered message, about to run.
 struct Delivery {
     msg: Arc<jetstream::Message>,
     /// Deliveries of the event so far, this one included (a retry's count goes on).
@@ -1028,52 +1051,59 @@ struct Delivery {
     seq: u64,
     /// This message's own stream sequence (where it is held).
     hseq: u64,
+    /// The message's holding ([`Held::hold`]).
+    slot: u64,
+    /// Its place in the message (a bundle's events are 0, 1, ...; an event alone is 0).
+    index: usize,
     key: DoneKey,
     env: Envelope,
     held: Arc<Held>,
 }
 
-/// What to do with a delivery.
+impl Delivery {
+    /// This event is finished (the message is once all its events are).
+    async fn finish(&self, kind: AckKind) {
+        self.held
+            .finish(self.hseq, self.slot, &self.msg, kind)
+            .await;
+    }
+
+    /// Hands this event back: its whole message comes again (after `delay`).
+    async fn give_back(&self, delay: Option<Duration>) {
+        self.held
+            .give_back(self.hseq, self.slot, &self.msg, delay)
+            .await;
+    }
+}
+
+/// What to do with a delivered message.
 enum Triage {
-    /// Finish it without running the handler (already counted).
+    /// Finish it without running a handler (already counted).
     Settle(Arc<jetstream::Message>, u64, AckKind),
-    /// Its last allowed delivery went to a worker that stopped before finishing it.
-    Dead(Delivery),
-    /// Run the handler with the context it sees.
-    Run(Delivery, Context),
+    /// Its events (held from here), each to run, or to settle on its own ([`Run::start`]).
+    Events(Vec<Delivery>),
 }
 
 impl Run {
     fn triage(&self, msg: Arc<jetstream::Message>, source: Source) -> Triage {
         let (s, counters) = (&self.s, &self.counters);
-        let (broker_delivered, hseq) = match msg.info() {
+        let (broker_delivered, hseq, replayed) = match msg.info() {
             Ok(i) => {
                 let at = i.published.unix_timestamp_nanos();
-                if source == Source::Main
-                    && counters.high.replayed(i.delivered, i.stream_sequence, at)
-                {
-                    counters.duplicate.fetch_add(1, Ordering::Relaxed);
-                }
-                (i.delivered, i.stream_sequence)
+                let replayed = source == Source::Main
+                    && counters.high.replayed(i.delivered, i.stream_sequence, at);
+                (i.delivered, i.stream_sequence, replayed)
             }
-            Err(_) => (1, 0),
+            Err(_) => (1, 0, false),
         };
-        counters.delivered.fetch_add(1, Ordering::Relaxed);
-        let key = done_key(&msg, hseq);
-        if hseq > 0
-            && counters
-                .done
-                .lock()
-                .map(|d| d.contains(&key))
-                .unwrap_or(false)
-        {
-            // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
-            counters.already_done.fetch_add(1, Ordering::Relaxed);
-            return Triage::Settle(msg, hseq, AckKind::Ack);
+        // Counted per event: the message's first here, the rest of a bundle's below.
+        if replayed {
+            counters.duplicate.fetch_add(1, Ordering::Relaxed);
         }
         let (delivered, seq) = match source {
             // A retry on a consumer of every event: its hook's retry consumer runs it.
             Source::Main if super::retry::is_retry(&self.sh.cfg, &msg.subject) => {
+                counters.delivered.fetch_add(1, Ordering::Relaxed);
                 return Triage::Settle(msg, hseq, AckKind::Ack);
             }
             Source::Main => (broker_delivered, hseq),
@@ -1082,10 +1112,7 @@ impl Run {
                 None => (i64::MAX, hseq),
             },
         };
-        if broker_delivered > 1 {
-            counters.redelivered.fetch_add(1, Ordering::Relaxed);
-        }
-        let env: Envelope = match serde_json::from_slice(&msg.payload) {
+        let envs = match super::envelope::read(&msg.payload) {
             Ok(e) if delivered != i64::MAX => e,
             Ok(_) => {
                 tracing::warn!(hook = %s.name, seq, "fleet: retry without its headers in the stream; dropping it");
@@ -1098,73 +1125,141 @@ impl Run {
                 return Triage::Settle(msg, hseq, AckKind::Term);
             }
         };
-        if env
-            .hook
-            .as_deref()
-            .is_some_and(|h| h != s.name && h != s.key)
-        {
-            counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return Triage::Settle(msg, hseq, AckKind::Ack);
+        let n = envs.len() as u64;
+        counters.delivered.fetch_add(n, Ordering::Relaxed);
+        if replayed {
+            counters.duplicate.fetch_add(n - 1, Ordering::Relaxed);
         }
-        let Some(context) = env.handler_context(delivered, seq) else {
-            tracing::warn!(hook = %s.name, seq, "fleet: event in the stream whose context is not a JSON object; dropping it");
-            counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return Triage::Settle(msg, hseq, AckKind::Term);
-        };
-        let d = Delivery {
-            msg,
-            delivered,
-            seq,
-            hseq,
-            key,
-            env,
-            held: match source {
-                Source::Main => self.main.clone(),
-                Source::Retry => self.retry.clone(),
-            },
-        };
-        if delivered > s.max_deliver {
-            Triage::Dead(d)
-        } else {
-            Triage::Run(d, context)
+        if broker_delivered > 1 {
+            counters.redelivered.fetch_add(n, Ordering::Relaxed);
         }
+        let held = match source {
+            Source::Main => &self.main,
+            Source::Retry => &self.retry,
+        };
+        // Held from here: progress signals while its events wait and run.
+        let slot = held.hold(hseq, msg.clone(), envs.len());
+        let (seq_key, id_key) = done_key(&msg, hseq);
+        let events = envs
+            .into_iter()
+            .enumerate()
+            .map(|(index, env)| Delivery {
+                msg: msg.clone(),
+                delivered,
+                seq,
+                hseq,
+                slot,
+                index,
+                key: (seq_key, id_key.wrapping_add(index as u64)),
+                env,
+                held: held.clone(),
+            })
+            .collect();
+        Triage::Events(events)
     }
 
-    /// Hands one delivery to the host: the event enters the hook's local queue before this
-    /// returns (so deliveries enter it in stream order), the rest runs in `running`.
+    /// Takes one delivered message: its events go to the backlog (a retry's straight to the
+    /// host), and as many as the window allows enter the hook's local queue now.
     async fn dispatch(&mut self, msg: Arc<jetstream::Message>, source: Source) {
         self.pulled = true;
-        let (d, ctx) = match self.triage(msg, source) {
+        match self.triage(msg, source) {
             Triage::Settle(msg, hseq, kind) => {
                 let held = match source {
                     Source::Main => &self.main,
                     Source::Retry => &self.retry,
                 };
-                held.hold(hseq, msg.clone());
-                held.finish(hseq, &msg, kind).await;
-                return;
+                let slot = held.hold(hseq, msg.clone(), 1);
+                held.finish(hseq, slot, &msg, kind).await;
             }
-            Triage::Dead(d) => {
-                d.held.hold(d.hseq, d.msg.clone());
-                let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-                self.running.push(Box::pin(async move {
-                    let error = format!(
-                        "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
-                        s.max_deliver, s.max_deliver
-                    );
-                    let delivered = d.delivered - 1;
-                    dead_letter(&sh, &s, &counters, d, delivered, error).await;
-                }));
-                return;
+            Triage::Events(events) if source == Source::Retry => {
+                for d in events {
+                    self.start(d).await;
+                }
             }
-            Triage::Run(d, ctx) => (d, ctx),
+            Triage::Events(events) => {
+                self.backlog.extend(events);
+                self.feed().await;
+            }
+        }
+    }
+
+    /// Starts events from the backlog, in order, while fewer than the window are in flight
+    /// (the hook's local queue holds what starts; the rest waits here, held).
+    async fn feed(&mut self) {
+        let window = self.s.window.max(1) as usize;
+        while self.running.len() + self.background.len() < window {
+            let Some(d) = self.backlog.pop_front() else {
+                return;
+            };
+            self.start(d).await;
+        }
+    }
+
+    /// Hands back the backlog's messages none of whose events started (whoever pulls next
+    /// gets them); the events of a message partly started stay, for [`Run::drain`].
+    async fn release_backlog(&mut self) {
+        let mut untouched = false;
+        let mut current = None;
+        for d in std::mem::take(&mut self.backlog) {
+            if current != Some((d.hseq, d.slot)) {
+                current = Some((d.hseq, d.slot));
+                untouched = d.index == 0;
+                if untouched {
+                    d.held.hand_back(d.hseq, d.slot).await;
+                }
+            }
+            if !untouched {
+                self.backlog.push_back(d);
+            }
+        }
+    }
+
+    /// Runs one event: settles it at once when it needs no handler (finished here before, for
+    /// another hook, unreadable), dead-letters it past its last delivery, else puts it in the
+    /// hook's local queue before this returns (so events enter it in stream order); the rest
+    /// runs in `running`.
+    async fn start(&mut self, d: Delivery) {
+        let (s, counters) = (&self.s, &self.counters);
+        if d.hseq > 0
+            && counters
+                .done
+                .lock()
+                .map(|done| done.contains(&d.key))
+                .unwrap_or(false)
+        {
+            // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
+            counters.already_done.fetch_add(1, Ordering::Relaxed);
+            return d.finish(AckKind::Ack).await;
+        }
+        if d.env
+            .hook
+            .as_deref()
+            .is_some_and(|h| h != s.name && h != s.key)
+        {
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return d.finish(AckKind::Ack).await;
+        }
+        let Some(ctx) = d.env.handler_context(d.delivered, d.seq) else {
+            tracing::warn!(hook = %s.name, seq = d.seq, "fleet: event in the stream whose context is not a JSON object; dropping it");
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return d.finish(AckKind::Term).await;
         };
-        // Held from here: progress signals while it waits in the local queue and runs.
-        d.held.hold(d.hseq, d.msg.clone());
+        let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+        if d.delivered > s.max_deliver {
+            // Its last allowed delivery went to a worker that stopped before finishing it.
+            self.running.push(Box::pin(async move {
+                let error = format!(
+                    "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
+                    s.max_deliver, s.max_deliver
+                );
+                let delivered = d.delivered - 1;
+                dead_letter(&sh, &s, &counters, d, delivered, error).await;
+            }));
+            return;
+        }
         // The host enforces the hook's timeout per call; this bound only covers the wait in the
         // hook's local queue behind the others this worker holds.
-        let wait = (self.s.timeout + Duration::from_secs(5)) * (self.s.window.max(1) + 1);
-        let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+        let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
         // One future per event: the handler call, then what follows it.
         let mut call: InFlight = Box::pin(async move {
             let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
@@ -1192,7 +1287,7 @@ async fn settle(sh: &Shared, s: &Settings, counters: &Counters, d: Delivery, out
 
 /// Acknowledges a delivery whose handler succeeded.
 async fn acknowledge(counters: &Counters, d: Delivery) {
-    d.held.finish(d.hseq, &d.msg, AckKind::Ack).await;
+    d.finish(AckKind::Ack).await;
     counters.acked.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut done) = counters.done.lock() {
         done.insert(d.key);
@@ -1208,11 +1303,11 @@ async fn settle_other(
     d: Delivery,
     outcome: Outcome,
 ) {
-    let (msg, delivered, seq, hseq) = (&d.msg, d.delivered, d.seq, d.hseq);
+    let (msg, delivered, seq) = (&d.msg, d.delivered, d.seq);
     let error = match outcome {
         Err(_) => {
             // Shutting down: give it back now, another worker takes it.
-            d.held.give_back(hseq, msg, None).await;
+            d.give_back(None).await;
             return;
         }
         Ok(v) => match v {
@@ -1230,10 +1325,10 @@ async fn settle_other(
                         return for_another_version(sh, s, counters, d).await;
                     }
                     // Loaded, but none of its patterns matches this event.
-                    d.held.finish(hseq, msg, AckKind::Ack).await;
+                    d.finish(AckKind::Ack).await;
                     counters.skipped.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    d.held.give_back(hseq, msg, None).await;
+                    d.give_back(None).await;
                 }
                 return;
             }
@@ -1249,11 +1344,11 @@ async fn settle_other(
         tracing::warn!(hook = %s.name, seq, delivered, "fleet: handler failed ({error}); retry in {}", crate::time::fmt_duration(delay));
         let retry = super::retry::due_in(delivered, seq, delay);
         match super::retry::publish(&sh.js, &sh.cfg, &s.key, &d.env, retry).await {
-            Ok(()) => d.held.finish(hseq, msg, AckKind::Ack).await,
+            Ok(()) => d.finish(AckKind::Ack).await,
             Err(e) => {
                 // Not stored: the broker redelivers this one after the delay instead.
                 tracing::warn!(hook = %s.name, seq, "fleet: retry not published ({e}); handing the event back");
-                d.held.give_back(hseq, msg, Some(delay)).await;
+                d.give_back(Some(delay)).await;
             }
         }
         counters.retried.fetch_add(1, Ordering::Relaxed);
@@ -1271,7 +1366,7 @@ async fn for_another_version(sh: &Shared, s: &Settings, counters: &Counters, d: 
     if s.ordered() {
         counters.handover.notify_one();
     }
-    let (delivered, seq, hseq) = (d.delivered, d.seq, d.hseq);
+    let (delivered, seq) = (d.delivered, d.seq);
     if delivered >= s.max_deliver {
         let error =
             "no pattern of this worker's version of the hook matches the event (a rolling update?)"
@@ -1282,10 +1377,10 @@ async fn for_another_version(sh: &Shared, s: &Settings, counters: &Counters, d: 
     let later = Duration::from_millis(200);
     let retry = super::retry::due_in(delivered, seq, later);
     match super::retry::publish(&sh.js, &sh.cfg, &s.key, &d.env, retry).await {
-        Ok(()) => d.held.finish(hseq, &d.msg, AckKind::Ack).await,
+        Ok(()) => d.finish(AckKind::Ack).await,
         Err(e) => {
             tracing::warn!(hook = %s.name, seq, "fleet: event for another version not republished ({e}); handing it back");
-            d.held.give_back(hseq, &d.msg, Some(later)).await;
+            d.give_back(Some(later)).await;
         }
     }
 }
@@ -1299,7 +1394,16 @@ async fn dead_letter(
     delivered: i64,
     error: String,
 ) {
-    let (env, msg, seq, hseq, key) = (d.env, d.msg, d.seq, d.hseq, d.key);
+    let Delivery {
+        env,
+        msg,
+        seq,
+        hseq,
+        slot,
+        key,
+        held,
+        ..
+    } = d;
     let dead = DeadLetter {
         v: VERSION,
         hook: s.name.clone(),
@@ -1327,7 +1431,7 @@ async fn dead_letter(
     match stored {
         Ok(()) => {
             tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: handler failed on the last delivery ({error}); event moved to the dead-letter subject");
-            d.held.finish(hseq, &msg, AckKind::Ack).await;
+            held.finish(hseq, slot, &msg, AckKind::Ack).await;
             counters.dead.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut d) = counters.done.lock() {
                 d.insert(key);
@@ -1381,6 +1485,7 @@ async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask>, running:
         running,
         hooks,
         patterns,
+        bundles: true,
     };
     let body = serde_json::to_vec(&status).unwrap_or_default();
     if let Err(e) = sh

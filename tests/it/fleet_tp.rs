@@ -180,3 +180,112 @@ fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
     });
     assert_duplicates_are_redeliveries(&ok);
 }
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// Messages in the event stream.
+fn stream_messages(nats: &NatsServer) -> u64 {
+    block_on(async {
+        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream("HERMES_EVENTS").await.expect("the stream");
+        stream.info().await.expect("stream info").state.messages
+    })
+}
+
+/// The events of `recs`, per stream message.
+fn per_message(recs: &[Value]) -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let mut per = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+    for r in recs {
+        per.entry(r["seq"].as_u64().unwrap())
+            .or_default()
+            .push(r["n"].as_u64().unwrap());
+    }
+    per
+}
+
+/// Events of one name in one request go to the stream as bundles (up to 128 events or 64 KiB
+/// each) and run one by one, in order, once each; while a worker that does not read bundles is
+/// live (its status has no `bundles`), every event goes alone.
+#[test]
+fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
+    let Some((nats, hooks, [_w], edge)) =
+        crate::fleet::fleet_of("bundled", r#"["agent:step"]"#, "", ["wa"])
+    else {
+        return;
+    };
+    let before = stream_messages(&nats);
+    let (status, body) = post_batch(&edge, 0..300, json!({}));
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["state"], "stored", "{body}");
+    let recs = poll(Duration::from_secs(30), "300 events handled", || {
+        let r = records(&hooks, "bundled");
+        (r.len() >= 300).then_some(r)
+    });
+    assert_eq!(
+        handled_ns(&recs),
+        (0..300).collect::<Vec<_>>(),
+        "in order, once each"
+    );
+    assert!(recs.iter().all(|r| r["d"] == 1), "no redelivery");
+    let per = per_message(&recs);
+    let sizes: Vec<usize> = per.values().map(Vec::len).collect();
+    assert_eq!(sizes, [128, 128, 44], "bundles of at most 128: {per:?}");
+    assert_eq!(stream_messages(&nats) - before, 3, "three messages stored");
+    let ids: HashSet<&str> = recs.iter().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!(ids.len(), 300, "each event keeps its own id");
+
+    // Contexts of 40 KB: two do not fit in one bundle's 64 KiB, so each goes alone.
+    let before = stream_messages(&nats);
+    let big = "x".repeat(40_000);
+    let (status, body) = post_batch(&edge, 300..303, json!({"big": big}));
+    assert_eq!(status, 202, "{body}");
+    poll(Duration::from_secs(30), "303 events handled", || {
+        (records(&hooks, "bundled").len() >= 303).then_some(())
+    });
+    assert_eq!(stream_messages(&nats) - before, 3, "one message each");
+
+    // A worker of an older version says nothing of bundles: events go alone again.
+    let old = json!({"worker": "old", "host": "h", "pid": 1, "interval_ms": 600_000,
+        "time": "", "running": true, "hooks": []});
+    block_on(async {
+        let client = async_nats::connect(nats.url()).await.expect("connect");
+        let body = serde_json::to_vec(&old).unwrap();
+        client
+            .publish("hermes.status.old", body.into())
+            .await
+            .expect("publish");
+        client.flush().await.expect("flush");
+    });
+    poll(
+        Duration::from_secs(30),
+        "the edge to see the old worker",
+        || {
+            let (_, v) = edge.get("/v1/hooks");
+            let workers = v["fleet"]["workers"].as_array()?.clone();
+            workers
+                .iter()
+                .any(|w| w["worker"] == "old" || w == "old")
+                .then_some(())
+        },
+    );
+    let before = stream_messages(&nats);
+    let (status, body) = post_batch(&edge, 303..313, json!({}));
+    assert_eq!(status, 202, "{body}");
+    let recs = poll(Duration::from_secs(30), "313 events handled", || {
+        let r = records(&hooks, "bundled");
+        (r.len() >= 313).then_some(r)
+    });
+    assert_eq!(stream_messages(&nats) - before, 10, "ten messages");
+    let last: Vec<Value> = recs.into_iter().skip(303).collect();
+    assert!(
+        per_message(&last).values().all(|v| v.len() == 1),
+        "{last:?}"
+    );
+}
