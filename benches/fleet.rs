@@ -1,7 +1,9 @@
 //! Fleet mode figures for BENCHMARKS.md (`cargo bench --bench fleet`; needs `nats-server` (found
 //! as `HERMES_NATS_SERVER`, on PATH or in /usr/sbin), `cc` and `python3`): events/s edge ->
 //! JetStream -> 1 worker for a no-op C library hook and a trivial Python hook, in order
-//! (`concurrency: 1`), alone and beside 9 idle hooks on other events; the same workload in local
+//! (`concurrency: 1`), alone and beside 9 idle hooks on other events, with the edge's bundles
+//! (a request's events share stream messages) and with one event per message (`--fleet-bundle
+//! 1`); the same workload in local
 //! mode; the broker's own publish-and-consume rate (a JetStream client publishing and a pull
 //! consumer acknowledging at once, no hermes-hooks) in the same run; rounds alternate. Then
 //! (unless FLEET_BENCH_THROUGHPUT_ONLY is set) end-to-end latency p50/p99 and the failover time
@@ -27,6 +29,9 @@ int32_t hermes_hook_handle(const uint8_t *e, size_t el, const uint8_t *c, size_t
 }
 void hermes_hook_free(HermesHookBuf b) { (void)b; }
 "#;
+
+/// The edge's default bundle size (`--fleet-bundle`): events per stream message at most.
+const BUNDLE: usize = 128;
 
 const NOOP_PY: &str = "def handle(event, context):\n    return None\n";
 
@@ -288,6 +293,7 @@ fn throughput(
     concurrency: u32,
     idle: usize,
     total: usize,
+    bundle: usize,
 ) -> f64 {
     let nats = Nats::start();
     let root = hook_root_with(dir, kind, concurrency, None, idle);
@@ -312,7 +318,19 @@ fn throughput(
             )
         })
         .collect();
-    let edge = spawn(&["serve", "--fleet", &url, "--gateway-id", "bench"], dir);
+    let bundle = bundle.to_string();
+    let edge = spawn(
+        &[
+            "serve",
+            "--fleet",
+            &url,
+            "--gateway-id",
+            "bench",
+            "--fleet-bundle",
+            &bundle,
+        ],
+        dir,
+    );
     wait_until("the fleet view", Duration::from_secs(30), || {
         let (_, v) = http(&edge.addr, "GET", "/v1/hooks", b"");
         let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
@@ -598,7 +616,7 @@ fn main() {
     .filter(|(_, _, key)| kinds.split(',').any(|k| k.trim() == *key))
     .map(|(kind, name, _)| (kind, name, events))
     .collect();
-    let mut figures: Vec<[Vec<f64>; 3]> = workloads.iter().map(|_| Default::default()).collect();
+    let mut figures: Vec<[Vec<f64>; 4]> = workloads.iter().map(|_| Default::default()).collect();
     let mut broker = Vec::new();
     // FLEET_BENCH_WARMUP rounds (default 1) run first and are not counted: on this shared VM
     // the first round after a pause ran every variant (local mode and the broker alone too) at
@@ -620,14 +638,16 @@ fn main() {
             let sub = d.join(format!("r{round}-{}", name.len()));
             std::fs::create_dir_all(&sub).expect("mkdir");
             let l = local(&sub, kind, total);
-            let f = throughput(&sub, kind, 1, 1, 0, total);
-            let i = throughput(&sub, kind, 1, 1, 9, total);
+            let f = throughput(&sub, kind, 1, 1, 0, total, BUNDLE);
+            let i = throughput(&sub, kind, 1, 1, 9, total, BUNDLE);
+            let one = throughput(&sub, kind, 1, 1, 0, total, 1);
             println!(
-                "round {round}: {name}: local {l:.0}/s, fleet {f:.0}/s, fleet + 9 idle hooks {i:.0}/s"
+                "round {round}: {name}: local {l:.0}/s, fleet {f:.0}/s, fleet + 9 idle hooks {i:.0}/s, fleet with one event per message {one:.0}/s"
             );
             figures[w][0].push(l);
             figures[w][1].push(f);
             figures[w][2].push(i);
+            figures[w][3].push(one);
         }
         let nats = Nats::start();
         let (b, cpu) = cpu_per_event(&[("nats-server", nats.child.id())], events, || {
@@ -645,24 +665,22 @@ fn main() {
     };
     let b = med(&broker);
     println!(
-        "\n| events/s, medians of {rounds} rounds | local `serve` | fleet, 1 worker, in order | fleet / local | fleet / broker | beside 9 idle hooks | idle / alone |"
+        "\n| events/s, medians of {rounds} rounds | local `serve` | fleet, 1 worker, in order | fleet / local | fleet / broker | beside 9 idle hooks | idle / alone | one event per message | its / local | its / broker |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (w, &(_, name, total)) in workloads.iter().enumerate() {
-        let (l, f, i) = (
-            med(&figures[w][0]),
-            med(&figures[w][1]),
-            med(&figures[w][2]),
-        );
+        let [l, f, i, one] = [0, 1, 2, 3].map(|k| med(&figures[w][k]));
         println!(
-            "| {name}, {total} events | {l:.0} | **{f:.0}** | {:.2} | {:.2} | {i:.0} | {:.2} |",
+            "| {name}, {total} events | {l:.0} | **{f:.0}** | {:.2} | {:.2} | {i:.0} | {:.2} | {one:.0} | {:.2} | {:.2} |",
             f / l,
             f / b,
-            i / f
+            i / f,
+            one / l,
+            one / b
         );
     }
     println!(
-        "| broker alone: publish + consume at once, {events} messages | | {b:.0} | | 1.00 | | |"
+        "| broker alone: publish + consume at once, {events} messages | | {b:.0} | | 1.00 | | | | | |"
     );
     // The same ratios taken within each round (each variant beside the others run in the same
     // minute), then the median over rounds: less exposed to the machine's slow swings.
@@ -673,10 +691,12 @@ fn main() {
     println!("\nmedians of the per-round ratios:");
     for (w, &(_, name, _)) in workloads.iter().enumerate() {
         println!(
-            "  {name}: fleet / local {:.2}, fleet / broker {:.2}, idle / alone {:.2}",
+            "  {name}: fleet / local {:.2}, fleet / broker {:.2}, idle / alone {:.2}; one event per message: / local {:.2}, / broker {:.2}",
             paired(&figures[w][1], &figures[w][0]),
             paired(&figures[w][1], &broker),
-            paired(&figures[w][2], &figures[w][1])
+            paired(&figures[w][2], &figures[w][1]),
+            paired(&figures[w][3], &figures[w][0]),
+            paired(&figures[w][3], &broker)
         );
     }
     if std::env::var_os("FLEET_BENCH_THROUGHPUT_ONLY").is_some() {

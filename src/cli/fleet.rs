@@ -75,6 +75,12 @@ pub struct FleetArgs {
     /// events are refused with 503 and Retry-After; nothing accepted is dropped).
     #[arg(long, value_name = "N", default_value_t = crate::fleet::edge::DEFAULT_BUFFER)]
     pub fleet_buffer: usize,
+    /// Most events of one name from one request that go to the stream as one message (a
+    /// bundle: one message for the broker to store, deliver and acknowledge); 1 sends each
+    /// event alone (`lag` and stream discards then count events exactly).
+    #[arg(long, value_name = "N", default_value_t = crate::fleet::envelope::BUNDLE_EVENTS as u16,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub fleet_bundle: u16,
     /// Worker id in the fleet view (default: HOST-PID).
     #[arg(long, value_name = "NAME")]
     pub worker_id: Option<String>,
@@ -105,7 +111,7 @@ const WORKER_ONLY: &[&str] = &[
     "status_interval_ms",
 ];
 /// Options only an edge uses, hidden from `worker --help`.
-const EDGE_ONLY: &[&str] = &["gateway_id", "fleet_buffer"];
+const EDGE_ONLY: &[&str] = &["gateway_id", "fleet_buffer", "fleet_bundle"];
 
 /// `serve` without the worker's options in its help, `worker` without the edge's (both still
 /// parse them, so a shared unit file keeps working).
@@ -235,7 +241,7 @@ impl FleetArgs {
             .clone()
             .unwrap_or_else(crate::fleet::host_name);
         tracing::info!(gateway = %gateway, broker = %cfg.url, "fleet edge: publishing events to the stream");
-        let edge = Edge::start(cfg, gateway, self.fleet_buffer)
+        let edge = Edge::start(cfg, gateway, self.fleet_buffer, self.fleet_bundle.into())
             .await
             .map_err(|e| e.to_string())?;
         host.set_sink(Arc::new(edge.clone()));

@@ -13,11 +13,16 @@
 //! between two looks are missed). An event acknowledged and discarded between two looks
 //! counts as lost (an overcount possible only while the stream discards what hooks just
 //! finished). Each edge counts the same stream: take the largest
-//! over the edges, not the sum. With the `new` discard policy the stream refuses instead, and the
+//! over the edges, not the sum.
+//!
+//! The stream counts messages; a bundle ([`super::envelope`]) is one message for several
+//! events. Each count is turned into events with the events per message this edge has stored
+//! so far (exact when it sends each event alone, an estimate when it bundles). With the `new` discard policy the stream refuses instead, and the
 //! edge counts those as `refused` (the client is told).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -46,6 +51,8 @@ struct State {
 #[derive(Default)]
 pub struct Discards {
     state: Mutex<State>,
+    /// Events and messages this edge has stored in the stream.
+    stored: (AtomicU64, AtomicU64),
 }
 
 /// One consumer as the watcher sees it.
@@ -63,6 +70,24 @@ pub struct Seen {
 }
 
 impl Discards {
+    /// The edge stored a message of `events` events.
+    pub fn stored(&self, events: usize) {
+        self.stored.0.fetch_add(events as u64, Ordering::Relaxed);
+        self.stored.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `messages` of the stream in events (see the module comment).
+    fn events(&self, messages: u64) -> u64 {
+        let (events, stored) = (
+            self.stored.0.load(Ordering::Relaxed),
+            self.stored.1.load(Ordering::Relaxed),
+        );
+        if stored == 0 || events <= stored {
+            return messages;
+        }
+        (messages as f64 * events as f64 / stored as f64).round() as u64
+    }
+
     /// Takes in one look at the stream (`created`, `first` sequence) and its consumers.
     pub fn observe(&self, created: String, (first, last): (u64, u64), consumers: &[Seen]) {
         let Ok(mut st) = self.state.lock() else {
@@ -77,7 +102,7 @@ impl Discards {
         // An empty stream says first sequence 0 (or last + 1).
         if let Some((prev, prev_last)) = prev.filter(|(p, _)| first > (*p).max(1)) {
             let prev = prev.max(1);
-            st.discarded += first - prev;
+            st.discarded += self.events(first - prev);
             for c in consumers {
                 let Some((had, floor)) = st.waiting.get(&c.consumer).copied() else {
                     continue;
@@ -89,6 +114,7 @@ impl Discards {
                 } else {
                     lost.min(had)
                 };
+                let lost = self.events(lost);
                 if lost > 0 {
                     *st.unhandled.entry(c.hook.clone()).or_default() += lost;
                     tracing::warn!(hook = %c.hook, lost, "fleet: the event stream discarded events this hook had not handled (stream limits: --stream-max-bytes, max age)");
@@ -214,5 +240,16 @@ mod tests {
         // A stream recreated: a new baseline, nothing counted for the jump.
         d.observe("t2".into(), (500, 600), &[seen("slow", 0, 5)]);
         assert_eq!(d.status().unwrap()["stream_discarded"], 50);
+        // Messages that held 3 events each on average (bundles): counted in events.
+        d.stored(1);
+        d.stored(5);
+        d.observe("t2".into(), (510, 610), &[seen("slow", 520, 0)]);
+        let st = d.status().unwrap();
+        assert_eq!(st["stream_discarded"], 50 + 30);
+        assert_eq!(
+            st["discarded_unhandled"]["slow"],
+            40 + 30,
+            "the 10 messages past its floor"
+        );
     }
 }

@@ -8,9 +8,10 @@
 //! Retry-After: nothing accepted is ever dropped), and the buffer is sent when the broker is
 //! back; the stream's de-duplication absorbs what was sent twice across the outage.
 //!
-//! Events of one name accepted in one request go to the stream together, as bundles of up to
-//! [`BUNDLE_EVENTS`] events ([`super::envelope`]): one message to store, deliver and acknowledge
-//! instead of one per event. Only while every live worker says it reads bundles (an older
+//! Events of one name accepted in one request go to the stream together, as bundles
+//! ([`super::envelope`]) of up to `--fleet-bundle` events (default
+//! [`super::envelope::BUNDLE_EVENTS`]): one message to store, deliver and acknowledge instead
+//! of one per event. Only while every live worker says it reads bundles (an older
 //! worker would drop one as unreadable), and never an event with a client event id (its
 //! `Nats-Msg-Id` is its own, for the stream's de-duplication).
 //!
@@ -31,8 +32,7 @@ use tokio::sync::{Notify, oneshot};
 use serde_json::value::RawValue;
 
 use super::envelope::{
-    BUNDLE_BYTES, BUNDLE_EVENTS, BUNDLE_ITEM_EXTRA, Envelope, IdGen, VERSION, bundle_head_len,
-    write_bundle,
+    BUNDLE_BYTES, BUNDLE_ITEM_EXTRA, Envelope, IdGen, VERSION, bundle_head_len, write_bundle,
 };
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
@@ -123,6 +123,8 @@ struct Inner {
     gateway: String,
     ids: IdGen,
     capacity: usize,
+    /// Most events in one bundle (1: none).
+    bundle: usize,
     buf: Mutex<Buf>,
     wake: Notify,
     idle: Notify,
@@ -154,6 +156,7 @@ impl Edge {
         cfg: FleetConfig,
         gateway: String,
         capacity: usize,
+        bundle: usize,
     ) -> Result<Self, FleetError> {
         let client = cfg
             .connect(&format!("hermes-hooks edge {gateway}"), false)
@@ -163,6 +166,7 @@ impl Edge {
             gateway,
             ids: IdGen::default(),
             capacity: capacity.max(1),
+            bundle: bundle.max(1),
             buf: Mutex::new(Buf::default()),
             wake: Notify::new(),
             idle: Notify::new(),
@@ -564,6 +568,7 @@ fn settle_front(inner: &Inner, window: &mut Window) -> (bool, Option<String>) {
                 inner
                     .published
                     .fetch_add(p.events as u64, Ordering::Relaxed);
+                inner.discards.stored(p.events);
                 if duplicate {
                     inner
                         .duplicates
@@ -696,7 +701,7 @@ impl Edge {
         ids: Vec<ClientId>,
         counts: &mut Vec<usize>,
     ) -> Result<Vec<Pending>, SinkError> {
-        let mut items = Vec::with_capacity(events.len().min(BUNDLE_EVENTS));
+        let mut items = Vec::with_capacity(events.len().min(self.inner.bundle));
         let mut ids = ids.into_iter();
         let limit = self.bundle_limit();
         // One time of acceptance for the request; requests repeat event names, so the last
@@ -716,7 +721,7 @@ impl Edge {
             counts.push(count);
             let context = context.into_raw().unwrap_or_default();
             let client_id = ids.next().flatten();
-            if !bundles || client_id.is_some() {
+            if !bundles || self.inner.bundle == 1 || client_id.is_some() {
                 if let Some(r) = run.take() {
                     items.push(self.seal(r, &time)?);
                 }
@@ -730,7 +735,9 @@ impl Edge {
             let id = self.inner.ids.next();
             let size = id.len() + context.get().len() + BUNDLE_ITEM_EXTRA;
             if let Some(r) = &run
-                && (r.event != event || r.items.len() >= BUNDLE_EVENTS || r.bytes + size > limit)
+                && (r.event != event
+                    || r.items.len() >= self.inner.bundle
+                    || r.bytes + size > limit)
                 && let Some(r) = run.take()
             {
                 items.push(self.seal(r, &time)?);

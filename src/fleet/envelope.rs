@@ -5,7 +5,7 @@
 //! A stream message holds one event ([`Envelope`], format 1) or a **bundle** (format 2): several
 //! events of one name accepted in one request, `{"v":2,"gateway","event","time","events":
 //! [{"id","context"},...]}`. The broker then stores, delivers and acknowledges one message for
-//! up to [`BUNDLE_EVENTS`] events; a worker runs them one by one, in order, and acknowledges the
+//! up to [`BUNDLE_EVENTS`] events (by default); a worker runs them one by one, in order, and acknowledges the
 //! message when every one of them is finished ([`read`] gives them as envelopes).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +20,7 @@ use crate::handler::context::Context;
 pub const VERSION: u32 = 1;
 /// Version of the bundle format (several events in one stream message).
 pub const BUNDLE: u32 = 2;
-/// Most events in one bundle.
+/// Most events in one bundle, unless the edge is told otherwise (`--fleet-bundle`).
 pub const BUNDLE_EVENTS: usize = 128;
 /// Most bytes of one bundle (less when the broker's `max_payload` is lower): a larger event
 /// goes alone.

@@ -156,6 +156,8 @@ struct Counters {
     done: Mutex<Recent>,
     already_done: AtomicU64,
     delivered: AtomicU64,
+    /// Stream messages delivered (`delivered` counts their events: a bundle holds several).
+    messages: AtomicU64,
     redelivered: AtomicU64,
     acked: AtomicU64,
     retried: AtomicU64,
@@ -170,6 +172,17 @@ struct Counters {
 }
 
 impl Counters {
+    /// `messages` of the stream in events: times the events per message this worker was
+    /// delivered (exact while each event goes alone; an estimate with bundles).
+    fn events(&self, messages: u64) -> u64 {
+        let events = self.delivered.load(Ordering::Relaxed);
+        let delivered = self.messages.load(Ordering::Relaxed);
+        if delivered == 0 || events <= delivered {
+            return messages;
+        }
+        (messages as f64 * events as f64 / delivered as f64).round() as u64
+    }
+
     fn snapshot(&self) -> FleetCounters {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         FleetCounters {
@@ -1097,13 +1110,14 @@ impl Run {
             Err(_) => (1, 0, false),
         };
         // Counted per event: the message's first here, the rest of a bundle's below.
+        counters.messages.fetch_add(1, Ordering::Relaxed);
+        counters.delivered.fetch_add(1, Ordering::Relaxed);
         if replayed {
             counters.duplicate.fetch_add(1, Ordering::Relaxed);
         }
         let (delivered, seq) = match source {
             // A retry on a consumer of every event: its hook's retry consumer runs it.
             Source::Main if super::retry::is_retry(&self.sh.cfg, &msg.subject) => {
-                counters.delivered.fetch_add(1, Ordering::Relaxed);
                 return Triage::Settle(msg, hseq, AckKind::Ack);
             }
             Source::Main => (broker_delivered, hseq),
@@ -1126,7 +1140,7 @@ impl Run {
             }
         };
         let n = envs.len() as u64;
-        counters.delivered.fetch_add(n, Ordering::Relaxed);
+        counters.delivered.fetch_add(n - 1, Ordering::Relaxed);
         if replayed {
             counters.duplicate.fetch_add(n - 1, Ordering::Relaxed);
         }
@@ -1458,7 +1472,7 @@ async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask>, running:
         // A hook joins the fleet view once its consumer exists (events from then on reach it).
         let Some(consumer) = consumer else { continue };
         let lag = match tokio::time::timeout(Duration::from_secs(1), consumer.get_info()).await {
-            Ok(Ok(i)) => Some(i.num_pending + i.num_ack_pending as u64),
+            Ok(Ok(i)) => Some(t.counters.events(i.num_pending + i.num_ack_pending as u64)),
             _ => None,
         };
         hooks.push(HookStatus {

@@ -251,6 +251,17 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
     });
     assert_eq!(stream_messages(&nats) - before, 3, "one message each");
 
+    // An edge told `--fleet-bundle 1` sends each event alone.
+    let single = crate::fleet::edge(&hooks, &nats.url(), &["--fleet-bundle", "1"]);
+    wait_for_fleet(&single, "bundled", &["wa"]);
+    let before = stream_messages(&nats);
+    let (status, body) = post_batch(&single, 303..308, json!({}));
+    assert_eq!(status, 202, "{body}");
+    poll(Duration::from_secs(30), "308 events handled", || {
+        (records(&hooks, "bundled").len() >= 308).then_some(())
+    });
+    assert_eq!(stream_messages(&nats) - before, 5, "one message each");
+
     // A worker of an older version says nothing of bundles: events go alone again.
     let old = json!({"worker": "old", "host": "h", "pid": 1, "interval_ms": 600_000,
         "time": "", "running": true, "hooks": []});
@@ -276,11 +287,11 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
         },
     );
     let before = stream_messages(&nats);
-    let (status, body) = post_batch(&edge, 303..313, json!({}));
+    let (status, body) = post_batch(&edge, 308..318, json!({}));
     assert_eq!(status, 202, "{body}");
-    let recs = poll(Duration::from_secs(30), "313 events handled", || {
+    let recs = poll(Duration::from_secs(30), "318 events handled", || {
         let r = records(&hooks, "bundled");
-        (r.len() >= 313).then_some(r)
+        (r.len() >= 318).then_some(r)
     });
     assert_eq!(stream_messages(&nats) - before, 10, "ten messages");
     let last: Vec<Value> = recs.into_iter().skip(303).collect();
