@@ -12,7 +12,8 @@
 //! ([`super::envelope`]) of up to `--fleet-bundle` events (default
 //! [`super::envelope::BUNDLE_EVENTS`]): one message to store, deliver and acknowledge instead
 //! of one per event. Only while every live worker says it reads bundles (an older
-//! worker would drop one as unreadable), and never an event with a client event id (its
+//! worker would drop one as unreadable), never for an event a hook with `concurrency` above 1
+//! takes ([`super::status::FleetView::route`]), and never an event with a client event id (its
 //! `Nats-Msg-Id` is its own, for the stream's de-duplication).
 //!
 //! An event larger than the broker's `max_payload` can never be stored: it is refused before

@@ -170,7 +170,8 @@ pub fn read(payload: &[u8]) -> Result<Vec<Envelope>, String> {
     Ok(items
         .into_iter()
         .map(|i| Envelope {
-            v: w.v,
+            // Each event as an envelope of its own (a retry or dead letter of it is one).
+            v: VERSION,
             id: i.id,
             gateway: w.gateway.clone(),
             event: w.event.clone(),

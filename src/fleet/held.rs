@@ -4,7 +4,9 @@
 //! A held message carries one event or a bundle of them ([`super::envelope`]): it is finished
 //! when each of its events is (finished, or handed back), and handed back (`Nak`, once) as soon
 //! as one of its events is. Each holding has its own id, so the events of a delivery that was
-//! handed back and delivered again never count towards the new delivery.
+//! handed back and delivered again never count towards the new delivery. A message none of
+//! whose events started can be left ([`Held::leave`]): no more progress signals, never
+//! acknowledged from this holding, so the broker delivers it again after the ack wait.
 //!
 //! - **Acknowledgements.** On a consumer with `AckPolicy::All` (ordered hooks) one
 //!   acknowledgement of stream sequence `s` acknowledges every event of the consumer up to `s`.
@@ -105,7 +107,10 @@ impl Held {
                             s.remove(&seq);
                         }
                         Then::Nothing
-                    } else if self.ack_all && seq > 0 && matches!(kind, AckKind::Ack) {
+                    } else if self.ack_all && seq > 0 {
+                        // Any final kind: on a cumulative consumer a `Term` of this sequence
+                        // would also settle every earlier one still running or handed back,
+                        // so the flush acknowledges it in order instead.
                         slot.done = true;
                         Then::Flush
                     } else {
@@ -167,8 +172,12 @@ impl Held {
         }
     }
 
-    /// Hands back the message at `seq` (holding `id`) none of whose events started.
-    pub async fn hand_back(&self, seq: u64, id: u64) {
+    /// Leaves the message at `seq` (holding `id`), none of whose events started, to the ack
+    /// wait: no more progress signals, never acknowledged from this holding (on an `All`
+    /// consumer it stays held, unfinished, so no flush passes it), `Nak`ed when `nak` (the
+    /// broker delivers it again at once: only when no pull request of this worker is open).
+    /// Returns whether it was held so.
+    pub async fn leave(&self, seq: u64, id: u64, nak: bool) -> bool {
         let msg = match self.slots.lock() {
             Ok(mut s) => match s.get_mut(&seq) {
                 Some(slot) if slot.id == id && !slot.back => {
@@ -184,8 +193,13 @@ impl Held {
             },
             Err(_) => None,
         };
-        if let Some(m) = msg {
-            let _ = m.ack_with(AckKind::Nak(None)).await;
+        match msg {
+            Some(m) if nak => {
+                let _ = m.ack_with(AckKind::Nak(None)).await;
+                true
+            }
+            Some(_) => true,
+            None => false,
         }
     }
 
@@ -255,7 +269,7 @@ impl Held {
             Err(_) => return,
         };
         for (seq, id) in held {
-            self.hand_back(seq, id).await;
+            self.leave(seq, id, true).await;
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::pattern::{MatchKind, PatternSet};
 /// Fleet counters of one hook on one worker.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct FleetCounters {
-    /// Messages received from the stream (for this hook's consumer).
+    /// Events received from the stream (for this hook's consumer; a bundle's each).
     pub delivered: u64,
     /// Redeliveries among them (delivered more than once).
     pub redelivered: u64,
@@ -107,8 +107,9 @@ struct Entry {
 struct FleetHook {
     name: String,
     patterns: PatternSet,
-    /// Its events are spread over several workers (`concurrency` above 1, more than one worker
-    /// serving it): bundling them would keep all of a bundle on one worker.
+    /// It runs several events at once (`concurrency` above 1): bundling its events would put
+    /// a bundle's on one worker and let each worker holding one run `concurrency` of them
+    /// (the limit is per message in flight), so they go alone.
     spread: bool,
 }
 
@@ -222,12 +223,7 @@ impl FleetView {
                 .workers
                 .values()
                 .filter_map(|w| w.status.hooks.iter().find(|h| h.name == *name));
-            let (mut workers, mut concurrent) = (0, false);
-            for h in serving {
-                workers += 1;
-                concurrent |= h.concurrency > 1;
-            }
-            *spread = concurrent && workers > 1;
+            *spread = serving.into_iter().any(|h| h.concurrency > 1);
         }
         if key == st.key {
             return;
@@ -253,8 +249,7 @@ impl FleetView {
     }
 
     /// [`FleetView::matching`], and whether `event`s may go to the stream in bundles: every
-    /// live worker reads them ([`FleetView::bundles`]) and no matching hook spreads its events
-    /// over several workers.
+    /// live worker reads them and no matching hook runs several events at once.
     pub fn route(&self, event: &str) -> (Vec<String>, bool) {
         let Ok(mut st) = self.state.lock() else {
             return (Vec::new(), false);
@@ -512,20 +507,11 @@ mod tests {
         );
         view.update(worker("w2", false, vec![]));
         assert!(bundles("agent:start"));
-        // A hook running several events at once on two workers: its events are not bundled
-        // (a bundle goes to one worker); other events are.
+        // A hook running several events at once: its events are not bundled (a bundle goes to
+        // one worker, and its limit counts messages); other events are.
         let mut c = hook("c", &["session:*"], 0);
         c.concurrency = 4;
-        view.update(worker(
-            "w1",
-            true,
-            vec![hook("a", &["agent:*"], 0), c.clone()],
-        ));
-        assert!(
-            bundles("session:start"),
-            "served by one worker: nothing to spread"
-        );
-        view.update(worker("w3", true, vec![c]));
+        view.update(worker("w1", true, vec![hook("a", &["agent:*"], 0), c]));
         assert!(!bundles("session:start"));
         assert!(bundles("agent:start"));
         // An older worker's status has no such key.

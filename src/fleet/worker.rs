@@ -702,21 +702,40 @@ impl Run {
         }
     }
 
-    /// Hands back what no handler started, runs the rest of what was started (the events
-    /// of a bundle partly started too) and waits for it, then acknowledges what finished.
-    async fn drain(&mut self) {
-        self.release_backlog().await;
+    /// Runs what was delivered (the backlog too) and waits for it, then acknowledges what
+    /// finished. With `start_by`, no message is started after that time: the backlog's
+    /// messages none of whose events started by then are left to the ack wait
+    /// ([`Run::release_backlog`]); the events of a message partly started still run.
+    async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
         loop {
             while self.background.try_join_next().is_some() {}
+            if start_by.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                self.release_backlog().await;
+                start_by = None;
+            }
             self.feed().await;
-            if self.running.next().await.is_some() {
-                continue;
+            let deadline = start_by;
+            let passed = async move {
+                match deadline {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(passed);
+            tokio::select! {
+                r = self.running.next() => if r.is_some() {
+                    continue;
+                },
+                _ = &mut passed => continue,
             }
             if self.backlog.is_empty() {
                 break;
             }
             // Only calls of an earlier session hold the window: wait for one.
-            self.background.join_next().await;
+            tokio::select! {
+                _ = self.background.join_next() => {}
+                _ = &mut passed => {}
+            }
         }
         while self.background.join_next().await.is_some() {}
         self.main.flush().await;
@@ -773,6 +792,9 @@ impl Run {
                 return Ended::Again;
             }
         };
+        // What an earlier session left in the backlog goes on.
+        while self.background.try_join_next().is_some() {}
+        self.feed().await;
         loop {
             let holding = lease.is_some();
             let lost = async {
@@ -830,6 +852,8 @@ impl Run {
             }
             while self.background.try_join_next().is_some() {}
             while self.waiting.try_join_next().is_some() {}
+            // Calls of an earlier session that finished meanwhile free the window.
+            self.feed().await;
         }
     }
 
@@ -902,7 +926,7 @@ async fn consume(
         let ack_all =
             consumer.cached_info().config.ack_policy == jetstream::consumer::AckPolicy::All;
         if let Some(r) = run.as_mut().filter(|r| r.main.ack_all() != ack_all) {
-            r.drain().await;
+            r.drain(None).await;
             run = None;
         }
         let r =
@@ -920,8 +944,9 @@ async fn consume(
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
             Ended::HandOver => {
-                // Everything this worker holds settled before the lease goes.
-                r.drain().await;
+                // Everything this worker holds settled before the lease goes (what it cannot
+                // start soon is left to the ack wait, for the next holder).
+                r.drain(Some(give_up_at(&sh))).await;
                 r.main.forget();
                 if !hand_over(&s, lease.take(), &leases, &mut stop).await {
                     break 'outer;
@@ -931,8 +956,9 @@ async fn consume(
         }
         if s.ordered() && lease.is_none() {
             // The lease was lost: finish what runs, acknowledge it, and forget what was handed
-            // back (it goes to whoever holds the lease next) before standing by.
-            r.drain().await;
+            // back or left (it goes to whoever holds the lease next: that worker waits for it,
+            // up to twice the ack wait) before standing by.
+            r.drain(Some(give_up_at(&sh))).await;
             r.main.forget();
         }
         if std::mem::take(&mut r.pulled) {
@@ -945,7 +971,9 @@ async fn consume(
         pause = (pause * 2).min(Duration::from_secs(1));
     }
     if let Some(mut r) = run {
-        r.drain().await;
+        // Stopping: everything delivered runs, within the service's drain timeout (what is left
+        // then comes back to another worker after the ack wait).
+        r.drain(None).await;
         // Retries still waiting for their time: back to the broker for the next worker.
         r.waiting.abort_all();
         r.retry.give_back_all().await;
@@ -954,6 +982,13 @@ async fn consume(
     if let Some(l) = lease {
         l.release().await;
     }
+}
+
+/// When an ordered hook's worker that lost (or hands over) its lease stops starting what it
+/// holds: half the ack wait from now, so that what it leaves is delivered again well within
+/// the next holder's wait for it (twice the ack wait).
+fn give_up_at(sh: &Shared) -> tokio::time::Instant {
+    tokio::time::Instant::now() + sh.opts.ack_wait / 2
 }
 
 /// An event only another version of the ordered hook matches: gives the lease up and stands
@@ -1079,6 +1114,16 @@ impl Delivery {
         self.held
             .finish(self.hseq, self.slot, &self.msg, kind)
             .await;
+    }
+
+    /// This event is settled for good here (handled, or handed on to the retry subject): finished,
+    /// and known as done, so a delivery of its message again (a bundle handed back for another
+    /// of its events, a broker that lost the acknowledgement) does not run it twice here.
+    async fn settled(&self, counters: &Counters) {
+        self.finish(AckKind::Ack).await;
+        if let Ok(mut done) = counters.done.lock() {
+            done.insert(self.key);
+        }
     }
 
     /// Hands this event back: its whole message comes again (after `delay`).
@@ -1209,22 +1254,28 @@ impl Run {
         }
     }
 
-    /// Hands back the backlog's messages none of whose events started (whoever pulls next
-    /// gets them); the events of a message partly started stay, for [`Run::drain`].
+    /// Leaves the backlog's messages none of whose events started to the ack wait (no more
+    /// progress signals: the broker delivers them again after it, to whoever pulls then, in
+    /// order; a `Nak` now would go to this session's pull request, still open at the broker,
+    /// and cost a delivery). The events of a message partly started stay, for [`Run::drain`].
     async fn release_backlog(&mut self) {
         let mut untouched = false;
         let mut current = None;
+        let mut left = 0;
         for d in std::mem::take(&mut self.backlog) {
             if current != Some((d.hseq, d.slot)) {
                 current = Some((d.hseq, d.slot));
                 untouched = d.index == 0;
-                if untouched {
-                    d.held.hand_back(d.hseq, d.slot).await;
+                if untouched && d.held.leave(d.hseq, d.slot, false).await {
+                    left += 1;
                 }
             }
             if !untouched {
                 self.backlog.push_back(d);
             }
+        }
+        if left > 0 {
+            tracing::info!(hook = %self.s.name, messages = left, "fleet: delivered events not started here are left to the ack wait (another worker, or this one, gets them then)");
         }
     }
 
@@ -1301,11 +1352,8 @@ async fn settle(sh: &Shared, s: &Settings, counters: &Counters, d: Delivery, out
 
 /// Acknowledges a delivery whose handler succeeded.
 async fn acknowledge(counters: &Counters, d: Delivery) {
-    d.finish(AckKind::Ack).await;
+    d.settled(counters).await;
     counters.acked.fetch_add(1, Ordering::Relaxed);
-    if let Ok(mut done) = counters.done.lock() {
-        done.insert(d.key);
-    }
 }
 
 /// After a handler failed, or did not run: retry later through the hook's retry subject (the
@@ -1339,7 +1387,7 @@ async fn settle_other(
                         return for_another_version(sh, s, counters, d).await;
                     }
                     // Loaded, but none of its patterns matches this event.
-                    d.finish(AckKind::Ack).await;
+                    d.settled(counters).await;
                     counters.skipped.fetch_add(1, Ordering::Relaxed);
                 } else {
                     d.give_back(None).await;
@@ -1358,7 +1406,7 @@ async fn settle_other(
         tracing::warn!(hook = %s.name, seq, delivered, "fleet: handler failed ({error}); retry in {}", crate::time::fmt_duration(delay));
         let retry = super::retry::due_in(delivered, seq, delay);
         match super::retry::publish(&sh.js, &sh.cfg, &s.key, &d.env, retry).await {
-            Ok(()) => d.finish(AckKind::Ack).await,
+            Ok(()) => d.settled(counters).await,
             Err(e) => {
                 // Not stored: the broker redelivers this one after the delay instead.
                 tracing::warn!(hook = %s.name, seq, "fleet: retry not published ({e}); handing the event back");
@@ -1391,7 +1439,7 @@ async fn for_another_version(sh: &Shared, s: &Settings, counters: &Counters, d: 
     let later = Duration::from_millis(200);
     let retry = super::retry::due_in(delivered, seq, later);
     match super::retry::publish(&sh.js, &sh.cfg, &s.key, &d.env, retry).await {
-        Ok(()) => d.finish(AckKind::Ack).await,
+        Ok(()) => d.settled(counters).await,
         Err(e) => {
             tracing::warn!(hook = %s.name, seq, "fleet: event for another version not republished ({e}); handing it back");
             d.give_back(Some(later)).await;
@@ -1452,9 +1500,11 @@ async fn dead_letter(
             }
         }
         Err(e) => {
-            // Not finished: delivered once more (the consumer's extra delivery), which tries
-            // the dead letter again.
-            tracing::error!(hook = %s.name, seq, "fleet: cannot publish the dead letter ({e}); the event stays in the stream at sequence {seq}");
+            // Handed back: delivered again after a pause (the consumer allows one delivery
+            // more than the hook's), which tries the dead letter again.
+            tracing::error!(hook = %s.name, seq, "fleet: cannot publish the dead letter ({e}); the event stays in the stream at sequence {seq} and comes again");
+            held.give_back(hseq, slot, &msg, Some(sh.opts.retry_backoff))
+                .await;
         }
     }
 }

@@ -300,3 +300,47 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
         "{last:?}"
     );
 }
+
+/// A worker stopped (SIGTERM) in the middle of bundles runs what it was delivered before it
+/// goes, the events it had not started included: nothing is handed back to burn a delivery
+/// (with `retries: 0` that was a dead letter for events that never ran) or to come back out of
+/// order. The next worker goes on from there, in order.
+#[test]
+fn a_worker_stopped_mid_bundle_runs_what_it_was_delivered_and_order_holds() {
+    let Some((nats, hooks, [mut wa], edge)) = crate::fleet::fleet_of(
+        "steady",
+        r#"["agent:step"]"#,
+        "retries: 0\nqueue: {capacity: 8}\n",
+        ["wa"],
+    ) else {
+        return;
+    };
+    // Three bundles; at most four events in the hook's local queue at once, the rest waits.
+    let (status, body) = post_batch(&edge, 0..300, json!({"pause": 0.005}));
+    assert_eq!(status, 202, "{body}");
+    poll(Duration::from_secs(30), "a few events handled", || {
+        (records(&hooks, "steady").len() >= 5).then_some(())
+    });
+    wa.terminate();
+    let by_a = records(&hooks, "steady").len();
+    let _wb = crate::fleet::worker(&hooks, &nats, "wb");
+    wait_for_fleet(&edge, "steady", &["wb"]);
+    let (status, body) = post_batch(&edge, 300..400, json!({}));
+    assert_eq!(status, 202, "{body}");
+    let recs = poll(Duration::from_secs(60), "400 events handled", || {
+        let r = records(&hooks, "steady");
+        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 400).then_some(r)
+    });
+    assert_eq!(
+        handled_ns(&recs),
+        (0..400).collect::<Vec<_>>(),
+        "each once, in order (the stopped worker ran {by_a} of its 300)"
+    );
+    assert!(recs.iter().all(|r| r["d"] == 1), "no redelivery");
+    let (code, out) = dead_cmd(&nats, &["list", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        !out.lines().any(|l| l.trim_start().starts_with('{')),
+        "no dead letter: {out}"
+    );
+}
