@@ -666,10 +666,12 @@ async fn publisher(inner: Arc<Inner>) {
                         // The subscription ended (the client closed): send them again.
                         acks = None;
                         inner.push_front(window.take_back());
+                        inner.inflight.store(0, Ordering::Relaxed);
                     }
                 },
                 _ = tokio::time::sleep_until(deadline) => {
                     inner.push_front(window.take_back());
+                    inner.inflight.store(0, Ordering::Relaxed);
                     inner.failures.fetch_add(1, Ordering::Relaxed);
                     inner.set_degraded(format!(
                         "no acknowledgement from the stream within {}",

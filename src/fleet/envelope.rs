@@ -186,8 +186,9 @@ pub fn read(payload: &[u8]) -> Result<Vec<Envelope>, String> {
 /// Bytes a bundle takes besides its events' ids and contexts, at most: the head with these
 /// names, and per event its keys and punctuation ([`BUNDLE_ITEM_EXTRA`]).
 pub fn bundle_head_len(gateway: &str, event: &str, time: &str) -> usize {
-    // `{"v":2,"gateway":"","event":"","time":"","events":[]}` is 53 bytes; names may escape.
-    64 + 2 * (gateway.len() + event.len() + time.len())
+    // `{"v":2,"gateway":"","event":"","time":"","events":[]}` is 53 bytes; a character JSON
+    // escapes takes at most 6 (`\u001f`).
+    64 + 6 * (gateway.len() + event.len() + time.len())
 }
 
 /// Bytes an event of a bundle takes besides its id and context text: `{"id":"","context":}`

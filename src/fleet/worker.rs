@@ -11,6 +11,12 @@
 //! published while it was being created are not missed, and a stream recreated empty by its
 //! broker is read from its start.
 //!
+//! A stream message holds one event or a bundle of them ([`super::envelope`]): its events are
+//! run one by one, in order, each with its own retry and dead letter, and the message is
+//! acknowledged once every one is finished ([`super::held`]). At most the hook's window of
+//! events is in its local queue at once; the rest of what was delivered waits in a backlog,
+//! held (with progress signals).
+//!
 //! An event is acknowledged after its handler finished, with progress signals from the moment
 //! it arrives (also while it waits in the hook's local queue, so it is never redelivered while
 //! it waits); a failure or a timeout is published to the hook's retry subject with a growing
