@@ -665,13 +665,15 @@ async fn publisher(inner: Arc<Inner>) {
                     None => {
                         // The subscription ended (the client closed): send them again.
                         acks = None;
-                        inner.push_front(window.take_back());
+                        let back = window.take_back();
                         inner.inflight.store(0, Ordering::Relaxed);
+                        inner.push_front(back);
                     }
                 },
                 _ = tokio::time::sleep_until(deadline) => {
-                    inner.push_front(window.take_back());
+                    let back = window.take_back();
                     inner.inflight.store(0, Ordering::Relaxed);
+                    inner.push_front(back);
                     inner.failures.fetch_add(1, Ordering::Relaxed);
                     inner.set_degraded(format!(
                         "no acknowledgement from the stream within {}",

@@ -203,6 +203,18 @@ impl Held {
         }
     }
 
+    /// Whether holding `id` of `seq` is still the one held and not handed back (an event of a
+    /// message handed back or delivered again since is brought by the new delivery). True for
+    /// a message without a sequence (never held).
+    pub fn current(&self, seq: u64, id: u64) -> bool {
+        if seq == 0 {
+            return true;
+        }
+        self.slots
+            .lock()
+            .is_ok_and(|s| s.get(&seq).is_some_and(|slot| slot.id == id && !slot.back))
+    }
+
     /// `All`: acknowledges the highest sequence up to which every held event is finished, and
     /// forgets those events. Returns how many it acknowledged.
     pub async fn flush(&self) -> usize {

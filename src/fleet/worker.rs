@@ -258,12 +258,15 @@ struct Shared {
     versions: Versions,
     /// The broker takes several filter subjects per consumer (nats-server ≥ 2.10).
     multi: std::sync::atomic::AtomicBool,
+    /// Stopping: when the service stops waiting for the events in flight.
+    stop_by: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A running worker.
 pub struct Worker {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 impl Worker {
@@ -287,6 +290,7 @@ impl Worker {
             js,
             versions: Versions::default(),
             multi: Default::default(),
+            stop_by: Mutex::new(None),
         });
         tokio::spawn(super::versions::follow(
             shared.client.clone(),
@@ -311,13 +315,16 @@ impl Worker {
                 .unwrap_or_default();
             json!({ "hooks": hooks })
         }));
-        let task = tokio::spawn(run(shared, stop_rx));
-        Ok(Self { stop, task })
+        let task = tokio::spawn(run(shared.clone(), stop_rx));
+        Ok(Self { stop, task, shared })
     }
 
     /// Stops taking events, lets the events in flight finish for up to `drain` (they are
     /// acknowledged; what is left comes back to another worker after the ack wait).
     pub async fn stop(self, drain: Duration) {
+        if let Ok(mut by) = self.shared.stop_by.lock() {
+            *by = Some(tokio::time::Instant::now() + drain);
+        }
         let _ = self.stop.send(true);
         let mut task = self.task;
         if tokio::time::timeout(drain + Duration::from_secs(1), &mut task)
@@ -708,6 +715,15 @@ impl Run {
         }
     }
 
+    /// Gives back the retries this worker holds until their time (standing by: whoever pulls
+    /// the hook next runs them).
+    async fn forget_retries(&mut self) {
+        self.waiting.abort_all();
+        while self.waiting.join_next().await.is_some() {}
+        while self.due_rx.try_recv().is_ok() {}
+        self.retry.give_back_all().await;
+    }
+
     /// Runs what was delivered (the backlog too) and waits for it, then acknowledges what
     /// finished. With `start_by`, no message is started after that time: the backlog's
     /// messages none of whose events started by then are left to the ack wait
@@ -950,9 +966,10 @@ async fn consume(
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
             Ended::HandOver => {
-                // Everything this worker holds settled before the lease goes (what it cannot
-                // start soon is left to the ack wait, for the next holder).
-                r.drain(Some(give_up_at(&sh))).await;
+                // Everything this worker holds settled before the lease goes (it still holds
+                // it: no other worker pulls meanwhile).
+                r.drain(None).await;
+                r.forget_retries().await;
                 r.main.forget();
                 if !hand_over(&s, lease.take(), &leases, &mut stop).await {
                     break 'outer;
@@ -961,10 +978,12 @@ async fn consume(
             Ended::Again => {}
         }
         if s.ordered() && lease.is_none() {
-            // The lease was lost: finish what runs, acknowledge it, and forget what was handed
-            // back or left (it goes to whoever holds the lease next: that worker waits for it,
-            // up to twice the ack wait) before standing by.
-            r.drain(Some(give_up_at(&sh))).await;
+            // The lease was lost (another worker may hold it now): start nothing more, finish
+            // what runs (the rest of a bundle partly started too), acknowledge it, and forget
+            // what was handed back or left (it goes to whoever holds the lease next: that
+            // worker waits for it, up to twice the ack wait) before standing by.
+            r.drain(Some(tokio::time::Instant::now())).await;
+            r.forget_retries().await;
             r.main.forget();
         }
         if std::mem::take(&mut r.pulled) {
@@ -977,9 +996,11 @@ async fn consume(
         pause = (pause * 2).min(Duration::from_secs(1));
     }
     if let Some(mut r) = run {
-        // Stopping: everything delivered runs, within the service's drain timeout (what is left
-        // then comes back to another worker after the ack wait).
-        r.drain(None).await;
+        // Stopping: what was delivered runs until shortly before the service's drain timeout;
+        // what has not started then is left to the ack wait (another worker gets it).
+        let stop_by = sh.stop_by.lock().ok().and_then(|by| *by);
+        r.drain(stop_by.map(|t| t.checked_sub(STOP_MARGIN).unwrap_or(t)))
+            .await;
         // Retries still waiting for their time: back to the broker for the next worker.
         r.waiting.abort_all();
         r.retry.give_back_all().await;
@@ -990,12 +1011,9 @@ async fn consume(
     }
 }
 
-/// When an ordered hook's worker that lost (or hands over) its lease stops starting what it
-/// holds: half the ack wait from now, so that what it leaves is delivered again well within
-/// the next holder's wait for it (twice the ack wait).
-fn give_up_at(sh: &Shared) -> tokio::time::Instant {
-    tokio::time::Instant::now() + sh.opts.ack_wait / 2
-}
+/// How long before the drain timeout a stopping worker stops starting what it holds (what runs
+/// then still has that long to finish and be acknowledged).
+const STOP_MARGIN: Duration = Duration::from_millis(500);
 
 /// An event only another version of the ordered hook matches: gives the lease up and stands
 /// back for half its time, so that a worker with that version takes it (an ordered hook has one
@@ -1291,6 +1309,11 @@ impl Run {
     /// runs in `running`.
     async fn start(&mut self, d: Delivery) {
         let (s, counters) = (&self.s, &self.counters);
+        if !d.held.current(d.hseq, d.slot) {
+            // Its message was handed back (for another of its events) or delivered again
+            // since: the new delivery brings it.
+            return;
+        }
         if d.hseq > 0
             && counters
                 .done
@@ -1484,34 +1507,37 @@ async fn dead_letter(
         envelope: env,
     };
     let id = format!("{}:{}:{seq}", dead.envelope.msg_id(), s.name);
-    let payload = serde_json::to_vec(&dead).unwrap_or_default();
-    let publish = jetstream::message::PublishMessage::build()
-        .payload(payload.into())
-        .message_id(id);
-    let stored = match sh
-        .js
-        .send_publish(sh.cfg.dead_subject(&s.name), publish)
-        .await
-    {
-        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    match stored {
-        Ok(()) => {
-            tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: handler failed on the last delivery ({error}); event moved to the dead-letter subject");
-            held.finish(hseq, slot, &msg, AckKind::Ack).await;
-            counters.dead.fetch_add(1, Ordering::Relaxed);
-            if let Ok(mut d) = counters.done.lock() {
-                d.insert(key);
+    let payload = bytes::Bytes::from(serde_json::to_vec(&dead).unwrap_or_default());
+    // Tried again in place until the dead-letter stream takes it: the event stays held (with
+    // progress signals) meanwhile, never handed back (that would cost its message a delivery,
+    // and on the last one the broker would drop it).
+    let mut pause = sh.opts.retry_backoff.max(Duration::from_millis(100));
+    loop {
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(id.as_str());
+        let stored = match sh
+            .js
+            .send_publish(sh.cfg.dead_subject(&s.name), publish)
+            .await
+        {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match stored {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::error!(hook = %s.name, seq, "fleet: cannot publish the dead letter ({e}); trying again in {} (the event stays held at sequence {seq})", crate::time::fmt_duration(pause));
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
             }
         }
-        Err(e) => {
-            // Handed back: delivered again after a pause (the consumer allows one delivery
-            // more than the hook's), which tries the dead letter again.
-            tracing::error!(hook = %s.name, seq, "fleet: cannot publish the dead letter ({e}); the event stays in the stream at sequence {seq} and comes again");
-            held.give_back(hseq, slot, &msg, Some(sh.opts.retry_backoff))
-                .await;
-        }
+    }
+    tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: handler failed on the last delivery ({error}); event moved to the dead-letter subject");
+    held.finish(hseq, slot, &msg, AckKind::Ack).await;
+    counters.dead.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut d) = counters.done.lock() {
+        d.insert(key);
     }
 }
 
