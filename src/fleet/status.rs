@@ -121,6 +121,9 @@ struct ViewState {
     /// match (their consumers keep the events; collect names them with an error) for
     /// [`GONE_KEPT`].
     gone: BTreeMap<String, (Vec<String>, Instant)>,
+    /// Whether each hook in the view ran several events at once when a worker last reported it
+    /// (a gone hook keeps its last value).
+    concurrent: HashMap<String, bool>,
     /// Compiled hooks, rebuilt when the set of (hook, patterns) changes.
     hooks: Vec<FleetHook>,
     key: Vec<(String, Vec<String>, bool)>,
@@ -154,6 +157,7 @@ impl FleetView {
         };
         for h in &status.hooks {
             st.gone.remove(&h.name);
+            st.concurrent.insert(h.name.clone(), h.concurrency > 1);
         }
         if status.running {
             // Hooks a live worker dropped were removed there: not "gone", just out of the view
@@ -219,12 +223,20 @@ impl FleetView {
         key.sort();
         key.dedup_by(|a, b| a.0 == b.0);
         for (name, _, spread) in &mut key {
-            let serving = st
+            let mut serving = st
                 .workers
                 .values()
-                .filter_map(|w| w.status.hooks.iter().find(|h| h.name == *name));
-            *spread = serving.into_iter().any(|h| h.concurrency > 1);
+                .filter_map(|w| w.status.hooks.iter().find(|h| h.name == *name))
+                .peekable();
+            *spread = if serving.peek().is_some() {
+                serving.any(|h| h.concurrency > 1)
+            } else {
+                // Gone: as its workers last reported it.
+                st.concurrent.get(name).copied().unwrap_or(false)
+            };
         }
+        st.concurrent
+            .retain(|name, _| key.iter().any(|(n, _, _)| n == name));
         if key == st.key {
             return;
         }
@@ -513,6 +525,11 @@ mod tests {
         c.concurrency = 4;
         view.update(worker("w1", true, vec![hook("a", &["agent:*"], 0), c]));
         assert!(!bundles("session:start"));
+        // Its workers gone, it stays a hook that runs several at once.
+        view.update(worker("w5", true, vec![hook("a", &["agent:*"], 0)]));
+        view.update(worker("w1", false, vec![]));
+        assert!(!bundles("session:start"), "a gone concurrent hook");
+        assert!(bundles("agent:start"));
         assert!(bundles("agent:start"));
         // An older worker's status has no such key.
         let old: WorkerStatus = serde_json::from_value(json!({
