@@ -360,6 +360,15 @@ impl Inner {
         }
     }
 
+    /// Puts `first` (when given) and everything sent back at the buffer's front, in order, no
+    /// longer counted in flight; their late acknowledgements are ignored.
+    fn send_again(&self, first: Option<Pending>, window: &mut Window) {
+        let mut back: Vec<Pending> = first.into_iter().collect();
+        back.extend(window.take_back());
+        self.inflight.store(0, Ordering::Relaxed);
+        self.push_front(back);
+    }
+
     /// Takes a message the broker will never store off the buffer: logged with its id, its
     /// events counted, and its accept (if still waiting) answered with the reason.
     fn refuse(&self, p: Pending, why: String) {
@@ -581,10 +590,7 @@ fn settle_front(inner: &Inner, window: &mut Window) -> (bool, Option<String>) {
             }
             Some(Ack::Refused(why)) => inner.refuse(p, format!("stored by no stream: {why}")),
             Some(Ack::NoStream) | None => {
-                let mut back = vec![p];
-                back.extend(window.take_back());
-                inner.push_front(back);
-                inner.inflight.store(0, Ordering::Relaxed);
+                inner.send_again(Some(p), window);
                 return (
                     stored,
                     Some("no stream took the event (stream deleted?)".into()),
@@ -665,15 +671,11 @@ async fn publisher(inner: Arc<Inner>) {
                     None => {
                         // The subscription ended (the client closed): send them again.
                         acks = None;
-                        let back = window.take_back();
-                        inner.inflight.store(0, Ordering::Relaxed);
-                        inner.push_front(back);
+                        inner.send_again(None, &mut window);
                     }
                 },
                 _ = tokio::time::sleep_until(deadline) => {
-                    let back = window.take_back();
-                    inner.inflight.store(0, Ordering::Relaxed);
-                    inner.push_front(back);
+                    inner.send_again(None, &mut window);
                     inner.failures.fetch_add(1, Ordering::Relaxed);
                     inner.set_degraded(format!(
                         "no acknowledgement from the stream within {}",

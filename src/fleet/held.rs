@@ -91,9 +91,9 @@ impl Held {
         id
     }
 
-    /// One event of the message at `seq` (holding `id`) is finished: the message is
-    /// acknowledged when it was the last one, at once (`Explicit`, or `kind` is not a plain
-    /// acknowledgement there), or by the next flush (`All`).
+    /// One event of the message at `seq` (holding `id`) is finished: when it was the last one,
+    /// the message is acknowledged with `kind` at once (`Explicit`), or marked finished for the
+    /// next flush whatever `kind` (`All`: the flush acknowledges in order).
     pub async fn finish(&self, seq: u64, id: u64, msg: &Message, kind: AckKind) {
         let then = match self.slots.lock() {
             Ok(mut s) => match s.get_mut(&seq) {

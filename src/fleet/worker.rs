@@ -1167,6 +1167,14 @@ enum Triage {
 }
 
 impl Run {
+    /// The held messages of the consumer a delivery came from.
+    fn held(&self, source: Source) -> &Arc<Held> {
+        match source {
+            Source::Main => &self.main,
+            Source::Retry => &self.retry,
+        }
+    }
+
     fn triage(&self, msg: Arc<jetstream::Message>, source: Source) -> Triage {
         let (s, counters) = (&self.s, &self.counters);
         let (broker_delivered, hseq, replayed) = match msg.info() {
@@ -1216,10 +1224,7 @@ impl Run {
         if broker_delivered > 1 {
             counters.redelivered.fetch_add(n, Ordering::Relaxed);
         }
-        let held = match source {
-            Source::Main => &self.main,
-            Source::Retry => &self.retry,
-        };
+        let held = self.held(source);
         // Held from here: progress signals while its events wait and run.
         let slot = held.hold(hseq, msg.clone(), envs.len());
         let (seq_key, id_key) = done_key(&msg, hseq);
@@ -1247,10 +1252,7 @@ impl Run {
         self.pulled = true;
         match self.triage(msg, source) {
             Triage::Settle(msg, hseq, kind) => {
-                let held = match source {
-                    Source::Main => &self.main,
-                    Source::Retry => &self.retry,
-                };
+                let held = self.held(source);
                 let slot = held.hold(hseq, msg.clone(), 1);
                 held.finish(hseq, slot, &msg, kind).await;
             }
