@@ -33,6 +33,17 @@ pub fn collect_budget(reg: &Registry, event: &str) -> Option<Duration> {
         .map(|d| d.min(MAX_WAIT))
 }
 
+/// How long a fleet edge's collect waits by default when the longest `timeout:` of the matching
+/// hooks (as their workers report it) is `longest`: the edge does not see the workers' queues,
+/// so it allows one call already running ahead on the worker plus this one, and the answer's
+/// second; at most [`MAX_WAIT`].
+pub fn fleet_budget(longest: Duration) -> Duration {
+    longest
+        .saturating_mul(2)
+        .saturating_add(ANSWER_GRACE)
+        .min(MAX_WAIT)
+}
+
 /// Whether an outcome's error means the hook ran out of time (its own `timeout`, or the
 /// collect's deadline) rather than failing: reported as `"timed_out": true`.
 pub fn is_timeout(error: &str) -> bool {

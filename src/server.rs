@@ -531,7 +531,9 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
     let timeout_ms = match obj.remove("timeout_ms") {
-        None | Some(Value::Null) => crate::decision::collect_budget(&state.host.snapshot(), &event)
+        None | Some(Value::Null) => state
+            .host
+            .collect_budget(&event)
             .map_or(DEFAULT_COLLECT_MS, |d| d.as_millis() as u64),
         Some(v) => match v.as_u64() {
             Some(ms) if (1..=MAX_COLLECT_MS).contains(&ms) => ms,

@@ -105,6 +105,11 @@ pub trait EventSink: Send + Sync {
         context: Value,
         timeout: Duration,
     ) -> BoxFuture<'_, Result<Vec<HookOutcome>, SinkError>>;
+    /// How long a collect of `event` waits when its caller gives no deadline: the matching
+    /// hooks' own timeouts as far as the sink knows them (`None`: the caller's default).
+    fn collect_budget(&self, _event: &str) -> Option<Duration> {
+        None
+    }
     /// What the sink adds to `/v1/hooks`: `{"fleet": {...}, "hooks": [...]}`, or `None`.
     fn status(&self) -> Option<Value>;
     /// `Some(reason)` while events are accepted but cannot be passed on (a broker down).

@@ -837,6 +837,12 @@ impl EventSink for Edge {
         })
     }
 
+    fn collect_budget(&self, event: &str) -> Option<Duration> {
+        let hooks = self.inner.view.matching(event);
+        let longest = self.inner.view.longest_timeout(&hooks)?;
+        Some(crate::decision::fleet_budget(longest))
+    }
+
     fn status(&self) -> Option<Value> {
         let (hooks, workers) = self.inner.view.render();
         let degraded = self.inner.degraded();

@@ -260,6 +260,21 @@ impl FleetView {
         self.route(event).0
     }
 
+    /// The longest `timeout:` (as the workers report it) among `hooks`, for a collect's default
+    /// deadline (issue 33: the edge loads no hooks, but waits as long as they may take).
+    /// `None` when no live worker reports any of them.
+    pub fn longest_timeout(&self, hooks: &[String]) -> Option<Duration> {
+        let st = self.state.lock().ok()?;
+        st.workers
+            .values()
+            .flat_map(|e| e.status.hooks.iter())
+            .filter(|h| hooks.contains(&h.name))
+            .map(|h| h.timeout_s)
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .max_by(f64::total_cmp)
+            .map(Duration::from_secs_f64)
+    }
+
     /// [`FleetView::matching`], and whether `event`s may go to the stream in bundles: every
     /// live worker reads them and no matching hook runs several events at once.
     pub fn route(&self, event: &str) -> (Vec<String>, bool) {

@@ -607,6 +607,16 @@ impl Host {
         Ok(sink.collect(event.to_string(), context, timeout).await?)
     }
 
+    /// How long a collect of `event` waits when its caller gives no deadline: the matching
+    /// hooks' own timeouts ([`crate::decision::collect_budget`]; in fleet mode as the workers
+    /// report them), `None` when no hook is known to match.
+    pub fn collect_budget(&self, event: &str) -> Option<Duration> {
+        match self.inner.sink.get() {
+            Some(sink) => sink.collect_budget(event),
+            None => crate::decision::collect_budget(&self.inner.registry.load(), event),
+        }
+    }
+
     /// Rescans the roots and applies the difference: unchanged hooks keep their worker, queue and
     /// state; new hooks start; changed hooks get a new worker that takes over the same queue;
     /// removed hooks stop after their queue drains. A hook whose new version fails to load keeps
