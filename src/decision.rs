@@ -9,7 +9,50 @@
 
 use std::time::Duration;
 
+use crate::discovery::SkipCode;
+use crate::pattern::PatternSet;
 use crate::registry::Registry;
+
+/// A hook that a collect's event matches but that cannot answer: its directory did not load.
+/// The answer names it, so that "nobody objects" and "the objector is not running" differ.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Unanswerable {
+    /// Hook name.
+    pub hook: String,
+    /// `refused` (trust: not approved, approval revoked, unsafe permissions, a handler outside
+    /// its directory) or `not_loaded` (its handler failed to load, is missing or unusable, a
+    /// `requires:` does not hold, a field is invalid).
+    pub state: &'static str,
+    /// Why, as `/v1/hooks` `skipped` says it.
+    pub reason: String,
+}
+
+/// The hooks of `reg` whose directory did not load but whose `events:` match `event`, in
+/// discovery order. A hook disabled on purpose (`enabled: false`) or shadowed by one of the
+/// same name is not listed; neither is one whose HOOK.yaml could not be read (its events are
+/// unknown) nor one whose previous version still runs (it answers).
+pub fn unanswerable(reg: &Registry, event: &str) -> Vec<Unanswerable> {
+    reg.skipped
+        .iter()
+        .filter(|s| !s.events.is_empty())
+        .filter(|s| !reg.hooks.iter().any(|h| h.spec.name == s.name))
+        .filter_map(|s| {
+            let state = match s.code {
+                SkipCode::Disabled | SkipCode::Shadowed => return None,
+                SkipCode::NotApproved | SkipCode::Permissions | SkipCode::HandlerOutside => {
+                    "refused"
+                }
+                _ => "not_loaded",
+            };
+            PatternSet::new(&s.events).ok()?.matches(event)?;
+            Some(Unanswerable {
+                hook: s.name.clone(),
+                state,
+                reason: s.reason.clone(),
+            })
+        })
+        .collect()
+}
 
 /// Longest wait a collect gets (the longest `timeout:` a hook may have, plus the answer's second).
 pub const MAX_WAIT: Duration = Duration::from_secs(301);

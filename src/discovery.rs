@@ -71,6 +71,10 @@ pub struct Skipped {
     pub code: SkipCode,
     /// Human-readable reason, saying what to change.
     pub reason: String,
+    /// The hook's `events:` patterns when its HOOK.yaml could be read (empty otherwise): a
+    /// collect of a matching event names it as a hook that cannot answer (issue 33).
+    #[serde(skip)]
+    pub events: Vec<String>,
 }
 
 impl SkipCode {
@@ -158,6 +162,7 @@ pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
                         name: spec.name.clone(),
                         file: spec.manifest_path.clone(),
                         code: SkipCode::Shadowed,
+                        events: spec.manifest.events.clone(),
                         reason: format!(
                             "shadowed: a hook named '{}' was already loaded from {}; rename one of them (`name:` in HOOK.yaml)",
                             spec.name,
@@ -255,6 +260,8 @@ pub fn resolve_handler(
 pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, Box<Skipped>> {
     let manifest_path = dir.join("HOOK.yaml");
     let mut name = dir_name(dir);
+    // The `events:` of HOOK.yaml once it is read, for the skips after that.
+    let events = std::cell::RefCell::new(Vec::new());
     let skip = |name: &str, file: &Path, code: SkipCode, reason: String| {
         Box::new(Skipped {
             dir: dir.to_path_buf(),
@@ -262,6 +269,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             file: file.to_path_buf(),
             code,
             reason,
+            events: events.borrow().clone(),
         })
     };
     if !manifest_path.is_file() {
@@ -275,6 +283,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     let (text, mut manifest) = read_manifest(&manifest_path)
         .map_err(|(code, reason)| skip(&name, &manifest_path, code, reason))?;
     name = hook_name(dir, Some(&manifest));
+    events.replace(manifest.events.clone());
     if manifest.name.is_none()
         && let Err(reason) = crate::manifest::validate_name(&name)
     {

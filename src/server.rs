@@ -560,6 +560,10 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
             Err(e) => errors.push(json!({"hook": o.hook, "error": e})),
         }
     }
+    // A matching hook that is not running is no "no objection": it is named (issue 33).
+    for u in state.host.unanswerable(&event) {
+        errors.push(json!({"hook": u.hook, "error": u.reason, "state": u.state}));
+    }
     Ok(axum::Json(json!({"results": results, "errors": errors})).into_response())
 }
 

@@ -617,6 +617,16 @@ impl Host {
         }
     }
 
+    /// The hooks matching `event` that cannot answer it because they did not load (refused by
+    /// trust, failed to load): [`crate::decision::unanswerable`]. Empty in fleet mode (an edge
+    /// loads nothing; the workers' skipped hooks are theirs).
+    pub fn unanswerable(&self, event: &str) -> Vec<crate::decision::Unanswerable> {
+        if self.inner.sink.get().is_some() {
+            return Vec::new();
+        }
+        crate::decision::unanswerable(&self.inner.registry.load(), event)
+    }
+
     /// Rescans the roots and applies the difference: unchanged hooks keep their worker, queue and
     /// state; new hooks start; changed hooks get a new worker that takes over the same queue;
     /// removed hooks stop after their queue drains. A hook whose new version fails to load keeps
@@ -833,6 +843,7 @@ impl Host {
                     file,
                     code: SkipCode::LoadFailed,
                     reason,
+                    events: spec.manifest.events.clone(),
                 });
             }
         }

@@ -189,6 +189,7 @@ mod tests {
             file: dir.join("HOOK.yaml"),
             code,
             reason: "bad".into(),
+            events: Vec::new(),
         }
     }
 

@@ -3,7 +3,11 @@
 //! neither loses a collect to a service that is shutting down nor hides a hook that cannot
 //! answer. (The busy CPU case is in `priority.rs`, beside the other scheduling tests.)
 
-use serde_json::json;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, Serve, approve};
 
 #[cfg(feature = "fleet")]
 use crate::fleet::{fleet_of, records};
@@ -32,4 +36,92 @@ fn a_fleet_collect_waits_for_the_hooks_own_timeout_not_five_seconds() {
     );
     assert!(started.elapsed() >= std::time::Duration::from_secs(6));
     assert_eq!(records(&hooks, "slow-deny").len(), 1);
+}
+
+/// Under `--trust explicit` a deny hook not yet approved, and an approved one whose handler fails
+/// to import, used to leave a collect with `{"results": [], "errors": []}`: the same answer as
+/// "nobody objects". Both are now named (`refused`, `not_loaded`, with the reason); a hook on
+/// other events is not. The Python client logs them and, when asked, fails closed.
+#[test]
+fn a_matching_hook_that_is_not_loaded_is_named_in_the_collect_answer() {
+    let hooks = Hooks::new();
+    let deny = "def handle(event, context):\n    return {'decision': 'deny'}\n";
+    hooks.python("guard", r#"["command:*"]"#, deny);
+    hooks.python(
+        "broken-guard",
+        r#"["command:run"]"#,
+        "raise ImportError('policy table missing')\n",
+    );
+    hooks.python("elsewhere", r#"["agent:*"]"#, deny);
+    approve(&hooks, "broken-guard");
+    let serve = Serve::start(&hooks, &["--trust", "explicit"]);
+    let (status, v) = serve.post("/v1/collect", &json!({"event": "command:run"}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["results"], json!([]), "{v}");
+    let errors = v["errors"].as_array().expect("errors");
+    let state = |name: &str| {
+        errors.iter().find(|e| e["hook"] == name).map(|e| {
+            (
+                e["state"].clone(),
+                e["error"].as_str().unwrap_or("").to_string(),
+            )
+        })
+    };
+    let (refused, why) = state("guard").unwrap_or_else(|| panic!("guard not named: {v}"));
+    assert_eq!(refused, "refused", "{v}");
+    assert!(
+        why.contains("approv"),
+        "the reason says it is not approved: {v}"
+    );
+    let (absent, why) = state("broken-guard").unwrap_or_else(|| panic!("broken-guard: {v}"));
+    assert_eq!(absent, "not_loaded", "{v}");
+    assert!(why.contains("policy table missing"), "{v}");
+    assert_eq!(errors.len(), 2, "the agent:* hook does not match: {v}");
+
+    // The gateway's client: a log line naming the hook, and fail-closed on request.
+    let script = r#"
+import asyncio, json, logging, sys
+sys.path.insert(0, sys.argv[2])
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+from hermes_hooks import HookRegistry
+
+async def main():
+    reg = HookRegistry(address=sys.argv[1], autostart=False)
+    reg.discover_and_load()
+    open_ = await reg.emit_collect("command:run", {})
+    closed = await reg.emit_collect("command:run", {}, fail_closed={"decision": "deny"})
+    strict = HookRegistry(address=sys.argv[1], autostart=False,
+                          collect_fail_closed={"decision": "deny"})
+    nothing = await strict.emit_collect("session:start", {})
+    print(json.dumps({"open": open_, "closed": closed, "nothing": nothing}))
+    reg.close()
+    strict.close()
+
+asyncio.run(main())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &format!("http://{}", serve.addr)])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python"))
+        .output()
+        .expect("run python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "client script failed: {stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("the script's JSON line");
+    assert_eq!(v["open"], json!([]), "{v}");
+    assert_eq!(
+        v["closed"],
+        json!([{"decision": "deny"}, {"decision": "deny"}]),
+        "one deny per hook that cannot answer: {v}"
+    );
+    assert_eq!(
+        v["nothing"],
+        json!([]),
+        "no hook matches: nothing to close on: {v}"
+    );
+    for hook in ["guard", "broken-guard"] {
+        assert!(
+            stderr.contains(&format!("Decision hook {hook} cannot answer 'command:run'")),
+            "a log line names {hook}: {stderr}"
+        );
+    }
 }

@@ -328,7 +328,7 @@ class HookRegistry:
                  request_timeout: float = 5.0, backoff_initial: float = 0.05,
                  backoff_max: float = 5.0, exit_flush_timeout: float = 1.0,
                  validate_events: bool = True, queue_bytes: int = DEFAULT_QUEUE_BYTES,
-                 hermes_home: Optional[str] = None) -> None:
+                 hermes_home: Optional[str] = None, collect_fail_closed: Any = None) -> None:
         """
         :param address: Unix socket path or ``http://host:port``; default
             ``$HERMES_HOOKS_ADDRESS``, else ``$HERMES_HOME/hooks.sock``. ``ValueError`` if
@@ -363,6 +363,12 @@ class HookRegistry:
             bound the oldest are dropped and counted (default 32 MiB).
         :param hermes_home: the service's ``HERMES_HOME`` (default ``$HERMES_HOME``): where the
             in-gateway hooks imported are recorded, and the home an autostarted service gets.
+        :param collect_fail_closed: for callers that want decisions to fail closed: a value
+            (say ``{"decision": "deny"}``) that ``emit_collect`` adds to its results once for
+            each matching hook that gave no decision (it failed, timed out, was refused by trust
+            or is not loaded), and once when the service gave no answer at all. Default
+            ``None``: such hooks are only logged. ``emit_collect(..., fail_closed=)`` overrides
+            it per call.
         """
         self._address = _transport.resolve_address(address)
         if token is None:
@@ -383,6 +389,7 @@ class HookRegistry:
         self._queue_bytes = int(queue_bytes)
         self._batch_max = int(batch_max)
         self.collect_timeout = None if collect_timeout is None else float(collect_timeout)
+        self.collect_fail_closed = collect_fail_closed
         self._autostart = _autostart.wanted(autostart)
         self._binary = binary
         self._serve_args = list(serve_args)
@@ -649,23 +656,32 @@ class HookRegistry:
             pass
 
     async def emit_collect(self, event_type: str, context: Optional[Dict[str, Any]] = None, *,
-                           timeout: Optional[float] = None) -> List[Any]:
+                           timeout: Optional[float] = None, fail_closed: Any = None) -> List[Any]:
         """Run the matching handlers now (``POST /v1/collect``) and return their non-None
         results in match order (exact-pattern hooks first, then wildcard hooks), like the
         original. Waits as long as the matching hooks' own timeouts allow unless ``timeout``
         (or ``collect_timeout``) says less: a decision never fails open by default. ``[]``
         when the service is down or errs: never raises (a failed or timed-out handler is
-        logged and contributes nothing)."""
+        logged and contributes nothing, as does a matching hook the service names as refused or
+        not loaded). With ``fail_closed`` (or ``collect_fail_closed``) set, that value is added
+        once for each matching hook that gave no decision and once when no answer came."""
         detailed = await self.emit_collect_detailed(event_type, context, timeout=timeout)
-        return [item.get("result") for item in detailed["results"]
-                if isinstance(item, dict) and item.get("result") is not None]
+        results = [item.get("result") for item in detailed["results"]
+                   if isinstance(item, dict) and item.get("result") is not None]
+        closed = self.collect_fail_closed if fail_closed is None else fail_closed
+        if closed is not None:
+            missing = len(detailed["errors"]) + (1 if detailed.get("error") is not None else 0)
+            results.extend(closed for _ in range(missing))
+        return results
 
     async def emit_collect_detailed(self, event_type: str,
                                     context: Optional[Dict[str, Any]] = None, *,
                                     timeout: Optional[float] = None) -> Dict[str, Any]:
         """``emit_collect`` with everything the service said: ``{"results": [{"hook",
         "result"}], "errors": [{"hook", "error"[, "timed_out": true]}], "error": None | str}``;
-        ``error`` is set when the call itself failed (service down, timeout, refused request).
+        ``error`` is set when the call itself failed (service down, timeout, refused request);
+        a matching hook that did not load is an error with ``"state": "refused"`` or
+        ``"not_loaded"``.
         Never raises. In-gateway hooks and the callables in ``_handlers`` run here at the same
         time; their results and errors are merged into the one match order (exact-pattern
         matches, then wildcard matches; in-process handlers first within each group, then hooks
@@ -742,9 +758,7 @@ class HookRegistry:
             return out
         bound = _SERVICE_ANSWER_BOUND if wait is None else wait + 1.0
         try:
-            status, raw = await asyncio.wait_for(
-                _transport.arequest(self._address, "POST", "/v1/collect", body, self._headers),
-                bound)
+            status, raw = await asyncio.wait_for(self._post_collect(body), bound)
             if status != 200:
                 out["error"] = _error_detail(status, raw)
             else:
@@ -752,6 +766,12 @@ class HookRegistry:
                 out["results"] = [r for r in data.get("results") or [] if isinstance(r, dict)]
                 out["errors"] = [e for e in data.get("errors") or [] if isinstance(e, dict)]
                 for err in out["errors"]:
+                    if err.get("state") in ("refused", "not_loaded"):
+                        self._say("collect-hook-absent:%s" % err.get("hook"), logging.WARNING,
+                                  "[hooks] Decision hook %s cannot answer '%s' (%s): %s; no "
+                                  "decision from it", err.get("hook"), event_type,
+                                  err.get("state"), err.get("error"))
+                        continue
                     if err.get("timed_out"):
                         self._say("collect-hook-timeout:%s" % err.get("hook"), logging.WARNING,
                                   "[hooks] Decision hook %s timed out for '%s' (%s): no "
@@ -770,6 +790,19 @@ class HookRegistry:
                       "hermes-hooks: emit_collect(%r) got no decision: %s",
                       event_type, out["error"])
         return out
+
+    async def _post_collect(self, body: bytes) -> Tuple[int, bytes]:
+        """``POST /v1/collect``; while the service answers 503 ``not_ready`` (its hooks are
+        still loading) it is asked again, so a decision is not mistaken for "no hooks" (the
+        caller's deadline bounds the wait)."""
+        pause = 0.02
+        while True:
+            status, raw = await _transport.arequest(self._address, "POST", "/v1/collect", body,
+                                                    self._headers)
+            if status != 503 or b'"not_ready"' not in raw:
+                return status, raw
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     # ------------------------------------------------------------------ extras
 
