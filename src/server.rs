@@ -694,7 +694,9 @@ pub enum BindError {
 }
 
 /// Binds the Unix socket at `path` with mode 0600: a stale socket file left by a dead process is
-/// replaced; a socket some live process answers on is refused.
+/// replaced, and so is the socket of a service that is shutting down (its `/readyz` says
+/// `shutting_down`: it drains on, unreachable, and a new gateway's events come here instead of
+/// waiting for its drain; issue 33); a socket some other live process answers on is refused.
 pub fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, BindError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let shown = path.display().to_string();
@@ -715,6 +717,14 @@ pub fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, Bin
             });
         }
         match std::os::unix::net::UnixStream::connect(path) {
+            Ok(stream) if shutting_down(&stream) => {
+                tracing::info!(
+                    pid = peer_pid(&stream),
+                    "the service on {shown} is shutting down: taking its socket over"
+                );
+                std::fs::remove_file(path)
+                    .map_err(io("replace the socket of a stopping service"))?;
+            }
             Ok(stream) => {
                 return Err(BindError::InUse {
                     path: shown,
@@ -742,6 +752,35 @@ pub fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, Bin
         .map_err(io("set mode 0600 on"))?;
     std::fs::rename(&staged, path).map_err(io("move the bound socket to"))?;
     Ok(listener)
+}
+
+/// Whether the service answering on `stream` says it is shutting down (`GET /readyz`, 503
+/// `shutting_down`), within a second.
+fn shutting_down(stream: &std::os::unix::net::UnixStream) -> bool {
+    use std::io::{Read, Write};
+    let limit = Some(Duration::from_secs(1));
+    if stream.set_read_timeout(limit).is_err() || stream.set_write_timeout(limit).is_err() {
+        return false;
+    }
+    let mut s = stream;
+    if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = s.take(4096).read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    text.starts_with("HTTP/1.") && text.contains(" 503 ") && text.contains("\"shutting_down\"")
+}
+
+/// The identity (device, inode) of the file at `path`, to tell later whether it is still the
+/// socket this service bound (another may have taken the path over).
+pub fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {

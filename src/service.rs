@@ -194,10 +194,13 @@ pub async fn run(
         .send("host_start", start_notice(&host, address, config.watch));
     let (server_task, socket) = match listener {
         Listener::Tcp(l) => (tokio::spawn(server::serve(l, router, server_stop)), None),
-        Listener::Unix(l, path) => (
-            tokio::spawn(server::serve(l, router, server_stop)),
-            Some(path),
-        ),
+        Listener::Unix(l, path) => {
+            let mine = server::file_identity(&path);
+            (
+                tokio::spawn(server::serve(l, router, server_stop)),
+                Some((path, mine)),
+            )
+        }
     };
     let watch = start_watch(&host, config.watch).await;
 
@@ -272,7 +275,11 @@ pub async fn run(
             SERVER_STOP_GRACE.as_secs()
         ),
     }
-    if let Some(path) = &socket {
+    // Only our own socket: a new service may have taken the path over while this one drained.
+    if let Some((path, mine)) = &socket
+        && mine.is_some()
+        && server::file_identity(path) == *mine
+    {
         let _ = std::fs::remove_file(path);
     }
     announce_stop(&host, &report);

@@ -12,8 +12,11 @@ With ``HookRegistry(autostart=True)``, or by default when the gateway runs throu
    default 30). So a gateway restart finds the service still running and keeps it (no second
    copy, no gap in the hooks' module state), and the last gateway's exit leaves no orphan: the
    service goes ``N`` seconds later.
-2. **Looks for a service** at the address (``GET /healthz``). One that answers is used as it is,
-   whoever started it (systemd, a shell, another gateway); one of another protocol version is
+2. **Looks for a service** at the address (``GET /readyz``). One that answers is used as it is,
+   whoever started it (systemd, a shell, another gateway), except one that is shutting down
+   (503 ``shutting_down``: its linger ran out just before this gateway came, or it was told to
+   stop): that one takes no more events, so a new one is started as in 3, which takes the
+   socket over while the old one finishes its drain; one of another protocol version is
    refused with a clear error and not replaced; a service that accepts connections but does not
    answer in time is left alone (never a second copy beside a hung one).
 3. **Starts one when nobody listens**, under an exclusive ``flock`` on ``<socket>.lock``, so two
@@ -171,19 +174,26 @@ def hold_lease(path: str) -> bool:
         return True
 
 
+class ShuttingDown(Exception):
+    """The service at the address is draining (``/readyz``: 503 ``shutting_down``): it takes
+    no more events, so it is not adopted; a new one is started, which takes its socket over."""
+
+
 def _probe(address: _transport.Address, headers: Dict[str, str], timeout: float,
            deadline: float) -> Optional[BaseException]:
     """``None`` when a service answers at ``address`` (of a compatible protocol), else the error
-    (:class:`~hermes_hooks._transport.IncompatibleService` for the wrong protocol). A service
-    that answers ``/readyz`` with 503 is waited for until ``deadline``: one that is still
-    loading its hooks (another gateway just started it) until it is ready, one that is stopping
-    (its linger ran out just now) until it is gone, so that a new one can be started."""
+    (:class:`~hermes_hooks._transport.IncompatibleService` for the wrong protocol,
+    :class:`ShuttingDown` for one that is stopping: its linger ran out, or it was told to
+    stop). A service that is still loading its hooks (``/readyz`` 503 ``not_ready``: another
+    gateway just started it) is waited for until ``deadline``."""
     pause = 0.02
     while True:
         try:
-            status, _ = _transport.request(address, "GET", "/readyz", None, headers, timeout)
+            status, body = _transport.request(address, "GET", "/readyz", None, headers, timeout)
         except Exception as exc:  # OSError, http.client.HTTPException
             return exc
+        if status == 503 and b'"shutting_down"' in (body or b""):
+            return ShuttingDown("the service at %s is shutting down" % (address,))
         if status != 503 or time.monotonic() >= deadline:
             return None
         time.sleep(pause)  # polling the service's readiness or its end, with a deadline
@@ -191,9 +201,10 @@ def _probe(address: _transport.Address, headers: Dict[str, str], timeout: float,
 
 
 def _nobody_listening(exc: BaseException) -> bool:
-    # A missing socket or a refused connection: nobody serves there. A timeout is a hung
-    # service, which must not be answered with a second one.
-    return isinstance(exc, (FileNotFoundError, ConnectionRefusedError))
+    # A missing socket or a refused connection: nobody serves there; a draining service will
+    # not serve again (the new one takes its socket over). A timeout is a hung service, which
+    # must not be answered with a second one.
+    return isinstance(exc, (FileNotFoundError, ConnectionRefusedError, ShuttingDown))
 
 
 def _lock_exclusive(fd: int, deadline: float) -> bool:

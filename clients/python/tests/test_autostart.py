@@ -263,5 +263,110 @@ class Settings(unittest.TestCase):
         start.assert_not_called()
 
 
+NEWCOMER = textwrap.dedent("""
+    import json, sys
+    from hermes_hooks import HookRegistry
+    registry = HookRegistry(autostart=True, autostart_timeout=float(sys.argv[2]),
+                            serve_args=["--hooks-dir", sys.argv[1]])
+    registry.discover_and_load()
+    registry.emit_nowait("agent:start", {"gateway": "new"})
+    flushed = registry.flush(30)
+    proc = registry.service_process
+    print(json.dumps({"started": proc.pid if proc else None, "flushed": flushed}), flush=True)
+    sys.stdin.read()  # stay up (holding the lease) until the test closes stdin
+""")
+
+
+@unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: these tests start the real service")
+class Draining(unittest.TestCase):
+    def test_a_draining_service_is_not_adopted_a_new_one_takes_its_socket_over(self) -> None:
+        # Issue 33: the previous gateway's service is draining (a call still running) when a
+        # new gateway starts. It used to be adopted after the autostart timeout, and the new
+        # gateway's events were lost when it exited.
+        tmp = tempfile.mkdtemp(prefix="hh-drain-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        os.chmod(tmp, 0o700)
+        home, hooks = os.path.join(tmp, "home"), os.path.join(tmp, "hooks")
+        out, started, release = (os.path.join(tmp, n) for n in ("out.jsonl", "started", "go"))
+        os.makedirs(os.path.join(hooks, "recorder"))
+        os.makedirs(home, mode=0o700)
+        with open(os.path.join(hooks, "recorder", "HOOK.yaml"), "w") as f:
+            f.write('name: recorder\nevents: ["agent:*"]\ntimeout: 120\n')
+        with open(os.path.join(hooks, "recorder", "handler.py"), "w") as f:
+            f.write(textwrap.dedent("""
+                import json, os, time
+                def handle(event_type, context):
+                    if context.get("hold"):
+                        open(%r, "w").close()
+                        deadline = time.monotonic() + 60
+                        while not os.path.exists(%r) and time.monotonic() < deadline:
+                            time.sleep(0.05)  # held until the test releases it
+                    with open(%r, "a") as f:
+                        f.write(json.dumps(context) + "\\n")
+            """ % (started, release, out)))
+        sock = os.path.join(home, "hooks.sock")
+        env = dict(os.environ, HERMES_HOME=home, HERMES_HOOKS_BIN=BIN, PYTHONPATH=CLIENT,
+                   PYTHONDONTWRITEBYTECODE="1")
+        env.pop("HERMES_HOOKS_ADDRESS", None)
+        with open(os.path.join(tmp, "old.log"), "wb") as log_file:
+            old = subprocess.Popen([BIN, "serve", "--socket", sock, "--hooks-dir", hooks,
+                                    "--drain-timeout", "60"], env=env, stdin=subprocess.DEVNULL,
+                                   stdout=log_file, stderr=log_file)
+        self.addCleanup(self._stop, old)
+        address = _transport.parse_address(sock)
+
+        def ready():
+            try:
+                return _transport.request(address, "GET", "/readyz", None, {}, 5.0)
+            except OSError:
+                return None
+        _wait("the old service ready", lambda: (ready() or (0,))[0] == 200)
+        body = json.dumps({"event": "agent:start", "context": {"hold": True}}).encode()
+        status, _ = _transport.request(address, "POST", "/v1/events", body,
+                                       {"Content-Type": "application/json"}, 5.0)
+        self.assertEqual(status, 202)
+        _wait("the held call to start", lambda: os.path.exists(started))
+        old.terminate()
+        _wait("the old service to drain", lambda: b"shutting_down" in (ready() or (0, b""))[1])
+
+        gateway = subprocess.Popen([sys.executable, "-c", NEWCOMER, hooks, "5"], env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        self.addCleanup(TwoGateways._reap, gateway)
+        line = gateway.stdout.readline()
+        if not line:
+            self.fail("gateway said nothing: %s" % gateway.communicate()[1].decode())
+        report = json.loads(line)
+        if report["started"]:
+            self.addCleanup(TwoGateways._kill, report["started"])
+        self.assertIsNotNone(report["started"], "a new service is started: %r" % report)
+        self.assertTrue(report["flushed"], report)
+        self.assertIsNone(old.poll(), "the old one still drains (its call is held)")
+        _wait("the new gateway's event handled", lambda: self._has(out, "new"))
+        # The old one finishes its call and exits without removing the new one's socket.
+        open(release, "w").close()
+        old.wait(TIMEOUT)
+        _wait("the held call recorded", lambda: self._has(out, None))
+        self.assertEqual((ready() or (0,))[0], 200, "the new service still answers")
+        gateway.stdin.close()
+        gateway.wait(TIMEOUT)
+
+    @staticmethod
+    def _has(path: str, gateway):
+        try:
+            with open(path) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return False
+        return any(line.get("gateway") == gateway and (gateway or line.get("hold"))
+                   for line in lines)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 if __name__ == "__main__":
     unittest.main()
