@@ -16,6 +16,13 @@
 //! starting priority ([`spawn_at_base`]): a child inherits the priority of the thread that forks
 //! it, and an unprivileged process can lower its priority but never raise it again (nor leave
 //! `SCHED_IDLE`), so a hook that asks for more than the runtime threads have still gets it.
+//!
+//! Decisions are the gateway's own work (issue 33): while someone waits for a collect, the
+//! service's runtime threads ([`boost_service`]) and the processes of the hooks it waits for
+//! ([`BoostCell`]) run in the normal class at the service's starting nice value, then go back.
+//! Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` ([`can_raise`]); a service without it cannot do
+//! that, so its defaults are the normal class instead ([`default_sched`]): on a busy CPU an idle
+//! deny hook would time out, and a timed-out deny lets the command run.
 
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -220,7 +227,8 @@ impl ServiceThreads {
         }
     }
 
-    /// Lowers the calling thread to this priority (for the runtime's `on_thread_start`).
+    /// Lowers the calling thread to this priority (for the runtime's `on_thread_start`), and
+    /// records it for [`boost_service`].
     pub fn lower_this_thread(self) {
         let resolved = Resolved {
             nice: (base_nice() + self.0.nice).clamp(-20, 19),
@@ -229,7 +237,214 @@ impl ServiceThreads {
         // Only ever lower: a thread at a better value than asked keeps it, a worse one too.
         if resolved.nice > own_nice() || resolved.idle {
             resolved.apply_to_self();
+            let mut threads = lock(&RUNTIME);
+            threads.lowered = Some(resolved);
+            // SAFETY: gettid has no preconditions.
+            threads.tids.push(unsafe { libc::gettid() });
+            if threads.boosts > 0 {
+                set_thread(0, boosted());
+            }
         }
+    }
+
+    /// Forgets the calling thread (for the runtime's `on_thread_stop`).
+    pub fn forget_this_thread() {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        lock(&RUNTIME).tids.retain(|t| *t != me);
+    }
+}
+
+/// The runtime threads [`ServiceThreads::lower_this_thread`] lowered, and the pending boosts.
+#[derive(Default)]
+struct RuntimeThreads {
+    tids: Vec<i32>,
+    lowered: Option<Resolved>,
+    boosts: usize,
+}
+
+static RUNTIME: std::sync::Mutex<RuntimeThreads> = std::sync::Mutex::new(RuntimeThreads {
+    tids: Vec::new(),
+    lowered: None,
+    boosts: 0,
+});
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a boosted thread or process runs at: the normal class at the service's starting nice.
+fn boosted() -> Resolved {
+    Resolved {
+        nice: base_nice(),
+        idle: false,
+    }
+}
+
+/// Sets the nice value and the class (normal or `SCHED_IDLE`) of thread `tid` (0: the calling
+/// thread). Errors (a thread gone, no privilege) are ignored.
+fn set_thread(tid: i32, at: Resolved) {
+    let policy = if at.idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain system calls; `param` outlives the call; a stale id yields ESRCH.
+    unsafe {
+        // The class first: raising the nice value of a SCHED_IDLE thread is refused otherwise.
+        libc::sched_setscheduler(tid, policy, &param);
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, at.nice);
+    }
+}
+
+/// Sets every thread of process `pid` to `at` (its class and nice value).
+fn set_process(pid: u32, at: Resolved) {
+    let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    for tid in tids {
+        set_thread(tid, at);
+    }
+}
+
+/// Whether this process may take a thread out of `SCHED_IDLE` again (`CAP_SYS_NICE`, or a
+/// `RLIMIT_NICE` that allows it): tried once on a scratch thread.
+pub fn can_raise() -> bool {
+    static CAN: OnceLock<bool> = OnceLock::new();
+    *CAN.get_or_init(|| {
+        std::thread::spawn(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: plain system calls on the calling (scratch) thread.
+            unsafe {
+                libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0
+                    && libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) == 0
+            }
+        })
+        .join()
+        .unwrap_or(false)
+    })
+}
+
+/// The default class of hook processes and of the service's threads: `SCHED_IDLE` where the
+/// service can raise the work a decision waits for ([`can_raise`]), else the normal class.
+pub fn default_sched() -> Sched {
+    if can_raise() {
+        Sched::Idle
+    } else {
+        Sched::Normal
+    }
+}
+
+/// Raises the service's runtime threads while the returned guard lives (a collect is pending);
+/// `None` when they are not lowered to `SCHED_IDLE` or cannot be raised.
+pub fn boost_service() -> Option<ServiceBoost> {
+    let mut threads = lock(&RUNTIME);
+    if !threads.lowered.is_some_and(|r| r.idle) || !can_raise() {
+        return None;
+    }
+    threads.boosts += 1;
+    if threads.boosts == 1 {
+        let at = boosted();
+        for tid in &threads.tids {
+            set_thread(*tid, at);
+        }
+    }
+    Some(ServiceBoost(()))
+}
+
+/// See [`boost_service`]: the last one dropped lowers the runtime threads again.
+#[derive(Debug)]
+pub struct ServiceBoost(());
+
+impl Drop for ServiceBoost {
+    fn drop(&mut self) {
+        let mut threads = lock(&RUNTIME);
+        threads.boosts = threads.boosts.saturating_sub(1);
+        if threads.boosts == 0
+            && let Some(at) = threads.lowered
+        {
+            for tid in &threads.tids {
+                set_thread(*tid, at);
+            }
+        }
+    }
+}
+
+/// A hook's process and whether a collect waits for it: while one does, the process runs in
+/// the normal class ([`boosted`]), and a process started meanwhile is raised as it starts.
+#[derive(Debug, Default)]
+pub struct BoostCell {
+    state: std::sync::Mutex<CellState>,
+}
+
+#[derive(Debug, Default)]
+struct CellState {
+    boosts: usize,
+    /// The running process and the priority it was started with.
+    process: Option<(u32, Resolved)>,
+}
+
+impl BoostCell {
+    /// Records the hook's (new) process and its own priority; raised at once when boosted.
+    pub fn set_process(&self, pid: u32, at: Resolved) {
+        let mut st = lock(&self.state);
+        st.process = Some((pid, at));
+        if st.boosts > 0 && at.idle {
+            set_process(pid, boosted());
+        }
+    }
+
+    /// Whether a collect waits for this hook (a process started now should be raised).
+    pub fn boosted(&self) -> bool {
+        lock(&self.state).boosts > 0 && can_raise()
+    }
+
+    /// Raises the hook's process until the returned guard is dropped; `None` when the service
+    /// cannot raise a process.
+    pub fn boost(self: &std::sync::Arc<Self>) -> Option<ProcessBoost> {
+        if !can_raise() {
+            return None;
+        }
+        let mut st = lock(&self.state);
+        st.boosts += 1;
+        if st.boosts == 1
+            && let Some((pid, at)) = st.process
+            && at.idle
+        {
+            set_process(pid, boosted());
+        }
+        Some(ProcessBoost(self.clone()))
+    }
+}
+
+/// See [`BoostCell::boost`]: the last one dropped lowers the process again.
+#[derive(Debug)]
+pub struct ProcessBoost(std::sync::Arc<BoostCell>);
+
+impl Drop for ProcessBoost {
+    fn drop(&mut self) {
+        let mut st = lock(&self.0.state);
+        st.boosts = st.boosts.saturating_sub(1);
+        if st.boosts == 0
+            && let Some((pid, at)) = st.process
+            && at.idle
+        {
+            set_process(pid, at);
+        }
+    }
+}
+
+/// The priority a hook process starts at: `at`, or the boosted one while a collect waits for
+/// the hook (`boosted`).
+pub fn starting(at: Resolved, boosted_now: bool) -> Resolved {
+    if boosted_now && at.idle {
+        boosted()
+    } else {
+        at
     }
 }
 

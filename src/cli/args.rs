@@ -246,19 +246,22 @@ pub struct ServeArgs {
     /// gateway. A hook's `nice:` in HOOK.yaml overrides it.
     #[arg(long, value_name = "N", env = crate::priority::NICE_ENV, default_value_t = crate::priority::DEFAULT_NICE, value_parser = crate::priority::parse_nice, allow_negative_numbers = true)]
     pub worker_nice: i32,
-    /// idle (default: SCHED_IDLE, hook work only on CPU time the gateway does not want; a
-    /// waking gateway preempts it at once) or normal. A hook's `sched:` overrides it.
-    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, default_value_t = crate::priority::DEFAULT_SCHED, hide_possible_values = true)]
-    pub worker_sched: crate::priority::Sched,
+    /// idle (SCHED_IDLE, hook work only on CPU time the gateway does not want; a waking gateway
+    /// preempts it at once; a hook a collect waits for is raised meanwhile) or normal. Default:
+    /// idle when the service may raise it for a collect (CAP_SYS_NICE), else normal. A hook's
+    /// `sched:` overrides it.
+    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, hide_possible_values = true)]
+    pub worker_sched: Option<crate::priority::Sched>,
     /// CPU priority of the service's own threads (HTTP, queues, the pipes to the workers), as a
     /// nice increment over the service's starting value; hook processes are still started at
     /// --worker-nice over the starting value.
     #[arg(long, value_name = "N", env = crate::priority::SERVICE_NICE_ENV, default_value_t = crate::priority::DEFAULT_SERVICE_NICE, value_parser = crate::priority::parse_nice, allow_negative_numbers = true)]
     pub service_nice: i32,
-    /// idle (default: SCHED_IDLE, the gateway preempts the service's threads at once when it
-    /// wakes) or normal, for the service's own threads.
-    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SERVICE_SCHED_ENV, default_value_t = crate::priority::DEFAULT_SERVICE_SCHED, hide_possible_values = true)]
-    pub service_sched: crate::priority::Sched,
+    /// idle (SCHED_IDLE, the gateway preempts the service's threads at once when it wakes;
+    /// raised while a collect is pending) or normal, for the service's own threads. Default as
+    /// --worker-sched.
+    #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SERVICE_SCHED_ENV, hide_possible_values = true)]
+    pub service_sched: Option<crate::priority::Sched>,
     /// Threads of the service's async runtime (0: one per core). Default: one per core for
     /// `serve`; one for the fleet's edge (`serve --fleet`) and `worker`: their own work per
     /// event is small, and a second thread costs more CPU per event in cross-thread wake-ups
@@ -297,7 +300,9 @@ impl ServeArgs {
     pub fn service_threads(&self) -> crate::priority::ServiceThreads {
         crate::priority::ServiceThreads(crate::priority::Priority {
             nice: self.service_nice,
-            sched: self.service_sched,
+            sched: self
+                .service_sched
+                .unwrap_or_else(crate::priority::default_sched),
         })
     }
 }

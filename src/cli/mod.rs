@@ -67,6 +67,7 @@ pub fn main() -> i32 {
         // The service's own work is background work too (crate::priority): each runtime thread
         // lowers itself as it starts; hook processes are started by a thread that does not.
         builder.on_thread_start(move || threads.lower_this_thread());
+        builder.on_thread_stop(crate::priority::ServiceThreads::forget_this_thread);
     }
     let runtime = match builder.build() {
         Ok(r) => r,

@@ -61,8 +61,17 @@ pub async fn serve(args: ServeArgs) -> i32 {
     }
     config.worker_priority = crate::priority::Priority {
         nice: args.worker_nice,
-        sched: args.worker_sched,
+        sched: args
+            .worker_sched
+            .unwrap_or_else(crate::priority::default_sched),
     };
+    if (args.worker_sched.is_none() || args.service_sched.is_none())
+        && !crate::priority::can_raise()
+    {
+        tracing::warn!(
+            "this service may not raise a decision's work out of SCHED_IDLE (no CAP_SYS_NICE): hook processes and the service's threads run in the normal class, so that a decision never times out on a busy CPU (--worker-sched idle / --service-sched idle to choose idle anyway)"
+        );
+    }
     #[cfg(feature = "fleet")]
     args.fleet.adjust(&mut config);
     let notices = match args.output {

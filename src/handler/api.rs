@@ -52,6 +52,8 @@ pub struct Signals {
     supersede_notify: Notify,
     /// How the handler's current process was started (`forked`, `fresh`) and why, for `list`.
     start: std::sync::Mutex<Option<(String, String)>>,
+    /// The handler's process, raised while a collect waits for the hook (issue 33).
+    pub boost: Arc<crate::priority::BoostCell>,
 }
 
 impl Signals {

@@ -22,7 +22,8 @@ const LOG_LINES_PER_SEC: u32 = 200;
 /// worker).
 pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Command {
     let mut cmd = Command::new(program);
-    let priority = ctx.priority.resolved();
+    // A process started while a collect waits for the hook starts raised (crate::priority).
+    let priority = crate::priority::starting(ctx.priority.resolved(), ctx.signals.boost.boosted());
     let parent = std::process::id();
     // SAFETY: the closure runs in the child between fork and exec and only makes
     // async-signal-safe system calls (setpriority, sched_setscheduler, prctl, getppid); it

@@ -477,7 +477,10 @@ impl Host {
         }
         let context = self.admit(event, context)?;
         let deadline = tokio::time::Instant::now() + timeout;
-        let waiting: Vec<(String, oneshot::Receiver<CallOutcome>)> = {
+        // A decision is the gateway's own work: the service's threads and the processes of the
+        // hooks it waits for leave SCHED_IDLE until it is answered (crate::priority).
+        let _service = crate::priority::boost_service();
+        let waiting: Vec<(String, oneshot::Receiver<CallOutcome>, _)> = {
             let reg = self.inner.registry.load();
             let event: Arc<str> = Arc::from(event);
             let context = Arc::new(Context::new(context));
@@ -490,13 +493,14 @@ impl Host {
                         context: context.clone(),
                         reply: Some(tx),
                     };
+                    let boost = hook.signals().boost.boost();
                     hook.enqueue(job);
-                    (hook.spec.name.clone(), rx)
+                    (hook.spec.name.clone(), rx, boost)
                 })
                 .collect()
         };
         let mut out = Vec::with_capacity(waiting.len());
-        for (hook, rx) in waiting {
+        for (hook, rx, _boost) in waiting {
             let o = outcome_within(tokio::time::timeout_at(deadline, rx).await, timeout);
             out.push(hook_outcome(hook, o));
         }
@@ -515,7 +519,8 @@ impl Host {
     ) -> Result<Option<CallOutcome>, EmitError> {
         validate_event_name(event)?;
         self.let_in()?;
-        let rx = {
+        let _service = crate::priority::boost_service();
+        let (rx, _boost) = {
             let reg = self.inner.registry.load();
             let found = reg
                 .match_indices(event)
@@ -524,12 +529,13 @@ impl Host {
                 .find(|h| h.spec.name == hook);
             let Some(h) = found else { return Ok(None) };
             let (tx, rx) = oneshot::channel();
+            let boost = h.signals().boost.boost();
             h.enqueue(Job {
                 event: Arc::from(event),
                 context: Arc::new(context),
                 reply: Some(tx),
             });
-            rx
+            (rx, boost)
         };
         Ok(Some(outcome_within(
             tokio::time::timeout(timeout, rx).await,

@@ -14,8 +14,8 @@ use crate::util::{Hooks, Serve, collect_one, config, http};
 
 const T: Duration = Duration::from_secs(20);
 
-/// A Python handler answering with its nice value and whether it runs under SCHED_IDLE.
-const REPORT_PY: &str = "import os\n\ndef handle(e, c):\n    return [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE]\n";
+/// A Python handler answering with its nice value, whether it runs under SCHED_IDLE and its pid.
+const REPORT_PY: &str = "import os\n\ndef handle(e, c):\n    return [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE, os.getpid()]\n";
 
 fn python_hook(hooks: &Hooks, name: &str, event: &str, extra_yaml: &str) {
     hooks.add(
@@ -31,6 +31,32 @@ fn expect(nice: i32, idle: bool) -> Value {
     json!([(own_nice() + nice).clamp(-20, 19), idle])
 }
 
+/// What a [`REPORT_PY`] answer says about its process: its (nice, SCHED_IDLE) while the collect
+/// waited for it, and its own priority once the collect was answered (read from /proc). Issue
+/// 33: a collect raises the hook's SCHED_IDLE process to the normal class at the service's
+/// nice value while it waits, then lowers it again.
+fn during_and_after(v: Value) -> (Value, Value) {
+    let pid = v[2].as_u64().unwrap_or_else(|| panic!("no pid in {v}"));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let nice: i32 = fields[19 - 3].parse().unwrap();
+    let policy: i32 = fields[41 - 3].parse().unwrap();
+    (
+        json!([v[0], v[1]]),
+        json!([nice, policy == libc::SCHED_IDLE]),
+    )
+}
+
+/// A collect of a SCHED_IDLE hook runs it at the service's own priority, normal class.
+fn raised() -> Value {
+    json!([own_nice(), false])
+}
+
 #[tokio::test]
 async fn python_workers_run_below_the_service_by_default_and_hooks_can_choose() {
     let hooks = Hooks::new();
@@ -41,11 +67,14 @@ async fn python_workers_run_below_the_service_by_default_and_hooks_can_choose() 
     python_hook(&hooks, "eager", "d:x", "nice: 2\n");
     let (host, report) = Host::start(config(&hooks)).await;
     assert_eq!(report.loaded.len(), 4, "{report:?}");
-    let got = |ev: &'static str| collect_one(&host, ev, json!({}));
-    assert_eq!(got("a:x").await, Ok(Some(expect(10, true))));
-    assert_eq!(got("b:x").await, Ok(Some(expect(15, true))));
-    assert_eq!(got("c:x").await, Ok(Some(expect(10, false))));
-    assert_eq!(got("d:x").await, Ok(Some(expect(2, true))));
+    let host = &host;
+    let got = |ev: &'static str| async move {
+        during_and_after(collect_one(host, ev, json!({})).await.unwrap().unwrap())
+    };
+    assert_eq!(got("a:x").await, (raised(), expect(10, true)));
+    assert_eq!(got("b:x").await, (raised(), expect(15, true)));
+    assert_eq!(got("c:x").await, (expect(10, false), expect(10, false)));
+    assert_eq!(got("d:x").await, (raised(), expect(2, true)));
     let eager = host.hook("eager").unwrap();
     assert_eq!(
         eager.worker.as_ref().map(|w| w.start.as_str()),
@@ -117,12 +146,16 @@ fn the_services_runtime_threads_run_idle_and_a_hook_can_still_ask_for_normal() {
         "{all:?}"
     );
     // ...so that hooks get what they ask for, whatever the runtime's threads have.
-    assert_eq!(collect_result(&serve, "a:x"), expect(10, true));
-    assert_eq!(collect_result(&serve, "n:x"), expect(10, false));
     assert_eq!(
-        collect_result(&serve, "e:x"),
-        json!((base + 10).clamp(-20, 19))
+        during_and_after(collect_result(&serve, "a:x")),
+        (raised(), expect(10, true))
     );
+    assert_eq!(
+        during_and_after(collect_result(&serve, "n:x")).1,
+        expect(10, false)
+    );
+    // An executable started for a collect starts raised (a process per event).
+    assert_eq!(collect_result(&serve, "e:x"), json!(base));
     serve.terminate();
 }
 
@@ -146,7 +179,10 @@ fn serve_can_keep_its_threads_at_normal_priority() {
         all.iter().all(|(_, n, idle)| !idle && *n == own_nice()),
         "{all:?}"
     );
-    assert_eq!(collect_result(&serve, "a:x"), expect(10, false));
+    assert_eq!(
+        during_and_after(collect_result(&serve, "a:x")).0,
+        expect(10, false)
+    );
     serve.terminate();
 }
 
@@ -167,9 +203,7 @@ async fn the_hosts_default_applies_to_executables_and_fresh_workers() {
         collect_one(&host, "e:x", json!({})).await,
         Ok(Some(json!((own_nice() + 4).clamp(-20, 19))))
     );
-    assert_eq!(
-        collect_one(&host, "f:x", json!({})).await,
-        Ok(Some(expect(4, false)))
-    );
+    let f = collect_one(&host, "f:x", json!({})).await.unwrap().unwrap();
+    assert_eq!(during_and_after(f), (expect(4, false), expect(4, false)));
     host.shutdown(T).await;
 }

@@ -88,6 +88,14 @@ struct Worker {
 }
 
 impl Worker {
+    /// The worker process's pid.
+    fn pid(&self) -> Option<u32> {
+        match &self.proc {
+            Proc::Fresh(child) => child.id(),
+            Proc::Forked { pid, .. } => u32::try_from(*pid).ok(),
+        }
+    }
+
     /// Waits up to `wait` for the process to end and says how it ended; `None` if it did not.
     async fn wait_exit(&mut self, wait: Duration) -> Option<String> {
         if let Some(how) = &self.exited {
@@ -296,6 +304,12 @@ impl PythonHandler {
                 w
             }
         };
+        if let Some(pid) = worker.pid() {
+            self.ctx
+                .signals
+                .boost
+                .set_process(pid, self.ctx.priority.resolved());
+        }
         let start_timeout = self.ctx.timeout.max(MIN_START_TIMEOUT);
         let handshake = async {
             let stdin = worker.stdin.as_mut().ok_or("python worker has no stdin")?;
