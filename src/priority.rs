@@ -374,6 +374,85 @@ impl Drop for ServiceBoost {
     }
 }
 
+/// How long a new connection keeps the service raised ([`watch_connections`]): enough to
+/// accept it and read its request, after which a collect holds its own boost.
+const CONNECT_HOLD: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Watches the listening socket `fd` from a thread in the normal class: each new connection
+/// raises the service's runtime threads ([`boost_service`]) for [`CONNECT_HOLD`], so that a
+/// collect on a new connection (the Python client's, `emit --collect`) is accepted and read at
+/// once on a busy CPU instead of after the runtime's SCHED_IDLE threads get a turn. Event
+/// batches come on kept-alive connections and are not affected. `None` when the runtime
+/// threads are not idle or cannot be raised. The watch ends when the guard is dropped (before
+/// the listener is closed).
+pub fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatch> {
+    {
+        let threads = lock(&RUNTIME);
+        if !threads.lowered.is_some_and(|r| r.idle) || !can_raise() {
+            return None;
+        }
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let started = spawn_at_base(move || {
+        std::thread::Builder::new()
+            .name("hermes-accept-watch".into())
+            .spawn(move || watch_loop(fd, &flag))
+    });
+    match started {
+        Ok(_) => Some(ConnectionWatch(stop)),
+        Err(e) => {
+            tracing::warn!(
+                "no connection watch thread ({e}): a collect on a busy CPU waits for the service's idle threads"
+            );
+            None
+        }
+    }
+}
+
+fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
+    use std::sync::atomic::Ordering;
+    let mut held: Option<(ServiceBoost, std::time::Instant)> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Pending connections keep the socket readable until accepted: while raised, look
+        // again every few ms instead of spinning; otherwise wake for the stop flag now and then.
+        let wait = if held.is_some() { 5 } else { 200 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, wait) };
+        let pending = n > 0 && pfd.revents & libc::POLLIN != 0;
+        if n > 0 && pfd.revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
+            break; // the listener is gone
+        }
+        let now = std::time::Instant::now();
+        if pending {
+            match &mut held {
+                Some((_, until)) => *until = now + CONNECT_HOLD,
+                None => held = boost_service().map(|b| (b, now + CONNECT_HOLD)),
+            }
+            if held.is_some() {
+                std::thread::sleep(std::time::Duration::from_millis(2)); // the runtime accepts
+            }
+        } else if held.as_ref().is_some_and(|(_, until)| now >= *until) {
+            held = None;
+        }
+    }
+}
+
+/// See [`watch_connections`]: dropping it ends the watch (within 200 ms).
+#[derive(Debug)]
+pub struct ConnectionWatch(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ConnectionWatch {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A hook's process and whether a collect waits for it: while one does, the process runs in
 /// the normal class ([`boosted`]), and a process started meanwhile is raised as it starts.
 #[derive(Debug, Default)]

@@ -192,6 +192,15 @@ pub async fn run(
     tracing::info!("listening on {}", address.as_deref().unwrap_or("?"));
     host.notices()
         .send("host_start", start_notice(&host, address, config.watch));
+    // A collect on a new connection is read at once on a busy CPU (crate::priority).
+    let accepts = {
+        use std::os::fd::AsRawFd;
+        let fd = match &listener {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l, _) => l.as_raw_fd(),
+        };
+        crate::priority::watch_connections(fd)
+    };
     let (server_task, socket) = match listener {
         Listener::Tcp(l) => (tokio::spawn(server::serve(l, router, server_stop)), None),
         Listener::Unix(l, path) => {
@@ -265,6 +274,7 @@ pub async fn run(
     }
     report.shutdown = host.shutdown(config.drain).await;
     drop(watch);
+    drop(accepts);
     let _ = stop_tx.send(true);
     match tokio::time::timeout(SERVER_STOP_GRACE, server_task).await {
         Ok(Ok(Ok(()))) => {}

@@ -207,3 +207,66 @@ async fn the_hosts_default_applies_to_executables_and_fresh_workers() {
     assert_eq!(during_and_after(f), (expect(4, false), expect(4, false)));
     host.shutdown(T).await;
 }
+
+/// Kills (and reaps) a busy loop on drop.
+struct Busy(std::process::Child);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 33: a nice-0 busy loop in the service's own session (autogroup: the same scheduling
+/// group), pinned to the service's CPU, used to starve the default SCHED_IDLE worker and service
+/// threads: a 50 ms deny hook with `timeout: 3` timed out (the deny lost, the worker killed).
+/// Now every collect gets its hook's verdict in time, and the worker lives on.
+#[test]
+fn collects_answer_in_time_with_a_busy_loop_on_the_services_cpu() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "deny",
+        &[
+            ("HOOK.yaml", "events: [\"command:*\"]\ntimeout: 3\n"),
+            (
+                "handler.py",
+                "import os, time\n\ndef handle(e, c):\n    t = time.process_time()\n    while time.process_time() - t < 0.05:\n        pass\n    return {'decision': 'deny', 'pid': os.getpid()}\n",
+            ),
+        ],
+    );
+    let cpu = "1";
+    let mut cmd = std::process::Command::new("taskset");
+    cmd.args(["-c", cpu, crate::util::bin(), "serve", "--hooks-dir"])
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0"]);
+    let mut serve = Serve::spawn(cmd, &hooks);
+    // A child of this process like the service: the same session, so the same autogroup.
+    let _busy = Busy(
+        std::process::Command::new("taskset")
+            .args(["-c", cpu, "sh", "-c", "while :; do :; done"])
+            .spawn()
+            .expect("start the busy loop"),
+    );
+    let mut pids = std::collections::BTreeSet::new();
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let started = std::time::Instant::now();
+        let body = serde_json::to_vec(&json!({"event": "command:run"})).unwrap();
+        let ct = [("Content-Type", "application/json")];
+        let (status, _, b) = http(&serve.addr, "POST", "/v1/collect", &ct, &body);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["errors"], json!([]), "collect {i}: {v}");
+        assert_eq!(
+            v["results"][0]["result"]["decision"], "deny",
+            "collect {i}: {v}"
+        );
+        pids.insert(v["results"][0]["result"]["pid"].as_u64());
+        slowest = slowest.max(started.elapsed());
+    }
+    eprintln!("slowest collect under the busy loop: {slowest:?}");
+    assert!(slowest < Duration::from_secs(3), "{slowest:?}");
+    assert_eq!(pids.len(), 1, "the worker was never killed: {pids:?}");
+    serve.terminate();
+}
