@@ -215,9 +215,14 @@ pub async fn run(
 
     tracing::info!(roots = ?host.config().roots, "loading hooks");
     // The first load runs as its own task, so signals are handled while it runs.
+    // Collects answer 503 until the hooks are loaded: the load is the service's own work a
+    // decision waits for, raised like a collect (crate::priority).
     let mut first_load = {
         let host = host.clone();
-        tokio::spawn(async move { host.reload().await })
+        tokio::spawn(async move {
+            let _loading = crate::priority::boost_service();
+            host.reload().await
+        })
     };
     let mut report = Report::default();
     let mut loading = true;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! HERMES_SOAK_SECS=25 HERMES_SOAK_BUDGET_SECS=15 HERMES_SOAK_FLEET_SECS=15 \
-//!     cargo test --test soak -- --ignored --nocapture --test-threads 1
+//!     HERMES_SOAK_BUSY_SECS=15 cargo test --test soak -- --ignored --nocapture --test-threads 1
 //! ```
 //!
 //! - the chaos phase (this file, `HERMES_SOAK_SECS`, default 60): exact accounting under overload
@@ -11,11 +11,13 @@
 //! - the loss-budget phase ([`budget`], `HERMES_SOAK_BUDGET_SECS`, default 20): what a fault costs,
 //!   without overload;
 //! - the fleet phase ([`fleet`], `HERMES_SOAK_FLEET_SECS`, default 20): edge, workers and broker
-//!   SIGKILLed and restarted under load, every 202 accounted for.
+//!   SIGKILLed and restarted under load, every 202 accounted for;
+//! - the busy-CPU phase ([`busy`], `HERMES_SOAK_BUSY_SECS`, default 20): a busy loop in the
+//!   service's session on its CPU, every collect answered with every verdict (issue 33).
 //!
 //! `HERMES_SOAK_SEED` replays the drivers' and clients' choices; `HERMES_SOAK_REPORT=<file>` also
 //! writes each phase's figures as JSON (`<file>` for the chaos phase, `<file>.budget`,
-//! `<file>.fleet` for the others).
+//! `<file>.fleet`, `<file>.busy` for the others).
 //!
 //! The chaos phase:
 //! Several clients emit (single, batch) and collect while a driver adds, edits (good and broken),
@@ -32,6 +34,8 @@ mod util;
 
 #[path = "soak/budget.rs"]
 mod budget;
+#[path = "soak/busy.rs"]
+mod busy;
 #[cfg(feature = "fleet")]
 #[path = "soak/fleet.rs"]
 mod fleet;

@@ -263,6 +263,9 @@ impl PythonHandler {
             .as_ref()
             .ok_or_else(|| HandlerError::Load("python hook without a handler file".into()))?;
         crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
+        // Importing the handler is what a decision would wait for: the new worker runs in the
+        // normal class until it is ready (crate::priority; lowered again after).
+        let _starting = self.ctx.signals.boost.boost();
         let mut worker = match start_mode(&self.ctx) {
             StartMode::Forked => {
                 match zygote::fork_worker(
