@@ -208,16 +208,6 @@ async fn the_hosts_default_applies_to_executables_and_fresh_workers() {
     host.shutdown(T).await;
 }
 
-/// Kills (and reaps) a busy loop on drop.
-struct Busy(std::process::Child);
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Issue 33: a nice-0 busy loop in the service's own session (autogroup: the same scheduling
 /// group), pinned to the service's CPU, used to starve the default SCHED_IDLE worker and service
 /// threads: a 50 ms deny hook with `timeout: 3` timed out (the deny lost, the worker killed).
@@ -242,12 +232,7 @@ fn collects_answer_in_time_with_a_busy_loop_on_the_services_cpu() {
         .args(["--listen", "127.0.0.1:0"]);
     let mut serve = Serve::spawn(cmd, &hooks);
     // A child of this process like the service: the same session, so the same autogroup.
-    let _busy = Busy(
-        std::process::Command::new("taskset")
-            .args(["-c", cpu, "sh", "-c", "while :; do :; done"])
-            .spawn()
-            .expect("start the busy loop"),
-    );
+    let _busy = crate::util::BusyLoop::on_cpu(cpu);
     let mut pids = std::collections::BTreeSet::new();
     let mut slowest = Duration::ZERO;
     for i in 0..20 {

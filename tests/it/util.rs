@@ -466,3 +466,27 @@ pub async fn assert_edit_refused(
     assert!(err.contains(&format!("{name} changed")), "{err}");
     host.shutdown(Duration::from_secs(20)).await;
 }
+
+/// A nice-0 busy loop (`sh`) pinned to `cpu` with `taskset`, a child of this process (so in its
+/// session and autogroup, like a service it starts); killed and reaped on drop.
+#[allow(dead_code)] // not every test target that includes this file needs one
+pub struct BusyLoop(Child);
+
+#[allow(dead_code)]
+impl BusyLoop {
+    pub fn on_cpu(cpu: &str) -> Self {
+        Self(
+            Command::new("taskset")
+                .args(["-c", cpu, "sh", "-c", "while :; do :; done"])
+                .spawn()
+                .expect("start a busy loop (taskset, util-linux)"),
+        )
+    }
+}
+
+impl Drop for BusyLoop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

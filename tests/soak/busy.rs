@@ -14,16 +14,6 @@ use serde_json::{Value, json};
 use super::try_http;
 use crate::util::{Hooks, Serve};
 
-/// Kills (and reaps) the busy loop on drop.
-struct Busy(std::process::Child);
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A decision hook: `cpu_ms` of CPU, then its verdict and its pid.
 fn decision_hook(hooks: &Hooks, name: &str, cpu_ms: u32, verdict: &str) {
     let code = format!(
@@ -59,19 +49,15 @@ fn busy_cpu_soak_every_collect_gets_every_verdict() {
     );
     let cpu = "1";
     // Children of this process, as the service: one session, one autogroup.
-    let busy = Busy(
-        std::process::Command::new("taskset")
-            .args(["-c", cpu, "sh", "-c", "while :; do :; done"])
-            .spawn()
-            .expect("start the busy loop (taskset)"),
-    );
+    let busy = crate::util::BusyLoop::on_cpu(cpu);
     let mut cmd = std::process::Command::new("taskset");
     cmd.args(["-c", cpu, crate::util::bin(), "serve", "--hooks-dir"])
         .arg(hooks.root())
         .args(["--listen", "127.0.0.1:0", "--drain-timeout", "10"]);
     let mut serve = Serve::spawn_listening(cmd, &hooks);
     let addr = serve.addr.clone();
-    let body = serde_json::to_vec(&json!({"event": "command:run", "context": {"cmd": "rm"}})).unwrap();
+    let body =
+        serde_json::to_vec(&json!({"event": "command:run", "context": {"cmd": "rm"}})).unwrap();
 
     // While the hooks load: 503 not_ready or the full answer, nothing in between.
     let mut not_ready = 0u64;
@@ -82,7 +68,10 @@ fn busy_cpu_soak_every_collect_gets_every_verdict() {
         if status == 503 {
             assert_eq!(v["error"]["code"], "not_ready", "{v}");
             not_ready += 1;
-            assert!(Instant::now() < loading_deadline, "still loading after 120 s");
+            assert!(
+                Instant::now() < loading_deadline,
+                "still loading after 120 s"
+            );
             std::thread::sleep(Duration::from_millis(50)); // polling readiness, bounded above
             continue;
         }
@@ -145,12 +134,20 @@ fn busy_cpu_soak_every_collect_gets_every_verdict() {
 /// A collect's answer: both verdicts in match order (discovery order), no error.
 fn check(status: u16, v: &Value, i: usize) {
     assert_eq!(status, 200, "collect {i}: {v}");
-    assert_eq!(v["errors"], json!([]), "collect {i}: none timed out or failed: {v}");
+    assert_eq!(
+        v["errors"],
+        json!([]),
+        "collect {i}: none timed out or failed: {v}"
+    );
     let verdicts: Vec<&str> = v["results"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| r["result"]["decision"].as_str().unwrap_or(""))
         .collect();
-    assert_eq!(verdicts, ["allow", "deny"], "collect {i}: every verdict: {v}");
+    assert_eq!(
+        verdicts,
+        ["allow", "deny"],
+        "collect {i}: every verdict: {v}"
+    );
 }
