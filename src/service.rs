@@ -192,38 +192,12 @@ pub async fn run(
     tracing::info!("listening on {}", address.as_deref().unwrap_or("?"));
     host.notices()
         .send("host_start", start_notice(&host, address, config.watch));
-    // A collect on a new connection is read at once on a busy CPU (crate::priority).
-    let accepts = {
-        use std::os::fd::AsRawFd;
-        let fd = match &listener {
-            Listener::Tcp(l) => l.as_raw_fd(),
-            Listener::Unix(l, _) => l.as_raw_fd(),
-        };
-        crate::priority::watch_connections(fd)
-    };
-    let (server_task, socket) = match listener {
-        Listener::Tcp(l) => (tokio::spawn(server::serve(l, router, server_stop)), None),
-        Listener::Unix(l, path) => {
-            let mine = server::file_identity(&path);
-            (
-                tokio::spawn(server::serve(l, router, server_stop)),
-                Some((path, mine)),
-            )
-        }
-    };
+    let (server_task, socket, accepts) = start_server(listener, router, server_stop);
     let watch = start_watch(&host, config.watch).await;
 
     tracing::info!(roots = ?host.config().roots, "loading hooks");
     // The first load runs as its own task, so signals are handled while it runs.
-    // Collects answer 503 until the hooks are loaded: the load is the service's own work a
-    // decision waits for, raised like a collect (crate::priority).
-    let mut first_load = {
-        let host = host.clone();
-        tokio::spawn(async move {
-            let _loading = crate::priority::boost_service();
-            host.reload().await
-        })
-    };
+    let mut first_load = tokio::spawn(first_load(host.clone()));
     let mut report = Report::default();
     let mut loading = true;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -299,6 +273,43 @@ pub async fn run(
     }
     announce_stop(&host, &report);
     Ok(report)
+}
+
+/// The API server's task; the Unix socket's path and identity (removed at the end if still
+/// ours); the watch that raises the service for a new connection's request (crate::priority:
+/// a collect on a new connection is read at once on a busy CPU).
+type Started = (
+    tokio::task::JoinHandle<std::io::Result<()>>,
+    Option<(PathBuf, Option<(u64, u64)>)>,
+    Option<crate::priority::ConnectionWatch>,
+);
+
+fn start_server(
+    listener: Listener,
+    router: axum::Router,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Started {
+    use std::os::fd::AsRawFd;
+    let fd = match &listener {
+        Listener::Tcp(l) => l.as_raw_fd(),
+        Listener::Unix(l, _) => l.as_raw_fd(),
+    };
+    let accepts = crate::priority::watch_connections(fd);
+    match listener {
+        Listener::Tcp(l) => (tokio::spawn(server::serve(l, router, stop)), None, accepts),
+        Listener::Unix(l, path) => {
+            let mine = server::file_identity(&path);
+            let task = tokio::spawn(server::serve(l, router, stop));
+            (task, Some((path, mine)), accepts)
+        }
+    }
+}
+
+/// The first load. Collects answer 503 until it is done: it is the service's own work a
+/// decision waits for, raised like a collect (crate::priority).
+async fn first_load(host: Host) -> LoadReport {
+    let _loading = crate::priority::boost_service();
+    host.reload().await
 }
 
 /// The fields of `host_start`.
