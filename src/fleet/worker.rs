@@ -666,7 +666,27 @@ struct Run {
     /// Delivered events not started yet, in stream order: a message may hold many (a bundle),
     /// and at most the window enter the hook's local queue at once ([`Run::feed`]).
     backlog: std::collections::VecDeque<Delivery>,
+    /// Just took an ordered hook's lease: nothing starts until the broker's pending events are
+    /// all held here ([`Run::check_caught_up`]).
+    catch_up: Option<CatchUp>,
 }
+
+/// A new lease holder waiting for what the previous one left pending (issue 34): the broker
+/// redelivers those events in the order their ack waits ran out (progress signals and
+/// deliveries interleave, so not in stream order), and a cumulative acknowledgement of one that
+/// came back early would settle the lower ones still on their way, never run. So nothing starts
+/// and nothing is acknowledged until the broker's count of pending events is what this worker
+/// holds (every one is here, whatever the previous holder still does); then the backlog is put
+/// in stream order and runs. A previous holder still running (its lease lost but not its
+/// process) keeps its events pending with progress signals: this waits for it.
+struct CatchUp {
+    /// The broker's pending count and this worker's held count at the last change.
+    last: (u64, usize),
+    since: tokio::time::Instant,
+}
+
+/// How often a new lease holder asks the broker what is still pending.
+const CATCH_UP_EVERY: Duration = Duration::from_millis(100);
 
 /// A handler call in flight and what follows it (acknowledgement, retry, dead letter).
 type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -712,6 +732,7 @@ impl Run {
             due_rx,
             pulled: false,
             backlog: Default::default(),
+            catch_up: None,
         }
     }
 
@@ -729,6 +750,11 @@ impl Run {
     /// messages none of whose events started by then are left to the ack wait
     /// ([`Run::release_backlog`]); the events of a message partly started still run.
     async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
+        if self.catch_up.take().is_some() {
+            // Nothing started: what was delivered goes to whoever pulls next, in order.
+            self.release_backlog().await;
+            self.main.pause(false);
+        }
         loop {
             while self.background.try_join_next().is_some() {}
             if start_by.is_some_and(|t| tokio::time::Instant::now() >= t) {
@@ -817,6 +843,7 @@ impl Run {
         // What an earlier session left in the backlog goes on.
         while self.background.try_join_next().is_some() {}
         self.feed().await;
+        let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
             let lost = async {
@@ -830,6 +857,10 @@ impl Run {
                 m = retried.next() => (m, Source::Retry),
                 Some(m) = self.due_rx.recv() => {
                     self.dispatch(m, Source::Retry).await;
+                    continue;
+                }
+                _ = catching.tick(), if self.catch_up.is_some() => {
+                    self.check_caught_up(consumer).await;
                     continue;
                 }
                 Some(()) = self.running.next(), if !self.running.is_empty() => {
@@ -958,10 +989,13 @@ async fn consume(
                 Some(l) => lease = Some(l),
                 None => break 'outer,
             }
-            // A previous holder that died left events unacknowledged: once their ack wait has
-            // run out they are redelivered before any new one, so wait for that, not to run
-            // later events first.
-            settled(&consumer, &s, sh.opts.ack_wait * 2 + Duration::from_secs(1)).await;
+            // A previous holder may have left events pending: they come back as their ack
+            // waits run out, in no useful order; nothing runs until all are here.
+            r.catch_up = Some(CatchUp {
+                last: (u64::MAX, 0),
+                since: tokio::time::Instant::now(),
+            });
+            r.main.pause(true);
         }
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
@@ -1034,22 +1068,6 @@ async fn hand_over(
     tokio::select! {
         _ = tokio::time::sleep(back) => true,
         _ = stop.changed() => false,
-    }
-}
-
-/// Waits (at most `limit`) until no event of the consumer is delivered and unacknowledged.
-async fn settled(consumer: &jetstream::consumer::PullConsumer, s: &Settings, limit: Duration) {
-    let mut consumer = consumer.clone();
-    let deadline = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < deadline {
-        match consumer.info().await {
-            Ok(i) if i.num_ack_pending == 0 => return,
-            Ok(i) => {
-                tracing::debug!(hook = %s.name, pending = i.num_ack_pending, "fleet: waiting for the previous holder's events to come back")
-            }
-            Err(_) => return,
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -1262,7 +1280,13 @@ impl Run {
                 }
             }
             Triage::Events(events) => {
-                self.backlog.extend(events);
+                // In stream order: a message handed back (or left by a previous holder) may
+                // come again after higher ones were delivered.
+                let hseq = events.first().map_or(0, |d| d.hseq);
+                let at = self.backlog.partition_point(|d| d.hseq <= hseq);
+                for (i, d) in events.into_iter().enumerate() {
+                    self.backlog.insert(at + i, d);
+                }
                 self.feed().await;
             }
         }
@@ -1271,6 +1295,9 @@ impl Run {
     /// Starts events from the backlog, in order, while fewer than the window are in flight
     /// (the hook's local queue holds what starts; the rest waits here, held).
     async fn feed(&mut self) {
+        if self.catch_up.is_some() {
+            return;
+        }
         let window = self.s.window.max(1) as usize;
         while self.running.len() + self.background.len() < window {
             let Some(d) = self.backlog.pop_front() else {
@@ -1278,6 +1305,39 @@ impl Run {
             };
             self.start(d).await;
         }
+    }
+
+    /// Taking over ([`CatchUp`]): asks the broker how many events of the hook are pending; when
+    /// this worker holds them all, sorts the backlog and starts it. A count that stays above
+    /// what is held, unchanged, for four ack waits (nobody renews those events, yet the broker
+    /// never redelivers them) is given up on with a warning.
+    async fn check_caught_up(&mut self, consumer: &jetstream::consumer::PullConsumer) {
+        let Some(c) = self.catch_up.as_mut() else {
+            return;
+        };
+        let Ok(info) = consumer.get_info().await else {
+            return;
+        };
+        let now = (info.num_ack_pending as u64, self.main.count());
+        if now.0 > now.1 as u64 {
+            if c.last != now {
+                c.last = now;
+                c.since = tokio::time::Instant::now();
+                tracing::debug!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: waiting for the previous holder's events to come back");
+                return;
+            }
+            if c.since.elapsed() < self.sh.opts.ack_wait * 4 {
+                return;
+            }
+            tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: events the previous holder left pending never came back; going on without them");
+        }
+        self.catch_up = None;
+        self.backlog
+            .make_contiguous()
+            .sort_by_key(|d| (d.hseq, d.index));
+        self.main.pause(false);
+        tracing::debug!(hook = %self.s.name, held = now.1, "fleet: every pending event of the hook is here; running them in stream order");
+        self.feed().await;
     }
 
     /// Leaves the backlog's messages none of whose events started to the ack wait (no more
