@@ -1097,6 +1097,11 @@ async fn take_lease(
                     return Some(l);
                 }
                 Ok(None) => {
+                    let key = consumer_name(&s.key);
+                    if let Some(left) = super::lease::expires_in(store, *ttl, &key).await {
+                        let margin = Duration::from_millis(20);
+                        wait = (left + margin).clamp(margin, *ttl / 4);
+                    }
                     if !logged {
                         tracing::info!(hook = %s.name, "fleet: another worker pulls this ordered hook; standing by");
                         logged = true;

@@ -147,6 +147,14 @@ impl NatsServer {
         );
     }
 
+    /// SIGTERM (a clean stop: the broker writes its state), and reap.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), libc::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+
     /// SIGKILL, and reap.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -236,6 +244,19 @@ pub(crate) fn worker(hooks: &Hooks, nats: &NatsServer, id: &str) -> Serve {
         .arg(hooks.root())
         .args(["--listen", "127.0.0.1:0", "--worker-id", id])
         .args(FAST)
+        .env("TEST_WORKER", id);
+    Serve::spawn(cmd, hooks)
+}
+
+/// A worker with its own options (no [`FAST`] defaults).
+pub(crate) fn worker_with(hooks: &Hooks, nats: &NatsServer, id: &str, opts: &[&str]) -> Serve {
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker")
+        .args(["--fleet", &nats.url()])
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0", "--worker-id", id])
+        .args(opts)
         .env("TEST_WORKER", id);
     Serve::spawn(cmd, hooks)
 }
@@ -2225,4 +2246,93 @@ fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Issue 34 item 7: an ordered hook's holder SIGKILLed while it runs an event: the standby takes
+/// the lease when it runs out and resumes as soon as the dead holder's events are back, about
+/// one ack wait (2 s here) after the kill, not the ack wait plus a fixed wait for a pending
+/// count of 0 that nobody pulls to bring about (2 x ack wait + 1 s more).
+#[test]
+fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
+    let Some((_nats, hooks, [a, b], edge)) =
+        fleet_of("quick", r#"["agent:step"]"#, "", ["wa", "wb"])
+    else {
+        return;
+    };
+    let (status, v) = post_batch(&edge, 0..30, json!({"pause": 0.2}));
+    assert_eq!(status, 202, "{v}");
+    let first = poll(Duration::from_secs(60), "an event handled", || {
+        records(&hooks, "quick").into_iter().next()
+    });
+    let holder = first["w"].as_str().unwrap().to_string();
+    let (mut victim, _other) = if holder == "wa" { (a, b) } else { (b, a) };
+    signal(victim.child.id(), libc::SIGKILL);
+    let killed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let _ = victim.child.wait();
+    let resumed = poll(Duration::from_secs(60), "the standby to resume", || {
+        records(&hooks, "quick")
+            .into_iter()
+            .find(|r| r["w"] != holder.as_str())
+    });
+    // "t" is when the handler started.
+    let after = resumed["t"].as_f64().unwrap() - killed;
+    eprintln!("failover of an ordered hook, --ack-wait 2: {after:.2} s");
+    assert!(
+        after < 4.0,
+        "the standby resumed {after:.2} s after the kill (ack wait 2 s)"
+    );
+    wait_for_all(&hooks, "quick", 30, Duration::from_secs(60));
+}
+
+/// Issue 34 item 2: the broker restarted (the lease bucket is in memory: the lease is gone) while
+/// the holder runs one 60-event bundle at 0.5 s per event, longer than any fixed wait: whichever
+/// worker takes the lease starts nothing until that bundle is finished, so the events posted
+/// after it never run before its last one.
+#[test]
+fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "long", r#"["agent:step"]"#, "");
+    let opts = [
+        "--ack-wait",
+        "4",
+        "--retry-backoff-ms",
+        "50",
+        "--status-interval-ms",
+        "100",
+    ];
+    let _workers = [
+        worker_with(&hooks, &nats, "wa", &opts),
+        worker_with(&hooks, &nats, "wb", &opts),
+    ];
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "long", &["wa", "wb"]);
+    let (status, v) = post_batch(&edge, 0..60, json!({"pause": 0.5}));
+    assert_eq!(status, 202, "{v}");
+    let paused = hooks.out().join("long.paused");
+    poll(
+        Duration::from_secs(60),
+        "five events of the bundle started",
+        || (read_jsonl(&paused).len() >= 5).then_some(()),
+    );
+    nats.stop();
+    nats.restart();
+    let (status, v) = post_batch(&edge, 60..80, json!({}));
+    assert_eq!(status, 202, "{v}");
+    let recs = wait_for_all(&hooks, "long", 80, Duration::from_secs(120));
+    let mut seen = HashSet::new();
+    let firsts: Vec<u64> = handled_ns(&recs)
+        .into_iter()
+        .filter(|n| seen.insert(*n))
+        .collect();
+    assert_eq!(
+        firsts,
+        (0..80).collect::<Vec<_>>(),
+        "one puller at a time: first handlings in publish order"
+    );
 }
