@@ -244,6 +244,8 @@ struct HookTask {
     collect: JoinHandle<()>,
     consumer: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
     counters: Arc<Counters>,
+    /// The hook's name, for a rename that keeps its identity ([`Run::renamed`]).
+    rename: watch::Sender<String>,
 }
 
 struct Shared {
@@ -437,6 +439,21 @@ fn apply(
     }
     seen.retain(|name, _| wanted.contains_key(name));
     tasks.retain(|name, t| {
+        if let Some(w) = wanted.get(name).filter(|w| only_renamed(&t.settings, w)) {
+            // The same identity under a new name: a hand-over inside the running task (its
+            // lease, held events and order go on), not a stop and a start.
+            tracing::info!(hook = %w.name, from = %t.settings.name, "fleet: hook renamed; its consumer goes on under the new name");
+            let _ = t.rename.send(w.name.clone());
+            t.collect.abort();
+            t.collect = tokio::spawn(super::collect::serve(
+                sh.client.clone(),
+                (sh.cfg.collect_subject(&w.name), sh.cfg.cancel_subject(&w.name)),
+                sh.host.clone(),
+                w.name.clone(),
+                sh.opts.id.clone(),
+            ));
+            t.settings = w.clone();
+        }
         let keep = wanted.get(name) == Some(&t.settings);
         if !keep {
             tracing::info!(hook = %name, "fleet: stopping this hook's consumer");
@@ -454,6 +471,7 @@ fn apply(
         }
         let name = settings.name.clone();
         let (stop, stop_rx) = watch::channel(false);
+        let (rename, renamed) = watch::channel(name.clone());
         let consumer = Arc::new(Mutex::new(None));
         let counters = sh
             .counters
@@ -466,7 +484,7 @@ fn apply(
             settings.clone(),
             counters.clone(),
             consumer.clone(),
-            stop_rx,
+            (stop_rx, renamed),
         ));
         let collect = tokio::spawn(super::collect::serve(
             sh.client.clone(),
@@ -484,9 +502,20 @@ fn apply(
                 collect,
                 consumer,
                 counters,
+                rename,
             },
         );
     }
+}
+
+/// Whether `new` differs from `old` by the hook's name alone (a rename keeping its `id:`).
+fn only_renamed(old: &Settings, new: &Settings) -> bool {
+    old.name != new.name
+        && *old
+            == Settings {
+                name: old.name.clone(),
+                ..new.clone()
+            }
 }
 
 /// What a hook's consumer task is configured from.
@@ -669,6 +698,14 @@ struct Run {
     /// Just took an ordered hook's lease: nothing starts until the broker's pending events are
     /// all held here ([`Run::check_caught_up`]).
     catch_up: Option<CatchUp>,
+    /// The hook's current name ([`Run::renamed`]).
+    rename: watch::Receiver<String>,
+    /// Renamed: nothing starts until every call of the old name is finished or back here.
+    renaming: bool,
+    /// Events whose call the old name's hook dropped (renamed meanwhile): run again, in order,
+    /// under the new name, as the same delivery.
+    redo_tx: tokio::sync::mpsc::Sender<Delivery>,
+    redo_rx: tokio::sync::mpsc::Receiver<Delivery>,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -707,7 +744,13 @@ enum Ended {
 }
 
 impl Run {
-    fn new(sh: Arc<Shared>, s: Settings, counters: Arc<Counters>, ack_all: bool) -> Self {
+    fn new(
+        sh: Arc<Shared>,
+        s: Settings,
+        counters: Arc<Counters>,
+        ack_all: bool,
+        rename: watch::Receiver<String>,
+    ) -> Self {
         let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
         let progress = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
         let tend = |h: &Arc<Held>| {
@@ -718,6 +761,9 @@ impl Run {
             )))
         };
         let (due_tx, due_rx) = tokio::sync::mpsc::channel(super::retry::WINDOW as usize);
+        // Every call in flight may come back once.
+        let (redo_tx, redo_rx) =
+            tokio::sync::mpsc::channel(s.window as usize + super::retry::WINDOW as usize + 1);
         Self {
             _tend: [tend(&main), tend(&retry)],
             sh,
@@ -733,6 +779,10 @@ impl Run {
             pulled: false,
             backlog: Default::default(),
             catch_up: None,
+            rename,
+            renaming: false,
+            redo_tx,
+            redo_rx,
         }
     }
 
@@ -859,6 +909,10 @@ impl Run {
                     self.dispatch(m, Source::Retry).await;
                     continue;
                 }
+                Ok(()) = self.rename.changed() => {
+                    self.renamed();
+                    continue;
+                }
                 _ = catching.tick(), if self.catch_up.is_some() => {
                     self.check_caught_up(consumer).await;
                     continue;
@@ -944,7 +998,7 @@ async fn consume(
     s: Settings,
     counters: Arc<Counters>,
     slot: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
-    mut stop: watch::Receiver<bool>,
+    (mut stop, renamed): (watch::Receiver<bool>, watch::Receiver<String>),
 ) {
     let mut run: Option<Run> = None;
     let mut pause = Duration::from_millis(100);
@@ -982,8 +1036,15 @@ async fn consume(
             r.drain(None).await;
             run = None;
         }
-        let r =
-            run.get_or_insert_with(|| Run::new(sh.clone(), s.clone(), counters.clone(), ack_all));
+        let r = run.get_or_insert_with(|| {
+            Run::new(
+                sh.clone(),
+                s.clone(),
+                counters.clone(),
+                ack_all,
+                renamed.clone(),
+            )
+        });
         if s.ordered() && lease.is_none() {
             match take_lease(&sh, &s, &mut leases, &mut stop).await {
                 Some(l) => lease = Some(l),
@@ -1285,21 +1346,52 @@ impl Run {
                 }
             }
             Triage::Events(events) => {
-                // In stream order: a message handed back (or left by a previous holder) may
-                // come again after higher ones were delivered.
-                let hseq = events.first().map_or(0, |d| d.hseq);
-                let at = self.backlog.partition_point(|d| d.hseq <= hseq);
-                for (i, d) in events.into_iter().enumerate() {
-                    self.backlog.insert(at + i, d);
-                }
+                self.insert(events);
                 self.feed().await;
             }
         }
     }
 
+    /// Puts a message's events in the backlog in stream order: a message handed back (or left
+    /// by a previous holder) may come again after higher ones were delivered.
+    fn insert(&mut self, events: Vec<Delivery>) {
+        let Some(first) = events.first() else { return };
+        let key = (first.hseq, first.index);
+        let at = self.backlog.partition_point(|d| (d.hseq, d.index) <= key);
+        for (i, d) in events.into_iter().enumerate() {
+            self.backlog.insert(at + i, d);
+        }
+    }
+
+    /// The hook was renamed (same identity): what starts from now on runs under the new name,
+    /// once every call made under the old one is settled or back ([`Run::feed`]).
+    fn renamed(&mut self) {
+        let name = self.rename.borrow_and_update().clone();
+        if name == self.s.name {
+            return;
+        }
+        let mut s = (*self.s).clone();
+        s.name = name;
+        self.s = Arc::new(s);
+        self.renaming = true;
+    }
+
     /// Starts events from the backlog, in order, while fewer than the window are in flight
     /// (the hook's local queue holds what starts; the rest waits here, held).
     async fn feed(&mut self) {
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+        }
+        if self.renaming {
+            if !self.running.is_empty() || !self.background.is_empty() {
+                return;
+            }
+            // Every call of the old name is settled or back: in stream order again.
+            self.renaming = false;
+            self.backlog
+                .make_contiguous()
+                .sort_by_key(|d| (d.hseq, d.index));
+        }
         if self.catch_up.is_some() {
             return;
         }
@@ -1422,8 +1514,17 @@ impl Run {
         // hook's local queue behind the others this worker holds.
         let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
         // One future per event: the handler call, then what follows it.
+        let redo = self.redo_tx.clone();
         let mut call: InFlight = Box::pin(async move {
             let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
+            if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
+                // Dropped by the old name's hook: the same delivery runs under the new name.
+                if let Err(e) = redo.send(d).await {
+                    let d = e.0;
+                    return d.give_back(None).await;
+                }
+                return;
+            }
             settle(&sh, &s, &counters, d, outcome).await;
         });
         // The first poll puts the event in the hook's queue (so events enter it in stream order).
@@ -1432,6 +1533,17 @@ impl Run {
             self.running.push(call);
         }
     }
+}
+
+/// Whether the hook no longer runs under `s.name` but does under another name with the same
+/// identity (renamed while the call waited).
+fn renamed_away(sh: &Shared, s: &Settings) -> bool {
+    let snap = sh.host.snapshot();
+    snap.get(&s.name).is_none()
+        && snap
+            .hooks
+            .iter()
+            .any(|h| super::identity::of(&h.spec) == s.key)
 }
 
 type Outcome = Result<Option<crate::hook::CallOutcome>, crate::host::EmitError>;

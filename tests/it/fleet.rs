@@ -2336,3 +2336,62 @@ fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
         "one puller at a time: first handlings in publish order"
     );
 }
+
+/// Issue 34 item 4: an ordered hook with an `id:` renamed on its running worker (directory moved
+/// and `name:` changed) while its events flow and wait in its local queue: a hand-over, like an
+/// edit. Every event runs exactly once, on its first delivery, in publish order, and nothing is
+/// dead-lettered (the old code stopped the hook's consumer task: the events its local queue held
+/// were dead-lettered as "stopped before it finished", skipped, or run again).
+#[test]
+fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repeat() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "mover-v1", r#"["agent:step"]"#, "id: mover\n");
+    let w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "mover-v1", &["wa"]);
+    let n = 400u64;
+    let (status, v) = post_batch(&edge, 0..n, json!({"pause": 0.01}));
+    assert_eq!(status, 202, "{v}");
+    poll(Duration::from_secs(60), "50 events handled", || {
+        (records(&hooks, "mover-v1").len() >= 50).then_some(())
+    });
+    let old = hooks.root().join("mover-v1");
+    let new = hooks.root().join("mover-v2");
+    std::fs::rename(&old, &new).unwrap();
+    let yaml = std::fs::read_to_string(new.join("HOOK.yaml")).unwrap();
+    std::fs::write(
+        new.join("HOOK.yaml"),
+        yaml.replace("name: mover-v1", "name: mover-v2"),
+    )
+    .unwrap();
+    // The handler file is the same: it still writes mover-v1.jsonl.
+    let recs = wait_for_all(&hooks, "mover-v1", n, Duration::from_secs(90));
+    assert!(
+        recs.len() < (n as usize) + 50,
+        "{} handlings for {n} events",
+        recs.len()
+    );
+    poll(
+        Duration::from_secs(30),
+        "the rename in the fleet view",
+        || w.log().contains("hook renamed").then_some(()),
+    );
+    let ns = handled_ns(&recs);
+    assert_eq!(
+        ns,
+        (0..n).collect::<Vec<_>>(),
+        "each event ran once, in publish order, across the rename"
+    );
+    assert!(
+        recs.iter().all(|r| r["d"] == 1),
+        "every event ran on its first delivery"
+    );
+    let (_, out) = dead_cmd(&nats, &["list", "--json"]);
+    assert!(
+        !out.lines().any(|l| l.trim_start().starts_with('{')),
+        "nothing dead-lettered: {out}"
+    );
+}
