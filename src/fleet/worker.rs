@@ -1405,9 +1405,10 @@ impl Run {
     }
 
     /// Taking over ([`CatchUp`]): asks the broker how many events of the hook are pending; when
-    /// this worker holds them all, sorts the backlog and starts it. A count that stays above
-    /// what is held, unchanged, for four ack waits (nobody renews those events, yet the broker
-    /// never redelivers them) is given up on with a warning.
+    /// this worker holds them all, sorts the backlog and starts it. Events nobody renews come
+    /// back within an ack wait; a count that stays above what is held longer is a previous
+    /// holder still running what it started (a long bundle): waited for, with a warning every
+    /// four ack waits.
     async fn check_caught_up(&mut self, consumer: &jetstream::consumer::PullConsumer) {
         let Some(c) = self.catch_up.as_mut() else {
             return;
@@ -1423,10 +1424,11 @@ impl Run {
                 tracing::debug!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: waiting for the previous holder's events to come back");
                 return;
             }
-            if c.since.elapsed() < self.sh.opts.ack_wait * 4 {
-                return;
+            if c.since.elapsed() >= self.sh.opts.ack_wait * 4 {
+                c.since = tokio::time::Instant::now();
+                tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: still waiting for events another worker holds (a previous holder still running them?) before this one pulls the ordered hook");
             }
-            tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: events the previous holder left pending never came back; going on without them");
+            return;
         }
         self.catch_up = None;
         self.backlog
