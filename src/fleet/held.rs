@@ -15,6 +15,10 @@
 //!   event); an event still running, or handed back for redelivery (`Nak`), stops the flush
 //!   there, so no event is ever acknowledged that did not run. On an `Explicit` consumer each
 //!   event is acknowledged on its own when it finishes.
+//! - **Taking over.** While a new lease holder waits for what the previous one left pending
+//!   ([`Held::pause`]), nothing is acknowledged: the broker redelivers a dead holder's events in
+//!   the order their ack waits ran out, not in stream order, and a cumulative acknowledgement of
+//!   one that came early would settle lower ones still on their way back (issue 34).
 //! - **Progress.** [`Held::progress`] (every third of the ack wait) sends a progress signal for
 //!   every held event that is not finished, so none is redelivered while it waits in the hook's
 //!   local queue or runs: one timer per session instead of a task and a timer per event.
@@ -56,6 +60,8 @@ pub struct Held {
     next: std::sync::atomic::AtomicU64,
     /// Woken when an event finishes (the flusher batches what finished meanwhile).
     pub finished: Notify,
+    /// No acknowledgement while set ([`Held::pause`]).
+    paused: std::sync::atomic::AtomicBool,
 }
 
 impl Held {
@@ -66,7 +72,23 @@ impl Held {
             slots: Mutex::new(BTreeMap::new()),
             next: Default::default(),
             finished: Notify::new(),
+            paused: Default::default(),
         }
+    }
+
+    /// Holds back every acknowledgement (`true`) until called with `false`, which flushes what
+    /// finished meanwhile.
+    pub fn pause(&self, paused: bool) {
+        self.paused
+            .store(paused, std::sync::atomic::Ordering::SeqCst);
+        if !paused {
+            self.finished.notify_one();
+        }
+    }
+
+    /// Messages held (finished ones not yet acknowledged included).
+    pub fn count(&self) -> usize {
+        self.slots.lock().map_or(0, |s| s.len())
     }
 
     /// Whether acknowledgements are cumulative (`AckPolicy::All`).
@@ -218,7 +240,7 @@ impl Held {
     /// `All`: acknowledges the highest sequence up to which every held event is finished, and
     /// forgets those events. Returns how many it acknowledged.
     pub async fn flush(&self) -> usize {
-        if !self.ack_all {
+        if !self.ack_all || self.paused.load(std::sync::atomic::Ordering::SeqCst) {
             return 0;
         }
         let (last, n) = {

@@ -6,7 +6,8 @@
 //! hook's local queue) without losing the order. The holder renews the key (compare-and-set on
 //! its revision) four times per bucket `max_age`; the others try to create it at the same pace.
 //! A holder that dies stops renewing and the key expires with the bucket's `max_age` (the
-//! worker's `--ack-wait` when the bucket is created): another worker takes over then. A worker
+//! worker's `--ack-wait` when the bucket is created): another worker takes over then (it tries
+//! again when the key is due to run out, [`expires_in`]). A worker
 //! that stops cleanly deletes the key so that the next takes over at once.
 
 use std::time::Duration;
@@ -54,6 +55,17 @@ pub async fn bucket(
         .map(|s| s.max_age())
         .map_err(|e| format!("cannot read the lease bucket {name}: {e}"))?;
     Ok((store, ttl))
+}
+
+/// How long until the lease on `key`, held by another worker, runs out unless renewed (its
+/// last write plus `ttl`, by the broker's clock); `None` when unknown. A standby tries again
+/// just then rather than on its next round: the hook fails over within one ack wait of its
+/// holder's death, not up to a quarter more.
+pub async fn expires_in(store: &kv::Store, ttl: Duration, key: &str) -> Option<Duration> {
+    let entry = store.entry(key).await.ok()??;
+    let ends = entry.created + ttl;
+    let left = ends - time::OffsetDateTime::now_utc();
+    Some(Duration::try_from(left).unwrap_or(Duration::ZERO))
 }
 
 /// A held lease: renewed in the background until dropped or lost.

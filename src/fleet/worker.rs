@@ -244,6 +244,8 @@ struct HookTask {
     collect: JoinHandle<()>,
     consumer: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
     counters: Arc<Counters>,
+    /// The hook's name, for a rename that keeps its identity ([`Run::renamed`]).
+    rename: watch::Sender<String>,
 }
 
 struct Shared {
@@ -437,6 +439,21 @@ fn apply(
     }
     seen.retain(|name, _| wanted.contains_key(name));
     tasks.retain(|name, t| {
+        if let Some(w) = wanted.get(name).filter(|w| only_renamed(&t.settings, w)) {
+            // The same identity under a new name: a hand-over inside the running task (its
+            // lease, held events and order go on), not a stop and a start.
+            tracing::info!(hook = %w.name, from = %t.settings.name, "fleet: hook renamed; its consumer goes on under the new name");
+            let _ = t.rename.send(w.name.clone());
+            t.collect.abort();
+            t.collect = tokio::spawn(super::collect::serve(
+                sh.client.clone(),
+                (sh.cfg.collect_subject(&w.name), sh.cfg.cancel_subject(&w.name)),
+                sh.host.clone(),
+                w.name.clone(),
+                sh.opts.id.clone(),
+            ));
+            t.settings = w.clone();
+        }
         let keep = wanted.get(name) == Some(&t.settings);
         if !keep {
             tracing::info!(hook = %name, "fleet: stopping this hook's consumer");
@@ -454,6 +471,7 @@ fn apply(
         }
         let name = settings.name.clone();
         let (stop, stop_rx) = watch::channel(false);
+        let (rename, renamed) = watch::channel(name.clone());
         let consumer = Arc::new(Mutex::new(None));
         let counters = sh
             .counters
@@ -466,7 +484,7 @@ fn apply(
             settings.clone(),
             counters.clone(),
             consumer.clone(),
-            stop_rx,
+            (stop_rx, renamed),
         ));
         let collect = tokio::spawn(super::collect::serve(
             sh.client.clone(),
@@ -484,9 +502,20 @@ fn apply(
                 collect,
                 consumer,
                 counters,
+                rename,
             },
         );
     }
+}
+
+/// Whether `new` differs from `old` by the hook's name alone (a rename keeping its `id:`).
+fn only_renamed(old: &Settings, new: &Settings) -> bool {
+    old.name != new.name
+        && *old
+            == Settings {
+                name: old.name.clone(),
+                ..new.clone()
+            }
 }
 
 /// What a hook's consumer task is configured from.
@@ -666,7 +695,35 @@ struct Run {
     /// Delivered events not started yet, in stream order: a message may hold many (a bundle),
     /// and at most the window enter the hook's local queue at once ([`Run::feed`]).
     backlog: std::collections::VecDeque<Delivery>,
+    /// Just took an ordered hook's lease: nothing starts until the broker's pending events are
+    /// all held here ([`Run::check_caught_up`]).
+    catch_up: Option<CatchUp>,
+    /// The hook's current name ([`Run::renamed`]).
+    rename: watch::Receiver<String>,
+    /// Renamed: nothing starts until every call of the old name is finished or back here.
+    renaming: bool,
+    /// Events whose call the old name's hook dropped (renamed meanwhile): run again, in order,
+    /// under the new name, as the same delivery.
+    redo_tx: tokio::sync::mpsc::Sender<Delivery>,
+    redo_rx: tokio::sync::mpsc::Receiver<Delivery>,
 }
+
+/// A new lease holder waiting for what the previous one left pending (issue 34): the broker
+/// redelivers those events in the order their ack waits ran out (progress signals and
+/// deliveries interleave, so not in stream order), and a cumulative acknowledgement of one that
+/// came back early would settle the lower ones still on their way, never run. So nothing starts
+/// and nothing is acknowledged until the broker's count of pending events is what this worker
+/// holds (every one is here, whatever the previous holder still does); then the backlog is put
+/// in stream order and runs. A previous holder still running (its lease lost but not its
+/// process) keeps its events pending with progress signals: this waits for it.
+struct CatchUp {
+    /// The broker's pending count and this worker's held count at the last change.
+    last: (u64, usize),
+    since: tokio::time::Instant,
+}
+
+/// How often a new lease holder asks the broker what is still pending.
+const CATCH_UP_EVERY: Duration = Duration::from_millis(100);
 
 /// A handler call in flight and what follows it (acknowledgement, retry, dead letter).
 type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -687,7 +744,13 @@ enum Ended {
 }
 
 impl Run {
-    fn new(sh: Arc<Shared>, s: Settings, counters: Arc<Counters>, ack_all: bool) -> Self {
+    fn new(
+        sh: Arc<Shared>,
+        s: Settings,
+        counters: Arc<Counters>,
+        ack_all: bool,
+        rename: watch::Receiver<String>,
+    ) -> Self {
         let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
         let progress = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
         let tend = |h: &Arc<Held>| {
@@ -698,6 +761,9 @@ impl Run {
             )))
         };
         let (due_tx, due_rx) = tokio::sync::mpsc::channel(super::retry::WINDOW as usize);
+        // Every call in flight may come back once.
+        let (redo_tx, redo_rx) =
+            tokio::sync::mpsc::channel(s.window as usize + super::retry::WINDOW as usize + 1);
         Self {
             _tend: [tend(&main), tend(&retry)],
             sh,
@@ -712,6 +778,11 @@ impl Run {
             due_rx,
             pulled: false,
             backlog: Default::default(),
+            catch_up: None,
+            rename,
+            renaming: false,
+            redo_tx,
+            redo_rx,
         }
     }
 
@@ -729,6 +800,11 @@ impl Run {
     /// messages none of whose events started by then are left to the ack wait
     /// ([`Run::release_backlog`]); the events of a message partly started still run.
     async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
+        if self.catch_up.take().is_some() {
+            // Nothing started: what was delivered goes to whoever pulls next, in order.
+            self.release_backlog().await;
+            self.main.pause(false);
+        }
         loop {
             while self.background.try_join_next().is_some() {}
             if start_by.is_some_and(|t| tokio::time::Instant::now() >= t) {
@@ -817,6 +893,7 @@ impl Run {
         // What an earlier session left in the backlog goes on.
         while self.background.try_join_next().is_some() {}
         self.feed().await;
+        let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
             let lost = async {
@@ -830,6 +907,14 @@ impl Run {
                 m = retried.next() => (m, Source::Retry),
                 Some(m) = self.due_rx.recv() => {
                     self.dispatch(m, Source::Retry).await;
+                    continue;
+                }
+                Ok(()) = self.rename.changed() => {
+                    self.renamed();
+                    continue;
+                }
+                _ = catching.tick(), if self.catch_up.is_some() => {
+                    self.check_caught_up(consumer).await;
                     continue;
                 }
                 Some(()) = self.running.next(), if !self.running.is_empty() => {
@@ -913,7 +998,7 @@ async fn consume(
     s: Settings,
     counters: Arc<Counters>,
     slot: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
-    mut stop: watch::Receiver<bool>,
+    (mut stop, renamed): (watch::Receiver<bool>, watch::Receiver<String>),
 ) {
     let mut run: Option<Run> = None;
     let mut pause = Duration::from_millis(100);
@@ -951,17 +1036,27 @@ async fn consume(
             r.drain(None).await;
             run = None;
         }
-        let r =
-            run.get_or_insert_with(|| Run::new(sh.clone(), s.clone(), counters.clone(), ack_all));
+        let r = run.get_or_insert_with(|| {
+            Run::new(
+                sh.clone(),
+                s.clone(),
+                counters.clone(),
+                ack_all,
+                renamed.clone(),
+            )
+        });
         if s.ordered() && lease.is_none() {
             match take_lease(&sh, &s, &mut leases, &mut stop).await {
                 Some(l) => lease = Some(l),
                 None => break 'outer,
             }
-            // A previous holder that died left events unacknowledged: once their ack wait has
-            // run out they are redelivered before any new one, so wait for that, not to run
-            // later events first.
-            settled(&consumer, &s, sh.opts.ack_wait * 2 + Duration::from_secs(1)).await;
+            // A previous holder may have left events pending: they come back as their ack
+            // waits run out, in no useful order; nothing runs until all are here.
+            r.catch_up = Some(CatchUp {
+                last: (u64::MAX, 0),
+                since: tokio::time::Instant::now(),
+            });
+            r.main.pause(true);
         }
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
@@ -1037,22 +1132,6 @@ async fn hand_over(
     }
 }
 
-/// Waits (at most `limit`) until no event of the consumer is delivered and unacknowledged.
-async fn settled(consumer: &jetstream::consumer::PullConsumer, s: &Settings, limit: Duration) {
-    let mut consumer = consumer.clone();
-    let deadline = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < deadline {
-        match consumer.info().await {
-            Ok(i) if i.num_ack_pending == 0 => return,
-            Ok(i) => {
-                tracing::debug!(hook = %s.name, pending = i.num_ack_pending, "fleet: waiting for the previous holder's events to come back")
-            }
-            Err(_) => return,
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Waits until this worker holds the ordered hook's lease; `None` when stopping first.
 async fn take_lease(
     sh: &Shared,
@@ -1079,6 +1158,11 @@ async fn take_lease(
                     return Some(l);
                 }
                 Ok(None) => {
+                    let key = consumer_name(&s.key);
+                    if let Some(left) = super::lease::expires_in(store, *ttl, &key).await {
+                        let margin = Duration::from_millis(20);
+                        wait = (left + margin).clamp(margin, *ttl / 4);
+                    }
                     if !logged {
                         tracing::info!(hook = %s.name, "fleet: another worker pulls this ordered hook; standing by");
                         logged = true;
@@ -1262,15 +1346,55 @@ impl Run {
                 }
             }
             Triage::Events(events) => {
-                self.backlog.extend(events);
+                self.insert(events);
                 self.feed().await;
             }
         }
     }
 
+    /// Puts a message's events in the backlog in stream order: a message handed back (or left
+    /// by a previous holder) may come again after higher ones were delivered.
+    fn insert(&mut self, events: Vec<Delivery>) {
+        let Some(first) = events.first() else { return };
+        let key = (first.hseq, first.index);
+        let at = self.backlog.partition_point(|d| (d.hseq, d.index) <= key);
+        for (i, d) in events.into_iter().enumerate() {
+            self.backlog.insert(at + i, d);
+        }
+    }
+
+    /// The hook was renamed (same identity): what starts from now on runs under the new name,
+    /// once every call made under the old one is settled or back ([`Run::feed`]).
+    fn renamed(&mut self) {
+        let name = self.rename.borrow_and_update().clone();
+        if name == self.s.name {
+            return;
+        }
+        let mut s = (*self.s).clone();
+        s.name = name;
+        self.s = Arc::new(s);
+        self.renaming = true;
+    }
+
     /// Starts events from the backlog, in order, while fewer than the window are in flight
     /// (the hook's local queue holds what starts; the rest waits here, held).
     async fn feed(&mut self) {
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+        }
+        if self.renaming {
+            if !self.running.is_empty() || !self.background.is_empty() {
+                return;
+            }
+            // Every call of the old name is settled or back: in stream order again.
+            self.renaming = false;
+            self.backlog
+                .make_contiguous()
+                .sort_by_key(|d| (d.hseq, d.index));
+        }
+        if self.catch_up.is_some() {
+            return;
+        }
         let window = self.s.window.max(1) as usize;
         while self.running.len() + self.background.len() < window {
             let Some(d) = self.backlog.pop_front() else {
@@ -1278,6 +1402,41 @@ impl Run {
             };
             self.start(d).await;
         }
+    }
+
+    /// Taking over ([`CatchUp`]): asks the broker how many events of the hook are pending; when
+    /// this worker holds them all, sorts the backlog and starts it. Events nobody renews come
+    /// back within an ack wait; a count that stays above what is held longer is a previous
+    /// holder still running what it started (a long bundle): waited for, with a warning every
+    /// four ack waits.
+    async fn check_caught_up(&mut self, consumer: &jetstream::consumer::PullConsumer) {
+        let Some(c) = self.catch_up.as_mut() else {
+            return;
+        };
+        let Ok(info) = consumer.get_info().await else {
+            return;
+        };
+        let now = (info.num_ack_pending as u64, self.main.count());
+        if now.0 > now.1 as u64 {
+            if c.last != now {
+                c.last = now;
+                c.since = tokio::time::Instant::now();
+                tracing::debug!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: waiting for the previous holder's events to come back");
+                return;
+            }
+            if c.since.elapsed() >= self.sh.opts.ack_wait * 4 {
+                c.since = tokio::time::Instant::now();
+                tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: still waiting for events another worker holds (a previous holder still running them?) before this one pulls the ordered hook");
+            }
+            return;
+        }
+        self.catch_up = None;
+        self.backlog
+            .make_contiguous()
+            .sort_by_key(|d| (d.hseq, d.index));
+        self.main.pause(false);
+        tracing::debug!(hook = %self.s.name, held = now.1, "fleet: every pending event of the hook is here; running them in stream order");
+        self.feed().await;
     }
 
     /// Leaves the backlog's messages none of whose events started to the ack wait (no more
@@ -1357,8 +1516,17 @@ impl Run {
         // hook's local queue behind the others this worker holds.
         let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
         // One future per event: the handler call, then what follows it.
+        let redo = self.redo_tx.clone();
         let mut call: InFlight = Box::pin(async move {
             let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
+            if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
+                // Dropped by the old name's hook: the same delivery runs under the new name.
+                if let Err(e) = redo.send(d).await {
+                    let d = e.0;
+                    return d.give_back(None).await;
+                }
+                return;
+            }
             settle(&sh, &s, &counters, d, outcome).await;
         });
         // The first poll puts the event in the hook's queue (so events enter it in stream order).
@@ -1367,6 +1535,17 @@ impl Run {
             self.running.push(call);
         }
     }
+}
+
+/// Whether the hook no longer runs under `s.name` but does under another name with the same
+/// identity (renamed while the call waited).
+fn renamed_away(sh: &Shared, s: &Settings) -> bool {
+    let snap = sh.host.snapshot();
+    snap.get(&s.name).is_none()
+        && snap
+            .hooks
+            .iter()
+            .any(|h| super::identity::of(&h.spec) == s.key)
 }
 
 type Outcome = Result<Option<crate::hook::CallOutcome>, crate::host::EmitError>;

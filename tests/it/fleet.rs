@@ -147,6 +147,14 @@ impl NatsServer {
         );
     }
 
+    /// SIGTERM (a clean stop: the broker writes its state), and reap.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), libc::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+
     /// SIGKILL, and reap.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -236,6 +244,19 @@ pub(crate) fn worker(hooks: &Hooks, nats: &NatsServer, id: &str) -> Serve {
         .arg(hooks.root())
         .args(["--listen", "127.0.0.1:0", "--worker-id", id])
         .args(FAST)
+        .env("TEST_WORKER", id);
+    Serve::spawn(cmd, hooks)
+}
+
+/// A worker with its own options (no [`FAST`] defaults).
+pub(crate) fn worker_with(hooks: &Hooks, nats: &NatsServer, id: &str, opts: &[&str]) -> Serve {
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker")
+        .args(["--fleet", &nats.url()])
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0", "--worker-id", id])
+        .args(opts)
         .env("TEST_WORKER", id);
     Serve::spawn(cmd, hooks)
 }
@@ -2151,4 +2172,225 @@ fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again()
     let mut ns = handled_ns(&records(&hooks, "once"));
     ns.sort_unstable();
     assert_eq!(ns, (0..10).collect::<Vec<_>>(), "each ran once");
+}
+
+/// Issue 34 item 1: the lease holder of an ordered hook SIGKILLed while events arrive (one
+/// message each, from four clients at once) and wait in its local queue. The broker redelivers
+/// what the dead holder left pending in the order the ack waits ran out, which deliveries
+/// arriving between the holder's progress signals make differ from stream order; a standby that
+/// ran and cumulatively acknowledged one that came back early settled the lower ones still on
+/// their way (lost for good). Every event runs, first handlings in stream order.
+#[test]
+fn a_killed_lease_holder_loses_no_event_it_held() {
+    let Some((_nats, hooks, [a, b], edge)) =
+        fleet_of("held", r#"["agent:step"]"#, "", ["wa", "wb"])
+    else {
+        return;
+    };
+    let n = 600u64;
+    let edge = Arc::new(edge);
+    let posters: Vec<_> = (0..4)
+        .map(|k| {
+            let edge = edge.clone();
+            std::thread::spawn(move || {
+                for i in (k..n).step_by(4) {
+                    post_one(&edge, "agent:step", json!({"n": i, "pause": 0.02}));
+                }
+            })
+        })
+        .collect();
+    let first = poll(Duration::from_secs(60), "50 events handled", || {
+        let r = records(&hooks, "held");
+        (r.len() >= 50).then_some(r)
+    });
+    let holder = first[0]["w"].as_str().unwrap().to_string();
+    // While events still arrive: the holder's pending events' ack waits then differ.
+    let (mut victim, _other) = if holder == "wa" { (a, b) } else { (b, a) };
+    signal(victim.child.id(), libc::SIGKILL);
+    let _ = victim.child.wait();
+    for p in posters {
+        p.join().unwrap();
+    }
+    let recs = wait_for_all(&hooks, "held", n, Duration::from_secs(90));
+    let mut seen = HashSet::new();
+    let firsts: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r["seq"].as_u64())
+        .filter(|s| seen.insert(*s))
+        .collect();
+    let mut sorted = firsts.clone();
+    sorted.sort_unstable();
+    assert_eq!(firsts, sorted, "first handlings in stream order");
+    assert!(
+        recs.iter().any(|r| r["w"] != holder.as_str()),
+        "the standby took over"
+    );
+    assert_duplicates_are_redeliveries(&recs);
+}
+
+/// Waits until events `0..n` of `hook` were all handled; on timeout fails naming the missing.
+fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = records(hooks, hook);
+        let have: HashSet<u64> = handled_ns(&r).into_iter().collect();
+        if (0..n).all(|i| have.contains(&i)) {
+            return r;
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<u64> = (0..n).filter(|i| !have.contains(i)).collect();
+            panic!(
+                "{hook}: {} of {n} events never handled after {limit:?}: {missing:?}",
+                missing.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 34 item 7: an ordered hook's holder SIGKILLed while it runs an event: the standby takes
+/// the lease when it runs out and resumes as soon as the dead holder's events are back, about
+/// one ack wait (2 s here) after the kill, not the ack wait plus a fixed wait for a pending
+/// count of 0 that nobody pulls to bring about (2 x ack wait + 1 s more).
+#[test]
+fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
+    let Some((_nats, hooks, [a, b], edge)) =
+        fleet_of("quick", r#"["agent:step"]"#, "", ["wa", "wb"])
+    else {
+        return;
+    };
+    let (status, v) = post_batch(&edge, 0..30, json!({"pause": 0.2}));
+    assert_eq!(status, 202, "{v}");
+    let first = poll(Duration::from_secs(60), "an event handled", || {
+        records(&hooks, "quick").into_iter().next()
+    });
+    let holder = first["w"].as_str().unwrap().to_string();
+    let (mut victim, _other) = if holder == "wa" { (a, b) } else { (b, a) };
+    signal(victim.child.id(), libc::SIGKILL);
+    let killed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let _ = victim.child.wait();
+    let resumed = poll(Duration::from_secs(60), "the standby to resume", || {
+        records(&hooks, "quick")
+            .into_iter()
+            .find(|r| r["w"] != holder.as_str())
+    });
+    // "t" is when the handler started.
+    let after = resumed["t"].as_f64().unwrap() - killed;
+    eprintln!("failover of an ordered hook, --ack-wait 2: {after:.2} s");
+    assert!(
+        after < 4.0,
+        "the standby resumed {after:.2} s after the kill (ack wait 2 s)"
+    );
+    wait_for_all(&hooks, "quick", 30, Duration::from_secs(60));
+}
+
+/// Issue 34 item 2: the broker restarted (the lease bucket is in memory: the lease is gone) while
+/// the holder runs one 60-event bundle at 0.5 s per event, longer than any fixed wait: whichever
+/// worker takes the lease starts nothing until that bundle is finished, so the events posted
+/// after it never run before its last one.
+#[test]
+fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "long", r#"["agent:step"]"#, "");
+    let opts = [
+        "--ack-wait",
+        "4",
+        "--retry-backoff-ms",
+        "50",
+        "--status-interval-ms",
+        "100",
+    ];
+    let _workers = [
+        worker_with(&hooks, &nats, "wa", &opts),
+        worker_with(&hooks, &nats, "wb", &opts),
+    ];
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "long", &["wa", "wb"]);
+    let (status, v) = post_batch(&edge, 0..60, json!({"pause": 0.5}));
+    assert_eq!(status, 202, "{v}");
+    let paused = hooks.out().join("long.paused");
+    poll(
+        Duration::from_secs(60),
+        "five events of the bundle started",
+        || (read_jsonl(&paused).len() >= 5).then_some(()),
+    );
+    nats.stop();
+    nats.restart();
+    let (status, v) = post_batch(&edge, 60..80, json!({}));
+    assert_eq!(status, 202, "{v}");
+    let recs = wait_for_all(&hooks, "long", 80, Duration::from_secs(120));
+    let mut seen = HashSet::new();
+    let firsts: Vec<u64> = handled_ns(&recs)
+        .into_iter()
+        .filter(|n| seen.insert(*n))
+        .collect();
+    assert_eq!(
+        firsts,
+        (0..80).collect::<Vec<_>>(),
+        "one puller at a time: first handlings in publish order"
+    );
+}
+
+/// Issue 34 item 4: an ordered hook with an `id:` renamed on its running worker (directory moved
+/// and `name:` changed) while its events flow and wait in its local queue: a hand-over, like an
+/// edit. Every event runs exactly once, on its first delivery, in publish order, and nothing is
+/// dead-lettered (the old code stopped the hook's consumer task: the events its local queue held
+/// were dead-lettered as "stopped before it finished", skipped, or run again).
+#[test]
+fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repeat() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "mover-v1", r#"["agent:step"]"#, "id: mover\n");
+    let w = worker(&hooks, &nats, "wa");
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "mover-v1", &["wa"]);
+    let n = 400u64;
+    let (status, v) = post_batch(&edge, 0..n, json!({"pause": 0.01}));
+    assert_eq!(status, 202, "{v}");
+    poll(Duration::from_secs(60), "50 events handled", || {
+        (records(&hooks, "mover-v1").len() >= 50).then_some(())
+    });
+    let old = hooks.root().join("mover-v1");
+    let new = hooks.root().join("mover-v2");
+    std::fs::rename(&old, &new).unwrap();
+    let yaml = std::fs::read_to_string(new.join("HOOK.yaml")).unwrap();
+    std::fs::write(
+        new.join("HOOK.yaml"),
+        yaml.replace("name: mover-v1", "name: mover-v2"),
+    )
+    .unwrap();
+    // The handler file is the same: it still writes mover-v1.jsonl.
+    let recs = wait_for_all(&hooks, "mover-v1", n, Duration::from_secs(90));
+    assert!(
+        recs.len() < (n as usize) + 50,
+        "{} handlings for {n} events",
+        recs.len()
+    );
+    let ns = handled_ns(&recs);
+    assert_eq!(
+        ns,
+        (0..n).collect::<Vec<_>>(),
+        "each event ran once, in publish order, across the rename"
+    );
+    assert!(
+        recs.iter().all(|r| r["d"] == 1),
+        "every event ran on its first delivery"
+    );
+    let (_, out) = dead_cmd(&nats, &["list", "--json"]);
+    assert!(
+        !out.lines().any(|l| l.trim_start().starts_with('{')),
+        "nothing dead-lettered: {out}"
+    );
+    assert!(
+        w.log().contains("hook renamed"),
+        "the worker took the rename as one"
+    );
 }

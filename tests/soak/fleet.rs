@@ -425,3 +425,179 @@ def handle(event, context):
         &unexplained[..unexplained.len().min(10)]
     );
 }
+
+/// Issue 34, phase **lease kills**: an ordered hook fed in bundles (the client's batches of 10)
+/// while the worker holding its lease is SIGKILLed again and again (and restarted). Every event
+/// that got a 202 is handled or dead-lettered, a second handling only where the broker
+/// redelivered, and the first handlings keep the client's order (one client, numbered events:
+/// publish order) across every take-over.
+#[test]
+#[ignore = "fleet soak, lease kills: run with --ignored (HERMES_SOAK_FLEET_SECS, default 20)"]
+fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
+    let secs = super::env_secs("HERMES_SOAK_FLEET_SECS", 20);
+    let seed = super::env_seed();
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    eprintln!("fleet soak, lease kills: {secs} s, seed {seed}");
+    let hooks = Hooks::new();
+    let out = hooks.out().join("ordered.jsonl");
+    // Slow enough that the holder always has events waiting in its local queue when killed.
+    hooks.add(
+        "ordered",
+        &[
+            (
+                "HOOK.yaml",
+                "name: ordered\nevents: [\"soak:*\"]\ntimeout: 30\n",
+            ),
+            (
+                "handler.py",
+                &format!(
+                    r#"import json, os, time
+
+def handle(event, context):
+    fleet = context.get("_fleet", {{}})
+    time.sleep(0.004)
+    rec = {{"n": context.get("n"), "d": fleet.get("delivered"), "seq": fleet.get("stream_seq"),
+            "w": os.environ.get("SOAK_WORKER"), "t": time.time()}}
+    with open({out:?}, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+"#,
+                    out = out.display().to_string()
+                ),
+            ),
+        ],
+    );
+    let url = broker.url();
+    let ids = ["wa", "wb"];
+    let mut workers: Vec<Serve> = ids.iter().map(|id| worker(&hooks, &url, id)).collect();
+    let front = edge(&hooks, &url);
+    poll(
+        Duration::from_secs(30),
+        "the fleet to serve ordered",
+        || {
+            let (_, v) = front.get("/v1/hooks");
+            let h = v["hooks"]
+                .as_array()?
+                .iter()
+                .find(|h| h["name"] == "ordered")?
+                .clone();
+            (h["workers"].as_array()?.len() == 2).then_some(())
+        },
+    );
+    let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (edge_addr, stop) = (edge_addr.clone(), stop.clone());
+        std::thread::spawn(move || client(edge_addr, stop))
+    };
+    let mut rng = Rng::new(seed ^ 0x1ea5e);
+    let mut kills = 0u64;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        // Now and then, not faster than a take-over (the ack wait, 2 s): a killed holder's
+        // events count a delivery each time, and the fourth goes to the dead letters.
+        std::thread::sleep(Duration::from_millis(2500 + rng.below(2000)));
+        // The holder: whoever handled the latest event.
+        let Some(holder) = read_jsonl(&out)
+            .last()
+            .and_then(|r| r["w"].as_str().map(str::to_string))
+        else {
+            continue;
+        };
+        let Some(i) = ids.iter().position(|id| *id == holder) else {
+            continue;
+        };
+        signal(workers[i].child.id(), libc::SIGKILL);
+        let _ = workers[i].child.wait();
+        workers[i] = worker(&hooks, &url, ids[i]);
+        kills += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let told = load.join().unwrap();
+    let want: HashSet<u64> = told.accepted.iter().copied().collect();
+    let settle_by = Instant::now() + Duration::from_secs(90);
+    let (recs, dead) = loop {
+        let recs = read_jsonl(&out);
+        let dead = dead_letters(&url);
+        let handled: HashSet<u64> = recs.iter().filter_map(|r| r["n"].as_u64()).collect();
+        let settled = want.iter().all(|n| dead.contains(n) || handled.contains(n));
+        if settled || Instant::now() > settle_by {
+            break (recs, dead);
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+    };
+    let handled: HashSet<u64> = recs.iter().filter_map(|r| r["n"].as_u64()).collect();
+    let mut unreported: Vec<u64> = want
+        .iter()
+        .filter(|n| !handled.contains(n) && !dead.contains(n) && !told.buffered.contains(n))
+        .copied()
+        .collect();
+    unreported.sort_unstable();
+    // First handlings in the client's order; a repeat only as a redelivery.
+    let mut seen = HashSet::new();
+    let firsts: Vec<u64> = recs
+        .iter()
+        .filter_map(|r| r["n"].as_u64())
+        .filter(|n| seen.insert(*n))
+        .collect();
+    let out_of_order: Vec<(u64, u64)> = firsts
+        .windows(2)
+        .filter(|w| w[1] < w[0])
+        .map(|w| (w[0], w[1]))
+        .collect();
+    let mut per: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+    for r in &recs {
+        if let Some(n) = r["n"].as_u64() {
+            let e = per.entry(n).or_default();
+            e.0 += 1;
+            e.1 += usize::from(r["d"].as_i64() > Some(1));
+        }
+    }
+    let unexplained: Vec<u64> = per
+        .iter()
+        .filter(|(_, (times, redelivered))| times - 1 > *redelivered)
+        .map(|(n, _)| *n)
+        .collect();
+    drop(front);
+    drop(workers);
+    drop(broker);
+    let orphans = super::wait_gone(|| handler_processes(&hooks.home()));
+    for pid in &orphans {
+        signal(*pid, libc::SIGKILL);
+    }
+    let figures = json!({
+        "seed": seed,
+        "duration_s": started.elapsed().as_secs_f64(),
+        "lease_holder_kills": kills,
+        "events_accepted_202": want.len(),
+        "handled_unique": handled.len(),
+        "handlings": recs.len(),
+        "dead_letters": dead.len(),
+        "missing_unreported": unreported.len(),
+        "out_of_order": out_of_order.len(),
+        "duplicates_unexplained": unexplained.len(),
+    });
+    eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
+    super::report("fleet_lease_kills", &figures);
+    assert!(!want.is_empty(), "nothing was accepted");
+    assert!(kills > 0, "no lease holder was killed");
+    assert!(
+        unreported.is_empty(),
+        "202 events neither handled nor dead-lettered: {} of {}, first {:?} ({figures})",
+        unreported.len(),
+        want.len(),
+        &unreported[..unreported.len().min(20)]
+    );
+    assert!(
+        out_of_order.is_empty(),
+        "first handlings out of publish order across take-overs: {:?}",
+        &out_of_order[..out_of_order.len().min(10)]
+    );
+    assert!(
+        unexplained.is_empty(),
+        "handled more often than redelivered: {:?}",
+        &unexplained[..unexplained.len().min(10)]
+    );
+}
