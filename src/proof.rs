@@ -1,5 +1,5 @@
 //! The service's proof that it knows the API token, for a client about to send it
-//! (`POST /v1/proof`; the exchange is in docs/operators.md, "Proving the service over TCP").
+//! (`POST /v1/proof`; the exchange is documented in docs/openapi.json, `proveService`).
 //!
 //! The client sends a fresh random nonce and nothing else; the service answers
 //! `HMAC-SHA256(token, nonce || CONTEXT)` in hex. Only a process that holds the token can
