@@ -5,7 +5,11 @@
 
 use serde_json::{Value, json};
 
-use crate::util::{Hooks, Serve, approve};
+use std::time::Duration;
+
+use crate::util::{Hooks, Serve, approve, poll};
+
+const T: Duration = Duration::from_secs(20);
 
 /// Compiles `source` to CPython bytecode at `target` with the `python3` on PATH.
 fn plant_bytecode(source: &str, target: &std::path::Path) {
@@ -79,11 +83,19 @@ fn item_1_planted_files_behind_namespace_and_path_entries_never_run() {
             err.contains(file) && err.contains("not imported"),
             "{module}: {err}"
         );
-        let log = serve.log();
-        assert!(
-            log.lines()
-                .any(|l| l.contains("hook 'h'") && l.contains(file) && l.contains("not imported")),
-            "the refusal of {file} is logged with the hook and the file:\n{log}"
+        // The log line travels through the service's stderr reader: wait for it.
+        poll(
+            T,
+            &format!("the refusal of {file} logged with the hook and the file"),
+            || {
+                serve
+                    .log()
+                    .lines()
+                    .any(|l| {
+                        l.contains("hook 'h'") && l.contains(file) && l.contains("not imported")
+                    })
+                    .then_some(())
+            },
         );
     }
 }
