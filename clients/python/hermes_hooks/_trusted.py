@@ -242,18 +242,14 @@ class HookFinder:
         return spec
 
     def file_spec(self, fullname: str, stem: str, locations: Optional[List[str]]):
-        for suffix in importlib.machinery.SOURCE_SUFFIXES:
-            if os.path.isfile(stem + suffix):
-                return importlib.util.spec_from_file_location(
-                    fullname, stem + suffix,
-                    loader=_VerifiedLoader(fullname, stem + suffix, self),
-                    submodule_search_locations=locations)
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            if os.path.isfile(stem + suffix):
-                return importlib.util.spec_from_file_location(
-                    fullname, stem + suffix,
-                    loader=_VerifiedExtensionLoader(fullname, stem + suffix, self),
-                    submodule_search_locations=locations)
+        loaders = ((importlib.machinery.SOURCE_SUFFIXES, _VerifiedLoader),
+                   (importlib.machinery.EXTENSION_SUFFIXES, _VerifiedExtensionLoader))
+        for suffixes, loader in loaders:
+            for suffix in suffixes:
+                if os.path.isfile(stem + suffix):
+                    return importlib.util.spec_from_file_location(
+                        fullname, stem + suffix, loader=loader(fullname, stem + suffix, self),
+                        submodule_search_locations=locations)
         for suffix in importlib.machinery.BYTECODE_SUFFIXES:
             if os.path.isfile(stem + suffix):
                 raise self.refuse(fullname, stem + suffix, "is bytecode; a hook's bytecode is "

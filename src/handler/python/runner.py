@@ -263,17 +263,13 @@ class HookFinder:
 
     def file_spec(self, fullname, stem, locations):
         """The spec of ``stem`` + a source or extension suffix, checked; bytecode is refused."""
-        for suffix in importlib.machinery.SOURCE_SUFFIXES:
-            if os.path.isfile(stem + suffix):
-                return importlib.util.spec_from_file_location(
-                    fullname, stem + suffix, loader=VerifiedLoader(fullname, stem + suffix, self),
-                    submodule_search_locations=locations)
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            if os.path.isfile(stem + suffix):
-                return importlib.util.spec_from_file_location(
-                    fullname, stem + suffix,
-                    loader=VerifiedExtensionLoader(fullname, stem + suffix, self),
-                    submodule_search_locations=locations)
+        for suffixes, loader in ((importlib.machinery.SOURCE_SUFFIXES, VerifiedLoader),
+                                 (importlib.machinery.EXTENSION_SUFFIXES, VerifiedExtensionLoader)):
+            for suffix in suffixes:
+                if os.path.isfile(stem + suffix):
+                    return importlib.util.spec_from_file_location(
+                        fullname, stem + suffix, loader=loader(fullname, stem + suffix, self),
+                        submodule_search_locations=locations)
         for suffix in importlib.machinery.BYTECODE_SUFFIXES:
             if os.path.isfile(stem + suffix):
                 raise self.refuse(fullname, stem + suffix, "is bytecode; a hook's bytecode is "
@@ -382,14 +378,7 @@ def log_exception(header, exc):
     room = MAX_LOG_CHARS - len(header) - 20
     if len(tb) > room:
         tb = "[cut] ..." + tb[-max(room, 0):]
-    line = LOG_MARK + json.dumps({"level": "ERROR", "levelno": logging.ERROR,
-                                  "logger": "hermes-hooks", "msg": header + "\n" + tb})
-    try:
-        sys.stderr.flush()
-        with _log_lock:
-            os.write(2, (line + "\n").encode("utf-8", "replace"))
-    except OSError:
-        pass
+    log_line(logging.ERROR, header + "\n" + tb)
 
 
 class FileChanged(ImportError):
