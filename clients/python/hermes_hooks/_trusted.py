@@ -274,6 +274,12 @@ class _TreeEntry:
     def invalidate_caches(self) -> None:
         pass
 
+    def iter_modules(self, prefix=""):
+        """What ``pkgutil.iter_modules`` lists here (names only: importing them comes back
+        through ``find_spec``)."""
+        import pkgutil
+        return pkgutil.iter_importer_modules(importlib.machinery.FileFinder(self.path), prefix)
+
 
 class _Side:
     """One of a hook finder's two places on ``sys.meta_path``."""

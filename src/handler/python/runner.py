@@ -290,6 +290,12 @@ class TreeEntryFinder:
     def invalidate_caches(self):
         pass
 
+    def iter_modules(self, prefix=""):
+        """What ``pkgutil.iter_modules`` lists here (names only: importing them comes back
+        through ``find_spec``)."""
+        import pkgutil
+        return pkgutil.iter_importer_modules(importlib.machinery.FileFinder(self.path), prefix)
+
 
 class VerifiedExtensionLoader(importlib.machinery.ExtensionFileLoader):
     """Loads an extension module of the tree from the descriptor whose bytes were hashed
