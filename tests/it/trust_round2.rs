@@ -99,3 +99,53 @@ fn item_1_planted_files_behind_namespace_and_path_entries_never_run() {
         );
     }
 }
+
+/// Item 2, the CLI's own client (`emit`, `list --live`): over TCP it sends the token only after
+/// the process on the port proved that it holds it. A real impostor process-side listener (a
+/// thread of this test on its own port) answers every request with a made-up proof and records
+/// what it receives: the token never reaches it, and `emit` fails with one clear error.
+#[test]
+fn item_2_the_cli_sends_no_token_to_an_impostor() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let recorder = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(300)));
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                recorder.lock().unwrap().extend_from_slice(&buf[..n]);
+                let body = format!("{{\"proof\": \"{}\"}}", "0".repeat(64));
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("token");
+    std::fs::write(&token_file, "cli-s3cret\n").unwrap();
+    let out = std::process::Command::new(crate::util::bin())
+        .args(["emit", "agent:start", "--listen", &addr, "--token-file"])
+        .arg(&token_file)
+        .env("HERMES_HOME", tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let seen = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    assert!(
+        !seen.contains("cli-s3cret"),
+        "the impostor got the token:\n{seen}"
+    );
+    assert!(seen.contains("POST /v1/proof"), "{seen}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not prove"), "{stderr}");
+}
