@@ -1,6 +1,8 @@
 //! The CLI's HTTP/1.1 client (`emit`, `list --live`): one request per connection over the Unix
 //! socket or TCP, on `hyper`'s connection-level client (`hyper-util` adapts the tokio socket), so
-//! no HTTP is parsed here and no second HTTP stack is built in.
+//! no HTTP is parsed here and no second HTTP stack is built in. Over TCP with a token, the
+//! service first proves that it holds the token (`POST /v1/proof`, `crate::proof`) on the same
+//! connection; the token goes out only after that.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -88,13 +90,17 @@ pub async fn request(
                 let s = tokio::net::UnixStream::connect(p)
                     .await
                     .map_err(connect_err)?;
-                exchange(s, method, path, token, body).await.map_err(io)
+                exchange(s, method, path, token, body, false)
+                    .await
+                    .map_err(io)
             }
             Address::Tcp(a) => {
                 let s = tokio::net::TcpStream::connect(a)
                     .await
                     .map_err(connect_err)?;
-                exchange(s, method, path, token, body).await.map_err(io)
+                exchange(s, method, path, token, body, true)
+                    .await
+                    .map_err(io)
             }
         }
     };
@@ -118,6 +124,7 @@ async fn exchange<S>(
     path: &str,
     token: Option<&str>,
     body: Option<&[u8]>,
+    tcp: bool,
 ) -> Result<(u16, Vec<u8>), String>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -146,6 +153,9 @@ where
     let _conn = AbortOnDrop(tokio::spawn(async move {
         let _ = conn.await;
     }));
+    if let Some(t) = token.filter(|_| tcp) {
+        prove(&mut sender, t).await?;
+    }
     let answer = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let status = answer.status().as_u16();
     let bytes = Limited::new(answer.into_body(), MAX_RESPONSE)
@@ -154,4 +164,56 @@ where
         .map_err(|e| format!("reading the answer: {e}"))?
         .to_bytes();
     Ok((status, bytes.to_vec()))
+}
+
+/// 32 bytes from the kernel's random source, for the proof's nonce.
+fn fresh_nonce() -> Result<[u8; 32], String> {
+    use std::io::Read;
+    let mut nonce = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut nonce))
+        .map_err(|e| format!("cannot read /dev/urandom for the proof's nonce: {e}"))?;
+    Ok(nonce)
+}
+
+/// Asks the service on this connection to prove that it holds `token` (`POST /v1/proof`);
+/// an error unless the answer is [`crate::proof::answer`] for a fresh nonce.
+async fn prove(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    token: &str,
+) -> Result<(), String> {
+    use subtle::ConstantTimeEq;
+    let nonce = fresh_nonce()?;
+    let body = serde_json::json!({ "nonce": hex::encode(nonce) }).to_string();
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/v1/proof")
+        .header(header::HOST, "hermes-hooks")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| format!("cannot build the proof request: {e}"))?;
+    let answer = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let bytes = Limited::new(answer.into_body(), 64 * 1024)
+        .collect()
+        .await
+        .map_err(|e| format!("reading the proof: {e}"))?
+        .to_bytes();
+    let got = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["proof"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    let want = crate::proof::answer(token, &nonce);
+    if status == 200 && bool::from(got.as_bytes().ct_eq(want.as_bytes())) {
+        return sender.ready().await.map_err(|e| e.to_string());
+    }
+    let why = if status == 200 {
+        "a wrong proof".to_string()
+    } else {
+        format!("status {status} to POST /v1/proof")
+    };
+    Err(format!(
+        "the process on the port did not prove that it is the hermes-hooks service holding this \
+         token ({why}): the token was not sent"
+    ))
 }

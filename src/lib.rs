@@ -42,7 +42,8 @@
 //!   an approval covers), consulted by layout, discovery and trust instead of matching the kind.
 //! - Leaves shared by several of the above: [`layout`] (the layout of a hook directory and
 //!   `$HERMES_HOME`), [`atomic`] (atomic file writes), [`time`] (RFC 3339 timestamps),
-//!   [`text`] (error texts capped, URLs redacted).
+//!   [`text`] (error texts capped, URLs redacted), [`proof`] (the service's proof that it
+//!   knows the API token, `POST /v1/proof`).
 //!
 //! # The path of an event
 //! receive (`POST /v1/events` or [`Host::emit`]) -> validate the name and context ->
@@ -76,6 +77,7 @@ pub(crate) mod notices;
 pub(crate) mod pattern;
 pub(crate) mod placement;
 pub mod priority;
+pub(crate) mod proof;
 pub(crate) mod reaper;
 pub(crate) mod registry;
 pub(crate) mod scaffold;

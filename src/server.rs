@@ -161,6 +161,7 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
         route!(GET "/v1/hooks" => get_hooks),
         route!(GET "/v1/hooks/{name}" => get_hook),
         route!(POST "/v1/reload" => post_reload),
+        route!(POST "/v1/proof" => post_proof),
         route!(GET "/v1/openapi.json" => openapi),
         route!(GET "/healthz" => healthz),
         route!(GET "/readyz" => readyz),
@@ -214,8 +215,9 @@ async fn auth(
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    // Health probes reveal nothing and are what supervisors poll: no token needed.
-    let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+    // Health probes reveal nothing and are what supervisors poll; the proof is what a client
+    // asks before it sends the token (it reveals nothing usable: crate::proof). No token needed.
+    let probe = matches!(req.uri().path(), "/healthz" | "/readyz" | "/v1/proof");
     if let Some(token) = state.config.token.as_ref().filter(|_| !probe) {
         let given = req
             .headers()
@@ -620,6 +622,33 @@ async fn post_reload(State(state): State<AppState>) -> Result<Response, ApiError
 
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// Largest `POST /v1/proof` body (a nonce of at most 128 hex digits in a JSON object).
+const PROOF_BODY_LIMIT: usize = 1024;
+
+/// `POST /v1/proof` `{"nonce": HEX}`: `{"proof": HMAC-SHA256(token, nonce || context)}`
+/// (`crate::proof`); 404 `no_token` when the service has no token to prove.
+async fn post_proof(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let obj = read_json(&headers, body, PROOF_BODY_LIMIT).await?;
+    let nonce = obj
+        .get("nonce")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("missing 'nonce' (16 to 64 random bytes as hex)"))?;
+    let nonce =
+        crate::proof::parse_nonce(nonce).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let Some(token) = state.config.token.as_ref() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_token",
+            "this service has no token (--token-file) to prove",
+        ));
+    };
+    Ok(axum::Json(json!({ "proof": crate::proof::answer(token, &nonce) })).into_response())
 }
 
 async fn healthz() -> Response {

@@ -167,6 +167,16 @@ pub enum DylibError {
         /// The time it had.
         timeout: Duration,
     },
+    /// The private copy is not the library this version was loaded (and approved) with: the
+    /// file was replaced between the check and the copy.
+    #[error(
+        "{file} changed since this version of the hook was loaded; only the library it was \
+         loaded (and approved) with is loaded"
+    )]
+    Changed {
+        /// The handler file.
+        file: PathBuf,
+    },
     /// The thread for the library could not be started.
     #[error("cannot start a thread for hook {hook:?}: {source}")]
     Thread {
@@ -236,6 +246,9 @@ struct Setup {
     file: PathBuf,
     dir: PathBuf,
     copy_dir: PathBuf,
+    /// The SHA-256 this version of the hook was loaded (and approved) with: the private copy
+    /// must have it, or it is not loaded.
+    want: Option<String>,
 }
 
 /// A loaded library: its entry points, valid for the life of the process once it is retained.
@@ -399,6 +412,16 @@ fn open(path: &Path) -> Result<libloading::Library, libloading::Error> {
 /// Copies, opens and checks the library, then runs `hermes_hook_init`. On the library's thread.
 fn load(setup: &Setup) -> Result<Loaded, DylibError> {
     let copy = private_copy(setup)?;
+    // The copy is in the service's private directory: the bytes hashed here are the bytes
+    // loaded, whatever happens to the hook's file meanwhile.
+    let copied =
+        std::fs::read(&copy).map(|b| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&b)));
+    if copied.ok() != setup.want {
+        let _ = std::fs::remove_file(&copy);
+        return Err(DylibError::Changed {
+            file: setup.file.clone(),
+        });
+    }
     let opened = open(&copy);
     // The mapping outlives the file: remove the copy now so none pile up. (Windows cannot delete
     // a loaded file; the copy stays there.)
@@ -610,11 +633,16 @@ impl DylibHandler {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| file.display().to_string());
+        let want = file
+            .strip_prefix(&ctx.files.dir)
+            .ok()
+            .and_then(|rel| ctx.files.files.get(&rel.display().to_string()).cloned());
         let setup = Setup {
             hook: ctx.name.clone(),
             file: file.clone(),
             dir: ctx.dir.clone(),
             copy_dir: ctx.runtime_dir.join("dylib"),
+            want,
         };
         let (loaded_tx, loaded_rx) = oneshot::channel();
         let (tx, rx) = mpsc::channel();
@@ -920,6 +948,37 @@ mod tests {
             panic!("bad UTF-8 accepted")
         };
         assert!(m.contains("UTF-8"), "{m}");
+    }
+
+    /// Issue 35 item 3: what is loaded is the private copy, and only when its hash is the one
+    /// the hook version was loaded (and approved) with: a library renamed over the handler after
+    /// the check is refused instead of loaded.
+    #[test]
+    fn only_a_copy_with_the_checked_hash_is_loaded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("handler.so");
+        std::fs::write(&file, b"not really a library").unwrap();
+        let setup = |want: &str| Setup {
+            hook: "h".into(),
+            file: file.clone(),
+            dir: tmp.path().to_path_buf(),
+            copy_dir: tmp.path().join("copies"),
+            want: Some(want.to_string()),
+        };
+        let err = load(&setup(&"0".repeat(64)))
+            .err()
+            .expect("a changed copy is refused");
+        assert!(matches!(err, DylibError::Changed { .. }), "{err}");
+        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+            b"not really a library",
+        ));
+        let err = load(&setup(&sha)).err().expect("not a library");
+        assert!(matches!(err, DylibError::Open { .. }), "{err}");
+        // No copy is left behind either way.
+        let left = std::fs::read_dir(tmp.path().join("copies"))
+            .unwrap()
+            .count();
+        assert_eq!(left, 0);
     }
 
     #[test]

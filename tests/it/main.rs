@@ -35,6 +35,7 @@ mod reload;
 mod service;
 mod trust;
 mod trust_holds;
+mod trust_round2;
 mod webhook;
 mod wheel;
 mod zygote;

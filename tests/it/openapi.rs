@@ -159,6 +159,7 @@ fn the_real_service_serves_the_document_and_answers_every_route_as_documented() 
         let body: &[u8] = match path.as_str() {
             "/v1/events" | "/v1/collect" => br#"{"event": "agent:start", "context": {"a": 1}}"#,
             "/v1/events/batch" => br#"{"events": [{"event": "agent:start"}]}"#,
+            "/v1/proof" => br#"{"nonce": "000102030405060708090a0b0c0d0e0f"}"#,
             _ => b"",
         };
         let (s, _, answer) = http(&serve.addr, &method, &url, &auth, body);

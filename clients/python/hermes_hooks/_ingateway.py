@@ -494,6 +494,8 @@ class InGatewayHooks:
         problem = getattr(self, "_service_problem", None)
         if problem is None:
             problem = _trusted.tree_problem(hook_dir, getattr(self, "_roots", []))
+        if problem is None:
+            problem = _trusted.handler_problem(handler, hook_dir)
         files = entry.get("files")
         if problem is None and not isinstance(files, dict):
             problem = "the service sent no manifest of the hook's files"

@@ -8,7 +8,10 @@ by ``emit_collect`` so a decision call never blocks the event loop.
 """
 
 import asyncio
+import hashlib
+import hmac
 import http.client
+import json
 import os
 import socket
 import urllib.parse
@@ -54,6 +57,60 @@ def check_protocol(headers: Dict[str, str], address: object) -> None:
         "speaks protocol %s: install the client and the service from one release (`pip install "
         "hermes-hooks==VERSION` gives both, or pin hermes-hooks-client to the service's "
         "version)" % (address, server, said.strip(), __version__, PROTOCOL))
+
+
+#: The route and the MAC's context of the service's proof that it knows the token (the
+#: service's ``POST /v1/proof``, docs/openapi.json).
+PROOF_PATH = "/v1/proof"
+PROOF_CONTEXT = b"hermes-hooks service proof v1"
+PROOF_NONCE_BYTES = 32
+
+
+class UnprovenService(IncompatibleService):
+    """Over TCP, the process on the port did not prove that it knows the token: the token was
+    not sent to it, and nothing it says is used (a service this client cannot use)."""
+
+
+def _token(headers: Optional[Dict[str, str]]) -> Optional[str]:
+    """The bearer token among ``headers``, if any."""
+    for key, value in (headers or {}).items():
+        if key.lower() == "authorization":
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def needs_proof(address: "Address", headers: Optional[Dict[str, str]]) -> Optional[str]:
+    """The token to prove before sending ``headers`` to ``address`` (TCP only), or None."""
+    return _token(headers) if address.kind == "tcp" else None
+
+
+def proof_request(address: "Address") -> Tuple[bytes, bytes]:
+    """A fresh nonce and the whole ``POST /v1/proof`` request carrying it (nothing secret)."""
+    nonce = os.urandom(PROOF_NONCE_BYTES)
+    body = json.dumps({"nonce": nonce.hex()}).encode("ascii")
+    head = "\r\n".join(["POST %s HTTP/1.1" % PROOF_PATH, "Host: %s" % address.host_header(),
+                         "Accept: application/json", "Content-Type: application/json",
+                         "Content-Length: %d" % len(body)])
+    return nonce, (head + "\r\n\r\n").encode("latin-1") + body
+
+
+def check_proof(address: "Address", token: str, nonce: bytes, status: int, body: bytes) -> None:
+    """Raises :class:`UnprovenService` unless ``body`` is the service's proof for ``nonce``:
+    ``HMAC-SHA256(token, nonce || PROOF_CONTEXT)``."""
+    want = hmac.new(token.encode("utf-8"), nonce + PROOF_CONTEXT, hashlib.sha256).hexdigest()
+    try:
+        got = json.loads(body.decode("utf-8")).get("proof") if status == 200 else None
+    except (ValueError, AttributeError):
+        got = None
+    if isinstance(got, str) and hmac.compare_digest(got.encode("ascii", "replace"),
+                                                    want.encode("ascii")):
+        return
+    why = "a wrong proof" if status == 200 else "status %d to POST %s" % (status, PROOF_PATH)
+    raise UnprovenService(
+        "the process at %s did not prove that it is the hermes-hooks service holding this "
+        "token (%s): the token was not sent to it and nothing it lists is used" % (address, why))
 
 
 def hermes_home() -> str:
@@ -232,6 +289,9 @@ class KeepAliveConnection:
         connection closed by the service) and leaves the connection closed on any failure."""
         if self.sock is None:
             self.connect()
+            token = needs_proof(self.address, headers)
+            if token is not None:
+                self._prove(token)
         head = ["%s %s HTTP/1.1" % (method, path), "Host: %s" % self.address.host_header()]
         if body or method == "POST":
             head.append("Content-Length: %d" % len(body))
@@ -252,6 +312,20 @@ class KeepAliveConnection:
         if answer_headers.get("connection", "").lower() == "close":
             self.close()
         return status, answer
+
+
+    def _prove(self, token: str) -> None:
+        """The proof, first on a new TCP connection (see :func:`check_proof`)."""
+        nonce, data = proof_request(self.address)
+        try:
+            assert self.sock is not None
+            self.sock.sendall(data)
+            status, answer_headers, answer = _read_response_sync(self._rfile)
+            check_protocol(answer_headers, self.address)
+            check_proof(self.address, token, nonce, status, answer)
+        except BaseException:
+            self.close()
+            raise
 
 
 def _read_response_sync(rfile: Any) -> Tuple[int, Dict[str, str], bytes]:
@@ -337,6 +411,15 @@ def request(address: Address, method: str, path: str, body: Optional[bytes] = No
         if peer is not None:
             conn.connect()
             peer["uid"] = getattr(conn, "peer_uid", None)
+        token = needs_proof(address, headers)
+        if token is not None:  # on this connection, before the token goes out
+            nonce, _ = proof_request(address)
+            conn.request("POST", PROOF_PATH, body=json.dumps({"nonce": nonce.hex()}),
+                         headers={"Accept": "application/json",
+                                  "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            check_protocol({k.lower(): v for k, v in resp.getheaders()}, address)
+            check_proof(address, token, nonce, resp.status, resp.read(MAX_RESPONSE_BYTES))
         hdrs = {"Accept": "application/json", "Connection": "close"}
         if body is not None:
             hdrs["Content-Type"] = "application/json"
@@ -361,6 +444,13 @@ async def arequest(address: Address, method: str, path: str, body: Optional[byte
     else:
         reader, writer = await asyncio.open_connection(str(address.host), int(address.port or 80))
     try:
+        token = needs_proof(address, headers)
+        if token is not None:  # on this connection, before the token goes out
+            nonce, data = proof_request(address)
+            writer.write(data)
+            await writer.drain()
+            status, answer = await _read_response(reader, address)
+            check_proof(address, token, nonce, status, answer)
         lines = [
             "%s %s HTTP/1.1" % (method, path),
             "Host: %s" % address.host_header(),

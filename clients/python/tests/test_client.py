@@ -287,6 +287,32 @@ class DropInTest(ServiceCase):
         await registry.emit("agent:start", {"n": 1})
         await self.wait_lines(out, 1)
 
+    async def test_tcp_with_a_token_proves_the_service_first(self) -> None:
+        # Issue 35: over TCP the client sends its token only to a process that proved it holds
+        # it (POST /v1/proof); against the real service the listing, the sender's batches and
+        # emit_collect all go through.
+        out = os.path.join(self.tmp, "agent.jsonl")
+        self.add_logger_hook("agent-logger", ["agent:start"], out)
+        self.add_result_hook("decide", ["message:pre_route"], "return {'ok': True}")
+        token_file = os.path.join(self.tmp, "token")
+        with open(token_file, "w") as f:
+            f.write("tcp-s3cret\n")
+        listen = "127.0.0.1:%d" % _free_port()
+        self.services.append(Service(self.tmp, self.home, self.hooks_dir,
+                                     ["--listen", listen, "--token-file", token_file],
+                                     "http://" + listen))
+        registry = self.registry(address="http://" + listen, token="tcp-s3cret")
+        registry.discover_and_load()
+        self.assertEqual(sorted(h["name"] for h in registry.loaded_hooks),
+                         ["agent-logger", "decide"])
+        await registry.emit("agent:start", {"over": "tcp"})
+        await self.wait_lines(out, 1)
+        self.assertEqual(await registry.emit_collect("message:pre_route", {}), [{"ok": True}])
+        # A wrong token is no proof either: nothing is listed from the service.
+        wrong = self.registry(address="http://" + listen, token="not-the-token")
+        wrong.discover_and_load()
+        self.assertNotIn("decide", [h["name"] for h in wrong.loaded_hooks])
+
     async def test_tcp_address(self) -> None:
         out = os.path.join(self.tmp, "agent.jsonl")
         self.add_logger_hook("agent-logger", ["agent:start"], out)

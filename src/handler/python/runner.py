@@ -48,6 +48,7 @@ Zygote protocol: fd 0 is a SOCK_SEQPACKET socket to the host, one JSON message p
                    {"exited": 345, "code": 0}    code < 0: killed by signal -code (the zygote reaps)
 On EOF (the host is gone) the zygote waits for its workers (their stdin closes too), then exits.
 """
+import _imp
 import asyncio
 import gc
 import hashlib
@@ -165,63 +166,153 @@ class VerifiedLoader(importlib.machinery.SourceFileLoader):
         self.finder = finder
 
     def get_code(self, fullname):
-        return compile(self.finder.verified(self.path), self.path, "exec", dont_inherit=True)
+        return compile(self.finder.verified(self.path, fullname), self.path, "exec",
+                       dont_inherit=True)
 
 
 class HookFinder:
     """Imports from a hook's tree only what the host says this version was loaded (and, with
     ``--trust explicit``, approved) with, at the moment of the import: a module imported lazily,
     after an edit, is refused instead of run. First on ``sys.meta_path``; names not found in the
-    tree fall through to the usual finders (the standard library, site-packages)."""
+    tree fall through to the usual finders (the standard library, site-packages).
 
-    def __init__(self, root, files):
+    Nothing in the tree is reachable around it: :meth:`install` also puts :meth:`path_hook`
+    first on ``sys.path_hooks``, so every ``sys.path`` entry or package path inside the tree (the
+    hook directory itself, a namespace package's directory, a ``vendor/`` a hook appends) is
+    searched by :meth:`entry_spec`, never by the plain path finder. A bare directory is a
+    namespace package (a regular package elsewhere on ``sys.path`` wins, as in Python); bytecode
+    (``__init__.pyc`` too) is refused, an extension module only runs when it is in the manifest,
+    loaded through the descriptor that was hashed. A refused import is logged with the hook's
+    name and the file."""
+
+    def __init__(self, root, files, hook_name=""):
         self.root = os.path.abspath(root)
         self.files = files
+        self.hook_name = hook_name
+
+    def install(self):
+        sys.meta_path.insert(0, self)
+        sys.path_hooks.insert(0, self.path_hook)
+        for entry in list(sys.path_importer_cache):  # finders made before the hook existed
+            if isinstance(entry, str) and self.inside(entry):
+                del sys.path_importer_cache[entry]
 
     def inside(self, path):
         path = os.path.abspath(path)
         return path == self.root or path.startswith(self.root + os.sep)
 
-    def verified(self, path):
+    def refuse(self, fullname, path, why, exc=ImportError):
+        """Logs the refusal (hook, file) and returns the ImportError to raise."""
+        message = "hermes-hooks: hook %r: %s %s; not imported" % (
+            self.hook_name, os.path.relpath(path, self.root), why)
+        log_line(logging.WARNING, message)
+        return exc(message, name=fullname, path=path)
+
+    def verified(self, path, fullname=None):
         """The bytes of ``path`` when their SHA-256 is the one in the manifest; else ImportError."""
-        rel = os.path.relpath(os.path.abspath(path), self.root)
         with open(path, "rb") as f:
-            data = f.read()
+            return self.checked(f, path, fullname)
+
+    def checked(self, f, path, fullname=None):
+        """The bytes read from the open file ``f`` (of ``path``), checked against the manifest."""
+        rel = os.path.relpath(os.path.abspath(path), self.root)
+        data = f.read()
         want = self.files.get(rel)
         if want is None:
-            raise FileChanged("hermes-hooks: %s is not among the files this version of the hook "
-                              "was loaded (and approved) with; not imported" % rel, path=path)
+            raise self.refuse(fullname, path, "is not among the files this version of the hook "
+                              "was loaded (and approved) with", FileChanged)
         if hashlib.sha256(data).hexdigest() != want:
-            raise FileChanged("hermes-hooks: %s changed since this version of the hook was loaded "
-                              "(and approved); not imported" % rel, path=path)
+            raise self.refuse(fullname, path, "changed since this version of the hook was loaded "
+                              "(and approved)", FileChanged)
         return data
 
     def find_spec(self, fullname, path=None, target=None):
         dirs = [self.root] if path is None else [d for d in path
                                                   if isinstance(d, str) and self.inside(d)]
-        tail = fullname.rpartition(".")[2]
         for d in dirs:
-            base = os.path.join(d, tail)
-            init = os.path.join(base, "__init__.py")
-            if os.path.isfile(init):
-                return importlib.util.spec_from_file_location(
-                    fullname, init, loader=VerifiedLoader(fullname, init, self),
-                    submodule_search_locations=[base])
-            for suffix in importlib.machinery.SOURCE_SUFFIXES:
-                if os.path.isfile(base + suffix):
-                    return importlib.util.spec_from_file_location(
-                        fullname, base + suffix, loader=VerifiedLoader(fullname, base + suffix, self))
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                if os.path.isfile(base + suffix):
-                    self.verified(base + suffix)  # dlopen reads the path again: see README
-                    return importlib.util.spec_from_file_location(
-                        fullname, base + suffix,
-                        loader=importlib.machinery.ExtensionFileLoader(fullname, base + suffix))
-            for suffix in importlib.machinery.BYTECODE_SUFFIXES:
-                if os.path.isfile(base + suffix):
-                    raise ImportError("hermes-hooks: %s has bytecode without source; a hook's "
-                                      "bytecode is never run" % (base + suffix), name=fullname)
+            spec = self.entry_spec(fullname, d)
+            if spec is not None and spec.loader is not None:
+                return spec
+        # A namespace portion: the path finder gathers them (through path_hook) and lets a
+        # regular package elsewhere on sys.path win, as Python does.
         return None
+
+    def path_hook(self, entry):
+        """``sys.path_hooks``: the finder of a path entry inside the tree (ImportError: not ours)."""
+        if isinstance(entry, str) and self.inside(entry or os.curdir):
+            return TreeEntryFinder(self, os.path.abspath(entry or os.curdir))
+        raise ImportError("not inside the hook's tree", path=entry)
+
+    def entry_spec(self, fullname, d):
+        """What ``fullname`` is in the directory ``d`` of the tree: a checked module or package,
+        a namespace portion (a spec without loader), None, or ImportError (bytecode, a file that
+        is not in the manifest). Looked for in the plain path finder's order: package, module,
+        namespace directory."""
+        tail = fullname.rpartition(".")[2]
+        base = os.path.join(d, tail)
+        is_dir = os.path.isdir(base)
+        if is_dir:
+            spec = self.file_spec(fullname, os.path.join(base, "__init__"), [base])
+            if spec is not None:
+                return spec
+        spec = self.file_spec(fullname, base, None)
+        if spec is None and is_dir and not tail.startswith("__pycache__"):
+            spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+            spec.submodule_search_locations = [base]
+        return spec
+
+    def file_spec(self, fullname, stem, locations):
+        """The spec of ``stem`` + a source or extension suffix, checked; bytecode is refused."""
+        for suffixes, loader in ((importlib.machinery.SOURCE_SUFFIXES, VerifiedLoader),
+                                 (importlib.machinery.EXTENSION_SUFFIXES, VerifiedExtensionLoader)):
+            for suffix in suffixes:
+                if os.path.isfile(stem + suffix):
+                    return importlib.util.spec_from_file_location(
+                        fullname, stem + suffix, loader=loader(fullname, stem + suffix, self),
+                        submodule_search_locations=locations)
+        for suffix in importlib.machinery.BYTECODE_SUFFIXES:
+            if os.path.isfile(stem + suffix):
+                raise self.refuse(fullname, stem + suffix, "is bytecode; a hook's bytecode is "
+                                  "never run", ImportError)
+        return None
+
+
+class TreeEntryFinder:
+    """The path entry finder of one directory of a hook's tree (see :class:`HookFinder`)."""
+
+    def __init__(self, finder, path):
+        self.finder = finder
+        self.path = path
+
+    def find_spec(self, fullname, target=None):
+        return self.finder.entry_spec(fullname, self.path)
+
+    def invalidate_caches(self):
+        pass
+
+    def iter_modules(self, prefix=""):
+        """What ``pkgutil.iter_modules`` lists here (names only: importing them comes back
+        through ``find_spec``)."""
+        import pkgutil
+        return pkgutil.iter_importer_modules(importlib.machinery.FileFinder(self.path), prefix)
+
+
+class VerifiedExtensionLoader(importlib.machinery.ExtensionFileLoader):
+    """Loads an extension module of the tree from the descriptor whose bytes were hashed
+    (``/proc/self/fd/N``): a file renamed over it after the check is not what runs."""
+
+    def __init__(self, fullname, path, finder):
+        super().__init__(fullname, path)
+        self.finder = finder
+
+    def create_module(self, spec):
+        with open(self.path, "rb") as f:
+            self.finder.checked(f, self.path, spec.name)
+            proc = "/proc/self/fd/%d" % f.fileno()
+            if not os.path.exists(proc):  # no /proc: the path, checked just now
+                return super().create_module(spec)
+            by_fd = importlib.machinery.ModuleSpec(spec.name, self, origin=proc)
+            return _imp.create_dynamic(by_fd)
 
 
 class LineReader:
@@ -274,6 +365,18 @@ def describe(exc):
     return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
 
 
+def log_line(levelno, msg):
+    """One record of the service log from the runner itself (logger ``hermes-hooks``)."""
+    line = LOG_MARK + json.dumps({"level": logging.getLevelName(levelno), "levelno": levelno,
+                                  "logger": "hermes-hooks", "msg": msg[:MAX_LOG_CHARS]})
+    try:
+        sys.stderr.flush()
+        with _log_lock:
+            os.write(2, (line + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
 def log_exception(header, exc):
     """The header and the traceback as one ERROR record of the service log (not one info line
     per traceback line); a long traceback keeps its end, where the error is."""
@@ -281,14 +384,7 @@ def log_exception(header, exc):
     room = MAX_LOG_CHARS - len(header) - 20
     if len(tb) > room:
         tb = "[cut] ..." + tb[-max(room, 0):]
-    line = LOG_MARK + json.dumps({"level": "ERROR", "levelno": logging.ERROR,
-                                  "logger": "hermes-hooks", "msg": header + "\n" + tb})
-    try:
-        sys.stderr.flush()
-        with _log_lock:
-            os.write(2, (line + "\n").encode("utf-8", "replace"))
-    except OSError:
-        pass
+    log_line(logging.ERROR, header + "\n" + tb)
 
 
 class FileChanged(ImportError):
@@ -312,8 +408,8 @@ def load_handler(hook_dir, handler_path, hook_name, files=None):
     module_name = "hermes_hook_" + hook_name  # as written, as the original host names it
     sys.path.insert(0, hook_dir)
     if files is not None:
-        finder = HookFinder(hook_dir, files)
-        sys.meta_path.insert(0, finder)
+        finder = HookFinder(hook_dir, files, hook_name)
+        finder.install()
         loader = VerifiedLoader(module_name, handler_path, finder)
     else:
         # An explicit loader also accepts a handler file whose name does not end in .py.
@@ -840,7 +936,7 @@ class _StubFinder:
     """Hands ``warm_import`` a handler's source without reading any hook."""
 
     @staticmethod
-    def verified(path):
+    def verified(path, fullname=None):
         return b"def handle(event, context):\n    return None\n"
 
 
