@@ -23,7 +23,10 @@ With ``HookRegistry(autostart=True)``, or by default when the gateway runs throu
    its own session and process group (``setsid``: the gateway's terminal signals and process
    group kills do not reach it), with the gateway's environment (so the same
    ``HERMES_HOOKS_TRUST`` trust mode, ``HERMES_HOOKS_LOG``...), the same ``HERMES_HOME`` and the
-   gateway's working directory, its output appended to ``$HERMES_HOME/logs/hooks.log``. It
+   gateway's working directory, its output appended to ``$HERMES_HOME/logs/hooks.log``, and
+   the gateway's interpreter (``sys.executable``) as ``HERMES_HOOKS_GATEWAY_PYTHON``: the
+   service's Python hooks run in it by default, as they did in the original host, also when the
+   gateway was started by absolute path with its venv's ``bin`` not on ``PATH``. It
    waits (``autostart_timeout``, 5 s) for ``/readyz`` before letting the other gateway in.
 
 A TCP address that is not loopback is never autostarted (the service is elsewhere).
@@ -52,6 +55,8 @@ ENV = "HERMES_HOOKS_AUTOSTART"
 #: Seconds an autostarted service keeps running after the last gateway went (default 30).
 LINGER_ENV = "HERMES_HOOKS_AUTOSTART_LINGER"
 DEFAULT_LINGER = 30.0
+#: The gateway's interpreter, handed to the service it starts (its hooks' default interpreter).
+GATEWAY_PYTHON_ENV = "HERMES_HOOKS_GATEWAY_PYTHON"
 #: The binary's name in the environment's ``bin`` directory (where the wheel puts it).
 BINARY_NAME = "hermes-hooks"
 #: Where the autostarted service's output goes, under ``$HERMES_HOME``.
@@ -284,7 +289,10 @@ def _start(address: _transport.Address, home: str, lease: str, *, binary: Option
     log_path = log_path or os.path.join(home, LOG_NAME)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), mode=0o700, exist_ok=True)
-        env = dict(os.environ, HERMES_HOME=home) if env_home else None
+        env = dict(os.environ, HERMES_HOME=home) if env_home else dict(os.environ)
+        # Hooks run in the gateway's own interpreter, as in the original host, even when the
+        # gateway was started by absolute path with its venv's bin not on PATH (issue 36).
+        env[GATEWAY_PYTHON_ENV] = sys.executable
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     close_fds=True, start_new_session=True, env=env,
