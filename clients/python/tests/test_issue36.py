@@ -1,0 +1,125 @@
+"""What the real gateway showed (issue 36), against the real service: a slow first load is not an
+empty hook list; the service's hooks run in the gateway's interpreter.
+
+Needs the service binary (``HERMES_HOOKS_BIN``, as ``test_client.py``). Each gateway is a separate
+Python process (the autostart lease is held until the process ends); every wait polls against a
+deadline.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT = os.path.dirname(HERE)
+BIN = os.environ.get("HERMES_HOOKS_BIN")
+TIMEOUT = 60.0
+
+GATEWAY = textwrap.dedent("""
+    import json, sys
+    from hermes_hooks import HookRegistry
+    registry = HookRegistry(autostart=True, autostart_timeout=float(sys.argv[1]))
+    registry.discover_and_load()
+    names = [h["name"] for h in registry.loaded_hooks]
+    registry.emit_nowait("agent:start", {"from": "gateway"})
+    flushed = registry.flush(60)
+    proc = registry.service_process
+    print(json.dumps({"hooks": names, "flushed": flushed, "service": proc.pid if proc else None}),
+          flush=True)
+""")
+
+
+def _dead(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait(what, check, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.05)
+
+
+@unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: these tests start the real service")
+class Issue36(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="hh-36-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        os.chmod(self.tmp, 0o700)
+        self.home = os.path.join(self.tmp, "home")
+        self.out = os.path.join(self.tmp, "handled.json")
+
+    def hook(self, name, handler):
+        path = os.path.join(self.home, "hooks", name)
+        os.makedirs(path)
+        with open(os.path.join(path, "HOOK.yaml"), "w") as f:
+            f.write('name: %s\nevents: ["agent:start"]\n' % name)
+        with open(os.path.join(path, "handler.py"), "w") as f:
+            f.write(handler)
+
+    def gateway(self, python, timeout, **env):
+        env = dict(os.environ, HERMES_HOME=self.home, HERMES_HOOKS_BIN=BIN,
+                   HERMES_HOOKS_AUTOSTART_LINGER="0.5", PYTHONPATH=CLIENT,
+                   PYTHONDONTWRITEBYTECODE="1", **env)
+        for name in ("HERMES_HOOKS_ADDRESS", "HERMES_HOOKS_PYTHON", "HERMES_HOOKS_GATEWAY_PYTHON"):
+            env.pop(name, None)
+        out = subprocess.run([python, "-c", GATEWAY, str(timeout)], env=env, cwd=self.tmp,
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=TIMEOUT * 2)
+        self.assertEqual(out.returncode, 0, out.stderr.decode())
+        report = json.loads([line for line in out.stdout.decode().splitlines()
+                             if line.startswith("{")][-1])
+        if report["service"]:
+            _wait("the autostarted service to stop", lambda: _dead(report["service"]))
+        return report, out.stderr.decode()
+
+    def test_a_service_still_loading_does_not_answer_an_empty_hook_list(self):
+        # The service's first load takes seconds (a hook that imports slowly); the gateway waits
+        # less than that for /readyz. Its loaded_hooks must still name the hook (upstream wires
+        # agent:step from it), and the event must reach the hook once the service is ready.
+        self.hook("slow", textwrap.dedent("""
+            import json, os, time
+            time.sleep(5)  # a heavy import
+            def handle(event_type, context):
+                with open(%r, "w") as f:
+                    json.dump(context, f)
+        """ % self.out))
+        report, stderr = self.gateway(sys.executable, 2)
+        self.assertEqual(report["hooks"], ["slow"], stderr)
+        self.assertTrue(report["flushed"], stderr)
+        with open(self.out) as f:
+            self.assertEqual(json.load(f), {"from": "gateway"})
+
+    def test_service_hooks_run_in_the_gateways_interpreter(self):
+        # The gateway runs in an interpreter that is not python3 on PATH (a venv started by
+        # absolute path): the autostarted service's hooks run in that one, as in the original.
+        venv = os.path.join(self.tmp, "venv")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        python = os.path.join(venv, "bin", "python")
+        self.hook("where", textwrap.dedent("""
+            import json, sys
+            def handle(event_type, context):
+                with open(%r, "w") as f:
+                    json.dump({"prefix": sys.prefix}, f)
+        """ % self.out))
+        report, stderr = self.gateway(python, 30, PATH="/usr/bin:/bin")
+        self.assertTrue(report["flushed"], stderr)
+        with open(self.out) as f:
+            self.assertEqual(os.path.realpath(json.load(f)["prefix"]), os.path.realpath(venv))
+
+
+if __name__ == "__main__":
+    unittest.main()
