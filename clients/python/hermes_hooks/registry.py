@@ -34,6 +34,7 @@ import collections.abc
 import datetime
 import decimal
 import enum
+import hashlib
 import http.client
 import json
 import logging
@@ -373,7 +374,10 @@ class HookRegistry:
         :param hermes_home: the service's ``HERMES_HOME`` (default ``$HERMES_HOME``): where the
             in-gateway hooks imported are recorded, and the home an autostarted service gets.
         """
-        self._address = _transport.resolve_address(address)
+        # Whether the address is the default one, which follows a patched HOOKS_DIR (issue 36).
+        self._address_chosen = bool(address) or bool(os.environ.get(_transport.ADDRESS_ENV))
+        self._address = self._default_address = _transport.resolve_address(address)
+        self._dir_serve_args = []  # type: List[str]
         if token is None:
             token = os.environ.get(_transport.TOKEN_ENV) or None
         self._headers = {"Authorization": "Bearer %s" % token.strip()} if token else {}
@@ -495,10 +499,12 @@ class HookRegistry:
         except Exception:
             log.exception("hermes-hooks: _register_builtin_hooks failed")
         try:
+            self._follow_hooks_dir()
             if self._autostart:
                 self.service_process = _autostart.ensure_service(
                     self._address, self._home, headers=self._headers, binary=self._binary,
-                    serve_args=self._serve_args, timeout=self._autostart_timeout,
+                    serve_args=self._serve_args + self._dir_serve_args,
+                    timeout=self._autostart_timeout,
                     log_path=self._autostart_log, env_home=self._home_given,
                     request_timeout=self._request_timeout) or self.service_process
             self._peer = {}  # type: Dict[str, Any]  # who served /v1/hooks (SO_PEERCRED)
@@ -522,6 +528,24 @@ class HookRegistry:
         finally:
             self._ensure_sender()
 
+    def _follow_hooks_dir(self) -> None:
+        """A gateway (or a test) that patched ``gateway.hooks.HOOKS_DIR`` to another directory
+        than ``$HERMES_HOME/hooks`` gets that directory's hooks, whether or not a service runs
+        for the default one: unless an address was chosen, this registry uses a service of its
+        own for it, at ``$HERMES_HOME/hooks-<digest of the directory>.sock`` (autostarted with
+        ``--hooks-dir``; without autostart and none there, the directory's hooks on disk)."""
+        if self._address_chosen:
+            return
+        directory = os.path.realpath(_upstream.hooks_dir(self._home))
+        if directory == os.path.realpath(os.path.join(self._home, "hooks")):
+            self._address = self._default_address
+            self._dir_serve_args = []
+            return
+        digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:12]
+        self._address = _transport.Address(
+            "unix", path=os.path.join(self._home, "hooks-%s.sock" % digest))
+        self._dir_serve_args = ["--hooks-dir", directory]
+
     def _take_hook_list(self, body: bytes) -> None:
         """Adopt the service's ``GET /v1/hooks`` answer: ``loaded_hooks``, ``skipped``, and the
         in-gateway hooks imported."""
@@ -534,10 +558,12 @@ class HookRegistry:
         self._hooks = hooks
         self._hooks_from_disk = False
         for hook in hooks:
-            # On the gateway's console as the original host prints it (its console shows no
-            # INFO logs), and in its log file.
+            # Under the shim (standing in for the gateway's own registry), on the gateway's
+            # console as the original prints it (stdout; its console shows no INFO logs); and
+            # in the log.
             line = "[hooks] Loaded hook '%s' for events: %s" % (hook["name"], hook["events"])
-            print(line, flush=True)
+            if _autostart.shim_active:
+                print(line, flush=True)
             log.info("%s", line)
         for entry in self.skipped:
             log.warning("[hooks] Skipping %s: %s", entry.get("name") or entry.get("dir"),
