@@ -14,8 +14,9 @@ The conversation: a message, ``/status``, ``/reset``, another message. Three run
 Each run must show: the deny reaching the user, the in-gateway hook in the gateway's process,
 the recorder receiving every event the gateway emitted with the gateway's context, the
 autostarted service stopping by itself after the gateway exits and no process left. Then the
-sequences (event names, context keys, the decision) of the runs are compared; a difference
-must be one of ``DOCUMENTED`` (each listed in docs/hook-authors.md's table of differences).
+sequences (event names, context keys, the decision) and the console's ``[hooks] Loaded hook``
+lines of the runs are compared: they must be equal (with gateway 0.19.0 on this path there is no
+difference to list in docs/hook-authors.md's table; a new one fails here until fixed or listed).
 
 Needs ``HERMES_AGENT_VENV`` (a venv made by ``.ci/hermes-agent-venv.sh``); ``HERMES_HOOKS_BIN``
 when that venv holds the client but not the service binary. Standard library only.
@@ -40,10 +41,6 @@ DENY_MESSAGE = "hh-deny: /status is closed here"
 FAMILIES = ("gateway:", "session:", "agent:", "command:", "message:", "reaction:")
 CONVERSATION = ["hello from the real-gateway test", "/status", "/reset",
                 "a second message after the reset"]
-
-#: Differences between the original host and the service that are known and documented:
-#: (event, what differs) -> the words of its row in docs/hook-authors.md's table of differences.
-DOCUMENTED = {}  # type: dict
 
 
 def free_port():
