@@ -13,13 +13,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from test_autostart import TIMEOUT, _dead, _wait  # noqa: E402  (the same polling helpers)
+
 BIN = os.environ.get("HERMES_HOOKS_BIN")
-TIMEOUT = 60.0
 
 GATEWAY = textwrap.dedent("""
     import json, sys
@@ -33,25 +34,6 @@ GATEWAY = textwrap.dedent("""
     print(json.dumps({"hooks": names, "flushed": flushed, "service": proc.pid if proc else None}),
           flush=True)
 """)
-
-
-def _dead(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def _wait(what, check, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        time.sleep(0.05)
 
 
 @unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: these tests start the real service")
