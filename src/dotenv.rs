@@ -4,7 +4,10 @@
 //!
 //! Precedence, as hermes-agent's `load_hermes_dotenv`: `$HERMES_HOME/.env` overrides the service's
 //! own environment (a stale shell export loses); `$HERMES_HOME/.op.env` only fills variables set
-//! nowhere else. On top come the host's `HERMES_HOME`, `HERMES_HOOK_NAME`, `HERMES_HOOK_DIR` and
+//! nowhere else, and is not read at all when `OP_SERVICE_ACCOUNT_TOKEN` is already set (in the
+//! environment or by `.env`: upstream loads it only to supply that bootstrap token). A UTF-8 BOM
+//! at the start of a file is skipped, and a file that is not UTF-8 is read as Latin-1 (as
+//! upstream's fallback). On top come the host's `HERMES_HOME`, `HERMES_HOOK_NAME`, `HERMES_HOOK_DIR` and
 //! the hook's own `env:`. The files are read again whenever they change (by their identity, one
 //! `stat` per process start): an executable hook sees a change at its next event; the watcher
 //! sees the files change and the reload gives every Python hook a new worker ([`fold_into`]). Not read: the gateway's project `.env` (a development fallback of a source
@@ -37,15 +40,29 @@ pub fn for_process(hermes_home: Option<&Path>, hook_env: &EnvMap) -> EnvMap {
     if let Some(home) = hermes_home {
         let user = read(&home.join(".env"));
         let op = read(&home.join(".op.env"));
-        for (k, v) in op.iter() {
-            if std::env::var_os(k).is_none() && !user.contains_key(k) {
-                out.insert(k.clone(), v.clone());
-            }
-        }
-        out.extend(user.iter().map(|(k, v)| (k.clone(), v.clone())));
+        merge(&mut out, &user, &op, |k| {
+            std::env::var_os(k).is_some_and(|v| !v.is_empty())
+        });
     }
     out.extend(hook_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     out
+}
+
+/// The 1Password bootstrap token whose presence means `.op.env` is not read.
+const OP_TOKEN: &str = "OP_SERVICE_ACCOUNT_TOKEN";
+
+/// `user` (`.env`) over `op` (`.op.env`) into `out`; `op` only for names the environment
+/// (`in_env`) and `user` leave unset, and only when neither sets [`OP_TOKEN`].
+fn merge(out: &mut EnvMap, user: &EnvMap, op: &EnvMap, in_env: impl Fn(&str) -> bool) {
+    let token_set = in_env(OP_TOKEN) || user.get(OP_TOKEN).is_some_and(|v| !v.is_empty());
+    if !token_set {
+        for (k, v) in op.iter() {
+            if !in_env(k) && !user.contains_key(k) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    out.extend(user.iter().map(|(k, v)| (k.clone(), v.clone())));
 }
 
 /// A hash of what `hermes_home`'s `.env` files give (their parsed variables, not their bytes:
@@ -84,8 +101,8 @@ pub fn read(path: &Path) -> Arc<EnvMap> {
     {
         return map.clone();
     }
-    let map = Arc::new(match std::fs::read_to_string(path) {
-        Ok(text) => parse(&text),
+    let map = Arc::new(match std::fs::read(path) {
+        Ok(bytes) => parse(&decode(bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => EnvMap::new(),
         Err(e) => {
             tracing::warn!(file = %path.display(), "cannot read: {e}; hooks get no variables from it");
@@ -113,8 +130,15 @@ fn identity(path: &Path) -> Option<Identity> {
     ))
 }
 
-/// Parses dotenv text (see the module comment); lines that are not assignments are skipped.
+/// A file's text: UTF-8, else Latin-1 (every byte one character), as upstream falls back.
+fn decode(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| e.into_bytes().iter().map(|&b| b as char).collect())
+}
+
+/// Parses dotenv text (see the module comment); lines that are not assignments are skipped. A
+/// UTF-8 BOM at the start is not part of the first name.
 pub fn parse(text: &str) -> EnvMap {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut out = EnvMap::new();
     for raw in text.lines() {
         let line = raw.trim_start();
@@ -225,6 +249,46 @@ mod tests {
         assert_eq!(m["URL"], "value/x");
         assert_eq!(m["EMPTY"], "");
         assert_eq!(m.len(), 6);
+    }
+
+    #[test]
+    fn a_utf8_bom_does_not_hide_the_first_variable() {
+        let m = parse("\u{feff}FIRST=1\nSECOND=2\n");
+        assert_eq!(m.get("FIRST").map(String::as_str), Some("1"), "{m:?}");
+        assert_eq!(m["SECOND"], "2");
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join(".env"), b"\xef\xbb\xbfTOKEN=t\n").unwrap();
+        assert_eq!(for_process(Some(home.path()), &EnvMap::new())["TOKEN"], "t");
+        // Not UTF-8: Latin-1.
+        std::fs::write(home.path().join(".env"), b"NAME=caf\xe9\n").unwrap();
+        assert_eq!(
+            for_process(Some(home.path()), &EnvMap::new())["NAME"],
+            "caf\u{e9}"
+        );
+    }
+
+    #[test]
+    fn op_env_is_read_only_when_no_service_account_token_is_set() {
+        let op: EnvMap = [("OP_SERVICE_ACCOUNT_TOKEN", "op-token"), ("FROM_OP", "1")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let nothing = |_: &str| false;
+        // No token anywhere: .op.env fills in.
+        let mut out = EnvMap::new();
+        merge(&mut out, &EnvMap::new(), &op, nothing);
+        assert_eq!(out.get("FROM_OP").map(String::as_str), Some("1"));
+        // The token in .env: .op.env is not read at all.
+        let user: EnvMap = [("OP_SERVICE_ACCOUNT_TOKEN".to_string(), "env".to_string())].into();
+        let mut out = EnvMap::new();
+        merge(&mut out, &user, &op, nothing);
+        assert_eq!(out.get("FROM_OP"), None, "{out:?}");
+        assert_eq!(out["OP_SERVICE_ACCOUNT_TOKEN"], "env");
+        // The token in the environment (a systemd EnvironmentFile): not read either.
+        let mut out = EnvMap::new();
+        merge(&mut out, &EnvMap::new(), &op, |k| {
+            k == "OP_SERVICE_ACCOUNT_TOKEN"
+        });
+        assert!(out.is_empty(), "{out:?}");
     }
 
     #[test]

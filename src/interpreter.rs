@@ -1,8 +1,11 @@
 //! Which Python interpreter runs a hook's `handler.py`, and why.
 //!
-//! The order is: `python:` in HOOK.yaml, else `$HERMES_HOOKS_PYTHON`, else the gateway's own
-//! virtual environment `$HERMES_HOME/hermes-agent/venv/bin/python` when it exists and runs (the
-//! Hermes installer's layout, where the gateway's packages and modules import), else `python3`.
+//! The order is: `python:` in HOOK.yaml, else `$HERMES_HOOKS_PYTHON`, else the interpreter of the
+//! gateway that autostarted this service (`$HERMES_HOOKS_GATEWAY_PYTHON`, set by the client's
+//! autostart: what the original host ran hooks in, wherever the gateway's venv lies and whether
+//! or not its `bin` is on `PATH`), else the gateway's own virtual environment
+//! `$HERMES_HOME/hermes-agent/venv/bin/python` when it exists and runs (the Hermes installer's
+//! layout, where the gateway's packages and modules import), else `python3`.
 //! The host-wide default (the last three) is chosen once per configuration by
 //! [`default_python`]; [`for_hook`] adds the per-hook setting and the reason shown by `list`,
 //! `check` and `/v1/hooks`. A leaf module: it knows nothing of hooks beyond the two settings.
@@ -14,6 +17,8 @@ use serde::Serialize;
 
 /// The environment variable that names the default interpreter.
 pub const PYTHON_ENV: &str = "HERMES_HOOKS_PYTHON";
+/// The variable through which an autostarting gateway hands its own interpreter to the service.
+pub const GATEWAY_PYTHON_ENV: &str = "HERMES_HOOKS_GATEWAY_PYTHON";
 /// The interpreter used when nothing else is set or found.
 pub const FALLBACK: &str = "python3";
 /// How long the gateway venv's interpreter gets to prove it runs.
@@ -37,10 +42,17 @@ pub fn gateway_venv_python(hermes_home: &Path) -> PathBuf {
         .join("python")
 }
 
-/// The host-wide default: `$HERMES_HOOKS_PYTHON`, else the gateway's venv when it exists and
-/// runs, else `python3`. Runs the venv's interpreter once (`-c pass`, bounded by a timeout).
+/// The host-wide default: `$HERMES_HOOKS_PYTHON`, else the autostarting gateway's interpreter
+/// when it runs, else the gateway's venv when it exists and runs, else `python3`. Runs the
+/// candidate interpreter once (`-c pass`, bounded by a timeout).
 pub fn default_python(hermes_home: &Path) -> String {
     if let Some(p) = std::env::var(PYTHON_ENV).ok().filter(|p| !p.is_empty()) {
+        return p;
+    }
+    if let Some(p) = std::env::var(GATEWAY_PYTHON_ENV)
+        .ok()
+        .filter(|p| !p.is_empty() && runs(Path::new(p)))
+    {
         return p;
     }
     let venv = gateway_venv_python(hermes_home);
@@ -62,6 +74,8 @@ pub fn for_hook(manifest_python: Option<&str>, default: &str, hermes_home: &Path
     let venv = gateway_venv_python(hermes_home);
     let why = if std::env::var(PYTHON_ENV).is_ok_and(|v| v == default) {
         format!("${PYTHON_ENV}")
+    } else if std::env::var(GATEWAY_PYTHON_ENV).is_ok_and(|v| v == default) {
+        format!("the gateway's own interpreter (${GATEWAY_PYTHON_ENV}, handed over by autostart)")
     } else if Path::new(default) == venv {
         "the gateway's venv ($HERMES_HOME/hermes-agent/venv) exists and runs".to_string()
     } else if default == FALLBACK {

@@ -1,7 +1,9 @@
 //! Placement: whether a Python hook runs in the service or inside the gateway (`runs:`).
 //!
-//! `runs: auto` (the default) decides by reading the hook's Python source without running it:
-//! a hook that imports the gateway's own modules (`gateway`, `gateway.*`, `run_agent`,
+//! `runs: auto` (the default) decides by reading the hook's Python source without running it: the
+//! handler and the modules of the hook directory it imports, followed import by import (a sibling
+//! file the handler never imports does not count: issue 36). A hook that imports the gateway's
+//! own modules (`gateway`, `gateway.*`, `run_agent`,
 //! `hermes_cli`, `hermes_cli.*`; `tools.*` and `agent.*` only when the hook directory does not
 //! provide them itself) needs the gateway's live objects and runs in the gateway; anything else
 //! runs in the service. The decision carries its reason ("imports gateway.platforms.base at line
@@ -114,32 +116,74 @@ impl GatewayImport {
     }
 }
 
-/// The first gateway import in the handler, then in the other `.py` files of the hook
-/// directory (sorted by path; hidden entries and `__pycache__` skipped).
+/// The first gateway import of the handler or of a module of the hook directory it imports
+/// (directly or through other such modules; breadth first, at most [`MAX_FILES`] files).
 pub fn find_gateway_import(dir: &Path, handler: &Path) -> Option<GatewayImport> {
     let provides = |m: &str| dir.join(m).is_dir() || dir.join(format!("{m}.py")).is_file();
     let local = LocalModules {
         tools: provides("tools"),
         agent: provides("agent"),
     };
-    let mut files = vec![handler.to_path_buf()];
-    files.extend(python_files(dir).into_iter().filter(|f| f != handler));
-    for file in files {
-        let Ok(meta) = std::fs::metadata(&file) else {
-            continue;
-        };
-        if meta.len() > MAX_FILE_BYTES {
+    let mut queue = std::collections::VecDeque::from([handler.to_path_buf()]);
+    let mut seen = std::collections::HashSet::new();
+    while let Some(file) = queue.pop_front() {
+        if seen.len() >= MAX_FILES || !seen.insert(file.clone()) {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&file) else {
+        let Some(text) = read_source(&file) else {
             continue;
         };
-        let text = String::from_utf8_lossy(&bytes);
-        if let Some((module, line)) = first_gateway_import(&text, local) {
-            return Some(GatewayImport { module, file, line });
+        let imports = all_imports(&text);
+        if let Some((module, line)) = imports.iter().find(|(m, _)| is_gateway_module(m, local)) {
+            return Some(GatewayImport {
+                module: module.clone(),
+                file,
+                line: *line,
+            });
+        }
+        let here = file.parent().unwrap_or(dir);
+        for (module, _) in &imports {
+            queue.extend(local_files(dir, here, module).filter(|f| !seen.contains(f)));
         }
     }
     None
+}
+
+/// A Python file's text, unless it is missing or too big to be hook code.
+fn read_source(file: &Path) -> Option<String> {
+    let meta = std::fs::metadata(file).ok()?;
+    if meta.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    let bytes = std::fs::read(file).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The files of the hook directory `dir` that importing `module` from a file in `here` runs:
+/// its packages' `__init__.py` and the module itself. Relative names (`.x`, `..x`) start at
+/// `here`; absolute ones at `dir` (the handler's directory is on the hook's path).
+fn local_files<'a>(dir: &'a Path, here: &Path, module: &str) -> impl Iterator<Item = PathBuf> + 'a {
+    let dots = module.chars().take_while(|c| *c == '.').count();
+    let mut base = if dots == 0 {
+        dir.to_path_buf()
+    } else {
+        here.to_path_buf()
+    };
+    for _ in 1..dots {
+        base.pop();
+    }
+    let mut out = vec![base.join("__init__.py")];
+    let mut path = base;
+    for part in module[dots..].split('.').filter(|p| !p.is_empty()) {
+        path.push(part);
+        out.push(path.with_extension("py"));
+        out.push(path.join("__init__.py"));
+    }
+    if dots == 0 {
+        out.remove(0); // the hook directory itself is not a package here
+    }
+    out.into_iter()
+        .filter(move |f| f.starts_with(dir) && f.is_file())
 }
 
 /// Which of the ambiguous top-level names the hook directory provides itself.
@@ -147,35 +191,6 @@ pub fn find_gateway_import(dir: &Path, handler: &Path) -> Option<GatewayImport> 
 struct LocalModules {
     tools: bool,
     agent: bool,
-}
-
-fn python_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.filter_map(|e| e.ok()) {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') || name == "__pycache__" {
-                continue;
-            }
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(e.path());
-            } else if ft.is_file() && name.ends_with(".py") {
-                out.push(e.path());
-            }
-            if out.len() >= MAX_FILES {
-                out.sort();
-                return out;
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 fn is_gateway_module(module: &str, local: LocalModules) -> bool {
@@ -188,11 +203,21 @@ fn is_gateway_module(module: &str, local: LocalModules) -> bool {
     }
 }
 
-/// The first import of a gateway module in `source` and its 1-based line. Reads `import a.b`,
-/// `import a, b as c`, `from a.b import x` (also indented, e.g. inside a function), and
-/// `importlib.import_module("a.b")` / `__import__("a.b")` with a literal name; skips comments
-/// and triple-quoted strings. Relative imports are the hook's own modules.
+/// The first import of a gateway module in `source` and its 1-based line.
+#[cfg(test)]
 fn first_gateway_import(source: &str, local: LocalModules) -> Option<(String, usize)> {
+    all_imports(source)
+        .into_iter()
+        .find(|(m, _)| is_gateway_module(m, local))
+}
+
+/// Every module `source` imports, with its 1-based line, in order. Reads `import a.b`,
+/// `import a, b as c`, `from a.b import x, y` (also `a.b.x`, `a.b.y`: they may be submodules),
+/// relative `from .a import x` (as `.a`, `.a.x`), also indented (e.g. inside a function), and
+/// `importlib.import_module("a.b")` / `__import__("a.b")` with a literal name; skips comments
+/// and triple-quoted strings.
+fn all_imports(source: &str) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
     let mut in_string: Option<&'static str> = None;
     for (i, raw) in source.lines().enumerate() {
         let line = raw.trim();
@@ -207,9 +232,7 @@ fn first_gateway_import(source: &str, local: LocalModules) -> Option<(String, us
         }
         for statement in line.split(';') {
             for module in imported_modules(statement.trim()) {
-                if is_gateway_module(&module, local) {
-                    return Some((module, i + 1));
-                }
+                found.push((module, i + 1));
             }
         }
         for delim in ["\"\"\"", "'''"] {
@@ -219,7 +242,7 @@ fn first_gateway_import(source: &str, local: LocalModules) -> Option<(String, us
             }
         }
     }
-    None
+    found
 }
 
 fn imported_modules(statement: &str) -> Vec<String> {
@@ -231,10 +254,16 @@ fn imported_modules(statement: &str) -> Vec<String> {
             }
         }
     } else if let Some(rest) = statement.strip_prefix("from ")
-        && let Some(name) = rest.split_whitespace().next()
-        && !name.starts_with('.')
+        && let Some((name, names)) = rest.split_once(" import ")
     {
+        let name = name.trim();
         out.push(name.to_string());
+        let sep = if name.ends_with('.') { "" } else { "." };
+        for part in names.trim().trim_matches(['(', ')']).split(',') {
+            if let Some(n) = part.split_whitespace().next().filter(|n| *n != "*") {
+                out.push(format!("{name}{sep}{n}"));
+            }
+        }
     }
     for call in ["import_module(", "__import__("] {
         let mut rest = statement;
@@ -308,6 +337,115 @@ mod tests {
             first_gateway_import("from agent.core import x\n", local),
             Some(("agent.core".into(), 1))
         );
+    }
+
+    /// A hook directory with `files` (path, text).
+    fn hook_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let p = d.path().join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        d
+    }
+
+    fn placed(d: &tempfile::TempDir) -> Placement {
+        decide(Runs::Auto, true, d.path(), &d.path().join("handler.py")).unwrap()
+    }
+
+    #[test]
+    fn a_sibling_the_handler_never_imports_does_not_place_the_hook() {
+        // The published hook of issue 36: a plugin file beside the handler mentions the
+        // gateway's session context; the handler imports only its own helper.
+        let d = hook_dir(&[
+            (
+                "handler.py",
+                "import json
+from helper import fmt
+
+def handle(e, c):
+    pass
+",
+            ),
+            (
+                "helper.py",
+                "def fmt(x):
+    return str(x)
+",
+            ),
+            (
+                "plugin.py",
+                "from gateway.session_context import current
+",
+            ),
+        ]);
+        let p = placed(&d);
+        assert_eq!(p.runs, Site::Service, "{p:?}");
+    }
+
+    #[test]
+    fn gateway_imports_are_followed_through_the_hooks_own_modules() {
+        // Absolute, through a package's __init__ and a submodule.
+        let d = hook_dir(&[
+            (
+                "handler.py",
+                "from lib import util
+",
+            ),
+            ("lib/__init__.py", ""),
+            (
+                "lib/util.py",
+                "import os
+from gateway.run import _gateway_runner_ref
+",
+            ),
+        ]);
+        let p = placed(&d);
+        assert_eq!(p.runs, Site::Gateway, "{p:?}");
+        assert_eq!(p.why, "imports gateway.run at line 2 of util.py");
+        // Relative, two levels.
+        let d = hook_dir(&[
+            (
+                "handler.py",
+                "def handle(e, c):
+    from .pkg.a import f
+",
+            ),
+            ("pkg/__init__.py", ""),
+            (
+                "pkg/a.py",
+                "from ..b import g
+",
+            ),
+            (
+                "b.py",
+                "import hermes_cli.config
+",
+            ),
+        ]);
+        let p = placed(&d);
+        assert_eq!(p.runs, Site::Gateway, "{p:?}");
+        assert!(p.why.contains("hermes_cli.config"), "{p:?}");
+        // A cycle between the hook's modules ends.
+        let d = hook_dir(&[
+            (
+                "handler.py",
+                "import a
+",
+            ),
+            (
+                "a.py",
+                "import b
+",
+            ),
+            (
+                "b.py",
+                "import a
+",
+            ),
+        ]);
+        assert_eq!(placed(&d).runs, Site::Service);
     }
 
     #[test]

@@ -572,7 +572,10 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
 async fn get_hooks(State(state): State<AppState>) -> Response {
     let hooks = state.host.hooks();
     let skipped = state.host.skipped();
-    let mut body = json!({"hooks": hooks, "skipped": skipped});
+    // `ready: false` while the first load runs: the list is not the hooks yet (a client reads
+    // them from disk meanwhile and asks again; issue 36).
+    let ready = state.host.is_ready() || state.host.is_draining();
+    let mut body = json!({"hooks": hooks, "skipped": skipped, "ready": ready});
     // Fleet edge: the workers' hooks join the list, and the fleet's own state is added.
     if let Some(Value::Object(extra)) = state.host.sink_status() {
         for (k, v) in extra {

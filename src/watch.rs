@@ -11,6 +11,11 @@
 //! `$HERMES_HOME/.env` and `.op.env` are watched too: a Python hook's worker took its environment
 //! from them when it started ([`crate::dotenv`]).
 //!
+//! A chmod, chown or touch of a root or of a directory above one (`$HERMES_HOME`) that leaves its
+//! mode and owner as they were is not a change ([`same_dir_attributes`]): the real gateway
+//! re-applies 0700 to `$HERMES_HOME` and `$HERMES_HOME/hooks` as it runs (each such chmod was a
+//! rescan and a re-armed watch: issue 36).
+//!
 //! Only changes that can matter wake it ([`matters`]): HOOK.yaml, files that can run (`.py`,
 //! `.sh`, libraries, executables), directories, and entries directly in a root (hook directories
 //! appearing, disappearing, renamed). A hook writing a log or state file into its own directory
@@ -22,6 +27,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use thiserror::Error;
 use tokio::sync::mpsc;
@@ -88,6 +94,45 @@ fn ignorable(path: &Path) -> bool {
         || path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
             n.starts_with('.') || n.ends_with('~') || n.ends_with(".pyc") || n == "4913"
         })
+}
+
+/// A directory's mode, owner and group.
+type Perms = (u32, u32, u32);
+
+fn perms(path: &Path) -> Option<Perms> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.mode(), m.uid(), m.gid()))
+}
+
+/// The mode and owner of every root and every directory above one, as first seen.
+fn dir_attributes(roots: &[PathBuf]) -> HashMap<PathBuf, Perms> {
+    roots
+        .iter()
+        .flat_map(|r| r.ancestors())
+        .filter_map(|d| Some((d.to_path_buf(), perms(d)?)))
+        .collect()
+}
+
+/// True for a metadata-only change (`kind`) of a root or a directory above one that left its
+/// mode, owner and group as `seen` has them (then nothing a hook loads or may load changed);
+/// a real change is recorded in `seen` and counts.
+fn same_dir_attributes(
+    kind: &EventKind,
+    path: &Path,
+    roots: &[PathBuf],
+    seen: &std::sync::Mutex<HashMap<PathBuf, Perms>>,
+) -> bool {
+    if !matches!(kind, EventKind::Modify(ModifyKind::Metadata(_)))
+        || !roots.iter().any(|r| r.starts_with(path))
+    {
+        return false;
+    }
+    let Some(now) = perms(path) else {
+        return false;
+    };
+    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    seen.insert(path.to_path_buf(), now) == Some(now)
 }
 
 /// True when a change at `path` can change what loads or runs (see the module comment).
@@ -202,6 +247,7 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
     let root_list = host.config().roots.clone();
     let home = host.config().hermes_home.clone();
     let env_home = home.clone();
+    let seen_attributes = std::sync::Mutex::new(dir_attributes(&root_list));
     let mut watcher =
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
             Ok(event) => {
@@ -209,9 +255,11 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
                     return;
                 }
                 let rescan = event.need_rescan();
+                let kind = event.kind;
                 let paths: Vec<PathBuf> = event
                     .paths
                     .into_iter()
+                    .filter(|p| !same_dir_attributes(&kind, p, &root_list, &seen_attributes))
                     .filter(|p| {
                         // The home's own watch reports its other entries (the cache, logs):
                         // only its .env files count there.

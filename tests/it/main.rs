@@ -31,6 +31,7 @@ mod notices;
 mod openapi;
 mod priority;
 mod python;
+mod real_gateway;
 mod reload;
 mod service;
 mod trust;

@@ -2,11 +2,12 @@
 //! save pattern, broken edits, renames, no lost or doubled events.
 
 use std::path::Path;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::{Hooks, Serve, poll, signal};
+use crate::util::{Hooks, Serve, bin, poll, set_mode, signal};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -336,4 +337,53 @@ fn removed_hook_finishes_its_queue_before_stopping() {
     poll(T, "all 10 queued events delivered", || {
         (std::fs::read_to_string(&out).unwrap_or_default().len() == 10).then_some(())
     });
+}
+
+/// The real gateway re-applies 0700 to `$HERMES_HOME` and `$HERMES_HOME/hooks` as it runs
+/// (issue 36: "hooks reloaded ... started=[] stopped=[]" again and again, each re-arming the
+/// watch). A chmod to the same mode changes no hook; a real change still reloads.
+#[test]
+fn a_chmod_of_the_home_or_root_to_the_same_mode_is_no_reload() {
+    let hooks = Hooks::new();
+    let root = hooks.home().join("hooks");
+    std::fs::create_dir_all(root.join("h")).unwrap();
+    std::fs::write(
+        root.join("h/HOOK.yaml"),
+        "name: h\nevents: [\"command:x\"]\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("h/handler.py"), versioned("one")).unwrap();
+    set_mode(&hooks.home(), 0o700);
+    set_mode(&root, 0o700);
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .arg("--hooks-dir")
+        .arg(&root)
+        .args(["--listen", "127.0.0.1:0"]);
+    let serve = Serve::spawn(cmd, &hooks);
+    let reloads = |serve: &Serve| {
+        serve
+            .log()
+            .matches("hooks reloaded after a change on disk")
+            .count()
+    };
+    for _ in 0..3 {
+        set_mode(&hooks.home(), 0o700);
+        set_mode(&root, 0o700);
+    }
+    // Longer than the watcher's debounce and its longest delay (1 s): a reload would be logged.
+    let deadline = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < deadline {
+        assert_eq!(reloads(&serve), 0, "{}", serve.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A real change is still seen (the watch is alive), and a real mode change of the root too.
+    std::fs::write(root.join("h/handler.py"), versioned("two")).unwrap();
+    wait_result(&serve, "command:x", json!("two"));
+    set_mode(&root, 0o750);
+    poll(
+        Duration::from_secs(30),
+        "a reload after a real mode change",
+        || (reloads(&serve) >= 2).then_some(()),
+    );
 }

@@ -26,7 +26,10 @@ With ``HookRegistry(autostart=True)``, or by default when the gateway runs throu
    its own session and process group (``setsid``: the gateway's terminal signals and process
    group kills do not reach it), with the gateway's environment (so the same
    ``HERMES_HOOKS_TRUST`` trust mode, ``HERMES_HOOKS_LOG``...), the same ``HERMES_HOME`` and the
-   gateway's working directory, its output appended to ``$HERMES_HOME/logs/hooks.log``. It
+   gateway's working directory, its output appended to ``$HERMES_HOME/logs/hooks.log``, and
+   the gateway's interpreter (``sys.executable``) as ``HERMES_HOOKS_GATEWAY_PYTHON``: the
+   service's Python hooks run in it by default, as they did in the original host, also when the
+   gateway was started by absolute path with its venv's ``bin`` not on ``PATH``. It
    waits (``autostart_timeout``, 5 s) for ``/readyz`` before letting the other gateway in.
 
 A TCP address that is not loopback is never autostarted (the service is elsewhere).
@@ -55,6 +58,10 @@ ENV = "HERMES_HOOKS_AUTOSTART"
 #: Seconds an autostarted service keeps running after the last gateway went (default 30).
 LINGER_ENV = "HERMES_HOOKS_AUTOSTART_LINGER"
 DEFAULT_LINGER = 30.0
+#: Seconds a registry waits for the service it autostarted to be ready (default 5).
+TIMEOUT_ENV = "HERMES_HOOKS_AUTOSTART_TIMEOUT"
+#: The gateway's interpreter, handed to the service it starts (its hooks' default interpreter).
+GATEWAY_PYTHON_ENV = "HERMES_HOOKS_GATEWAY_PYTHON"
 #: The binary's name in the environment's ``bin`` directory (where the wheel puts it).
 BINARY_NAME = "hermes-hooks"
 #: Where the autostarted service's output goes, under ``$HERMES_HOME``.
@@ -108,6 +115,23 @@ def find_binary(explicit: Optional[str] = None) -> Optional[str]:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return shutil.which(BINARY_NAME)
+
+
+def ready_timeout(given: Optional[float] = None) -> float:
+    """Seconds to wait for an autostarted service's ``/readyz``: ``given``, else
+    ``$HERMES_HOOKS_AUTOSTART_TIMEOUT`` (0 to 600), else 5."""
+    if given is not None:
+        return float(given)
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else 5.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 600.0:
+        log.warning("hermes-hooks: %s=%r is not a number of seconds from 0 to 600; using 5",
+                    TIMEOUT_ENV, text)
+        return 5.0
+    return value
 
 
 def linger() -> float:
@@ -295,7 +319,10 @@ def _start(address: _transport.Address, home: str, lease: str, *, binary: Option
     log_path = log_path or os.path.join(home, LOG_NAME)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), mode=0o700, exist_ok=True)
-        env = dict(os.environ, HERMES_HOME=home) if env_home else None
+        env = dict(os.environ, HERMES_HOME=home) if env_home else dict(os.environ)
+        # Hooks run in the gateway's own interpreter, as in the original host, even when the
+        # gateway was started by absolute path with its venv's bin not on PATH (issue 36).
+        env[GATEWAY_PYTHON_ENV] = sys.executable
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     close_fds=True, start_new_session=True, env=env,

@@ -14,7 +14,8 @@ use. Two profiles with different hooks therefore receive only their own events.
 first use is ``emit`` or ``emit_collect`` on the gateway's event loop, its ``discover_and_load``
 (a request to the service, up to ``request_timeout``) runs on a thread of its own, never on the
 loop: events emitted meanwhile wait in the registry's buffer as they would for a service that
-is down.
+is down; ``loaded_hooks`` waits for that discovery (upstream decides from it whether to wire
+``agent:step``: a profile's first turn must not miss its step hooks; issue 36).
 """
 
 import asyncio
@@ -64,6 +65,8 @@ class ProfileHookRegistries:
         self._kwargs = registry_kwargs
         self._home = home or active_home
         self._by_home = {}  # type: Dict[str, HookRegistry]
+        # Discoveries running on a thread, by home: set when done.
+        self._discovering = {}  # type: Dict[str, threading.Event]
         self._lock = threading.Lock()
 
     def registry_for(self, home: str, background: bool = False) -> HookRegistry:
@@ -79,7 +82,14 @@ class ProfileHookRegistries:
                     registry = HookRegistry(address=address, hermes_home=key, **self._kwargs)
                     self._by_home[key] = registry
                     if background:
-                        threading.Thread(target=registry.discover_and_load, daemon=True,
+                        done = self._discovering[key] = threading.Event()
+
+                        def discover(registry: HookRegistry = registry) -> None:
+                            try:
+                                registry.discover_and_load()
+                            finally:
+                                done.set()
+                        threading.Thread(target=discover, daemon=True,
                                          name="hermes-hooks-discover").start()
                     else:
                         registry.discover_and_load()
@@ -95,7 +105,14 @@ class ProfileHookRegistries:
 
     @property
     def loaded_hooks(self) -> List[dict]:
-        return self._active().loaded_hooks
+        """The active profile's hooks, once its first discovery (started by an emit on a thread)
+        is done: as long as that takes (it is bounded by the registry's timeouts)."""
+        registry = self._active()
+        key = os.path.realpath(os.path.expanduser(self._home()))
+        done = self._discovering.get(key)
+        if done is not None:
+            done.wait()
+        return registry.loaded_hooks
 
     def discover_and_load(self) -> None:
         """Load the active home's hooks now (at startup, or in a profile's scoped startup)."""

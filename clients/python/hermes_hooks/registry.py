@@ -34,6 +34,7 @@ import collections.abc
 import datetime
 import decimal
 import enum
+import hashlib
 import http.client
 import json
 import logging
@@ -243,6 +244,14 @@ def _encode_context(context: Dict[str, Any]) -> bytes:
         return _dumps(_sanitize(context)).encode("utf-8")
 
 
+def _still_loading(body: bytes) -> bool:
+    """Whether a ``GET /v1/hooks`` answer says the service's first load still runs."""
+    try:
+        return json.loads(body.decode("utf-8")).get("ready") is False
+    except (ValueError, AttributeError):
+        return False
+
+
 def _error_detail(status: int, body: bytes) -> str:
     """``"400 bad_request: message"`` from the service's ``{"error": {"code", "message"}}``."""
     try:
@@ -324,7 +333,7 @@ class HookRegistry:
                  batch_max: int = 500, collect_timeout: Optional[float] = None,
                  autostart: Optional[bool] = None, *,
                  binary: Optional[str] = None, serve_args: Sequence[str] = (),
-                 autostart_timeout: float = 5.0, autostart_log: Optional[str] = None,
+                 autostart_timeout: Optional[float] = None, autostart_log: Optional[str] = None,
                  request_timeout: float = 5.0, backoff_initial: float = 0.05,
                  backoff_max: float = 5.0, exit_flush_timeout: float = 1.0,
                  validate_events: bool = True, queue_bytes: int = DEFAULT_QUEUE_BYTES,
@@ -348,7 +357,8 @@ class HookRegistry:
             ``$HERMES_HOOKS_BIN``, else the one the wheel installed beside this interpreter,
             else ``hermes-hooks`` on ``PATH``.
         :param serve_args: extra ``serve`` arguments for autostart (``["--hooks-dir", d]``...).
-        :param autostart_timeout: seconds to wait for ``/readyz`` after starting the service.
+        :param autostart_timeout: seconds to wait for ``/readyz`` after starting the service;
+            default ``$HERMES_HOOKS_AUTOSTART_TIMEOUT``, else 5.
         :param autostart_log: file receiving the started service's output; default
             ``$HERMES_HOME/logs/hooks.log``.
         :param request_timeout: socket timeout for each batch request and for
@@ -370,7 +380,10 @@ class HookRegistry:
             ``None``: such hooks are only logged. ``emit_collect(..., fail_closed=)`` overrides
             it per call.
         """
-        self._address = _transport.resolve_address(address)
+        # Whether the address is the default one, which follows a patched HOOKS_DIR (issue 36).
+        self._address_chosen = bool(address) or bool(os.environ.get(_transport.ADDRESS_ENV))
+        self._address = self._default_address = _transport.resolve_address(address)
+        self._dir_serve_args = []  # type: List[str]
         if token is None:
             token = os.environ.get(_transport.TOKEN_ENV) or None
         self._headers = {"Authorization": "Bearer %s" % token.strip()} if token else {}
@@ -393,7 +406,7 @@ class HookRegistry:
         self._autostart = _autostart.wanted(autostart)
         self._binary = binary
         self._serve_args = list(serve_args)
-        self._autostart_timeout = float(autostart_timeout)
+        self._autostart_timeout = _autostart.ready_timeout(autostart_timeout)
         self._autostart_log = autostart_log
         self._request_timeout = float(request_timeout)
         self._backoff_initial = max(0.001, float(backoff_initial))
@@ -493,19 +506,25 @@ class HookRegistry:
         except Exception:
             log.exception("hermes-hooks: _register_builtin_hooks failed")
         try:
+            self._follow_hooks_dir()
             if self._autostart:
                 self.service_process = _autostart.ensure_service(
                     self._address, self._home, headers=self._headers, binary=self._binary,
-                    serve_args=self._serve_args, timeout=self._autostart_timeout,
+                    serve_args=self._serve_args + self._dir_serve_args,
+                    timeout=self._autostart_timeout,
                     log_path=self._autostart_log, env_home=self._home_given,
                     request_timeout=self._request_timeout) or self.service_process
             self._peer = {}  # type: Dict[str, Any]  # who served /v1/hooks (SO_PEERCRED)
             status, body, exc = self._fetch("/v1/hooks", self._peer)
-            if exc is not None or status != 200:
+            # A service still loading answers an empty list: not its hooks (issue 36: taken as
+            # they were, a slow start left loaded_hooks empty and in-gateway hooks unloaded).
+            loading = exc is None and status == 200 and _still_loading(body)
+            if exc is not None or status != 200 or loading:
                 directory = _upstream.hooks_dir(self._home)
                 self._hooks = _upstream.read_disk_hooks(directory)
                 self._hooks_from_disk = True
-                why = exc if exc is not None else _error_detail(status, body)
+                why = ("its hooks are still loading" if loading else
+                       exc if exc is not None else _error_detail(status, body))
                 log.warning("hermes-hooks service not reachable at %s (%s): listing the %d "
                             "hook(s) in %s until it answers; events are buffered (up to %d)",
                             self._address, why, len(self._hooks), directory, self._queue_size)
@@ -515,6 +534,24 @@ class HookRegistry:
             log.exception("hermes-hooks: discover_and_load failed")
         finally:
             self._ensure_sender()
+
+    def _follow_hooks_dir(self) -> None:
+        """A gateway (or a test) that patched ``gateway.hooks.HOOKS_DIR`` to another directory
+        than ``$HERMES_HOME/hooks`` gets that directory's hooks, whether or not a service runs
+        for the default one: unless an address was chosen, this registry uses a service of its
+        own for it, at ``$HERMES_HOME/hooks-<digest of the directory>.sock`` (autostarted with
+        ``--hooks-dir``; without autostart and none there, the directory's hooks on disk)."""
+        if self._address_chosen:
+            return
+        directory = os.path.realpath(_upstream.hooks_dir(self._home))
+        if directory == os.path.realpath(os.path.join(self._home, "hooks")):
+            self._address = self._default_address
+            self._dir_serve_args = []
+            return
+        digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:12]
+        self._address = _transport.Address(
+            "unix", path=os.path.join(self._home, "hooks-%s.sock" % digest))
+        self._dir_serve_args = ["--hooks-dir", directory]
 
     def _take_hook_list(self, body: bytes) -> None:
         """Adopt the service's ``GET /v1/hooks`` answer: ``loaded_hooks``, ``skipped``, and the
@@ -528,7 +565,13 @@ class HookRegistry:
         self._hooks = hooks
         self._hooks_from_disk = False
         for hook in hooks:
-            log.info("[hooks] Loaded hook '%s' for events: %s", hook["name"], hook["events"])
+            # Under the shim (standing in for the gateway's own registry), on the gateway's
+            # console as the original prints it (stdout; its console shows no INFO logs); and
+            # in the log.
+            line = "[hooks] Loaded hook '%s' for events: %s" % (hook["name"], hook["events"])
+            if _autostart.shim_active:
+                print(line, flush=True)
+            log.info("%s", line)
         for entry in self.skipped:
             log.warning("[hooks] Skipping %s: %s", entry.get("name") or entry.get("dir"),
                         entry.get("reason"))
@@ -538,7 +581,7 @@ class HookRegistry:
         try:
             self._peer = {}
             status, body, exc = self._fetch("/v1/hooks", self._peer)
-            if exc is None and status == 200:
+            if exc is None and status == 200 and not _still_loading(body):
                 self._take_hook_list(body)
         except Exception:
             log.exception("hermes-hooks: refreshing the hook list failed")
