@@ -287,6 +287,12 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     }
     let patterns = PatternSet::new(&manifest.events)
         .map_err(|e| skip(&name, &manifest_path, SkipCode::BadPattern, e.to_string()))?;
+    // Said by the service's log and `/v1/hooks` too, not only by `check`.
+    let misspelt = manifest
+        .events
+        .iter()
+        .filter_map(|p| crate::pattern::misspelt_warning(p));
+    manifest.warnings.extend(misspelt.collect::<Vec<_>>());
     if !manifest.enabled {
         return Err(skip(
             &name,

@@ -54,6 +54,79 @@ fn check_passes_good_hooks_and_fails_on_any_problem() {
     );
 }
 
+/// Issue 38: a misspelt event name is said where an operator looks, not only by `check`.
+#[test]
+fn a_misspelt_event_name_is_warned_by_the_service_v1_hooks_and_test() {
+    let hooks = Hooks::new();
+    hooks.recorder(
+        "typos",
+        r#"["agent:started", "sesion:*", "agent.end"]"#,
+        "None",
+    );
+    hooks.recorder("custom", r#"["myapp:deployed"]"#, "None");
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    let (_, listing) = serve.get("/v1/hooks");
+    let of = |name: &str| -> Vec<String> {
+        let hook = listing["hooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["name"] == name);
+        serde_json::from_value(hook.unwrap()["warnings"].clone()).unwrap()
+    };
+    let typos = of("typos");
+    for (p, meant) in [
+        ("agent:started", "agent:start"),
+        ("sesion:*", "session:*"),
+        ("agent.end", "agent:end"),
+    ] {
+        let said = format!("pattern {p:?} matches no known gateway event; did you mean {meant:?}?");
+        assert!(typos.contains(&said), "{typos:?}");
+        crate::util::poll(
+            std::time::Duration::from_secs(10),
+            "the warning in the log",
+            || {
+                serve
+                    .log()
+                    .lines()
+                    .any(|l| l.contains("WARN") && l.contains(&said))
+                    .then_some(())
+            },
+        );
+    }
+    // A custom event is no typo: only `check` mentions it.
+    assert_eq!(of("custom"), Vec::<String>::new());
+
+    let o = run(&hooks, &["test", "agent:start", "--hook", "typos"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("hook \"typos\" is loaded, but its events (agent:started, sesion:*, agent.end) do not match \"agent:start\""),
+        "{err}"
+    );
+    assert!(err.contains("did you mean \"agent:start\"?"), "{err}");
+    let o = run(&hooks, &["test", "agent:start", "--hook", "nosuch"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("hook \"nosuch\" is not loaded (searched"),
+        "{err}"
+    );
+
+    let o = run(&hooks, &["check"]);
+    let out = stdout(&o);
+    assert_eq!(out.matches("did you mean").count(), 3, "{out}");
+    assert!(
+        out.contains(
+            "pattern \"myapp:deployed\" matches no known gateway event (fine for custom events)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("2 hook(s) ok, 0 problem(s), 4 warning(s)"),
+        "{out}"
+    );
+}
+
 #[test]
 fn list_shows_loaded_and_skipped_as_text_and_json() {
     let hooks = Hooks::new();
