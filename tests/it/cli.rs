@@ -127,6 +127,79 @@ fn a_misspelt_event_name_is_warned_by_the_service_v1_hooks_and_test() {
     );
 }
 
+/// Issue 38: a hook that cannot load is one record naming the file, the line and Python's
+/// message, in `check`, `test` and the service's log; its traceback only under `-v`.
+#[test]
+fn a_broken_handler_is_one_record_with_its_line_and_the_traceback_only_under_v() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "colon",
+        "[agent:start]",
+        "def handle(event_type, context)\n    pass\n",
+    );
+    hooks.python(
+        "raises",
+        "[agent:start]",
+        "import json\nraise ValueError('no config')\n",
+    );
+    let o = run(&hooks, &["check"]);
+    let (out, err) = (stdout(&o), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("colon/handler.py: SyntaxError: expected ':' (handler.py, line 1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("raises/handler.py: ValueError: no config (handler.py, line 2)"),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("error")).count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        err.trim().is_empty(),
+        "check said more than its two lines:\n{err}"
+    );
+    let o = run(&hooks, &["test", "agent:start"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("not loaded: ").count(), 2, "{err}");
+    assert!(
+        !err.contains("Traceback") && !err.contains("cannot load"),
+        "{err}"
+    );
+    let o = run(&hooks, &["check", "-v"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("Traceback (most recent call last)").count(),
+        2,
+        "{err}"
+    );
+
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    crate::util::poll(
+        std::time::Duration::from_secs(10),
+        "both load failures logged",
+        || (serve.log().matches("not loaded: ").count() == 2).then_some(()),
+    );
+    let log = serve.log();
+    for hook in ["colon", "raises"] {
+        let about: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("hook={hook}")))
+            .collect();
+        assert_eq!(about.len(), 1, "{hook}:\n{log}");
+        assert!(
+            about[0].contains("WARN") && about[0].contains("(handler.py, line"),
+            "{log}"
+        );
+    }
+    assert!(
+        !log.contains("Traceback") && !log.contains("ERROR"),
+        "{log}"
+    );
+}
+
 #[test]
 fn list_shows_loaded_and_skipped_as_text_and_json() {
     let hooks = Hooks::new();
