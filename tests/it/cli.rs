@@ -411,16 +411,22 @@ fn list_live_shows_the_running_services_counters() {
     hooks.python(
         "counted",
         "[command:x]",
-        "def handle(e, c):\n    raise ValueError('nope')\n",
+        "def handle(e, c):\n    if c.get('fail'):\n        raise ValueError('nope')\n",
     );
     let serve = crate::util::Serve::start(&hooks, &[]);
-    serve.post("/v1/collect", &serde_json::json!({"event": "command:x"}));
-    let o = run(
-        &hooks,
-        &["list", "--live", &format!("http://{}", serve.addr)],
+    serve.post(
+        "/v1/collect",
+        &serde_json::json!({"event": "command:x", "context": {"fail": true}}),
     );
-    let out = stdout(&o);
-    assert_eq!(o.status.code(), Some(0), "{out}");
+    let live = || {
+        let o = run(
+            &hooks,
+            &["list", "--live", &format!("http://{}", serve.addr)],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+        stdout(&o)
+    };
+    let out = live();
     let row = out
         .lines()
         .find(|l| l.starts_with("counted"))
@@ -428,10 +434,27 @@ fn list_live_shows_the_running_services_counters() {
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cols[1..3], ["python", "ready"], "{row}");
     assert_eq!(cols[4..7], ["0", "1", "0"], "ok, failed, dropped: {row}");
+    let (_, listing) = serve.get("/v1/hooks");
+    let time = listing["hooks"][0]["last_error"]["time"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(
-        out.contains("last error: command:x: ValueError: nope"),
+        out.contains(&format!("last error ({time}): command:x: ValueError: nope")),
         "{out}"
     );
+    // Issue 38: an error that later successes superseded says so, with its time.
+    for _ in 0..2 {
+        serve.post("/v1/collect", &serde_json::json!({"event": "command:x"}));
+    }
+    let out = live();
+    assert!(
+        out.contains(&format!(
+            "earlier error ({time}; 2 call(s) succeeded since): command:x: ValueError: nope"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("last error"), "{out}");
 }
 
 #[test]

@@ -52,11 +52,25 @@ async fn python_workers_run_below_the_service_by_default_and_hooks_can_choose() 
         Some("fresh"),
         "{eager:?}"
     );
-    // A normal policy is above the fork server's SCHED_IDLE: started from scratch too.
+    assert!(
+        eager.worker.as_ref().unwrap().reason.starts_with(
+            "`nice: 2` is below the fork server's nice +10 (serve --worker-nice); a forked \
+             process cannot lower its nice value"
+        ),
+        "{eager:?}"
+    );
+    // A normal policy is above the fork server's SCHED_IDLE: started from scratch too, and
+    // the reason says so in HOOK.yaml's and serve's words (issue 38).
     let normal = host.hook("normal").unwrap();
     assert_eq!(
         normal.worker.as_ref().map(|w| w.start.as_str()),
         Some("fresh"),
+        "{normal:?}"
+    );
+    assert!(
+        normal.worker.as_ref().unwrap().reason.starts_with(
+            "`sched: normal` asks for normal scheduling and the fork server runs under SCHED_IDLE"
+        ),
         "{normal:?}"
     );
     host.shutdown(T).await;
