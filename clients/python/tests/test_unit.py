@@ -158,6 +158,15 @@ class NoServiceTest(unittest.TestCase):
         self.assertTrue(registry.emit_nowait("agent:start", {"x": object()}))
         self.assertEqual(registry.pending, 1)
 
+    def test_the_buffering_warning_names_the_ways_out(self) -> None:
+        registry = self.registry()
+        with self.assertLogs("hermes_hooks", level="WARNING") as logs:
+            registry.emit_nowait("agent:start", {})
+            eventually(lambda: any("buffering" in line for line in logs.output), "the warning")
+        said = next(line for line in logs.output if "buffering" in line)
+        for way in ("hermes-hooks serve", "HERMES_HOOKS_SHIM=1", "autostart=True"):
+            self.assertIn(way, said)
+
     def test_bound_drops_oldest(self) -> None:
         registry = self.registry(queue_size=10)
         results = [registry.emit_nowait("agent:start", {"i": i}) for i in range(50)]
