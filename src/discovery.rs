@@ -74,7 +74,7 @@ pub struct Skipped {
 }
 
 impl SkipCode {
-    /// The code for a handler file problem found by [`crate::layout::find_handler`].
+    /// The code for a handler file problem found by `crate::layout::find_handler`.
     pub fn of(fault: HandlerFault) -> Self {
         match fault {
             HandlerFault::Missing => SkipCode::NoHandler,

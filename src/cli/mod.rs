@@ -1,4 +1,4 @@
-//! The command-line interface: [`main`] parses the arguments ([`args`]), sets up logging and
+//! The command-line interface: [`main`] parses the arguments (`args`), sets up logging and
 //! the runtime, and hands each command to its own module, which does the work and returns the
 //! exit code: 0 ok, 1 a problem was found or the service failed, 2 usage error (errors are one
 //! line on stderr saying what to do).

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use hermes_hooks::Host;
-use hermes_hooks::priority::{Priority, Sched, own_nice};
+use hermes_hooks::bench_support::own_nice;
+use hermes_hooks::priority::{Priority, Sched};
 use serde_json::{Value, json};
 
 use crate::util::{Hooks, Serve, collect_one, config, http};
