@@ -37,13 +37,7 @@ fn python_client_suite_passes_against_the_real_service() {
     );
     // The suite must actually have run against the binary, not skipped itself.
     assert!(!stderr.contains("HERMES_HOOKS_BIN is not set"), "{stderr}");
-    let ran = stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Ran ")
-                .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        })
-        .unwrap_or(0);
+    let ran = crate::util::unittest_ran(&stderr);
     assert!(ran >= 30, "only {ran} client tests ran:\n{stderr}");
     assert!(
         !stderr.contains("skipped="),
