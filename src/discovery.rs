@@ -78,7 +78,7 @@ pub struct Skipped {
 }
 
 impl SkipCode {
-    /// The code for a handler file problem found by [`crate::layout::find_handler`].
+    /// The code for a handler file problem found by `crate::layout::find_handler`.
     pub fn of(fault: HandlerFault) -> Self {
         match fault {
             HandlerFault::Missing => SkipCode::NoHandler,
@@ -296,6 +296,12 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     }
     let patterns = PatternSet::new(&manifest.events)
         .map_err(|e| skip(&name, &manifest_path, SkipCode::BadPattern, e.to_string()))?;
+    // Said by the service's log and `/v1/hooks` too, not only by `check`.
+    let misspelt = manifest
+        .events
+        .iter()
+        .filter_map(|p| crate::pattern::misspelt_warning(p));
+    manifest.warnings.extend(misspelt.collect::<Vec<_>>());
     if !manifest.enabled {
         return Err(skip(
             &name,

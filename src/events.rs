@@ -101,7 +101,7 @@ const REACTION_KEYS: &[&str] = &[
 
 /// Sample names standing for every known event, used to test whether a pattern can ever match.
 /// `command:<name>` is represented by a few real commands.
-pub fn known_event_samples() -> impl Iterator<Item = &'static str> {
+pub(crate) fn known_event_samples() -> impl Iterator<Item = &'static str> {
     KNOWN_EVENTS
         .iter()
         .map(|(name, _)| *name)
@@ -143,7 +143,7 @@ pub fn validate_event_name(name: &str) -> Result<(), EventNameError> {
 }
 
 /// The known event closest to `pattern` by edit distance, if it is close enough to be a typo.
-pub fn suggest(pattern: &str) -> Option<&'static str> {
+pub(crate) fn suggest(pattern: &str) -> Option<&'static str> {
     let candidates = KNOWN_EVENTS
         .iter()
         .map(|(n, _)| *n)

@@ -10,39 +10,39 @@
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).
 //! - [`server`]: the HTTP API (axum), thin over [`Host`].
-//! - [`metrics`]: OpenMetrics exposition of the host's counters (prometheus-client).
-//! - [`client`]: the CLI's HTTP client (hyper, TCP or Unix socket) for `emit` and `list --live`.
-//! - [`watch`]: hot reload: watches the roots, debounces, rescans.
-//! - [`host`]: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`;
+//! - `metrics`: OpenMetrics exposition of the host's counters (prometheus-client).
+//! - `client`: the CLI's HTTP client (hyper, TCP or Unix socket) for `emit` and `list --live`.
+//! - `watch`: hot reload: watches the roots, debounces, rescans.
+//! - `host`: the API everything else drives: `emit`, `emit_collect`, `reload`, `shutdown`;
 //!   `host/plan.rs` is reload as a pure value, `host/info.rs` the `/v1/hooks` view.
-//! - [`registry`]: the immutable snapshot of loaded hooks, swapped atomically on reload.
-//! - [`hook`]: a loaded hook (`hook::LoadedHook`): its bounded queue (`hook/queue.rs`),
+//! - `registry`: the immutable snapshot of loaded hooks, swapped atomically on reload.
+//! - `hook`: a loaded hook (`hook::LoadedHook`): its bounded queue (`hook/queue.rs`),
 //!   counters (`hook/stats.rs`) and worker task (`hook/worker.rs`), overflow accounting.
-//! - [`handler`]: the four handler kinds behind one trait: [`handler::python`] (a persistent
-//!   Python worker, its fork server, `runner.py` and the pipe protocol), [`handler::exec`] (a process per event), [`handler::dylib`] (a dynamic
-//!   library, C ABI v1), [`handler::webhook`] (an HTTP endpoint); [`handler::process`] is their
+//! - `handler`: the four handler kinds behind one trait: `handler::python` (a persistent
+//!   Python worker, its fork server, `runner.py` and the pipe protocol), `handler::exec` (a process per event), `handler::dylib` (a dynamic
+//!   library, C ABI v1), `handler::webhook` (an HTTP endpoint); `handler::process` is their
 //!   shared child-process plumbing.
-//! - [`ingateway`]: hooks that run inside the gateway: what `list`/`check` say about them.
-//! - [`discovery`]: hook roots -> [`HookSpec`]s plus a report of what did not load.
-//! - [`placement`]: `runs: service | gateway | auto`, decided by reading the hook's source.
-//! - [`interpreter`]: which Python runs a hook's handler.py, and why.
-//! - [`trust`]: which hooks may run: [`trust::policy`] (permissions, `--trust`),
-//!   [`trust::approvals`] (`hooks-trust.json`), [`trust::edit`] (the `enabled:` editor),
-//!   [`trust::files`] (what can run, the tree's
-//!   permissions), [`trust::prestart`] (the check before every process start).
-//! - [`manifest`]: the HOOK.yaml schema and its validation.
+//! - `ingateway`: hooks that run inside the gateway: what `list`/`check` say about them.
+//! - `discovery`: hook roots -> [`HookSpec`]s plus a report of what did not load.
+//! - `placement`: `runs: service | gateway | auto`, decided by reading the hook's source.
+//! - `interpreter`: which Python runs a hook's handler.py, and why.
+//! - `trust`: which hooks may run: `trust::policy` (permissions, `--trust`),
+//!   `trust::approvals` (`hooks-trust.json`), `trust::edit` (the `enabled:` editor),
+//!   `trust::files` (what can run, the tree's
+//!   permissions), `trust::prestart` (the check before every process start).
+//! - `manifest`: the HOOK.yaml schema and its validation.
 //! - [`priority`]: the CPU priority of hook processes (`nice`, `SCHED_IDLE`).
-//! - [`pattern`]: `events:` patterns compiled with globset; exact before wildcard.
+//! - `pattern`: `events:` patterns compiled with globset; exact before wildcard.
 //! - [`events`]: event names, their validation, the catalogue of gateway events.
-//! - [`sink`]: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
+//! - `sink`: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
 //! - `fleet` (feature `fleet`): edge sink, workers, collect, fleet view, dead letters.
-//! - [`scaffold`]: `new NAME --kind ...`.
-//! - [`notices`]: the JSON event stream of `serve --output json`.
-//! - [`kind`]: one descriptor per handler kind (its files, Python or not, what runs locally, what
+//! - `scaffold`: `new NAME --kind ...`.
+//! - `notices`: the JSON event stream of `serve --output json`.
+//! - `kind`: one descriptor per handler kind (its files, Python or not, what runs locally, what
 //!   an approval covers), consulted by layout, discovery and trust instead of matching the kind.
-//! - Leaves shared by several of the above: [`layout`] (the layout of a hook directory and
-//!   `$HERMES_HOME`), [`atomic`] (atomic file writes), [`time`] (RFC 3339 timestamps),
-//!   [`text`] (error texts capped, URLs redacted), [`proof`] (the service's proof that it
+//! - Leaves shared by several of the above: `layout` (the layout of a hook directory and
+//!   `$HERMES_HOME`), `atomic` (atomic file writes), `time` (RFC 3339 timestamps),
+//!   `text` (error texts capped, URLs redacted), `proof` (the service's proof that it
 //!   knows the API token, `POST /v1/proof`).
 //!
 //! # The path of an event
@@ -114,4 +114,14 @@ pub mod bench_support {
     pub use crate::handler::python::zygote::zygote_pid;
     pub use crate::handler::{BoxFuture, Call, Handler, Report};
     pub use crate::hook::{Job, LoadedHook};
+
+    /// The calling thread's nice value (`crate::priority::own_nice`).
+    pub fn own_nice() -> i32 {
+        crate::priority::own_nice()
+    }
+
+    /// Every (method, path) the router serves (`crate::server::routes`).
+    pub fn routes() -> Vec<(&'static str, &'static str)> {
+        crate::server::routes()
+    }
 }

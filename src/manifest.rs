@@ -427,10 +427,15 @@ fn key_remarks(map: &serde_json::Map<String, serde_json::Value>) -> (Vec<String>
                 "`{key}` is kept for the hook's own use; hermes-hooks does not read it"
             ));
         } else if !KNOWN_KEYS.contains(&key.as_str()) {
-            warnings.push(format!(
-                "unknown key `{key}` ignored (known keys: {})",
-                KNOWN_KEYS.join(", ")
-            ));
+            warnings.push(match crate::text::closest(key, KNOWN_KEYS) {
+                Some(meant) => format!(
+                    "unknown key `{key}` ignored (the default applies); did you mean `{meant}`?"
+                ),
+                None => format!(
+                    "unknown key `{key}` ignored (known keys: {})",
+                    KNOWN_KEYS.join(", ")
+                ),
+            });
         }
     }
     (warnings, notes)
@@ -651,6 +656,30 @@ mod tests {
         let m = parse_manifest("events: [a]\nevnts: [b]\n").unwrap();
         assert_eq!(m.warnings.len(), 1);
         assert!(m.warnings[0].contains("evnts"));
+        // Every misspelt key gets its did-you-mean (issue 38), not only `events`.
+        let m = parse_manifest("events: [a]\ntimout: 5\nhandeler: h.py\nsche: idle\n").unwrap();
+        for (typo, meant) in [
+            ("timout", "timeout"),
+            ("handeler", "handler"),
+            ("sche", "sched"),
+        ] {
+            let said = format!(
+                "unknown key `{typo}` ignored (the default applies); did you mean `{meant}`?"
+            );
+            assert!(m.warnings.contains(&said), "{:?}", m.warnings);
+        }
+        let e = parse_manifest("events: [a]\nqueue: {capacty: 5}\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("unknown field `capacty`; did you mean `capacity`?"),
+            "{e}"
+        );
+        let m = parse_manifest("events: [a]\nflavour: x\n").unwrap();
+        assert!(
+            m.warnings[0].contains("known keys: name, id"),
+            "{:?}",
+            m.warnings
+        );
     }
 
     #[test]

@@ -138,9 +138,36 @@ pub fn matches_known_event(pattern: &str) -> bool {
     }
 }
 
+/// The warning for a pattern that matches no known event but is close to one, so probably
+/// misspelt (`agent:started`, `sesion:*`, `agent.end`): what `check`, the service's log and
+/// `/v1/hooks` say. `None` for a pattern that matches a known event or is no near miss (a
+/// custom event: only `check` mentions those).
+pub fn misspelt_warning(pattern: &str) -> Option<String> {
+    if matches_known_event(pattern) {
+        return None;
+    }
+    crate::events::suggest(pattern)
+        .map(|s| format!("pattern {pattern:?} matches no known gateway event; did you mean {s:?}?"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn misspelt_patterns_get_a_did_you_mean_and_custom_ones_nothing() {
+        for (p, meant) in [
+            ("agent:started", "agent:start"),
+            ("sesion:*", "session:*"),
+            ("agent.end", "agent:end"),
+        ] {
+            let w = misspelt_warning(p).unwrap_or_else(|| panic!("no warning for {p}"));
+            assert!(w.ends_with(&format!("did you mean {meant:?}?")), "{w}");
+        }
+        for p in ["agent:start", "session:*", "myapp:deployed", "*"] {
+            assert_eq!(misspelt_warning(p), None, "{p}");
+        }
+    }
 
     fn set(p: &[&str]) -> PatternSet {
         PatternSet::new(p).unwrap()

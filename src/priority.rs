@@ -11,9 +11,9 @@
 //! may have runs at what it could get, and says so in the log.
 //!
 //! The service's own runtime threads (HTTP, queues, the pipes to the workers) are background work
-//! too: `serve` lowers each of them as it starts ([`ServiceThreads`], `serve --service-nice
+//! too: `serve` lowers each of them as it starts (`ServiceThreads`, `serve --service-nice
 //! --service-sched`). Hook processes are then started by one thread that keeps the service's
-//! starting priority ([`spawn_at_base`]): a child inherits the priority of the thread that forks
+//! starting priority (`spawn_at_base`): a child inherits the priority of the thread that forks
 //! it, and an unprivileged process can lower its priority but never raise it again (nor leave
 //! `SCHED_IDLE`), so a hook that asks for more than the runtime threads have still gets it.
 //!
@@ -34,17 +34,17 @@ pub const DEFAULT_NICE: i32 = 10;
 /// Default scheduling policy of hook processes.
 pub const DEFAULT_SCHED: Sched = Sched::Idle;
 /// Environment variable for the default increment (`serve --worker-nice`).
-pub const NICE_ENV: &str = "HERMES_HOOKS_WORKER_NICE";
+pub(crate) const NICE_ENV: &str = "HERMES_HOOKS_WORKER_NICE";
 /// Environment variable for the default scheduling policy (`serve --worker-sched`).
-pub const SCHED_ENV: &str = "HERMES_HOOKS_WORKER_SCHED";
+pub(crate) const SCHED_ENV: &str = "HERMES_HOOKS_WORKER_SCHED";
 /// Default `nice` increment of the service's runtime threads over the service's starting value.
-pub const DEFAULT_SERVICE_NICE: i32 = 10;
+pub(crate) const DEFAULT_SERVICE_NICE: i32 = 10;
 /// Default scheduling policy of the service's runtime threads.
-pub const DEFAULT_SERVICE_SCHED: Sched = Sched::Idle;
+pub(crate) const DEFAULT_SERVICE_SCHED: Sched = Sched::Idle;
 /// Environment variable for `serve --service-nice`.
-pub const SERVICE_NICE_ENV: &str = "HERMES_HOOKS_SERVICE_NICE";
+pub(crate) const SERVICE_NICE_ENV: &str = "HERMES_HOOKS_SERVICE_NICE";
 /// Environment variable for `serve --service-sched`.
-pub const SERVICE_SCHED_ENV: &str = "HERMES_HOOKS_SERVICE_SCHED";
+pub(crate) const SERVICE_SCHED_ENV: &str = "HERMES_HOOKS_SERVICE_SCHED";
 
 /// `sched:` of a hook, `--worker-sched` of `serve`.
 #[derive(
@@ -98,12 +98,12 @@ impl Priority {
 
     /// The absolute nice value a hook process gets: the service's own (as it started, before
     /// its runtime threads lowered theirs) plus the increment.
-    pub fn target_nice(self) -> i32 {
+    pub(crate) fn target_nice(self) -> i32 {
         (base_nice() + self.nice).clamp(-20, 19)
     }
 
     /// What the handler's processes are started with, as resolved now (for a child to apply).
-    pub fn resolved(self) -> Resolved {
+    pub(crate) fn resolved(self) -> Resolved {
         Resolved {
             nice: self.target_nice(),
             idle: self.sched == Sched::Idle,
@@ -129,7 +129,7 @@ impl Priority {
 
 /// A priority resolved to absolute values, applied in a child before it runs hook code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// Absolute nice value.
     pub nice: i32,
     /// `SCHED_IDLE`.
@@ -151,32 +151,11 @@ impl Resolved {
             }
         }
     }
-
-    /// Sets this priority on a running process (every thread it has).
-    pub fn apply_to(self, pid: i32) {
-        // Linux keeps nice per thread: set it on each.
-        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_else(|_| vec![pid]);
-        for tid in tids {
-            // SAFETY: as in `apply_to_self`; a stale id yields ESRCH.
-            unsafe {
-                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, self.nice);
-                if self.idle {
-                    let param = libc::sched_param { sched_priority: 0 };
-                    libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param);
-                }
-            }
-        }
-    }
 }
 
 /// The service's nice value as it started: what [`ServiceThreads::install`] recorded before any
 /// thread lowered its own, else the calling thread's.
-pub fn base_nice() -> i32 {
+pub(crate) fn base_nice() -> i32 {
     match BASE_NICE.get() {
         Some(n) => *n,
         None => own_nice(),
@@ -187,7 +166,7 @@ static BASE_NICE: OnceLock<i32> = OnceLock::new();
 
 /// Records the calling thread's nice value as the service's starting one (once; from the main
 /// thread, before the runtime's threads start and lower theirs).
-pub fn record_base_nice() {
+pub(crate) fn record_base_nice() {
     let _ = BASE_NICE.set(own_nice());
 }
 
@@ -198,7 +177,7 @@ static SPAWNER: OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = OnceLock::new();
 
 /// The priority of the service's own runtime threads (`serve --service-nice --service-sched`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServiceThreads(pub Priority);
+pub(crate) struct ServiceThreads(pub Priority);
 
 impl ServiceThreads {
     /// Records the service's starting nice value and starts the spawner thread (at that
@@ -530,7 +509,7 @@ pub fn starting(at: Resolved, boosted_now: bool) -> Resolved {
 /// Runs `job` (spawning a child process) on the spawner thread, which has the service's starting
 /// priority, and returns its result; the caller waits for it as it would for the spawn itself.
 /// Without a spawner (commands other than `serve`, the library in tests) it runs here.
-pub fn spawn_at_base<T: Send + 'static>(
+pub(crate) fn spawn_at_base<T: Send + 'static>(
     job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
     let Some(spawner) = SPAWNER.get() else {
@@ -552,7 +531,7 @@ pub fn spawn_at_base<T: Send + 'static>(
 }
 
 /// The nice value of the calling thread (the service's, called from its threads).
-pub fn own_nice() -> i32 {
+pub(crate) fn own_nice() -> i32 {
     // getpriority returns -1 both for nice -1 and for an error; errno tells them apart.
     // SAFETY: errno location and getpriority have no preconditions.
     unsafe {
@@ -567,7 +546,7 @@ pub fn own_nice() -> i32 {
 }
 
 /// Reads a `nice` increment (`--worker-nice`, `nice:`): an integer in -20..=19.
-pub fn parse_nice(s: &str) -> Result<i32, String> {
+pub(crate) fn parse_nice(s: &str) -> Result<i32, String> {
     let n: i32 = s
         .trim()
         .trim_start_matches('+')
@@ -577,7 +556,7 @@ pub fn parse_nice(s: &str) -> Result<i32, String> {
 }
 
 /// Checks a `nice` increment's range.
-pub fn check_nice(n: i64) -> Result<i32, String> {
+pub(crate) fn check_nice(n: i64) -> Result<i32, String> {
     if (-20..=19).contains(&n) {
         Ok(n as i32)
     } else {

@@ -22,16 +22,16 @@ use crate::host::{EmitError, Host};
 use crate::sink::SinkError;
 
 /// Largest single-event or collect body.
-pub const BODY_LIMIT: usize = 1024 * 1024;
+pub(crate) const BODY_LIMIT: usize = 1024 * 1024;
 /// Largest batch body.
-pub const BATCH_BODY_LIMIT: usize = 16 * 1024 * 1024;
+pub(crate) const BATCH_BODY_LIMIT: usize = 16 * 1024 * 1024;
 /// Most events in one batch.
-pub const BATCH_MAX_EVENTS: usize = 10_000;
+pub(crate) const BATCH_MAX_EVENTS: usize = 10_000;
 /// Collect deadline when the request gives none and no local hook matches (otherwise the
-/// matching hooks' own timeouts decide: [`crate::decision::collect_budget`]).
-pub const DEFAULT_COLLECT_MS: u64 = 5_000;
+/// matching hooks' own timeouts decide: `crate::decision::collect_budget`).
+pub(crate) const DEFAULT_COLLECT_MS: u64 = 5_000;
 /// Longest collect deadline accepted.
-pub const MAX_COLLECT_MS: u64 = 300_000;
+pub(crate) const MAX_COLLECT_MS: u64 = 300_000;
 
 /// Settings of the API.
 #[derive(Debug, Clone, Default)]
@@ -48,7 +48,7 @@ struct AppState {
 
 /// An API error: status, machine code, human message.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
@@ -171,7 +171,7 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
 
 /// The (method, path) of every route the router serves, paths in the router's `{param}` syntax
 /// (the same as OpenAPI's).
-pub fn routes() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn routes() -> Vec<(&'static str, &'static str)> {
     route_table()
         .into_iter()
         .map(|(method, path, _)| (method, path))
@@ -704,7 +704,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 
 /// Why the Unix socket could not be bound.
 #[derive(Debug, thiserror::Error)]
-pub enum BindError {
+pub(crate) enum BindError {
     /// Another process answers on the socket.
     #[error("another hermes-hooks is already running on {path}{pid}; stop it or pass --socket/--listen", pid = pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     InUse {
@@ -729,7 +729,7 @@ pub enum BindError {
 /// replaced, and so is the socket of a service that is shutting down (its `/readyz` says
 /// `shutting_down`: it drains on, unreachable, and a new gateway's events come here instead of
 /// waiting for its drain; issue 33); a socket some other live process answers on is refused.
-pub fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, BindError> {
+pub(crate) fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, BindError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let shown = path.display().to_string();
     let io = |about: &'static str| {

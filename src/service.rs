@@ -325,7 +325,7 @@ fn start_notice(host: &Host, listen: Option<String>, watch: bool) -> Value {
 
 /// `host_start` then `host_stop` with the error, for a service that could not start (the
 /// listener could not be bound, ...).
-pub fn report_failed_start(
+pub(crate) fn report_failed_start(
     notices: &crate::notices::Notices,
     roots: &[PathBuf],
     watch: bool,

@@ -1,5 +1,6 @@
 //! Leaf: text made safe to log, store and show: [`cap`] bounds an error text a handler produced,
-//! [`redact_url`] keeps a URL's secrets (user info, path, query) out of listings.
+//! [`redact_url`] keeps a URL's secrets (user info, path, query) out of listings, [`closest`]
+//! finds the word a typo was meant to be.
 
 /// Most bytes of a handler's error text that are logged or stored.
 pub const MAX_ERROR_TEXT: usize = 4096;
@@ -31,6 +32,19 @@ pub fn redact_url(url: &str) -> String {
         out.push_str("/…");
     }
     out
+}
+
+/// The word of `known` that `typo` was probably meant to be: the nearest by edit distance when
+/// at most a third of the typo's length away (at least 1, at most 3 edits). `None` for an exact
+/// match or nothing close.
+pub fn closest<'a>(typo: &str, known: &[&'a str]) -> Option<&'a str> {
+    let limit = (typo.chars().count() / 3).clamp(1, 3);
+    known
+        .iter()
+        .map(|k| (strsim::levenshtein(typo, k), *k))
+        .filter(|(d, _)| *d > 0 && *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
 }
 
 #[cfg(test)]

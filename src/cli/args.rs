@@ -15,6 +15,9 @@ pub struct Cli {
     /// Log format on stderr: text, or json (one JSON object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, hide_possible_values = true)]
     pub log_format: LogFormat,
+    /// More detail on stderr: the traceback of a hook that cannot load (the log's `hook=debug`).
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -157,6 +157,15 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
     }
 }
 
+/// The last error with its time; one that later successes superseded says so.
+fn last_error_line(last: &Value, message: &str) -> String {
+    let time = last["time"].as_str().unwrap_or("?");
+    match last["ok_since"].as_u64().unwrap_or(0) {
+        0 => format!("last error ({time}): {message}"),
+        n => format!("earlier error ({time}; {n} call(s) succeeded since): {message}"),
+    }
+}
+
 /// The lines under a hook's row: what is out of the ordinary (fleet workers, a worker started
 /// from scratch, the last error, where it runs when that is not the service with the common
 /// interpreter, a gateway restart needed).
@@ -180,7 +189,7 @@ fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
         ));
     }
     if let Some(e) = h["last_error"]["message"].as_str() {
-        lines.push(format!("last error: {e}"));
+        lines.push(last_error_line(&h["last_error"], e));
     }
     let python = python_of(h);
     for line in crate::ingateway::list_lines(h) {

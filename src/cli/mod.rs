@@ -1,4 +1,4 @@
-//! The command-line interface: [`main`] parses the arguments ([`args`]), sets up logging and
+//! The command-line interface: [`main`] parses the arguments (`args`), sets up logging and
 //! the runtime, and hands each command to its own module, which does the work and returns the
 //! exit code: 0 ok, 1 a problem was found or the service failed, 2 usage error (errors are one
 //! line on stderr saying what to do).
@@ -42,7 +42,12 @@ pub fn main() -> i32 {
         Command::Test(_) => "error,hook=info",
         _ => "error",
     };
-    init_logging(cli.log_format, default_filter);
+    // -v: a hook's load traceback too (logged at debug under the target `hook`).
+    let default_filter = match cli.verbose {
+        true => format!("{default_filter},hook=debug"),
+        false => default_filter.to_string(),
+    };
+    init_logging(cli.log_format, &default_filter);
     let service_threads = match &cli.command {
         Command::Serve(args) => Some(args.service_threads()),
         #[cfg(feature = "fleet")]

@@ -123,6 +123,7 @@ fn approve(
             file.display()
         ),
     };
+    // The approvals file is not watched (docs/operators.md): this one needs the reload.
     msg.push_str("; a running service picks it up on reload (SIGHUP or POST /v1/reload)");
     if !manifest.enabled {
         msg.push_str(&format!(
@@ -185,7 +186,8 @@ fn flip_enabled(hook: &Located, on: bool) -> Result<String, TrustError> {
         })?;
     crate::atomic::write(path, new_text.as_bytes(), mode)?;
     Ok(format!(
-        "{word} {} ({}); a running service picks it up on reload",
+        "{word} {} ({}); a running service picks it up by itself (its watcher sees the edit; \
+         under --no-watch: SIGHUP or POST /v1/reload)",
         path.display(),
         if on {
             "enabled: true"

@@ -47,25 +47,14 @@ pub async fn test(args: TestArgs) -> i32 {
             .collect();
         if matching.is_empty() {
             let roots = describe_roots(&host.config().roots);
-            let loaded: Vec<&str> = snapshot.hooks.iter().map(|h| h.spec.name.as_str()).collect();
-            let loaded = if loaded.is_empty() {
-                "no hook loaded there".to_string()
-            } else {
-                format!("loaded there: {}", loaded.join(", "))
-            };
-            return fail(match &only {
-                Some(o) if !in_gateway.is_empty() => format!(
-                    "hook {o:?} runs inside the gateway (see above): `test` runs only the hooks \
-                     that run in the service"
-                ),
-                Some(o) => format!(
-                    "hook {o:?} is not loaded or does not match {event:?} (searched {roots}; {loaded})"
-                ),
-                None if !in_gateway.is_empty() => {
-                    format!("no hook that runs here matches {event:?} (see above; searched {roots})")
-                }
-                None => format!("no loaded hook matches {event:?} (searched {roots}; {loaded})"),
-            });
+            let gateway = !in_gateway.is_empty();
+            return fail(no_match(
+                &snapshot,
+                only.as_deref(),
+                &event,
+                gateway,
+                &roots,
+            ));
         }
         let timeout = snapshot
             .hooks
@@ -128,4 +117,59 @@ pub async fn test(args: TestArgs) -> i32 {
         i32::from(errors > 0)
     })
     .await
+}
+
+/// Why a loaded hook named by `--hook` does not run for `event`: its patterns, and the near
+/// misses among them.
+fn not_matching(spec: &crate::discovery::HookSpec, event: &str) -> String {
+    let mut why = format!(
+        "hook {:?} is loaded, but its events ({}) do not match {event:?}",
+        spec.name,
+        spec.manifest.events.join(", ")
+    );
+    for w in spec
+        .manifest
+        .events
+        .iter()
+        .filter_map(|p| crate::pattern::misspelt_warning(p))
+    {
+        why.push_str("; ");
+        why.push_str(&w);
+    }
+    why
+}
+
+/// Why nothing runs for `event` (`only`: the `--hook` asked for; `gateway`: a hook that matched
+/// runs inside the gateway, said above).
+fn no_match(
+    snapshot: &crate::registry::Registry,
+    only: Option<&str>,
+    event: &str,
+    gateway: bool,
+    roots: &str,
+) -> String {
+    let loaded: Vec<&str> = snapshot
+        .hooks
+        .iter()
+        .map(|h| h.spec.name.as_str())
+        .collect();
+    let loaded = if loaded.is_empty() {
+        "no hook loaded there".to_string()
+    } else {
+        format!("loaded there: {}", loaded.join(", "))
+    };
+    match only {
+        Some(o) if gateway => format!(
+            "hook {o:?} runs inside the gateway (see above): `test` runs only the hooks that run \
+             in the service"
+        ),
+        Some(o) => match snapshot.hooks.iter().find(|h| h.spec.name == o) {
+            Some(h) => not_matching(&h.spec, event),
+            None => format!("hook {o:?} is not loaded (searched {roots}; {loaded})"),
+        },
+        None if gateway => {
+            format!("no hook that runs here matches {event:?} (see above; searched {roots})")
+        }
+        None => format!("no loaded hook matches {event:?} (searched {roots}; {loaded})"),
+    }
 }

@@ -421,7 +421,7 @@ pub trait Handler: Send {
     /// Runs `calls` (at most [`Handler::max_calls`]), each under the hook's timeout, in order
     /// unless the kind allows concurrency, and reports every call exactly once through `report`
     /// (by its index), as soon as its outcome is known. A call that was never started is
-    /// reported [`HandlerError::NotStarted`].
+    /// reported `HandlerError::NotStarted`.
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
 
     /// [`Handler::call`] for a kind with independent slots (`concurrency: N`): it may also take

@@ -80,7 +80,8 @@ pub struct HookStats {
     pub(super) drops_unlogged: AtomicU64,
     /// Milliseconds since the process [`epoch`] at the last drop log line.
     pub(super) last_drop_log_ms: AtomicU64,
-    last_error: Mutex<Option<(SystemTime, String)>>,
+    /// The last error, when, and `ok` at that moment (later successes supersede it).
+    last_error: Mutex<Option<(SystemTime, String, u64)>>,
 }
 
 /// Upper bounds (seconds) of the handler duration histogram.
@@ -112,10 +113,16 @@ impl HookStats {
 
     /// The most recent error and when it happened.
     pub fn last_error(&self) -> Option<(SystemTime, String)> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref().map(|(t, m, _)| (*t, m.clone()))
+    }
+
+    /// Invocations that returned normally since the last error (0 without one): a stale error
+    /// is one later successes superseded.
+    pub fn ok_since_last_error(&self) -> u64 {
+        let last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        let at = last.as_ref().map_or(u64::MAX, |(_, _, ok)| *ok);
+        self.ok.load(Ordering::Relaxed).saturating_sub(at)
     }
 
     /// The account of every event offered: see [`Tally`].
@@ -133,7 +140,9 @@ impl HookStats {
     /// Records an error as the hook's last one.
     pub fn set_last_error(&self, msg: String) {
         let msg = crate::text::cap(msg);
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((SystemTime::now(), msg));
+        let ok = self.ok.load(Ordering::Relaxed);
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((SystemTime::now(), msg, ok));
     }
 }
 

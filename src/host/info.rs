@@ -99,6 +99,8 @@ pub struct LastError {
     pub time: String,
     /// Message.
     pub message: String,
+    /// Invocations that succeeded since: more than 0 means the error is no longer current.
+    pub ok_since: u64,
 }
 
 impl HookInfo {
@@ -142,6 +144,7 @@ impl HookInfo {
             last_error: s.last_error().map(|(t, m)| LastError {
                 time: crate::time::rfc3339(t),
                 message: m,
+                ok_since: s.ok_since_last_error(),
             }),
             warnings: spec.manifest.warnings.clone(),
             signed: crate::handler::signed(spec),

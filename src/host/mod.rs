@@ -51,7 +51,7 @@ pub struct HostConfig {
 
 impl HostConfig {
     /// Settings from the environment: `HERMES_HOME` (default `~/.hermes`); `roots` or, when empty,
-    /// `$HERMES_HOME/hooks`; the default interpreter of [`crate::interpreter::default_python`].
+    /// `$HERMES_HOME/hooks`; the default interpreter of `crate::interpreter::default_python`.
     pub fn from_env(roots: Vec<PathBuf>) -> Self {
         let hermes_home = hermes_home();
         let roots = if roots.is_empty() {

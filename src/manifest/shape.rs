@@ -165,7 +165,10 @@ fn sub_fields(v: &Value, fields: &[(&str, &Shape)]) -> Option<String> {
     for (k, sub) in map {
         let Some((_, shape)) = fields.iter().find(|(name, _)| name == k) else {
             let known: Vec<&str> = fields.iter().map(|(n, _)| *n).collect();
-            return Some(format!("unknown field `{k}` (known: {})", known.join(", ")));
+            return Some(match crate::text::closest(k, &known) {
+                Some(meant) => format!("unknown field `{k}`; did you mean `{meant}`?"),
+                None => format!("unknown field `{k}` (known: {})", known.join(", ")),
+            });
         };
         if let Some(why) = misfit(k, shape, sub) {
             return Some(format!("`{k}`: {why}"));

@@ -54,6 +54,152 @@ fn check_passes_good_hooks_and_fails_on_any_problem() {
     );
 }
 
+/// Issue 38: a misspelt event name is said where an operator looks, not only by `check`.
+#[test]
+fn a_misspelt_event_name_is_warned_by_the_service_v1_hooks_and_test() {
+    let hooks = Hooks::new();
+    hooks.recorder(
+        "typos",
+        r#"["agent:started", "sesion:*", "agent.end"]"#,
+        "None",
+    );
+    hooks.recorder("custom", r#"["myapp:deployed"]"#, "None");
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    let (_, listing) = serve.get("/v1/hooks");
+    let of = |name: &str| -> Vec<String> {
+        let hook = listing["hooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["name"] == name);
+        serde_json::from_value(hook.unwrap()["warnings"].clone()).unwrap()
+    };
+    let typos = of("typos");
+    for (p, meant) in [
+        ("agent:started", "agent:start"),
+        ("sesion:*", "session:*"),
+        ("agent.end", "agent:end"),
+    ] {
+        let said = format!("pattern {p:?} matches no known gateway event; did you mean {meant:?}?");
+        assert!(typos.contains(&said), "{typos:?}");
+        crate::util::poll(
+            std::time::Duration::from_secs(10),
+            "the warning in the log",
+            || {
+                serve
+                    .log()
+                    .lines()
+                    .any(|l| l.contains("WARN") && l.contains(&said))
+                    .then_some(())
+            },
+        );
+    }
+    // A custom event is no typo: only `check` mentions it.
+    assert_eq!(of("custom"), Vec::<String>::new());
+
+    let o = run(&hooks, &["test", "agent:start", "--hook", "typos"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("hook \"typos\" is loaded, but its events (agent:started, sesion:*, agent.end) do not match \"agent:start\""),
+        "{err}"
+    );
+    assert!(err.contains("did you mean \"agent:start\"?"), "{err}");
+    let o = run(&hooks, &["test", "agent:start", "--hook", "nosuch"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("hook \"nosuch\" is not loaded (searched"),
+        "{err}"
+    );
+
+    let o = run(&hooks, &["check"]);
+    let out = stdout(&o);
+    assert_eq!(out.matches("did you mean").count(), 3, "{out}");
+    assert!(
+        out.contains(
+            "pattern \"myapp:deployed\" matches no known gateway event (fine for custom events)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("2 hook(s) ok, 0 problem(s), 4 warning(s)"),
+        "{out}"
+    );
+}
+
+/// Issue 38: a hook that cannot load is one record naming the file, the line and Python's
+/// message, in `check`, `test` and the service's log; its traceback only under `-v`.
+#[test]
+fn a_broken_handler_is_one_record_with_its_line_and_the_traceback_only_under_v() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "colon",
+        "[agent:start]",
+        "def handle(event_type, context)\n    pass\n",
+    );
+    hooks.python(
+        "raises",
+        "[agent:start]",
+        "import json\nraise ValueError('no config')\n",
+    );
+    let o = run(&hooks, &["check"]);
+    let (out, err) = (stdout(&o), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("colon/handler.py: SyntaxError: expected ':' (handler.py, line 1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("raises/handler.py: ValueError: no config (handler.py, line 2)"),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("error")).count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        err.trim().is_empty(),
+        "check said more than its two lines:\n{err}"
+    );
+    let o = run(&hooks, &["test", "agent:start"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("not loaded: ").count(), 2, "{err}");
+    assert!(
+        !err.contains("Traceback") && !err.contains("cannot load"),
+        "{err}"
+    );
+    let o = run(&hooks, &["check", "-v"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("Traceback (most recent call last)").count(),
+        2,
+        "{err}"
+    );
+
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    crate::util::poll(
+        std::time::Duration::from_secs(10),
+        "both load failures logged",
+        || (serve.log().matches("not loaded: ").count() == 2).then_some(()),
+    );
+    let log = serve.log();
+    for hook in ["colon", "raises"] {
+        let about: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("hook={hook}")))
+            .collect();
+        assert_eq!(about.len(), 1, "{hook}:\n{log}");
+        assert!(
+            about[0].contains("WARN") && about[0].contains("(handler.py, line"),
+            "{log}"
+        );
+    }
+    assert!(
+        !log.contains("Traceback") && !log.contains("ERROR"),
+        "{log}"
+    );
+}
+
 #[test]
 fn list_shows_loaded_and_skipped_as_text_and_json() {
     let hooks = Hooks::new();
@@ -265,16 +411,22 @@ fn list_live_shows_the_running_services_counters() {
     hooks.python(
         "counted",
         "[command:x]",
-        "def handle(e, c):\n    raise ValueError('nope')\n",
+        "def handle(e, c):\n    if c.get('fail'):\n        raise ValueError('nope')\n",
     );
     let serve = crate::util::Serve::start(&hooks, &[]);
-    serve.post("/v1/collect", &serde_json::json!({"event": "command:x"}));
-    let o = run(
-        &hooks,
-        &["list", "--live", &format!("http://{}", serve.addr)],
+    serve.post(
+        "/v1/collect",
+        &serde_json::json!({"event": "command:x", "context": {"fail": true}}),
     );
-    let out = stdout(&o);
-    assert_eq!(o.status.code(), Some(0), "{out}");
+    let live = || {
+        let o = run(
+            &hooks,
+            &["list", "--live", &format!("http://{}", serve.addr)],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+        stdout(&o)
+    };
+    let out = live();
     let row = out
         .lines()
         .find(|l| l.starts_with("counted"))
@@ -282,10 +434,27 @@ fn list_live_shows_the_running_services_counters() {
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cols[1..3], ["python", "ready"], "{row}");
     assert_eq!(cols[4..7], ["0", "1", "0"], "ok, failed, dropped: {row}");
+    let (_, listing) = serve.get("/v1/hooks");
+    let time = listing["hooks"][0]["last_error"]["time"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(
-        out.contains("last error: command:x: ValueError: nope"),
+        out.contains(&format!("last error ({time}): command:x: ValueError: nope")),
         "{out}"
     );
+    // Issue 38: an error that later successes superseded says so, with its time.
+    for _ in 0..2 {
+        serve.post("/v1/collect", &serde_json::json!({"event": "command:x"}));
+    }
+    let out = live();
+    assert!(
+        out.contains(&format!(
+            "earlier error ({time}; 2 call(s) succeeded since): command:x: ValueError: nope"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("last error"), "{out}");
 }
 
 #[test]

@@ -35,18 +35,7 @@ async fn spans(host: &Host, out: &std::path::Path, n: u64) -> Vec<(u64, u128, u1
     })
     .await;
     assert_eq!(host.hook("spans").unwrap().counters.failed, 0);
-    std::fs::read_to_string(out)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (
-                f[0].parse().unwrap(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect()
+    crate::util::read_spans(out)
 }
 
 /// Most spans running at one instant.

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use hermes_hooks::Host;
 use hermes_hooks::events::validate_event_name;
 use hermes_hooks::server::{ApiConfig, app};
-use hermes_hooks::{Host, HostConfig};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -108,16 +108,7 @@ fn every_route_answers_any_body_with_a_status_and_a_typed_error() {
         .build()
         .unwrap();
     let host = rt.block_on(async {
-        let (host, _) = Host::start(HostConfig {
-            roots: vec![hooks.root()],
-            hermes_home: hooks.home(),
-            python: "python3".into(),
-            runtime_dir: hooks.home().join("cache"),
-            trust: Default::default(),
-            gateway_hooks_only: false,
-            worker_priority: Default::default(),
-        })
-        .await;
+        let (host, _) = Host::start(crate::util::config(&hooks)).await;
         host
     });
     let router = app(host.clone(), ApiConfig { token: None });

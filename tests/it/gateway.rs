@@ -79,13 +79,7 @@ fn gateway_side_suite_passes_against_the_real_service() {
         .expect("run python3");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "gateway-side tests failed:\n{stderr}");
-    let ran = stderr
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Ran ")
-                .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        })
-        .unwrap_or(0);
+    let ran = crate::util::unittest_ran(&stderr);
     assert!(ran >= 13, "only {ran} gateway-side tests ran:\n{stderr}");
     assert!(!stderr.contains("skipped"), "tests were skipped:\n{stderr}");
 }

@@ -95,18 +95,7 @@ async fn concurrency_slots_are_independent_one_slow_call_idles_no_other_slot() {
     })
     .await;
     assert_eq!(host.hook("slots").unwrap().counters.failed, 0);
-    let spans: Vec<(u64, u128, u128)> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (
-                f[0].parse().unwrap(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
-        })
-        .collect();
+    let spans = crate::util::read_spans(&out);
     let at = |k: u64| spans.iter().find(|s| s.0 == k).unwrap();
     let slow = at(0);
     // Events 1-11 share the three free slots while event 0 runs: all of them start before it

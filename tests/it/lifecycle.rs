@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::util::{Hooks, Serve, bin, http, poll, signal};
 
@@ -42,18 +42,6 @@ fn wait_exit(serve: &mut Serve) -> Option<i32> {
     poll(T, "the service to exit", || {
         serve.child.try_wait().ok().flatten().map(|s| s.code())
     })
-}
-
-fn stdout_json(serve: &Serve) -> Vec<Value> {
-    serve
-        .stdout
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line not JSON ({e}): {l}"))
-        })
-        .collect()
 }
 
 #[test]
@@ -117,10 +105,10 @@ fn sigterm_during_the_first_load_still_drains_and_reports_host_stop() {
     let code = wait_exit(&mut serve);
     assert_eq!(code, Some(0), "log:\n{}", serve.log());
     poll(T, "stdout to be read to its end", || {
-        let lines = stdout_json(&serve);
+        let lines = serve.stdout_json();
         lines.last().filter(|l| l["type"] == "host_stop").cloned()
     });
-    let lines = stdout_json(&serve);
+    let lines = serve.stdout_json();
     let kinds: Vec<&str> = lines.iter().filter_map(|l| l["type"].as_str()).collect();
     assert_eq!(kinds.first(), Some(&"host_start"), "{kinds:?}");
     assert!(

@@ -36,6 +36,13 @@ def handle(event, context):
     )
 }
 
+/// A hook `name` on `job:*` (timeout 120 s) whose handler is [`held_python`] version `v1`.
+fn held_hook(hooks: &Hooks, name: &str) -> std::path::PathBuf {
+    let manifest = format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n");
+    let handler = held_python(hooks, name, "v1");
+    hooks.add(name, &[("HOOK.yaml", &manifest), ("handler.py", &handler)])
+}
+
 fn write_atomic(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp~");
     std::fs::write(&tmp, content).unwrap();
@@ -46,16 +53,7 @@ fn write_atomic(path: &Path, content: &str) {
 async fn a_worker_killed_while_an_edit_waits_hands_its_queue_to_the_new_version() {
     let hooks = Hooks::new();
     let name = "edited";
-    let dir = hooks.add(
-        name,
-        &[
-            (
-                "HOOK.yaml",
-                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
-            ),
-            ("handler.py", &held_python(&hooks, name, "v1")),
-        ],
-    );
+    let dir = held_hook(&hooks, name);
     // No file watcher in an in-process host: the hand-over must not wait for one.
     let (host, report) = Host::start(config(&hooks)).await;
     assert_eq!(report.started, vec![name.to_string()], "{report:?}");
@@ -186,16 +184,7 @@ async fn an_executable_edited_while_events_wait_runs_them_on_the_new_version() {
 async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
     let hooks = Hooks::new();
     let name = "broken_edit";
-    let dir = hooks.add(
-        name,
-        &[
-            (
-                "HOOK.yaml",
-                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
-            ),
-            ("handler.py", &held_python(&hooks, name, "v1")),
-        ],
-    );
+    let dir = held_hook(&hooks, name);
     let (host, _) = Host::start(config(&hooks)).await;
     host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
     let held = hooks.out().join(format!("{name}.held"));
@@ -243,16 +232,7 @@ async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
 fn waiting_events_that_fail_are_logged_once() {
     let hooks = Hooks::new();
     let name = "logged_once";
-    let dir = hooks.add(
-        name,
-        &[
-            (
-                "HOOK.yaml",
-                &format!("name: {name}\nevents: [\"job:*\"]\ntimeout: 120\n"),
-            ),
-            ("handler.py", &held_python(&hooks, name, "v1")),
-        ],
-    );
+    let dir = held_hook(&hooks, name);
     let serve = crate::util::Serve::start(&hooks, &["--output", "json"]);
     let notices = || -> Vec<serde_json::Value> {
         serve

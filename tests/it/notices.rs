@@ -8,18 +8,6 @@ use crate::util::{Hooks, Serve, poll};
 
 const T: Duration = Duration::from_secs(30);
 
-fn stream(serve: &Serve) -> Vec<Value> {
-    serve
-        .stdout
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
-        })
-        .collect()
-}
-
 fn types(lines: &[Value]) -> Vec<String> {
     lines
         .iter()
@@ -80,27 +68,30 @@ fn json_stream_covers_the_lifecycle_and_nothing_else_goes_to_stdout() {
     // A broken edit of a loaded hook: reported as hook_reloaded with an error.
     std::fs::write(hooks.root().join("good/handler.py"), "def handle(e, c)\n").unwrap();
     poll(T, "hook_reloaded with an error", || {
-        stream(&serve)
+        serve
+            .stdout_json()
             .iter()
             .any(|l| l["type"] == "hook_reloaded" && l["error"].is_string())
             .then_some(())
     });
     std::fs::remove_dir_all(hooks.root().join("raises")).unwrap();
     poll(T, "hook_unloaded", || {
-        stream(&serve)
+        serve
+            .stdout_json()
             .iter()
             .any(|l| l["type"] == "hook_unloaded")
             .then_some(())
     });
     poll(T, "worker_restart", || {
-        stream(&serve)
+        serve
+            .stdout_json()
             .iter()
             .any(|l| l["type"] == "worker_restart")
             .then_some(())
     });
 
     assert_eq!(serve.terminate(), Some(0));
-    let lines = stream(&serve);
+    let lines = serve.stdout_json();
     let t = types(&lines);
     assert_eq!(t.first().map(String::as_str), Some("host_start"), "{t:?}");
     assert_eq!(t.last().map(String::as_str), Some("host_stop"), "{t:?}");

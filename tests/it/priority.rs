@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use hermes_hooks::Host;
-use hermes_hooks::priority::{Priority, Sched, own_nice};
+use hermes_hooks::bench_support::own_nice;
+use hermes_hooks::priority::{Priority, Sched};
 use serde_json::{Value, json};
 
 use crate::util::{Hooks, Serve, collect_one, config, http};
@@ -81,11 +82,25 @@ async fn python_workers_run_below_the_service_by_default_and_hooks_can_choose() 
         Some("fresh"),
         "{eager:?}"
     );
-    // A normal policy is above the fork server's SCHED_IDLE: started from scratch too.
+    assert!(
+        eager.worker.as_ref().unwrap().reason.starts_with(
+            "`nice: 2` is below the fork server's nice +10 (serve --worker-nice); a forked \
+             process cannot lower its nice value"
+        ),
+        "{eager:?}"
+    );
+    // A normal policy is above the fork server's SCHED_IDLE: started from scratch too, and
+    // the reason says so in HOOK.yaml's and serve's words (issue 38).
     let normal = host.hook("normal").unwrap();
     assert_eq!(
         normal.worker.as_ref().map(|w| w.start.as_str()),
         Some("fresh"),
+        "{normal:?}"
+    );
+    assert!(
+        normal.worker.as_ref().unwrap().reason.starts_with(
+            "`sched: normal` asks for normal scheduling and the fork server runs under SCHED_IDLE"
+        ),
         "{normal:?}"
     );
     host.shutdown(T).await;

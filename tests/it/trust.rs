@@ -430,6 +430,11 @@ fn disable_and_enable_flip_only_the_enabled_value() {
 
     let (code, out, err) = run(&hooks, &["disable", "flip"]);
     assert_eq!(code, 0, "{out}{err}");
+    // The watcher sees the edit: no reload to ask for (issue 38).
+    assert!(
+        out.contains("a running service picks it up by itself"),
+        "{out}"
+    );
     let disabled = std::fs::read_to_string(&manifest).unwrap();
     assert_eq!(
         disabled,

@@ -252,6 +252,19 @@ impl Serve {
         }
     }
 
+    /// Every stdout line so far, each parsed as JSON (`serve --output json`'s notices).
+    pub fn stdout_json(&self) -> Vec<Value> {
+        self.stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {l}"))
+            })
+            .collect()
+    }
+
     /// Everything the service logged so far.
     pub fn log(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
@@ -489,4 +502,32 @@ impl Drop for BusyLoop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// How many tests a Python unittest run says it ran (its `Ran N tests` line on stderr; 0 without).
+pub fn unittest_ran(stderr: &str) -> u32 {
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Ran ")
+                .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Lines `N START END` (an event's number and when its call began and ended, in the handler's
+/// clock units) as a handler wrote them to `path`.
+pub fn read_spans(path: &Path) -> Vec<(u64, u128, u128)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
 }

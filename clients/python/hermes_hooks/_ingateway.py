@@ -419,6 +419,30 @@ def _private_copy(context: Any) -> Any:
         return dict(context) if isinstance(context, dict) else context
 
 
+def _record_owner(path: str) -> Optional[int]:
+    """The pid in an existing in-gateway record (0 when unreadable), or None without one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            pid = json.load(f).get("pid")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists
+        return True
+    return True
+
+
 async def _awaited(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
@@ -543,10 +567,20 @@ class InGatewayHooks:
         return _Hook(entry, handle, module)
 
     def _write_record(self, hermes_home: str) -> None:
+        """Records this process's imports. A process that imported nothing creates no record,
+        and none replaces the record of another running process (the gateway's): a script or a
+        test with a registry on the same home must not erase what the gateway imported."""
+        path = os.path.join(hermes_home, RECORD_FILE)
+        owner = _record_owner(path)
+        if not self._hooks and owner is None:
+            return
+        if owner not in (None, os.getpid()) and _alive(owner):
+            log.warning("hermes-hooks: %s belongs to the running process %d; not replaced by "
+                        "this one's (pid %d)", path, owner, os.getpid())
+            return
         record = {"pid": os.getpid(),
                   "hooks": {n: {"sha256": h.entry.get("sha256", ""), "handler": h.entry.get(
                       "handler", "")} for n, h in self._hooks.items()}}
-        path = os.path.join(hermes_home, RECORD_FILE)
         tmp = "%s.%d.tmp" % (path, os.getpid())
         try:
             with open(tmp, "w", encoding="utf-8") as f:

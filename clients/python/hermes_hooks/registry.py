@@ -1042,7 +1042,11 @@ class HookRegistry:
                     if down_since is None:
                         down_since = time.monotonic()
                         log.warning("hermes-hooks: cannot deliver events to %s (%s); buffering "
-                                    "up to %d events and retrying", self._address, detail,
+                                    "up to %d events and retrying. Start the service "
+                                    "(`hermes-hooks serve`), run the gateway through the shim "
+                                    "(HERMES_HOOKS_SHIM=1 hermes-hooks-gateway ...), or let this "
+                                    "client start it (HERMES_HOOKS_AUTOSTART=1, or "
+                                    "HookRegistry(autostart=True))", self._address, detail,
                                     self._queue_size)
                     if self.service_process is not None:
                         self.service_process.poll()  # reap an autostarted service that died

@@ -42,6 +42,13 @@ EMIT_LIMIT_S = float(os.environ.get("HERMES_HOOKS_TEST_EMIT_LIMIT_MS", "5")) / 1
 def setUpModule() -> None:
     if not (os.path.isfile(BIN) and os.access(BIN, os.X_OK)):
         raise RuntimeError("HERMES_HOOKS_BIN=%r is not an executable file" % BIN)
+    # No test may write the operator's real ~/.hermes (the in-gateway record among others): every
+    # registry that names no home gets a temporary HERMES_HOME.
+    home = tempfile.mkdtemp(prefix="hh-client-home-")
+    patch = mock.patch.dict(os.environ, {"HERMES_HOME": home})
+    patch.start()
+    unittest.addModuleCleanup(shutil.rmtree, home, True)
+    unittest.addModuleCleanup(patch.stop)
 
 
 def _probe(address: str, path: str = "/readyz") -> int:

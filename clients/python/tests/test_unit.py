@@ -30,6 +30,16 @@ from hermes_hooks.registry import encode_event  # noqa: E402
 TIMEOUT = 20.0
 
 
+def setUpModule() -> None:
+    # No test may write the operator's real ~/.hermes (the in-gateway record among others): every
+    # registry that names no home gets a temporary HERMES_HOME.
+    home = tempfile.mkdtemp(prefix="hh-unit-home-")
+    patch = mock.patch.dict(os.environ, {"HERMES_HOME": home})
+    patch.start()
+    unittest.addModuleCleanup(shutil.rmtree, home, True)
+    unittest.addModuleCleanup(patch.stop)
+
+
 def eventually(predicate, what: str, timeout: float = TIMEOUT):
     deadline = time.monotonic() + timeout
     while True:
@@ -148,6 +158,15 @@ class NoServiceTest(unittest.TestCase):
         self.assertTrue(registry.emit_nowait("agent:start", {"x": object()}))
         self.assertEqual(registry.pending, 1)
 
+    def test_the_buffering_warning_names_the_ways_out(self) -> None:
+        registry = self.registry()
+        with self.assertLogs("hermes_hooks", level="WARNING") as logs:
+            registry.emit_nowait("agent:start", {})
+            eventually(lambda: any("buffering" in line for line in logs.output), "the warning")
+        said = next(line for line in logs.output if "buffering" in line)
+        for way in ("hermes-hooks serve", "HERMES_HOOKS_SHIM=1", "autostart=True"):
+            self.assertIn(way, said)
+
     def test_bound_drops_oldest(self) -> None:
         registry = self.registry(queue_size=10)
         results = [registry.emit_nowait("agent:start", {"i": i}) for i in range(50)]
@@ -265,6 +284,36 @@ class InGatewayLaneTest(unittest.TestCase):
         eventually(lambda: ("slow", 5) in seen and ("fast", 5) in seen, "the next event")
         self.assertIsNotNone(hooks._hooks["slow"].lane)
         self.assertIsNone(hooks._hooks["fast"].lane)
+
+
+class InGatewayRecordTest(unittest.TestCase):
+    """The record of in-gateway imports is the gateway's: a process that imported nothing
+    writes none, and none replaces the record of another running process (issue 38)."""
+
+    def setUp(self) -> None:
+        self.home = tempfile.mkdtemp(prefix="hh-record-")
+        self.addCleanup(shutil.rmtree, self.home, True)
+        self.path = os.path.join(self.home, _ingateway.RECORD_FILE)
+
+    def test_nothing_imported_writes_no_record(self) -> None:
+        _ingateway.InGatewayHooks().load([{"name": "a", "runs": "service"}], self.home)
+        self.assertEqual(os.listdir(self.home), [])
+
+    def test_the_record_of_another_running_process_is_kept(self) -> None:
+        other = {"pid": os.getppid(), "hooks": {"g": {"sha256": "ab", "handler": "/h.py"}}}
+        with open(self.path, "w", encoding="utf-8") as f:
+            json.dump(other, f)
+        with self.assertLogs("hermes_hooks", level="WARNING"):
+            _ingateway.InGatewayHooks().load([], self.home)
+        with open(self.path, encoding="utf-8") as f:
+            self.assertEqual(json.load(f), other)
+
+    def test_the_record_of_a_gone_process_is_replaced(self) -> None:
+        with open(self.path, "w", encoding="utf-8") as f:
+            json.dump({"pid": 2 ** 22 + 12345, "hooks": {"g": {}}}, f)
+        _ingateway.InGatewayHooks().load([], self.home)
+        with open(self.path, encoding="utf-8") as f:
+            self.assertEqual(json.load(f), {"pid": os.getpid(), "hooks": {}})
 
 
 class _Handler(BaseHTTPRequestHandler):

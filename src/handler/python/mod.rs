@@ -220,13 +220,30 @@ pub fn start_mode(ctx: &HandlerContext) -> StartMode {
         return StartMode::Fresh(why);
     }
     if ctx.priority.above(ctx.default_priority) {
-        return StartMode::Fresh(format!(
-            "its priority ({}) is above the fork server's ({}), which a forked worker cannot raise",
-            ctx.priority.describe(),
-            ctx.default_priority.describe()
-        ));
+        return StartMode::Fresh(fresh_for_priority(ctx.priority, ctx.default_priority));
     }
     StartMode::Forked
+}
+
+/// Why a hook asking for more CPU than the fork server has gets a worker from scratch, in the
+/// words of HOOK.yaml and `serve`'s options (a forked process can only lower its priority).
+fn fresh_for_priority(
+    hook: crate::priority::Priority,
+    server: crate::priority::Priority,
+) -> String {
+    use crate::priority::Sched;
+    if hook.sched == Sched::Normal && server.sched == Sched::Idle {
+        return "`sched: normal` asks for normal scheduling and the fork server runs under \
+                SCHED_IDLE (serve --worker-sched idle, the default); a forked process cannot \
+                leave SCHED_IDLE, so this worker is started from scratch (to fork it, leave \
+                `sched:` out)"
+            .to_string();
+    }
+    format!(
+        "`nice: {}` is below the fork server's nice {:+} (serve --worker-nice); a forked process \
+         cannot lower its nice value, so this worker is started from scratch",
+        hook.nice, server.nice
+    )
 }
 
 /// What happened to the calls of a batch after the one being waited for.

@@ -377,14 +377,26 @@ def log_line(levelno, msg):
         pass
 
 
-def log_exception(header, exc):
-    """The header and the traceback as one ERROR record of the service log (not one info line
-    per traceback line); a long traceback keeps its end, where the error is."""
+def log_exception(header, exc, level=logging.ERROR):
+    """The header and the traceback as one record of the service log (not one info line per
+    traceback line), ERROR unless ``level`` says otherwise; a long traceback keeps its end,
+    where the error is."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
     room = MAX_LOG_CHARS - len(header) - 20
     if len(tb) > room:
         tb = "[cut] ..." + tb[-max(room, 0):]
-    log_line(logging.ERROR, header + "\n" + tb)
+    log_line(level, header + "\n" + tb)
+
+
+def where_in(exc, hook_dir):
+    """`` (file, line N)``: the innermost frame of the traceback in the hook's tree, or ''."""
+    root = os.path.join(os.path.realpath(hook_dir), "")
+    where = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.realpath(frame.filename)
+        if path.startswith(root):
+            where = " (%s, line %s)" % (os.path.relpath(path, root), frame.lineno)
+    return where
 
 
 class FileChanged(ImportError):
@@ -421,11 +433,15 @@ def load_handler(hook_dir, handler_path, hook_name, files=None):
         spec.loader.exec_module(module)
     except BaseException as exc:  # SystemExit or KeyboardInterrupt at import time is a load failure too
         sys.modules.pop(module_name, None)
-        log_exception("hermes-hooks: failed to import %s for hook %r:" % (handler_path, hook_name), exc)
+        # The service says the reason once (file, line, message); the traceback is for -v.
+        log_exception("hermes-hooks: failed to import %s for hook %r:" % (handler_path, hook_name),
+                      exc, logging.DEBUG)
         if isinstance(exc, SyntaxError):
             where = " (%s, line %s)" % (os.path.basename(exc.filename or base), exc.lineno)
             raise LoadError("%s: %s%s" % (type(exc).__name__, exc.msg, where))
-        raise LoadError(describe(exc), changed=isinstance(exc, FileChanged))
+        if isinstance(exc, FileChanged):
+            raise LoadError(describe(exc), changed=True)
+        raise LoadError(describe(exc) + where_in(exc, hook_dir))
     handle = getattr(module, "handle", None)
     if handle is None:
         raise LoadError("no 'handle' function found in %s" % base)
@@ -631,7 +647,6 @@ def load_or_refuse(hook_dir, handler_path, hook_name, files):
     try:
         handle = load_handler(hook_dir, handler_path, hook_name, files)
     except LoadError as exc:
-        sys.stderr.write("hermes-hooks: hook %r cannot load: %s\n" % (hook_name, exc))
         refusal = {"ready": False, "error": str(exc)}
         if exc.changed:
             refusal["changed"] = True
