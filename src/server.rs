@@ -161,6 +161,10 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
         route!(GET "/v1/hooks" => get_hooks),
         route!(GET "/v1/hooks/{name}" => get_hook),
         route!(POST "/v1/reload" => post_reload),
+        route!(GET "/v1/hooks/{name}/review" => get_review),
+        route!(POST "/v1/hooks/{name}/enable" => post_enable),
+        route!(POST "/v1/hooks/{name}/disable" => post_disable),
+        route!(GET "/v1/notices" => get_notices),
         route!(GET "/v1/openapi.json" => openapi),
         route!(GET "/healthz" => healthz),
         route!(GET "/readyz" => readyz),
@@ -564,7 +568,13 @@ async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Res
 async fn get_hooks(State(state): State<AppState>) -> Response {
     let hooks = state.host.hooks();
     let skipped = state.host.skipped();
-    let mut body = json!({"hooks": hooks, "skipped": skipped});
+    let config = state.host.config();
+    let trust = match config.trust.mode {
+        crate::trust::policy::TrustMode::Explicit => "explicit",
+        crate::trust::policy::TrustMode::All => "all",
+    };
+    let mut body =
+        json!({"hooks": hooks, "skipped": skipped, "roots": config.roots, "trust": trust});
     // Fleet edge: the workers' hooks join the list, and the fleet's own state is added.
     if let Some(Value::Object(extra)) = state.host.sink_status() {
         for (k, v) in extra {
@@ -610,6 +620,115 @@ async fn post_reload(State(state): State<AppState>) -> Result<Response, ApiError
     }
     let report = state.host.reload().await;
     Ok(axum::Json(report).into_response())
+}
+
+/// `TrustError` as the API's error: no such hook 404, refused 409, anything else 500.
+fn trust_error(e: crate::trust::error::TrustError) -> ApiError {
+    use crate::trust::error::TrustError;
+    let (status, code) = match e {
+        TrustError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+        TrustError::Refused { .. } => (StatusCode::CONFLICT, "refused"),
+        TrustError::Io { .. } | TrustError::Corrupt { .. } => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "trust_file")
+        }
+    };
+    ApiError::new(status, code, e.to_string())
+}
+
+/// A hook name from the path, as the API's JSON error when it does not decode.
+fn hook_name(name: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    name.map(|Path(n)| n)
+        .map_err(|e| ApiError::bad_request(format!("hook name: {e}")))
+}
+
+/// What approving the hook would cover (its files and their SHA-256), before anyone approves.
+async fn get_review(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let name = hook_name(name)?;
+    let config = state.host.config().clone();
+    let review = tokio::task::spawn_blocking(move || {
+        crate::set_enabled::review(&config.roots, &config.hermes_home, &config.trust, &name)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(trust_error)?;
+    Ok(axum::Json(review).into_response())
+}
+
+async fn post_enable(
+    state: State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    set_enabled(state, name, body, true).await
+}
+
+async fn post_disable(
+    state: State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    set_enabled(state, name, body, false).await
+}
+
+/// `enable`/`disable` as the CLI does them (approve or revoke under `--trust explicit`, else
+/// `enabled:` in HOOK.yaml), then a reload. An approval with `{"reviewed": DIGEST}` happens only
+/// if the hook's files still have the digest its review showed.
+async fn set_enabled(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+    on: bool,
+) -> Result<Response, ApiError> {
+    let name = hook_name(name)?;
+    if state.host.is_draining() {
+        return Err(EmitError::ShuttingDown.into());
+    }
+    let reviewed = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
+        match v.get("reviewed") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(_) => return Err(ApiError::bad_request("`reviewed` must be a string")),
+        }
+    };
+    let config = state.host.config().clone();
+    let message = tokio::task::spawn_blocking(move || {
+        crate::set_enabled::set_enabled_reviewed(
+            &config.roots,
+            &config.hermes_home,
+            &config.trust,
+            &name,
+            on,
+            reviewed.as_deref(),
+        )
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(trust_error)?;
+    let reload = state.host.reload().await;
+    Ok(axum::Json(json!({"message": message, "reload": reload})).into_response())
+}
+
+/// The last notices (`serve --output json`'s lines) after number `after`.
+async fn get_notices(
+    State(state): State<AppState>,
+    query: Result<axum::extract::Query<NoticesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (notices, last) = state.host.notices().recent(q.after.unwrap_or(0));
+    Ok(axum::Json(json!({"notices": notices, "last": last})).into_response())
+}
+
+/// `GET /v1/notices?after=N`.
+#[derive(serde::Deserialize)]
+struct NoticesQuery {
+    after: Option<u64>,
 }
 
 async fn openapi() -> Response {
