@@ -69,16 +69,6 @@ fn plugin_dir(home: &Path) -> PathBuf {
 
 /// Writes the plugin and enables it; returns what it did, a line each.
 pub fn install(home: &Path) -> Result<Vec<String>, String> {
-    let dir = plugin_dir(home);
-    for (rel, text) in FILES {
-        let path = dir.join(rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-        }
-        crate::atomic::write(&path, text.as_bytes(), 0o644).map_err(|e| e.to_string())?;
-    }
-    let mut out = vec![format!("wrote the Hooks tab into {}", dir.display())];
     let config = home.join("config.yaml");
     let text = read_config(&config)?;
     if list_of(&parse(&config, &text)?, "disabled").contains(&PLUGIN.to_string()) {
@@ -87,6 +77,16 @@ pub fn install(home: &Path) -> Result<Vec<String>, String> {
             config.display()
         ));
     }
+    let dir = plugin_dir(home);
+    for (rel, content) in FILES {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        crate::atomic::write(&path, content.as_bytes(), 0o644).map_err(|e| e.to_string())?;
+    }
+    let mut out = vec![format!("wrote the Hooks tab into {}", dir.display())];
     match add_enabled(&text) {
         None => out.push(format!(
             "{PLUGIN} was already in plugins.enabled of {}",

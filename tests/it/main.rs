@@ -9,6 +9,7 @@ mod completions;
 mod concurrency;
 mod contrib;
 mod core;
+mod dashboard;
 mod docs;
 mod dropin;
 mod dylib;

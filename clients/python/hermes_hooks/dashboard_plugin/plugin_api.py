@@ -112,11 +112,12 @@ def state() -> Dict[str, Any]:
 
 @router.get("/notices")
 def notices(after: int = 0) -> Dict[str, Any]:
-    """The service's notices numbered above ``after`` (the live tail)."""
+    """The service's notices numbered above ``after`` (the live tail); none while it is down
+    (``/state`` says why)."""
     try:
         status, data, _ = _call("GET", "/v1/notices?after=%d" % max(0, after))
     except ServiceDown as exc:
-        raise HTTPException(status_code=503, detail=str(exc))
+        return {"notices": [], "last": 0, "running": False, "problem": str(exc)}
     return _answer(status, data)
 
 
