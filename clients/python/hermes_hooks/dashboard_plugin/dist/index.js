@@ -160,12 +160,20 @@
     }));
   }
 
+  // Fleet mode (the service is a fleet edge): the edge's own state, its workers, and how many
+  // events are in the dead-letter stream (replayed with `hermes-hooks dead replay`).
   function Fleet(props) {
-    var st = props.state;
-    var fleet = st.fleet || st.workers || st.dead_letters;
-    if (!fleet) return null;
-    return h(Section, { id: "fleet", title: "Fleet" }, h("pre", { className: "hh-pre" },
-      JSON.stringify({ fleet: st.fleet, workers: st.workers, dead_letters: st.dead_letters }, null, 2)));
+    var f = props.state.fleet;
+    if (!f || typeof f !== "object") return null;
+    var facts = [["state", f.state + (f.degraded_reason ? " (" + f.degraded_reason + ")" : "")],
+      ["broker", f.broker], ["buffered", f.buffered + " / " + f.buffer_capacity],
+      ["published", f.published], ["dead letters", f.dead_letters === null || f.dead_letters === undefined ? "–" : f.dead_letters]];
+    return h(Section, { id: "fleet", title: "Fleet" },
+      h("ul", { className: "hh-list" }, facts.map(function (kv) {
+        return h("li", { key: kv[0] }, h("span", { className: "hh-muted" }, kv[0] + ": "), String(kv[1]));
+      })),
+      f.dead_letters ? h("p", { className: "hh-muted" }, "Replay them with `hermes-hooks dead replay --fleet " + f.broker + " --hook NAME --all`.") : null,
+      f.workers ? h("pre", { className: "hh-pre" }, JSON.stringify(f.workers, null, 2)) : null);
   }
 
   function HooksPage() {
