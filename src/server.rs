@@ -162,8 +162,8 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
         route!(GET "/v1/hooks/{name}" => get_hook),
         route!(POST "/v1/reload" => post_reload),
         route!(GET "/v1/hooks/{name}/review" => get_review),
-        route!(POST "/v1/hooks/{name}/enable" => post_enable),
-        route!(POST "/v1/hooks/{name}/disable" => post_disable),
+        route!(POST "/v1/hooks/{name}/enable" => set_enabled::<true>),
+        route!(POST "/v1/hooks/{name}/disable" => set_enabled::<false>),
         route!(GET "/v1/notices" => get_notices),
         route!(GET "/v1/openapi.json" => openapi),
         route!(GET "/healthz" => healthz),
@@ -657,46 +657,39 @@ async fn get_review(
     Ok(axum::Json(review).into_response())
 }
 
-async fn post_enable(
-    state: State<AppState>,
-    name: Result<Path<String>, PathRejection>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    set_enabled(state, name, body, true).await
-}
-
-async fn post_disable(
-    state: State<AppState>,
-    name: Result<Path<String>, PathRejection>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    set_enabled(state, name, body, false).await
+/// The optional `{"reviewed": DIGEST}` body of enable/disable (empty: none).
+async fn reviewed_digest(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiError> {
+    let bytes = read_body(headers, body, 64 * 1024).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
+    let Value::Object(m) = v else {
+        return Err(ApiError::bad_request("body must be a JSON object"));
+    };
+    match m.get("reviewed") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(d)) => Ok(Some(d.clone())),
+        Some(_) => Err(ApiError::bad_request("`reviewed` must be a string")),
+    }
 }
 
 /// `enable`/`disable` as the CLI does them (approve or revoke under `--trust explicit`, else
 /// `enabled:` in HOOK.yaml), then a reload. An approval with `{"reviewed": DIGEST}` happens only
 /// if the hook's files still have the digest its review showed.
-async fn set_enabled(
+async fn set_enabled<const ON: bool>(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
-    body: axum::body::Bytes,
-    on: bool,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let on = ON;
     let name = hook_name(name)?;
+    let reviewed = reviewed_digest(&headers, body).await?;
     if state.host.is_draining() {
         return Err(EmitError::ShuttingDown.into());
     }
-    let reviewed = if body.iter().all(u8::is_ascii_whitespace) {
-        None
-    } else {
-        let v: Value = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
-        match v.get("reviewed") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d.clone()),
-            Some(_) => return Err(ApiError::bad_request("`reviewed` must be a string")),
-        }
-    };
     let config = state.host.config().clone();
     let message = tokio::task::spawn_blocking(move || {
         crate::set_enabled::set_enabled_reviewed(

@@ -197,7 +197,9 @@ def check_page(run, page, pending_sha):
     page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
     greeter = row_text(page, "tr[data-hook='greeter']")
     flaky = row_text(page, "tr[data-hook='flaky']")
-    assert "agent:*" in greeter and "python" in greeter, greeter
+    for name, text in (("greeter", greeter), ("flaky", flaky)):
+        assert "python" in text and "service" in text and "ready" in text, (name, text)
+    assert "agent:*" in greeter and "3 / 0 / 0 / 0" in greeter, greeter
     assert "flaky fails on purpose" in flaky, flaky
     assert "0 / 3 / 0 / 0" in flaky, "flaky's counters (ok / failed / timed out / dropped): %r" % flaky
     pending = row_text(page, "li[data-skipped='pending']")

@@ -13,8 +13,9 @@ thread pool, so a slow service never blocks the dashboard's event loop.
 """
 
 import json
+import os
 import urllib.parse
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from fastapi import APIRouter, Body, HTTPException
 
@@ -42,10 +43,10 @@ class ServiceDown(Exception):
 
 
 def _call(method: str, path: str, body: Optional[bytes] = None,
-          timeout: float = READ_TIMEOUT) -> Any:
-    """One request to the service after the client's trust check; (status, decoded JSON)."""
+          timeout: float = READ_TIMEOUT) -> Tuple[int, Any, str]:
+    """One request to the service after the client's trust check: (status, decoded JSON,
+    the address)."""
     transport, trusted = _client()
-    import os
     try:
         address = transport.resolve_address()
     except ValueError as exc:
@@ -72,7 +73,7 @@ def _call(method: str, path: str, body: Optional[bytes] = None,
         raw = resp.read(transport.MAX_RESPONSE_BYTES)
     except ServiceDown:
         raise
-    except (OSError, Exception) as exc:  # http.client errors, an incompatible service
+    except Exception as exc:  # OSError, http.client's errors, an incompatible service
         raise ServiceDown("the hermes-hooks service at %s did not answer (%s)" % (address, exc))
     finally:
         conn.close()
