@@ -675,8 +675,12 @@ async fn reviewed_digest(headers: &HeaderMap, body: Body) -> Result<Option<Strin
     }
 }
 
+/// How long enable/disable wait for their reload before answering without its report.
+const RELOAD_WAIT: Duration = Duration::from_secs(3);
+
 /// `enable`/`disable` as the CLI does them (approve or revoke under `--trust explicit`, else
-/// `enabled:` in HOOK.yaml), then a reload. An approval with `{"reviewed": DIGEST}` happens only
+/// `enabled:` in HOOK.yaml), then a reload (its report, or null when it takes longer than
+/// [`RELOAD_WAIT`]). An approval with `{"reviewed": DIGEST}` happens only
 /// if the hook's files still have the digest its review showed.
 async fn set_enabled<const ON: bool>(
     State(state): State<AppState>,
@@ -704,8 +708,15 @@ async fn set_enabled<const ON: bool>(
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
     .map_err(trust_error)?;
-    let reload = state.host.reload().await;
-    Ok(axum::Json(json!({"message": message, "reload": reload})).into_response())
+    // The reload goes on by itself; its report is in the answer when it is done within
+    // RELOAD_WAIT (starting hook processes on a loaded machine can take longer).
+    let host = state.host.clone();
+    let reload = tokio::spawn(async move { host.reload().await });
+    let report = tokio::time::timeout(RELOAD_WAIT, reload)
+        .await
+        .ok()
+        .and_then(Result::ok);
+    Ok(axum::Json(json!({"message": message, "reload": report})).into_response())
 }
 
 /// The last notices (`serve --output json`'s lines) after number `after`.
