@@ -49,9 +49,12 @@ fi
 start() {
   local name=$1; shift
   mkdir -p "$work/$name/home"
+  # A copy of the example hooks: `POST /v1/hooks/{name}/disable` edits a hook's HOOK.yaml, and the
+  # fuzzer must not edit the checkout's.
+  cp -a "$root/hooks-examples" "$work/$name/hooks"
   : >"$work/$name/stderr" # exists before the service opens it, for the sed below
   HERMES_HOME="$work/$name/home" HERMES_HOOKS_LOG=warn,hermes_hooks::service=info \
-    "$bin" serve --hooks-dir "$root/hooks-examples" --listen 127.0.0.1:0 "$@" \
+    "$bin" serve --hooks-dir "$work/$name/hooks" --listen 127.0.0.1:0 "$@" \
     >"$work/$name/stdout" 2>"$work/$name/stderr" &
   pids+=($!)
   local pid=$! deadline=$((SECONDS + 60))

@@ -6,7 +6,8 @@
 //! lines). `docs/architecture.md` describes the layers, the path of an event, the path of a
 //! HOOK.yaml and where each handler kind lives.
 //! - [`cli`]: the command-line interface, one file per command; `main.rs` only calls
-//!   [`cli::main`]; `enable`/`disable`'s work is [`cli::set_enabled`].
+//!   [`cli::main`]; `enable`/`disable`'s work is [`set_enabled`] (the service's
+//!   enable/disable endpoints share it).
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).
 //! - [`server`]: the HTTP API (axum), thin over [`Host`].
@@ -83,6 +84,7 @@ pub(crate) mod registry;
 pub(crate) mod scaffold;
 pub mod server;
 pub mod service;
+pub(crate) mod set_enabled;
 pub(crate) mod sink;
 #[cfg(test)]
 mod testing;

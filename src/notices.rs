@@ -5,6 +5,9 @@
 //! channel and written by one dedicated thread, so a slow reader of stdout never blocks a runtime
 //! worker; when the channel is full a notice is counted as lost and the count is reported in
 //! `host_stop`.
+//!
+//! The service also keeps the last [`RECENT`] notices in memory (with or without `--output
+//! json`), numbered, for `GET /v1/notices` (the dashboard's live tail): [`Notices::recent`].
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,11 +21,42 @@ use serde_json::{Map, Value, json};
 pub const VERSION: u64 = 1;
 /// Notices waiting for the writer before new ones are dropped (and counted).
 const CAPACITY: usize = 4096;
+/// Notices kept in memory for [`Notices::recent`].
+pub const RECENT: usize = 256;
 
 struct Inner {
     tx: Mutex<Option<SyncSender<String>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     lost: AtomicU64,
+    recent: Mutex<Recent>,
+}
+
+/// The last [`RECENT`] notices, each with its number (from 1, in the order sent).
+#[derive(Default)]
+struct Recent {
+    last: u64,
+    lines: std::collections::VecDeque<(u64, String)>,
+}
+
+impl Inner {
+    fn new(tx: Option<SyncSender<String>>, writer: Option<JoinHandle<()>>) -> Self {
+        Self {
+            tx: Mutex::new(tx),
+            writer: Mutex::new(writer),
+            lost: AtomicU64::new(0),
+            recent: Mutex::default(),
+        }
+    }
+
+    fn remember(&self, line: &str) {
+        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        r.last += 1;
+        let n = r.last;
+        if r.lines.len() == RECENT {
+            r.lines.pop_front();
+        }
+        r.lines.push_back((n, line.to_string()));
+    }
 }
 
 /// `{"v", "type", "time", ...fields}` as one line.
@@ -75,12 +109,35 @@ impl Notices {
             })
             .ok();
         Self {
-            inner: Some(Arc::new(Inner {
-                tx: Mutex::new(Some(tx)),
-                writer: Mutex::new(writer),
-                lost: AtomicU64::new(0),
-            })),
+            inner: Some(Arc::new(Inner::new(Some(tx), writer))),
         }
+    }
+
+    /// Notices kept in memory only (for [`Notices::recent`]), written nowhere.
+    pub fn recording() -> Self {
+        Self {
+            inner: Some(Arc::new(Inner::new(None, None))),
+        }
+    }
+
+    /// The notices kept in memory whose number is above `after`, oldest first, as JSON objects
+    /// with their number added as `seq`; and the number of the last notice sent (0 before any).
+    pub fn recent(&self, after: u64) -> (Vec<Value>, u64) {
+        let Some(inner) = &self.inner else {
+            return (Vec::new(), 0);
+        };
+        let r = inner.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let notices = r
+            .lines
+            .iter()
+            .filter(|(n, _)| *n > after)
+            .filter_map(|(n, line)| {
+                let mut v: Value = serde_json::from_str(line).ok()?;
+                v.as_object_mut()?.insert("seq".into(), json!(n));
+                Some(v)
+            })
+            .collect();
+        (notices, r.last)
     }
 
     /// True when notices are being written.
@@ -92,6 +149,7 @@ impl Notices {
     pub fn send(&self, kind: &str, fields: Value) {
         let Some(inner) = &self.inner else { return };
         let line = envelope(kind, fields);
+        inner.remember(&line);
         let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner());
         match tx.as_ref().map(|t| t.try_send(line)) {
             Some(Ok(())) | None => {}

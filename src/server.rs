@@ -162,6 +162,10 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
         route!(GET "/v1/hooks/{name}" => get_hook),
         route!(POST "/v1/reload" => post_reload),
         route!(POST "/v1/proof" => post_proof),
+        route!(GET "/v1/hooks/{name}/review" => get_review),
+        route!(POST "/v1/hooks/{name}/enable" => set_enabled::<true>),
+        route!(POST "/v1/hooks/{name}/disable" => set_enabled::<false>),
+        route!(GET "/v1/notices" => get_notices),
         route!(GET "/v1/openapi.json" => openapi),
         route!(GET "/healthz" => healthz),
         route!(GET "/readyz" => readyz),
@@ -575,7 +579,12 @@ async fn get_hooks(State(state): State<AppState>) -> Response {
     // `ready: false` while the first load runs: the list is not the hooks yet (a client reads
     // them from disk meanwhile and asks again; issue 36).
     let ready = state.host.is_ready() || state.host.is_draining();
-    let mut body = json!({"hooks": hooks, "skipped": skipped, "ready": ready});
+    let config = state.host.config();
+    let trust = match config.trust.mode {
+        crate::trust::policy::TrustMode::Explicit => "explicit",
+        crate::trust::policy::TrustMode::All => "all",
+    };
+    let mut body = json!({"hooks": hooks, "skipped": skipped, "ready": ready, "roots": config.roots, "trust": trust});
     // Fleet edge: the workers' hooks join the list, and the fleet's own state is added.
     if let Some(Value::Object(extra)) = state.host.sink_status() {
         for (k, v) in extra {
@@ -621,6 +630,119 @@ async fn post_reload(State(state): State<AppState>) -> Result<Response, ApiError
     }
     let report = state.host.reload().await;
     Ok(axum::Json(report).into_response())
+}
+
+/// `TrustError` as the API's error: no such hook 404, refused 409, anything else 500.
+fn trust_error(e: crate::trust::error::TrustError) -> ApiError {
+    use crate::trust::error::TrustError;
+    let (status, code) = match e {
+        TrustError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+        TrustError::Refused { .. } => (StatusCode::CONFLICT, "refused"),
+        TrustError::Io { .. } | TrustError::Corrupt { .. } => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "trust_file")
+        }
+    };
+    ApiError::new(status, code, e.to_string())
+}
+
+/// A hook name from the path, as the API's JSON error when it does not decode.
+fn hook_name(name: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    name.map(|Path(n)| n)
+        .map_err(|e| ApiError::bad_request(format!("hook name: {e}")))
+}
+
+/// What approving the hook would cover (its files and their SHA-256), before anyone approves.
+async fn get_review(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let name = hook_name(name)?;
+    let config = state.host.config().clone();
+    let review = tokio::task::spawn_blocking(move || {
+        crate::set_enabled::review(&config.roots, &config.hermes_home, &config.trust, &name)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(trust_error)?;
+    Ok(axum::Json(review).into_response())
+}
+
+/// The optional `{"reviewed": DIGEST}` body of enable/disable (empty: none).
+async fn reviewed_digest(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiError> {
+    let bytes = read_body(headers, body, 64 * 1024).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
+    let Value::Object(m) = v else {
+        return Err(ApiError::bad_request("body must be a JSON object"));
+    };
+    match m.get("reviewed") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(d)) => Ok(Some(d.clone())),
+        Some(_) => Err(ApiError::bad_request("`reviewed` must be a string")),
+    }
+}
+
+/// How long enable/disable wait for their reload before answering without its report.
+const RELOAD_WAIT: Duration = Duration::from_secs(3);
+
+/// `enable`/`disable` as the CLI does them (approve or revoke under `--trust explicit`, else
+/// `enabled:` in HOOK.yaml), then a reload (its report, or null when it takes longer than
+/// [`RELOAD_WAIT`]). An approval with `{"reviewed": DIGEST}` happens only
+/// if the hook's files still have the digest its review showed.
+async fn set_enabled<const ON: bool>(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let on = ON;
+    let name = hook_name(name)?;
+    let reviewed = reviewed_digest(&headers, body).await?;
+    if state.host.is_draining() {
+        return Err(EmitError::ShuttingDown.into());
+    }
+    let config = state.host.config().clone();
+    let message = tokio::task::spawn_blocking(move || {
+        crate::set_enabled::set_enabled_reviewed(
+            &config.roots,
+            &config.hermes_home,
+            &config.trust,
+            &name,
+            on,
+            reviewed.as_deref(),
+        )
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(trust_error)?;
+    // The reload goes on by itself; its report is in the answer when it is done within
+    // RELOAD_WAIT (starting hook processes on a loaded machine can take longer).
+    let host = state.host.clone();
+    let reload = tokio::spawn(async move { host.reload().await });
+    let report = tokio::time::timeout(RELOAD_WAIT, reload)
+        .await
+        .ok()
+        .and_then(Result::ok);
+    Ok(axum::Json(json!({"message": message, "reload": report})).into_response())
+}
+
+/// The last notices (`serve --output json`'s lines) after number `after`.
+async fn get_notices(
+    State(state): State<AppState>,
+    query: Result<axum::extract::Query<NoticesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (notices, last) = state.host.notices().recent(q.after.unwrap_or(0));
+    Ok(axum::Json(json!({"notices": notices, "last": last})).into_response())
+}
+
+/// `GET /v1/notices?after=N`.
+#[derive(serde::Deserialize)]
+struct NoticesQuery {
+    after: Option<u64>,
 }
 
 async fn openapi() -> Response {

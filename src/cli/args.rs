@@ -130,6 +130,15 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cli::fleet::DeadCommand,
     },
+    /// The Hooks tab of the Hermes dashboard: install it into $HERMES_HOME/plugins (and enable
+    /// it in config.yaml's plugins.enabled), or uninstall it.
+    ///
+    /// Example: hermes-hooks dashboard install
+    Dashboard {
+        /// install or uninstall.
+        #[command(subcommand)]
+        command: crate::cli::dashboard::DashboardCommand,
+    },
     /// List loaded hooks and why other directories were not loaded.
     ///
     /// Example: hermes-hooks list --hooks-dir hooks-examples --json

@@ -1,4 +1,4 @@
-//! `enable NAME` / `disable NAME`: the work is in [`crate::cli::set_enabled::set_enabled`].
+//! `enable NAME` / `disable NAME`: the work is in [`crate::set_enabled::set_enabled`].
 
 use crate::cli::args::RootArgs;
 use crate::cli::common::fail;
@@ -9,7 +9,7 @@ pub fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
         Ok(c) => c,
         Err(e) => return crate::cli::common::usage(e),
     };
-    match crate::cli::set_enabled::set_enabled(
+    match crate::set_enabled::set_enabled(
         &config.roots,
         &config.hermes_home,
         &config.trust,

@@ -7,6 +7,7 @@ pub(crate) mod args;
 pub(crate) mod check;
 pub(crate) mod common;
 pub(crate) mod completions;
+pub(crate) mod dashboard;
 pub(crate) mod emit;
 pub(crate) mod enable;
 pub(crate) mod exit;
@@ -16,13 +17,12 @@ pub(crate) mod lease;
 pub(crate) mod list;
 pub(crate) mod new;
 pub(crate) mod serve;
-pub(crate) mod set_enabled;
 pub(crate) mod test_cmd;
 
 use std::time::Duration;
 
+pub use crate::set_enabled::set_enabled;
 pub(crate) use args::{Command, LogFormat};
-pub use set_enabled::set_enabled;
 
 /// Parses the arguments, sets up logging, runs the command; returns the exit code.
 pub fn main() -> i32 {
@@ -110,6 +110,7 @@ pub fn main() -> i32 {
             } => new::new_hook(&roots, &name, kind, url.as_deref(), src),
             Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
+            Command::Dashboard { command } => dashboard::dashboard(command),
             Command::Completions { shell } => completions::completions(shell),
             Command::Man { out } => completions::man(out.as_deref()),
         };

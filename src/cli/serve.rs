@@ -76,7 +76,8 @@ pub async fn serve(args: ServeArgs) -> i32 {
     args.fleet.adjust(&mut config);
     let notices = match args.output {
         Output::Json => crate::notices::Notices::to_writer(private_stdout()),
-        Output::Text => crate::notices::Notices::default(),
+        // Kept in memory only: `GET /v1/notices` (the dashboard's live tail).
+        Output::Text => crate::notices::Notices::recording(),
     };
     let watch = !args.no_watch;
     if let Err(e) = crate::layout::create_private_dir(&config.hermes_home) {

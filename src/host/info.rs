@@ -49,6 +49,53 @@ pub struct HookInfo {
     /// Calls in flight at once (`concurrency:`; locally for executable and webhook hooks, across
     /// the fleet for every kind in fleet mode).
     pub concurrency: usize,
+    /// How long its handler calls took.
+    pub durations: Durations,
+}
+
+/// Handler call durations of a hook, from its histogram (the one `/metrics` exposes).
+#[derive(Debug, Clone, Serialize)]
+pub struct Durations {
+    /// Calls timed.
+    pub calls: u64,
+    /// Mean, milliseconds (0 without calls).
+    pub mean_ms: f64,
+    /// Half of the calls took at most this long, milliseconds (a histogram bucket's upper
+    /// bound; None without calls or past the last bound).
+    pub p50_ms: Option<f64>,
+    /// 95 % of the calls took at most this long, milliseconds (as `p50_ms`).
+    pub p95_ms: Option<f64>,
+}
+
+impl Durations {
+    fn of(s: &crate::hook::HookStats) -> Self {
+        use crate::hook::DURATION_BUCKETS;
+        let counts: Vec<u64> = s
+            .duration_buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let calls: u64 = counts.iter().sum();
+        let quantile = |q: f64| {
+            let want = (calls as f64 * q).ceil().max(1.0) as u64;
+            let mut seen = 0;
+            counts.iter().enumerate().find_map(|(i, c)| {
+                seen += c;
+                (seen >= want).then(|| DURATION_BUCKETS.get(i).map(|b| b * 1000.0))
+            })?
+        };
+        let busy_ms = s.busy_us.load(Ordering::Relaxed) as f64 / 1000.0;
+        Self {
+            calls,
+            mean_ms: if calls == 0 {
+                0.0
+            } else {
+                busy_ms / calls as f64
+            },
+            p50_ms: if calls == 0 { None } else { quantile(0.5) },
+            p95_ms: if calls == 0 { None } else { quantile(0.95) },
+        }
+    }
 }
 
 /// How a hook's worker process was started, as shown by `/v1/hooks`.
@@ -154,6 +201,7 @@ impl HookInfo {
                 .start()
                 .map(|(start, reason)| WorkerStart { start, reason }),
             concurrency: spec.manifest.concurrency,
+            durations: Durations::of(s),
         }
     }
 }

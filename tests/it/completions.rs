@@ -16,6 +16,7 @@ const COMMANDS: &[&str] = &[
     "new",
     "enable",
     "disable",
+    "dashboard",
     "completions",
     "man",
 ];

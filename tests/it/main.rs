@@ -9,6 +9,7 @@ mod completions;
 mod concurrency;
 mod contrib;
 mod core;
+mod dashboard;
 mod decisions;
 mod docs;
 mod dropin;

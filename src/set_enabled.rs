@@ -1,7 +1,9 @@
-//! The work of `hermes-hooks enable NAME` / `disable NAME` (in the CLI, not in [`crate::trust`],
-//! which discovery uses): find the hook the way discovery does
-//! ([`crate::discovery::locate`]), resolve its handler with discovery's rules, then approve or
-//! revoke it (explicit mode) or flip `enabled:` in its HOOK.yaml.
+//! The work of `hermes-hooks enable NAME` / `disable NAME` and of the service's
+//! `POST /v1/hooks/{name}/enable|disable` (not in [`crate::trust`], which discovery uses): find
+//! the hook the way discovery does ([`crate::discovery::locate`]), resolve its handler with
+//! discovery's rules, then approve or revoke it (explicit mode) or flip `enabled:` in its
+//! HOOK.yaml. [`review`] says what an approval would cover (the files and their SHA-256) before
+//! anyone approves, and [`set_enabled_reviewed`] approves only what was reviewed.
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +26,21 @@ pub fn set_enabled(
     name: &str,
     on: bool,
 ) -> Result<String, TrustError> {
+    set_enabled_reviewed(roots, hermes_home, policy, name, on, None)
+}
+
+/// [`set_enabled`], except that in explicit mode an approval happens only when what it would
+/// cover still has the digest `reviewed` (the [`Review::digest`] shown to whoever approves).
+pub fn set_enabled_reviewed(
+    roots: &[PathBuf],
+    hermes_home: &Path,
+    policy: &TrustPolicy,
+    name: &str,
+    on: bool,
+    reviewed: Option<&str>,
+) -> Result<String, TrustError> {
     match (policy.mode, on) {
-        (TrustMode::Explicit, true) => approve(roots, hermes_home, policy, name),
+        (TrustMode::Explicit, true) => approve(roots, hermes_home, policy, name, reviewed),
         (TrustMode::Explicit, false) => revoke(hermes_home, name),
         (TrustMode::All, _) => {
             let hook = find(roots, name)?;
@@ -47,12 +62,54 @@ fn find(roots: &[PathBuf], name: &str) -> Result<Located, TrustError> {
     })
 }
 
-fn approve(
-    roots: &[PathBuf],
-    hermes_home: &Path,
-    policy: &TrustPolicy,
-    name: &str,
-) -> Result<String, TrustError> {
+/// What approving a hook covers, shown before the approval: the handler (or endpoint), the
+/// SHA-256 an approval records, every file that can run with its SHA-256, and the approval
+/// already recorded, if any.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Review {
+    /// The hook's name.
+    pub name: String,
+    /// Handler kind.
+    pub kind: &'static str,
+    /// The hook directory.
+    pub dir: PathBuf,
+    /// Handler file or URL.
+    pub handler: String,
+    /// What an approval records (the handler's bytes, or a webhook's endpoint).
+    pub sha256: String,
+    /// Every file of the tree that can run (relative path -> SHA-256).
+    pub files: std::collections::BTreeMap<String, String>,
+    /// The approval already recorded: its SHA-256 and when.
+    pub approved: Option<ReviewApproved>,
+    /// The trust mode (`explicit` or `all`).
+    pub trust: &'static str,
+    /// A digest of all of the above that can run: an approval given with it happens only if
+    /// nothing has changed since it was shown.
+    pub digest: String,
+    /// `enabled:` of HOOK.yaml.
+    pub enabled: bool,
+}
+
+/// An approval already recorded for a hook.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReviewApproved {
+    /// What it covers.
+    pub sha256: String,
+    /// When it was given.
+    pub approved_at: String,
+}
+
+/// Everything an approval of a hook is made of, read from its directory.
+struct Prepared {
+    hook: Located,
+    manifest: crate::manifest::Manifest,
+    kind: crate::kind::HandlerKind,
+    handler: Option<PathBuf>,
+    files: RunFiles,
+    sha256: String,
+}
+
+fn prepare(roots: &[PathBuf], policy: &TrustPolicy, name: &str) -> Result<Prepared, TrustError> {
     let hook = find(roots, name)?;
     let refused = |path: &Path, reason: String| TrustError::Refused {
         path: path.to_path_buf(),
@@ -61,8 +118,9 @@ fn approve(
     let manifest = hook
         .manifest
         .as_ref()
-        .map_err(|e| refused(&hook.manifest_path, format!("{e}; fix HOOK.yaml first")))?;
-    let (kind, handler) = resolve_handler(&hook.dir, &hook.manifest_path, manifest)
+        .map_err(|e| refused(&hook.manifest_path, format!("{e}; fix HOOK.yaml first")))?
+        .clone();
+    let (kind, handler) = resolve_handler(&hook.dir, &hook.manifest_path, &manifest)
         .map_err(|(_, file, reason)| refused(&file, reason))?;
     if !policy.insecure_permissions {
         let gate = Gate::default();
@@ -73,18 +131,110 @@ fn approve(
         &hook.dir,
         kind,
         handler.as_deref(),
-        manifest,
+        &manifest,
         !policy.insecure_permissions,
     )
     .map_err(|e| refused(e.path(), format!("cannot approve: {e}")))?;
     let sha256 =
-        approval_hash(kind, handler.as_deref(), manifest).map_err(|source| TrustError::Io {
+        approval_hash(kind, handler.as_deref(), &manifest).map_err(|source| TrustError::Io {
             op: "read",
             path: handler
                 .clone()
                 .unwrap_or_else(|| hook.manifest_path.clone()),
             source,
         })?;
+    Ok(Prepared {
+        hook,
+        manifest,
+        kind,
+        handler,
+        files,
+        sha256,
+    })
+}
+
+impl Prepared {
+    fn handler_text(&self) -> String {
+        match (&self.handler, &self.manifest.url) {
+            (Some(p), _) => p.display().to_string(),
+            (None, Some(u)) => u.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// SHA-256 over what an approval covers: the recorded hash, the settings and every file.
+    fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.sha256.as_bytes());
+        h.update(b"\0");
+        h.update(settings_hash(&self.manifest).as_bytes());
+        for (path, sha) in &self.files.files {
+            h.update(b"\0");
+            h.update(path.as_bytes());
+            h.update(b"\0");
+            h.update(sha.as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+}
+
+/// What approving hook `name` would cover now (see [`Review`]).
+pub fn review(
+    roots: &[PathBuf],
+    hermes_home: &Path,
+    policy: &TrustPolicy,
+    name: &str,
+) -> Result<Review, TrustError> {
+    let p = prepare(roots, policy, name)?;
+    let approvals = TrustFile::load(&trust_file(hermes_home))?;
+    Ok(Review {
+        name: name.to_string(),
+        kind: p.kind.as_str(),
+        dir: p.hook.dir.clone(),
+        handler: p.handler_text(),
+        sha256: p.sha256.clone(),
+        files: p.files.files.clone(),
+        approved: approvals.hooks.get(name).map(|a| ReviewApproved {
+            sha256: a.sha256.clone(),
+            approved_at: a.approved_at.clone(),
+        }),
+        trust: match policy.mode {
+            TrustMode::Explicit => "explicit",
+            TrustMode::All => "all",
+        },
+        digest: p.digest(),
+        enabled: p.manifest.enabled,
+    })
+}
+
+fn approve(
+    roots: &[PathBuf],
+    hermes_home: &Path,
+    policy: &TrustPolicy,
+    name: &str,
+    reviewed: Option<&str>,
+) -> Result<String, TrustError> {
+    let p = prepare(roots, policy, name)?;
+    if let Some(reviewed) = reviewed
+        && reviewed != p.digest()
+    {
+        return Err(TrustError::Refused {
+            path: p.hook.dir.clone(),
+            reason: "its files changed since they were reviewed; review them again, then approve"
+                .to_string(),
+        });
+    }
+    let handler_text = p.handler_text();
+    let Prepared {
+        hook,
+        manifest,
+        kind,
+        handler: _,
+        files,
+        sha256,
+    } = p;
+    let manifest = &manifest;
     let file = trust_file(hermes_home);
     let mut approvals = TrustFile::load(&file)?;
     let previous = approvals.hooks.get(name).map(|a| a.sha256.clone());
@@ -95,11 +245,7 @@ fn approve(
             settings_sha256: Some(settings_hash(manifest)),
             files: Some(files.files.clone()),
             kind: kind.as_str().to_string(),
-            handler: match (&handler, &manifest.url) {
-                (Some(p), _) => p.display().to_string(),
-                (None, Some(u)) => u.clone(),
-                _ => String::new(),
-            },
+            handler: handler_text,
             dir: hook.dir.clone(),
             approved_at: crate::time::now(),
         },

@@ -1,0 +1,274 @@
+// The Hooks tab of the Hermes dashboard (hermes-hooks). A plain script, no build step: it
+// renders with the React and the components the dashboard exposes on
+// window.__HERMES_PLUGIN_SDK__, and talks only to this plugin's backend
+// (/api/plugins/hermes-hooks/, see plugin_api.py) through the SDK's authenticated fetchJSON.
+(function () {
+  "use strict";
+  var SDK = window.__HERMES_PLUGIN_SDK__;
+  var PLUGINS = window.__HERMES_PLUGINS__;
+  if (!SDK || !PLUGINS) return;
+
+  var React = SDK.React;
+  var h = React.createElement;
+  var useState = SDK.hooks.useState;
+  var useEffect = SDK.hooks.useEffect;
+  var useCallback = SDK.hooks.useCallback;
+  var useRef = SDK.hooks.useRef;
+  var C = SDK.components;
+  var API = "/api/plugins/hermes-hooks";
+  var STATE_EVERY_MS = 3000;
+  var TAIL_EVERY_MS = 2000;
+  var TAIL_KEEP = 100;
+
+  function get(path) {
+    return SDK.fetchJSON(API + path);
+  }
+
+  function post(path, body) {
+    return SDK.fetchJSON(API + path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body || {}),
+    });
+  }
+
+  // fetchJSON's errors carry the answer's body; show its `detail` when there is one.
+  function why(err) {
+    var text = (err && err.message) || String(err);
+    var brace = text.indexOf("{");
+    if (brace >= 0) {
+      try {
+        var body = JSON.parse(text.slice(brace));
+        if (body && body.detail) return String(body.detail);
+      } catch (e) { /* not JSON: the text as it is */ }
+    }
+    return text;
+  }
+
+  function when(iso) {
+    if (!iso) return "";
+    try {
+      return SDK.utils.isoTimeAgo ? SDK.utils.isoTimeAgo(iso) : iso;
+    } catch (e) {
+      return iso;
+    }
+  }
+
+  function ms(v) {
+    if (v === null || v === undefined) return "–";
+    return v < 10 ? v.toFixed(2) + " ms" : Math.round(v) + " ms";
+  }
+
+  function badge(text, tone) {
+    return h("span", { className: "hh-badge hh-" + (tone || "plain") }, text);
+  }
+
+  function stateTone(status) {
+    if (status === "running" || status === "idle" || status === "ready" || status === "in_gateway") return "ok";
+    if (status === "failed" || status === "crashed" || status === "backoff") return "bad";
+    return "warn";
+  }
+
+  function Section(props) {
+    return h(C.Card, { className: "hh-card", "data-section": props.id },
+      h(C.CardHeader, null, h(C.CardTitle, null, props.title)),
+      h(C.CardContent, null, props.children));
+  }
+
+  function HookRow(props) {
+    var hk = props.hook;
+    var c = hk.counters || {};
+    var d = hk.durations || {};
+    var err = hk.last_error;
+    return h("tr", { "data-hook": hk.name },
+      h("td", { "data-label": "Hook" }, h("strong", null, hk.name),
+        hk.description ? h("div", { className: "hh-muted" }, hk.description) : null),
+      h("td", { "data-label": "Runs" }, hk.runs || "service"),
+      h("td", { "data-label": "Kind" }, hk.kind),
+      h("td", { "data-label": "Events" }, (hk.events || []).join(", ")),
+      h("td", { "data-label": "State" }, badge(hk.status, stateTone(hk.status))),
+      h("td", { "data-label": "ok / failed / timed out / dropped", className: "hh-num" },
+        [c.ok, c.failed, c.timeouts, c.dropped].map(function (n) { return n === undefined ? "–" : n; }).join(" / ")),
+      h("td", { "data-label": "Duration (mean, p95)", className: "hh-num" },
+        d.calls ? ms(d.mean_ms) + ", ≤ " + ms(d.p95_ms) : "–"),
+      h("td", { "data-label": "Last error", className: "hh-error" },
+        err ? h("span", null, err.message, h("div", { className: "hh-muted" }, when(err.time))) : "–"),
+      h("td", { "data-label": "" },
+        h(C.Button, { size: "sm", variant: "outline", disabled: props.busy,
+          onClick: function () { props.act("disable", hk.name); } }, "Disable")));
+  }
+
+  function HooksTable(props) {
+    if (!props.hooks.length) return h("p", { className: "hh-muted" }, "No hook is loaded.");
+    return h("div", { className: "hh-scroll" },
+      h("table", { className: "hh-table" },
+        h("thead", null, h("tr", null,
+          ["Hook", "Runs", "Kind", "Events", "State", "ok / failed / timed out / dropped",
+            "Duration (mean, p95)", "Last error", ""].map(function (t, i) { return h("th", { key: i }, t); }))),
+        h("tbody", null, props.hooks.map(function (hk) {
+          return h(HookRow, { key: hk.name, hook: hk, act: props.act, busy: props.busy });
+        }))));
+  }
+
+  function Review(props) {
+    var r = props.review;
+    var files = Object.keys(r.files || {});
+    return h("div", { className: "hh-review", "data-review": r.name },
+      h("p", null, "Approving ", h("strong", null, r.name), " (", r.kind, ") lets these files run; ",
+        "the approval records sha256 ", h("code", null, r.sha256), "."),
+      r.approved ? h("p", { className: "hh-muted" }, "Approved before: sha256 ", h("code", null, r.approved.sha256),
+        " (", when(r.approved.approved_at), ")") : null,
+      h("div", { className: "hh-scroll" }, h("table", { className: "hh-table hh-files" },
+        h("thead", null, h("tr", null, h("th", null, "File"), h("th", null, "SHA-256"))),
+        h("tbody", null, files.map(function (f) {
+          return h("tr", { key: f }, h("td", { "data-label": "File" }, f),
+            h("td", { "data-label": "SHA-256" }, h("code", null, r.files[f])));
+        })))),
+      h("div", { className: "hh-actions" },
+        h(C.Button, { size: "sm", disabled: props.busy, onClick: props.approve }, "Approve these files"),
+        h(C.Button, { size: "sm", variant: "outline", onClick: props.cancel }, "Cancel")));
+  }
+
+  function Skipped(props) {
+    if (!props.skipped.length) return h("p", { className: "hh-muted" }, "Every hook directory loaded.");
+    return h("ul", { className: "hh-list" }, props.skipped.map(function (s) {
+      var name = s.name || s.dir;
+      var canApprove = s.code === "not_approved" && s.name;
+      var canEnable = s.code === "disabled" && s.name;
+      var review = props.review && props.review.name === s.name ? props.review : null;
+      return h("li", { key: s.dir, "data-skipped": name },
+        h("div", { className: "hh-row" }, h("strong", null, name), badge(s.code, "bad"),
+          canApprove && !review ? h(C.Button, { size: "sm", disabled: props.busy,
+            onClick: function () { props.showReview(s.name); } }, "Review and approve") : null,
+          canEnable ? h(C.Button, { size: "sm", disabled: props.busy,
+            onClick: function () { props.act("enable", s.name); } }, "Enable") : null),
+        h("div", { className: "hh-reason" }, s.reason),
+        h("div", { className: "hh-muted" }, s.file || s.dir),
+        review ? h(Review, { review: review, busy: props.busy, approve: props.approve, cancel: props.cancel }) : null);
+    }));
+  }
+
+  function Tail(props) {
+    if (!props.notices.length) return h("p", { className: "hh-muted" }, "Nothing yet.");
+    return h("ol", { className: "hh-tail" }, props.notices.slice().reverse().map(function (n) {
+      var what = n.name || n.hook || "";
+      var detail = n.reason || n.error || n.message || "";
+      return h("li", { key: n.seq },
+        h("span", { className: "hh-muted" }, (n.time || "").replace("T", " ").replace("Z", "")), " ",
+        badge(n.type, /fail|skip|error|timeout|drop/.test(n.type) ? "bad" : "plain"), " ",
+        what ? h("strong", null, what) : null, detail ? " " + detail : "");
+    }));
+  }
+
+  // Fleet mode (the service is a fleet edge): the edge's own state, its workers, and how many
+  // events are in the dead-letter stream (replayed with `hermes-hooks dead replay`).
+  function Fleet(props) {
+    var f = props.state.fleet;
+    if (!f || typeof f !== "object") return null;
+    var facts = [["state", f.state + (f.degraded_reason ? " (" + f.degraded_reason + ")" : "")],
+      ["broker", f.broker], ["buffered", f.buffered + " / " + f.buffer_capacity],
+      ["published", f.published], ["dead letters", f.dead_letters === null || f.dead_letters === undefined ? "–" : f.dead_letters]];
+    return h(Section, { id: "fleet", title: "Fleet" },
+      h("ul", { className: "hh-list" }, facts.map(function (kv) {
+        return h("li", { key: kv[0] }, h("span", { className: "hh-muted" }, kv[0] + ": "), String(kv[1]));
+      })),
+      f.dead_letters ? h("p", { className: "hh-muted" }, "Replay them with `hermes-hooks dead replay --fleet " + f.broker + " --hook NAME --all`.") : null,
+      f.workers ? h("pre", { className: "hh-pre" }, JSON.stringify(f.workers, null, 2)) : null);
+  }
+
+  function HooksPage() {
+    var _s = useState(null), state = _s[0], setState = _s[1];
+    var _e = useState(null), loadError = _e[0], setLoadError = _e[1];
+    var _n = useState([]), notices = _n[0], setNotices = _n[1];
+    var _m = useState(null), message = _m[0], setMessage = _m[1];
+    var _b = useState(false), busy = _b[0], setBusy = _b[1];
+    var _r = useState(null), review = _r[0], setReview = _r[1];
+    var last = useRef(0);
+
+    var refresh = useCallback(function () {
+      return get("/state").then(function (s) { setState(s); setLoadError(null); })
+        .catch(function (e) { setLoadError(why(e)); });
+    }, []);
+
+    var tail = useCallback(function () {
+      return get("/notices?after=" + last.current).then(function (r) {
+        if (r.last < last.current) last.current = 0; // the service restarted: start again
+        if (!r.notices || !r.notices.length) { last.current = r.last; return; }
+        last.current = r.last;
+        setNotices(function (old) { return old.concat(r.notices).slice(-TAIL_KEEP); });
+      }).catch(function () { /* the state says when the service is down */ });
+    }, []);
+
+    useEffect(function () {
+      refresh(); tail();
+      var a = setInterval(refresh, STATE_EVERY_MS);
+      var b = setInterval(tail, TAIL_EVERY_MS);
+      return function () { clearInterval(a); clearInterval(b); };
+    }, [refresh, tail]);
+
+    function done(p, what) {
+      setBusy(true);
+      return p.then(function (r) {
+        setMessage({ ok: true, text: (r && r.message) || what });
+      }).catch(function (e) {
+        setMessage({ ok: false, text: why(e) });
+      }).then(function () { setBusy(false); refresh(); tail(); });
+    }
+
+    function act(verb, name) {
+      return done(post("/hooks/" + encodeURIComponent(name) + "/" + verb), verb + " " + name);
+    }
+
+    function reload() {
+      return done(post("/reload").then(function (r) {
+        return { message: "reloaded: " + (r.loaded || []).length + " loaded, " + (r.skipped || []).length + " not loaded" };
+      }), "reloaded");
+    }
+
+    function showReview(name) {
+      setBusy(true);
+      get("/review/" + encodeURIComponent(name)).then(setReview)
+        .catch(function (e) { setMessage({ ok: false, text: why(e) }); })
+        .then(function () { setBusy(false); });
+    }
+
+    function approve() {
+      var r = review;
+      setReview(null);
+      return done(post("/hooks/" + encodeURIComponent(r.name) + "/enable", { reviewed: r.digest }), "approved " + r.name);
+    }
+
+    var header = h("div", { className: "hh-head" },
+      h("h1", { className: "hh-title" }, "Hooks"),
+      state && state.running ? badge("service running · " + state.address + " · trust " + state.trust, "ok") : null,
+      h(C.Button, { size: "sm", disabled: busy || !(state && state.running), onClick: reload, "data-action": "reload" }, "Reload"));
+
+    var body;
+    if (loadError) {
+      body = h("div", { className: "hh-down", role: "alert" }, "The dashboard cannot reach the Hooks backend: " + loadError);
+    } else if (!state) {
+      body = h("p", { className: "hh-muted" }, "Loading…");
+    } else if (!state.running) {
+      body = h("div", { className: "hh-down", role: "alert", "data-down": "1" },
+        h("strong", null, "The hermes-hooks service is not running."), h("div", null, state.problem),
+        h("div", { className: "hh-muted" }, "Start it with `hermes-hooks serve` (or start the gateway with the hermes-hooks client, which starts it)."));
+    } else {
+      body = h("div", { className: "hh-grid" },
+        h(Section, { id: "hooks", title: "Loaded hooks (" + (state.hooks || []).length + ")" },
+          h(HooksTable, { hooks: state.hooks || [], act: act, busy: busy })),
+        h(Section, { id: "skipped", title: "Not loaded (" + (state.skipped || []).length + ")" },
+          h(Skipped, { skipped: state.skipped || [], act: act, busy: busy, review: review,
+            showReview: showReview, approve: approve, cancel: function () { setReview(null); } })),
+        h(Section, { id: "roots", title: "Hook roots" },
+          h("ul", { className: "hh-list" }, (state.roots || []).map(function (r) { return h("li", { key: r }, h("code", null, r)); }))),
+        h(Fleet, { state: state }),
+        h(Section, { id: "tail", title: "Live tail" }, h(Tail, { notices: notices })));
+    }
+
+    return h("div", { className: "hh-page" }, header,
+      message ? h("div", { className: "hh-message hh-" + (message.ok ? "ok" : "bad"), role: "status" }, message.text) : null,
+      body);
+  }
+
+  PLUGINS.register("hermes-hooks", HooksPage);
+})();

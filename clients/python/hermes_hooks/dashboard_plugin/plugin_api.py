@@ -1,0 +1,162 @@
+"""The backend of the Hooks tab in the Hermes dashboard (mounted at ``/api/plugins/hermes-hooks/``).
+
+The dashboard imports this file only for a plugin listed in ``plugins.enabled`` of its config,
+and its own authentication guards every route under ``/api/`` (the session token of a loopback
+dashboard, or its login): nothing here is reachable without it. Each route is one request to the
+hermes-hooks service, made the way the gateway's client makes them (``hermes_hooks``): the
+address is ``$HERMES_HOOKS_ADDRESS`` or ``$HERMES_HOME/hooks.sock``, the token
+``$HERMES_HOOKS_TOKEN``, and the client's trust check runs before anything is sent (over the
+Unix socket the service must run as this user or root; over TCP a token must be set). The
+actions are the service's own endpoints, which apply the CLI's rules (``enable``/``disable``,
+approvals under ``--trust explicit``). Routes are plain functions: FastAPI runs them on its
+thread pool, so a slow service never blocks the dashboard's event loop.
+"""
+
+import json
+import os
+import urllib.parse
+from typing import Any, Dict, Optional, Tuple
+
+from fastapi import APIRouter, Body, HTTPException
+
+router = APIRouter()
+
+#: Seconds a read may take; actions (which reload the hooks) get longer.
+READ_TIMEOUT = 5.0
+ACTION_TIMEOUT = 60.0
+
+
+def _client():
+    """The gateway's client modules, or a 503 saying how to install them."""
+    try:
+        from hermes_hooks import _transport, _trusted
+    except ImportError as exc:
+        raise HTTPException(
+            status_code=503,
+            detail="the hermes-hooks client is not installed in the dashboard's Python (%s): "
+                   "pip install hermes-hooks into the environment that runs `hermes`" % exc)
+    return _transport, _trusted
+
+
+class ServiceDown(Exception):
+    """The service cannot be used: not running, or not the one the client trusts."""
+
+
+def _call(method: str, path: str, body: Optional[bytes] = None,
+          timeout: float = READ_TIMEOUT) -> Tuple[int, Any, str]:
+    """One request to the service after the client's trust check: (status, decoded JSON,
+    the address)."""
+    transport, trusted = _client()
+    try:
+        address = transport.resolve_address()
+    except ValueError as exc:
+        raise ServiceDown(str(exc))
+    token = (os.environ.get(transport.TOKEN_ENV) or "").strip()
+    conn = address.connection(timeout)
+    try:
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise ServiceDown("the hermes-hooks service is not running at %s (%s)" % (address, exc))
+        problem = trusted.service_problem(address.kind, getattr(conn, "peer_uid", None),
+                                          bool(token))
+        if problem:
+            raise ServiceDown("refusing to talk to %s: %s" % (address, problem))
+        headers = {"Accept": "application/json", "Connection": "close"}
+        if token:
+            headers["Authorization"] = "Bearer %s" % token
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        transport.check_protocol({k.lower(): v for k, v in resp.getheaders()}, address)
+        raw = resp.read(transport.MAX_RESPONSE_BYTES)
+    except ServiceDown:
+        raise
+    except Exception as exc:  # OSError, http.client's errors, an incompatible service
+        raise ServiceDown("the hermes-hooks service at %s did not answer (%s)" % (address, exc))
+    finally:
+        conn.close()
+    try:
+        data = json.loads(raw.decode("utf-8")) if raw else {}
+    except ValueError:
+        data = {"error": {"code": "bad_answer", "message": raw[:200].decode("utf-8", "replace")}}
+    return resp.status, data, str(address)
+
+
+def _answer(status: int, data: Any) -> Any:
+    """The service's answer, or its error as the dashboard's HTTP error."""
+    if 200 <= status < 300:
+        return data
+    err = data.get("error") if isinstance(data, dict) else None
+    message = err.get("message") if isinstance(err, dict) else None
+    raise HTTPException(status_code=status if status >= 400 else 502,
+                        detail=message or "the service answered %d" % status)
+
+
+def _name(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+@router.get("/state")
+def state() -> Dict[str, Any]:
+    """Everything the tab shows: the hooks, what did not load, the roots; or why not."""
+    try:
+        status, hooks, address = _call("GET", "/v1/hooks")
+        _, health, _ = _call("GET", "/healthz")
+    except ServiceDown as exc:
+        return {"running": False, "problem": str(exc)}
+    if status != 200:
+        return {"running": False, "problem": "the service answered %d: %s" % (status, hooks)}
+    return {"running": True, "address": address, "version": health.get("version"), **hooks}
+
+
+@router.get("/notices")
+def notices(after: int = 0) -> Dict[str, Any]:
+    """The service's notices numbered above ``after`` (the live tail); none while it is down
+    (``/state`` says why)."""
+    try:
+        status, data, _ = _call("GET", "/v1/notices?after=%d" % max(0, after))
+    except ServiceDown as exc:
+        return {"notices": [], "last": 0, "running": False, "problem": str(exc)}
+    return _answer(status, data)
+
+
+@router.get("/review/{name}")
+def review(name: str) -> Dict[str, Any]:
+    """What approving hook ``name`` would cover: its files and their SHA-256."""
+    try:
+        status, data, _ = _call("GET", "/v1/hooks/%s/review" % _name(name))
+    except ServiceDown as exc:
+        raise HTTPException(status_code=503, detail=str(exc))
+    return _answer(status, data)
+
+
+def _action(path: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    payload = json.dumps(body).encode("utf-8") if body is not None else None
+    try:
+        status, data, _ = _call("POST", path, payload, timeout=ACTION_TIMEOUT)
+    except ServiceDown as exc:
+        raise HTTPException(status_code=503, detail=str(exc))
+    return _answer(status, data)
+
+
+@router.post("/reload")
+def reload() -> Dict[str, Any]:
+    """Rescan the hook roots now."""
+    return _action("/v1/reload")
+
+
+@router.post("/hooks/{name}/enable")
+def enable(name: str, body: Dict[str, Any] = Body(default={})) -> Dict[str, Any]:
+    """``hermes-hooks enable NAME``: approve (``reviewed``: the digest the operator was shown)."""
+    reviewed = body.get("reviewed") if isinstance(body, dict) else None
+    if reviewed is not None and not isinstance(reviewed, str):
+        raise HTTPException(status_code=400, detail="`reviewed` must be a string")
+    return _action("/v1/hooks/%s/enable" % _name(name), {"reviewed": reviewed})
+
+
+@router.post("/hooks/{name}/disable")
+def disable(name: str) -> Dict[str, Any]:
+    """``hermes-hooks disable NAME``."""
+    return _action("/v1/hooks/%s/disable" % _name(name))
