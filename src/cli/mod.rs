@@ -12,12 +12,15 @@ pub(crate) mod enable;
 pub(crate) mod exit;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
+pub(crate) mod install;
 pub(crate) mod lease;
 pub(crate) mod list;
 pub(crate) mod new;
+pub(crate) mod remove;
 pub(crate) mod serve;
 pub(crate) mod set_enabled;
 pub(crate) mod test_cmd;
+pub(crate) mod update;
 
 use std::time::Duration;
 
@@ -104,6 +107,9 @@ pub fn main() -> i32 {
             } => new::new_hook(&roots, &name, kind, url.as_deref(), src),
             Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
+            Command::Install(args) => install::install(args).await,
+            Command::Update(args) => update::update(args).await,
+            Command::Remove { name, purge, roots } => remove::remove(&roots, &name, purge).await,
             Command::Completions { shell } => completions::completions(shell),
             Command::Man { out } => completions::man(out.as_deref()),
         };

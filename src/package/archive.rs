@@ -31,7 +31,9 @@ impl Checker<'_> {
         let refuse = |reason: String| PackageError::unsafe_entry(self.archive.join(path), reason);
         check_relative(path).map_err(refuse)?;
         if path.ancestors().skip(1).any(|a| self.links.contains(a)) {
-            return Err(refuse("a path through a symbolic link of the archive".into()));
+            return Err(refuse(
+                "a path through a symbolic link of the archive".into(),
+            ));
         }
         self.count += 1;
         if self.count > MAX_PACKAGE_ENTRIES {
@@ -104,13 +106,20 @@ fn tar_entries(archive: &Path, visit: &mut Visit<'_>) -> Result<(), PackageError
             },
             tar::EntryType::Symlink => match entry.link_name().map_err(|e| bad(archive, e))? {
                 Some(t) => Kind::Link(t.into_owned()),
-                None => return Err(bad(archive, format!("{}: a link without a target", path.display()))),
+                None => {
+                    return Err(bad(
+                        archive,
+                        format!("{}: a link without a target", path.display()),
+                    ));
+                }
             },
             tar::EntryType::XGlobalHeader | tar::EntryType::XHeader => continue,
             other => {
                 return Err(PackageError::unsafe_entry(
                     archive.join(&path),
-                    format!("an entry of type {other:?} (only files, directories and symbolic links are installed)"),
+                    format!(
+                        "an entry of type {other:?} (only files, directories and symbolic links are installed)"
+                    ),
                 ));
             }
         };

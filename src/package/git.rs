@@ -39,7 +39,14 @@ pub fn fetch(url: &str, reference: Option<&str>, dest: &Path) -> Result<String, 
 /// `reference` (or HEAD) as a commit: a tag, a commit, or a branch of the remote.
 fn resolve(repo: &Path, url: &str, reference: Option<&str>) -> Result<String, PackageError> {
     let candidates: Vec<String> = match reference {
-        None => vec!["HEAD".into()],
+        None => [
+            "HEAD",
+            "refs/remotes/origin/HEAD",
+            "refs/remotes/origin/main",
+            "refs/remotes/origin/master",
+        ]
+        .map(String::from)
+        .to_vec(),
         Some(r) if r.starts_with('-') => {
             return Err(PackageError::Git {
                 what: "rev-parse",

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::package::PackageError;
 use crate::package::lock::{LockEntry, LockFile, lock_file};
 use crate::package::source::{Origin, parse_source};
 use crate::package::stage::{self, Staging};
 use crate::package::tree::{self, Rules};
-use crate::package::PackageError;
 
 /// What `install` was asked.
 #[derive(Debug, Clone)]
@@ -57,8 +57,15 @@ struct Ready {
     entry: LockEntry,
 }
 
+/// Called with the staging root (`land`, holding the checked hooks by name) and their names,
+/// just before they land: an error stops the install. `--link` installs stage nothing.
+pub type BeforeLand<'a> = dyn FnMut(&Path, &[String]) -> Result<(), String> + Send + 'a;
+
 /// Installs the hooks of `opts.source` (see the module comment).
-pub fn install(opts: &InstallOptions) -> Result<Report, PackageError> {
+pub fn install(
+    opts: &InstallOptions,
+    before_land: &mut BeforeLand<'_>,
+) -> Result<Report, PackageError> {
     let origin = parse_source(&opts.source)?;
     if opts.link && !matches!(origin, Origin::Dir(_)) {
         return Err(PackageError::Hooks(
@@ -123,7 +130,7 @@ pub fn install(opts: &InstallOptions) -> Result<Report, PackageError> {
             path,
             reference: reference.clone(),
             commit: fetched.commit.clone(),
-            tree: tree::tree_hash(&tree),
+            tree: tree::hook_hash(&src, &tree),
             dir: target,
             installed_at: crate::time::now(),
         };
@@ -134,6 +141,8 @@ pub fn install(opts: &InstallOptions) -> Result<Report, PackageError> {
             entry,
         });
     }
+    let names: Vec<String> = ready.iter().map(|r| r.name.clone()).collect();
+    before_land(&staging.land(), &names).map_err(PackageError::Hooks)?;
     land(&ready, &lock_path, lock)?;
     report.installed = ready
         .into_iter()

@@ -55,6 +55,37 @@ impl LockEntry {
     }
 }
 
+/// How an installed hook's files compare with its lock entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drift {
+    /// The files hash as recorded.
+    Same,
+    /// The directory is gone.
+    Missing,
+    /// The files hash to something else (edited by hand): the hash now.
+    Changed(String),
+}
+
+impl LockEntry {
+    /// Walks the installed directory and compares its hash with the recorded one.
+    pub fn drift(&self) -> Result<Drift, PackageError> {
+        if !self.dir.exists() {
+            return Ok(Drift::Missing);
+        }
+        let rules = crate::package::tree::Rules {
+            own_files_only: false,
+            skip_git: true,
+        };
+        let tree = crate::package::tree::walk(&self.dir, rules)?;
+        let now = crate::package::tree::hook_hash(&self.dir, &tree);
+        Ok(if now == self.tree {
+            Drift::Same
+        } else {
+            Drift::Changed(now)
+        })
+    }
+}
+
 /// The content of `hooks.lock`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockFile {

@@ -21,11 +21,10 @@ pub mod tree;
 pub mod update;
 
 pub use error::PackageError;
-pub use install::{InstallOptions, Installed, Report, install};
-pub use lock::{LOCK_FILE, LockEntry, LockFile, lock_file};
-pub use remove::{Removed, remove};
-pub use source::{GIT_BASE_ENV, Origin, parse_source};
-pub use update::{Plan, apply, locked, plan_update};
+pub use install::{InstallOptions, install};
+pub use lock::{Drift, LockFile, lock_file};
+pub use remove::remove;
+pub use update::{Plan, apply, plan_update};
 
 /// Largest package accepted: the sum of its files' sizes (declared sizes for archives,
 /// checked before anything is written).

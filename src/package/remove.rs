@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::package::PackageError;
 use crate::package::lock::{LockFile, lock_file};
 use crate::package::update::locked;
-use crate::package::PackageError;
 
 /// What `remove` did.
 #[derive(Debug)]

@@ -88,7 +88,7 @@ pub fn parse_source(text: &str) -> Result<Origin, PackageError> {
             return Ok(Origin::Archive(path.to_path_buf()));
         }
         return Err(err(
-            "a file that is not a .tar.gz, .tgz or .zip archive".into(),
+            "a file that is not a .tar.gz, .tgz or .zip archive".into()
         ));
     }
     let looks_local = trimmed.starts_with('/')
@@ -226,7 +226,11 @@ mod tests {
         );
         assert_eq!(
             parse_url("ssh://git@example.org/acme/hooks.git#hook"),
-            Ok(git("ssh://git@example.org/acme/hooks.git", Some("hook"), None))
+            Ok(git(
+                "ssh://git@example.org/acme/hooks.git",
+                Some("hook"),
+                None
+            ))
         );
         assert_eq!(
             parse_url("git@example.org:acme/hooks.git/hooks/a"),

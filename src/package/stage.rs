@@ -133,10 +133,12 @@ fn repo_name(url: &str) -> String {
 /// `top/sub`, which must be a directory inside `top` (links resolved).
 pub fn inside(top: &Path, sub: &str) -> Result<PathBuf, PackageError> {
     let dir = top.join(sub);
-    let real_top = top.canonicalize().map_err(PackageError::io("resolve", top))?;
-    let real = dir.canonicalize().map_err(|_| {
-        PackageError::Hooks(format!("the package has no directory {sub:?}"))
-    })?;
+    let real_top = top
+        .canonicalize()
+        .map_err(PackageError::io("resolve", top))?;
+    let real = dir
+        .canonicalize()
+        .map_err(|_| PackageError::Hooks(format!("the package has no directory {sub:?}")))?;
     if !real.starts_with(&real_top) {
         return Err(PackageError::unsafe_entry(
             &dir,
@@ -173,7 +175,11 @@ pub fn find_hooks(top: &Path, tree: &Tree) -> Vec<String> {
 
 /// The name a hook directory gets: `name:` in its HOOK.yaml, else `wanted` (`--name`), else
 /// `natural`. A `--name` that HOOK.yaml contradicts is refused (discovery goes by HOOK.yaml).
-pub fn hook_name_of(dir: &Path, wanted: Option<&str>, natural: &str) -> Result<String, PackageError> {
+pub fn hook_name_of(
+    dir: &Path,
+    wanted: Option<&str>,
+    natural: &str,
+) -> Result<String, PackageError> {
     let text = std::fs::read_to_string(dir.join("HOOK.yaml")).unwrap_or_default();
     let declared = crate::manifest::parse_manifest(&text)
         .ok()
@@ -241,7 +247,11 @@ pub fn install_scripts(top: &Path, rels: &[String]) -> Vec<String> {
     let mut notes = Vec::new();
     for dir in dirs {
         for s in INSTALL_SCRIPTS {
-            let rel = if dir.is_empty() { s.to_string() } else { format!("{dir}/{s}") };
+            let rel = if dir.is_empty() {
+                s.to_string()
+            } else {
+                format!("{dir}/{s}")
+            };
             let path = top.join(&rel);
             let is_file = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
             if !is_file {

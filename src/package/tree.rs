@@ -58,7 +58,8 @@ pub fn walk(top: &Path, rules: Rules) -> Result<Tree, PackageError> {
                 continue;
             }
             let path = e.path();
-            let meta = std::fs::symlink_metadata(&path).map_err(PackageError::io("inspect", &path))?;
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(PackageError::io("inspect", &path))?;
             if rules.own_files_only && meta.uid() != uid && meta.uid() != 0 {
                 return Err(PackageError::unsafe_entry(
                     &path,
@@ -198,6 +199,30 @@ pub fn tree_hash(tree: &Tree) -> String {
         h.update(line.as_bytes());
     }
     format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+/// The tree hash of a hook directory's `tree` as the lock file records it: files its HOOK.yaml
+/// declares as data (`data:` and the defaults, [`crate::trust::data`]) are left out, since the
+/// hook may write them while it runs.
+pub fn hook_hash(dir: &Path, tree: &Tree) -> String {
+    let declared = std::fs::read_to_string(dir.join("HOOK.yaml"))
+        .ok()
+        .and_then(|t| crate::manifest::parse_manifest(&t).ok())
+        .map(|m| m.data)
+        .unwrap_or_default();
+    let rules = crate::trust::data::DataRules::new(&declared);
+    let is_data = |path: &str, is_dir: bool| {
+        rules.is_data(path, is_dir)
+            || path
+                .match_indices('/')
+                .any(|(i, _)| rules.is_data(&path[..i], true))
+    };
+    let code: Tree = tree
+        .iter()
+        .filter(|(p, e)| !is_data(p, **e == Entry::Dir))
+        .map(|(p, e)| (p.clone(), e.clone()))
+        .collect();
+    tree_hash(&code)
 }
 
 /// What differs between two versions of a tree (directories left out).

@@ -4,16 +4,18 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::package::PackageError;
 use crate::package::lock::{LockEntry, LockFile, lock_file};
 use crate::package::source::{Origin, parse_source};
 use crate::package::stage::{self, Staging};
 use crate::package::tree::{self, Diff, Rules};
-use crate::package::PackageError;
 
 /// A checked new version of one hook, staged, not yet applied.
 pub struct Plan {
     /// The hook.
     pub name: String,
+    /// The lock entry it has.
+    pub previous: LockEntry,
     /// The lock entry it will have.
     pub entry: LockEntry,
     /// The files that change.
@@ -114,15 +116,17 @@ pub fn plan_update(
     } else {
         Vec::new()
     };
+    let previous = old.clone();
     let entry = LockEntry {
         reference,
         commit: fetched.commit.clone(),
-        tree: tree::tree_hash(&new_tree),
+        tree: tree::hook_hash(&src, &new_tree),
         installed_at: crate::time::now(),
         ..old
     };
     Ok(Plan {
         name: name.to_string(),
+        previous,
         entry,
         diff,
         manifest_diff,
@@ -167,9 +171,8 @@ fn exchange(a: &Path, b: &Path) -> Result<(), PackageError> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|_| {
-            PackageError::unsafe_entry(p, "a path with a NUL byte")
-        })
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| PackageError::unsafe_entry(p, "a path with a NUL byte"))
     };
     let (ca, cb) = (c(a)?, c(b)?);
     // SAFETY: both are valid NUL-terminated paths; renameat2 reads them and nothing else.
@@ -213,12 +216,12 @@ pub fn line_diff(old: &str, new: &str) -> Vec<String> {
         if i < a.len() && j < b.len() && a[i] == b[j] {
             i += 1;
             j += 1;
-        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
-            out.push(format!("+{}", b[j]));
-            j += 1;
-        } else {
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
             out.push(format!("-{}", a[i]));
             i += 1;
+        } else {
+            out.push(format!("+{}", b[j]));
+            j += 1;
         }
     }
     out
@@ -231,7 +234,10 @@ mod tests {
     #[test]
     fn line_diff_shows_changed_lines() {
         assert_eq!(
-            line_diff("name: a\nevents: [x]\ntimeout: 5\n", "name: a\nevents: [y]\ntimeout: 5\n"),
+            line_diff(
+                "name: a\nevents: [x]\ntimeout: 5\n",
+                "name: a\nevents: [y]\ntimeout: 5\n"
+            ),
             vec!["-events: [x]", "+events: [y]"]
         );
         assert!(line_diff("a\n", "a\n").is_empty());
