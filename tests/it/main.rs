@@ -28,6 +28,7 @@ mod loss;
 mod modules;
 mod notices;
 mod openapi;
+mod packages;
 mod priority;
 mod python;
 mod reload;
