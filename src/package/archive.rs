@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use crate::package::error::PackageError;
+use crate::package::tree::{MAX_PACKAGE_BYTES, MAX_PACKAGE_ENTRIES};
 use crate::package::tree::{check_link, check_relative};
-use crate::package::{MAX_PACKAGE_BYTES, MAX_PACKAGE_ENTRIES, PackageError};
 
 /// What an entry is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::package::PackageError;
+use crate::package::error::PackageError;
 
 /// Clones `url` into `dest` (which must not exist) and checks out `reference` (a branch, tag
 /// or commit; the default branch when `None`). Returns the commit checked out (full hex).

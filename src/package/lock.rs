@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::package::PackageError;
+use crate::package::error::PackageError;
 
 /// Name of the lock file inside `$HERMES_HOME`.
 pub const LOCK_FILE: &str = "hooks.lock";

@@ -20,15 +20,7 @@ pub mod stage;
 pub mod tree;
 pub mod update;
 
-pub use error::PackageError;
 pub use install::{InstallOptions, install};
 pub use lock::{Drift, LockFile, lock_file};
 pub use remove::remove;
 pub use update::{Plan, apply, plan_update};
-
-/// Largest package accepted: the sum of its files' sizes (declared sizes for archives,
-/// checked before anything is written).
-pub const MAX_PACKAGE_BYTES: u64 = 64 * 1024 * 1024;
-
-/// Most entries (files, directories, links) a package may hold.
-pub const MAX_PACKAGE_ENTRIES: usize = 20_000;

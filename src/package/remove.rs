@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::package::PackageError;
+use crate::package::error::PackageError;
 use crate::package::lock::{LockFile, lock_file};
 use crate::package::update::locked;
 

@@ -5,7 +5,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::package::PackageError;
+use crate::package::error::PackageError;
 
 /// The variable naming the base URL `owner/repo` shorthands are resolved against.
 pub const GIT_BASE_ENV: &str = "HERMES_HOOKS_GIT_BASE";

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::discovery::load_dir_with;
+use crate::package::error::PackageError;
 use crate::package::source::Origin;
 use crate::package::tree::{self, Rules, Tree};
-use crate::package::{PackageError, archive, git};
+use crate::package::{archive, git};
 use crate::trust::policy::Gate;
 
 /// Files shown (never run) when a package has them: what its author meant to run at install.

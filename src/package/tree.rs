@@ -9,7 +9,14 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::package::{MAX_PACKAGE_BYTES, MAX_PACKAGE_ENTRIES, PackageError};
+use crate::package::error::PackageError;
+
+/// Largest package accepted: the sum of its files' sizes (declared sizes for archives,
+/// checked before anything is written).
+pub const MAX_PACKAGE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Most entries (files, directories, links) a package may hold.
+pub const MAX_PACKAGE_ENTRIES: usize = 20_000;
 
 /// One entry of a tree, by path relative to its top (`/`-separated).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::package::PackageError;
+use crate::package::error::PackageError;
 use crate::package::lock::{LockEntry, LockFile, lock_file};
 use crate::package::source::{Origin, parse_source};
 use crate::package::stage::{self, Staging};
