@@ -458,6 +458,16 @@ fn archives_install_and_hostile_packages_are_refused_before_anything_is_written(
     assert_eq!((root_entries(&hooks), lock(&hooks)), before);
 }
 
+/// How many notices of `kind` about hook `versioned` the service wrote (`--output json`).
+fn notices(serve: &Serve, kind: &str) -> usize {
+    let lines = serve.stdout.lock().unwrap();
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["type"] == kind && (v["hook"] == "versioned" || v["name"] == "versioned"))
+        .count()
+}
+
 fn collect_v(serve: &Serve) -> Value {
     let (s, body) = serve.post("/v1/collect", &json!({"event": "test:v"}));
     assert_eq!(s, 200, "{body}");
@@ -470,18 +480,24 @@ fn updates_show_changes_need_approval_under_explicit_trust_and_never_break_the_r
     let repo = Repo::new(&base(&hooks), "acme/single");
     let yaml = manifest(Some("versioned"), "[\"test:v\"]");
     repo.commit(&[("HOOK.yaml", &yaml), ("handler.py", &answer(1))], &[]);
-    let explicit = ["--trust", "explicit"];
     // Not approved without --yes; approved with it.
     let o = hh(&hooks, &["install", "acme/single", "--trust", "explicit"]);
     assert!(text(&o).contains("is not approved yet"), "{}", text(&o));
     assert!(hh(&hooks, &["remove", "versioned"]).status.success());
+    // A watching service sees the approved hook arrive whole: loaded once, never refused.
+    let serve = Serve::start(&hooks, &["--trust", "explicit", "--output", "json"]);
     let o = hh(
         &hooks,
         &["install", "acme/single", "--trust", "explicit", "--yes"],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let serve = Serve::start(&hooks, &explicit);
-    assert_eq!(collect_v(&serve), 1);
+    poll(
+        Duration::from_secs(30),
+        "the installed hook to answer",
+        || (collect_v(&serve) == 1).then_some(()),
+    );
+    assert_eq!(notices(&serve, "hook_loaded"), 1, "{:?}", serve.stdout);
+    assert_eq!(notices(&serve, "hook_skipped"), 0, "{:?}", serve.stdout);
 
     // A new version with a changed handler and HOOK.yaml.
     let yaml2 = format!("{yaml}timeout: 7\n");
@@ -524,6 +540,11 @@ fn updates_show_changes_need_approval_under_explicit_trust_and_never_break_the_r
     poll(Duration::from_secs(30), "the new version to answer", || {
         (collect_v(&serve) == 2).then_some(())
     });
+    assert_eq!(notices(&serve, "hook_reloaded"), 1, "{:?}", serve.stdout);
+    assert_eq!(
+        notices(&serve, "hook_unloaded") + notices(&serve, "hook_skipped"),
+        0
+    );
 
     // A version that fails check: the update fails, the running one stays.
     repo.commit(&[("HOOK.yaml", "name: versioned\nevents: 42\n")], &[]);
