@@ -74,7 +74,22 @@ pub async fn install(args: InstallArgs) -> i32 {
     for a in &approvals {
         println!("{a}");
     }
-    if explicit && !approve {
+    if explicit && args.yes && args.link {
+        // A linked hook is used in place: approved once its link is in the root.
+        for h in &report.installed {
+            match crate::cli::set_enabled(
+                &config.roots,
+                &config.hermes_home,
+                &config.trust,
+                &h.name,
+                true,
+            ) {
+                Ok(msg) => println!("{msg}"),
+                Err(e) => return fail(format!("installed {}, but cannot approve it: {e}", h.name)),
+            }
+        }
+    }
+    if explicit && !args.yes {
         for h in &report.installed {
             let how = if args.link {
                 format!("hermes-hooks enable {} --trust explicit", h.name)

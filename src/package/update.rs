@@ -167,6 +167,7 @@ pub fn apply(plan: Plan, hermes_home: &Path) -> Result<LockEntry, PackageError> 
 }
 
 /// Atomically swaps two directories (both must exist).
+#[cfg(target_os = "linux")]
 fn exchange(a: &Path, b: &Path) -> Result<(), PackageError> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
@@ -191,6 +192,19 @@ fn exchange(a: &Path, b: &Path) -> Result<(), PackageError> {
     Err(PackageError::io("swap the new version into", b)(
         std::io::Error::last_os_error(),
     ))
+}
+
+/// Swaps two directories with three renames (no `renameat2` here): not atomic, so a watching
+/// service may see the hook missing for a moment.
+#[cfg(not(target_os = "linux"))]
+fn exchange(a: &Path, b: &Path) -> Result<(), PackageError> {
+    let tmp = a.with_extension("swap");
+    std::fs::rename(b, &tmp).map_err(PackageError::io("move aside", b))?;
+    if let Err(e) = std::fs::rename(a, b) {
+        let _ = std::fs::rename(&tmp, b);
+        return Err(PackageError::io("swap the new version into", b)(e));
+    }
+    std::fs::rename(&tmp, a).map_err(PackageError::io("move", &tmp))
 }
 
 /// The lines of `old` and `new` that differ, as `-line` and `+line` in order (a longest

@@ -565,4 +565,25 @@ fn updates_show_changes_need_approval_under_explicit_trust_and_never_break_the_r
     assert_eq!(collect_v(&serve), 2);
     let o = hh(&hooks, &["check", "--trust", "explicit"]);
     assert!(o.status.success(), "{}", text(&o));
+
+    // remove takes the approval with the files; the service unloads the hook.
+    let trust = hooks.home().join("hooks-trust.json");
+    assert!(
+        std::fs::read_to_string(&trust)
+            .unwrap()
+            .contains("versioned")
+    );
+    let o = hh(&hooks, &["remove", "versioned"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !std::fs::read_to_string(&trust)
+            .unwrap()
+            .contains("versioned")
+    );
+    assert_eq!(lock(&hooks)["hooks"], json!({}));
+    poll(
+        Duration::from_secs(30),
+        "the removed hook to unload",
+        || (notices(&serve, "hook_unloaded") == 1).then_some(()),
+    );
 }
