@@ -109,14 +109,8 @@ pub fn install(
                 target.display()
             )));
         }
-        let (tree, staged) = if opts.link {
-            let tree = tree::walk(&src, rules)?;
-            let parent = src.parent().unwrap_or(Path::new("/"));
-            stage::check(parent, &src, &name)?;
-            (tree, PathBuf::new())
-        } else {
-            stage::stage_hook(&src, &name, fetched.own_files_only, &staging)?
-        };
+        let (tree, staged) =
+            stage::stage_hook(&src, &name, fetched.own_files_only, opts.link, &staging)?;
         let path = [fetched.subdir.as_str(), rel.as_str()]
             .iter()
             .filter(|s| !s.is_empty())

@@ -202,11 +202,13 @@ pub fn hook_name_of(
 }
 
 /// Walks one hook directory (links must stay inside it), copies it to `land/NAME` and checks
-/// it as discovery would load it (no code runs). Returns its tree.
+/// it as discovery would load it (no code runs). With `linked` (a `--link` install) nothing is
+/// copied: it is checked in place. Returns its tree and where it was staged.
 pub fn stage_hook(
     src: &Path,
     name: &str,
     own_files_only: bool,
+    linked: bool,
     staging: &Staging,
 ) -> Result<(Tree, PathBuf), PackageError> {
     let rules = Rules {
@@ -214,6 +216,10 @@ pub fn stage_hook(
         skip_git: true,
     };
     let tree = tree::walk(src, rules)?;
+    if linked {
+        check(src.parent().unwrap_or(Path::new("/")), src, name)?;
+        return Ok((tree, PathBuf::new()));
+    }
     let land = staging.land();
     std::fs::create_dir_all(&land).map_err(PackageError::io("create", &land))?;
     let dest = land.join(name);

@@ -99,13 +99,9 @@ pub fn plan_update(
         stage::inside(&fetched.top, &old.path)?
     };
     let notes = stage::install_scripts(&fetched.top, std::slice::from_ref(&old.path));
-    let (new_tree, staged) = if old.kind == "link" {
-        let tree = tree::walk(&src, rules(true))?;
-        stage::check(src.parent().unwrap_or(Path::new("/")), &src, name)?;
-        (tree, PathBuf::new())
-    } else {
-        stage::stage_hook(&src, name, fetched.own_files_only, &staging)?
-    };
+    let linked = old.kind == "link";
+    let (new_tree, staged) =
+        stage::stage_hook(&src, name, fetched.own_files_only, linked, &staging)?;
     let installed = tree::walk(&old.dir, rules(false))?;
     let diff = tree::diff(&installed, &new_tree);
     let manifest_diff = if diff.changed.iter().any(|f| f == "HOOK.yaml") {
