@@ -92,6 +92,13 @@ fn git() -> Command {
         .env_remove("GIT_WORK_TREE")
         .args(["-c", "core.hooksPath=/dev/null"])
         .args(["-c", "advice.detachedHead=false"])
+        // A stalled transfer fails instead of hanging: under 1 KB/s for a minute.
+        .args([
+            "-c",
+            "http.lowSpeedLimit=1000",
+            "-c",
+            "http.lowSpeedTime=60",
+        ])
         .stdin(std::process::Stdio::null());
     cmd
 }

@@ -29,6 +29,7 @@ impl Staging {
     /// Creates `root` if needed and a private staging directory in it.
     pub fn new(root: &Path) -> Result<Self, PackageError> {
         std::fs::create_dir_all(root).map_err(PackageError::io("create the hook root", root))?;
+        sweep(root);
         let dir = tempfile::Builder::new()
             .prefix(".hermes-install-")
             .tempdir_in(root)
@@ -44,6 +45,38 @@ impl Staging {
     /// Where checked hooks wait to land: `land/NAME`.
     pub fn land(&self) -> PathBuf {
         self.dir.path().join("land")
+    }
+}
+
+/// How old a staging directory must be before another install deletes it as left behind (by a
+/// process killed mid-install): far longer than any install takes.
+const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Deletes the staging directories of `root` left behind by installs, updates and removals
+/// that were killed (hidden, so discovery never saw them).
+fn sweep(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with(".hermes-install-") || name.starts_with(".hermes-remove-");
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE_STAGING);
+        if ours && stale && e.file_type().is_ok_and(|t| t.is_dir()) {
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => {
+                    tracing::info!(dir = %e.path().display(), "deleted a staging directory left behind")
+                }
+                Err(err) => {
+                    tracing::warn!(dir = %e.path().display(), "cannot delete a staging directory left behind: {err}")
+                }
+            }
+        }
     }
 }
 

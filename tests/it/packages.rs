@@ -242,9 +242,24 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("HOOK.yaml"), manifest(None, "[\"test:hi\"]")).unwrap();
     std::fs::write(src.join("handler.py"), answer(1)).unwrap();
+    // What a killed install left behind a day ago goes; a running one's is left alone.
+    let (stale, fresh) = (
+        hooks.root().join(".hermes-install-killed"),
+        hooks.root().join(".hermes-install-running"),
+    );
+    for d in [&stale, &fresh] {
+        std::fs::create_dir_all(d.join("land/x")).unwrap();
+    }
+    let day_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 24 * 3600);
+    std::fs::File::open(&stale)
+        .unwrap()
+        .set_modified(day_ago)
+        .unwrap();
     let s = src.display().to_string();
     let o = hh(&hooks, &["install", &s]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(!stale.exists() && fresh.exists());
+    std::fs::remove_dir_all(&fresh).unwrap();
     assert!(!hooks.root().join("greeter").is_symlink());
     let o = hh(&hooks, &["install", &s, "--link", "--name", "greeter-dev"]);
     assert!(o.status.success(), "{}", text(&o));
