@@ -426,6 +426,11 @@ fn archives_install_and_hostile_packages_are_refused_before_anything_is_written(
             "points outside the hook directory",
         ),
         (
+            "dotdot.zip",
+            zip_of(&[("h/HOOK.yaml", &yaml), ("h/../../outside", "x")], &[]),
+            "contains `..`",
+        ),
+        (
             "badcheck.zip",
             zip_of(
                 &[
