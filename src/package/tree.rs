@@ -208,10 +208,9 @@ pub fn tree_hash(tree: &Tree) -> String {
     format!("sha256:{}", hex::encode(h.finalize()))
 }
 
-/// The tree hash of a hook directory's `tree` as the lock file records it: files its HOOK.yaml
-/// declares as data (`data:` and the defaults, [`crate::trust::data`]) are left out, since the
-/// hook may write them while it runs.
-pub fn hook_hash(dir: &Path, tree: &Tree) -> String {
+/// The entries of `tree` (walked from hook directory `dir`) its HOOK.yaml declares as data
+/// (`data:` and the defaults, [`crate::trust::data`]): files the hook may write while it runs.
+pub fn data_only(dir: &Path, tree: &Tree, want_data: bool) -> Tree {
     let declared = std::fs::read_to_string(dir.join("HOOK.yaml"))
         .ok()
         .and_then(|t| crate::manifest::parse_manifest(&t).ok())
@@ -224,12 +223,16 @@ pub fn hook_hash(dir: &Path, tree: &Tree) -> String {
                 .match_indices('/')
                 .any(|(i, _)| rules.is_data(&path[..i], true))
     };
-    let code: Tree = tree
-        .iter()
-        .filter(|(p, e)| !is_data(p, **e == Entry::Dir))
+    tree.iter()
+        .filter(|(p, e)| is_data(p, **e == Entry::Dir) == want_data)
         .map(|(p, e)| (p.clone(), e.clone()))
-        .collect();
-    tree_hash(&code)
+        .collect()
+}
+
+/// The tree hash of a hook directory's `tree` as the lock file records it: its data
+/// ([`data_only`]) left out.
+pub fn hook_hash(dir: &Path, tree: &Tree) -> String {
+    tree_hash(&data_only(dir, tree, false))
 }
 
 /// What differs between two versions of a tree (directories left out).
@@ -282,6 +285,9 @@ pub fn copy(from: &Path, tree: &Tree, to: &Path) -> Result<(), PackageError> {
                 set_mode(&dst, 0o755)?;
             }
             Entry::File { exec, .. } => {
+                if let Some(parent) = dst.parent() {
+                    std::fs::create_dir_all(parent).map_err(PackageError::io("create", parent))?;
+                }
                 std::fs::copy(&src, &dst).map_err(PackageError::io("copy", &src))?;
                 set_mode(&dst, if *exec { 0o755 } else { 0o644 })?;
             }

@@ -1,6 +1,7 @@
 //! `update`: fetch an installed hook's source again (its ref, or a new `--ref`), check the new
 //! version, show what changes (files added, removed, changed; HOOK.yaml line by line), and on
 //! [`apply`] swap it into place atomically (`renameat2(RENAME_EXCHANGE)`) and update the lock.
+//! The hook's data files (HOOK.yaml's `data:`) are carried over into the new version.
 
 use std::path::{Path, PathBuf};
 
@@ -103,7 +104,16 @@ pub fn plan_update(
     let (new_tree, staged) =
         stage::stage_hook(&src, name, fetched.own_files_only, linked, &staging)?;
     let installed = tree::walk(&old.dir, rules(false))?;
-    let diff = tree::diff(&installed, &new_tree);
+    let diff = tree::diff(
+        &tree::data_only(&old.dir, &installed, false),
+        &tree::data_only(&src, &new_tree, false),
+    );
+    if !linked {
+        // What the hook wrote as data (`data:`) goes along, unless the new version ships it.
+        let mut kept = tree::data_only(&staged, &installed, true);
+        kept.retain(|p, _| !new_tree.contains_key(p));
+        tree::copy(&old.dir, &kept, &staged)?;
+    }
     let manifest_diff = if diff.changed.iter().any(|f| f == "HOOK.yaml") {
         line_diff(
             &std::fs::read_to_string(old.dir.join("HOOK.yaml")).unwrap_or_default(),

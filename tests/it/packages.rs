@@ -240,7 +240,8 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
     let hooks = Hooks::new();
     let src = hooks.tmp.path().join("src/greeter");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("HOOK.yaml"), manifest(None, "[\"test:hi\"]")).unwrap();
+    let yaml = format!("{}data: [\"state/\"]\n", manifest(None, "[\"test:hi\"]"));
+    std::fs::write(src.join("HOOK.yaml"), yaml).unwrap();
     std::fs::write(src.join("handler.py"), answer(1)).unwrap();
     // What a killed install left behind a day ago goes; a running one's is left alone.
     let (stale, fresh) = (
@@ -269,6 +270,12 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(!text(&o).contains("no longer match"), "{}", text(&o));
 
+    // What the hook writes as data is no edit, and an update keeps it.
+    let state = hooks.root().join("greeter/state/seen.json");
+    std::fs::create_dir_all(state.parent().unwrap()).unwrap();
+    std::fs::write(&state, "{}").unwrap();
+    let o = hh(&hooks, &["check"]);
+    assert!(!text(&o).contains("no longer match"), "{}", text(&o));
     // An edit by hand of the copy: check says so.
     std::fs::write(hooks.root().join("greeter/handler.py"), answer(9)).unwrap();
     let o = hh(&hooks, &["check"]);
@@ -286,17 +293,19 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
         std::fs::read_to_string(hooks.root().join("greeter/handler.py")).unwrap(),
         answer(1)
     );
+    assert_eq!(std::fs::read_to_string(&state).unwrap(), "{}", "data kept");
+    assert!(!text(&o).contains("state/"), "{}", text(&o));
 
     // remove deletes the copy (and only the link of a linked one).
-    let state = hooks.home().join("hook-state/greeter");
-    std::fs::create_dir_all(&state).unwrap();
+    let state_dir = hooks.home().join("hook-state/greeter");
+    std::fs::create_dir_all(&state_dir).unwrap();
     assert!(hh(&hooks, &["remove", "greeter"]).status.success());
-    assert!(state.exists(), "kept without --purge");
-    assert!(
-        hh(&hooks, &["remove", "greeter-dev", "--purge"])
-            .status
-            .success()
-    );
+    assert!(state_dir.exists(), "kept without --purge");
+    let dev_state = hooks.home().join("hook-state/greeter-dev");
+    std::fs::create_dir_all(&dev_state).unwrap();
+    let o = hh(&hooks, &["remove", "greeter-dev", "--purge"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!dev_state.exists(), "deleted with --purge");
     assert!(
         src.join("handler.py").exists(),
         "a linked source is left alone"
