@@ -38,6 +38,7 @@
 //! - `sink`: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
 //! - `fleet` (feature `fleet`): edge sink, workers, collect, fleet view, dead letters.
 //! - `scaffold`: `new NAME --kind ...`.
+//! - `package`: hook packages: `install`, `update`, `remove` and `$HERMES_HOME/hooks.lock`.
 //! - `notices`: the JSON event stream of `serve --output json`.
 //! - `kind`: one descriptor per handler kind (its files, Python or not, what runs locally, what
 //!   an approval covers), consulted by layout, discovery and trust instead of matching the kind.
@@ -75,6 +76,7 @@ pub(crate) mod layout;
 pub(crate) mod manifest;
 pub(crate) mod metrics;
 pub(crate) mod notices;
+pub(crate) mod package;
 pub(crate) mod pattern;
 pub(crate) mod placement;
 pub mod priority;

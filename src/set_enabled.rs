@@ -342,3 +342,40 @@ fn flip_enabled(hook: &Located, on: bool) -> Result<String, TrustError> {
         }
     ))
 }
+
+/// Approves hook `name` as staged in `staged_root` (a hook root holding it under its name),
+/// before it is moved to `final_dir`: the approval then names `final_dir`. Returns the message.
+pub fn approve_staged(
+    staged_root: &Path,
+    hermes_home: &Path,
+    policy: &TrustPolicy,
+    name: &str,
+    final_dir: &Path,
+) -> Result<String, TrustError> {
+    let msg = approve(&[staged_root.to_path_buf()], hermes_home, policy, name)?;
+    let file = trust_file(hermes_home);
+    let mut approvals = TrustFile::load(&file)?;
+    if let Some(a) = approvals.hooks.get_mut(name) {
+        a.dir = final_dir.to_path_buf();
+    }
+    approvals.save(&file)?;
+    Ok(msg.replace(
+        &staged_root.display().to_string(),
+        &final_dir.display().to_string(),
+    ))
+}
+
+/// The approvals file's bytes (`None`: no file), to put back with [`restore_approvals`] when
+/// what was approved does not land.
+pub fn snapshot_approvals(hermes_home: &Path) -> Option<Vec<u8>> {
+    std::fs::read(trust_file(hermes_home)).ok()
+}
+
+/// Puts back the approvals file as [`snapshot_approvals`] read it.
+pub fn restore_approvals(hermes_home: &Path, saved: Option<Vec<u8>>) {
+    let file = trust_file(hermes_home);
+    let _ = match saved {
+        Some(bytes) => crate::atomic::write(&file, &bytes, 0o600).map_err(|e| e.to_string()),
+        None => std::fs::remove_file(&file).map_err(|e| e.to_string()),
+    };
+}

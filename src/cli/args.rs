@@ -210,6 +210,28 @@ pub enum Command {
         #[command(flatten)]
         roots: RootArgs,
     },
+    /// Install hooks from a git repository (owner/repo[/PATH], a git URL[#PATH], a browser
+    /// URL .../tree/REF/PATH), a directory or a .tar.gz/.zip archive; each is checked first.
+    ///
+    /// Example: hermes-hooks install acme/hermes-hooks/hooks/boot-md --ref v1.2.0
+    Install(InstallArgs),
+    /// Fetch installed hooks again, show what changes (files, HOOK.yaml) and apply it.
+    ///
+    /// Example: hermes-hooks update --all --dry-run
+    Update(UpdateArgs),
+    /// Remove an installed hook and its hooks.lock entry (its state directory with --purge).
+    ///
+    /// Example: hermes-hooks remove boot-md
+    Remove {
+        /// The hook's name.
+        name: String,
+        /// Also delete its state directory ($HERMES_HOME/hook-state/NAME).
+        #[arg(long)]
+        purge: bool,
+        /// Hook roots.
+        #[command(flatten)]
+        roots: RootArgs,
+    },
     /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
     ///
     /// Example: hermes-hooks completions bash > ~/.local/share/bash-completion/completions/hermes-hooks
@@ -355,6 +377,56 @@ pub struct EmitArgs {
     /// File holding the bearer token (default: $HERMES_HOOKS_TOKEN when set).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+}
+
+/// Options of `install`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InstallArgs {
+    /// owner/repo[/PATH] (against $HERMES_HOOKS_GIT_BASE, default https://github.com/), a git
+    /// URL (https, ssh, git@, file; #PATH for a subdirectory), a browser URL with tree/REF/PATH,
+    /// a directory, or a .tar.gz/.tgz/.zip archive.
+    pub source: String,
+    /// Branch, tag or commit to install (default: the repository's default branch).
+    #[arg(long = "ref", value_name = "REF")]
+    pub reference: Option<String>,
+    /// Install the hook under this name (its directory; HOOK.yaml must not name another).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Install every hook of the package (otherwise a package with several is listed).
+    #[arg(long)]
+    pub all: bool,
+    /// Use a local directory in place (a link in the hook root) instead of copying it.
+    #[arg(long)]
+    pub link: bool,
+    /// With --trust explicit: approve what is installed (as `enable NAME` would).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Hook roots (hooks are installed into the first).
+    #[command(flatten)]
+    pub roots: RootArgs,
+}
+
+/// Options of `update`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpdateArgs {
+    /// The installed hook to update.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub name: Option<String>,
+    /// Update every installed hook.
+    #[arg(long)]
+    pub all: bool,
+    /// Show what would change; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Move to this branch, tag or commit (recorded for later updates).
+    #[arg(long = "ref", value_name = "REF")]
+    pub reference: Option<String>,
+    /// With --trust explicit: approve the new version (needed to apply it).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Hook roots.
+    #[command(flatten)]
+    pub roots: RootArgs,
 }
 
 /// Options of `test`.

@@ -83,6 +83,15 @@ pub async fn check(roots: RootArgs) -> i32 {
         if let Some((path, why)) = &common {
             let _ = writeln!(out, "python hooks: interpreter {path} ({why})");
         }
+        let home = host.config().hermes_home.clone();
+        for (bad, line) in tokio::task::block_in_place(|| installed_drift(&home)) {
+            if bad {
+                problems += 1;
+            } else {
+                warnings += 1;
+            }
+            let _ = writeln!(out, "{line}");
+        }
         let _ = writeln!(
             out,
             "{} hook(s) ok, {problems} problem(s), {warnings} warning(s) in {}",
@@ -92,4 +101,41 @@ pub async fn check(roots: RootArgs) -> i32 {
         i32::from(problems > 0)
     })
     .await
+}
+
+/// The installed hooks (`hooks.lock`) whose files no longer match their entry, as
+/// `(is_problem, line)`: a hook edited by hand or gone is a warning; an unreadable lock file a
+/// problem.
+fn installed_drift(hermes_home: &std::path::Path) -> Vec<(bool, String)> {
+    use crate::package::{Drift, LockFile, lock_file};
+    let lock = match LockFile::load(&lock_file(hermes_home)) {
+        Ok(l) => l,
+        Err(e) => return vec![(true, format!("error   {e}"))],
+    };
+    let mut lines = Vec::new();
+    for (name, entry) in &lock.hooks {
+        let line = match entry.drift() {
+            Ok(Drift::Same) => continue,
+            Ok(Drift::Missing) => format!(
+                "warning {name}: installed from {} but {} is gone; `hermes-hooks remove {name}` forgets it",
+                entry.source,
+                entry.dir.display()
+            ),
+            Ok(Drift::Changed(now)) => format!(
+                "warning {name}: its files no longer match hooks.lock (installed from {} as {}, now {}): \
+                 edited by hand? `hermes-hooks update {name}` puts the published version back",
+                entry.source,
+                short(&entry.tree),
+                short(&now)
+            ),
+            Err(e) => format!("warning {name}: cannot compare with hooks.lock: {e}"),
+        };
+        lines.push((false, line));
+    }
+    lines
+}
+
+fn short(tree: &str) -> String {
+    let hex = tree.trim_start_matches("sha256:");
+    format!("tree {}", &hex[..hex.len().min(12)])
 }

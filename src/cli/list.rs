@@ -16,7 +16,23 @@ fn skipped_json(s: &Skipped) -> Value {
 /// `list`: load the hooks here and print them with what did not load.
 pub async fn list(roots: RootArgs, as_json: bool) -> i32 {
     with_loaded_hooks(roots, async |host, report| {
-        let hooks: Vec<Value> = host.hooks().iter().map(|h| json!(h)).collect();
+        let lock =
+            crate::package::LockFile::load(&crate::package::lock_file(&host.config().hermes_home))
+                .unwrap_or_default();
+        let hooks: Vec<Value> = host
+            .hooks()
+            .iter()
+            .map(|h| {
+                let mut v = json!(h);
+                if let Some(e) = lock.hooks.get(&h.name) {
+                    v["package"] = json!({
+                        "source": e.source, "version": e.version(), "ref": e.reference,
+                        "commit": e.commit, "tree": e.tree, "installed_at": e.installed_at,
+                    });
+                }
+                v
+            })
+            .collect();
         let skipped: Vec<Value> = report.skipped.iter().map(skipped_json).collect();
         print_list(
             &hooks,
@@ -186,6 +202,12 @@ fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
         lines.push(format!(
             "worker: {start} ({})",
             field(&h["worker"]["reason"])
+        ));
+    }
+    if let Some(source) = h["package"]["source"].as_str() {
+        lines.push(format!(
+            "installed from {source} ({})",
+            field(&h["package"]["version"])
         ));
     }
     if let Some(e) = h["last_error"]["message"].as_str() {

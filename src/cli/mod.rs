@@ -13,11 +13,14 @@ pub(crate) mod enable;
 pub(crate) mod exit;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
+pub(crate) mod install;
 pub(crate) mod lease;
 pub(crate) mod list;
 pub(crate) mod new;
+pub(crate) mod remove;
 pub(crate) mod serve;
 pub(crate) mod test_cmd;
+pub(crate) mod update;
 
 use std::time::Duration;
 
@@ -111,6 +114,9 @@ pub fn main() -> i32 {
             Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
             Command::Dashboard { command } => dashboard::dashboard(command),
+            Command::Install(args) => install::install(args).await,
+            Command::Update(args) => update::update(args).await,
+            Command::Remove { name, purge, roots } => remove::remove(&roots, &name, purge).await,
             Command::Completions { shell } => completions::completions(shell),
             Command::Man { out } => completions::man(out.as_deref()),
         };

@@ -30,6 +30,7 @@ mod loss;
 mod modules;
 mod notices;
 mod openapi;
+mod packages;
 mod priority;
 mod python;
 mod real_gateway;
