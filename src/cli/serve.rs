@@ -63,6 +63,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
         nice: args.worker_nice,
         sched: args.worker_sched,
     };
+    config.sandbox_default = args.sandbox_default;
     #[cfg(feature = "fleet")]
     args.fleet.adjust(&mut config);
     let notices = match args.output {

@@ -49,6 +49,9 @@ pub struct HookInfo {
     /// Calls in flight at once (`concurrency:`; locally for executable and webhook hooks, across
     /// the fleet for every kind in fleet mode).
     pub concurrency: usize,
+    /// What the hook's `sandbox:` (or the service's default) confines, and what the kernel
+    /// enforces of it.
+    pub sandbox: crate::sandbox::view::Shown,
 }
 
 /// How a hook's worker process was started, as shown by `/v1/hooks`.
@@ -102,7 +105,12 @@ pub struct LastError {
 }
 
 impl HookInfo {
-    pub(crate) fn of(h: &LoadedHook, python: &str, hermes_home: &Path) -> Self {
+    pub(crate) fn of(
+        h: &LoadedHook,
+        python: &str,
+        hermes_home: &Path,
+        sandbox_default: crate::sandbox::DefaultSandbox,
+    ) -> Self {
         let s = &h.stats;
         let spec = &h.spec;
         Self {
@@ -151,6 +159,28 @@ impl HookInfo {
                 .start()
                 .map(|(start, reason)| WorkerStart { start, reason }),
             concurrency: spec.manifest.concurrency,
+            sandbox: sandbox_view(spec, sandbox_default, hermes_home),
         }
     }
+}
+
+/// The sandbox of `spec` as `check` and `/v1/hooks` show it.
+pub fn sandbox_view(
+    spec: &crate::discovery::HookSpec,
+    default: crate::sandbox::DefaultSandbox,
+    hermes_home: &Path,
+) -> crate::sandbox::view::Shown {
+    let sandbox = crate::sandbox::effective(spec.manifest.sandbox.as_ref(), default);
+    let at = crate::sandbox::Where {
+        hook_dir: &spec.dir,
+        name: &spec.name,
+        hermes_home,
+        own_env: spec.manifest.env.keys().cloned().collect(),
+    };
+    crate::sandbox::view::Shown::of(
+        &sandbox,
+        spec.kind.spec().confinement,
+        spec.placement.in_gateway(),
+        &at,
+    )
 }

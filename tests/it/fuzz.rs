@@ -116,6 +116,7 @@ fn every_route_answers_any_body_with_a_status_and_a_typed_error() {
             trust: Default::default(),
             gateway_hooks_only: false,
             worker_priority: Default::default(),
+            sandbox_default: Default::default(),
         })
         .await;
         host

@@ -31,6 +31,7 @@ mod openapi;
 mod priority;
 mod python;
 mod reload;
+mod sandbox;
 mod service;
 mod trust;
 mod trust_holds;
