@@ -49,7 +49,13 @@ pub async fn exec_ruleset(
         if via_shell {
             exec.extend(crate::layout::find_on_path("sh"));
         }
-        exec.extend(interpreters(&program));
+        // A `#!` interpreter may itself be a script (up to the kernel's own limit of nesting).
+        let mut next = interpreters(&program);
+        for _ in 0..4 {
+            let deeper: Vec<PathBuf> = next.iter().flat_map(|p| interpreters(p)).collect();
+            exec.append(&mut next);
+            next = deeper;
+        }
         exec.extend(dynamic_loaders());
         landlock::build(&policy.rules(abi, &exec))
     })

@@ -334,25 +334,27 @@ impl Host {
         self.snapshot()
             .hooks
             .iter()
-            .map(|h| HookInfo::of(
+            .map(|h| {
+                HookInfo::of(
                     h,
                     &self.inner.config.python,
                     &self.inner.config.hermes_home,
                     self.inner.config.sandbox_default,
-                ))
+                )
+            })
             .collect()
     }
 
     /// One loaded hook, for display.
     pub fn hook(&self, name: &str) -> Option<HookInfo> {
-        self.snapshot()
-            .get(name)
-            .map(|h| HookInfo::of(
-                    h,
-                    &self.inner.config.python,
-                    &self.inner.config.hermes_home,
-                    self.inner.config.sandbox_default,
-                ))
+        self.snapshot().get(name).map(|h| {
+            HookInfo::of(
+                h,
+                &self.inner.config.python,
+                &self.inner.config.hermes_home,
+                self.inner.config.sandbox_default,
+            )
+        })
     }
 
     /// Directories that did not load at the last (re)load.

@@ -188,8 +188,12 @@ fn names(v: &Value) -> Result<Vec<String>, String> {
 }
 
 fn flag(key: &str, v: &Value) -> Result<bool, String> {
-    v.as_bool()
-        .ok_or_else(|| format!("`{key}:` is {}, expected true or false", super::value_kind(v)))
+    v.as_bool().ok_or_else(|| {
+        format!(
+            "`{key}:` is {}, expected true or false",
+            super::value_kind(v)
+        )
+    })
 }
 
 #[cfg(test)]

@@ -186,7 +186,9 @@ impl Policy {
 
     /// `env` without what the hook may not see.
     pub fn filter_env(&self, env: BTreeMap<String, String>) -> BTreeMap<String, String> {
-        env.into_iter().filter(|(k, _)| self.allows_env(k)).collect()
+        env.into_iter()
+            .filter(|(k, _)| self.allows_env(k))
+            .collect()
     }
 
     /// "HOOK.yaml line N" (or just "HOOK.yaml"), for the messages that name the key to edit.
@@ -339,10 +341,16 @@ mod tests {
         assert!(p.read.contains(&PathBuf::from("/h/hooks/n/x")));
         assert!(p.write.contains(&PathBuf::from("/h/hook-state/n/y")));
         assert!(p.allows_env("SLACK_TOKEN"));
-        assert_eq!(p.rules(7, &[]).ports, vec![(443, landlock::NET_CONNECT_TCP)]);
+        assert_eq!(
+            p.rules(7, &[]).ports,
+            vec![(443, landlock::NET_CONNECT_TCP)]
+        );
         assert!(p.refusal(7).is_none());
         let why = p.refusal(3).unwrap();
-        assert!(why.contains("line 3") && why.contains("best_effort"), "{why}");
+        assert!(
+            why.contains("line 3") && why.contains("best_effort"),
+            "{why}"
+        );
         assert!(p.refusal(0).unwrap().contains("no Landlock"));
     }
 }

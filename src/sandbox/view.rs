@@ -77,10 +77,7 @@ impl Shown {
         };
         out.push(format!("  connect: {connect}"));
         out.push(format!("  env:     {}", p.env.join(", ")));
-        out.push(format!(
-            "  exec:    {}",
-            if p.exec { "yes" } else { "no" }
-        ));
+        out.push(format!("  exec:    {}", if p.exec { "yes" } else { "no" }));
         out
     }
 }

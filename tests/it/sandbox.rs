@@ -103,7 +103,10 @@ impl World {
             &[
                 (
                     "HOOK.yaml",
-                    &format!("name: {name}\nevents: [\"{name}:*\"]\n{extra}{}", self.sandbox()),
+                    &format!(
+                        "name: {name}\nevents: [\"{name}:*\"]\n{extra}{}",
+                        self.sandbox()
+                    ),
                 ),
                 (
                     "handler.py",
@@ -124,7 +127,8 @@ impl World {
                 (
                     "handler",
                     &format!(
-                        "#!/usr/bin/env python3\nimport json, sys\n{PY_OPS}\nprint(json.dumps(run(json.load(sys.stdin)[\"context\"])))\n"
+                        "#!{}\nimport json, sys\n{PY_OPS}\nprint(json.dumps(run(json.load(sys.stdin)[\"context\"])))\n",
+                        system_python()
                     ),
                 ),
             ],
@@ -133,17 +137,25 @@ impl World {
     }
 }
 
+/// The system's Python for a `#!` line: a version manager's shim on `PATH` (pyenv's is a
+/// bash script running more programs) is not what a confined executable hook would name.
+fn system_python() -> &'static str {
+    ["/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("/usr/bin/python3")
+}
+
 /// The result of one event for `hook`, or its error.
 fn call(serve: &Serve, hook: &str, op: &str, arg: impl std::fmt::Display) -> Result<Value, String> {
     let (_, v) = serve.post(
         "/v1/collect",
         &json!({"event": format!("{hook}:x"), "context": {"op": op, "arg": arg.to_string()}}),
     );
-    let r = &v["results"][0];
-    if r["ok"] == true {
-        Ok(r["result"].clone())
-    } else {
-        Err(format!("{}", r["error"]))
+    match (&v["results"][0], &v["errors"][0]) {
+        (r, Value::Null) if !r.is_null() => Ok(r["result"].clone()),
+        (_, e) if !e.is_null() => Err(e["error"].as_str().unwrap_or_default().to_string()),
+        _ => Err(format!("no answer: {v}")),
     }
 }
 
@@ -164,16 +176,28 @@ fn assert_confined(w: &World, serve: &Serve, hook: &str, python: bool) {
         Ok(json!("public"))
     );
     let granted = out.join("granted").join(format!("{hook}.txt"));
-    assert_eq!(call(serve, hook, "write", granted.display()), Ok(json!("written")));
+    assert_eq!(
+        call(serve, hook, "write", granted.display()),
+        Ok(json!("written"))
+    );
     assert_eq!(std::fs::read_to_string(&granted).unwrap(), "written");
     let state = w.hooks.home().join("hook-state").join(hook).join("s.txt");
-    assert_eq!(call(serve, hook, "write", state.display()), Ok(json!("written")));
+    assert_eq!(
+        call(serve, hook, "write", state.display()),
+        Ok(json!("written"))
+    );
     assert_eq!(
         call(serve, hook, "connect", World::port(&w.open_port)),
         Ok(json!("connected"))
     );
-    assert_eq!(call(serve, hook, "env", "DECLARED_TOKEN"), Ok(json!("d3clared")));
-    assert_eq!(call(serve, hook, "env", "HERMES_HOOK_NAME"), Ok(json!(hook)));
+    assert_eq!(
+        call(serve, hook, "env", "DECLARED_TOKEN"),
+        Ok(json!("d3clared"))
+    );
+    assert_eq!(
+        call(serve, hook, "env", "HERMES_HOOK_NAME"),
+        Ok(json!(hook))
+    );
     // Not declared: fail.
     let e = call(serve, hook, "read", &secret).unwrap_err();
     assert!(e.contains("Permission"), "{hook} read the key: {e}");
@@ -186,12 +210,18 @@ fn assert_confined(w: &World, serve: &Serve, hook: &str, python: bool) {
     let e = call(serve, hook, "env", "SECRET_TOKEN").unwrap_err();
     assert!(e.contains("KeyError"), "{hook} saw the variable: {e}");
     let e = call(serve, hook, "env", "SERVICE_SECRET").unwrap_err();
-    assert!(e.contains("KeyError"), "{hook} saw the service's variable: {e}");
+    assert!(
+        e.contains("KeyError"),
+        "{hook} saw the service's variable: {e}"
+    );
     let e = call(serve, hook, "spawn", "/usr/bin/id").unwrap_err();
     assert!(e.contains("Permission"), "{hook} started a program: {e}");
     if python {
         logged(serve, &format!("sandbox: denied reading {secret}"));
-        logged(serve, &format!("sandbox: denied writing {}", outside.display()));
+        logged(
+            serve,
+            &format!("sandbox: denied writing {}", outside.display()),
+        );
         logged(
             serve,
             &format!(
@@ -275,7 +305,10 @@ fn a_reloaded_hook_gets_its_new_rules_and_the_default_confines_hooks_without_the
     // No `sandbox:` key: strict by the service's default; `sandbox: none` stays open.
     let e = call(&serve, "plain", "read", &secret).unwrap_err();
     assert!(e.contains("Permission"), "{e}");
-    assert_eq!(call(&serve, "open", "read", &secret), Ok(json!("PRIVATE KEY")));
+    assert_eq!(
+        call(&serve, "open", "read", &secret),
+        Ok(json!("PRIVATE KEY"))
+    );
     assert_eq!(serve.get("/v1/hooks/plain").1["sandbox"]["mode"], "strict");
     // The hook now grants itself the file: the reloaded version reads it.
     std::fs::write(
@@ -329,7 +362,10 @@ fn check_shows_each_hooks_permissions_and_a_library_hook_with_a_sandbox_is_refus
     w.hooks.add(
         "lib",
         &[
-            ("HOOK.yaml", "name: lib\nevents: [\"lib:*\"]\nsandbox: strict\n"),
+            (
+                "HOOK.yaml",
+                "name: lib\nevents: [\"lib:*\"]\nsandbox: strict\n",
+            ),
             ("handler.so", "not loaded: refused before"),
         ],
     );

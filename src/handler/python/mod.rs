@@ -358,7 +358,8 @@ impl PythonHandler {
     /// The hello line: the protocol, and the files of the hook's tree with their SHA-256, which
     /// the runner's import hook checks every module against when it is imported.
     fn hello(&self) -> Vec<u8> {
-        let mut hello = serde_json::json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files});
+        let mut hello =
+            serde_json::json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files});
         if let Some(policy) = &self.ctx.sandbox {
             hello["sandbox"] = super::confine::for_runner(policy);
         }
