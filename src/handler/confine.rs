@@ -13,21 +13,28 @@ use tokio::process::Command;
 use super::api::{HandlerContext, HandlerError};
 use crate::sandbox::landlock::{self, Ruleset};
 
-/// Makes the state directory of a confined hook (mode 0700).
+/// Makes the state directory of a confined hook and any `write:` path that does not exist yet,
+/// as directories of mode 0700 (Landlock grants on what exists).
 pub async fn make_state_dir(ctx: &HandlerContext) -> Result<(), HandlerError> {
     let Some(policy) = ctx.sandbox.clone() else {
         return Ok(());
     };
-    let dir = policy.state_dir.clone();
-    tokio::task::spawn_blocking(move || crate::layout::create_private_dir(&dir))
-        .await
-        .map_err(|e| HandlerError::Load(format!("making the state directory failed: {e}")))?
-        .map_err(|e| {
-            HandlerError::Load(format!(
-                "cannot create the hook's state directory {}: {e}",
-                policy.state_dir.display()
-            ))
-        })
+    tokio::task::spawn_blocking(move || {
+        for dir in &policy.write {
+            if std::fs::symlink_metadata(dir).is_err() {
+                crate::layout::create_private_dir(dir).map_err(|e| {
+                    HandlerError::Load(format!(
+                        "cannot create {} (the hook's state directory or a `write:` path of \
+                         its sandbox): {e}",
+                        dir.display()
+                    ))
+                })?;
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| HandlerError::Load(format!("making the state directory failed: {e}")))?
 }
 
 /// The ruleset of an executable hook (`None` when it is not confined), built once.

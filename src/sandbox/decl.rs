@@ -99,7 +99,7 @@ pub fn parse(v: &Value, line: Option<usize>) -> Result<Sandbox, String> {
         other => {
             return Err(format!(
                 "{} is not a sandbox; write e.g. `{EXAMPLE}`",
-                super::value_kind(other)
+                value_kind(other)
             ));
         }
     };
@@ -113,7 +113,7 @@ fn list(key: &str, v: &Value) -> Result<Vec<Value>, String> {
         Value::String(_) | Value::Number(_) => Ok(vec![v.clone()]),
         other => Err(format!(
             "`{key}:` is {}, expected a list; write e.g. `{EXAMPLE}`",
-            super::value_kind(other)
+            value_kind(other)
         )),
     }
 }
@@ -122,11 +122,11 @@ fn paths(key: &str, v: &Value) -> Result<Vec<String>, String> {
     list(key, v)?
         .into_iter()
         .map(|p| match p {
-            Value::String(s) if super::policy::is_anchored(&s) => Ok(s),
+            Value::String(s) if is_anchored(&s) => Ok(s),
             Value::String(s) => Err(format!(
                 "`{key}:` path {s:?} is relative: start it with /, ~, $HERMES_HOME, {{hook_dir}} or {{state_dir}}"
             )),
-            other => Err(format!("`{key}:` holds {}, expected paths", super::value_kind(&other))),
+            other => Err(format!("`{key}:` holds {}, expected paths", value_kind(&other))),
         })
         .collect()
 }
@@ -160,7 +160,7 @@ fn connects(v: &Value) -> Result<Vec<Connect>, String> {
                         port,
                     })
                 }
-                other => Err(bad(super::value_kind(&other))),
+                other => Err(bad(value_kind(&other))),
             }
         })
         .collect()
@@ -181,7 +181,7 @@ fn names(v: &Value) -> Result<Vec<String>, String> {
             }
             other => Err(format!(
                 "`env:` {} is not a variable name (NAME, or PREFIX_* for all that start so)",
-                super::value_kind(&other)
+                value_kind(&other)
             )),
         })
         .collect()
@@ -191,9 +191,31 @@ fn flag(key: &str, v: &Value) -> Result<bool, String> {
     v.as_bool().ok_or_else(|| {
         format!(
             "`{key}:` is {}, expected true or false",
-            super::value_kind(v)
+            value_kind(v)
         )
     })
+}
+
+/// Whether a path as written is absolute once expanded.
+pub fn is_anchored(p: &str) -> bool {
+    p.starts_with('/')
+        || p == "~"
+        || p.starts_with("~/")
+        || p.starts_with("$HERMES_HOME")
+        || p.starts_with("{hook_dir}")
+        || p.starts_with("{state_dir}")
+}
+
+/// How a value reads in a message.
+fn value_kind(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => format!("{s:?}"),
+        serde_json::Value::Number(n) => n.to_string(),
+        serde_json::Value::Bool(b) => b.to_string(),
+        serde_json::Value::Null => "nothing".into(),
+        serde_json::Value::Array(_) => "a list".into(),
+        serde_json::Value::Object(_) => "a mapping".into(),
+    }
 }
 
 #[cfg(test)]

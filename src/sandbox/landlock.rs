@@ -4,10 +4,9 @@
 //! the same calls with `ctypes` from the rules the host sends it ([`Rules`]).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::policy::Rules;
 
 /// Filesystem access rights (`LANDLOCK_ACCESS_FS_*`).
 pub mod fs {
@@ -123,6 +122,23 @@ pub fn handled_net(abi: i32) -> u64 {
 /// The scopes this ABI knows.
 pub fn scopes(abi: i32) -> u64 {
     if abi >= 6 { SCOPES } else { 0 }
+}
+
+/// The Landlock rules of a policy, as the service enforces them and the runner receives them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Rules {
+    /// Filesystem rights handled (denied unless a rule grants them).
+    pub handled_fs: u64,
+    /// Network rights handled.
+    pub handled_net: u64,
+    /// Scopes (abstract UNIX sockets, signals) confined to the hook's processes.
+    pub scoped: u64,
+    /// Paths and the rights granted beneath each.
+    pub paths: Vec<(PathBuf, u64)>,
+    /// TCP ports and the rights granted on each.
+    pub ports: Vec<(u16, u64)>,
+    /// The rights of a read-only grant (the runner adds its interpreter's directories so).
+    pub read_rights: u64,
 }
 
 /// A ruleset ready to be enforced by any number of children.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::decl::{Connect, Sandbox};
-use super::landlock::{self, fs};
+use super::landlock::{self, Rules, fs};
 
 /// The variable that names a confined hook's state directory.
 pub const STATE_DIR_ENV: &str = "HERMES_HOOK_STATE_DIR";
@@ -51,16 +51,6 @@ const NET_READ: &[&str] = &[
 /// Variables a confined hook always sees: the host's own, locale, time zone, `PATH`.
 const DEFAULT_ENV: &[&str] = &["HERMES_*", "LANG", "LANGUAGE", "LC_*", "TZ", "PATH"];
 
-/// Whether a path as written is absolute once expanded.
-pub fn is_anchored(p: &str) -> bool {
-    p.starts_with('/')
-        || p == "~"
-        || p.starts_with("~/")
-        || p.starts_with("$HERMES_HOME")
-        || p.starts_with("{hook_dir}")
-        || p.starts_with("{state_dir}")
-}
-
 /// Where a hook's sandbox is resolved.
 #[derive(Debug, Clone)]
 pub struct Where<'a> {
@@ -101,23 +91,6 @@ pub struct Policy {
     /// The line of `sandbox:` in HOOK.yaml.
     #[serde(skip)]
     pub line: Option<usize>,
-}
-
-/// The Landlock rules of a policy, as the service enforces them and the runner receives them.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Rules {
-    /// Filesystem rights handled (denied unless a rule grants them).
-    pub handled_fs: u64,
-    /// Network rights handled.
-    pub handled_net: u64,
-    /// Scopes (abstract UNIX sockets, signals) confined to the hook's processes.
-    pub scoped: u64,
-    /// Paths and the rights granted beneath each.
-    pub paths: Vec<(PathBuf, u64)>,
-    /// TCP ports and the rights granted on each.
-    pub ports: Vec<(u16, u64)>,
-    /// The rights of a read-only grant (the runner adds its interpreter's directories so).
-    pub read_rights: u64,
 }
 
 fn expand(p: &str, w: &Where, state: &Path) -> PathBuf {

@@ -2,7 +2,9 @@
 //! of it here (or why nothing is), and its effective permissions.
 
 use super::policy::{self, Policy, Where};
-use super::{Sandbox, landlock, refusal};
+use super::choice::refusal;
+use super::decl::Sandbox;
+use super::landlock;
 use crate::kind::Confinement;
 
 /// What `check` and `/v1/hooks` show of a hook's sandbox.
