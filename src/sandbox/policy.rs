@@ -144,6 +144,12 @@ pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
     })
 }
 
+/// Whether every confined hook sees the variable `key` (the host's own, locale, time zone,
+/// `PATH`).
+pub fn always_seen(key: &str) -> bool {
+    DEFAULT_ENV.iter().any(|p| matches(p, key))
+}
+
 fn matches(pattern: &str, key: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => key.starts_with(prefix),

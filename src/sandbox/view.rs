@@ -48,12 +48,13 @@ impl Shown {
         }
     }
 
-    /// One line per aspect for `check`.
+    /// One line per aspect for `check`; nothing for a hook that is not confined (as before
+    /// sandboxes, and most hooks are not).
     pub fn lines(&self) -> Vec<String> {
-        let mut out = vec![format!("sandbox: {} ({})", self.mode, self.enforced)];
         let Some(p) = &self.policy else {
-            return out;
+            return Vec::new();
         };
+        let mut out = vec![format!("sandbox: {} ({})", self.mode, self.enforced)];
         let list = |v: &[std::path::PathBuf]| {
             v.iter()
                 .map(|p| p.display().to_string())

@@ -273,6 +273,7 @@ impl PythonHandler {
                         worker: self.ctx.priority.resolved(),
                         fork_server: self.ctx.default_priority.resolved(),
                     },
+                    self.ctx.sandbox.is_some(),
                 )
                 .await
                 {

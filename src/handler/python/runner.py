@@ -610,7 +610,7 @@ def run_worker(hook_dir, handler_path, hook_name):
     files = hello_files(lines[0])
     policy = sandbox_of_hello(lines[0])
     if policy is not None:
-        refusal = apply_sandbox(policy)
+        refusal = apply_sandbox(policy, hook_dir)
         if refusal is not None:
             sys.stderr.write("hermes-hooks: hook %r cannot start: %s\n" % (hook_name, refusal))
             send({"ready": False, "error": refusal})
@@ -667,6 +667,8 @@ _sandbox = None
 _last_access = {}
 #: Variables the hook looked up and may not see, each logged once.
 _env_noted = set()
+#: The hook's directory with a trailing separator: a lookup is the hook's when made from there.
+_hook_root = None
 _AUDITED = frozenset(("open", "socket.connect", "subprocess.Popen", "os.exec", "os.posix_spawn",
                       "os.spawn", "os.system", "os.fork"))
 _LANDLOCK_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)
@@ -696,11 +698,27 @@ class _SandboxedEnviron(type(os.environ)):
             return super().__getitem__(key)
         except KeyError:
             if _sandbox is not None and isinstance(key, str) and key not in _env_noted \
-                    and not env_allowed(_sandbox.get("env") or (), key):
+                    and not env_allowed(_sandbox.get("env") or (), key) and looked_up_by_hook():
                 _env_noted.add(key)
                 sandbox_log("the hook looked up the variable %s, which its sandbox withholds: to let "
                             "it see it, add it under `env:` of %s" % (key, _sandbox.get("where")))
             raise
+
+
+def looked_up_by_hook():
+    """Whether the code that looked a variable up (past ``os`` and the mapping methods) is the
+    hook's own, not the standard library probing its optional settings."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename
+        if _hook_root and name.startswith(_hook_root):
+            return True
+        if not (name.startswith("<frozen") or name.endswith(("os.py", "_collections_abc.py"))):
+            return False
+        frame = frame.f_back
+    return False
 
 
 def sandbox_log(msg):
@@ -782,9 +800,10 @@ def landlock_restrict(rules):
         os.close(fd)
 
 
-def apply_sandbox(policy):
+def apply_sandbox(policy, hook_dir):
     """Confine this worker to ``policy`` (see above); a reason when it cannot, else None."""
-    global _sandbox
+    global _sandbox, _hook_root
+    _hook_root = os.path.join(os.path.abspath(hook_dir), "")
     patterns = policy.get("env") or ()
     for key in [k for k in os.environ if not env_allowed(patterns, k)]:
         del os.environ[key]
