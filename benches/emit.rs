@@ -46,6 +46,7 @@ fn fixture(matching: usize, total: usize) -> Fixture {
         trust: Default::default(),
         gateway_hooks_only: false,
         worker_priority: Default::default(),
+        sandbox_default: Default::default(),
     };
     let (host, report) = rt.block_on(Host::start(config));
     assert_eq!(report.loaded.len(), total, "{:?}", report.skipped);

@@ -70,6 +70,19 @@ pub(crate) struct KindSpec {
     /// Takes the `.env` files' variables once, when its long-lived worker starts (so a changed
     /// file is a changed hook); the other kinds read them at each process start.
     pub env_at_start: bool,
+    /// What a `sandbox:` can confine of it.
+    pub confinement: Confinement,
+}
+
+/// What a `sandbox:` can confine of a hook of a kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confinement {
+    /// Its own processes: the kernel's rules are applied to them before hook code runs.
+    Process,
+    /// Nothing: it runs inside the service, which cannot confine a part of itself.
+    InService,
+    /// Nothing local: the service only sends it a request.
+    Remote,
 }
 
 /// The kinds, in the order their default handler files are tried.
@@ -90,6 +103,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         serial: true,
         approval: ApprovalInput::HandlerFile,
         env_at_start: true,
+        confinement: Confinement::Process,
     },
     KindSpec {
         kind: HandlerKind::Exec,
@@ -113,6 +127,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         serial: false,
         approval: ApprovalInput::HandlerFile,
         env_at_start: false,
+        confinement: Confinement::Process,
     },
     KindSpec {
         kind: HandlerKind::Dylib,
@@ -140,6 +155,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         serial: true,
         approval: ApprovalInput::HandlerFile,
         env_at_start: false,
+        confinement: Confinement::InService,
     },
     KindSpec {
         kind: HandlerKind::Webhook,
@@ -154,6 +170,7 @@ pub(crate) static KINDS: [KindSpec; 4] = [
         serial: false,
         approval: ApprovalInput::Endpoint,
         env_at_start: false,
+        confinement: Confinement::Remote,
     },
 ];
 

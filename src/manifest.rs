@@ -50,6 +50,7 @@ const KNOWN_KEYS: &[&str] = &[
     "sched",
     "data",
     "cwd",
+    "sandbox",
 ];
 
 /// Keys that published hooks carry for their own use: accepted with an informational note.
@@ -213,6 +214,8 @@ pub struct Manifest {
     pub data: Vec<String>,
     /// `cwd:` (default `service`): where the hook's processes start.
     pub cwd: Cwd,
+    /// `sandbox:`; `None` when HOOK.yaml has none (the service's `--sandbox-default` applies).
+    pub sandbox: Option<crate::sandbox::Sandbox>,
     /// Non-fatal remarks (unknown keys), shown by `check` and logged by `serve`.
     pub warnings: Vec<String>,
     /// Informational remarks (keys published hooks carry for their own use), shown by `check`.
@@ -373,6 +376,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         1..=MAX_CONCURRENCY as i64,
     )?;
     check_ca_file(raw.ca_file.as_deref(), raw.url.is_some())?;
+    let sandbox = sandbox_of(map, text)?;
     Ok(Manifest {
         name: raw.name,
         id: raw.id,
@@ -391,6 +395,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         secret_env: raw.secret_env,
         runs: raw.runs.unwrap_or(Runs::Auto),
         cwd: raw.cwd.unwrap_or_default(),
+        sandbox,
         retries: retries as u32,
         concurrency: concurrency as usize,
         ca_file: raw.ca_file,
@@ -404,6 +409,26 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
         warnings,
         notes,
     })
+}
+
+/// `sandbox:` (absent or empty: `None`), its line kept for the messages that name it.
+fn sandbox_of(
+    map: &serde_json::Map<String, serde_json::Value>,
+    text: &str,
+) -> Result<Option<crate::sandbox::Sandbox>, ManifestError> {
+    let Some(v) = map.get("sandbox").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let line = shape::key_lines(text, "sandbox").first().copied();
+    crate::sandbox::decl::parse(v, line)
+        .map(Some)
+        .map_err(|why| ManifestError::BadField {
+            field: "sandbox",
+            reason: match line {
+                Some(l) => format!("line {l}: {why}"),
+                None => why,
+            },
+        })
 }
 
 /// A webhook's `timeout:` outside 1..=60 s is clamped: say so rather than silently.

@@ -286,6 +286,11 @@ pub struct ServeArgs {
     /// `sched:` overrides it.
     #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SCHED_ENV, hide_possible_values = true)]
     pub worker_sched: Option<crate::priority::Sched>,
+    /// none (default: hooks without a `sandbox:` key run unconfined) or strict (they get
+    /// `sandbox: strict`: their own directory read-only, a private state directory, no network,
+    /// only HERMES_*/locale/time-zone variables). A hook's own `sandbox:` wins.
+    #[arg(long, value_enum, value_name = "MODE", env = crate::sandbox::DEFAULT_ENV, default_value_t = crate::sandbox::DefaultSandbox::None, hide_possible_values = true)]
+    pub sandbox_default: crate::sandbox::DefaultSandbox,
     /// CPU priority of the service's own threads (HTTP, queues, the pipes to the workers), as a
     /// nice increment over the service's starting value; hook processes are still started at
     /// --worker-nice over the starting value.

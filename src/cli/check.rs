@@ -41,6 +41,11 @@ pub async fn check(roots: RootArgs) -> i32 {
             if placement.runs != "service" || python.is_some() && python != common {
                 let _ = writeln!(out, "        {}", placement.summary());
             }
+            let sandbox =
+                crate::host::sandbox_view(&h.spec, config.sandbox_default, &config.hermes_home);
+            for line in sandbox.lines() {
+                let _ = writeln!(out, "        {line}");
+            }
             if host.config().trust.mode == crate::trust::TrustMode::Explicit {
                 for line in crate::trust::coverage::lines(&h.spec.files) {
                     let _ = writeln!(out, "        {line}");

@@ -72,6 +72,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
             "this service may not raise a decision's work out of SCHED_IDLE (no CAP_SYS_NICE): hook processes and the service's threads run in the normal class, so that a decision never times out on a busy CPU (--worker-sched idle / --service-sched idle to choose idle anyway)"
         );
     }
+    config.sandbox_default = args.sandbox_default;
     #[cfg(feature = "fleet")]
     args.fleet.adjust(&mut config);
     let notices = match args.output {

@@ -317,6 +317,9 @@ pub struct HandlerContext {
     pub priority: crate::priority::Priority,
     /// The service's default priority for hook processes: the Python fork server's.
     pub default_priority: crate::priority::Priority,
+    /// What the hook's processes may do (`sandbox:`, or the service's default); `None`: not
+    /// confined.
+    pub sandbox: Option<Arc<crate::sandbox::Policy>>,
 }
 
 impl HandlerContext {
@@ -384,7 +387,33 @@ impl HandlerContext {
             priority: crate::priority::Priority::default()
                 .overridden(spec.manifest.nice, spec.manifest.sched),
             default_priority: crate::priority::Priority::default(),
+            sandbox: None,
         }
+    }
+
+    /// Takes the hook's sandbox (its `sandbox:`, else `default`): the policy its processes are
+    /// held to, and `HERMES_HOOK_STATE_DIR` naming its private state directory.
+    pub fn with_sandbox(
+        mut self,
+        default: crate::sandbox::DefaultSandbox,
+        spec: &HookSpec,
+        hermes_home: &std::path::Path,
+    ) -> Self {
+        let sandbox = crate::sandbox::effective(spec.manifest.sandbox.as_ref(), default);
+        let at = crate::sandbox::Where {
+            hook_dir: &spec.dir,
+            name: &spec.name,
+            hermes_home,
+            own_env: spec.manifest.env.keys().cloned().collect(),
+        };
+        self.sandbox = crate::sandbox::policy::resolve(&sandbox, &at).map(Arc::new);
+        if let Some(p) = &self.sandbox {
+            self.env.insert(
+                crate::sandbox::policy::STATE_DIR_ENV.to_string(),
+                p.state_dir.display().to_string(),
+            );
+        }
+        self
     }
 }
 
@@ -395,6 +424,16 @@ impl HandlerContext {
     pub fn process_env(&self) -> BTreeMap<String, String> {
         let home = self.env.get("HERMES_HOME").map(std::path::Path::new);
         crate::dotenv::for_process(home, &self.env)
+    }
+
+    /// For a confined hook, the whole environment of its processes (the service's, then
+    /// [`HandlerContext::process_env`]) holding only what its sandbox allows; `None` when it is
+    /// not confined (its processes inherit the service's).
+    pub fn confined_env(&self) -> Option<BTreeMap<String, String>> {
+        let policy = self.sandbox.as_ref()?;
+        let mut all: BTreeMap<String, String> = std::env::vars().collect();
+        all.extend(self.process_env());
+        Some(policy.filter_env(all))
     }
 }
 

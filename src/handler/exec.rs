@@ -39,6 +39,8 @@ pub struct ExecHandler {
     program: PathBuf,
     /// `sh` for a `.sh` file without the run bit.
     via_shell: bool,
+    /// The Landlock ruleset of a confined hook, enforced in each process before exec.
+    ruleset: Option<Arc<crate::sandbox::landlock::Ruleset>>,
 }
 
 /// What an executable reads on stdin (the context's text embedded as it is, not parsed).
@@ -68,7 +70,17 @@ impl ExecHandler {
             ctx,
             program,
             via_shell,
+            ruleset: None,
         })
+    }
+
+    /// [`ExecHandler::new`], and for a confined hook its state directory and ruleset.
+    pub async fn start(ctx: HandlerContext) -> Result<Self, HandlerError> {
+        let mut this = Self::new(ctx)?;
+        super::confine::make_state_dir(&this.ctx).await?;
+        this.ruleset =
+            super::confine::exec_ruleset(&this.ctx, &this.program, this.via_shell).await?;
+        Ok(this)
     }
 
     async fn run(&self, event: &str, context: &Context) -> HandlerResult {
@@ -96,6 +108,10 @@ impl ExecHandler {
             command(verified.path(), &self.ctx)
         };
         verified.pass_to(&mut cmd);
+        super::confine::set_env(&mut cmd, &self.ctx);
+        if let Some(ruleset) = &self.ruleset {
+            super::confine::restrict(&mut cmd, ruleset);
+        }
         let spawned = crate::priority::spawn_at_base(move || cmd.spawn());
         drop(verified);
         let mut child = spawned.map_err(|e| {
@@ -145,11 +161,15 @@ impl ExecHandler {
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("");
-            let detail = if last.is_empty() {
+            let mut detail = if last.is_empty() {
                 String::new()
             } else {
                 format!(": {}", last.trim())
             };
+            if let Some(hint) = super::confine::denial_hint(&self.ctx, &stderr_text) {
+                tracing::warn!(target: "hook", hook = %self.ctx.name, "{hint}");
+                detail.push_str(&format!(" ({hint})"));
+            }
             return Err(HandlerError::Failed(format!(
                 "{} failed with {}{detail}",
                 file_name(&self.program),

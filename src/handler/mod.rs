@@ -11,6 +11,7 @@
 use crate::discovery::{HandlerKind, HookSpec};
 
 mod api;
+pub mod confine;
 pub mod context;
 pub mod dylib;
 pub mod exec;
@@ -25,9 +26,14 @@ pub use api::*;
 /// Starts the handler for `spec`: for Python this spawns the worker and waits for its ready
 /// handshake, so import errors and a missing `handle` surface here.
 pub async fn start(spec: &HookSpec, ctx: HandlerContext) -> Result<Box<dyn Handler>, HandlerError> {
+    if let Some(why) = crate::sandbox::refusal(ctx.sandbox.as_deref(), spec.kind.spec().confinement)
+    {
+        tracing::warn!(hook = %spec.name, "not started: {why}");
+        return Err(HandlerError::Load(why));
+    }
     match spec.kind {
         HandlerKind::Python => Ok(Box::new(python::PythonHandler::start(ctx).await?)),
-        HandlerKind::Exec => Ok(Box::new(exec::ExecHandler::new(ctx)?)),
+        HandlerKind::Exec => Ok(Box::new(exec::ExecHandler::start(ctx).await?)),
         HandlerKind::Dylib => Ok(Box::new(dylib::DylibHandler::start(ctx).await?)),
         HandlerKind::Webhook => Ok(Box::new(webhook::WebhookHandler::new(
             &ctx,

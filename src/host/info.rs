@@ -51,6 +51,9 @@ pub struct HookInfo {
     pub concurrency: usize,
     /// How long its handler calls took.
     pub durations: Durations,
+    /// What the hook's `sandbox:` (or the service's default) confines, and what the kernel
+    /// enforces of it.
+    pub sandbox: crate::sandbox::view::Shown,
 }
 
 /// Handler call durations of a hook, from its histogram (the one `/metrics` exposes).
@@ -151,7 +154,12 @@ pub struct LastError {
 }
 
 impl HookInfo {
-    pub(crate) fn of(h: &LoadedHook, python: &str, hermes_home: &Path) -> Self {
+    pub(crate) fn of(
+        h: &LoadedHook,
+        python: &str,
+        hermes_home: &Path,
+        sandbox_default: crate::sandbox::DefaultSandbox,
+    ) -> Self {
         let s = &h.stats;
         let spec = &h.spec;
         Self {
@@ -202,6 +210,28 @@ impl HookInfo {
                 .map(|(start, reason)| WorkerStart { start, reason }),
             concurrency: spec.manifest.concurrency,
             durations: Durations::of(s),
+            sandbox: sandbox_view(spec, sandbox_default, hermes_home),
         }
     }
+}
+
+/// The sandbox of `spec` as `check` and `/v1/hooks` show it.
+pub fn sandbox_view(
+    spec: &crate::discovery::HookSpec,
+    default: crate::sandbox::DefaultSandbox,
+    hermes_home: &Path,
+) -> crate::sandbox::view::Shown {
+    let sandbox = crate::sandbox::effective(spec.manifest.sandbox.as_ref(), default);
+    let at = crate::sandbox::Where {
+        hook_dir: &spec.dir,
+        name: &spec.name,
+        hermes_home,
+        own_env: spec.manifest.env.keys().cloned().collect(),
+    };
+    crate::sandbox::view::Shown::of(
+        &sandbox,
+        spec.kind.spec().confinement,
+        spec.placement.in_gateway(),
+        &at,
+    )
 }

@@ -26,7 +26,7 @@ mod revoked;
 
 use plan::{Plan, Version};
 
-pub use info::{Counters, HookInfo, LastError, QueueInfo, WorkerStart};
+pub use info::{Counters, HookInfo, LastError, QueueInfo, WorkerStart, sandbox_view};
 
 /// Settings of a host.
 #[derive(Debug, Clone)]
@@ -47,6 +47,9 @@ pub struct HostConfig {
     /// CPU priority of hook processes unless a hook sets its own (`serve --worker-nice`,
     /// `--worker-sched`).
     pub worker_priority: crate::priority::Priority,
+    /// The sandbox of hooks without a `sandbox:` key (`serve --sandbox-default`,
+    /// `HERMES_HOOKS_SANDBOX_DEFAULT`).
+    pub sandbox_default: crate::sandbox::DefaultSandbox,
 }
 
 impl HostConfig {
@@ -75,6 +78,7 @@ impl HostConfig {
             trust: crate::trust::TrustPolicy::default(),
             gateway_hooks_only: false,
             worker_priority: crate::priority::Priority::default(),
+            sandbox_default: crate::sandbox::DefaultSandbox::from_env(),
         }
     }
 }
@@ -330,15 +334,27 @@ impl Host {
         self.snapshot()
             .hooks
             .iter()
-            .map(|h| HookInfo::of(h, &self.inner.config.python, &self.inner.config.hermes_home))
+            .map(|h| {
+                HookInfo::of(
+                    h,
+                    &self.inner.config.python,
+                    &self.inner.config.hermes_home,
+                    self.inner.config.sandbox_default,
+                )
+            })
             .collect()
     }
 
     /// One loaded hook, for display.
     pub fn hook(&self, name: &str) -> Option<HookInfo> {
-        self.snapshot()
-            .get(name)
-            .map(|h| HookInfo::of(h, &self.inner.config.python, &self.inner.config.hermes_home))
+        self.snapshot().get(name).map(|h| {
+            HookInfo::of(
+                h,
+                &self.inner.config.python,
+                &self.inner.config.hermes_home,
+                self.inner.config.sandbox_default,
+            )
+        })
     }
 
     /// Directories that did not load at the last (re)load.
@@ -748,7 +764,12 @@ impl Host {
                 &self.inner.config.python,
                 self.inner.config.runtime_dir.clone(),
             )
-            .with_default_priority(self.inner.config.worker_priority, spec);
+            .with_default_priority(self.inner.config.worker_priority, spec)
+            .with_sandbox(
+                self.inner.config.sandbox_default,
+                spec,
+                &self.inner.config.hermes_home,
+            );
             signals.push(ctx.signals.clone());
             let spec = spec.clone();
             set.spawn(async move { (i, handler::start(&spec, ctx).await) });

@@ -35,6 +35,7 @@ mod priority;
 mod python;
 mod real_gateway;
 mod reload;
+mod sandbox;
 mod service;
 mod trust;
 mod trust_holds;

@@ -175,6 +175,7 @@ pub fn config(hooks: &Hooks) -> hermes_hooks::HostConfig {
         trust: Default::default(),
         gateway_hooks_only: false,
         worker_priority: Default::default(),
+        sandbox_default: Default::default(),
     }
 }
 

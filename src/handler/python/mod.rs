@@ -260,6 +260,7 @@ impl PythonHandler {
     /// Starts the worker and waits for its ready handshake; import errors and a missing
     /// `handle` are returned as [`HandlerError::Load`].
     pub async fn start(ctx: HandlerContext) -> Result<Self, HandlerError> {
+        super::confine::make_state_dir(&ctx).await?;
         let runner = ensure_runner(&ctx.runtime_dir).await?;
         let mut this = Self {
             ctx,
@@ -292,11 +293,15 @@ impl PythonHandler {
                     &self.ctx.cwd,
                     handler,
                     &self.ctx.name,
-                    &self.ctx.process_env(),
+                    &self
+                        .ctx
+                        .confined_env()
+                        .unwrap_or_else(|| self.ctx.process_env()),
                     zygote::Priorities {
                         worker: self.ctx.priority.resolved(),
                         fork_server: self.ctx.default_priority.resolved(),
                     },
+                    self.ctx.sandbox.is_some(),
                 )
                 .await
                 {
@@ -388,10 +393,12 @@ impl PythonHandler {
     /// The hello line: the protocol, and the files of the hook's tree with their SHA-256, which
     /// the runner's import hook checks every module against when it is imported.
     fn hello(&self) -> Vec<u8> {
-        let mut line =
-            serde_json::json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files})
-                .to_string()
-                .into_bytes();
+        let mut hello =
+            serde_json::json!({"hello": 1, "protocol": 1, "files": &self.ctx.files.files});
+        if let Some(policy) = &self.ctx.sandbox {
+            hello["sandbox"] = super::confine::for_runner(policy);
+        }
+        let mut line = hello.to_string().into_bytes();
         line.push(b'\n');
         line
     }
@@ -416,6 +423,7 @@ impl PythonHandler {
     /// Starts a worker from scratch: `<python> -u runner.py DIR HANDLER NAME`.
     fn spawn_fresh(&self, handler: &Path) -> Result<Worker, HandlerError> {
         let mut cmd = command(&self.ctx.python, &self.ctx);
+        super::confine::set_env(&mut cmd, &self.ctx);
         cmd.env(zygote::PYCACHE_ENV, zygote::pycache_dir(&self.runner))
             .arg("-u")
             .arg(&self.runner)

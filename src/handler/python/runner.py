@@ -544,6 +544,7 @@ async def finish(hook_name, event, req_id, awaitable):
 
 
 def failed(hook_name, event, req_id, exc):
+    note_denial(exc)
     log_exception("hermes-hooks: hook %r failed on event %r (request %s):" % (hook_name, event, req_id), exc)
     send({"id": req_id, "ok": False, "error": describe(exc)})
 
@@ -718,6 +719,14 @@ def run_worker(hook_dir, handler_path, hook_name):
             os._exit(0)
     early = lines[1:]  # requests sent right behind the hello
     files = hello_files(lines[0])
+    policy = sandbox_of_hello(lines[0])
+    if policy is not None:
+        refusal = apply_sandbox(policy, hook_dir)
+        if refusal is not None:
+            sys.stderr.write("hermes-hooks: hook %r cannot start: %s\n" % (hook_name, refusal))
+            send({"ready": False, "error": refusal})
+            sys.stderr.flush()
+            os._exit(0)
     code = 0
     try:
         handle = first = None
@@ -751,6 +760,210 @@ def hello_files(line):
         return None
     files = hello.get("files") if isinstance(hello, dict) else None
     return files if isinstance(files, dict) else None
+
+
+# --- the sandbox (``sandbox:`` in HOOK.yaml) ---
+#
+# A confined hook's worker confines itself after the hello and before the hook is imported, the
+# same whether it was forked or started from scratch: the environment keeps only the variables
+# the sandbox allows, then no_new_privs and the Landlock rules the host sent (plus this
+# interpreter's own directories, read-only) are enforced with raw system calls. What the kernel
+# refuses the hook from then on fails with EACCES/EPERM; when such an error leaves ``handle``,
+# the service log says what was denied (the path, port or program of the last access the audit
+# hook saw) and which key of ``sandbox:`` would allow it.
+
+#: The policy applied (the ``sandbox`` of the hello), or None when the hook is not confined.
+_sandbox = None
+#: Per thread, the last access the audit hook saw: (event, args).
+_last_access = {}
+#: Variables the hook looked up and may not see, each logged once.
+_env_noted = set()
+#: The hook's directory with a trailing separator: a lookup is the hook's when made from there.
+_hook_root = None
+_AUDITED = frozenset(("open", "socket.connect", "subprocess.Popen", "os.exec", "os.posix_spawn",
+                      "os.spawn", "os.system", "os.fork"))
+_LANDLOCK_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)
+
+
+def sandbox_of_hello(line):
+    """The ``sandbox`` object of the hello, or None."""
+    try:
+        hello = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    policy = hello.get("sandbox") if isinstance(hello, dict) else None
+    return policy if isinstance(policy, dict) else None
+
+
+def env_allowed(patterns, key):
+    if key == PYCACHE_ENV:
+        return True
+    return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in patterns)
+
+
+class _SandboxedEnviron(type(os.environ)):
+    """``os.environ`` of a confined hook: a lookup of a variable it may not see is logged once."""
+
+    def __getitem__(self, key):
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            if _sandbox is not None and isinstance(key, str) and key not in _env_noted \
+                    and not env_allowed(_sandbox.get("env") or (), key) and looked_up_by_hook():
+                _env_noted.add(key)
+                sandbox_log("the hook looked up the variable %s, which its sandbox withholds: to let "
+                            "it see it, add it under `env:` of %s" % (key, _sandbox.get("where")))
+            raise
+
+
+def looked_up_by_hook():
+    """Whether the code that looked a variable up (past ``os`` and the mapping methods) is the
+    hook's own, not the standard library probing its optional settings."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename
+        if _hook_root and name.startswith(_hook_root):
+            return True
+        if not (name.startswith("<frozen") or name.endswith(("os.py", "_collections_abc.py"))):
+            return False
+        frame = frame.f_back
+    return False
+
+
+def sandbox_log(msg):
+    line = LOG_MARK + json.dumps({"level": "WARNING", "levelno": logging.WARNING,
+                                  "logger": "hermes-hooks", "msg": "sandbox: " + msg})
+    try:
+        sys.stderr.flush()
+        with _log_lock:
+            os.write(2, (line + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def _audit(event, args):
+    if event in _AUDITED:
+        _last_access[threading.get_ident()] = (event, args)
+
+
+def interpreter_dirs():
+    """What this interpreter reads once the hook runs: its prefixes and its import path."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+            os.path.dirname(sys.executable)}
+    dirs.update(p for p in sys.path if p and os.path.isabs(p))
+    if getattr(sys, "pycache_prefix", None):
+        dirs.add(sys.pycache_prefix)
+    return sorted(d for d in dirs if d)
+
+
+def landlock_restrict(rules):
+    """no_new_privs, then the Landlock ruleset of ``rules`` enforced on this process."""
+    import ctypes
+    import stat
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+
+    class Attr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+    class Beneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+    class Port(ctypes.Structure):
+        _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+    def check(r, what):
+        if r < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+    attr = Attr(rules["handled_fs"], rules["handled_net"], rules["scoped"])
+    size = 24 if rules["scoped"] else (16 if rules["handled_net"] else 8)
+    fd = libc.syscall(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint(0))
+    check(fd, "landlock_create_ruleset")
+    try:
+        paths = list(rules["paths"]) + [(d, rules["read_rights"]) for d in interpreter_dirs()]
+        for path, rights in paths:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                if not stat.S_ISDIR(os.fstat(pfd).st_mode):
+                    rights &= _LANDLOCK_FILE_RIGHTS
+                rule = Beneath(rights, pfd)
+                check(libc.syscall(ctypes.c_long(445), ctypes.c_int(fd), ctypes.c_uint(1),
+                                   ctypes.byref(rule), ctypes.c_uint(0)), "landlock_add_rule %s" % path)
+            finally:
+                os.close(pfd)
+        for port, rights in rules["ports"]:
+            rule = Port(rights, port)
+            check(libc.syscall(ctypes.c_long(445), ctypes.c_int(fd), ctypes.c_uint(2),
+                               ctypes.byref(rule), ctypes.c_uint(0)), "landlock_add_rule port %s" % port)
+        check(libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                         ctypes.c_ulong(0)), "prctl(PR_SET_NO_NEW_PRIVS)")
+        check(libc.syscall(ctypes.c_long(446), ctypes.c_int(fd), ctypes.c_uint(0)),
+              "landlock_restrict_self")
+    finally:
+        os.close(fd)
+
+
+def apply_sandbox(policy, hook_dir):
+    """Confine this worker to ``policy`` (see above); a reason when it cannot, else None."""
+    global _sandbox, _hook_root
+    _hook_root = os.path.join(os.path.abspath(hook_dir), "")
+    patterns = policy.get("env") or ()
+    for key in [k for k in os.environ if not env_allowed(patterns, k)]:
+        del os.environ[key]
+    os.environ.__class__ = _SandboxedEnviron
+    try:
+        if policy.get("abi", 0) > 0:
+            landlock_restrict(policy["rules"])
+        else:
+            import ctypes
+            if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        if not policy.get("best_effort"):
+            return "the sandbox could not be applied: %s" % describe(exc)
+        sys.stderr.write("hermes-hooks: sandbox applied in part: %s\n" % describe(exc))
+    _sandbox = policy
+    sys.addaudithook(_audit)
+    return None
+
+
+def note_denial(exc):
+    """Log what the sandbox denied when ``exc`` (or what caused it) is a PermissionError."""
+    if _sandbox is None:
+        return
+    err, depth = exc, 0
+    while err is not None and not isinstance(err, PermissionError) and depth < 8:
+        err, depth = err.__cause__ or err.__context__, depth + 1
+    if not isinstance(err, PermissionError):
+        return
+    event, args = _last_access.get(threading.get_ident(), (None, ()))
+    where = _sandbox.get("where")
+    if event == "socket.connect" and isinstance(args[1], tuple) and len(args[1]) >= 2:
+        what, key = "a connection to %s port %s" % (args[1][0], args[1][1]), \
+            "port %s under `connect:`" % args[1][1]
+    elif event in ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.system"):
+        what, key = "starting %s" % (args[0] if args else "a program"), "`exec: true`"
+    else:
+        path = err.filename or (args[0] if event == "open" and args else None)
+        mode = args[1] if event == "open" and len(args) > 1 else None
+        flags = args[2] if event == "open" and len(args) > 2 else 0
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+            (isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+        if path is None:
+            what, key = describe(err), "the access under `read:`, `write:`, `connect:` or `exec:`"
+        elif writes:
+            what, key = "writing %s" % path, "the path (or a directory above it) under `write:`"
+        else:
+            what, key = "reading %s" % path, "the path (or a directory above it) under `read:`"
+    sandbox_log("denied %s (%s): to allow it, add %s of %s" % (what, describe(err), key, where))
 
 
 # --- the fork server ---

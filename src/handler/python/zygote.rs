@@ -161,8 +161,9 @@ pub async fn fork_worker(
     name: &str,
     env: &std::collections::BTreeMap<String, String>,
     priorities: Priorities,
+    confined: bool,
 ) -> Result<Forked, String> {
-    let zygote = get_or_start(python, runner, priorities.fork_server).await?;
+    let zygote = get_or_start(python, runner, priorities.fork_server, confined).await?;
     let id = zygote.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
     zygote
@@ -235,11 +236,21 @@ pub async fn shutdown_all(wait: Duration) {
     }
 }
 
+/// The fork server of `python`; with `confined`, the one that forks confined hooks' workers: it
+/// starts with only the variables every sandbox allows, so no worker forked from it holds the
+/// service's other variables anywhere in its memory.
 async fn get_or_start(
     python: &str,
     runner: &Path,
     priority: Resolved,
+    confined: bool,
 ) -> Result<Arc<Zygote>, String> {
+    let key = if confined {
+        format!("{python}\0confined")
+    } else {
+        python.to_string()
+    };
+    let key = key.as_str();
     let live = |p: &str| {
         pool()
             .lock()
@@ -248,17 +259,19 @@ async fn get_or_start(
             .filter(|z| !z.dead.load(Ordering::SeqCst))
             .cloned()
     };
-    if let Some(z) = live(python) {
+    if let Some(z) = live(key) {
         return Ok(z);
     }
     let _guard = start_lock().lock().await;
-    if let Some(z) = live(python) {
+    if let Some(z) = live(key) {
         return Ok(z);
     }
     let (python_owned, runner) = (python.to_string(), runner.to_path_buf());
     let (ready_tx, ready_rx) = oneshot::channel();
     let zygote =
-        tokio::task::spawn_blocking(move || start(&python_owned, &runner, priority, ready_tx))
+        tokio::task::spawn_blocking(move || {
+            start(&python_owned, &runner, priority, confined, ready_tx)
+        })
             .await
             .map_err(|e| format!("starting the fork server failed: {e}"))??;
     match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
@@ -279,7 +292,7 @@ async fn get_or_start(
     pool()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(python.to_string(), zygote.clone());
+        .insert(key.to_string(), zygote.clone());
     Ok(zygote)
 }
 
@@ -297,11 +310,16 @@ fn start(
     python: &str,
     runner: &Path,
     priority: Resolved,
+    confined: bool,
     ready: oneshot::Sender<()>,
 ) -> Result<Arc<Zygote>, String> {
     let (host_end, child_end) =
         seqpacket_pair().map_err(|e| format!("cannot create the fork server's socket: {e}"))?;
     let mut cmd = std::process::Command::new(python);
+    if confined {
+        cmd.env_clear()
+            .envs(std::env::vars().filter(|(k, _)| crate::sandbox::policy::always_seen(k)));
+    }
     cmd.env(PYCACHE_ENV, pycache_dir(runner))
         .arg("-u")
         .arg(runner)

@@ -1,0 +1,171 @@
+//! A confined hook's processes ([`crate::sandbox`]): its private state directory made, an
+//! executable's Landlock ruleset built once per handler (with what it needs to start at all:
+//! its handler file, the `#!` interpreter, the dynamic loader), and a command set up to run
+//! confined: the environment replaced by what the sandbox allows and, between fork and exec,
+//! `no_new_privs` and the ruleset enforced. A Python worker confines itself (the runner, from
+//! the rules in its hello): only its environment is set here.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::process::Command;
+
+use super::api::{HandlerContext, HandlerError};
+use crate::sandbox::landlock::{self, Ruleset};
+
+/// Makes the state directory of a confined hook and any `write:` path that does not exist yet,
+/// as directories of mode 0700 (Landlock grants on what exists).
+pub async fn make_state_dir(ctx: &HandlerContext) -> Result<(), HandlerError> {
+    let Some(policy) = ctx.sandbox.clone() else {
+        return Ok(());
+    };
+    tokio::task::spawn_blocking(move || {
+        for dir in &policy.write {
+            if std::fs::symlink_metadata(dir).is_err() {
+                crate::layout::create_private_dir(dir).map_err(|e| {
+                    HandlerError::Load(format!(
+                        "cannot create {} (the hook's state directory or a `write:` path of \
+                         its sandbox): {e}",
+                        dir.display()
+                    ))
+                })?;
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| HandlerError::Load(format!("making the state directory failed: {e}")))?
+}
+
+/// The ruleset of an executable hook (`None` when it is not confined), built once.
+pub async fn exec_ruleset(
+    ctx: &HandlerContext,
+    program: &Path,
+    via_shell: bool,
+) -> Result<Option<Arc<Ruleset>>, HandlerError> {
+    let Some(policy) = ctx.sandbox.clone() else {
+        return Ok(None);
+    };
+    let abi = landlock::abi();
+    if abi == 0 {
+        return Ok(None); // best effort (a refusal was decided before): environment only
+    }
+    let program = program.to_path_buf();
+    let built = tokio::task::spawn_blocking(move || {
+        let mut exec = vec![program.clone()];
+        if via_shell {
+            exec.extend(crate::layout::find_on_path("sh"));
+        }
+        // A `#!` interpreter may itself be a script (up to the kernel's own limit of nesting).
+        let mut next = interpreters(&program);
+        for _ in 0..4 {
+            let deeper: Vec<PathBuf> = next.iter().flat_map(|p| interpreters(p)).collect();
+            exec.append(&mut next);
+            next = deeper;
+        }
+        exec.extend(dynamic_loaders());
+        landlock::build(&policy.rules(abi, &exec))
+    })
+    .await
+    .map_err(|e| HandlerError::Load(format!("building the sandbox failed: {e}")))?;
+    built
+        .map(|r| Some(Arc::new(r)))
+        .map_err(|e| HandlerError::Load(format!("cannot build the sandbox: {e}")))
+}
+
+/// The `#!` interpreter of a script, and the program `#!/usr/bin/env NAME` runs.
+fn interpreters(program: &Path) -> Vec<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let Some(line) = head[..n].strip_prefix(b"#!") else {
+        return Vec::new();
+    };
+    let line = String::from_utf8_lossy(line);
+    let line = line.lines().next().unwrap_or("");
+    let mut words = line.split_whitespace();
+    let Some(interp) = words.next() else {
+        return Vec::new();
+    };
+    let mut out = vec![PathBuf::from(interp)];
+    if Path::new(interp).file_name().is_some_and(|n| n == "env")
+        && let Some(name) = words.find(|w| !w.starts_with('-'))
+    {
+        out.extend(crate::layout::find_on_path(name));
+    }
+    out
+}
+
+/// The dynamic loaders of the system: the kernel opens one to start any dynamic program.
+fn dynamic_loaders() -> Vec<PathBuf> {
+    const DIRS: &[&str] = &[
+        "/lib64",
+        "/lib",
+        "/lib/x86_64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ];
+    DIRS.iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ld-linux") || n.starts_with("ld-musl"))
+        })
+        .collect()
+}
+
+/// Replaces the environment of `cmd` by what the hook's sandbox allows (nothing changes for a
+/// hook that is not confined).
+pub fn set_env(cmd: &mut Command, ctx: &HandlerContext) {
+    if let Some(env) = ctx.confined_env() {
+        cmd.env_clear().envs(env);
+    }
+}
+
+/// Enforces `ruleset` (and `no_new_privs`) in the child between fork and exec.
+pub fn restrict(cmd: &mut Command, ruleset: &Arc<Ruleset>) {
+    let fd = ruleset.raw();
+    // SAFETY: the closure only makes two system calls (prctl, landlock_restrict_self) on a
+    // descriptor the service holds open (the handler owns the ruleset) until the spawn
+    // returns; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || landlock::restrict_self(fd));
+    }
+}
+
+/// For a confined hook whose process failed saying an access was refused: the line to log and
+/// add to the error, naming the HOOK.yaml key that would allow it.
+pub fn denial_hint(ctx: &HandlerContext, stderr: &str) -> Option<String> {
+    let policy = ctx.sandbox.as_ref()?;
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.contains("Permission denied") || l.contains("Operation not permitted"))?;
+    Some(format!(
+        "sandbox: access denied ({}): to allow it, grant it under {}: `read:`/`write:` for a \
+         path, `connect:` for a port, `exec: true` to start programs",
+        line.trim(),
+        policy.where_declared()
+    ))
+}
+
+/// What the Python runner needs to confine itself, sent in its hello: the Landlock rules (the
+/// runner adds its interpreter's directories read-only), the variables it may keep, whether to
+/// go on without Landlock, and where the sandbox is declared (for its denial messages).
+pub fn for_runner(policy: &crate::sandbox::Policy) -> serde_json::Value {
+    let abi = landlock::abi();
+    serde_json::json!({
+        "abi": abi,
+        "rules": policy.rules(abi, &[]),
+        "env": policy.env,
+        "best_effort": policy.best_effort,
+        "where": policy.where_declared(),
+    })
+}

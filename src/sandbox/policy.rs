@@ -1,0 +1,335 @@
+//! A hook's sandbox resolved for its processes: the paths of its grants expanded (`~`,
+//! `$HERMES_HOME`, `{hook_dir}`, `{state_dir}`), what `strict` always grants (the hook's
+//! directory read-only, its private state directory read-write, the system's programs and
+//! libraries read-only), the variables its processes may see, and the Landlock rules of it
+//! ([`Rules`]), which the service enforces on an executable and the Python runner on itself.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::decl::{Connect, Sandbox};
+use super::landlock::{self, Rules, fs};
+
+/// The variable that names a confined hook's state directory.
+pub const STATE_DIR_ENV: &str = "HERMES_HOOK_STATE_DIR";
+
+/// Read-only for every confined hook: the programs, libraries and locale/time-zone data of the
+/// system, and the harmless devices.
+const SYSTEM_READ: &[&str] = &[
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/locale.alias",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/random",
+];
+
+/// Read-only for a hook that may connect somewhere: name resolution and certificates.
+const NET_READ: &[&str] = &[
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/host.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+];
+
+/// Variables a confined hook always sees: the host's own, locale, time zone, `PATH`.
+const DEFAULT_ENV: &[&str] = &["HERMES_*", "LANG", "LANGUAGE", "LC_*", "TZ", "PATH"];
+
+/// Where a hook's sandbox is resolved.
+#[derive(Debug, Clone)]
+pub struct Where<'a> {
+    /// The hook's directory (`{hook_dir}`).
+    pub hook_dir: &'a Path,
+    /// The hook's name (its state directory's name).
+    pub name: &'a str,
+    /// `$HERMES_HOME`.
+    pub hermes_home: &'a Path,
+    /// The keys of the hook's own `env:` (declared by the hook, so visible to it).
+    pub own_env: Vec<String>,
+}
+
+/// The private state directory of a confined hook.
+pub fn state_dir(hermes_home: &Path, name: &str) -> PathBuf {
+    hermes_home.join("hook-state").join(name)
+}
+
+/// What a confined hook's processes may do.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Policy {
+    /// `strict` or `custom`.
+    pub mode: &'static str,
+    /// Readable (besides the system's programs and libraries): the hook directory and `read:`.
+    pub read: Vec<PathBuf>,
+    /// Readable and writable: the state directory and `write:`.
+    pub write: Vec<PathBuf>,
+    /// TCP ports it may connect to (a host is recorded, not enforced).
+    pub connect: Vec<Connect>,
+    /// Variables it may see (`NAME`, `PREFIX_*`).
+    pub env: Vec<String>,
+    /// Whether it may start programs.
+    pub exec: bool,
+    /// Runs with what the kernel can enforce.
+    pub best_effort: bool,
+    /// Its private state directory (`{state_dir}`, `$HERMES_HOOK_STATE_DIR`).
+    pub state_dir: PathBuf,
+    /// The line of `sandbox:` in HOOK.yaml.
+    #[serde(skip)]
+    pub line: Option<usize>,
+}
+
+fn expand(p: &str, w: &Where, state: &Path) -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let rest = |prefix: &str| p[prefix.len()..].trim_start_matches('/').to_string();
+    let base_join = |base: &Path, r: String| {
+        if r.is_empty() {
+            base.to_path_buf()
+        } else {
+            base.join(r)
+        }
+    };
+    if p == "~" || p.starts_with("~/") {
+        base_join(
+            home.as_deref().unwrap_or(Path::new("/nonexistent")),
+            rest("~"),
+        )
+    } else if p.starts_with("$HERMES_HOME") {
+        base_join(w.hermes_home, rest("$HERMES_HOME"))
+    } else if p.starts_with("{hook_dir}") {
+        base_join(w.hook_dir, rest("{hook_dir}"))
+    } else if p.starts_with("{state_dir}") {
+        base_join(state, rest("{state_dir}"))
+    } else {
+        PathBuf::from(p)
+    }
+}
+
+/// The policy of `sandbox` for the hook at `w`; `None` for `sandbox: none`.
+pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
+    let grants = sandbox.grants.as_ref()?;
+    let state = state_dir(w.hermes_home, w.name);
+    let mut read = vec![w.hook_dir.to_path_buf()];
+    read.extend(grants.read.iter().map(|p| expand(p, w, &state)));
+    let mut write = vec![state.clone()];
+    write.extend(grants.write.iter().map(|p| expand(p, w, &state)));
+    let mut env: Vec<String> = DEFAULT_ENV.iter().map(|s| s.to_string()).collect();
+    env.extend(w.own_env.iter().cloned());
+    env.extend(grants.env.iter().cloned());
+    env.dedup();
+    Some(Policy {
+        mode: sandbox.mode(),
+        read,
+        write,
+        connect: grants.connect.clone(),
+        env,
+        exec: grants.exec,
+        best_effort: grants.best_effort,
+        state_dir: state,
+        line: sandbox.line,
+    })
+}
+
+/// Whether every confined hook sees the variable `key` (the host's own, locale, time zone,
+/// `PATH`).
+pub fn always_seen(key: &str) -> bool {
+    DEFAULT_ENV.iter().any(|p| matches(p, key))
+}
+
+fn matches(pattern: &str, key: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => key.starts_with(prefix),
+        None => pattern == key,
+    }
+}
+
+impl Policy {
+    /// Whether its processes may see the variable `key`.
+    pub fn allows_env(&self, key: &str) -> bool {
+        self.env.iter().any(|p| matches(p, key))
+    }
+
+    /// `env` without what the hook may not see.
+    pub fn filter_env(&self, env: BTreeMap<String, String>) -> BTreeMap<String, String> {
+        env.into_iter()
+            .filter(|(k, _)| self.allows_env(k))
+            .collect()
+    }
+
+    /// "HOOK.yaml line N" (or just "HOOK.yaml"), for the messages that name the key to edit.
+    pub fn where_declared(&self) -> String {
+        match self.line {
+            Some(l) => format!("`sandbox:` at HOOK.yaml line {l}"),
+            None => "a `sandbox:` key in HOOK.yaml (the service's --sandbox-default applies)"
+                .to_string(),
+        }
+    }
+
+    /// Why a hook with this policy may not start on a kernel of Landlock `abi`, if it may not.
+    pub fn refusal(&self, abi: i32) -> Option<String> {
+        if abi >= landlock::FULL_ABI || self.best_effort {
+            return None;
+        }
+        let have = if abi == 0 {
+            "this kernel has no Landlock (or it is disabled)".to_string()
+        } else {
+            format!("this kernel's Landlock (ABI {abi}) cannot confine TCP connections")
+        };
+        Some(format!(
+            "{have}, so the sandbox cannot be enforced: add `best_effort: true` to {} to run \
+             with what the kernel can enforce, or write `sandbox: none`",
+            self.where_declared()
+        ))
+    }
+
+    /// What the kernel enforces of this policy at `abi`, in words.
+    pub fn enforced(&self, abi: i32) -> String {
+        if abi == 0 {
+            return "best effort: no Landlock on this kernel; only the environment is filtered \
+                    and no_new_privs set"
+                .into();
+        }
+        let mut what = vec!["files"];
+        if abi >= 4 {
+            what.push("TCP ports");
+        }
+        if abi >= 6 {
+            what.push("signals and abstract sockets");
+        }
+        let partial = if abi < landlock::FULL_ABI {
+            "best effort: "
+        } else {
+            ""
+        };
+        format!(
+            "{partial}landlock ABI {abi} ({}), no_new_privs, environment filtered",
+            what.join(", ")
+        )
+    }
+
+    /// The Landlock rules at `abi`; `extra_exec`: files an executable hook needs to run even
+    /// without `exec: true` (its handler, its interpreter, the dynamic loader).
+    pub fn rules(&self, abi: i32, extra_exec: &[PathBuf]) -> Rules {
+        let handled_fs = landlock::handled_fs(abi);
+        let exec = if self.exec { fs::EXECUTE } else { 0 };
+        let read = (fs::READ_FILE | fs::READ_DIR | exec) & handled_fs;
+        let write = (read
+            | fs::WRITE_FILE
+            | fs::REMOVE_DIR
+            | fs::REMOVE_FILE
+            | fs::MAKE_DIR
+            | fs::MAKE_REG
+            | fs::MAKE_SYM
+            | fs::MAKE_SOCK
+            | fs::MAKE_FIFO
+            | fs::REFER
+            | fs::TRUNCATE)
+            & handled_fs;
+        let mut paths: Vec<(PathBuf, u64)> = SYSTEM_READ
+            .iter()
+            .map(|p| (PathBuf::from(p), read))
+            .collect();
+        if !self.connect.is_empty() {
+            paths.extend(NET_READ.iter().map(|p| (PathBuf::from(p), read)));
+        }
+        paths.push(("/dev/null".into(), fs::READ_FILE | fs::WRITE_FILE));
+        paths.extend(self.read.iter().map(|p| (p.clone(), read)));
+        paths.extend(self.write.iter().map(|p| (p.clone(), write)));
+        paths.extend(
+            extra_exec
+                .iter()
+                .map(|p| (p.clone(), fs::READ_FILE | fs::EXECUTE)),
+        );
+        let handled_net = landlock::handled_net(abi);
+        let mut ports: Vec<(u16, u64)> = if handled_net == 0 {
+            Vec::new()
+        } else {
+            self.connect
+                .iter()
+                .map(|c| (c.port, landlock::NET_CONNECT_TCP))
+                .collect()
+        };
+        ports.sort_unstable();
+        ports.dedup();
+        Rules {
+            handled_fs,
+            handled_net,
+            scoped: landlock::scopes(abi),
+            paths,
+            ports,
+            read_rights: read,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at<'a>(dir: &'a Path, home: &'a Path) -> Where<'a> {
+        Where {
+            hook_dir: dir,
+            name: "n",
+            hermes_home: home,
+            own_env: vec!["OWN".into()],
+        }
+    }
+
+    #[test]
+    fn strict_grants_the_hook_dir_its_state_and_default_variables() {
+        let (dir, home) = (Path::new("/h/hooks/n"), Path::new("/h"));
+        let p = resolve(&Sandbox::strict(), &at(dir, home)).unwrap();
+        assert_eq!(p.read, vec![dir.to_path_buf()]);
+        assert_eq!(p.write, vec![PathBuf::from("/h/hook-state/n")]);
+        for ok in ["HERMES_HOME", "LANG", "LC_ALL", "TZ", "OWN"] {
+            assert!(p.allows_env(ok), "{ok}");
+        }
+        for no in ["OPENAI_API_KEY", "HOME", "OWNER"] {
+            assert!(!p.allows_env(no), "{no}");
+        }
+        assert!(resolve(&Sandbox::none(), &at(dir, home)).is_none());
+        let r = p.rules(7, &[]);
+        assert_eq!(r.read_rights & fs::EXECUTE, 0, "no exec unless declared");
+        assert!(r.ports.is_empty() && r.handled_net != 0, "no network");
+    }
+
+    #[test]
+    fn grants_expand_and_old_kernels_refuse_unless_best_effort() {
+        let (dir, home) = (Path::new("/h/hooks/n"), Path::new("/h"));
+        let s = super::super::decl::parse(
+            &serde_json::json!({"read": ["$HERMES_HOME/.env", "{hook_dir}/x"], "write": ["{state_dir}/y"], "connect": ["a.example:443"], "env": ["SLACK_*"]}),
+            Some(3),
+        )
+        .unwrap();
+        let p = resolve(&s, &at(dir, home)).unwrap();
+        assert!(p.read.contains(&PathBuf::from("/h/.env")));
+        assert!(p.read.contains(&PathBuf::from("/h/hooks/n/x")));
+        assert!(p.write.contains(&PathBuf::from("/h/hook-state/n/y")));
+        assert!(p.allows_env("SLACK_TOKEN"));
+        assert_eq!(
+            p.rules(7, &[]).ports,
+            vec![(443, landlock::NET_CONNECT_TCP)]
+        );
+        assert!(p.refusal(7).is_none());
+        let why = p.refusal(3).unwrap();
+        assert!(
+            why.contains("line 3") && why.contains("best_effort"),
+            "{why}"
+        );
+        assert!(p.refusal(0).unwrap().contains("no Landlock"));
+    }
+}
