@@ -39,8 +39,6 @@ pub(crate) const NICE_ENV: &str = "HERMES_HOOKS_WORKER_NICE";
 pub(crate) const SCHED_ENV: &str = "HERMES_HOOKS_WORKER_SCHED";
 /// Default `nice` increment of the service's runtime threads over the service's starting value.
 pub(crate) const DEFAULT_SERVICE_NICE: i32 = 10;
-/// Default scheduling policy of the service's runtime threads.
-pub(crate) const DEFAULT_SERVICE_SCHED: Sched = Sched::Idle;
 /// Environment variable for `serve --service-nice`.
 pub(crate) const SERVICE_NICE_ENV: &str = "HERMES_HOOKS_SERVICE_NICE";
 /// Environment variable for `serve --service-sched`.
@@ -292,7 +290,7 @@ fn set_process(pid: u32, at: Resolved) {
 
 /// Whether this process may take a thread out of `SCHED_IDLE` again (`CAP_SYS_NICE`, or a
 /// `RLIMIT_NICE` that allows it): tried once on a scratch thread.
-pub fn can_raise() -> bool {
+pub(crate) fn can_raise() -> bool {
     static CAN: OnceLock<bool> = OnceLock::new();
     *CAN.get_or_init(|| {
         std::thread::spawn(|| {
@@ -310,7 +308,7 @@ pub fn can_raise() -> bool {
 
 /// The default class of hook processes and of the service's threads: `SCHED_IDLE` where the
 /// service can raise the work a decision waits for ([`can_raise`]), else the normal class.
-pub fn default_sched() -> Sched {
+pub(crate) fn default_sched() -> Sched {
     if can_raise() {
         Sched::Idle
     } else {
@@ -320,7 +318,7 @@ pub fn default_sched() -> Sched {
 
 /// Raises the service's runtime threads while the returned guard lives (a collect is pending);
 /// `None` when they are not lowered to `SCHED_IDLE` or cannot be raised.
-pub fn boost_service() -> Option<ServiceBoost> {
+pub(crate) fn boost_service() -> Option<ServiceBoost> {
     let mut threads = lock(&RUNTIME);
     if !threads.lowered.is_some_and(|r| r.idle) || !can_raise() {
         return None;
@@ -337,7 +335,7 @@ pub fn boost_service() -> Option<ServiceBoost> {
 
 /// See [`boost_service`]: the last one dropped lowers the runtime threads again.
 #[derive(Debug)]
-pub struct ServiceBoost(());
+pub(crate) struct ServiceBoost(());
 
 impl Drop for ServiceBoost {
     fn drop(&mut self) {
@@ -364,7 +362,7 @@ const CONNECT_HOLD: std::time::Duration = std::time::Duration::from_millis(250);
 /// batches come on kept-alive connections and are not affected. `None` when the runtime
 /// threads are not idle or cannot be raised. The watch ends when the guard is dropped (before
 /// the listener is closed).
-pub fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatch> {
+pub(crate) fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatch> {
     {
         let threads = lock(&RUNTIME);
         if !threads.lowered.is_some_and(|r| r.idle) || !can_raise() {
@@ -424,7 +422,7 @@ fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
 
 /// See [`watch_connections`]: dropping it ends the watch (within 200 ms).
 #[derive(Debug)]
-pub struct ConnectionWatch(std::sync::Arc<std::sync::atomic::AtomicBool>);
+pub(crate) struct ConnectionWatch(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 impl Drop for ConnectionWatch {
     fn drop(&mut self) {
@@ -448,7 +446,7 @@ struct CellState {
 
 impl BoostCell {
     /// Records the hook's (new) process and its own priority; raised at once when boosted.
-    pub fn set_process(&self, pid: u32, at: Resolved) {
+    pub(crate) fn set_process(&self, pid: u32, at: Resolved) {
         let mut st = lock(&self.state);
         st.process = Some((pid, at));
         if st.boosts > 0 && at.idle {
@@ -463,7 +461,7 @@ impl BoostCell {
 
     /// Raises the hook's process until the returned guard is dropped; `None` when the service
     /// cannot raise a process.
-    pub fn boost(self: &std::sync::Arc<Self>) -> Option<ProcessBoost> {
+    pub(crate) fn boost(self: &std::sync::Arc<Self>) -> Option<ProcessBoost> {
         if !can_raise() {
             return None;
         }
@@ -481,7 +479,7 @@ impl BoostCell {
 
 /// See [`BoostCell::boost`]: the last one dropped lowers the process again.
 #[derive(Debug)]
-pub struct ProcessBoost(std::sync::Arc<BoostCell>);
+pub(crate) struct ProcessBoost(std::sync::Arc<BoostCell>);
 
 impl Drop for ProcessBoost {
     fn drop(&mut self) {
@@ -498,7 +496,7 @@ impl Drop for ProcessBoost {
 
 /// The priority a hook process starts at: `at`, or the boosted one while a collect waits for
 /// the hook (`boosted`).
-pub fn starting(at: Resolved, boosted_now: bool) -> Resolved {
+pub(crate) fn starting(at: Resolved, boosted_now: bool) -> Resolved {
     if boosted_now && at.idle {
         boosted()
     } else {

@@ -352,7 +352,13 @@ pub fn approve_staged(
     name: &str,
     final_dir: &Path,
 ) -> Result<String, TrustError> {
-    let msg = approve(&[staged_root.to_path_buf()], hermes_home, policy, name)?;
+    let msg = approve(
+        &[staged_root.to_path_buf()],
+        hermes_home,
+        policy,
+        name,
+        None,
+    )?;
     let file = trust_file(hermes_home);
     let mut approvals = TrustFile::load(&file)?;
     if let Some(a) = approvals.hooks.get_mut(name) {

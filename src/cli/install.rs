@@ -4,8 +4,8 @@
 
 use crate::cli::args::InstallArgs;
 use crate::cli::common::{fail, usage};
-use crate::cli::set_enabled::{approve_staged, restore_approvals, snapshot_approvals};
 use crate::package::{InstallOptions, install as install_package};
+use crate::set_enabled::{approve_staged, restore_approvals, snapshot_approvals};
 use crate::trust::TrustMode;
 
 /// Runs `install`; returns the exit code.

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use crate::cli::args::UpdateArgs;
 use crate::cli::common::{fail, usage};
-use crate::cli::set_enabled::{approve_staged, restore_approvals, snapshot_approvals};
 use crate::package::{LockFile, Plan, lock_file};
+use crate::set_enabled::{approve_staged, restore_approvals, snapshot_approvals};
 use crate::trust::{TrustMode, TrustPolicy};
 
 /// Runs `update`; returns the exit code.
