@@ -255,3 +255,35 @@ fn collects_answer_in_time_with_a_busy_loop_on_the_services_cpu() {
     assert_eq!(pids.len(), 1, "the worker was never killed: {pids:?}");
     serve.terminate();
 }
+
+/// Issue 33: a service that may not raise SCHED_IDLE work again (no CAP_SYS_NICE: here run as
+/// `nobody`) would leave decisions starving on a busy CPU, so its defaults are the normal class:
+/// its hooks run at nice +10, not idle, and it says why. Runs only as root (to become nobody).
+#[test]
+fn without_cap_sys_nice_the_defaults_are_the_normal_class() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIPPED: needs root and setpriv to run the service as nobody");
+        return;
+    }
+    let hooks = Hooks::new();
+    python_hook(&hooks, "default", "a:x", "");
+    let top = hooks.root().parent().unwrap().to_path_buf();
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&top)
+        .status()
+        .expect("chown");
+    assert!(chown.success());
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args([crate::util::bin(), "serve", "--hooks-dir"])
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0"]);
+    let mut serve = Serve::spawn(cmd, &hooks);
+    let (during, after) = during_and_after(collect_result(&serve, "a:x"));
+    assert_eq!(during, expect(10, false), "{}", serve.log());
+    assert_eq!(after, expect(10, false));
+    assert!(serve.log().contains("no CAP_SYS_NICE"), "{}", serve.log());
+    serve.terminate();
+}
