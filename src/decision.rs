@@ -80,6 +80,7 @@ pub fn collect_budget(reg: &Registry, event: &str) -> Option<Duration> {
 /// hooks (as their workers report it) is `longest`: the edge does not see the workers' queues,
 /// so it allows one call already running ahead on the worker plus this one, and the answer's
 /// second; at most [`MAX_WAIT`].
+#[cfg(feature = "fleet")]
 pub fn fleet_budget(longest: Duration) -> Duration {
     longest
         .saturating_mul(2)

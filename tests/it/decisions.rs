@@ -102,6 +102,7 @@ asyncio.run(main())
     let out = Command::new("python3")
         .args(["-c", script, &format!("http://{}", serve.addr)])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python"))
+        .env("HERMES_HOME", hooks.home()) // never the real ~/.hermes
         .output()
         .expect("run python3");
     let stderr = String::from_utf8_lossy(&out.stderr);
