@@ -2348,7 +2348,14 @@ fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repea
         return;
     };
     let hooks = Hooks::new();
-    recording_hook(&hooks, "mover-v1", r#"["agent:step"]"#, "id: mover\n");
+    // A small local queue: most of what the worker holds waits in its backlog, not yet given
+    // to the hook under its old name.
+    recording_hook(
+        &hooks,
+        "mover-v1",
+        r#"["agent:step"]"#,
+        "id: mover\nqueue: {capacity: 16}\n",
+    );
     let w = worker(&hooks, &nats, "wa");
     let edge = edge(&hooks, &nats.url(), &[]);
     wait_for_fleet(&edge, "mover-v1", &["wa"]);
