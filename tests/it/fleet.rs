@@ -382,6 +382,15 @@ pub(crate) fn handled_ns(recs: &[Value]) -> Vec<u64> {
     recs.iter().filter_map(|r| r["n"].as_u64()).collect()
 }
 
+/// Each event's first handling, in the order they came.
+pub(crate) fn first_ns(recs: &[Value]) -> Vec<u64> {
+    let mut seen = HashSet::new();
+    handled_ns(recs)
+        .into_iter()
+        .filter(|n| seen.insert(*n))
+        .collect()
+}
+
 #[test]
 fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
     let Some((_nats, hooks, [mut a, mut b], edge)) =
@@ -1476,11 +1485,7 @@ fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
         by_holder < 300,
         "the holder was killed before it ran everything ({by_holder})"
     );
-    let mut seen = HashSet::new();
-    let firsts: Vec<u64> = handled_ns(&recs)
-        .into_iter()
-        .filter(|n| seen.insert(*n))
-        .collect();
+    let firsts = first_ns(&recs);
     assert_eq!(
         firsts,
         (0..300).collect::<Vec<_>>(),
@@ -2325,11 +2330,7 @@ fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
     let (status, v) = post_batch(&edge, 60..80, json!({}));
     assert_eq!(status, 202, "{v}");
     let recs = wait_for_all(&hooks, "long", 80, Duration::from_secs(120));
-    let mut seen = HashSet::new();
-    let firsts: Vec<u64> = handled_ns(&recs)
-        .into_iter()
-        .filter(|n| seen.insert(*n))
-        .collect();
+    let firsts = first_ns(&recs);
     assert_eq!(
         firsts,
         (0..80).collect::<Vec<_>>(),
