@@ -26,11 +26,17 @@
 //! delivery leaves the event unacknowledged, the broker delivers it once more after the ack
 //! wait, and that delivery goes to the dead letters without running the handler again.
 //!
+//! A worker that takes an ordered hook's lease starts nothing and acknowledges nothing until
+//! every event the broker counts as pending for the hook is delivered to it ([`CatchUp`]): a
+//! dead or late previous holder's events come back in the order their ack waits ran out, and a
+//! cumulative acknowledgement must never pass one still on its way.
+//!
 //! A removed hook's consumers are deleted after `consumer_grace` when no worker pulls from them.
 //!
 //! A hook's consumer, lease and dead letters are named by its identity ([`super::identity`]:
-//! `id:`, else the name), so a renamed hook keeps its place in the stream. Its filter covers the
-//! patterns of every live version of the hook ([`super::versions`]), and an event this version
+//! `id:`, else the name), so a renamed hook keeps its place in the stream; a rename on a running
+//! worker is a hand-over inside the hook's task ([`Run::renamed`]), not a stop and a start. Its
+//! filter covers the patterns of every live version of the hook ([`super::versions`]), and an event this version
 //! does not match goes back (nak) when another version does, for a worker that has it (an
 //! ordered hook's lease holder hands the lease over for it).
 
