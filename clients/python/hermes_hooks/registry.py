@@ -540,8 +540,9 @@ class HookRegistry:
         than ``$HERMES_HOME/hooks`` gets that directory's hooks, whether or not a service runs
         for the default one: unless an address was chosen, this registry uses a service of its
         own for it, at ``$HERMES_HOME/hooks-<digest of the directory>.sock`` (autostarted with
-        ``--hooks-dir``; without autostart and none there, the directory's hooks on disk)."""
-        if self._address_chosen:
+        ``--hooks-dir``; without autostart and none there, the directory's hooks on disk).
+        Not with an address or ``hermes_home`` given: those name the service to use."""
+        if self._address_chosen or self._home_given:  # the caller chose the service or home
             return
         directory = os.path.realpath(_upstream.hooks_dir(self._home))
         if directory == os.path.realpath(os.path.join(self._home, "hooks")):
