@@ -50,9 +50,8 @@ fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
 }
 
 fn done(addr: &str, name: &str) -> u64 {
-    let h: Value =
-        serde_json::from_slice(&request(addr, "GET", &format!("/v1/hooks/{name}"), b""))
-            .unwrap_or(Value::Null);
+    let h: Value = serde_json::from_slice(&request(addr, "GET", &format!("/v1/hooks/{name}"), b""))
+        .unwrap_or(Value::Null);
     let c = &h["counters"];
     c["ok"].as_u64().unwrap_or(0) + c["failed"].as_u64().unwrap_or(0)
 }
@@ -107,7 +106,11 @@ fn startup() {
     println!("|---|---|---|");
     for (i, sandbox) in ["none", "strict"].iter().enumerate() {
         let each: Vec<String> = ms[i].iter().map(|m| format!("{m:.0}")).collect();
-        println!("| {sandbox} | {} | {:.0} ms |", each.join(", "), mean(&ms[i]));
+        println!(
+            "| {sandbox} | {} | {:.0} ms |",
+            each.join(", "),
+            mean(&ms[i])
+        );
     }
     println!("strict / none: {:.3}", mean(&ms[1]) / mean(&ms[0]));
 }
@@ -136,7 +139,11 @@ fn throughput(title: &str, file: &str, code: &str, n: usize) {
     println!("|---|---|---|");
     for (i, sandbox) in ["none", "strict"].iter().enumerate() {
         let each: Vec<String> = rates[i].iter().map(|r| format!("{r:.0}")).collect();
-        println!("| {sandbox} | {} | {:.0} |", each.join(", "), mean(&rates[i]));
+        println!(
+            "| {sandbox} | {} | {:.0} |",
+            each.join(", "),
+            mean(&rates[i])
+        );
     }
     println!("strict / none: {:.3}", mean(&rates[1]) / mean(&rates[0]));
 }
@@ -149,5 +156,10 @@ fn main() {
         "def handle(event, context):\n    return None\n",
         50_000,
     );
-    throughput("no-op executable hook", "handler", "#!/bin/sh\nexit 0\n", 1500);
+    throughput(
+        "no-op executable hook",
+        "handler",
+        "#!/bin/sh\nexit 0\n",
+        1500,
+    );
 }

@@ -188,12 +188,8 @@ fn names(v: &Value) -> Result<Vec<String>, String> {
 }
 
 fn flag(key: &str, v: &Value) -> Result<bool, String> {
-    v.as_bool().ok_or_else(|| {
-        format!(
-            "`{key}:` is {}, expected true or false",
-            value_kind(v)
-        )
-    })
+    v.as_bool()
+        .ok_or_else(|| format!("`{key}:` is {}, expected true or false", value_kind(v)))
 }
 
 /// Whether a path as written is absolute once expanded.

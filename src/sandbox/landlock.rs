@@ -7,7 +7,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-
 /// Filesystem access rights (`LANDLOCK_ACCESS_FS_*`).
 pub mod fs {
     /// Execute a file.

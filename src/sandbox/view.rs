@@ -1,10 +1,10 @@
 //! What `check` and `/v1/hooks` show of a hook's sandbox: its mode, what the kernel enforces
 //! of it here (or why nothing is), and its effective permissions.
 
-use super::policy::{self, Policy, Where};
 use super::choice::refusal;
 use super::decl::Sandbox;
 use super::landlock;
+use super::policy::{self, Policy, Where};
 use crate::kind::Confinement;
 
 /// What `check` and `/v1/hooks` show of a hook's sandbox.

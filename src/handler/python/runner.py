@@ -281,8 +281,13 @@ def log_exception(header, exc):
     room = MAX_LOG_CHARS - len(header) - 20
     if len(tb) > room:
         tb = "[cut] ..." + tb[-max(room, 0):]
-    line = LOG_MARK + json.dumps({"level": "ERROR", "levelno": logging.ERROR,
-                                  "logger": "hermes-hooks", "msg": header + "\n" + tb})
+    log_record(logging.ERROR, header + "\n" + tb)
+
+
+def log_record(levelno, msg):
+    """One record of the service log under the logger ``hermes-hooks``, written at once."""
+    line = LOG_MARK + json.dumps({"level": logging.getLevelName(levelno), "levelno": levelno,
+                                  "logger": "hermes-hooks", "msg": msg})
     try:
         sys.stderr.flush()
         with _log_lock:
@@ -722,14 +727,7 @@ def looked_up_by_hook():
 
 
 def sandbox_log(msg):
-    line = LOG_MARK + json.dumps({"level": "WARNING", "levelno": logging.WARNING,
-                                  "logger": "hermes-hooks", "msg": "sandbox: " + msg})
-    try:
-        sys.stderr.flush()
-        with _log_lock:
-            os.write(2, (line + "\n").encode("utf-8", "replace"))
-    except OSError:
-        pass
+    log_record(logging.WARNING, "sandbox: " + msg)
 
 
 def _audit(event, args):

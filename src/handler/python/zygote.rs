@@ -268,12 +268,11 @@ async fn get_or_start(
     }
     let (python_owned, runner) = (python.to_string(), runner.to_path_buf());
     let (ready_tx, ready_rx) = oneshot::channel();
-    let zygote =
-        tokio::task::spawn_blocking(move || {
-            start(&python_owned, &runner, priority, confined, ready_tx)
-        })
-            .await
-            .map_err(|e| format!("starting the fork server failed: {e}"))??;
+    let zygote = tokio::task::spawn_blocking(move || {
+        start(&python_owned, &runner, priority, confined, ready_tx)
+    })
+    .await
+    .map_err(|e| format!("starting the fork server failed: {e}"))??;
     match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
