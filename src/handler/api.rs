@@ -399,14 +399,7 @@ impl HandlerContext {
         spec: &HookSpec,
         hermes_home: &std::path::Path,
     ) -> Self {
-        let sandbox = crate::sandbox::effective(spec.manifest.sandbox.as_ref(), default);
-        let at = crate::sandbox::Where {
-            hook_dir: &spec.dir,
-            name: &spec.name,
-            hermes_home,
-            own_env: spec.manifest.env.keys().cloned().collect(),
-        };
-        self.sandbox = crate::sandbox::policy::resolve(&sandbox, &at).map(Arc::new);
+        self.sandbox = super::confine::policy_of(spec, default, hermes_home).map(Arc::new);
         if let Some(p) = &self.sandbox {
             self.env.insert(
                 crate::sandbox::policy::STATE_DIR_ENV.to_string(),

@@ -221,17 +221,5 @@ pub fn sandbox_view(
     default: crate::sandbox::DefaultSandbox,
     hermes_home: &Path,
 ) -> crate::sandbox::view::Shown {
-    let sandbox = crate::sandbox::effective(spec.manifest.sandbox.as_ref(), default);
-    let at = crate::sandbox::Where {
-        hook_dir: &spec.dir,
-        name: &spec.name,
-        hermes_home,
-        own_env: spec.manifest.env.keys().cloned().collect(),
-    };
-    crate::sandbox::view::Shown::of(
-        &sandbox,
-        spec.kind.spec().confinement,
-        spec.placement.in_gateway(),
-        &at,
-    )
+    crate::handler::confine::view_of(spec, default, hermes_home)
 }

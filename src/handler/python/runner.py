@@ -833,14 +833,7 @@ def looked_up_by_hook():
 
 
 def sandbox_log(msg):
-    line = LOG_MARK + json.dumps({"level": "WARNING", "levelno": logging.WARNING,
-                                  "logger": "hermes-hooks", "msg": "sandbox: " + msg})
-    try:
-        sys.stderr.flush()
-        with _log_lock:
-            os.write(2, (line + "\n").encode("utf-8", "replace"))
-    except OSError:
-        pass
+    log_line(logging.WARNING, "sandbox: " + msg)
 
 
 def _audit(event, args):
