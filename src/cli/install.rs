@@ -77,7 +77,7 @@ pub async fn install(args: InstallArgs) -> i32 {
     if explicit && args.yes && args.link {
         // A linked hook is used in place: approved once its link is in the root.
         for h in &report.installed {
-            match crate::cli::set_enabled(
+            match crate::set_enabled::set_enabled(
                 &config.roots,
                 &config.hermes_home,
                 &config.trust,

@@ -31,7 +31,13 @@ pub async fn remove(roots: &RootArgs, name: &str, purge: bool) -> i32 {
             mode: crate::trust::TrustMode::Explicit,
             insecure_permissions: false,
         };
-        match crate::cli::set_enabled(&config.roots, &config.hermes_home, &explicit, name, false) {
+        match crate::set_enabled::set_enabled(
+            &config.roots,
+            &config.hermes_home,
+            &explicit,
+            name,
+            false,
+        ) {
             Ok(msg) => println!("{msg}"),
             Err(e) => return fail(format!("removed {name}, but: {e}")),
         }

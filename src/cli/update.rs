@@ -139,7 +139,7 @@ async fn apply(
             Ok(entry) => {
                 lines.insert(0, format!("updated {name} to {}", entry.version()));
                 if let (Some(policy), true) = (approve, linked) {
-                    let msg = crate::cli::set_enabled(
+                    let msg = crate::set_enabled::set_enabled(
                         &[entry.dir.parent().map(PathBuf::from).unwrap_or_default()],
                         &home,
                         &policy,
