@@ -17,6 +17,7 @@ use crate::fleet::{fleet_of, records};
 /// workers report it, and returns a deny that takes 6 s.
 #[cfg(feature = "fleet")]
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_fleet_collect_waits_for_the_hooks_own_timeout_not_five_seconds() {
     let Some((_nats, hooks, [_w], edge)) = fleet_of("slow-deny", r#"["command:*"]"#, "", ["w1"])
     else {

@@ -392,6 +392,7 @@ pub(crate) fn first_ns(recs: &[Value]) -> Vec<u64> {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
     let Some((_nats, hooks, [mut a, mut b], edge)) =
         fleet_of("shared", r#"["agent:*"]"#, "concurrency: 4\n", ["wa", "wb"])
@@ -461,6 +462,7 @@ fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn order_per_hook_holds_with_two_workers() {
     let Some((_nats, hooks, [_a, _b], edge)) =
         fleet_of("ordered", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -496,6 +498,7 @@ pub(crate) fn dead_cmd(nats: &NatsServer, args: &[&str]) -> (i32, String) {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -601,6 +604,7 @@ fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn collect_goes_through_the_fleet_in_match_order() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -694,6 +698,7 @@ asyncio.run(main())
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_edge_killed_after_202_loses_nothing() {
     let Some((_nats, hooks, [_w], mut edge)) =
         fleet_of("keeper", r#"["agent:*"]"#, "concurrency: 8\n", ["wa"])
@@ -723,6 +728,7 @@ fn fleet_state(edge: &Serve) -> Value {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -811,6 +817,7 @@ fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() 
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -914,6 +921,7 @@ pub(crate) fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
     let Some((_nats, hooks, [_w], edge)) = fleet_of("first", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -962,6 +970,7 @@ fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_others() {
     let Some((_nats, hooks, [mut a, mut b], edge)) =
         fleet_of("graceful", r#"["agent:*"]"#, "", ["wa", "wb"])
@@ -1020,6 +1029,7 @@ fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_o
 /// Issue 14: hooks with `runs: gateway` stay in the gateway in fleet mode: the edge lists them
 /// (so the gateway's client imports them) and runs no other hook itself.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_edge_lists_in_gateway_hooks_and_runs_no_service_hook() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1075,6 +1085,7 @@ fn alive(pid: u64) -> bool {
 /// Issue 21: an event just under the HTTP body limit but over the broker's `max_payload` is
 /// refused before anything is accepted (413), and the events after it flow.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
     let Some(nats) = NatsServer::start_with(&[], "max_payload: 8192\n") else {
         return;
@@ -1109,6 +1120,7 @@ fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
 /// event goes to the dead letters (delivered once more, not run), and the handler's process
 /// dies with its worker instead of finishing the event as an orphan.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handler_dies() {
     let Some((nats, hooks, [mut a, mut b], edge)) =
         fleet_of("once", r#"["agent:*"]"#, "retries: 0\n", ["wa", "wb"])
@@ -1155,6 +1167,7 @@ fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handl
 /// Issue 21: the broker comes back with an empty store and reuses stream sequences; the worker's
 /// "already done" memory must not take the new events for old ones.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_broker_back_with_an_empty_store_loses_nothing() {
     let Some((mut nats, hooks, [_w], edge)) = fleet_of("amnesia", r#"["agent:*"]"#, "", ["wa"])
     else {
@@ -1184,6 +1197,7 @@ fn a_broker_back_with_an_empty_store_loses_nothing() {
 /// Issue 21: a Python hook whose events wait in the worker's local queue longer than the ack
 /// wait and the hook's timeout: none is redelivered or dead-lettered while it waits.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_waiting_in_the_local_queue_are_not_redelivered() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1227,6 +1241,7 @@ fn events_waiting_in_the_local_queue_are_not_redelivered() {
 /// Issue 21: `nats://user:password@host` logs in with those credentials, and the password shows
 /// nowhere: not in the log, `/v1/hooks` or the token-exempt `/readyz`.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn credentials_in_the_url_are_used_and_never_shown() {
     let Some(nats) = NatsServer::start_with(&["--user", "hooks", "--pass", "s3cr3t-pw"], "") else {
         return;
@@ -1272,6 +1287,7 @@ fn credentials_in_the_url_are_used_and_never_shown() {
 
 /// Issue 21: SIGTERM with the broker down ends within `--drain-timeout` (edge and worker).
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn shutdown_with_the_broker_down_is_bounded_by_the_drain_timeout() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -1309,6 +1325,7 @@ fn shutdown_with_the_broker_down_is_bounded_by_the_drain_timeout() {
 /// Issue 21: a hook added while events flow sees every event published after it was installed
 /// (its consumer starts at the hook's install time, not when the worker got round to it).
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1362,6 +1379,7 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
 /// Issue 21: the 202 says whether the broker has the event (`stored`), and a client's event id
 /// is the broker's de-duplication id: resent after a lost answer, it is stored and run once.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
     let Some((_nats, hooks, [_w], edge)) = fleet_of("idem", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -1401,6 +1419,7 @@ fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
 /// Issue 21: a hook whose only worker died still shows in collect answers (an error naming it)
 /// and in the fleet view, instead of vanishing a few seconds later.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn collect_names_a_hook_whose_worker_is_gone() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1455,6 +1474,7 @@ fn collect_names_a_hook_whose_worker_is_gone() {
 /// not run), the other worker takes over, every event runs and the order holds (every event's
 /// first handling in publish order): no acknowledgement covered an event that had not run.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
     let Some((nats, hooks, [mut a, mut b], edge)) =
         fleet_of("strict", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -1501,6 +1521,7 @@ fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
 /// Issue 21: the fleet alert rules in contrib/ use only metrics an edge or a worker exposes, and
 /// the worker's /metrics carries its fleet counters per hook.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
     let Some((_nats, _hooks, [w], edge)) = fleet_of("counted", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -1542,6 +1563,7 @@ fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
 /// `dead replay` of its letters then refuses (keeping them) instead of deleting letters nobody
 /// would run.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1635,6 +1657,7 @@ fn logs_in_and_runs_three_events(
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly() {
     let user = nkeys::KeyPair::new_user();
     let conf = format!(
@@ -1696,6 +1719,7 @@ fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, mut nats: Value)
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_creds_file_logs_in_to_a_broker_in_operator_mode() {
     let operator = nkeys::KeyPair::new_operator();
     let system = nkeys::KeyPair::new_account();
@@ -1752,6 +1776,7 @@ fn a_creds_file_logs_in_to_a_broker_in_operator_mode() {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1836,6 +1861,7 @@ fn post_one(edge: &Serve, event: &str, ctx: Value) {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1958,6 +1984,7 @@ fn nats_servers() -> Vec<PathBuf> {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_rolling_update_of_a_hook_with_several_patterns_skips_nothing_the_new_version_matches() {
     for bin in nats_servers() {
         rolling_update_on(bin);
@@ -2036,6 +2063,7 @@ fn rolling_update_on(bin: PathBuf) {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -2114,6 +2142,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 }
 
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again() {
     let Some((mut nats, hooks, [w], edge)) = fleet_of("once", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -2186,6 +2215,7 @@ fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again()
 /// ran and cumulatively acknowledged one that came back early settled the lower ones still on
 /// their way (lost for good). Every event runs, first handlings in stream order.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_killed_lease_holder_loses_no_event_it_held() {
     let Some((_nats, hooks, [a, b], edge)) =
         fleet_of("held", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -2258,6 +2288,7 @@ fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value
 /// one ack wait (2 s here) after the kill, not the ack wait plus a fixed wait for a pending
 /// count of 0 that nobody pulls to bring about (2 x ack wait + 1 s more).
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
     let Some((_nats, hooks, [a, b], edge)) =
         fleet_of("quick", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -2297,6 +2328,7 @@ fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
 /// worker takes the lease starts nothing until that bundle is finished, so the events posted
 /// after it never run before its last one.
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -2344,6 +2376,7 @@ fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
 /// dead-lettered (the old code stopped the hook's consumer task: the events its local queue held
 /// were dead-lettered as "stopped before it finished", skipped, or run again).
 #[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repeat() {
     let Some(nats) = NatsServer::start() else {
         return;
