@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 
 mod common;
 
+use common::request;
+
 fn hook(root: &Path, name: &str, yaml: &str, file: &str, code: &str) -> PathBuf {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).expect("mkdir");
@@ -101,24 +103,6 @@ fn wait_done(addr: &str, name: &str, n: u64, limit: Duration) -> Duration {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write");
-    s.write_all(body).expect("write");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).expect("read");
-    let at = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(0, |i| i + 4);
-    out.split_off(at)
 }
 
 fn get(addr: &str, path: &str) -> Value {

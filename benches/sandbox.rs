@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 
 mod common;
 
+use common::request;
+
 const ROUNDS: usize = 3;
 
 fn write_hook(root: &Path, name: &str, yaml: &str, file: &str, code: &str) {
@@ -29,24 +31,6 @@ fn write_hook(root: &Path, name: &str, yaml: &str, file: &str, code: &str) {
         std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
     }
-}
-
-fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write");
-    s.write_all(body).expect("write");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).expect("read");
-    let at = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(0, |i| i + 4);
-    out.split_off(at)
 }
 
 fn done(addr: &str, name: &str) -> u64 {

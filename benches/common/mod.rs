@@ -88,3 +88,22 @@ pub fn read_response(reader: &mut impl std::io::BufRead) -> String {
     reader.read_exact(&mut body).expect("body");
     status
 }
+
+/// One HTTP/1.1 request on a new connection (`Connection: close`); returns the body.
+pub fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    s.write_all(body).expect("write");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).expect("read");
+    let at = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |i| i + 4);
+    out.split_off(at)
+}

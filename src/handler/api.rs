@@ -399,7 +399,7 @@ impl HandlerContext {
         spec: &HookSpec,
         hermes_home: &std::path::Path,
     ) -> Self {
-        self.sandbox = super::confine::policy_of(spec, default, hermes_home).map(Arc::new);
+        self.sandbox = super::hook_sandbox::policy_of(spec, default, hermes_home).map(Arc::new);
         if let Some(p) = &self.sandbox {
             self.env.insert(
                 crate::sandbox::policy::STATE_DIR_ENV.to_string(),

@@ -15,6 +15,7 @@ pub mod confine;
 pub mod context;
 pub mod dylib;
 pub mod exec;
+pub mod hook_sandbox;
 pub mod process;
 pub mod python;
 pub mod retire;

@@ -221,5 +221,5 @@ pub fn sandbox_view(
     default: crate::sandbox::DefaultSandbox,
     hermes_home: &Path,
 ) -> crate::sandbox::view::Shown {
-    crate::handler::confine::view_of(spec, default, hermes_home)
+    crate::handler::hook_sandbox::view_of(spec, default, hermes_home)
 }

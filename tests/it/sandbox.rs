@@ -170,6 +170,24 @@ fn logged(serve: &Serve, what: &str) {
 fn assert_confined(w: &World, serve: &Serve, hook: &str, python: bool) {
     let out = w.hooks.out();
     let secret = w.secret.display().to_string();
+    // Not declared: fail (first: what an unconfined hook would do).
+    let e = call(serve, hook, "read", &secret).unwrap_err();
+    assert!(e.contains("Permission"), "{hook} read the key: {e}");
+    let outside = out.join(format!("{hook}-outside.txt"));
+    let e = call(serve, hook, "write", outside.display()).unwrap_err();
+    assert!(e.contains("Permission"), "{hook} wrote outside: {e}");
+    assert!(!outside.exists());
+    let e = call(serve, hook, "connect", World::port(&w.closed_port)).unwrap_err();
+    assert!(e.contains("Permission"), "{hook} connected: {e}");
+    let e = call(serve, hook, "env", "SECRET_TOKEN").unwrap_err();
+    assert!(e.contains("KeyError"), "{hook} saw the variable: {e}");
+    let e = call(serve, hook, "env", "SERVICE_SECRET").unwrap_err();
+    assert!(
+        e.contains("KeyError"),
+        "{hook} saw the service's variable: {e}"
+    );
+    let e = call(serve, hook, "spawn", "/usr/bin/id").unwrap_err();
+    assert!(e.contains("Permission"), "{hook} started a program: {e}");
     // Declared: succeed.
     assert_eq!(
         call(serve, hook, "read", out.join("readable.txt").display()),
@@ -198,24 +216,6 @@ fn assert_confined(w: &World, serve: &Serve, hook: &str, python: bool) {
         call(serve, hook, "env", "HERMES_HOOK_NAME"),
         Ok(json!(hook))
     );
-    // Not declared: fail.
-    let e = call(serve, hook, "read", &secret).unwrap_err();
-    assert!(e.contains("Permission"), "{hook} read the key: {e}");
-    let outside = out.join(format!("{hook}-outside.txt"));
-    let e = call(serve, hook, "write", outside.display()).unwrap_err();
-    assert!(e.contains("Permission"), "{hook} wrote outside: {e}");
-    assert!(!outside.exists());
-    let e = call(serve, hook, "connect", World::port(&w.closed_port)).unwrap_err();
-    assert!(e.contains("Permission"), "{hook} connected: {e}");
-    let e = call(serve, hook, "env", "SECRET_TOKEN").unwrap_err();
-    assert!(e.contains("KeyError"), "{hook} saw the variable: {e}");
-    let e = call(serve, hook, "env", "SERVICE_SECRET").unwrap_err();
-    assert!(
-        e.contains("KeyError"),
-        "{hook} saw the service's variable: {e}"
-    );
-    let e = call(serve, hook, "spawn", "/usr/bin/id").unwrap_err();
-    assert!(e.contains("Permission"), "{hook} started a program: {e}");
     if python {
         logged(serve, &format!("sandbox: denied reading {secret}"));
         logged(
