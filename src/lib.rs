@@ -6,7 +6,7 @@
 //! lines). `docs/architecture.md` describes the layers, the path of an event, the path of a
 //! HOOK.yaml and where each handler kind lives.
 //! - [`cli`]: the command-line interface, one file per command; `main.rs` only calls
-//!   [`cli::main`]; `enable`/`disable`'s work is [`set_enabled`] (the service's
+//!   [`cli::main`]; `enable`/`disable`'s work is `set_enabled` (the service's
 //!   enable/disable endpoints share it).
 //! - [`service`]: the service's lifecycle: API server, watcher, signals, first load, drain;
 //!   usable without the CLI ([`service::run`]).

@@ -18,10 +18,10 @@
 //! `SCHED_IDLE`), so a hook that asks for more than the runtime threads have still gets it.
 //!
 //! Decisions are the gateway's own work (issue 33): while someone waits for a collect, the
-//! service's runtime threads ([`boost_service`]) and the processes of the hooks it waits for
+//! service's runtime threads (`boost_service`) and the processes of the hooks it waits for
 //! ([`BoostCell`]) run in the normal class at the service's starting nice value, then go back.
-//! Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` ([`can_raise`]); a service without it cannot do
-//! that, so its defaults are the normal class instead ([`default_sched`]): on a busy CPU an idle
+//! Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` (`can_raise`); a service without it cannot do
+//! that, so its defaults are the normal class instead (`default_sched`): on a busy CPU an idle
 //! deny hook would time out, and a timed-out deny lets the command run.
 
 use std::sync::OnceLock;
@@ -431,7 +431,7 @@ impl Drop for ConnectionWatch {
 }
 
 /// A hook's process and whether a collect waits for it: while one does, the process runs in
-/// the normal class ([`boosted`]), and a process started meanwhile is raised as it starts.
+/// the normal class (`boosted`), and a process started meanwhile is raised as it starts.
 #[derive(Debug, Default)]
 pub struct BoostCell {
     state: std::sync::Mutex<CellState>,

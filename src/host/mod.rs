@@ -630,7 +630,7 @@ impl Host {
     }
 
     /// How long a collect of `event` waits when its caller gives no deadline: the matching
-    /// hooks' own timeouts ([`crate::decision::collect_budget`]; in fleet mode as the workers
+    /// hooks' own timeouts (`crate::decision::collect_budget`; in fleet mode as the workers
     /// report them), `None` when no hook is known to match.
     pub fn collect_budget(&self, event: &str) -> Option<Duration> {
         match self.inner.sink.get() {
@@ -640,7 +640,7 @@ impl Host {
     }
 
     /// The hooks matching `event` that cannot answer it because they did not load (refused by
-    /// trust, failed to load): [`crate::decision::unanswerable`]. Empty in fleet mode (an edge
+    /// trust, failed to load): `crate::decision::unanswerable`. Empty in fleet mode (an edge
     /// loads nothing; the workers' skipped hooks are theirs).
     pub fn unanswerable(&self, event: &str) -> Vec<crate::decision::Unanswerable> {
         if self.inner.sink.get().is_some() {

@@ -20,7 +20,7 @@ pub enum DefaultSandbox {
 }
 
 impl DefaultSandbox {
-    /// From [`DEFAULT_ENV`]: unset or `none` is none; anything else but `strict` is strict
+    /// From `DEFAULT_ENV`: unset or `none` is none; anything else but `strict` is strict
     /// too, with a warning (a misspelt request for confinement does not run hooks unconfined).
     pub fn from_env() -> Self {
         match std::env::var(DEFAULT_ENV).as_deref().map(str::trim) {
