@@ -1,0 +1,138 @@
+//! A hook's consumer on the broker: created or updated to the hook's settings, and deleted
+//! after the grace once the hook left every worker.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull};
+
+use crate::fleet::consumer_name;
+
+use super::state::*;
+
+/// A hook left this worker: after the grace, its consumer is deleted unless this worker has the
+/// hook again or another worker still pulls from it (checked three times, a second apart: a
+/// serving worker always has a pull request waiting, renewed every few seconds).
+pub(super) async fn remove_after_grace(
+    sh: Arc<Shared>,
+    stream: jetstream::stream::Stream,
+    hook: String,
+) {
+    tokio::time::sleep(sh.opts.consumer_grace).await;
+    if sh
+        .host
+        .snapshot()
+        .hooks
+        .iter()
+        .any(|h| crate::fleet::identity::of(&h.spec) == hook)
+    {
+        return;
+    }
+    let name = consumer_name(&hook);
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        match stream.get_consumer::<pull::Config>(&name).await {
+            Ok(mut c) => match c.info().await {
+                Ok(info) if info.num_waiting == 0 && info.num_ack_pending == 0 => {}
+                _ => return,
+            },
+            Err(_) => return,
+        }
+    }
+    let _ = stream
+        .delete_consumer(&crate::fleet::retry::consumer(&hook))
+        .await;
+    match stream.delete_consumer(&name).await {
+        Ok(_) => {
+            tracing::info!(hook = %hook, "fleet: removed hook: consumer {name} deleted after the grace")
+        }
+        Err(e) => tracing::debug!(hook = %hook, "fleet: consumer {name} not deleted: {e}"),
+    }
+}
+
+pub(super) async fn ensure_consumer(
+    sh: &Shared,
+    stream: &jetstream::stream::Stream,
+    s: &Settings,
+) -> Result<jetstream::consumer::PullConsumer, String> {
+    let name = consumer_name(&s.key);
+    let config = pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(crate::fleet::identity::description(&s.name)),
+        // From the time the hook appeared (not "new": events published while the consumer was
+        // being created would be missed); a stream recreated since is read from its start.
+        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartTime {
+            start_time: time::OffsetDateTime::from(s.since),
+        },
+        // An ordered hook's events finish in stream order: one acknowledgement of the highest
+        // finished sequence acknowledges a batch (held.rs).
+        ack_policy: if s.ordered() {
+            jetstream::consumer::AckPolicy::All
+        } else {
+            jetstream::consumer::AckPolicy::Explicit
+        },
+        ack_wait: sh.opts.ack_wait,
+        // One more than allowed: the extra one is the dead letter of a worker killed during
+        // the last allowed delivery.
+        max_deliver: s.max_deliver + 1,
+        max_ack_pending: s.window as i64,
+        ..Default::default()
+    };
+    match stream.get_consumer::<pull::Config>(&name).await {
+        Ok(c) => {
+            let have = &c.cached_info().config;
+            let filters = crate::fleet::versions::update_filters(
+                &sh.cfg,
+                &s.filters,
+                have,
+                sh.multi.load(Ordering::Relaxed),
+                sh.versions.settled(sh.opts.status_interval),
+            );
+            let config = crate::fleet::versions::with_filters(config, &filters);
+            if have.ack_wait != config.ack_wait
+                || have.max_deliver != config.max_deliver
+                || have.max_ack_pending != config.max_ack_pending
+                || have.description != config.description
+                || crate::fleet::identity::of_config(have) != filters
+            {
+                tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency, name or patterns changed)");
+                // The server's own config with the changed fields: its start time sent back
+                // through a typed config is refused as a change ("start time can not be
+                // updated", 2.9 and 2.15 alike).
+                let changes = serde_json::json!({
+                    "ack_wait": config.ack_wait.as_nanos() as u64,
+                    "max_deliver": config.max_deliver,
+                    "max_ack_pending": config.max_ack_pending,
+                    "description": config.description,
+                });
+                match crate::fleet::versions::update_consumer(
+                    &sh.js,
+                    &sh.cfg.events_stream(),
+                    &name,
+                    changes,
+                    &filters,
+                )
+                .await
+                {
+                    Ok(()) => Ok(stream
+                        .get_consumer::<pull::Config>(&name)
+                        .await
+                        .unwrap_or(c)),
+                    Err(e) => {
+                        tracing::warn!(hook = %s.name, "fleet: cannot update consumer {name} ({e}); using it as it is");
+                        Ok(c)
+                    }
+                }
+            } else {
+                Ok(c)
+            }
+        }
+        Err(_) => stream
+            .create_consumer(crate::fleet::versions::with_filters(config, &s.filters))
+            .await
+            .map_err(|e| format!("cannot create consumer {name}: {e}")),
+    }
+}

@@ -1,0 +1,173 @@
+//! Feeding the hook's local queue from the backlog, in stream order and within its window:
+//! the catch-up of a new lease holder, and starting each event's handler call.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+
+use super::ack::*;
+use super::deliver::*;
+use super::pull::*;
+
+impl Run {
+    /// Starts events from the backlog, in order, while fewer than the window are in flight
+    /// (the hook's local queue holds what starts; the rest waits here, held).
+    pub(super) async fn feed(&mut self) {
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+        }
+        if self.renaming {
+            if !self.running.is_empty() || !self.background.is_empty() {
+                return;
+            }
+            // Every call of the old name is settled or back: in stream order again.
+            self.renaming = false;
+            self.backlog
+                .make_contiguous()
+                .sort_by_key(|d| (d.hseq, d.index));
+        }
+        if self.catch_up.is_some() {
+            return;
+        }
+        let window = self.s.window.max(1) as usize;
+        while self.running.len() + self.background.len() < window {
+            let Some(d) = self.backlog.pop_front() else {
+                return;
+            };
+            self.start(d).await;
+        }
+    }
+
+    /// Taking over ([`CatchUp`]): asks the broker how many events of the hook are pending; when
+    /// this worker holds them all, sorts the backlog and starts it. Events nobody renews come
+    /// back within an ack wait; a count that stays above what is held longer is a previous
+    /// holder still running what it started (a long bundle): waited for, with a warning every
+    /// four ack waits.
+    pub(super) async fn check_caught_up(&mut self, consumer: &jetstream::consumer::PullConsumer) {
+        let Some(c) = self.catch_up.as_mut() else {
+            return;
+        };
+        let Ok(info) = consumer.get_info().await else {
+            return;
+        };
+        let now = (info.num_ack_pending as u64, self.main.count());
+        if now.0 > now.1 as u64 {
+            if c.last != now {
+                c.last = now;
+                c.since = tokio::time::Instant::now();
+                tracing::debug!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: waiting for the previous holder's events to come back");
+                return;
+            }
+            if c.since.elapsed() >= self.sh.opts.ack_wait * 4 {
+                c.since = tokio::time::Instant::now();
+                tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: still waiting for events another worker holds (a previous holder still running them?) before this one pulls the ordered hook");
+            }
+            return;
+        }
+        self.catch_up = None;
+        self.backlog
+            .make_contiguous()
+            .sort_by_key(|d| (d.hseq, d.index));
+        self.main.pause(false);
+        tracing::debug!(hook = %self.s.name, held = now.1, "fleet: every pending event of the hook is here; running them in stream order");
+        self.feed().await;
+    }
+
+    /// Leaves the backlog's messages none of whose events started to the ack wait (no more
+    /// progress signals: the broker delivers them again after it, to whoever pulls then, in
+    /// order; a `Nak` now would go to this session's pull request, still open at the broker,
+    /// and cost a delivery). The events of a message partly started stay, for [`Run::drain`].
+    pub(super) async fn release_backlog(&mut self) {
+        let mut untouched = false;
+        let mut current = None;
+        let mut left = 0;
+        for d in std::mem::take(&mut self.backlog) {
+            if current != Some((d.hseq, d.slot)) {
+                current = Some((d.hseq, d.slot));
+                untouched = d.index == 0;
+                if untouched && d.held.leave(d.hseq, d.slot, false).await {
+                    left += 1;
+                }
+            }
+            if !untouched {
+                self.backlog.push_back(d);
+            }
+        }
+        if left > 0 {
+            tracing::info!(hook = %self.s.name, messages = left, "fleet: delivered events not started here are left to the ack wait (another worker, or this one, gets them then)");
+        }
+    }
+
+    /// Runs one event: settles it at once when it needs no handler (finished here before, for
+    /// another hook, unreadable), dead-letters it past its last delivery, else puts it in the
+    /// hook's local queue before this returns (so events enter it in stream order); the rest
+    /// runs in `running`.
+    pub(super) async fn start(&mut self, d: Delivery) {
+        let (s, counters) = (&self.s, &self.counters);
+        if !d.held.current(d.hseq, d.slot) {
+            // Its message was handed back (for another of its events) or delivered again
+            // since: the new delivery brings it.
+            return;
+        }
+        if d.hseq > 0
+            && counters
+                .done
+                .lock()
+                .map(|done| done.contains(&d.key))
+                .unwrap_or(false)
+        {
+            // Finished here already; the broker lost the acknowledgement (it crashed): ack again.
+            counters.already_done.fetch_add(1, Ordering::Relaxed);
+            return d.finish(AckKind::Ack).await;
+        }
+        if d.env
+            .hook
+            .as_deref()
+            .is_some_and(|h| h != s.name && h != s.key)
+        {
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return d.finish(AckKind::Ack).await;
+        }
+        let Some(ctx) = d.env.handler_context(d.delivered, d.seq) else {
+            tracing::warn!(hook = %s.name, seq = d.seq, "fleet: event in the stream whose context is not a JSON object; dropping it");
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return d.finish(AckKind::Term).await;
+        };
+        let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+        if d.delivered > s.max_deliver {
+            // Its last allowed delivery went to a worker that stopped before finishing it.
+            self.running.push(Box::pin(async move {
+                let error = format!(
+                    "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
+                    s.max_deliver, s.max_deliver
+                );
+                let delivered = d.delivered - 1;
+                dead_letter(&sh, &s, &counters, d, delivered, error).await;
+            }));
+            return;
+        }
+        // The host enforces the hook's timeout per call; this bound only covers the wait in the
+        // hook's local queue behind the others this worker holds.
+        let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
+        // One future per event: the handler call, then what follows it.
+        let redo = self.redo_tx.clone();
+        let mut call: InFlight = Box::pin(async move {
+            let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
+            if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
+                // Dropped by the old name's hook: the same delivery runs under the new name.
+                if let Err(e) = redo.send(d).await {
+                    let d = e.0;
+                    return d.give_back(None).await;
+                }
+                return;
+            }
+            settle(&sh, &s, &counters, d, outcome).await;
+        });
+        // The first poll puts the event in the hook's queue (so events enter it in stream order).
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        if first.is_pending() {
+            self.running.push(call);
+        }
+    }
+}

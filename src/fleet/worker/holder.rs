@@ -1,0 +1,101 @@
+//! An ordered hook's lease, as the pull loop holds it: waiting to take it, handing it over to
+//! a worker with another version, giving back what a stopping worker was delivered.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use crate::fleet::consumer_name;
+
+use super::state::*;
+
+/// How long before the drain timeout a stopping worker stops starting what it holds (what runs
+/// then still has that long to finish and be acknowledged).
+pub(super) const STOP_MARGIN: Duration = Duration::from_millis(500);
+
+/// An event only another version of the ordered hook matches: gives the lease up and stands
+/// back for half its time, so that a worker with that version takes it (an ordered hook has one
+/// puller). False when stopping meanwhile.
+pub(super) async fn hand_over(
+    s: &Settings,
+    lease: Option<crate::fleet::lease::Lease>,
+    leases: &Option<(async_nats::jetstream::kv::Store, Duration)>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    if let Some(l) = lease {
+        l.release().await;
+    }
+    let back = leases
+        .as_ref()
+        .map_or(Duration::from_secs(1), |(_, t)| *t / 2);
+    tracing::info!(hook = %s.name, "fleet: an event for another version of this ordered hook: lease handed over for {}", crate::time::fmt_duration(back));
+    tokio::select! {
+        _ = tokio::time::sleep(back) => true,
+        _ = stop.changed() => false,
+    }
+}
+
+/// Waits until this worker holds the ordered hook's lease; `None` when stopping first.
+pub(super) async fn take_lease(
+    sh: &Shared,
+    s: &Settings,
+    leases: &mut Option<(async_nats::jetstream::kv::Store, Duration)>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<crate::fleet::lease::Lease> {
+    let mut logged = false;
+    loop {
+        let mut wait = Duration::from_millis(500);
+        if leases.is_none() {
+            match crate::fleet::lease::bucket(&sh.cfg, &sh.js, sh.opts.ack_wait).await {
+                Ok(b) => *leases = Some(b),
+                Err(e) => tracing::warn!(hook = %s.name, "fleet: {e}; retrying"),
+            }
+        }
+        if let Some((store, ttl)) = leases.as_ref() {
+            wait = *ttl / 4;
+            match crate::fleet::lease::Lease::try_take(
+                store,
+                *ttl,
+                &consumer_name(&s.key),
+                &sh.opts.id,
+            )
+            .await
+            {
+                Ok(Some(l)) => {
+                    tracing::info!(hook = %s.name, "fleet: this worker pulls the ordered hook (lease taken)");
+                    return Some(l);
+                }
+                Ok(None) => {
+                    let key = consumer_name(&s.key);
+                    if let Some(left) = crate::fleet::lease::expires_in(store, *ttl, &key).await {
+                        let margin = Duration::from_millis(20);
+                        wait = (left + margin).clamp(margin, *ttl / 4);
+                    }
+                    if !logged {
+                        tracing::info!(hook = %s.name, "fleet: another worker pulls this ordered hook; standing by");
+                        logged = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(hook = %s.name, "fleet: {e}; retrying");
+                    *leases = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return None,
+        }
+    }
+}
+
+/// Stopping: hands back at once what the broker already delivered but no handler started, so
+/// that another worker gets it now rather than after the ack wait.
+pub(super) async fn give_back(messages: &mut jetstream::consumer::pull::Stream) {
+    use futures_util::FutureExt;
+    while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
+        let _ = msg.ack_with(AckKind::Nak(None)).await;
+    }
+}

@@ -1,0 +1,459 @@
+//! The pull loop of one hook ([`consume`]) and what it keeps across its pull sessions
+//! ([`Run`]): the sessions, the drain on stop, the retries held until due.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use crate::fleet::held::Held;
+
+use super::consumer::*;
+use super::deliver::*;
+use super::holder::*;
+use super::state::*;
+
+/// What one hook's consume task keeps across its pull sessions: the held events of its two
+/// consumers, the handler calls in flight, and the retries waiting for their time.
+pub(super) struct Run {
+    pub(super) sh: Arc<Shared>,
+    /// Shared with every call in flight (an `Arc`: cloned per event).
+    pub(super) s: Arc<Settings>,
+    pub(super) counters: Arc<Counters>,
+    /// The hook's consumer's events.
+    pub(super) main: Arc<Held>,
+    /// The retry consumer's events.
+    pub(super) retry: Arc<Held>,
+    pub(super) _tend: [AbortOnDrop; 2],
+    /// Handler calls in flight, polled by the pull session itself (no task, no cross-thread
+    /// wake-up per event); moved to `background` when the session ends.
+    pub(super) running: futures_util::stream::FuturesUnordered<InFlight>,
+    pub(super) background: tokio::task::JoinSet<()>,
+    /// Retries held until their time (one sleeping task each; there are at most
+    /// [`crate::fleet::retry::WINDOW`]).
+    pub(super) waiting: tokio::task::JoinSet<()>,
+    pub(super) due_tx: tokio::sync::mpsc::Sender<Arc<jetstream::Message>>,
+    pub(super) due_rx: tokio::sync::mpsc::Receiver<Arc<jetstream::Message>>,
+    /// Something was delivered since the last look (the pause between pulls starts over).
+    pub(super) pulled: bool,
+    /// Delivered events not started yet, in stream order: a message may hold many (a bundle),
+    /// and at most the window enter the hook's local queue at once ([`Run::feed`]).
+    pub(super) backlog: std::collections::VecDeque<Delivery>,
+    /// Just took an ordered hook's lease: nothing starts until the broker's pending events are
+    /// all held here ([`Run::check_caught_up`]).
+    pub(super) catch_up: Option<CatchUp>,
+    /// The hook's current name ([`Run::renamed`]).
+    pub(super) rename: watch::Receiver<String>,
+    /// Renamed: nothing starts until every call of the old name is finished or back here.
+    pub(super) renaming: bool,
+    /// Events whose call the old name's hook dropped (renamed meanwhile): run again, in order,
+    /// under the new name, as the same delivery.
+    pub(super) redo_tx: tokio::sync::mpsc::Sender<Delivery>,
+    pub(super) redo_rx: tokio::sync::mpsc::Receiver<Delivery>,
+}
+
+/// A new lease holder waiting for what the previous one left pending (issue 34): the broker
+/// redelivers those events in the order their ack waits ran out (progress signals and
+/// deliveries interleave, so not in stream order), and a cumulative acknowledgement of one that
+/// came back early would settle the lower ones still on their way, never run. So nothing starts
+/// and nothing is acknowledged until the broker's count of pending events is what this worker
+/// holds (every one is here, whatever the previous holder still does); then the backlog is put
+/// in stream order and runs. A previous holder still running (its lease lost but not its
+/// process) keeps its events pending with progress signals: this waits for it.
+pub(super) struct CatchUp {
+    /// The broker's pending count and this worker's held count at the last change.
+    pub(super) last: (u64, usize),
+    pub(super) since: tokio::time::Instant,
+}
+
+/// How often a new lease holder asks the broker what is still pending.
+pub(super) const CATCH_UP_EVERY: Duration = Duration::from_millis(100);
+
+/// A handler call in flight and what follows it (acknowledgement, retry, dead letter).
+pub(super) type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Where a delivery came from.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Source {
+    Main,
+    Retry,
+}
+
+/// How a pull session ended.
+pub(super) enum Ended {
+    Stop,
+    Again,
+    /// An event only another version of the ordered hook matches: let that version pull.
+    HandOver,
+}
+
+impl Run {
+    pub(super) fn new(
+        sh: Arc<Shared>,
+        s: Settings,
+        counters: Arc<Counters>,
+        ack_all: bool,
+        rename: watch::Receiver<String>,
+    ) -> Self {
+        let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
+        let progress = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
+        let tend = |h: &Arc<Held>| {
+            AbortOnDrop(tokio::spawn(crate::fleet::held::tend(
+                h.clone(),
+                ACK_BATCH_EVERY,
+                progress,
+            )))
+        };
+        let (due_tx, due_rx) = tokio::sync::mpsc::channel(crate::fleet::retry::WINDOW as usize);
+        // Every call in flight may come back once.
+        let (redo_tx, redo_rx) = tokio::sync::mpsc::channel(
+            s.window as usize + crate::fleet::retry::WINDOW as usize + 1,
+        );
+        Self {
+            _tend: [tend(&main), tend(&retry)],
+            sh,
+            s: Arc::new(s),
+            counters,
+            main,
+            retry,
+            running: futures_util::stream::FuturesUnordered::new(),
+            background: tokio::task::JoinSet::new(),
+            waiting: tokio::task::JoinSet::new(),
+            due_tx,
+            due_rx,
+            pulled: false,
+            backlog: Default::default(),
+            catch_up: None,
+            rename,
+            renaming: false,
+            redo_tx,
+            redo_rx,
+        }
+    }
+
+    /// Gives back the retries this worker holds until their time (standing by: whoever pulls
+    /// the hook next runs them).
+    pub(super) async fn forget_retries(&mut self) {
+        self.waiting.abort_all();
+        while self.waiting.join_next().await.is_some() {}
+        while self.due_rx.try_recv().is_ok() {}
+        self.retry.give_back_all().await;
+    }
+
+    /// Runs what was delivered (the backlog too) and waits for it, then acknowledges what
+    /// finished. With `start_by`, no message is started after that time: the backlog's
+    /// messages none of whose events started by then are left to the ack wait
+    /// ([`Run::release_backlog`]); the events of a message partly started still run.
+    pub(super) async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
+        if self.catch_up.take().is_some() {
+            // Nothing started: what was delivered goes to whoever pulls next, in order.
+            self.release_backlog().await;
+            self.main.pause(false);
+        }
+        loop {
+            while self.background.try_join_next().is_some() {}
+            if start_by.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                self.release_backlog().await;
+                start_by = None;
+            }
+            self.feed().await;
+            let deadline = start_by;
+            let passed = async move {
+                match deadline {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(passed);
+            tokio::select! {
+                r = self.running.next() => if r.is_some() {
+                    continue;
+                },
+                _ = &mut passed => continue,
+            }
+            if self.backlog.is_empty() {
+                break;
+            }
+            // Only calls of an earlier session hold the window: wait for one.
+            tokio::select! {
+                _ = self.background.join_next() => {}
+                _ = &mut passed => {}
+            }
+        }
+        while self.background.join_next().await.is_some() {}
+        self.main.flush().await;
+    }
+
+    /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`); the
+    /// handler calls still in flight then go on in tasks of their own.
+    pub(super) async fn session(
+        &mut self,
+        consumer: &jetstream::consumer::PullConsumer,
+        retries: &jetstream::consumer::PullConsumer,
+        lease: &mut Option<crate::fleet::lease::Lease>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        let ended = self.pull(consumer, retries, lease, stop).await;
+        for f in std::mem::take(&mut self.running) {
+            self.background.spawn(f);
+        }
+        ended
+    }
+
+    pub(super) async fn pull(
+        &mut self,
+        consumer: &jetstream::consumer::PullConsumer,
+        retries: &jetstream::consumer::PullConsumer,
+        lease: &mut Option<crate::fleet::lease::Lease>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        fn pull(
+            c: &jetstream::consumer::PullConsumer,
+            batch: usize,
+        ) -> impl std::future::Future<
+            Output = Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError>,
+        > + '_ {
+            c.stream()
+                // More than may be in flight: a pull request is always waiting at the broker
+                // when an acknowledgement frees a slot (with exactly one, nats-server 2.9 only
+                // delivered after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
+                .max_messages_per_batch(batch)
+                .expires(Duration::from_secs(5))
+                .heartbeat(Duration::from_secs(2))
+                .messages()
+        }
+        let batch = (2 * self.s.window as usize).max(4);
+        let (mut messages, mut retried) = match futures_util::future::try_join(
+            pull(consumer, batch),
+            pull(retries, 2 * crate::fleet::retry::WINDOW as usize),
+        )
+        .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(hook = %self.s.name, "fleet: cannot pull: {e}; retrying");
+                return Ended::Again;
+            }
+        };
+        // What an earlier session left in the backlog goes on.
+        while self.background.try_join_next().is_some() {}
+        self.feed().await;
+        let mut catching = tokio::time::interval(CATCH_UP_EVERY);
+        loop {
+            let holding = lease.is_some();
+            let lost = async {
+                match lease.as_mut() {
+                    Some(l) => l.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let (next, source) = tokio::select! {
+                m = messages.next() => (m, Source::Main),
+                m = retried.next() => (m, Source::Retry),
+                Some(m) = self.due_rx.recv() => {
+                    self.dispatch(m, Source::Retry).await;
+                    continue;
+                }
+                Ok(()) = self.rename.changed() => {
+                    self.renamed();
+                    continue;
+                }
+                _ = catching.tick(), if self.catch_up.is_some() => {
+                    self.check_caught_up(consumer).await;
+                    continue;
+                }
+                Some(()) = self.running.next(), if !self.running.is_empty() => {
+                    self.feed().await;
+                    continue;
+                }
+                Some(_) = self.background.join_next(), if !self.background.is_empty() => {
+                    self.feed().await;
+                    continue;
+                }
+                _ = stop.changed() => {
+                    give_back(&mut messages).await;
+                    give_back(&mut retried).await;
+                    return Ended::Stop;
+                }
+                _ = lost => {
+                    // Another worker may take over: hand back what no handler started.
+                    give_back(&mut messages).await;
+                    give_back(&mut retried).await;
+                    *lease = None;
+                    return Ended::Again;
+                }
+                _ = self.counters.handover.notified(), if holding => {
+                    give_back(&mut messages).await;
+                    give_back(&mut retried).await;
+                    return Ended::HandOver;
+                }
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let msg = Arc::new(msg);
+                    if source == Source::Retry && !self.hold_until_due(&msg) {
+                        continue;
+                    }
+                    self.dispatch(msg, source).await;
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(hook = %self.s.name, "fleet: pull interrupted: {e}; pulling again");
+                    return Ended::Again;
+                }
+                None => return Ended::Again,
+            }
+            while self.background.try_join_next().is_some() {}
+            while self.waiting.try_join_next().is_some() {}
+            // Calls of an earlier session that finished meanwhile free the window.
+            self.feed().await;
+        }
+    }
+
+    /// A retry before its time is held (with progress signals) until then: false. True when
+    /// it is due (or unreadable: triage drops it).
+    pub(super) fn hold_until_due(&mut self, msg: &Arc<jetstream::Message>) -> bool {
+        let Some(wait) = crate::fleet::retry::Retry::read(msg)
+            .map(|r| r.wait())
+            .filter(|w| !w.is_zero())
+        else {
+            return true;
+        };
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        self.retry.hold(seq, msg.clone(), 1);
+        let (tx, msg) = (self.due_tx.clone(), msg.clone());
+        self.waiting.spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = tx.send(msg).await;
+        });
+        false
+    }
+}
+
+/// Most often an ordered hook's finished events are acknowledged (one acknowledgement of the
+/// highest finished sequence for all that finished meanwhile).
+pub(super) const ACK_BATCH_EVERY: Duration = Duration::from_millis(2);
+
+/// Pulls the hook's events and hands each to the host as soon as it arrives, in stream order
+/// (the broker holds back more than `window` unacknowledged ones; the hook's local queue keeps
+/// them in order and the handler's own concurrency and pipelining apply), and its retries when
+/// they are due. An ordered hook is pulled only while this worker holds its lease.
+pub(super) async fn consume(
+    sh: Arc<Shared>,
+    stream: jetstream::stream::Stream,
+    s: Settings,
+    counters: Arc<Counters>,
+    slot: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
+    (mut stop, renamed): (watch::Receiver<bool>, watch::Receiver<String>),
+) {
+    let mut run: Option<Run> = None;
+    let mut pause = Duration::from_millis(100);
+    let mut lease: Option<crate::fleet::lease::Lease> = None;
+    let mut leases: Option<(async_nats::jetstream::kv::Store, Duration)> = None;
+    'outer: while !*stop.borrow() {
+        // The consumers first (the hook joins the fleet view with it, also on a standby worker).
+        let consumers = async {
+            let c = ensure_consumer(&sh, &stream, &s).await?;
+            let r = crate::fleet::retry::ensure_consumer(
+                &stream,
+                &sh.cfg,
+                &s.key,
+                sh.opts.ack_wait,
+                s.since,
+            )
+            .await?;
+            Ok::<_, String>((c, r))
+        };
+        let (consumer, retries) = match consumers.await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(hook = %s.name, "fleet: {e}; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.changed() => break 'outer,
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        if let Ok(mut g) = slot.lock() {
+            *g = Some(consumer.clone());
+        }
+        // Cumulative acknowledgements only on a consumer made with them (one made by an older
+        // version keeps explicit ones until it is recreated).
+        let ack_all =
+            consumer.cached_info().config.ack_policy == jetstream::consumer::AckPolicy::All;
+        if let Some(r) = run.as_mut().filter(|r| r.main.ack_all() != ack_all) {
+            r.drain(None).await;
+            run = None;
+        }
+        let r = run.get_or_insert_with(|| {
+            Run::new(
+                sh.clone(),
+                s.clone(),
+                counters.clone(),
+                ack_all,
+                renamed.clone(),
+            )
+        });
+        if s.ordered() && lease.is_none() {
+            match take_lease(&sh, &s, &mut leases, &mut stop).await {
+                Some(l) => lease = Some(l),
+                None => break 'outer,
+            }
+            // A previous holder may have left events pending: they come back as their ack
+            // waits run out, in no useful order; nothing runs until all are here.
+            r.catch_up = Some(CatchUp {
+                last: (u64::MAX, 0),
+                since: tokio::time::Instant::now(),
+            });
+            r.main.pause(true);
+        }
+        match r.session(&consumer, &retries, &mut lease, &mut stop).await {
+            Ended::Stop => break 'outer,
+            Ended::HandOver => {
+                // Everything this worker holds settled before the lease goes (it still holds
+                // it: no other worker pulls meanwhile).
+                r.drain(None).await;
+                r.forget_retries().await;
+                r.main.forget();
+                if !hand_over(&s, lease.take(), &leases, &mut stop).await {
+                    break 'outer;
+                }
+            }
+            Ended::Again => {}
+        }
+        if s.ordered() && lease.is_none() {
+            // The lease was lost (another worker may hold it now): start nothing more, finish
+            // what runs (the rest of a bundle partly started too), acknowledge it, and forget
+            // what was handed back or left (it goes to whoever holds the lease next: that
+            // worker waits for it, up to twice the ack wait) before standing by.
+            r.drain(Some(tokio::time::Instant::now())).await;
+            r.forget_retries().await;
+            r.main.forget();
+        }
+        if std::mem::take(&mut r.pulled) {
+            pause = Duration::from_millis(100);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => break 'outer,
+        }
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+    if let Some(mut r) = run {
+        // Stopping: what was delivered runs until shortly before the service's drain timeout;
+        // what has not started then is left to the ack wait (another worker gets it).
+        let stop_by = sh.stop_by.lock().ok().and_then(|by| *by);
+        r.drain(stop_by.map(|t| t.checked_sub(STOP_MARGIN).unwrap_or(t)))
+            .await;
+        // Retries still waiting for their time: back to the broker for the next worker.
+        r.waiting.abort_all();
+        r.retry.give_back_all().await;
+    }
+    // Only now (every event this worker held is settled) may the next worker start.
+    if let Some(l) = lease {
+        l.release().await;
+    }
+}

@@ -1,0 +1,262 @@
+//! What the parts of a fleet worker share: its options, its state ([`Shared`]), a hook's
+//! consumer settings and task, its counters and the events it finished ([`Recent`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::fleet::FleetConfig;
+use crate::fleet::status::FleetCounters;
+use crate::fleet::versions::Versions;
+use crate::host::Host;
+
+/// Settings of a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Worker id in the fleet view.
+    pub id: String,
+    /// Time the broker waits for an acknowledgement before redelivering (failover time).
+    pub ack_wait: Duration,
+    /// Delay before the first retry; doubles per delivery, at most a minute.
+    pub retry_backoff: Duration,
+    /// Interval between status messages.
+    pub status_interval: Duration,
+    /// How long a removed hook's consumer is kept (a hook coming back, or other workers still
+    /// serving it) before it is deleted.
+    pub consumer_grace: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            id: format!("{}-{}", crate::fleet::host_name(), std::process::id()),
+            ack_wait: Duration::from_secs(30),
+            retry_backoff: Duration::from_secs(1),
+            status_interval: Duration::from_secs(2),
+            consumer_grace: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Events this worker finished for a hook, at least the most recent `RECENT / 2` and at most
+/// `RECENT`: a broker that crashed may have lost their acknowledgements and deliver them again
+/// (as first deliveries). Each is known by its stream sequence and its message id together: a
+/// broker back with an empty store reuses sequences for other events.
+pub(super) const RECENT: usize = 65_536;
+
+pub(super) type DoneKey = (u64, u64);
+
+/// Two generations of keys: inserts go to `young`; when it holds half of [`RECENT`] it becomes
+/// `old` (the previous `old` is dropped). No per-insert eviction and no tombstones to rehash.
+#[derive(Default)]
+pub(super) struct Recent {
+    pub(super) young: std::collections::HashSet<DoneKey, KeyHash>,
+    pub(super) old: std::collections::HashSet<DoneKey, KeyHash>,
+}
+
+/// Hashes a [`DoneKey`] by mixing its two words (the second is already a hash of the id).
+#[derive(Default, Clone, Copy)]
+pub(super) struct KeyHash;
+
+impl std::hash::BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// The key of a delivered message in [`Recent`].
+pub(super) fn done_key(msg: &jetstream::Message, seq: u64) -> DoneKey {
+    let id = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str())
+        .unwrap_or("");
+    // FNV-1a over the message id.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (seq, h)
+}
+
+impl Recent {
+    pub(super) fn insert(&mut self, key: DoneKey) {
+        if self.old.contains(&key) || !self.young.insert(key) {
+            return;
+        }
+        if self.young.len() >= RECENT / 2 {
+            self.old = std::mem::take(&mut self.young);
+            self.young.reserve(RECENT / 2);
+        }
+    }
+
+    pub(super) fn contains(&self, key: &DoneKey) -> bool {
+        self.young.contains(key) || self.old.contains(key)
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) done: Mutex<Recent>,
+    pub(super) already_done: AtomicU64,
+    pub(super) delivered: AtomicU64,
+    /// Stream messages delivered (`delivered` counts their events: a bundle holds several).
+    pub(super) messages: AtomicU64,
+    pub(super) redelivered: AtomicU64,
+    pub(super) acked: AtomicU64,
+    pub(super) retried: AtomicU64,
+    pub(super) dead: AtomicU64,
+    pub(super) skipped: AtomicU64,
+    pub(super) mismatched: AtomicU64,
+    /// An ordered hook's event only another version matches: the lease holder hands over.
+    pub(super) handover: tokio::sync::Notify,
+    /// First deliveries replayed by a broker that lost consumer state ([`crate::fleet::replayed`]).
+    pub(super) high: crate::fleet::replayed::HighWater,
+    pub(super) duplicate: AtomicU64,
+}
+
+impl Counters {
+    /// `messages` of the stream in events: times the events per message this worker was
+    /// delivered (exact while each event goes alone; an estimate with bundles).
+    pub(super) fn events(&self, messages: u64) -> u64 {
+        let events = self.delivered.load(Ordering::Relaxed);
+        let delivered = self.messages.load(Ordering::Relaxed);
+        if delivered == 0 || events <= delivered {
+            return messages;
+        }
+        (messages as f64 * events as f64 / delivered as f64).round() as u64
+    }
+
+    pub(super) fn snapshot(&self) -> FleetCounters {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FleetCounters {
+            delivered: g(&self.delivered),
+            redelivered: g(&self.redelivered),
+            acked: g(&self.acked),
+            retried: g(&self.retried),
+            dead: g(&self.dead),
+            skipped: g(&self.skipped),
+            mismatched: g(&self.mismatched),
+            already_done: g(&self.already_done),
+            duplicate: g(&self.duplicate),
+        }
+    }
+}
+
+/// What a hook's consumer is configured from; a change restarts the hook's consumer task.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Settings {
+    pub(super) name: String,
+    /// The hook's identity ([`crate::fleet::identity`]): names its consumer and lease.
+    pub(super) key: String,
+    pub(super) timeout: Duration,
+    pub(super) max_deliver: i64,
+    pub(super) concurrency: u32,
+    /// Events this worker may hold for the hook at once (the consumer's `max_ack_pending`):
+    /// `concurrency` for a hook that runs several at once, up to [`WINDOW`] (and half its local
+    /// queue) for an ordered hook, whose one active puller (the lease holder) feeds them in
+    /// stream order into the hook's local queue.
+    pub(super) window: u32,
+    /// When the hook appeared: the start of a consumer created for it.
+    pub(super) since: std::time::SystemTime,
+    /// The consumer's filter subjects: this version's and every other live version's patterns
+    /// ([`crate::fleet::versions::filters`]).
+    pub(super) filters: Vec<String>,
+    /// This version's own filter subjects (an event outside them was routed for another).
+    pub(super) own: Vec<String>,
+}
+
+impl Settings {
+    pub(super) fn ordered(&self) -> bool {
+        self.concurrency <= 1
+    }
+}
+
+/// Most events in flight for an ordered hook.
+pub const WINDOW: u32 = 512;
+
+pub(super) struct HookTask {
+    pub(super) settings: Settings,
+    pub(super) stop: watch::Sender<bool>,
+    pub(super) consume: JoinHandle<()>,
+    pub(super) collect: JoinHandle<()>,
+    pub(super) consumer: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
+    pub(super) counters: Arc<Counters>,
+    /// The hook's name, for a rename that keeps its identity ([`Run::renamed`]).
+    pub(super) rename: watch::Sender<String>,
+}
+
+pub(super) struct Shared {
+    /// Each hook's counters, for `/metrics` (kept across a hook's restarts).
+    pub(super) counters: Mutex<HashMap<String, Arc<Counters>>>,
+    pub(super) host: Host,
+    pub(super) cfg: FleetConfig,
+    pub(super) opts: WorkerOptions,
+    pub(super) client: async_nats::Client,
+    pub(super) js: jetstream::Context,
+    /// The other live versions of the hooks.
+    pub(super) versions: Versions,
+    /// The broker takes several filter subjects per consumer (nats-server ≥ 2.10).
+    pub(super) multi: std::sync::atomic::AtomicBool,
+    /// Stopping: when the service stops waiting for the events in flight.
+    pub(super) stop_by: Mutex<Option<tokio::time::Instant>>,
+}
+
+pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_keeps_at_least_half_its_size_of_the_latest_keys() {
+        let mut r = Recent::default();
+        let n = RECENT as u64 * 2 + 17;
+        for seq in 1..=n {
+            r.insert((seq, seq.wrapping_mul(31)));
+        }
+        // The latest RECENT / 2 are always there; the oldest are gone.
+        for seq in n - RECENT as u64 / 2 + 1..=n {
+            assert!(r.contains(&(seq, seq.wrapping_mul(31))), "{seq} forgotten");
+        }
+        assert!(!r.contains(&(1, 31)));
+        assert!(r.young.len() + r.old.len() <= RECENT);
+        // The same sequence with another id (a broker that lost its store) is not done.
+        assert!(!r.contains(&(n, 0)));
+        // Inserting a known key again changes nothing.
+        let before = r.young.len();
+        r.insert((n, n.wrapping_mul(31)));
+        assert_eq!(r.young.len(), before);
+    }
+}
