@@ -48,6 +48,22 @@ pub async fn check(loaded: &Arc<RunFiles>, hook: &str) -> Result<(), StartRefuse
             ),
             true,
         ),
+        // A file that vanished between the listing and its read is an edit in progress (an
+        // editor's or a deploy's temporary file renamed away): the files changed, and the
+        // version that loads them can take the events, as for any other change.
+        Err(crate::trust::files::TreeError::Unreadable { path, reason })
+            if std::fs::symlink_metadata(&path).is_err() =>
+        {
+            (
+                format!(
+                    "{} was removed while the hook's files were checked ({reason}): the files \
+                 changed since this version of the hook was loaded; only the files it was \
+                 loaded (and approved) with run",
+                    path.display()
+                ),
+                true,
+            )
+        }
         Err(e) => (e.to_string(), false),
     };
     tracing::warn!(hook = %hook, "process start refused: {why}");

@@ -676,6 +676,7 @@ asyncio.run(main())
     let out = Command::new("python3")
         .args(["-c", script, &format!("http://{}", edge.addr)])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python"))
+        .env("HERMES_HOME", hooks.home()) // never the real ~/.hermes
         .output()
         .expect("run python3");
     assert!(
