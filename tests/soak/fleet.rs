@@ -221,43 +221,12 @@ fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
     eprintln!("fleet soak: {secs} s, seed {seed}");
     let hooks = Hooks::new();
     let out = hooks.out().join("rec.jsonl");
-    hooks.add(
-        "rec",
-        &[
-            (
-                "HOOK.yaml",
-                "name: rec\nevents: [\"soak:*\"]\ntimeout: 30\n",
-            ),
-            (
-                "handler.py",
-                &format!(
-                    r#"import json, os, time
-
-def handle(event, context):
-    fleet = context.get("_fleet", {{}})
-    rec = {{"n": context.get("n"), "d": fleet.get("delivered"), "seq": fleet.get("stream_seq"),
-            "w": os.environ.get("SOAK_WORKER"), "t": time.time()}}
-    with open({out:?}, "a") as f:
-        f.write(json.dumps(rec) + "\n")
-"#,
-                    out = out.display().to_string()
-                ),
-            ),
-        ],
-    );
+    soak_recorder(&hooks, "rec", &out, "");
     let url = broker.url();
     let ids = ["wa", "wb"];
     let mut workers: Vec<Serve> = ids.iter().map(|id| worker(&hooks, &url, id)).collect();
     let mut front = edge(&hooks, &url);
-    poll(Duration::from_secs(30), "the fleet to serve rec", || {
-        let (_, v) = front.get("/v1/hooks");
-        let h = v["hooks"]
-            .as_array()?
-            .iter()
-            .find(|h| h["name"] == "rec")?
-            .clone();
-        (h["workers"].as_array()?.len() == 2).then_some(())
-    });
+    served_by_both(&front, "rec");
     let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
@@ -443,48 +412,12 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
     let hooks = Hooks::new();
     let out = hooks.out().join("ordered.jsonl");
     // Slow enough that the holder always has events waiting in its local queue when killed.
-    hooks.add(
-        "ordered",
-        &[
-            (
-                "HOOK.yaml",
-                "name: ordered\nevents: [\"soak:*\"]\ntimeout: 30\n",
-            ),
-            (
-                "handler.py",
-                &format!(
-                    r#"import json, os, time
-
-def handle(event, context):
-    fleet = context.get("_fleet", {{}})
-    time.sleep(0.004)
-    rec = {{"n": context.get("n"), "d": fleet.get("delivered"), "seq": fleet.get("stream_seq"),
-            "w": os.environ.get("SOAK_WORKER"), "t": time.time()}}
-    with open({out:?}, "a") as f:
-        f.write(json.dumps(rec) + "\n")
-"#,
-                    out = out.display().to_string()
-                ),
-            ),
-        ],
-    );
+    soak_recorder(&hooks, "ordered", &out, "    time.sleep(0.004)\n");
     let url = broker.url();
     let ids = ["wa", "wb"];
     let mut workers: Vec<Serve> = ids.iter().map(|id| worker(&hooks, &url, id)).collect();
     let front = edge(&hooks, &url);
-    poll(
-        Duration::from_secs(30),
-        "the fleet to serve ordered",
-        || {
-            let (_, v) = front.get("/v1/hooks");
-            let h = v["hooks"]
-                .as_array()?
-                .iter()
-                .find(|h| h["name"] == "ordered")?
-                .clone();
-            (h["workers"].as_array()?.len() == 2).then_some(())
-        },
-    );
+    served_by_both(&front, "ordered");
     let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
@@ -599,5 +532,41 @@ def handle(event, context):
         unexplained.is_empty(),
         "handled more often than redelivered: {:?}",
         &unexplained[..unexplained.len().min(10)]
+    );
+}
+
+/// A hook `name` on `soak:*` that appends each event's number, delivery, stream sequence, worker
+/// and time to `out` as a JSON line; `before` is Python run first in `handle` (indented).
+fn soak_recorder(hooks: &Hooks, name: &str, out: &std::path::Path, before: &str) {
+    let yaml = format!("name: {name}\nevents: [\"soak:*\"]\ntimeout: 30\n");
+    let handler = format!(
+        r#"import json, os, time
+
+def handle(event, context):
+    fleet = context.get("_fleet", {{}})
+{before}    rec = {{"n": context.get("n"), "d": fleet.get("delivered"), "seq": fleet.get("stream_seq"),
+            "w": os.environ.get("SOAK_WORKER"), "t": time.time()}}
+    with open({out:?}, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+"#,
+        out = out.display().to_string()
+    );
+    hooks.add(name, &[("HOOK.yaml", &yaml), ("handler.py", &handler)]);
+}
+
+/// Waits until the edge lists hook `name` with both soak workers.
+fn served_by_both(front: &Serve, name: &str) {
+    poll(
+        Duration::from_secs(30),
+        "the fleet to serve the hook",
+        || {
+            let (_, v) = front.get("/v1/hooks");
+            let h = v["hooks"]
+                .as_array()?
+                .iter()
+                .find(|h| h["name"] == name)?
+                .clone();
+            (h["workers"].as_array()?.len() == 2).then_some(())
+        },
     );
 }
