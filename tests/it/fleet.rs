@@ -237,28 +237,31 @@ pub(crate) const FAST: &[&str] = &[
 ];
 
 pub(crate) fn worker(hooks: &Hooks, nats: &NatsServer, id: &str) -> Serve {
-    let mut cmd = Command::new(bin());
-    cmd.arg("worker")
-        .args(["--fleet", &nats.url()])
-        .arg("--hooks-dir")
-        .arg(hooks.root())
-        .args(["--listen", "127.0.0.1:0", "--worker-id", id])
-        .args(FAST)
-        .env("TEST_WORKER", id);
-    Serve::spawn(cmd, hooks)
+    worker_with(hooks, nats, id, FAST)
 }
 
 /// A worker with its own options (no [`FAST`] defaults).
 pub(crate) fn worker_with(hooks: &Hooks, nats: &NatsServer, id: &str, opts: &[&str]) -> Serve {
+    worker_at(hooks, &nats.url(), id, opts)
+}
+
+/// A worker `id` on the broker at `url` (credentials in it, say) serving `hooks`' root, with
+/// `opts` (no [`FAST`] defaults); `TEST_WORKER` = `id` for [`recording_hook`].
+pub(crate) fn worker_at(hooks: &Hooks, url: &str, id: &str, opts: &[&str]) -> Serve {
     let mut cmd = Command::new(bin());
     cmd.arg("worker")
-        .args(["--fleet", &nats.url()])
+        .args(["--fleet", url])
         .arg("--hooks-dir")
         .arg(hooks.root())
         .args(["--listen", "127.0.0.1:0", "--worker-id", id])
         .args(opts)
         .env("TEST_WORKER", id);
     Serve::spawn(cmd, hooks)
+}
+
+/// [`FAST`] with `extra` options (none of FAST's: an option given twice is refused) before it.
+pub(crate) fn fast_and(extra: &[&'static str]) -> Vec<&'static str> {
+    [extra, FAST].concat()
 }
 
 pub(crate) fn edge(hooks: &Hooks, url: &str, extra: &[&str]) -> Serve {
@@ -334,9 +337,100 @@ pub(crate) fn fleet_of<const N: usize>(
     let hooks = Hooks::new();
     recording_hook(&hooks, name, events, extra_yaml);
     let workers = ids.map(|id| worker(&hooks, &nats, id));
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, name, &ids);
+    let edge = edge_serving(&hooks, &nats.url(), &[], &[name], &ids);
     Some((nats, hooks, workers, edge))
+}
+
+/// Worker "wa" ([`FAST`]) and an edge on `nats`, once the edge's fleet view shows each hook
+/// of `names` on it: the fleet of one worker that most tests start from (their hooks added
+/// first).
+pub(crate) fn worker_and_edge(hooks: &Hooks, nats: &NatsServer, names: &[&str]) -> (Serve, Serve) {
+    let w = worker(hooks, nats, "wa");
+    let edge = edge_serving(hooks, &nats.url(), &[], names, &["wa"]);
+    (w, edge)
+}
+
+/// An edge on `url` with `extra` options, once its fleet view shows each hook of `names` on
+/// every worker in `ids`.
+pub(crate) fn edge_serving(
+    hooks: &Hooks,
+    url: &str,
+    extra: &[&str],
+    names: &[&str],
+    ids: &[&str],
+) -> Serve {
+    let edge = edge(hooks, url, extra);
+    for name in names {
+        wait_for_fleet(&edge, name, ids);
+    }
+    edge
+}
+
+/// Hook `name` as the edge's `/v1/hooks` lists it, if it does.
+pub(crate) fn fleet_hook(edge: &Serve, name: &str) -> Option<Value> {
+    let (_, v) = edge.get("/v1/hooks");
+    v["hooks"]
+        .as_array()?
+        .iter()
+        .find(|h| h["name"] == name)
+        .cloned()
+}
+
+/// Waits up to `secs` until [`recording_hook`] `name` recorded `n` handlings; returns them all.
+pub(crate) fn wait_records(hooks: &Hooks, name: &str, n: usize, secs: u64) -> Vec<Value> {
+    let what = format!("{n} handlings recorded by {name}");
+    wait_recorded(hooks, name, secs, &what, |r| r.len() >= n)
+}
+
+/// Waits up to `secs` until `n` different events (by `n`) were handled by [`recording_hook`]
+/// `name`, a redelivery counted once; returns every handling.
+pub(crate) fn wait_distinct(hooks: &Hooks, name: &str, n: usize, secs: u64) -> Vec<Value> {
+    let what = format!("{n} different events handled by {name}");
+    wait_recorded(hooks, name, secs, &what, |r| {
+        handled_ns(r).into_iter().collect::<HashSet<_>>().len() >= n
+    })
+}
+
+/// Waits up to `secs` until what [`recording_hook`] `name` recorded satisfies `done`.
+fn wait_recorded(
+    hooks: &Hooks,
+    name: &str,
+    secs: u64,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    poll(Duration::from_secs(secs), what, || {
+        let r = records(hooks, name);
+        done(&r).then_some(r)
+    })
+}
+
+/// Waits up to `secs` for the first dead letter of `hook` (`dead list --json --hook`), failing
+/// at once when the command does.
+pub(crate) fn wait_dead_letter(nats: &NatsServer, hook: &str, secs: u64) -> Value {
+    poll(
+        Duration::from_secs(secs),
+        &format!("a dead letter of {hook}"),
+        || {
+            let (code, out) = dead_cmd(nats, &["list", "--json", "--hook", hook]);
+            assert_eq!(code, 0, "{out}");
+            out.lines()
+                .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        },
+    )
+}
+
+/// Renames hook `old` to `new` as an operator would: its directory moves and `name:` follows
+/// (an `id:` in its HOOK.yaml stays).
+pub(crate) fn rename_hook(hooks: &Hooks, old: &str, new: &str) {
+    let dir = hooks.root().join(new);
+    std::fs::rename(hooks.root().join(old), &dir).unwrap();
+    let yaml = std::fs::read_to_string(dir.join("HOOK.yaml")).unwrap();
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        yaml.replace(&format!("name: {old}"), &format!("name: {new}")),
+    )
+    .unwrap();
 }
 
 pub(crate) fn records(hooks: &Hooks, name: &str) -> Vec<Value> {
@@ -349,12 +443,7 @@ pub(crate) fn wait_for_fleet(edge: &Serve, hook: &str, workers: &[&str]) {
         Duration::from_secs(30),
         &format!("the edge's fleet view to show {hook} on {workers:?}"),
         || {
-            let (_, v) = edge.get("/v1/hooks");
-            let h = v["hooks"]
-                .as_array()?
-                .iter()
-                .find(|h| h["name"] == hook)?
-                .clone();
+            let h = fleet_hook(edge, hook)?;
             let have: Vec<&str> = h["workers"]
                 .as_array()?
                 .iter()
@@ -406,10 +495,7 @@ fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
         body["queued"][0], 1,
         "the fleet view knows one matching hook: {body}"
     );
-    let recs = poll(Duration::from_secs(30), "40 events handled", || {
-        let r = records(&hooks, "shared");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 40).then_some(r)
-    });
+    let recs = wait_distinct(&hooks, "shared", 40, 30);
     let unique: HashSet<u64> = handled_ns(&recs).into_iter().collect();
     assert_eq!(
         unique,
@@ -438,8 +524,7 @@ fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
     } else {
         (&mut b, "wa")
     };
-    signal(dead.child.id(), libc::SIGKILL);
-    let _ = dead.child.wait();
+    dead.sigkill();
     let rec = poll(
         Duration::from_secs(30),
         "the other worker to handle the killed worker's event",
@@ -473,10 +558,7 @@ fn order_per_hook_holds_with_two_workers() {
         let (status, body) = post_batch(&edge, chunk * 20..chunk * 20 + 20, json!({}));
         assert_eq!(status, 202, "{body}");
     }
-    let recs = poll(Duration::from_secs(30), "60 events handled", || {
-        let r = records(&hooks, "ordered");
-        (r.len() >= 60).then_some(r)
-    });
+    let recs = wait_records(&hooks, "ordered", 60, 30);
     assert_eq!(
         handled_ns(&recs),
         (0..60).collect::<Vec<_>>(),
@@ -507,22 +589,14 @@ fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
     recording_hook(&hooks, "fragile", r#"["agent:*"]"#, "retries: 2\n");
     recording_hook(&hooks, "bystander", r#"["agent:*"]"#, "");
     std::fs::write(hooks.out().join("bystander.fixed"), "").unwrap();
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "fragile", &["wa"]);
-    wait_for_fleet(&edge, "bystander", &["wa"]);
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["fragile", "bystander"]);
     let (status, _) = edge.post(
         "/v1/events",
         &json!({"event": "agent:start", "context": {"n": 7, "poison": true}}),
     );
     assert_eq!(status, 202);
 
-    let letter = poll(Duration::from_secs(30), "the dead letter", || {
-        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "fragile"]);
-        assert_eq!(code, 0, "{out}");
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    let letter = wait_dead_letter(&nats, "fragile", 30);
     assert_eq!(letter["hook"], "fragile", "{letter}");
     assert_eq!(
         letter["deliveries"], 3,
@@ -575,25 +649,10 @@ fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
     poll(
         Duration::from_secs(10),
         "bystander to skip the replay",
-        || {
-            let (_, v) = edge.get("/v1/hooks");
-            let h = v["hooks"]
-                .as_array()?
-                .iter()
-                .find(|h| h["name"] == "bystander")?
-                .clone();
-            (h["fleet"]["skipped"].as_u64()? >= 1).then_some(())
-        },
+        || (fleet_hook(&edge, "bystander")?["fleet"]["skipped"].as_u64()? >= 1).then_some(()),
     );
     assert_eq!(handled_ns(&records(&hooks, "bystander")), vec![7]);
-    let (_, v) = edge.get("/v1/hooks");
-    let fragile = v["hooks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["name"] == "fragile")
-        .unwrap()
-        .clone();
+    let fragile = fleet_hook(&edge, "fragile").expect("fragile in the fleet view");
     assert_eq!(
         edge.get("/v1/hooks/fragile").1,
         fragile,
@@ -626,11 +685,7 @@ fn collect_goes_through_the_fleet_in_match_order() {
         r#"["message:pre_route"]"#,
         "def handle(event, context):\n    return None\n",
     );
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    for h in ["wild", "exact", "broken", "silent"] {
-        wait_for_fleet(&edge, h, &["wa"]);
-    }
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["wild", "exact", "broken", "silent"]);
     let (status, v) = edge.post(
         "/v1/collect",
         &json!({"event": "message:pre_route", "context": {"message": "hi"}, "timeout_ms": 10000}),
@@ -710,16 +765,8 @@ fn the_edge_killed_after_202_loses_nothing() {
         let (status, body) = post_batch(&edge, chunk * 100..chunk * 100 + 100, json!({}));
         assert_eq!(status, 202, "{body}");
     }
-    signal(edge.child.id(), libc::SIGKILL);
-    let _ = edge.child.wait();
-    let recs = poll(
-        Duration::from_secs(60),
-        "400 events handled after the edge died",
-        || {
-            let r = records(&hooks, "keeper");
-            (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 400).then_some(r)
-        },
-    );
+    edge.sigkill();
+    let recs = wait_distinct(&hooks, "keeper", 400, 60);
     let unique: HashSet<u64> = handled_ns(&recs).into_iter().collect();
     assert_eq!(unique, (0..400).collect::<HashSet<_>>());
 }
@@ -741,10 +788,7 @@ fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() 
     poll(Duration::from_secs(30), "the worker's consumer", || {
         w.log().contains("fleet worker connected").then_some(())
     });
-    {
-        let probe = edge(&hooks, &nats.url(), &[]);
-        wait_for_fleet(&probe, "late", &["wa"]);
-    }
+    drop(edge_serving(&hooks, &nats.url(), &[], &["late"], &["wa"]));
     nats.kill();
 
     let edge = edge(&hooks, &nats.url(), &["--fleet-buffer", "50"]);
@@ -783,8 +827,7 @@ fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() 
     assert_eq!(f["state"], "degraded", "{f}");
     assert_eq!(f["buffer_full"], 40, "the refused events, counted: {f}");
     assert_eq!(f["buffered"], 50, "{f}");
-    let (_, _, metrics) = crate::util::http(&edge.addr, "GET", "/metrics", &[], b"");
-    let metrics = String::from_utf8_lossy(&metrics);
+    let metrics = edge.metrics();
     for line in [
         "hermes_hooks_fleet_degraded 1",
         "hermes_hooks_fleet_buffer_full_total 40",
@@ -797,14 +840,7 @@ fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() 
     }
 
     nats.restart();
-    let recs = poll(
-        Duration::from_secs(60),
-        "the buffered events delivered",
-        || {
-            let r = records(&hooks, "late");
-            (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 50).then_some(r)
-        },
-    );
+    let recs = wait_distinct(&hooks, "late", 50, 60);
     let unique: HashSet<u64> = handled_ns(&recs).into_iter().collect();
     assert_eq!(
         unique,
@@ -825,9 +861,8 @@ fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
     };
     let hooks = Hooks::new();
     recording_hook(&hooks, "steady", r#"["agent:*"]"#, "concurrency: 8\n");
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = Arc::new(edge(&hooks, &nats.url(), &[]));
-    wait_for_fleet(&edge, "steady", &["wa"]);
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["steady"]);
+    let edge = Arc::new(edge);
 
     // A client sending batches of 10 without pause; it records what got 202.
     let stop = Arc::new(AtomicBool::new(false));
@@ -846,11 +881,7 @@ fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
             accepted
         })
     };
-    poll(
-        Duration::from_secs(30),
-        "some events handled before the crash",
-        || (records(&hooks, "steady").len() >= 50).then_some(()),
-    );
+    wait_records(&hooks, "steady", 50, 30);
     nats.kill();
     poll(
         Duration::from_secs(20),
@@ -870,11 +901,7 @@ fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
         (edge.get("/readyz").1["status"] == "ready").then_some(())
     });
     let handled_now = records(&hooks, "steady").len();
-    poll(
-        Duration::from_secs(30),
-        "more events after the restart",
-        || (records(&hooks, "steady").len() >= handled_now + 50).then_some(()),
-    );
+    wait_records(&hooks, "steady", handled_now + 50, 30);
     stop.store(true, Ordering::Relaxed);
     let accepted = sender.join().unwrap();
     assert!(buffered_before >= 20);
@@ -1013,14 +1040,7 @@ fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_o
     );
     let (status, _) = post_batch(&edge, 10..15, json!({}));
     assert_eq!(status, 202);
-    let recs = poll(
-        Duration::from_secs(30),
-        "later events handled by the other worker",
-        || {
-            let r = records(&hooks, "graceful");
-            (r.len() >= 6).then_some(r)
-        },
-    );
+    let recs = wait_records(&hooks, "graceful", 6, 30);
     assert!(
         recs[1..].iter().all(|r| r["w"] == other),
         "only {other} is left: {recs:?}"
@@ -1093,9 +1113,7 @@ fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
     };
     let hooks = Hooks::new();
     recording_hook(&hooks, "small", r#"["agent:*"]"#, "");
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "small", &["wa"]);
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["small"]);
     let big = "x".repeat(20_000);
     let (status, body) = edge.post(
         "/v1/events",
@@ -1107,10 +1125,7 @@ fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
     assert_eq!(status, 413, "a batch with one is refused whole: {body}");
     let (status, body) = post_batch(&edge, 1..11, json!({}));
     assert_eq!(status, 202, "{body}");
-    let recs = poll(Duration::from_secs(30), "the small events handled", || {
-        let r = records(&hooks, "small");
-        (r.len() >= 10).then_some(r)
-    });
+    let recs = wait_records(&hooks, "small", 10, 30);
     assert_eq!(handled_ns(&recs), (1..11).collect::<Vec<_>>());
     let f = fleet_state(&edge);
     assert_eq!(f["buffered"], 0, "nothing stuck in the buffer: {f}");
@@ -1140,19 +1155,13 @@ fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handl
     });
     let pid = started["pid"].as_u64().unwrap();
     let victim = if started["w"] == "wa" { &mut a } else { &mut b };
-    signal(victim.child.id(), libc::SIGKILL);
-    let _ = victim.child.wait();
+    victim.sigkill();
     poll(
         Duration::from_secs(10),
         "the handler process to die with its worker",
         || (!alive(pid)).then_some(()),
     );
-    let letter = poll(Duration::from_secs(30), "the dead letter", || {
-        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "once"]);
-        assert_eq!(code, 0, "{out}");
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    let letter = wait_dead_letter(&nats, "once", 30);
     assert_eq!(letter["envelope"]["context"]["n"], 5, "{letter}");
     assert_eq!(letter["deliveries"], 1, "{letter}");
     assert!(
@@ -1176,21 +1185,12 @@ fn a_broker_back_with_an_empty_store_loses_nothing() {
     };
     let (status, body) = post_batch(&edge, 0..16, json!({}));
     assert_eq!(status, 202, "{body}");
-    poll(Duration::from_secs(30), "16 events handled", || {
-        (records(&hooks, "amnesia").len() >= 16).then_some(())
-    });
+    wait_records(&hooks, "amnesia", 16, 30);
     nats.kill_and_wipe();
     nats.restart();
     let (status, body) = post_batch(&edge, 16..32, json!({}));
     assert_eq!(status, 202, "{body}");
-    let recs = poll(
-        Duration::from_secs(60),
-        "the 16 events after the restart",
-        || {
-            let r = records(&hooks, "amnesia");
-            (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 32).then_some(r)
-        },
-    );
+    let recs = wait_distinct(&hooks, "amnesia", 32, 60);
     let unique: HashSet<u64> = handled_ns(&recs).into_iter().collect();
     assert_eq!(unique, (0..32).collect::<HashSet<_>>());
 }
@@ -1217,15 +1217,10 @@ fn events_waiting_in_the_local_queue_are_not_redelivered() {
         .unwrap()
         .replace("timeout: 120", "timeout: 2");
     std::fs::write(&yaml, text).unwrap();
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "queued", &["wa"]);
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["queued"]);
     let (status, body) = post_batch(&edge, 0..8, json!({"pause": 1.0}));
     assert_eq!(status, 202, "{body}");
-    let recs = poll(Duration::from_secs(60), "8 events handled", || {
-        let r = records(&hooks, "queued");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 8).then_some(r)
-    });
+    let recs = wait_distinct(&hooks, "queued", 8, 60);
     // A little longer: a false redelivery would show as a second record.
     std::thread::sleep(Duration::from_secs(3));
     let recs2 = records(&hooks, "queued");
@@ -1250,21 +1245,11 @@ fn credentials_in_the_url_are_used_and_never_shown() {
     let hooks = Hooks::new();
     recording_hook(&hooks, "authed", r#"["agent:*"]"#, "");
     let url = format!("nats://hooks:s3cr3t-pw@127.0.0.1:{}", nats.port);
-    let mut cmd = Command::new(bin());
-    cmd.arg("worker")
-        .args(["--fleet", &url])
-        .arg("--hooks-dir")
-        .arg(hooks.root())
-        .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
-        .args(FAST);
-    let w = Serve::spawn(cmd, &hooks);
-    let edge = edge(&hooks, &url, &[]);
-    wait_for_fleet(&edge, "authed", &["wa"]);
+    let w = worker_at(&hooks, &url, "wa", FAST);
+    let edge = edge_serving(&hooks, &url, &[], &["authed"], &["wa"]);
     let (status, _) = post_batch(&edge, 0..3, json!({}));
     assert_eq!(status, 202);
-    poll(Duration::from_secs(30), "3 events handled", || {
-        (records(&hooks, "authed").len() >= 3).then_some(())
-    });
+    wait_records(&hooks, "authed", 3, 30);
     for (what, text) in [
         ("/v1/hooks", edge.get("/v1/hooks").1.to_string()),
         ("/readyz", edge.get("/readyz").1.to_string()),
@@ -1295,19 +1280,9 @@ fn shutdown_with_the_broker_down_is_bounded_by_the_drain_timeout() {
     };
     let hooks = Hooks::new();
     recording_hook(&hooks, "any", r#"["agent:*"]"#, "");
-    let mut w = {
-        let mut cmd = Command::new(bin());
-        cmd.arg("worker")
-            .args(["--fleet", &nats.url()])
-            .arg("--hooks-dir")
-            .arg(hooks.root())
-            .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
-            .args(["--drain-timeout", "2"])
-            .args(FAST);
-        Serve::spawn(cmd, &hooks)
-    };
-    let mut edge = edge(&hooks, &nats.url(), &["--drain-timeout", "2"]);
-    wait_for_fleet(&edge, "any", &["wa"]);
+    let drain = ["--drain-timeout", "2"];
+    let mut w = worker_with(&hooks, &nats, "wa", &fast_and(&drain));
+    let mut edge = edge_serving(&hooks, &nats.url(), &drain, &["any"], &["wa"]);
     nats.kill();
     let (status, _) = post_batch(&edge, 0..5, json!({}));
     assert_eq!(status, 202);
@@ -1333,9 +1308,8 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
     };
     let hooks = Hooks::new();
     recording_hook(&hooks, "early", r#"["agent:*"]"#, "concurrency: 8\n");
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = Arc::new(edge(&hooks, &nats.url(), &[]));
-    wait_for_fleet(&edge, "early", &["wa"]);
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["early"]);
+    let edge = Arc::new(edge);
     let installed = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let sender = {
@@ -1355,15 +1329,11 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
             after
         })
     };
-    poll(Duration::from_secs(30), "events flowing", || {
-        (records(&hooks, "early").len() >= 20).then_some(())
-    });
+    wait_records(&hooks, "early", 20, 30);
     recording_hook(&hooks, "late", r#"["agent:*"]"#, "concurrency: 8\n");
     installed.store(true, Ordering::SeqCst);
     wait_for_fleet(&edge, "late", &["wa"]);
-    poll(Duration::from_secs(30), "the new hook running", || {
-        (records(&hooks, "late").len() >= 20).then_some(())
-    });
+    wait_records(&hooks, "late", 20, 30);
     stop.store(true, Ordering::Relaxed);
     let after = sender.join().unwrap();
     let recs = poll(
@@ -1431,28 +1401,19 @@ fn collect_names_a_hook_whose_worker_is_gone() {
         r#"["message:pre_route"]"#,
         "def handle(event, context):\n    return {\"ok\": True}\n",
     );
-    let mut w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "decider", &["wa"]);
-    signal(w.child.id(), libc::SIGKILL);
-    let _ = w.child.wait();
+    let (mut w, edge) = worker_and_edge(&hooks, &nats, &["decider"]);
+    w.sigkill();
     // The worker is forgotten after three silent intervals; the hook stays, with no worker.
     poll(
         Duration::from_secs(30),
         "the worker to leave the view",
         || (fleet_state(&edge)["workers"].as_array()?.is_empty()).then_some(()),
     );
-    let (_, v) = edge.get("/v1/hooks");
-    let h = v["hooks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["name"] == "decider")
-        .cloned();
+    let h = fleet_hook(&edge, "decider");
     assert_eq!(
         h.as_ref().map(|h| h["status"].clone()),
         Some(json!("no_worker")),
-        "{v}"
+        "{h:?}"
     );
     let (status, v) = edge.post(
         "/v1/collect",
@@ -1489,18 +1450,11 @@ fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
     );
     let (status, body) = post_batch(&edge, 0..300, json!({"pause": 0.01}));
     assert_eq!(status, 202, "{body}");
-    let first = poll(Duration::from_secs(30), "some events handled", || {
-        let r = records(&hooks, "strict");
-        (r.len() >= 40).then_some(r)
-    });
+    let first = wait_records(&hooks, "strict", 40, 30);
     let holder = first[0]["w"].as_str().unwrap().to_string();
     let victim = if holder == "wa" { &mut a } else { &mut b };
-    signal(victim.child.id(), libc::SIGKILL);
-    let _ = victim.child.wait();
-    let recs = poll(Duration::from_secs(90), "300 events handled", || {
-        let r = records(&hooks, "strict");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 300).then_some(r)
-    });
+    victim.sigkill();
+    let recs = wait_distinct(&hooks, "strict", 300, 90);
     let by_holder = recs.iter().filter(|r| r["w"] == holder.as_str()).count();
     assert!(
         by_holder < 300,
@@ -1529,12 +1483,8 @@ fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
     };
     let (status, _) = post_batch(&edge, 0..3, json!({}));
     assert_eq!(status, 202);
-    let metrics = |s: &Serve| {
-        let (_, _, b) = crate::util::http(&s.addr, "GET", "/metrics", &[], b"");
-        String::from_utf8_lossy(&b).to_string()
-    };
     let exposition = poll(Duration::from_secs(30), "both /metrics complete", || {
-        let (e, w) = (metrics(&edge), metrics(&w));
+        let (e, w) = (edge.metrics(), w.metrics());
         (e.contains("hermes_hooks_fleet_dead_letters")
             && w.contains("hermes_hooks_fleet_worker_acked_total{hook=\"counted\"} 3"))
         .then_some(e + &w)
@@ -1572,29 +1522,14 @@ fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
     let hooks = Hooks::new();
     recording_hook(&hooks, "doomed", r#"["agent:*"]"#, "retries: 0\n");
     recording_hook(&hooks, "keeper", r#"["agent:*"]"#, "");
-    let w = {
-        let mut cmd = Command::new(bin());
-        cmd.arg("worker")
-            .args(["--fleet", &nats.url()])
-            .arg("--hooks-dir")
-            .arg(hooks.root())
-            .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
-            .args(["--consumer-grace", "0"])
-            .args(FAST);
-        Serve::spawn(cmd, &hooks)
-    };
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "doomed", &["wa"]);
+    let w = worker_with(&hooks, &nats, "wa", &fast_and(&["--consumer-grace", "0"]));
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["doomed"], &["wa"]);
     let (status, _) = edge.post(
         "/v1/events",
         &json!({"event": "agent:start", "context": {"n": 1, "poison": true}}),
     );
     assert_eq!(status, 202);
-    poll(Duration::from_secs(30), "the dead letter", || {
-        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "doomed"]);
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    wait_dead_letter(&nats, "doomed", 30);
     std::fs::remove_dir_all(hooks.root().join("doomed")).unwrap();
     poll(Duration::from_secs(30), "the consumer deleted", || {
         w.log()
@@ -1640,9 +1575,7 @@ fn logs_in_and_runs_three_events(
     wait_for_fleet(&edge, hook, &[id]);
     let (status, _) = post_batch(&edge, 0..3, json!({}));
     assert_eq!(status, 202);
-    poll(Duration::from_secs(30), "3 events handled", || {
-        (records(hooks, hook).len() >= 3).then_some(())
-    });
+    wait_records(hooks, hook, 3, 30);
     assert!(
         !w.log().contains(secret) && !edge.log().contains(secret),
         "the secret is never logged"
@@ -1802,9 +1735,7 @@ fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
             ),
         ],
     );
-    let _w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "slow", &["wa"]);
+    let (_w, edge) = worker_and_edge(&hooks, &nats, &["slow"]);
     // Five collects at once with a deadline far shorter than one call: the first runs, the
     // others wait in the hook's queue behind it and are given up by their callers.
     let edge = Arc::new(edge);
@@ -1876,18 +1807,11 @@ fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
     );
     recording_hook(&hooks, "backup", r#"["agent:*"]"#, "");
     std::fs::write(hooks.out().join("backup.fixed"), "").unwrap();
-    let w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "mailer-v1", &["wa"]);
-    wait_for_fleet(&edge, "backup", &["wa"]);
+    let (w, edge) = worker_and_edge(&hooks, &nats, &["mailer-v1", "backup"]);
     post_one(&edge, "agent:step", json!({"n": 100, "poison": true}));
     let (status, _) = post_batch(&edge, 0..3, json!({}));
     assert_eq!(status, 202);
-    let letter = poll(Duration::from_secs(30), "the dead letter", || {
-        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "mailer-v1"]);
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    let letter = wait_dead_letter(&nats, "mailer-v1", 30);
     assert_eq!(letter["hook_id"], "mailer", "{letter}");
     poll(Duration::from_secs(30), "0..3 handled", || {
         let ns: HashSet<u64> = handled_ns(&records(&hooks, "mailer-v1"))
@@ -1900,15 +1824,7 @@ fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
     let (status, v) = post_batch(&edge, 3..8, json!({}));
     assert_eq!(status, 202, "{v}");
     // Renamed: the directory moves and `name:` follows; `id:` stays.
-    let old = hooks.root().join("mailer-v1");
-    let new = hooks.root().join("mailer-v2");
-    std::fs::rename(&old, &new).unwrap();
-    let yaml = std::fs::read_to_string(new.join("HOOK.yaml")).unwrap();
-    std::fs::write(
-        new.join("HOOK.yaml"),
-        yaml.replace("name: mailer-v1", "name: mailer-v2"),
-    )
-    .unwrap();
+    rename_hook(&hooks, "mailer-v1", "mailer-v2");
     let _w = worker(&hooks, &nats, "wb");
     wait_for_fleet(&edge, "mailer-v2", &["wb"]);
     // (The handler still writes to mailer-v1.jsonl: its file name is in its code.)
@@ -1938,11 +1854,7 @@ fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
     // `--to`: a letter of the renamed hook, replayed into another hook.
     std::fs::remove_file(hooks.out().join("mailer-v1.fixed")).unwrap();
     post_one(&edge, "agent:step", json!({"n": 200, "poison": true}));
-    poll(Duration::from_secs(30), "the second dead letter", || {
-        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "mailer-v2"]);
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    wait_dead_letter(&nats, "mailer-v2", 30);
     let (code, out) = dead_cmd(&nats, &["replay", "--all", "--to", "nosuch"]);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("nosuch") && out.contains("kept"), "{out}");
@@ -2007,9 +1919,7 @@ fn rolling_update_on(bin: PathBuf) {
         (w1.log().matches("lease taken").count() >= 2).then_some(())
     });
     let _w2 = worker(&new, &nats, "w2");
-    let edge = edge(&old, &nats.url(), &[]);
-    wait_for_fleet(&edge, "multi", &["w1", "w2"]);
-    wait_for_fleet(&edge, "single", &["w1", "w2"]);
+    let edge = edge_serving(&old, &nats.url(), &[], &["multi", "single"], &["w1", "w2"]);
     let names = ["a:x", "b:y", "c:z", "a:w"];
     let events: Vec<Value> = (0..60u64)
         .map(|n| json!({"event": names[n as usize % 4], "context": {"n": n}}))
@@ -2074,20 +1984,9 @@ fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
     // some subjects gets a lower bound).
     recording_hook(&hooks, "slowpoke", r#"["agent:s*"]"#, "");
     let small = ["--stream-max-bytes", "65536"];
-    let start_worker = || {
-        let mut cmd = Command::new(bin());
-        cmd.arg("worker")
-            .args(["--fleet", &nats.url()])
-            .arg("--hooks-dir")
-            .arg(hooks.root())
-            .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
-            .args(small)
-            .args(FAST);
-        Serve::spawn(cmd, &hooks)
-    };
+    let start_worker = || worker_with(&hooks, &nats, "wa", &fast_and(&small));
     let w = start_worker();
-    let edge = edge(&hooks, &nats.url(), &small);
-    wait_for_fleet(&edge, "slowpoke", &["wa"]);
+    let edge = edge_serving(&hooks, &nats.url(), &small, &["slowpoke"], &["wa"]);
     // The edge has looked at the stream since the hook's consumer exists.
     poll(
         Duration::from_secs(30),
@@ -2114,8 +2013,7 @@ fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
         discarded > total / 2,
         "a 64 KiB stream keeps few: {discarded}"
     );
-    let (_, _, metrics) = crate::util::http(&edge.addr, "GET", "/metrics", &[], b"");
-    let metrics = String::from_utf8_lossy(&metrics);
+    let metrics = edge.metrics();
     assert!(
         metrics.contains(&format!(
             "hermes_hooks_fleet_hook_discarded_total{{hook=\"slowpoke\"}} {lost}"
@@ -2189,8 +2087,7 @@ fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again()
     copy_dir(&kept, &obs(nats.store.path()));
     nats.restart();
     let (_, _, m) = poll(Duration::from_secs(60), "the replays counted", || {
-        let (_, _, b) = crate::util::http(&w.addr, "GET", "/metrics", &[], b"");
-        let m = String::from_utf8_lossy(&b).to_string();
+        let m = w.metrics();
         let count = |name: &str| {
             m.lines()
                 .find(|l| {
@@ -2235,15 +2132,11 @@ fn a_killed_lease_holder_loses_no_event_it_held() {
             })
         })
         .collect();
-    let first = poll(Duration::from_secs(60), "50 events handled", || {
-        let r = records(&hooks, "held");
-        (r.len() >= 50).then_some(r)
-    });
+    let first = wait_records(&hooks, "held", 50, 60);
     let holder = first[0]["w"].as_str().unwrap().to_string();
     // While events still arrive: the holder's pending events' ack waits then differ.
     let (mut victim, _other) = if holder == "wa" { (a, b) } else { (b, a) };
-    signal(victim.child.id(), libc::SIGKILL);
-    let _ = victim.child.wait();
+    victim.sigkill();
     for p in posters {
         p.join().unwrap();
     }
@@ -2303,12 +2196,11 @@ fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
     });
     let holder = first["w"].as_str().unwrap().to_string();
     let (mut victim, _other) = if holder == "wa" { (a, b) } else { (b, a) };
-    signal(victim.child.id(), libc::SIGKILL);
     let killed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
-    let _ = victim.child.wait();
+    victim.sigkill();
     let resumed = poll(Duration::from_secs(60), "the standby to resume", || {
         records(&hooks, "quick")
             .into_iter()
@@ -2348,8 +2240,7 @@ fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
         worker_with(&hooks, &nats, "wa", &opts),
         worker_with(&hooks, &nats, "wb", &opts),
     ];
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "long", &["wa", "wb"]);
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["long"], &["wa", "wb"]);
     let (status, v) = post_batch(&edge, 0..60, json!({"pause": 0.5}));
     assert_eq!(status, 202, "{v}");
     let paused = hooks.out().join("long.paused");
@@ -2391,24 +2282,12 @@ fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repea
         r#"["agent:step"]"#,
         "id: mover\nqueue: {capacity: 16}\n",
     );
-    let w = worker(&hooks, &nats, "wa");
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "mover-v1", &["wa"]);
+    let (w, edge) = worker_and_edge(&hooks, &nats, &["mover-v1"]);
     let n = 400u64;
     let (status, v) = post_batch(&edge, 0..n, json!({"pause": 0.01}));
     assert_eq!(status, 202, "{v}");
-    poll(Duration::from_secs(60), "50 events handled", || {
-        (records(&hooks, "mover-v1").len() >= 50).then_some(())
-    });
-    let old = hooks.root().join("mover-v1");
-    let new = hooks.root().join("mover-v2");
-    std::fs::rename(&old, &new).unwrap();
-    let yaml = std::fs::read_to_string(new.join("HOOK.yaml")).unwrap();
-    std::fs::write(
-        new.join("HOOK.yaml"),
-        yaml.replace("name: mover-v1", "name: mover-v2"),
-    )
-    .unwrap();
+    wait_records(&hooks, "mover-v1", 50, 60);
+    rename_hook(&hooks, "mover-v1", "mover-v2");
     // The handler file is the same: it still writes mover-v1.jsonl.
     let recs = wait_for_all(&hooks, "mover-v1", n, Duration::from_secs(90));
     assert!(

@@ -302,6 +302,18 @@ impl Serve {
         })
     }
 
+    /// The `/metrics` exposition, as text.
+    pub fn metrics(&self) -> String {
+        let (_, _, b) = http(&self.addr, "GET", "/metrics", &[], b"");
+        String::from_utf8_lossy(&b).to_string()
+    }
+
+    /// SIGKILL (no chance to stop its workers or acknowledge anything), and reap.
+    pub fn sigkill(&mut self) {
+        signal(self.child.id(), libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits for exit, returning the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         signal(self.child.id(), libc::SIGTERM);
