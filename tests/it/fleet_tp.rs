@@ -4,37 +4,23 @@
 //! ordered hook across a killed worker (nothing acknowledged that did not run).
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::fleet::{
-    NatsServer, assert_duplicates_are_redeliveries, dead_cmd, edge, handled_ns, post_batch,
-    recording_hook, records, wait_for_fleet,
+    NatsServer, assert_duplicates_are_redeliveries, dead_cmd, edge_serving, fleet_hook, handled_ns,
+    post_batch, recording_hook, records, wait_dead_letter, wait_distinct, wait_for_fleet,
+    wait_records, worker_with,
 };
-use crate::util::{Hooks, Serve, bin, poll, read_jsonl};
+use crate::util::{Hooks, Serve, poll, read_jsonl};
 
 /// A worker whose first retry waits `backoff_ms` (the second twice that).
 fn slow_retry_worker(hooks: &Hooks, nats: &NatsServer, id: &str, backoff_ms: u64) -> Serve {
-    let mut cmd = Command::new(bin());
-    cmd.arg("worker")
-        .args(["--fleet", &nats.url()])
-        .arg("--hooks-dir")
-        .arg(hooks.root())
-        .args(["--listen", "127.0.0.1:0", "--worker-id", id])
-        .args(["--ack-wait", "2", "--status-interval-ms", "100"])
-        .args(["--retry-backoff-ms", &backoff_ms.to_string()])
-        .env("TEST_WORKER", id);
-    Serve::spawn(cmd, hooks)
-}
-
-fn fleet_hook(edge: &Serve, name: &str) -> Value {
-    let (_, v) = edge.get("/v1/hooks");
-    v["hooks"]
-        .as_array()
-        .and_then(|a| a.iter().find(|h| h["name"] == name).cloned())
-        .unwrap_or(Value::Null)
+    let backoff = backoff_ms.to_string();
+    let opts = ["--ack-wait", "2", "--status-interval-ms", "100"];
+    let opts = [&opts[..], &["--retry-backoff-ms", &backoff]].concat();
+    worker_with(hooks, nats, id, &opts)
 }
 
 #[test]
@@ -48,8 +34,7 @@ fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_the
     // back to the broker would be acknowledged by the next one's acknowledgement.
     recording_hook(&hooks, "fragile", r#"["agent:*"]"#, "retries: 2\n");
     let _w = slow_retry_worker(&hooks, &nats, "wa", 1500);
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "fragile", &["wa"]);
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["fragile"], &["wa"]);
     let (status, _) = edge.post(
         "/v1/events",
         &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
@@ -58,12 +43,7 @@ fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_the
     let (status, body) = post_batch(&edge, 1..21, json!({}));
     assert_eq!(status, 202, "{body}");
 
-    let letter = poll(Duration::from_secs(60), "the dead letter", || {
-        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "fragile"]);
-        assert_eq!(code, 0, "{out}");
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    let letter = wait_dead_letter(&nats, "fragile", 60);
     assert_eq!(
         letter["deliveries"], 3,
         "retries: 2 = three deliveries: {letter}"
@@ -104,7 +84,7 @@ fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_the
     );
 
     let fragile = poll(Duration::from_secs(10), "the counters", || {
-        let h = fleet_hook(&edge, "fragile");
+        let h = fleet_hook(&edge, "fragile")?;
         (h["fleet"]["dead"] == 1).then_some(h)
     });
     assert_eq!(fragile["fleet"]["retried"], 2, "{fragile}");
@@ -152,8 +132,7 @@ fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
     );
     let _a = slow_retry_worker(&hooks, &nats, "wa", 300);
     let _b = slow_retry_worker(&hooks, &nats, "wb", 300);
-    let edge = edge(&hooks, &nats.url(), &[]);
-    wait_for_fleet(&edge, "wide", &["wa", "wb"]);
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["wide"], &["wa", "wb"]);
     let (status, _) = edge.post(
         "/v1/events",
         &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
@@ -161,12 +140,7 @@ fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
     assert_eq!(status, 202);
     let (status, body) = post_batch(&edge, 1..41, json!({}));
     assert_eq!(status, 202, "{body}");
-    let letter = poll(Duration::from_secs(60), "the dead letter", || {
-        let (code, out) = dead_cmd(&nats, &["list", "--json", "--hook", "wide"]);
-        assert_eq!(code, 0, "{out}");
-        out.lines()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok())
-    });
+    let letter = wait_dead_letter(&nats, "wide", 60);
     assert_eq!(
         letter["deliveries"], 2,
         "retries: 1 = two deliveries: {letter}"
@@ -176,10 +150,7 @@ fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
     assert_eq!(d, vec![1, 2], "{failed:?}");
     let t = |r: &Value| r["t"].as_f64().unwrap();
     assert!(t(&failed[1]) - t(&failed[0]) >= 0.25, "{failed:?}");
-    let ok = poll(Duration::from_secs(30), "the other 40 handled", || {
-        let r = records(&hooks, "wide");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 40).then_some(r)
-    });
+    let ok = wait_distinct(&hooks, "wide", 40, 30);
     assert_duplicates_are_redeliveries(&ok);
 }
 
@@ -227,10 +198,7 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
     let (status, body) = post_batch(&edge, 0..300, json!({}));
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["state"], "stored", "{body}");
-    let recs = poll(Duration::from_secs(30), "300 events handled", || {
-        let r = records(&hooks, "bundled");
-        (r.len() >= 300).then_some(r)
-    });
+    let recs = wait_records(&hooks, "bundled", 300, 30);
     assert_eq!(
         handled_ns(&recs),
         (0..300).collect::<Vec<_>>(),
@@ -249,20 +217,21 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
     let big = "x".repeat(40_000);
     let (status, body) = post_batch(&edge, 300..303, json!({"big": big}));
     assert_eq!(status, 202, "{body}");
-    poll(Duration::from_secs(30), "303 events handled", || {
-        (records(&hooks, "bundled").len() >= 303).then_some(())
-    });
+    wait_records(&hooks, "bundled", 303, 30);
     assert_eq!(stream_messages(&nats) - before, 3, "one message each");
 
     // An edge told `--fleet-bundle 1` sends each event alone.
-    let single = crate::fleet::edge(&hooks, &nats.url(), &["--fleet-bundle", "1"]);
-    wait_for_fleet(&single, "bundled", &["wa"]);
+    let single = edge_serving(
+        &hooks,
+        &nats.url(),
+        &["--fleet-bundle", "1"],
+        &["bundled"],
+        &["wa"],
+    );
     let before = stream_messages(&nats);
     let (status, body) = post_batch(&single, 303..308, json!({}));
     assert_eq!(status, 202, "{body}");
-    poll(Duration::from_secs(30), "308 events handled", || {
-        (records(&hooks, "bundled").len() >= 308).then_some(())
-    });
+    wait_records(&hooks, "bundled", 308, 30);
     assert_eq!(stream_messages(&nats) - before, 5, "one message each");
 
     // A worker of an older version says nothing of bundles: events go alone again.
@@ -292,10 +261,7 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
     let before = stream_messages(&nats);
     let (status, body) = post_batch(&edge, 308..318, json!({}));
     assert_eq!(status, 202, "{body}");
-    let recs = poll(Duration::from_secs(30), "318 events handled", || {
-        let r = records(&hooks, "bundled");
-        (r.len() >= 318).then_some(r)
-    });
+    let recs = wait_records(&hooks, "bundled", 318, 30);
     assert_eq!(stream_messages(&nats) - before, 10, "ten messages");
     let last: Vec<Value> = recs.into_iter().skip(303).collect();
     assert!(
@@ -322,19 +288,14 @@ fn a_worker_stopped_mid_bundle_runs_what_it_was_delivered_and_order_holds() {
     // Three bundles; at most four events in the hook's local queue at once, the rest waits.
     let (status, body) = post_batch(&edge, 0..300, json!({"pause": 0.005}));
     assert_eq!(status, 202, "{body}");
-    poll(Duration::from_secs(30), "a few events handled", || {
-        (records(&hooks, "steady").len() >= 5).then_some(())
-    });
+    wait_records(&hooks, "steady", 5, 30);
     wa.terminate();
     let by_a = records(&hooks, "steady").len();
     let _wb = crate::fleet::worker(&hooks, &nats, "wb");
     wait_for_fleet(&edge, "steady", &["wb"]);
     let (status, body) = post_batch(&edge, 300..400, json!({}));
     assert_eq!(status, 202, "{body}");
-    let recs = poll(Duration::from_secs(60), "400 events handled", || {
-        let r = records(&hooks, "steady");
-        (handled_ns(&r).into_iter().collect::<HashSet<_>>().len() >= 400).then_some(r)
-    });
+    let recs = wait_distinct(&hooks, "steady", 400, 60);
     assert_eq!(
         handled_ns(&recs),
         (0..400).collect::<Vec<_>>(),
