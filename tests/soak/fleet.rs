@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -127,6 +128,9 @@ impl Broker {
     }
 }
 
+/// The phase's two workers.
+const IDS: [&str; 2] = ["wa", "wb"];
+
 fn worker(hooks: &Hooks, url: &str, id: &str) -> Serve {
     let mut cmd = Command::new(bin());
     cmd.arg("worker")
@@ -145,6 +149,41 @@ fn edge(hooks: &Hooks, url: &str) -> Serve {
         .args(["--fleet", url, "--gateway-id", "gw-soak"])
         .args(["--listen", "127.0.0.1:0"]);
     Serve::spawn(cmd, hooks)
+}
+
+/// Workers [`IDS`] and an edge on `url`, once the edge lists hook `name` with both.
+fn soak_fleet(hooks: &Hooks, url: &str, name: &str) -> (Vec<Serve>, Serve) {
+    let workers = IDS.iter().map(|id| worker(hooks, url, id)).collect();
+    let front = edge(hooks, url);
+    served_by_both(&front, name);
+    (workers, front)
+}
+
+/// The load: [`client`] on a thread, posting to the address in the returned cell (whoever
+/// restarts the edge puts the new one there) until the returned flag is set; joined, it gives
+/// what the client was told.
+fn start_load(front: &Serve) -> (Arc<Mutex<String>>, Arc<AtomicBool>, JoinHandle<Told>) {
+    let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (edge_addr, stop) = (edge_addr.clone(), stop.clone());
+        std::thread::spawn(move || client(edge_addr, stop))
+    };
+    (edge_addr, stop, load)
+}
+
+/// Stops the edge, the workers and the broker, then SIGKILLs the handler processes a killed
+/// worker left behind (its Python workers have no parent-death signal), so that the phase
+/// leaves nothing running; returns how many there were.
+fn tear_down(front: Serve, workers: Vec<Serve>, broker: Broker, hooks: &Hooks) -> usize {
+    drop(front);
+    drop(workers);
+    drop(broker);
+    let orphans = super::wait_gone(|| handler_processes(&hooks.home()));
+    for pid in &orphans {
+        signal(*pid, libc::SIGKILL);
+    }
+    orphans.len()
 }
 
 /// What the client was told.
@@ -223,16 +262,8 @@ fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
     let out = hooks.out().join("rec.jsonl");
     soak_recorder(&hooks, "rec", &out, "");
     let url = broker.url();
-    let ids = ["wa", "wb"];
-    let mut workers: Vec<Serve> = ids.iter().map(|id| worker(&hooks, &url, id)).collect();
-    let mut front = edge(&hooks, &url);
-    served_by_both(&front, "rec");
-    let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = {
-        let (edge_addr, stop) = (edge_addr.clone(), stop.clone());
-        std::thread::spawn(move || client(edge_addr, stop))
-    };
+    let (mut workers, mut front) = soak_fleet(&hooks, &url, "rec");
+    let (edge_addr, stop, load) = start_load(&front);
 
     let mut rng = Rng::new(seed ^ 0xf1ee7);
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -246,15 +277,13 @@ fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
         let fault = match rng.below(3) {
             0 => {
                 let i = rng.below(2) as usize;
-                signal(workers[i].child.id(), libc::SIGKILL);
-                let _ = workers[i].child.wait();
+                workers[i].sigkill();
                 std::thread::sleep(pause);
-                workers[i] = worker(&hooks, &url, ids[i]);
+                workers[i] = worker(&hooks, &url, IDS[i]);
                 "SIGKILL a worker, restart it"
             }
             1 => {
-                signal(front.child.id(), libc::SIGKILL);
-                let _ = front.child.wait();
+                front.sigkill();
                 front = edge(&hooks, &url);
                 *edge_addr.lock().unwrap() = front.addr.clone();
                 "SIGKILL the edge, restart it"
@@ -346,15 +375,7 @@ fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
         replayed_after_broker_crash += extra.min(replays);
     }
 
-    drop(front);
-    drop(workers);
-    drop(broker);
-    // Handler processes a killed worker left behind (its Python workers have no parent-death
-    // signal): counted, then killed so the phase leaves nothing running.
-    let orphans = super::wait_gone(|| handler_processes(&hooks.home()));
-    for pid in &orphans {
-        signal(*pid, libc::SIGKILL);
-    }
+    let orphans = tear_down(front, workers, broker, &hooks);
     let figures = json!({
         "seed": seed,
         "duration_s": ran.as_secs_f64(),
@@ -374,7 +395,7 @@ fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
         "missing": missing.len(),
         "missing_unreported": unreported.len(),
         "edge_at_end": edge_state,
-        "handler_processes_left": orphans.len(),
+        "handler_processes_left": orphans,
     });
     eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
     super::report("fleet", &figures);
@@ -414,16 +435,8 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
     // Slow enough that the holder always has events waiting in its local queue when killed.
     soak_recorder(&hooks, "ordered", &out, "    time.sleep(0.004)\n");
     let url = broker.url();
-    let ids = ["wa", "wb"];
-    let mut workers: Vec<Serve> = ids.iter().map(|id| worker(&hooks, &url, id)).collect();
-    let front = edge(&hooks, &url);
-    served_by_both(&front, "ordered");
-    let edge_addr = Arc::new(Mutex::new(front.addr.clone()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = {
-        let (edge_addr, stop) = (edge_addr.clone(), stop.clone());
-        std::thread::spawn(move || client(edge_addr, stop))
-    };
+    let (mut workers, front) = soak_fleet(&hooks, &url, "ordered");
+    let (_edge_addr, stop, load) = start_load(&front);
     let mut rng = Rng::new(seed ^ 0x1ea5e);
     let mut kills = 0u64;
     let started = Instant::now();
@@ -439,12 +452,11 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
         else {
             continue;
         };
-        let Some(i) = ids.iter().position(|id| *id == holder) else {
+        let Some(i) = IDS.iter().position(|id| *id == holder) else {
             continue;
         };
-        signal(workers[i].child.id(), libc::SIGKILL);
-        let _ = workers[i].child.wait();
-        workers[i] = worker(&hooks, &url, ids[i]);
+        workers[i].sigkill();
+        workers[i] = worker(&hooks, &url, IDS[i]);
         kills += 1;
     }
     stop.store(true, Ordering::Relaxed);
@@ -493,13 +505,7 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
         .filter(|(_, (times, redelivered))| times - 1 > *redelivered)
         .map(|(n, _)| *n)
         .collect();
-    drop(front);
-    drop(workers);
-    drop(broker);
-    let orphans = super::wait_gone(|| handler_processes(&hooks.home()));
-    for pid in &orphans {
-        signal(*pid, libc::SIGKILL);
-    }
+    tear_down(front, workers, broker, &hooks);
     let figures = json!({
         "seed": seed,
         "duration_s": started.elapsed().as_secs_f64(),
