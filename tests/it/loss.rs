@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hermes_hooks::Host;
-use serde_json::json;
+use hermes_hooks::{Host, Tally};
+use serde_json::{Value, json};
 
 use crate::util::{Hooks, config, poll_async, read_jsonl, signal};
 
@@ -43,6 +43,72 @@ fn held_hook(hooks: &Hooks, name: &str) -> std::path::PathBuf {
     hooks.add(name, &[("HOOK.yaml", &manifest), ("handler.py", &handler)])
 }
 
+/// `Some` once hook `name`'s first event is held by v1 (see [`held_python`], [`held_exec`]).
+fn held_yet(hooks: &Hooks, name: &str) -> Option<()> {
+    hooks
+        .out()
+        .join(format!("{name}.held"))
+        .exists()
+        .then_some(())
+}
+
+/// Waits until hook `name`'s first event is held by v1 (in-process host).
+async fn wait_held(hooks: &Hooks, name: &str) {
+    poll_async(T, "the first event to be held by v1", || {
+        held_yet(hooks, name)
+    })
+    .await;
+}
+
+/// The pid [`held_python`] `name` wrote at import.
+fn held_pid(hooks: &Hooks, name: &str) -> u32 {
+    std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits until hook `name`'s accounts on `host` satisfy `done`; returns them.
+async fn settled(host: &Host, name: &str, done: impl Fn(&Tally) -> bool) -> Tally {
+    poll_async(T, "every event settled", || {
+        let t = *host.accounts().get(name)?;
+        done(&t).then_some(t)
+    })
+    .await
+}
+
+/// What hook `name` recorded: `(n, tag)` per event, in the order they ran.
+fn ran_tags(hooks: &Hooks, name: &str) -> Vec<(u64, String)> {
+    read_jsonl(&hooks.out().join(format!("{name}.jsonl")))
+        .iter()
+        .map(|r: &Value| {
+            (
+                r["n"].as_u64().unwrap_or(0),
+                r["tag"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until all `accepted` events of hook `name` ran or failed, then shuts `host` down;
+/// returns the accounts, the hook's last error (as `{:?}` shows it) and [`ran_tags`].
+async fn settle_and_stop(
+    host: Host,
+    hooks: &Hooks,
+    name: &str,
+    accepted: u64,
+) -> (Tally, String, Vec<(u64, String)>) {
+    let tally = settled(&host, name, |t| {
+        t.accepted == accepted && t.ok + t.failed == t.accepted
+    })
+    .await;
+    let last_error = format!("{:?}", host.hook(name).and_then(|h| h.last_error));
+    let ran = ran_tags(hooks, name);
+    host.shutdown(T).await;
+    (tally, last_error, ran)
+}
+
 fn write_atomic(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp~");
     std::fs::write(&tmp, content).unwrap();
@@ -59,16 +125,8 @@ async fn a_worker_killed_while_an_edit_waits_hands_its_queue_to_the_new_version(
     assert_eq!(report.started, vec![name.to_string()], "{report:?}");
 
     host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
-    let held = hooks.out().join(format!("{name}.held"));
-    poll_async(T, "the first event to be held by v1", || {
-        held.exists().then_some(())
-    })
-    .await;
-    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    wait_held(&hooks, name).await;
+    let pid = held_pid(&hooks, name);
     let queued = 40u64;
     for n in 1..=queued {
         host.emit("job:run", json!({"n": n})).unwrap();
@@ -77,29 +135,13 @@ async fn a_worker_killed_while_an_edit_waits_hands_its_queue_to_the_new_version(
     write_atomic(&dir.join("handler.py"), &held_python(&hooks, name, "v2"));
     signal(pid, libc::SIGKILL);
 
-    let tally = poll_async(T, "every event settled", || {
-        let t = *host.accounts().get(name)?;
-        (t.accepted == queued + 1 && t.ok + t.failed == t.accepted).then_some(t)
-    })
-    .await;
-    let last_error = host.hook(name).and_then(|h| h.last_error);
-    let recs = read_jsonl(&hooks.out().join(format!("{name}.jsonl")));
-    host.shutdown(T).await;
+    let (tally, last_error, ran) = settle_and_stop(host, &hooks, name, queued + 1).await;
     assert_eq!(
         tally.failed, 1,
         "the kill costs the event in flight only, not the queued ones: {tally:?}, last error \
          {last_error:?}"
     );
     assert_eq!(tally.ok, queued, "{tally:?}");
-    let ran: Vec<(u64, String)> = recs
-        .iter()
-        .map(|r| {
-            (
-                r["n"].as_u64().unwrap_or(0),
-                r["tag"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
     let want: Vec<(u64, String)> = (1..=queued).map(|n| (n, "v2".to_string())).collect();
     assert_eq!(
         ran, want,
@@ -136,11 +178,7 @@ async fn an_executable_edited_while_events_wait_runs_them_on_the_new_version() {
     assert_eq!(report.started, vec![name.to_string()], "{report:?}");
 
     host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
-    let held = hooks.out().join(format!("{name}.held"));
-    poll_async(T, "the first event to be held by v1", || {
-        held.exists().then_some(())
-    })
-    .await;
+    wait_held(&hooks, name).await;
     let queued = 20u64;
     for n in 1..=queued {
         host.emit("job:run", json!({"n": n})).unwrap();
@@ -151,27 +189,11 @@ async fn an_executable_edited_while_events_wait_runs_them_on_the_new_version() {
     crate::util::set_mode(&handler, 0o755);
     std::fs::write(hooks.out().join(format!("{name}.gate")), "").unwrap();
 
-    let tally = poll_async(T, "every event settled", || {
-        let t = *host.accounts().get(name)?;
-        (t.accepted == queued + 1 && t.ok + t.failed == t.accepted).then_some(t)
-    })
-    .await;
-    let last_error = host.hook(name).and_then(|h| h.last_error);
-    let recs = read_jsonl(&hooks.out().join(format!("{name}.jsonl")));
-    host.shutdown(T).await;
+    let (tally, last_error, ran) = settle_and_stop(host, &hooks, name, queued + 1).await;
     assert_eq!(
         tally.failed, 0,
         "an edit loses nothing: {tally:?}, last error {last_error:?}"
     );
-    let ran: Vec<(u64, String)> = recs
-        .iter()
-        .map(|r| {
-            (
-                r["n"].as_u64().unwrap_or(0),
-                r["tag"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
     let mut want = vec![(0, "v1".to_string())];
     want.extend((1..=queued).map(|n| (n, "v2".to_string())));
     assert_eq!(
@@ -187,16 +209,8 @@ async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
     let dir = held_hook(&hooks, name);
     let (host, _) = Host::start(config(&hooks)).await;
     host.emit("job:run", json!({"n": 0, "hold": true})).unwrap();
-    let held = hooks.out().join(format!("{name}.held"));
-    poll_async(T, "the first event to be held by v1", || {
-        held.exists().then_some(())
-    })
-    .await;
-    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    wait_held(&hooks, name).await;
+    let pid = held_pid(&hooks, name);
     for n in 1..=10 {
         host.emit("job:run", json!({"n": n})).unwrap();
     }
@@ -204,11 +218,7 @@ async fn with_a_broken_edit_the_waiting_events_fail_together_after_the_bound() {
     signal(pid, libc::SIGKILL);
     let killed = std::time::Instant::now();
 
-    let tally = poll_async(T, "every event settled", || {
-        let t = *host.accounts().get(name)?;
-        (t.ok + t.failed == 11).then_some(t)
-    })
-    .await;
+    let tally = settled(&host, name, |t| t.ok + t.failed == 11).await;
     let waited = killed.elapsed();
     let info = host.hook(name).unwrap();
     host.shutdown(T).await;
@@ -248,15 +258,10 @@ fn waiting_events_that_fail_are_logged_once() {
         &json!({"event": "job:run", "context": {"n": 0, "hold": true}}),
     );
     assert_eq!(status, 202);
-    let held = hooks.out().join(format!("{name}.held"));
     crate::util::poll(T, "the first event to be held by v1", || {
-        held.exists().then_some(())
+        held_yet(&hooks, name)
     });
-    let pid: u32 = std::fs::read_to_string(hooks.out().join(format!("{name}.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = held_pid(&hooks, name);
     for n in 1..=10 {
         let (status, _) = serve.post(
             "/v1/events",
@@ -331,9 +336,8 @@ async fn an_abandoned_local_collect_is_not_run_and_counts_as_dropped() {
         let out = out.unwrap();
         assert!(out.iter().all(|o| o.result.is_err()), "{out:?}");
     }
-    let tally = poll_async(T, "every event settled", || {
-        let t = *host.accounts().get("slow")?;
-        (t.accepted == 4 && t.ok + t.failed + t.dropped == 4).then_some(t)
+    let tally = settled(&host, "slow", |t| {
+        t.accepted == 4 && t.ok + t.failed + t.dropped == 4
     })
     .await;
     host.shutdown(T).await;
