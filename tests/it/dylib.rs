@@ -402,6 +402,34 @@ void hermes_hook_shutdown(void) {{
     )
 }
 
+/// Waits until `log` says library version `version` ran its shutdown ([`versioned`]).
+fn wait_shutdown(log: &Path, version: u32) {
+    poll(T, &format!("version {version}'s shutdown"), || {
+        std::fs::read_to_string(log)
+            .ok()?
+            .contains(&format!("shutdown {version}"))
+            .then_some(())
+    });
+}
+
+/// Waits until `serve`'s `/v1/hooks/<hook>` satisfies `done` (`what` names it); returns it.
+fn wait_info(serve: &Serve, hook: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    poll(T, what, || {
+        let (_, info) = serve.get(&format!("/v1/hooks/{hook}"));
+        done(&info).then_some(info)
+    })
+}
+
+/// Posts six events as one batch (one request: the hook's worker takes them as one batch),
+/// `{"i": 0..6}`, the third `test:slow`, the others `test:fast`.
+fn post_batch_slow_third(serve: &Serve) {
+    let events: Vec<Value> = (0..6)
+        .map(|i| json!({"event": if i == 2 { "test:slow" } else { "test:fast" }, "context": {"i": i}}))
+        .collect();
+    let (s, _) = serve.post("/v1/events/batch", &json!({"events": events}));
+    assert_eq!(s, 202);
+}
+
 #[test]
 fn a_rebuilt_library_at_the_same_path_is_really_reloaded() {
     let hooks = Hooks::new();
@@ -422,26 +450,12 @@ fn a_rebuilt_library_at_the_same_path_is_really_reloaded() {
     // Overwrite the very file in place: the host loaded a private copy, so this is safe and the
     // new content is what loads next (same path, and the same inode).
     cc(&versioned(2, &log), &lib, true);
-    let (status, report) = serve.post("/v1/reload", &json!({}));
-    assert_eq!(status, 200, "{report}");
-    assert!(
-        report["started"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|n| n == "versioned"),
-        "{report}"
-    );
+    serve.reload_lists("started", "versioned");
     poll(T, "the new version to answer", || {
         (one(&serve, "versioned", "test:x", json!({})).ok()? == json!({"version": 2})).then_some(())
     });
     // The old copy ran its shutdown and stays mapped, counted.
-    poll(T, "the old library's shutdown", || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("shutdown 1")
-            .then_some(())
-    });
+    wait_shutdown(&log, 1);
     poll(T, "the retained-library gauge to count it", || {
         (metric(&serve, "hermes_hooks_dylibs_retained")? >= retained_before + 1.0).then_some(())
     });
@@ -498,10 +512,12 @@ int32_t hermes_hook_handle(const uint8_t *ev, size_t n, const uint8_t *c, size_t
 
     // The call returns: the hook resumes with the queued event.
     std::fs::write(&release, "").unwrap();
-    let info = poll(T, "the hook to resume and run the queued event", || {
-        let (_, info) = serve.get("/v1/hooks/slowpoke");
-        (info["status"] == "ready" && info["counters"]["ok"] == 1).then_some(info)
-    });
+    let info = wait_info(
+        &serve,
+        "slowpoke",
+        "the hook to resume and run the queued event",
+        |info| info["status"] == "ready" && info["counters"]["ok"] == 1,
+    );
     assert_eq!(info["queue"]["depth"], 0, "{info}");
     assert_eq!(
         metric(&serve, "hermes_hooks_hook_stuck{hook=\"slowpoke\"}"),
@@ -540,21 +556,17 @@ int32_t hermes_hook_handle(const uint8_t *ev, size_t n, const uint8_t *c, size_t
         ),
     );
     let serve = Serve::start(&hooks, &["--no-watch"]);
-    // One request: the hook's worker takes these events as one batch.
-    let events: Vec<Value> = (0..6)
-        .map(|i| json!({"event": if i == 2 { "test:slow" } else { "test:fast" }, "context": {"i": i}}))
-        .collect();
-    let (s, _) = serve.post("/v1/events/batch", &json!({"events": events}));
-    assert_eq!(s, 202);
-    let info = poll(T, "the slow call to be reported stuck", || {
-        let (_, info) = serve.get("/v1/hooks/batcher");
-        (info["status"] == "stuck").then_some(info)
-    });
+    post_batch_slow_third(&serve);
+    let info = wait_info(
+        &serve,
+        "batcher",
+        "the slow call to be reported stuck",
+        |info| info["status"] == "stuck",
+    );
     assert_eq!(info["counters"]["timeouts"], 1, "{info}");
     std::fs::write(&release, "").unwrap();
-    let info = poll(T, "the rest of the batch", || {
-        let (_, info) = serve.get("/v1/hooks/batcher");
-        (info["counters"]["ok"] == 5 && info["status"] == "ready").then_some(info)
+    let info = wait_info(&serve, "batcher", "the rest of the batch", |info| {
+        info["counters"]["ok"] == 5 && info["status"] == "ready"
     });
     assert_eq!(
         info["counters"]["failed"], 1,
@@ -591,12 +603,7 @@ fn a_rebuilt_library_is_picked_up_by_the_watcher() {
     poll(T, "the rebuilt library to answer", || {
         (one(&serve, "watched", "test:x", json!({})).ok()? == json!({"version": 2})).then_some(())
     });
-    poll(T, "the old copy's shutdown", || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("shutdown 1")
-            .then_some(())
-    });
+    wait_shutdown(&log, 1);
 }
 
 /// C source of a batch hook that logs `v<version> <i>` per call and blocks on `test:slow` until
@@ -635,32 +642,24 @@ fn a_reload_while_a_batch_is_stuck_delivers_every_event_exactly_once() {
     let lib = dir.join("handler.so");
     cc(&blocking_logger(1, &log, &release), &lib, false);
     let serve = Serve::start(&hooks, &["--no-watch"]);
-    let events: Vec<Value> = (0..6)
-        .map(|i| json!({"event": if i == 2 { "test:slow" } else { "test:fast" }, "context": {"i": i}}))
-        .collect();
-    let (s, _) = serve.post("/v1/events/batch", &json!({"events": events}));
-    assert_eq!(s, 202);
-    poll(T, "the batch to be stuck on its slow call", || {
-        let (_, info) = serve.get("/v1/hooks/reloader");
-        (info["status"] == "stuck").then_some(())
-    });
+    post_batch_slow_third(&serve);
+    wait_info(
+        &serve,
+        "reloader",
+        "the batch to be stuck on its slow call",
+        |info| info["status"] == "stuck",
+    );
     // A new version while the old one is stuck in the middle of its batch.
     cc(&blocking_logger(2, &log, &release), &lib, false);
-    let (status, report) = serve.post("/v1/reload", &json!({}));
-    assert_eq!(status, 200, "{report}");
-    assert!(
-        report["started"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|n| n == "reloader"),
-        "the changed library must start a new version: {report}"
-    );
+    serve.reload_lists("started", "reloader");
     std::fs::write(&release, "").unwrap();
-    let info = poll(T, "every event to be settled", || {
-        let (_, info) = serve.get("/v1/hooks/reloader");
+    let info = wait_info(&serve, "reloader", "every event to be settled", |info| {
         let c = &info["counters"];
-        (c["ok"].as_u64()? + c["failed"].as_u64()? == 6).then_some(info)
+        c["ok"]
+            .as_u64()
+            .zip(c["failed"].as_u64())
+            .map(|(o, f)| o + f)
+            == Some(6)
     });
     assert_eq!(
         (

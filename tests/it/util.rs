@@ -302,6 +302,20 @@ impl Serve {
         })
     }
 
+    /// Asks for a reload (`POST /v1/reload`, 200 expected) and checks that its report lists
+    /// `hook` under `key` (`started`, `stopped`, ...); returns the report.
+    pub fn reload_lists(&self, key: &str, hook: &str) -> Value {
+        let (status, report) = self.post("/v1/reload", &serde_json::json!({}));
+        assert_eq!(status, 200, "{report}");
+        assert!(
+            report[key]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|n| n == hook)),
+            "the reload's report does not list {hook} as {key}: {report}"
+        );
+        report
+    }
+
     /// The `/metrics` exposition, as text.
     pub fn metrics(&self) -> String {
         let (_, _, b) = http(&self.addr, "GET", "/metrics", &[], b"");
