@@ -115,35 +115,33 @@ fn overflow_log_lines_keep_coming_after_a_reload() {
     std::fs::write(&rel, "").unwrap();
 }
 
+/// The service on `hooks` (no watcher, JSON notices, `--drain-timeout drain`) with three
+/// `test:block` events posted (see [`blocker`]: the first blocks, two wait).
+fn serve_three_blocks(hooks: &Hooks, drain: &str) -> Serve {
+    let serve = Serve::start(
+        hooks,
+        &["--no-watch", "--output", "json", "--drain-timeout", drain],
+    );
+    for _ in 0..3 {
+        let (s, _) = serve.post("/v1/events", &json!({"event": "test:block"}));
+        assert_eq!(s, 202);
+    }
+    serve
+}
+
 #[test]
 fn shutdown_waits_for_and_counts_a_removed_hooks_calls() {
     let hooks = Hooks::new();
     let (pid, rel) = (hooks.out().join("pid"), hooks.out().join("release"));
     let dir = hooks.python("goner", "[\"test:*\"]", &blocker(&pid, &rel, "v1"));
     hooks.recorder("stayer", "[\"test:*\"]", "None");
-    let mut serve = Serve::start(
-        &hooks,
-        &["--no-watch", "--output", "json", "--drain-timeout", "0.5"],
-    );
-    for _ in 0..3 {
-        let (s, _) = serve.post("/v1/events", &json!({"event": "test:block"}));
-        assert_eq!(s, 202);
-    }
+    let mut serve = serve_three_blocks(&hooks, "0.5");
     poll(T, "the first call to block", || pid.exists().then_some(()));
     let worker: i32 = poll(T, "the worker pid", || {
         std::fs::read_to_string(&pid).ok()?.trim().parse().ok()
     });
     std::fs::remove_dir_all(&dir).unwrap();
-    let (s, report) = serve.post("/v1/reload", &json!({}));
-    assert_eq!(s, 200, "{report}");
-    assert!(
-        report["stopped"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|n| n == "goner"),
-        "{report}"
-    );
+    serve.reload_lists("stopped", "goner");
     assert_eq!(serve.terminate(), Some(0));
     let stop: Value = serve.notice("host_stop");
     assert_eq!(
@@ -181,14 +179,7 @@ fn shutdown_waits_for_and_counts_a_superseded_versions_call() {
     let hooks = Hooks::new();
     let (pid, rel) = (hooks.out().join("pid"), hooks.out().join("release"));
     let dir = hooks.python("busy", "[\"test:*\"]", &blocker(&pid, &rel, "v1"));
-    let mut serve = Serve::start(
-        &hooks,
-        &["--no-watch", "--output", "json", "--drain-timeout", "0.5"],
-    );
-    for _ in 0..3 {
-        let (s, _) = serve.post("/v1/events", &json!({"event": "test:block"}));
-        assert_eq!(s, 202);
-    }
+    let mut serve = serve_three_blocks(&hooks, "0.5");
     let worker: i32 = poll(T, "the first call to block", || {
         std::fs::read_to_string(&pid).ok()?.trim().parse().ok()
     });
@@ -214,14 +205,7 @@ fn shutdown_lets_a_removed_hook_finish_its_queue_within_the_drain() {
     let hooks = Hooks::new();
     let (pid, rel) = (hooks.out().join("pid"), hooks.out().join("release"));
     let dir = hooks.python("leaving", "[\"test:*\"]", &blocker(&pid, &rel, "v1"));
-    let mut serve = Serve::start(
-        &hooks,
-        &["--no-watch", "--output", "json", "--drain-timeout", "15"],
-    );
-    for _ in 0..3 {
-        let (s, _) = serve.post("/v1/events", &json!({"event": "test:block"}));
-        assert_eq!(s, 202);
-    }
+    let mut serve = serve_three_blocks(&hooks, "15");
     poll(T, "the first call to block", || pid.exists().then_some(()));
     std::fs::remove_dir_all(&dir).unwrap();
     let (s, report) = serve.post("/v1/reload", &json!({}));
