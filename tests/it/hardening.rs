@@ -32,12 +32,10 @@ fn skip_of(report: &LoadReport, name: &str) -> (SkipCode, String) {
 #[tokio::test]
 async fn replaced_helper_never_runs_under_an_approval() {
     let hooks = Hooks::new();
-    let dir = hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER);
-    std::fs::write(
-        dir.join("helper.py"),
-        "def value():\n    return 'approved'\n",
-    )
-    .unwrap();
+    let dir = hooks.with_files(
+        hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER),
+        &[("helper.py", "def value():\n    return 'approved'\n")],
+    );
     let host = approved_host(&hooks, "h", "x:go", json!("approved")).await;
 
     std::fs::write(
@@ -123,12 +121,14 @@ async fn replaced_helper_never_runs_after_a_timeout_restart() {
 #[tokio::test]
 async fn executable_call_refused_when_a_sourced_script_changed() {
     let hooks = Hooks::new();
-    let dir = hooks.exec(
-        "e",
-        "[\"x:*\"]",
-        "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.sh\"\nvalue\n",
+    let dir = hooks.with_files(
+        hooks.exec(
+            "e",
+            "[\"x:*\"]",
+            "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.sh\"\nvalue\n",
+        ),
+        &[("lib.sh", "value() { echo '\"approved\"'; }\n")],
     );
-    std::fs::write(dir.join("lib.sh"), "value() { echo '\"approved\"'; }\n").unwrap();
     let host = approved_host(&hooks, "e", "x:go", json!("approved")).await;
     let injected = "value() { echo '\"injected\"'; }\n";
     assert_edit_refused(host, &dir.join("lib.sh"), injected, "x:go").await;
@@ -138,8 +138,10 @@ async fn executable_call_refused_when_a_sourced_script_changed() {
 #[tokio::test]
 async fn old_approval_without_files_covers_only_a_lone_handler() {
     let hooks = Hooks::new();
-    let dir = hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER);
-    std::fs::write(dir.join("helper.py"), "def value():\n    return 1\n").unwrap();
+    hooks.with_files(
+        hooks.python("h", "[\"x:*\"]", IMPORTS_HELPER),
+        &[("helper.py", "def value():\n    return 1\n")],
+    );
     approve(&hooks, "h");
     let file = hooks.home().join("hooks-trust.json");
     let mut v: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();

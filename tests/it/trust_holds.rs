@@ -40,17 +40,17 @@ async fn outcome(host: &Host, event: &str) -> Result<Option<serde_json::Value>, 
 #[tokio::test]
 async fn row_2_sourced_files_of_any_name_are_covered() {
     let hooks = Hooks::new();
-    let dir = hooks.exec(
-        "e",
-        "[\"x:*\"]",
-        "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.bash\"\nawk -v v=\"$(value)\" -f \"$HERMES_HOOK_DIR/fmt.awk\" /dev/null\n",
+    let dir = hooks.with_files(
+        hooks.exec(
+            "e",
+            "[\"x:*\"]",
+            "#!/bin/sh\n. \"$HERMES_HOOK_DIR/lib.bash\"\nawk -v v=\"$(value)\" -f \"$HERMES_HOOK_DIR/fmt.awk\" /dev/null\n",
+        ),
+        &[
+            ("lib.bash", "value() { echo approved; }\n"),
+            ("fmt.awk", "BEGIN { printf \"\\\"%s-awk\\\"\\n\", v }\n"),
+        ],
     );
-    std::fs::write(dir.join("lib.bash"), "value() { echo approved; }\n").unwrap();
-    std::fs::write(
-        dir.join("fmt.awk"),
-        "BEGIN { printf \"\\\"%s-awk\\\"\\n\", v }\n",
-    )
-    .unwrap();
     let host = approved_host(&hooks, "e", "x:go", json!("approved-awk")).await;
     for (file, injected) in [
         ("lib.bash", "value() { echo injected; }\n"),
@@ -122,12 +122,14 @@ async fn row_9_revoked_hook_does_not_drain_its_queue() {
 #[tokio::test]
 async fn row_1_planted_bytecode_cache_never_runs() {
     let hooks = Hooks::new();
-    let dir = hooks.python(
-        "h",
-        "[\"x:*\"]",
-        "import helper\n\ndef handle(event, context):\n    return helper.VALUE\n",
+    let dir = hooks.with_files(
+        hooks.python(
+            "h",
+            "[\"x:*\"]",
+            "import helper\n\ndef handle(event, context):\n    return helper.VALUE\n",
+        ),
+        &[("helper.py", "VALUE = 'approved'\n")],
     );
-    std::fs::write(dir.join("helper.py"), "VALUE = 'approved'\n").unwrap();
     // Compile an injected helper under the same name, then restore helper.py's size and mtime so
     // the planted cache's header matches the approved source.
     let planted = dir.join("planted");
@@ -173,12 +175,14 @@ fn python_tag() -> String {
 #[tokio::test]
 async fn row_3_lazily_imported_module_is_checked_at_import() {
     let hooks = Hooks::new();
-    let dir = hooks.python(
-        "h",
-        "[\"x:*\"]",
-        "def handle(event, context):\n    if event == 'x:late':\n        import late\n        return late.VALUE\n    return 'started'\n",
+    let dir = hooks.with_files(
+        hooks.python(
+            "h",
+            "[\"x:*\"]",
+            "def handle(event, context):\n    if event == 'x:late':\n        import late\n        return late.VALUE\n    return 'started'\n",
+        ),
+        &[("late.py", "VALUE = 'approved'\n")],
     );
-    std::fs::write(dir.join("late.py"), "VALUE = 'approved'\n").unwrap();
     let host = approved_host(&hooks, "h", "x:go", json!("started")).await;
     assert_edit_refused(host, &dir.join("late.py"), "VALUE = 'injected'\n", "x:late").await;
 }

@@ -109,14 +109,7 @@ impl Hooks {
     pub fn add(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
         let dir = self.root().join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        for (file, content) in files {
-            let p = dir.join(file);
-            if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent).unwrap();
-            }
-            std::fs::write(&p, content).unwrap();
-        }
-        dir
+        self.with_files(dir, files)
     }
 
     /// A Python hook on `events` (YAML list body, e.g. `["agent:start"]`) with handler `code`.
@@ -128,6 +121,20 @@ impl Hooks {
                 ("handler.py", code),
             ],
         )
+    }
+
+    /// `dir`, a hook [`Hooks::python`] or [`Hooks::exec`] just made, with `files` (relative
+    /// path, content) added beside its handler: the helper modules or sourced scripts a trust
+    /// test approves and then edits.
+    pub fn with_files(&self, dir: PathBuf, files: &[(&str, &str)]) -> PathBuf {
+        for (file, content) in files {
+            let p = dir.join(file);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).unwrap();
+            }
+            std::fs::write(&p, content).unwrap();
+        }
+        dir
     }
 
     /// A Python hook that appends `{"event", "context"}` to out/<name>.jsonl and returns `ret`
