@@ -507,11 +507,7 @@ fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
     assert_eq!(by.len(), 2, "both workers took part of the work: {by:?}");
 
     // A slow event; kill whichever worker has it, in the middle of the handler.
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 1000, "slow": true}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 1000, "slow": true}));
     let started = poll(Duration::from_secs(30), "the slow handler to start", || {
         read_jsonl(&hooks.out().join("shared.started"))
             .into_iter()
@@ -590,11 +586,7 @@ fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
     recording_hook(&hooks, "bystander", r#"["agent:*"]"#, "");
     std::fs::write(hooks.out().join("bystander.fixed"), "").unwrap();
     let (_w, edge) = worker_and_edge(&hooks, &nats, &["fragile", "bystander"]);
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 7, "poison": true}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 7, "poison": true}));
 
     let letter = wait_dead_letter(&nats, "fragile", 30);
     assert_eq!(letter["hook"], "fragile", "{letter}");
@@ -1005,11 +997,7 @@ fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_o
     else {
         return;
     };
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 1, "pause": 1.0}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 1, "pause": 1.0}));
     let running = poll(Duration::from_secs(30), "the handler to start", || {
         read_jsonl(&hooks.out().join("graceful.paused"))
             .into_iter()
@@ -1143,11 +1131,7 @@ fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handl
     else {
         return;
     };
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 5, "slow": true}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 5, "slow": true}));
     let started = poll(Duration::from_secs(30), "the slow handler to start", || {
         read_jsonl(&hooks.out().join("once.started"))
             .into_iter()
@@ -1524,11 +1508,7 @@ fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
     recording_hook(&hooks, "keeper", r#"["agent:*"]"#, "");
     let w = worker_with(&hooks, &nats, "wa", &fast_and(&["--consumer-grace", "0"]));
     let edge = edge_serving(&hooks, &nats.url(), &[], &["doomed"], &["wa"]);
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 1, "poison": true}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 1, "poison": true}));
     wait_dead_letter(&nats, "doomed", 30);
     std::fs::remove_dir_all(hooks.root().join("doomed")).unwrap();
     poll(Duration::from_secs(30), "the consumer deleted", || {
@@ -1787,7 +1767,7 @@ fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
 }
 
 /// Posts one event; 202 expected.
-fn post_one(edge: &Serve, event: &str, ctx: Value) {
+pub(crate) fn post_one(edge: &Serve, event: &str, ctx: Value) {
     let (status, v) = edge.post("/v1/events", &json!({"event": event, "context": ctx}));
     assert_eq!(status, 202, "{v}");
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::fleet::{
     NatsServer, assert_duplicates_are_redeliveries, dead_cmd, edge_serving, fleet_hook, handled_ns,
-    post_batch, recording_hook, records, wait_dead_letter, wait_distinct, wait_for_fleet,
+    post_batch, post_one, recording_hook, records, wait_dead_letter, wait_distinct, wait_for_fleet,
     wait_records, worker_with,
 };
 use crate::util::{Hooks, Serve, poll, read_jsonl};
@@ -35,11 +35,7 @@ fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_the
     recording_hook(&hooks, "fragile", r#"["agent:*"]"#, "retries: 2\n");
     let _w = slow_retry_worker(&hooks, &nats, "wa", 1500);
     let edge = edge_serving(&hooks, &nats.url(), &[], &["fragile"], &["wa"]);
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 0, "poison": true}));
     let (status, body) = post_batch(&edge, 1..21, json!({}));
     assert_eq!(status, 202, "{body}");
 
@@ -133,11 +129,7 @@ fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
     let _a = slow_retry_worker(&hooks, &nats, "wa", 300);
     let _b = slow_retry_worker(&hooks, &nats, "wb", 300);
     let edge = edge_serving(&hooks, &nats.url(), &[], &["wide"], &["wa", "wb"]);
-    let (status, _) = edge.post(
-        "/v1/events",
-        &json!({"event": "agent:start", "context": {"n": 0, "poison": true}}),
-    );
-    assert_eq!(status, 202);
+    post_one(&edge, "agent:start", json!({"n": 0, "poison": true}));
     let (status, body) = post_batch(&edge, 1..41, json!({}));
     assert_eq!(status, 202, "{body}");
     let letter = wait_dead_letter(&nats, "wide", 60);
