@@ -474,6 +474,22 @@ struct Managed {
     version: u64,
 }
 
+impl Managed {
+    /// Writes hook `h<next_id>` of `kind` (version v0) under `root` and counts `next_id` on.
+    fn add(root: &Path, next_id: &mut u64, kind: Kind, lib: &Path) -> Self {
+        let name = format!("h{next_id}");
+        *next_id += 1;
+        let dir = root.join(&name);
+        write_hook(&dir, &name, kind, "v0", lib);
+        Self {
+            name,
+            dir,
+            kind,
+            version: 0,
+        }
+    }
+}
+
 #[test]
 #[ignore = "chaos soak: run with --ignored (HERMES_SOAK_SECS, default 60)"]
 fn chaos_soak_keeps_every_promise() {
@@ -504,16 +520,7 @@ fn chaos_soak_keeps_every_promise() {
         Kind::Exec,
         Kind::Library,
     ] {
-        let name = format!("h{next_id}");
-        next_id += 1;
-        let dir = root.join(&name);
-        write_hook(&dir, &name, kind, "v0", &lib);
-        managed.push(Managed {
-            name,
-            dir,
-            kind,
-            version: 0,
-        });
+        managed.push(Managed::add(&root, &mut next_id, kind, &lib));
     }
 
     let mut serve = Serve::start(&hooks, &["--output", "json", "--drain-timeout", "2"]);
@@ -567,16 +574,7 @@ fn chaos_soak_keeps_every_promise() {
         let fault: &'static str = match rng.below(100) {
             0..=9 if managed.len() < 14 => {
                 let kind = *rng.pick(&[Kind::Python, Kind::Exec, Kind::Library]);
-                let name = format!("h{next_id}");
-                next_id += 1;
-                let dir = root.join(&name);
-                write_hook(&dir, &name, kind, "v0", &lib);
-                managed.push(Managed {
-                    name,
-                    dir,
-                    kind,
-                    version: 0,
-                });
+                managed.push(Managed::add(&root, &mut next_id, kind, &lib));
                 "add hook"
             }
             10..=24 if !managed.is_empty() => {
