@@ -279,11 +279,13 @@
     var _c = useState(null), confirm = _c[0], setConfirm = _c[1];
     var last = useRef(0);
 
-    // The dead letters are read only from a fleet edge (any other service has none).
+    // The dead letters are read only from a fleet edge (any other service has none), and not
+    // while the edge counts none in the stream (each read walks the stream's messages).
     var refresh = useCallback(function () {
       return get("/state").then(function (s) {
         setState(s); setLoadError(null);
         if (!s.running || !s.fleet) { setDead(null); return; }
+        if (s.fleet.dead_letters === 0) { setDead({ letters: [], more: false }); return; }
         return get("/dead").then(setDead).catch(function (e) { setDead({ error: why(e) }); });
       }).catch(function (e) { setLoadError(why(e)); });
     }, []);
