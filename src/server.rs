@@ -107,6 +107,7 @@ impl From<EmitError> for ApiError {
                 SinkError::Refused(_) => {
                     ApiError::new(StatusCode::BAD_GATEWAY, "broker_refused", e.to_string())
                 }
+                SinkError::Fleet(_) => fleet_error(e.to_string()),
                 SinkError::ShuttingDown => ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "shutting_down",
@@ -166,6 +167,8 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
         route!(POST "/v1/hooks/{name}/enable" => set_enabled::<true>),
         route!(POST "/v1/hooks/{name}/disable" => set_enabled::<false>),
         route!(GET "/v1/notices" => get_notices),
+        route!(GET "/v1/dead" => get_dead),
+        route!(POST "/v1/dead/replay" => post_dead_replay),
         route!(GET "/v1/openapi.json" => openapi),
         route!(GET "/healthz" => healthz),
         route!(GET "/readyz" => readyz),
@@ -743,6 +746,110 @@ async fn get_notices(
 #[derive(serde::Deserialize)]
 struct NoticesQuery {
     after: Option<u64>,
+}
+
+/// A fleet operation the broker failed (502 `fleet_error`).
+fn fleet_error(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_GATEWAY, "fleet_error", message)
+}
+
+/// 404 `not_fleet`: dead letters exist only on a fleet edge.
+fn not_fleet() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_fleet",
+        "this service is not a fleet edge: dead letters exist only in fleet mode (serve --fleet nats://HOST:PORT)",
+    )
+}
+
+/// Outside fleet mode, `not_fleet` before anything else is looked at.
+fn require_fleet(host: &Host) -> Result<(), ApiError> {
+    if host.keeps_dead_letters() {
+        Ok(())
+    } else {
+        Err(not_fleet())
+    }
+}
+
+/// A dead-letter answer from the host (`None`: not a fleet edge).
+fn dead_answer(answer: Option<Result<Value, SinkError>>) -> Result<Response, ApiError> {
+    match answer {
+        None => Err(not_fleet()),
+        Some(Err(e)) => Err(fleet_error(e.to_string())),
+        Some(Ok(v)) => Ok(axum::Json(v).into_response()),
+    }
+}
+
+/// Most dead letters one `GET /v1/dead` lists.
+const DEAD_LIST_MAX: usize = 1000;
+/// What `GET /v1/dead` lists without `limit`.
+const DEAD_LIST_DEFAULT: usize = 100;
+
+/// `GET /v1/dead?hook=NAME&limit=N`.
+#[derive(serde::Deserialize)]
+struct DeadListQuery {
+    hook: Option<String>,
+    limit: Option<usize>,
+}
+
+/// The fleet's dead letters (of one hook with `hook`), oldest first, at most `limit`.
+async fn get_dead(
+    State(state): State<AppState>,
+    query: Result<axum::extract::Query<DeadListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    require_fleet(&state.host)?;
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let limit = q.limit.unwrap_or(DEAD_LIST_DEFAULT);
+    if !(1..=DEAD_LIST_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "`limit` must be from 1 to {DEAD_LIST_MAX}"
+        )));
+    }
+    let query = crate::sink::DeadQuery {
+        hook: q.hook.filter(|h| !h.is_empty()),
+        seqs: Vec::new(),
+        limit,
+    };
+    dead_answer(state.host.dead_letters(query).await)
+}
+
+/// `dead replay` through the API: `{"hook": NAME?, "seqs": [N, ...]}` or
+/// `{"hook": NAME?, "all": true}`.
+async fn post_dead_replay(
+    State(state): State<AppState>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    require_fleet(&state.host)?;
+    let (parts, body) = req.into_parts();
+    let obj = read_json(&parts.headers, body, 64 * 1024).await?;
+    let hook = match obj.get("hook") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(h)) if !h.is_empty() => Some(h.clone()),
+        Some(_) => return Err(ApiError::bad_request("`hook` must be a hook's name")),
+    };
+    let seqs: Vec<u64> = match obj.get("seqs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+            ApiError::bad_request("`seqs` must be a list of sequences (as GET /v1/dead lists)")
+        })?,
+    };
+    let all = match obj.get("all") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad_request("`all` must be true or false")),
+    };
+    // Both, or neither (as `dead replay` refuses them).
+    if all != seqs.is_empty() {
+        return Err(ApiError::bad_request(
+            "give either `seqs` (sequences from GET /v1/dead) or `\"all\": true`, not both",
+        ));
+    }
+    let query = crate::sink::DeadQuery {
+        hook,
+        seqs,
+        limit: 0,
+    };
+    dead_answer(state.host.replay_dead(query).await)
 }
 
 async fn openapi() -> Response {

@@ -39,6 +39,10 @@ pub enum SinkError {
     /// The broker refused the event for good.
     #[error("the broker refused the event: {0}")]
     Refused(String),
+    /// A fleet operation other than accepting an event failed (reading or replaying dead
+    /// letters): the broker's error, with what was being done.
+    #[error("{0}")]
+    Fleet(String),
 }
 
 /// What a sink answers for accepted events.
@@ -81,6 +85,17 @@ pub struct HookOutcome {
     pub duration: Option<Duration>,
 }
 
+/// Which dead letters to list or replay (fleet mode; `dead list|replay` of the CLI).
+#[derive(Debug, Clone, Default)]
+pub struct DeadQuery {
+    /// Only this hook's.
+    pub hook: Option<String>,
+    /// Only these sequences of the dead-letter stream (empty: all that match `hook`).
+    pub seqs: Vec<u64>,
+    /// Listing: at most this many (oldest first).
+    pub limit: usize,
+}
+
 /// Where accepted events go. Events reach a sink already validated (name checked, context an
 /// object) and counted by the host.
 pub trait EventSink: Send + Sync {
@@ -114,4 +129,19 @@ pub trait EventSink: Send + Sync {
     fn status(&self) -> Option<Value>;
     /// `Some(reason)` while events are accepted but cannot be passed on (a broker down).
     fn degraded(&self) -> Option<String>;
+    /// Whether this sink keeps dead letters (only the fleet edge does): the API answers
+    /// `not_fleet` otherwise.
+    fn keeps_dead_letters(&self) -> bool {
+        false
+    }
+    /// The dead letters `query` picks, `{"letters": [...], "more": bool}`; `None` when this
+    /// sink keeps none (only the fleet edge does).
+    fn dead_letters(&self, _query: DeadQuery) -> Option<BoxFuture<'_, Result<Value, SinkError>>> {
+        None
+    }
+    /// Queues the dead letters `query` picks again for the hooks that failed them and removes
+    /// them from the list, `{"replayed": [...]}`; `None` when this sink keeps none.
+    fn replay_dead(&self, _query: DeadQuery) -> Option<BoxFuture<'_, Result<Value, SinkError>>> {
+        None
+    }
 }

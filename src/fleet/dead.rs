@@ -2,7 +2,9 @@
 //! the chosen events again for the one hook that failed them, found by its identity (`id:`, so
 //! a hook renamed since gets them under its new name), or for the hook `--to` names (a replay
 //! copy names its hook, so the other hooks' consumers skip it), and removes them from the
-//! dead-letter stream once the event stream has acknowledged the copy.
+//! dead-letter stream once the event stream has acknowledged the copy. The edge's API
+//! (`GET /v1/dead`, `POST /v1/dead/replay`, for the dashboard) does the same work on the edge's
+//! own connection ([`page_on`], [`replay_on`]).
 
 use async_nats::jetstream;
 use serde::Serialize;
@@ -38,18 +40,43 @@ impl Selection {
     }
 }
 
-async fn open(
-    cfg: &FleetConfig,
-) -> Result<(jetstream::Context, jetstream::stream::Stream), FleetError> {
-    let client = cfg.connect("hermes-hooks dead", true).await?;
-    let js = cfg.jetstream(client);
-    let stream = cfg.dead(&js).await?;
-    Ok((js, stream))
+impl DeadEntry {
+    /// What the API shows of it: where it is, which hook failed which event, why, and when
+    /// (not the event's context).
+    pub fn summary(&self) -> serde_json::Value {
+        let l = &self.letter;
+        serde_json::json!({
+            "seq": self.seq,
+            "hook": l.hook,
+            "event": l.envelope.event,
+            "event_id": l.envelope.id,
+            "error": l.error,
+            "deliveries": l.deliveries,
+            "worker": l.worker,
+            "time": l.time,
+        })
+    }
 }
 
+/// Up to a limit of dead letters, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct DeadPage {
+    /// The letters.
+    pub entries: Vec<DeadEntry>,
+    /// More letters that the selection picks follow the last one.
+    pub more: bool,
+}
+
+async fn open(cfg: &FleetConfig) -> Result<jetstream::Context, FleetError> {
+    let client = cfg.connect("hermes-hooks dead", true).await?;
+    Ok(cfg.jetstream(client))
+}
+
+/// Reads the letters `sel` picks, stopping after `limit` + 1 of them (`None`: all).
 async fn read(
     stream: &mut jetstream::stream::Stream,
     sel: &Selection,
+    limit: Option<usize>,
 ) -> Result<Vec<DeadEntry>, String> {
     let info = stream.info().await.map_err(|e| e.to_string())?;
     let (first, last) = (info.state.first_sequence, info.state.last_sequence);
@@ -70,6 +97,9 @@ async fn read(
                 let e = DeadEntry { seq, letter };
                 if sel.wants(&e) {
                     out.push(e);
+                    if limit.is_some_and(|l| out.len() > l) {
+                        break;
+                    }
                 }
             }
             Err(e) => tracing::warn!("dead letter {seq} is unreadable: {e}"),
@@ -80,27 +110,59 @@ async fn read(
 
 /// The dead letters that `sel` picks, oldest first.
 pub async fn list(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>, FleetError> {
-    let (_, mut stream) = open(cfg).await?;
-    read(&mut stream, sel)
+    let js = open(cfg).await?;
+    Ok(page(cfg, &js, sel, None).await?.entries)
+}
+
+/// The first `limit` dead letters that `sel` picks, oldest first, over the connection of `js`.
+pub async fn page_on(
+    cfg: &FleetConfig,
+    js: &jetstream::Context,
+    sel: &Selection,
+    limit: usize,
+) -> Result<DeadPage, FleetError> {
+    page(cfg, js, sel, Some(limit)).await
+}
+
+async fn page(
+    cfg: &FleetConfig,
+    js: &jetstream::Context,
+    sel: &Selection,
+    limit: Option<usize>,
+) -> Result<DeadPage, FleetError> {
+    let mut stream = cfg.dead(js).await?;
+    let mut entries = read(&mut stream, sel, limit)
         .await
         .map_err(|why| FleetError::Broker {
             url: cfg.url.clone(),
             what: "read the dead-letter stream",
             why,
-        })
+        })?;
+    let more = limit.is_some_and(|l| entries.len() > l);
+    entries.truncate(limit.unwrap_or(usize::MAX));
+    Ok(DeadPage { entries, more })
 }
 
 /// Publishes the picked dead letters again, each for its own hook, and removes them from the
 /// dead-letter stream. Returns what was re-queued.
 pub async fn replay(cfg: &FleetConfig, sel: &Selection) -> Result<Vec<DeadEntry>, FleetError> {
-    let (js, mut stream) = open(cfg).await?;
+    replay_on(cfg, &open(cfg).await?, sel).await
+}
+
+/// [`replay`] over the connection of `js`.
+pub async fn replay_on(
+    cfg: &FleetConfig,
+    js: &jetstream::Context,
+    sel: &Selection,
+) -> Result<Vec<DeadEntry>, FleetError> {
+    let mut stream = cfg.dead(js).await?;
     let err = |what: &'static str, why: String| FleetError::Broker {
         url: cfg.url.clone(),
         what,
         why,
     };
-    let events = cfg.events(&js).await?;
-    let entries = read(&mut stream, sel)
+    let events = cfg.events(js).await?;
+    let entries = read(&mut stream, sel, None)
         .await
         .map_err(|e| err("read the dead-letter stream", e))?;
     let mut done = Vec::new();

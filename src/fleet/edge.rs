@@ -38,7 +38,7 @@ use super::envelope::{
 use super::status::FleetView;
 use super::{FleetConfig, FleetError};
 use crate::handler::context::Context;
-use crate::sink::{Accepted, BoxFuture, ClientId, EventSink, HookOutcome, SinkError};
+use crate::sink::{Accepted, BoxFuture, ClientId, DeadQuery, EventSink, HookOutcome, SinkError};
 
 /// Publish acknowledgements outstanding at once.
 pub const WINDOW: usize = 512;
@@ -873,5 +873,42 @@ impl EventSink for Edge {
 
     fn degraded(&self) -> Option<String> {
         self.inner.degraded()
+    }
+
+    fn keeps_dead_letters(&self) -> bool {
+        true
+    }
+
+    fn dead_letters(&self, query: DeadQuery) -> Option<BoxFuture<'_, Result<Value, SinkError>>> {
+        Some(Box::pin(async move {
+            let (sel, limit) = (selection(&query), query.limit);
+            let js = self.inner.cfg.jetstream(self.inner.client.clone());
+            let page = super::dead::page_on(&self.inner.cfg, &js, &sel, limit)
+                .await
+                .map_err(|e| SinkError::Fleet(e.to_string()))?;
+            let letters: Vec<Value> = page.entries.iter().map(|e| e.summary()).collect();
+            Ok(json!({"letters": letters, "more": page.more}))
+        }))
+    }
+
+    fn replay_dead(&self, query: DeadQuery) -> Option<BoxFuture<'_, Result<Value, SinkError>>> {
+        Some(Box::pin(async move {
+            let js = self.inner.cfg.jetstream(self.inner.client.clone());
+            let done = super::dead::replay_on(&self.inner.cfg, &js, &selection(&query))
+                .await
+                .map_err(|e| SinkError::Fleet(e.to_string()))?;
+            let replayed: Vec<Value> = done.iter().map(|e| e.summary()).collect();
+            tracing::info!(count = replayed.len(), hook = ?query.hook, "fleet: dead letters replayed through the API");
+            Ok(json!({"replayed": replayed}))
+        }))
+    }
+}
+
+/// The dead-letter selection of an API query.
+fn selection(q: &DeadQuery) -> super::dead::Selection {
+    super::dead::Selection {
+        hook: q.hook.clone(),
+        seqs: q.seqs.clone(),
+        to: None,
     }
 }

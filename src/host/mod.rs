@@ -585,6 +585,34 @@ impl Host {
         self.inner.sink.get().and_then(|s| s.degraded())
     }
 
+    /// Whether the installed sink keeps dead letters (a fleet edge).
+    pub fn keeps_dead_letters(&self) -> bool {
+        self.inner
+            .sink
+            .get()
+            .is_some_and(|s| s.keeps_dead_letters())
+    }
+
+    /// The dead letters `query` picks (`GET /v1/dead`): `None` unless the installed sink keeps
+    /// dead letters (a fleet edge).
+    pub async fn dead_letters(
+        &self,
+        query: crate::sink::DeadQuery,
+    ) -> Option<Result<Value, SinkError>> {
+        let pending = self.inner.sink.get()?.dead_letters(query)?;
+        Some(pending.await)
+    }
+
+    /// Replays the dead letters `query` picks (`POST /v1/dead/replay`): `None` unless the
+    /// installed sink keeps dead letters (a fleet edge).
+    pub async fn replay_dead(
+        &self,
+        query: crate::sink::DeadQuery,
+    ) -> Option<Result<Value, SinkError>> {
+        let pending = self.inner.sink.get()?.replay_dead(query)?;
+        Some(pending.await)
+    }
+
     /// [`Host::emit`] through the dispatch interface: the installed sink when there is one,
     /// else the local queues.
     pub async fn accept(

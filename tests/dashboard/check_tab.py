@@ -16,6 +16,16 @@ click take effect on the service (asked through its own API), the page says when
 stops, nothing is written to the console as an error, and a phone-width viewport has no
 horizontal overflow. Screenshots go to --out (desktop and phone); --docs-image copies the
 desktop one there.
+
+Then the Fleet section against a real fleet (skipped, with a message, when no nats-server is
+found on PATH, in /usr/sbin or in $HERMES_NATS_SERVER, unless CI is set): nats-server with
+JetStream on a free port, `serve --fleet` in the service's place (the socket the dashboard's
+backend talks to), and one `worker --fleet` with its own $HERMES_HOME holding `poison` (raises
+until a flag file exists; `retries: 0`, so its events go to the dead letters at once) and
+`healthy`. Events are emitted through the edge; the page must show the worker, each hook's lag
+and the dead letters with poison's error; the flag file is created and Replay clicked (and
+confirmed); the edge's own API must then list no dead letters and count poison's replayed
+events as ok. The fleet page is screenshotted at desktop and phone width (no overflow).
 """
 
 import argparse
@@ -23,7 +33,9 @@ import hashlib
 import json
 import os
 import shutil
+import http.client
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -244,14 +256,176 @@ def check_reload(run, page):
     assert any(h["name"] == "late" for h in run.live()["hooks"])
 
 
+def fits(page, what):
+    """No horizontal overflow at the viewport's width."""
+    sizes = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert sizes[0] <= sizes[1] + 1, "horizontal overflow of %s at phone width: %r" % (what, sizes)
+
+
 def check_phone(page, out):
     page.set_viewport_size({"width": 390, "height": 844})
     page.reload()
     page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
-    sizes = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
-    assert sizes[0] <= sizes[1] + 1, "horizontal overflow at phone width: %r" % sizes
+    fits(page, "the page")
     assert page.locator("tr[data-hook='greeter']").is_visible()
     page.screenshot(path=os.path.join(out, "hooks-tab-phone.png"), full_page=True)
+
+
+POISON = """import os
+
+def handle(event_type, context):
+    if not os.path.exists(%r):
+        raise RuntimeError('poison fails until fixed (n=%%s)' %% context.get('n'))
+    return None
+"""
+
+
+def nats_server():
+    """The nats-server binary, or None (the fleet scenario is skipped outside CI)."""
+    found = os.environ.get("HERMES_NATS_SERVER") or shutil.which("nats-server")
+    for p in [found, "/usr/sbin/nats-server", "/usr/local/sbin/nats-server"]:
+        if p and os.path.isfile(p):
+            return p
+    if os.environ.get("CI"):
+        raise AssertionError("nats-server is not installed (CI is set: the fleet scenario must run)")
+    return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UnixHTTP(http.client.HTTPConnection):
+    """HTTP over the service's Unix socket."""
+
+    def __init__(self, path):
+        super().__init__("localhost", timeout=10)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(self.path)
+
+
+def service_get(run, path):
+    """The service's own API (not the dashboard's): (status, JSON)."""
+    conn = UnixHTTP(os.path.join(run.home, "hooks.sock"))
+    try:
+        conn.request("GET", path, headers={"Connection": "close"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def start_fleet(run, nats):
+    """A broker, the edge in the service's place, and a worker with `poison` and `healthy`."""
+    port = free_port()
+    store = os.path.join(run.tmp, "jetstream")
+    broker = run.spawn([nats, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store], "nats.log")
+
+    def listening():
+        if broker.poll() is not None:
+            raise AssertionError("nats-server exited: %s" % open(os.path.join(run.args.out, "nats.log")).read())
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for("nats-server to listen", listening)
+    url = "nats://127.0.0.1:%d" % port
+    whome = os.path.join(run.tmp, "worker-home")
+    roots = os.path.join(whome, "hooks")
+    os.makedirs(roots, mode=0o700)
+    run.fixed = os.path.join(run.tmp, "poison.fixed")
+    write_hook(roots, "poison", "name: poison\ndescription: Fails until fixed\n"
+               "events: [\"agent:*\"]\nretries: 0\n", POISON % run.fixed)
+    write_hook(roots, "healthy", "name: healthy\nevents: [\"agent:*\"]\n",
+               "def handle(event_type, context):\n    return None\n")
+    worker_env = dict(run.env, HERMES_HOME=whome)
+    f = open(os.path.join(run.args.out, "worker.log"), "w")
+    run.procs.append(subprocess.Popen(
+        [run.args.bin, "worker", "--fleet", url, "--worker-id", "w1", "--status-interval-ms", "200"],
+        env=worker_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+    run.edge = run.spawn([run.args.bin, "serve", "--fleet", url, "--gateway-id", "gw-dash"], "edge.log")
+
+    def serving():
+        live = run.live() or {}
+        return {"poison", "healthy"} <= {h["name"] for h in live.get("hooks", [])
+                                          if "w1" in (h.get("workers") or [])}
+
+    wait_for("the edge to see the worker serve poison and healthy", serving)
+    for n in range(3):
+        run.cli("emit", "agent:start", "--context", json.dumps({"n": n}))
+    wait_for("three dead letters of poison", lambda: len(
+        service_get(run, "/v1/dead?hook=poison")[1].get("letters", [])) == 3)
+    return url
+
+
+def fleet_hook(run, name):
+    return next((h for h in (run.live() or {}).get("hooks", []) if h["name"] == name), None)
+
+
+def check_fleet(run, page):
+    fleet = page.locator("[data-section='fleet']")
+    fleet.wait_for(timeout=DEADLINE_S * 1000)
+    page.locator("tr[data-worker='w1']").wait_for(timeout=DEADLINE_S * 1000)
+    lag = row_text(page, "tr[data-fleet-hook='poison']")
+    assert "w1" in lag and any(c.isdigit() for c in lag), "poison's workers and lag: %r" % lag
+    dead = page.locator("[data-dead-hook='poison']")
+    dead.wait_for(timeout=DEADLINE_S * 1000)
+    wait_for("three dead letters on the page", lambda: page.locator(
+        "[data-dead-hook='poison'] tr[data-dead-seq]").count() == 3)
+    text = dead.inner_text()
+    assert "poison fails until fixed" in text and "agent:start" in text, text
+    assert page.locator("[data-dead-hook='healthy']").count() == 0, "healthy has no dead letter"
+    page.set_viewport_size({"width": 1360, "height": 1600})
+    fleet.scroll_into_view_if_needed()
+    page.screenshot(path=os.path.join(run.args.out, "hooks-tab-fleet.png"), full_page=True)
+    # Fixed, then replayed from the page: one letter, then the rest; each asked first, done
+    # only after the confirmation.
+    with open(run.fixed, "w") as f:
+        f.write("fixed\n")
+    ok_before = (fleet_hook(run, "poison").get("counters") or {}).get("ok", 0)
+    first = dead.locator("tr[data-dead-seq]").first
+    seq = first.get_attribute("data-dead-seq")
+    replay_from_page(run, page, first.locator("button[data-action='replay']"), "1 dead letter", 3)
+    wait_for("the replayed letter to leave the page", lambda: page.locator(
+        "[data-dead-hook='poison'] tr[data-dead-seq]").count() == 2)
+    left = service_get(run, "/v1/dead")[1]["letters"]
+    assert seq not in [str(x["seq"]) for x in left] and len(left) == 2, left
+    # The dead letters at phone width: stacked, nothing wider than the screen.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    page.locator("[data-dead-hook='poison'] tr[data-dead-seq]").first.wait_for(timeout=DEADLINE_S * 1000)
+    fits(page, "the fleet page")
+    page.locator("[data-fleet='dead']").scroll_into_view_if_needed()
+    page.screenshot(path=os.path.join(run.args.out, "hooks-tab-fleet-phone.png"))
+    page.set_viewport_size({"width": 1360, "height": 900})
+    replay_from_page(run, page, page.locator("[data-dead-hook='poison'] button[data-action='replay-all']"),
+                     "2 dead letters", 2)
+    page.locator("[data-dead-empty]").wait_for(timeout=DEADLINE_S * 1000)
+    status, left = service_get(run, "/v1/dead")
+    assert status == 200 and left["letters"] == [], "the edge still lists %r" % left
+    wait_for("poison's replayed events counted ok on the service", lambda: (
+        fleet_hook(run, "poison").get("counters") or {}).get("ok", 0) >= ok_before + 3)
+    page.screenshot(path=os.path.join(run.args.out, "hooks-tab-fleet-replayed.png"), full_page=True)
+
+
+def replay_from_page(run, page, button, asks, listed):
+    """Clicks a Replay button; the confirmation must say `asks` and nothing may be replayed
+    (the edge still lists `listed` letters) until its own Replay is clicked."""
+    button.click()
+    confirm = page.locator("[data-confirm='poison']")
+    confirm.wait_for(timeout=DEADLINE_S * 1000)
+    assert asks in confirm.inner_text(), confirm.inner_text()
+    assert len(service_get(run, "/v1/dead")[1]["letters"]) == listed, "replayed before the confirmation"
+    confirm.locator("button", has_text="Replay").click()
+    confirm.wait_for(state="detached", timeout=DEADLINE_S * 1000)
 
 
 def main():
@@ -291,10 +465,19 @@ def main():
             run.stop(run.service)
             page.locator("[data-down]").wait_for(timeout=DEADLINE_S * 1000)
             assert "not running" in page.locator("[data-down]").inner_text()
+            nats = nats_server()
+            if nats:
+                start_fleet(run, nats)
+                page.set_viewport_size({"width": 1360, "height": 900})
+                check_fleet(run, page)
+            else:
+                say("SKIPPED the fleet scenario: nats-server is not installed")
             browser.close()
         assert not errors, "the page logged errors:\n" + "\n".join(errors)
         say("ok: tab listed, hooks and states rendered, approve and reload took effect, no console "
-            "errors, phone width fits; screenshots in %s" % args.out)
+            "errors, phone width fits%s; screenshots in %s" % (
+                "; fleet: worker, lag and dead letters shown, replay took effect" if nats else "",
+                args.out))
         return 0
     finally:
         run.close()

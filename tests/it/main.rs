@@ -10,6 +10,8 @@ mod concurrency;
 mod contrib;
 mod core;
 mod dashboard;
+#[cfg(feature = "fleet")]
+mod dead_api;
 mod decisions;
 mod docs;
 mod dropin;

@@ -8,7 +8,7 @@ address is ``$HERMES_HOOKS_ADDRESS`` or ``$HERMES_HOME/hooks.sock``, the token
 ``$HERMES_HOOKS_TOKEN``, and the client's trust check runs before anything is sent (over the
 Unix socket the service must run as this user or root; over TCP a token must be set). The
 actions are the service's own endpoints, which apply the CLI's rules (``enable``/``disable``,
-approvals under ``--trust explicit``). Routes are plain functions: FastAPI runs them on its
+approvals under ``--trust explicit``, ``dead replay`` on a fleet edge). Routes are plain functions: FastAPI runs them on its
 thread pool, so a slow service never blocks the dashboard's event loop.
 """
 
@@ -160,3 +160,35 @@ def enable(name: str, body: Dict[str, Any] = Body(default={})) -> Dict[str, Any]
 def disable(name: str) -> Dict[str, Any]:
     """``hermes-hooks disable NAME``."""
     return _action("/v1/hooks/%s/disable" % _name(name))
+
+
+@router.get("/dead")
+def dead(hook: str = "", limit: int = 100) -> Dict[str, Any]:
+    """Fleet mode: the dead letters (of ``hook``), oldest first, as ``hermes-hooks dead list``
+    shows them; the service answers ``not_fleet`` (404) when it is not a fleet edge."""
+    query = {"limit": max(1, min(1000, limit))}
+    if hook:
+        query["hook"] = hook
+    try:
+        status, data, _ = _call("GET", "/v1/dead?" + urllib.parse.urlencode(query))
+    except ServiceDown as exc:
+        raise HTTPException(status_code=503, detail=str(exc))
+    return _answer(status, data)
+
+
+@router.post("/dead/replay")
+def dead_replay(body: Dict[str, Any] = Body(default={})) -> Dict[str, Any]:
+    """``hermes-hooks dead replay``: ``{"seqs": [N, ...]}`` or ``{"hook": NAME, "all": true}``;
+    the service checks the rest."""
+    if not isinstance(body, dict):
+        raise HTTPException(status_code=400, detail="the body must be a JSON object")
+    hook, seqs, every = body.get("hook"), body.get("seqs"), body.get("all")
+    if hook is not None and not isinstance(hook, str):
+        raise HTTPException(status_code=400, detail="`hook` must be a hook's name")
+    if seqs is not None and (not isinstance(seqs, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in seqs)):
+        raise HTTPException(status_code=400, detail="`seqs` must be a list of sequences")
+    if every is not None and not isinstance(every, bool):
+        raise HTTPException(status_code=400, detail="`all` must be true or false")
+    request = {k: v for k, v in (("hook", hook), ("seqs", seqs), ("all", every)) if v is not None}
+    return _action("/v1/dead/replay", request)

@@ -83,7 +83,7 @@
     return h("tr", { "data-hook": hk.name },
       h("td", { "data-label": "Hook" }, h("strong", null, hk.name),
         hk.description ? h("div", { className: "hh-muted" }, hk.description) : null),
-      h("td", { "data-label": "Runs" }, hk.runs || "service"),
+      h("td", { "data-label": "Runs" }, hk.runs || (Array.isArray(hk.workers) ? "fleet" : "service")),
       h("td", { "data-label": "Kind" }, hk.kind),
       h("td", { "data-label": "Events" }, (hk.events || []).join(", ")),
       h("td", { "data-label": "State" }, badge(hk.status, stateTone(hk.status))),
@@ -160,20 +160,112 @@
     }));
   }
 
-  // Fleet mode (the service is a fleet edge): the edge's own state, its workers, and how many
-  // events are in the dead-letter stream (replayed with `hermes-hooks dead replay`).
+  function table(heads, rows) {
+    return h("div", { className: "hh-scroll" }, h("table", { className: "hh-table" },
+      h("thead", null, h("tr", null, heads.map(function (t, i) { return h("th", { key: i }, t); }))),
+      h("tbody", null, rows)));
+  }
+
+  function cell(label, content, className) {
+    return h("td", { "data-label": label, className: className }, content);
+  }
+
+  function count(n) {
+    return n === null || n === undefined ? "–" : String(n);
+  }
+
+  // The workers that report to the edge (each one's hooks, when it was last heard from).
+  function Workers(props) {
+    if (!props.workers.length) return h("p", { className: "hh-muted" }, "No worker reports to this edge.");
+    return table(["Worker", "Host", "PID", "Last seen", "Hooks"], props.workers.map(function (w) {
+      return h("tr", { key: w.worker, "data-worker": w.worker },
+        cell("Worker", h("strong", null, w.worker)), cell("Host", w.host), cell("PID", count(w.pid), "hh-num"),
+        cell("Last seen", (w.last_seen_ms / 1000).toFixed(1) + " s ago", "hh-num"),
+        cell("Hooks", (w.hooks || []).join(", ")));
+    }));
+  }
+
+  // The fleet's hooks: who serves each, how far behind the stream it is, what went dead.
+  function Lag(props) {
+    if (!props.hooks.length) return null;
+    return table(["Hook", "Workers", "Lag (events)", "Acked", "Retried", "Dead"], props.hooks.map(function (hk) {
+      var f = hk.fleet || {};
+      return h("tr", { key: hk.name, "data-fleet-hook": hk.name },
+        cell("Hook", h("strong", null, hk.name)), cell("Workers", (hk.workers || []).join(", ") || "none"),
+        cell("Lag (events)", count(hk.lag), "hh-num"), cell("Acked", count(f.acked), "hh-num"),
+        cell("Retried", count(f.retried), "hh-num"), cell("Dead", count(f.dead), "hh-num"));
+    }));
+  }
+
+  // Asks before a replay, as the approval does: what will be queued again, for which hook.
+  function Confirm(props) {
+    var c = props.confirm;
+    return h("div", { className: "hh-review", "data-confirm": c.hook },
+      h("p", null, "Queue ", h("strong", null, c.count + " dead letter" + (c.count === 1 ? "" : "s")),
+        " of ", h("strong", null, c.hook), " again? The hook runs ", c.count === 1 ? "it" : "them",
+        " again (its workers take ", c.count === 1 ? "it" : "them", " from the stream), and ",
+        c.count === 1 ? "it leaves" : "they leave", " this list."),
+      h("div", { className: "hh-actions" },
+        h(C.Button, { size: "sm", disabled: props.busy, onClick: props.replay }, "Replay"),
+        h(C.Button, { size: "sm", variant: "outline", onClick: props.cancel }, "Cancel")));
+  }
+
+  // The dead letters, one group per hook, each with its Replay buttons.
+  function DeadLetters(props) {
+    var d = props.dead;
+    if (!d) return h("p", { className: "hh-muted" }, "Loading the dead letters…");
+    if (d.error) return h("p", { className: "hh-bad", role: "alert" }, "The dead letters cannot be read: " + d.error);
+    var letters = d.letters || [];
+    if (!letters.length) return h("p", { className: "hh-muted", "data-dead-empty": "1" }, "No dead letters.");
+    var groups = [], byHook = {};
+    letters.forEach(function (l) {
+      if (!byHook[l.hook]) { byHook[l.hook] = []; groups.push(l.hook); }
+      byHook[l.hook].push(l);
+    });
+    function ask(hook, seqs) {
+      var n = seqs ? seqs.length : byHook[hook].length;
+      props.ask({ hook: hook, count: n, body: seqs ? { seqs: seqs } : { hook: hook, all: true } });
+    }
+    return h("div", { className: "hh-grid" }, groups.map(function (hook) {
+      var list = byHook[hook];
+      var c = props.confirm && props.confirm.hook === hook ? props.confirm : null;
+      return h("div", { key: hook, "data-dead-hook": hook },
+        h("div", { className: "hh-row" }, h("strong", null, hook), badge(list.length + " dead", "bad"),
+          h(C.Button, { size: "sm", disabled: props.busy, "data-action": "replay-all",
+            onClick: function () { ask(hook, null); } }, "Replay all " + list.length)),
+        c ? h(Confirm, { confirm: c, busy: props.busy, replay: props.replay, cancel: props.cancel }) : null,
+        table(["Seq", "Event", "Error", "When", "Deliveries", "Worker", ""], list.map(function (l) {
+          return h("tr", { key: l.seq, "data-dead-seq": String(l.seq) },
+            cell("Seq", String(l.seq), "hh-num"), cell("Event", l.event), cell("Error", l.error, "hh-error"),
+            cell("When", h("span", { title: l.time }, when(l.time))), cell("Deliveries", count(l.deliveries), "hh-num"),
+            cell("Worker", l.worker),
+            cell("", h(C.Button, { size: "sm", variant: "outline", disabled: props.busy, "data-action": "replay",
+              onClick: function () { ask(hook, [l.seq]); } }, "Replay")));
+        })));
+    }), d.more ? h("p", { className: "hh-muted" }, "More dead letters follow the ones shown: `hermes-hooks dead list` shows them all.") : null);
+  }
+
+  // Fleet mode (the service is a fleet edge): the edge's own state, its workers, the lag of
+  // each hook, and the dead letters with their replay (the service's /v1/dead routes).
   function Fleet(props) {
     var f = props.state.fleet;
     if (!f || typeof f !== "object") return null;
     var facts = [["state", f.state + (f.degraded_reason ? " (" + f.degraded_reason + ")" : "")],
       ["broker", f.broker], ["buffered", f.buffered + " / " + f.buffer_capacity],
-      ["published", f.published], ["dead letters", f.dead_letters === null || f.dead_letters === undefined ? "–" : f.dead_letters]];
+      ["published", f.published], ["dead letters", count(f.dead_letters)]];
+    var fleetHooks = (props.state.hooks || []).filter(function (hk) { return Array.isArray(hk.workers); });
     return h(Section, { id: "fleet", title: "Fleet" },
-      h("ul", { className: "hh-list" }, facts.map(function (kv) {
-        return h("li", { key: kv[0] }, h("span", { className: "hh-muted" }, kv[0] + ": "), String(kv[1]));
-      })),
-      f.dead_letters ? h("p", { className: "hh-muted" }, "Replay them with `hermes-hooks dead replay --fleet " + f.broker + " --hook NAME --all`.") : null,
-      f.workers ? h("pre", { className: "hh-pre" }, JSON.stringify(f.workers, null, 2)) : null);
+      h("div", { className: "hh-grid" },
+        h("ul", { className: "hh-list" }, facts.map(function (kv) {
+          return h("li", { key: kv[0] }, h("span", { className: "hh-muted" }, kv[0] + ": "), String(kv[1]));
+        })),
+        h("div", { "data-fleet": "workers" }, h("strong", null, "Workers (" + (f.workers || []).length + ")"),
+          h(Workers, { workers: f.workers || [] })),
+        fleetHooks.length ? h("div", { "data-fleet": "lag" }, h("strong", null, "Hooks on the workers"),
+          h(Lag, { hooks: fleetHooks })) : null,
+        h("div", { "data-fleet": "dead" }, h("strong", null, "Dead letters"),
+          h(DeadLetters, { dead: props.dead, busy: props.busy, confirm: props.confirm, ask: props.ask,
+            replay: props.replay, cancel: props.cancel }))));
   }
 
   function HooksPage() {
@@ -183,11 +275,19 @@
     var _m = useState(null), message = _m[0], setMessage = _m[1];
     var _b = useState(false), busy = _b[0], setBusy = _b[1];
     var _r = useState(null), review = _r[0], setReview = _r[1];
+    var _d = useState(null), dead = _d[0], setDead = _d[1];
+    var _c = useState(null), confirm = _c[0], setConfirm = _c[1];
     var last = useRef(0);
 
+    // The dead letters are read only from a fleet edge (any other service has none), and not
+    // while the edge counts none in the stream (each read walks the stream's messages).
     var refresh = useCallback(function () {
-      return get("/state").then(function (s) { setState(s); setLoadError(null); })
-        .catch(function (e) { setLoadError(why(e)); });
+      return get("/state").then(function (s) {
+        setState(s); setLoadError(null);
+        if (!s.running || !s.fleet) { setDead(null); return; }
+        if (s.fleet.dead_letters === 0) { setDead({ letters: [], more: false }); return; }
+        return get("/dead").then(setDead).catch(function (e) { setDead({ error: why(e) }); });
+      }).catch(function (e) { setLoadError(why(e)); });
     }, []);
 
     var tail = useCallback(function () {
@@ -238,6 +338,15 @@
       return done(post("/hooks/" + encodeURIComponent(r.name) + "/enable", { reviewed: r.digest }), "approved " + r.name);
     }
 
+    function replay() {
+      var c = confirm;
+      setConfirm(null);
+      return done(post("/dead/replay", c.body).then(function (r) {
+        var n = (r.replayed || []).length;
+        return { message: "replayed " + n + " dead letter" + (n === 1 ? "" : "s") + " of " + c.hook };
+      }), "replayed");
+    }
+
     var header = h("div", { className: "hh-head" },
       h("h1", { className: "hh-title" }, "Hooks"),
       state && state.running ? badge("service running · " + state.address + " · trust " + state.trust, "ok") : null,
@@ -261,7 +370,8 @@
             showReview: showReview, approve: approve, cancel: function () { setReview(null); } })),
         h(Section, { id: "roots", title: "Hook roots" },
           h("ul", { className: "hh-list" }, (state.roots || []).map(function (r) { return h("li", { key: r }, h("code", null, r)); }))),
-        h(Fleet, { state: state }),
+        h(Fleet, { state: state, dead: dead, busy: busy, confirm: confirm, ask: setConfirm, replay: replay,
+          cancel: function () { setConfirm(null); } }),
         h(Section, { id: "tail", title: "Live tail" }, h(Tail, { notices: notices })));
     }
 
