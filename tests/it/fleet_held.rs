@@ -396,3 +396,74 @@ fn the_lease_and_progress_signals_hold_with_a_busy_loop_on_the_workers_cpu() {
         "once each, in order"
     );
 }
+
+/// Issue 34 item 2, hitting the window: the broker restarted (the lease bucket is in memory:
+/// the lease is gone) while the holder runs one 60-event bundle at 0.5 s per event, and the
+/// next events posted only once another worker took the lease (in
+/// `fleet::order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle` they were
+/// posted at once after the restart, so the old holder, which notices the loss only at its next
+/// renewal, pulled them itself and ran them in order behind its bundle: it passed on the code
+/// before the fix too). The new holder waits while the old one says it still finishes its
+/// bundle, so events 60-79 never start before event 59 (a new holder that gave up after a fixed
+/// wait started them between the bundle's events: `…27, 28, 61, 29, 62…`).
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn order_holds_when_a_broker_restart_moves_the_lease_during_a_long_bundle() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "long", r#"["agent:step"]"#, "");
+    let opts = ["--ack-wait", "4", "--status-interval-ms", "100"];
+    let workers = [
+        worker_with(&hooks, &nats, "wa", &opts),
+        worker_with(&hooks, &nats, "wb", &opts),
+    ];
+    let edge = edge(&hooks, &nats.url(), &[]);
+    wait_for_fleet(&edge, "long", &["wa", "wb"]);
+    let (status, v) = post_batch(&edge, 0..60, json!({"pause": 0.5}));
+    assert_eq!(status, 202, "{v}");
+    let paused = hooks.out().join("long.paused");
+    poll(
+        Duration::from_secs(60),
+        "five events of the bundle started",
+        || (read_jsonl(&paused).len() >= 5).then_some(()),
+    );
+    nats.stop();
+    nats.restart();
+    let taken = || {
+        workers
+            .iter()
+            .map(|w| w.log().matches("lease taken").count())
+            .sum::<usize>()
+    };
+    poll(
+        Duration::from_secs(30),
+        "a worker to take the lease after the restart",
+        || (taken() >= 2).then_some(()),
+    );
+    let (status, v) = post_batch(&edge, 60..80, json!({}));
+    assert_eq!(status, 202, "{v}");
+    let recs = crate::fleet::wait_for_all(&hooks, "long", 80, Duration::from_secs(120));
+    let bundle_ended = recs
+        .iter()
+        .filter(|r| r["n"].as_u64().is_some_and(|n| n < 60))
+        .filter_map(|r| r["t"].as_f64())
+        .fold(0.0, f64::max);
+    let early: Vec<u64> = recs
+        .iter()
+        .filter(|r| r["n"].as_u64().is_some_and(|n| n >= 60))
+        .filter(|r| r["t"].as_f64().is_some_and(|t| t < bundle_ended))
+        .filter_map(|r| r["n"].as_u64())
+        .collect();
+    assert!(
+        early.is_empty(),
+        "started while the bundle still ran: {early:?}; handled: {:?}",
+        handled_ns(&recs)
+    );
+    assert_eq!(
+        first_ns(&recs),
+        (0..80).collect::<Vec<_>>(),
+        "one puller at a time: first handlings in publish order"
+    );
+}
