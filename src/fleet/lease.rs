@@ -8,7 +8,9 @@
 //! A holder that dies stops renewing and the key expires with the bucket's `max_age` (the
 //! worker's `--ack-wait` when the bucket is created): another worker takes over then (it tries
 //! again when the key is due to run out, [`expires_in`]). A worker
-//! that stops cleanly deletes the key so that the next takes over at once.
+//! that stops cleanly deletes the key so that the next takes over at once. A worker that lost
+//! the lease while it still runs events it started keeps a second key, `<key>.finishing`, until
+//! they are done ([`Finishing`]): the next holder waits for those events as long as it is there.
 
 use std::time::Duration;
 
