@@ -298,7 +298,8 @@ pub struct ServeArgs {
     pub service_nice: i32,
     /// idle (SCHED_IDLE, the gateway preempts the service's threads at once when it wakes;
     /// raised while a collect is pending) or normal, for the service's own threads. Default as
-    /// --worker-sched.
+    /// --worker-sched; normal for a fleet `worker` (its leases and progress signals have
+    /// deadlines).
     #[arg(long, value_enum, value_name = "POLICY", env = crate::priority::SERVICE_SCHED_ENV, hide_possible_values = true)]
     pub service_sched: Option<crate::priority::Sched>,
     /// Threads of the service's async runtime (0: one per core). Default: one per core for
@@ -335,13 +336,19 @@ impl ServeArgs {
         }
     }
 
-    /// The priority of the service's own runtime threads.
-    pub fn service_threads(&self) -> crate::priority::ServiceThreads {
+    /// The priority of the service's own runtime threads (`worker`: a fleet worker's, which
+    /// default to the normal class: they renew ordered hooks' leases and send the progress
+    /// signals of held events, deadlines the broker keeps that a busy CPU must not starve under
+    /// `SCHED_IDLE`; its hook processes keep their default).
+    pub fn service_threads(&self, worker: bool) -> crate::priority::ServiceThreads {
+        let default = if worker {
+            crate::priority::Sched::Normal
+        } else {
+            crate::priority::default_sched()
+        };
         crate::priority::ServiceThreads(crate::priority::Priority {
             nice: self.service_nice,
-            sched: self
-                .service_sched
-                .unwrap_or_else(crate::priority::default_sched),
+            sched: self.service_sched.unwrap_or(default),
         })
     }
 }

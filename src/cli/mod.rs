@@ -52,9 +52,9 @@ pub fn main() -> i32 {
     };
     init_logging(cli.log_format, &default_filter);
     let service_threads = match &cli.command {
-        Command::Serve(args) => Some(args.service_threads()),
+        Command::Serve(args) => Some(args.service_threads(false)),
         #[cfg(feature = "fleet")]
-        Command::Worker(args) => Some(args.service_threads()),
+        Command::Worker(args) => Some(args.service_threads(true)),
         _ => None,
     };
     if service_threads.is_some() {

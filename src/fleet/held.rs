@@ -20,8 +20,9 @@
 //!   the order their ack waits ran out, not in stream order, and a cumulative acknowledgement of
 //!   one that came early would settle lower ones still on their way back (issue 34).
 //! - **Progress.** [`Held::progress`] (every third of the ack wait) sends a progress signal for
-//!   every held event that is not finished, so none is redelivered while it waits in the hook's
-//!   local queue or runs: one timer per session instead of a task and a timer per event.
+//!   every held message not handed back, so none is redelivered while it waits in the hook's
+//!   local queue, runs, or (`All`) waits finished for a lower one to be acknowledged: one timer
+//!   per session instead of a task and a timer per event.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -268,13 +269,15 @@ impl Held {
         n
     }
 
-    /// Sends a progress signal for every held message not finished (nor handed back: that
-    /// would hold back its redelivery).
+    /// Sends a progress signal for every held message not handed back (that would hold back
+    /// its redelivery), the finished ones too: a finished message stays held, unacknowledged,
+    /// while a lower one is handed back or still runs, and without signals the broker would
+    /// deliver it again after the ack wait (issue 34).
     pub async fn progress(&self) {
         let msgs: Vec<Arc<Message>> = match self.slots.lock() {
             Ok(s) => s
                 .values()
-                .filter(|slot| !slot.done && !slot.back)
+                .filter(|slot| !slot.back)
                 .map(|slot| slot.msg.clone())
                 .collect(),
             Err(_) => return,

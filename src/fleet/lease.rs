@@ -8,7 +8,9 @@
 //! A holder that dies stops renewing and the key expires with the bucket's `max_age` (the
 //! worker's `--ack-wait` when the bucket is created): another worker takes over then (it tries
 //! again when the key is due to run out, [`expires_in`]). A worker
-//! that stops cleanly deletes the key so that the next takes over at once.
+//! that stops cleanly deletes the key so that the next takes over at once. A worker that lost
+//! the lease while it still runs events it started keeps a second key, `<key>.finishing`, until
+//! they are done ([`Finishing`]): the next holder waits for those events as long as it is there.
 
 use std::time::Duration;
 
@@ -66,6 +68,59 @@ pub async fn expires_in(store: &kv::Store, ttl: Duration, key: &str) -> Option<D
     let ends = entry.created + ttl;
     let left = ends - time::OffsetDateTime::now_utc();
     Some(Duration::try_from(left).unwrap_or(Duration::ZERO))
+}
+
+/// The key a worker that lost the lease on `key` keeps while it finishes what it had started
+/// ([`Finishing`]): the next holder waits for the events it still holds pending.
+fn finishing_key(key: &str) -> String {
+    format!("{key}.finishing")
+}
+
+/// Whether a worker that lost the lease on `key` says it still finishes events it started
+/// (`false` also when the bucket cannot be read).
+pub async fn finishing(store: &kv::Store, key: &str) -> bool {
+    matches!(store.get(finishing_key(key)).await, Ok(Some(_)))
+}
+
+/// Said by a worker that lost the lease while it finishes what it started (written again four
+/// times per `ttl`, the bucket's `max_age`, so it runs out with a worker that dies meanwhile);
+/// taken back by [`Finishing::end`].
+pub struct Finishing {
+    task: tokio::task::JoinHandle<()>,
+    store: kv::Store,
+    key: String,
+}
+
+impl Finishing {
+    pub fn start(store: &kv::Store, ttl: Duration, key: &str, holder: &str) -> Self {
+        let (store2, key2, holder) = (store.clone(), finishing_key(key), holder.to_string());
+        let task = tokio::spawn(async move {
+            loop {
+                // Not there yet when the broker restarted with an empty bucket: tried again.
+                if let Err(e) = store2.put(&key2, holder.clone().into()).await {
+                    tracing::debug!(key = %key2, "fleet: cannot say this worker still finishes the hook's events ({e}); trying again");
+                }
+                tokio::time::sleep(ttl / 4).await;
+            }
+        });
+        Self {
+            task,
+            store: store.clone(),
+            key: finishing_key(key),
+        }
+    }
+
+    /// Everything started is finished: the next holder need not wait for this worker.
+    pub async fn end(self) {
+        self.task.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.store.delete(&self.key)).await;
+    }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A held lease: renewed in the background until dropped or lost.

@@ -2138,7 +2138,7 @@ fn a_killed_lease_holder_loses_no_event_it_held() {
 }
 
 /// Waits until events `0..n` of `hook` were all handled; on timeout fails naming the missing.
-fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value> {
+pub(crate) fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value> {
     let deadline = Instant::now() + limit;
     loop {
         let r = records(hooks, hook);

@@ -20,6 +20,8 @@ mod exec;
 #[cfg(feature = "fleet")]
 mod fleet;
 #[cfg(feature = "fleet")]
+mod fleet_held;
+#[cfg(feature = "fleet")]
 mod fleet_tp;
 mod fuzz;
 mod gateway;

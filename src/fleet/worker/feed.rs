@@ -9,6 +9,7 @@ use async_nats::jetstream::{self, AckKind};
 use super::ack::*;
 use super::deliver::*;
 use super::pull::*;
+use super::state::Started;
 
 impl Run {
     /// Starts events from the backlog, in order, while fewer than the window are in flight
@@ -32,6 +33,16 @@ impl Run {
         }
         let window = self.s.window.max(1) as usize;
         while self.running.len() + self.background.len() < window {
+            if self
+                .backlog
+                .front()
+                .is_some_and(|d| d.hseq > 0 && self.counters.running(&d.key))
+            {
+                // Delivered again (its bundle was handed back for another of its events) while
+                // the earlier delivery's call still runs or waits in the hook's local queue:
+                // it waits for that call (then it is done, or runs), never runs beside it.
+                return;
+            }
             let Some(d) = self.backlog.pop_front() else {
                 return;
             };
@@ -42,8 +53,9 @@ impl Run {
     /// Taking over ([`CatchUp`]): asks the broker how many events of the hook are pending; when
     /// this worker holds them all, sorts the backlog and starts it. Events nobody renews come
     /// back within an ack wait; a count that stays above what is held longer is a previous
-    /// holder still running what it started (a long bundle): waited for, with a warning every
-    /// four ack waits.
+    /// holder still running what it started (a long bundle), waited for while it says so (with
+    /// a warning every four ack waits), or events the broker no longer delivers: given up on
+    /// after [`CatchUp::limit`], with a warning.
     pub(super) async fn check_caught_up(&mut self, consumer: &jetstream::consumer::PullConsumer) {
         let Some(c) = self.catch_up.as_mut() else {
             return;
@@ -59,11 +71,22 @@ impl Run {
                 tracing::debug!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: waiting for the previous holder's events to come back");
                 return;
             }
-            if c.since.elapsed() >= self.sh.opts.ack_wait * 4 {
-                c.since = tokio::time::Instant::now();
-                tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: still waiting for events another worker holds (a previous holder still running them?) before this one pulls the ordered hook");
+            let ack_wait = self.sh.opts.ack_wait;
+            if c.since.elapsed() < CatchUp::limit(ack_wait) {
+                return;
             }
-            return;
+            let finishing = match &c.lease {
+                Some((store, key)) => crate::fleet::lease::finishing(store, key).await,
+                None => false,
+            };
+            if finishing {
+                if c.warned.elapsed() >= ack_wait * 4 {
+                    c.warned = tokio::time::Instant::now();
+                    tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: still waiting for events a previous holder of the ordered hook is finishing before this worker pulls it");
+                }
+                return;
+            }
+            tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, missing = now.0 - now.1 as u64, waited = %crate::time::fmt_duration(c.since.elapsed()), "fleet: events the broker counts as pending for the ordered hook never came back and no worker says it still runs them (past their deliveries, a consumer reset, a broker that lost state?); running the ones here in stream order without them");
         }
         self.catch_up = None;
         self.backlog
@@ -152,7 +175,9 @@ impl Run {
         let wait = (s.timeout + Duration::from_secs(5)) * (s.window.max(1) + 1);
         // One future per event: the handler call, then what follows it.
         let redo = self.redo_tx.clone();
+        let started = (d.hseq > 0).then(|| Started::new(&counters, d.key));
         let mut call: InFlight = Box::pin(async move {
+            let _started = started;
             let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
             if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
                 // Dropped by the old name's hook: the same delivery runs under the new name.

@@ -43,7 +43,9 @@
 //! A worker that takes an ordered hook's lease starts nothing and acknowledges nothing until
 //! every event the broker counts as pending for the hook is delivered to it ([`pull::CatchUp`]): a
 //! dead or late previous holder's events come back in the order their ack waits ran out, and a
-//! cumulative acknowledgement must never pass one still on its way.
+//! cumulative acknowledgement must never pass one still on its way. It waits for a previous
+//! holder that says it still finishes them; otherwise it gives up on what does not come back
+//! within 2 x ack wait + 1 s, with a warning.
 //!
 //! A removed hook's consumers are deleted after `consumer_grace` when no worker pulls from them.
 //!

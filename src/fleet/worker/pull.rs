@@ -61,11 +61,38 @@ pub(super) struct Run {
 /// and nothing is acknowledged until the broker's count of pending events is what this worker
 /// holds (every one is here, whatever the previous holder still does); then the backlog is put
 /// in stream order and runs. A previous holder still running (its lease lost but not its
-/// process) keeps its events pending with progress signals: this waits for it.
+/// process) keeps its events pending with progress signals and says so in the lease bucket
+/// ([`crate::fleet::lease::Finishing`]): this waits for it. Otherwise a count that stays above
+/// what is held for [`CatchUp::limit`] (a message the broker no longer delivers: past its
+/// deliveries, a consumer reset, a broker that lost state) is given up on with a warning, and
+/// what is here runs in stream order.
 pub(super) struct CatchUp {
     /// The broker's pending count and this worker's held count at the last change.
     pub(super) last: (u64, usize),
     pub(super) since: tokio::time::Instant,
+    /// The lease bucket and the hook's lease key (whether a previous holder still finishes).
+    pub(super) lease: Option<(async_nats::jetstream::kv::Store, String)>,
+    /// When a warning was last logged.
+    pub(super) warned: tokio::time::Instant,
+}
+
+impl CatchUp {
+    pub(super) fn new(lease: Option<(async_nats::jetstream::kv::Store, String)>) -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            last: (u64::MAX, 0),
+            since: now,
+            lease,
+            warned: now,
+        }
+    }
+
+    /// How long a pending count above what is held may stay unchanged, nobody saying it still
+    /// finishes them, before the new holder goes on without them: every event nobody renews
+    /// comes back within an ack wait; twice that and a second more.
+    pub(super) fn limit(ack_wait: Duration) -> Duration {
+        ack_wait * 2 + Duration::from_secs(1)
+    }
 }
 
 /// How often a new lease holder asks the broker what is still pending.
@@ -184,6 +211,31 @@ impl Run {
         }
         while self.background.join_next().await.is_some() {}
         self.main.flush().await;
+    }
+
+    /// The lease was lost (another worker may hold it now): starts nothing more, finishes what
+    /// runs (the rest of a bundle partly started too), acknowledges it, and forgets what was
+    /// handed back or left (it goes to whoever holds the lease next: that worker waits for it,
+    /// and for what this one still finishes, which it says in the lease bucket meanwhile)
+    /// before standing by.
+    pub(super) async fn stand_down(
+        &mut self,
+        leases: &Option<(async_nats::jetstream::kv::Store, Duration)>,
+    ) {
+        let finishing = leases.as_ref().map(|(store, ttl)| {
+            crate::fleet::lease::Finishing::start(
+                store,
+                *ttl,
+                &crate::fleet::consumer_name(&self.s.key),
+                &self.sh.opts.id,
+            )
+        });
+        self.drain(Some(tokio::time::Instant::now())).await;
+        if let Some(f) = finishing {
+            f.end().await;
+        }
+        self.forget_retries().await;
+        self.main.forget();
     }
 
     /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`); the
@@ -404,10 +456,10 @@ pub(super) async fn consume(
             }
             // A previous holder may have left events pending: they come back as their ack
             // waits run out, in no useful order; nothing runs until all are here.
-            r.catch_up = Some(CatchUp {
-                last: (u64::MAX, 0),
-                since: tokio::time::Instant::now(),
-            });
+            let bucket = leases
+                .as_ref()
+                .map(|(store, _)| (store.clone(), crate::fleet::consumer_name(&s.key)));
+            r.catch_up = Some(CatchUp::new(bucket));
             r.main.pause(true);
         }
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
@@ -425,13 +477,7 @@ pub(super) async fn consume(
             Ended::Again => {}
         }
         if s.ordered() && lease.is_none() {
-            // The lease was lost (another worker may hold it now): start nothing more, finish
-            // what runs (the rest of a bundle partly started too), acknowledge it, and forget
-            // what was handed back or left (it goes to whoever holds the lease next: that
-            // worker waits for it, up to twice the ack wait) before standing by.
-            r.drain(Some(tokio::time::Instant::now())).await;
-            r.forget_retries().await;
-            r.main.forget();
+            r.stand_down(&leases).await;
         }
         if std::mem::take(&mut r.pulled) {
             pause = Duration::from_millis(100);

@@ -123,6 +123,9 @@ impl Recent {
 #[derive(Default)]
 pub(super) struct Counters {
     pub(super) done: Mutex<Recent>,
+    /// Events whose handler call started here and is not settled yet ([`Started`]): the same
+    /// event of a bundle handed back and delivered again waits for it (issue 34).
+    pub(super) started: Mutex<std::collections::HashSet<DoneKey, KeyHash>>,
     pub(super) already_done: AtomicU64,
     pub(super) delivered: AtomicU64,
     /// Stream messages delivered (`delivered` counts their events: a bundle holds several).
@@ -140,7 +143,38 @@ pub(super) struct Counters {
     pub(super) duplicate: AtomicU64,
 }
 
+/// An event's handler call in flight (in [`Counters::started`] until dropped).
+pub(super) struct Started {
+    counters: Arc<Counters>,
+    key: DoneKey,
+}
+
+impl Started {
+    pub(super) fn new(counters: &Arc<Counters>, key: DoneKey) -> Self {
+        if let Ok(mut s) = counters.started.lock() {
+            s.insert(key);
+        }
+        Self {
+            counters: counters.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.counters.started.lock() {
+            s.remove(&self.key);
+        }
+    }
+}
+
 impl Counters {
+    /// Whether the event `key` runs here now (a call started and not settled).
+    pub(super) fn running(&self, key: &DoneKey) -> bool {
+        self.started.lock().is_ok_and(|s| s.contains(key))
+    }
+
     /// `messages` of the stream in events: times the events per message this worker was
     /// delivered (exact while each event goes alone; an estimate with bundles).
     pub(super) fn events(&self, messages: u64) -> u64 {
