@@ -2195,53 +2195,6 @@ fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
     );
     wait_for_all(&hooks, "quick", 30, Duration::from_secs(60));
 }
-
-/// Issue 34 item 2: the broker restarted (the lease bucket is in memory: the lease is gone) while
-/// the holder runs one 60-event bundle at 0.5 s per event, longer than any fixed wait: whichever
-/// worker takes the lease starts nothing until that bundle is finished, so the events posted
-/// after it never run before its last one.
-#[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
-fn order_holds_when_a_broker_restart_loses_the_lease_during_a_long_bundle() {
-    let Some(mut nats) = NatsServer::start() else {
-        return;
-    };
-    let hooks = Hooks::new();
-    recording_hook(&hooks, "long", r#"["agent:step"]"#, "");
-    let opts = [
-        "--ack-wait",
-        "4",
-        "--retry-backoff-ms",
-        "50",
-        "--status-interval-ms",
-        "100",
-    ];
-    let _workers = [
-        worker_with(&hooks, &nats, "wa", &opts),
-        worker_with(&hooks, &nats, "wb", &opts),
-    ];
-    let edge = edge_serving(&hooks, &nats.url(), &[], &["long"], &["wa", "wb"]);
-    let (status, v) = post_batch(&edge, 0..60, json!({"pause": 0.5}));
-    assert_eq!(status, 202, "{v}");
-    let paused = hooks.out().join("long.paused");
-    poll(
-        Duration::from_secs(60),
-        "five events of the bundle started",
-        || (read_jsonl(&paused).len() >= 5).then_some(()),
-    );
-    nats.stop();
-    nats.restart();
-    let (status, v) = post_batch(&edge, 60..80, json!({}));
-    assert_eq!(status, 202, "{v}");
-    let recs = wait_for_all(&hooks, "long", 80, Duration::from_secs(120));
-    let firsts = first_ns(&recs);
-    assert_eq!(
-        firsts,
-        (0..80).collect::<Vec<_>>(),
-        "one puller at a time: first handlings in publish order"
-    );
-}
-
 /// Issue 34 item 4: an ordered hook with an `id:` renamed on its running worker (directory moved
 /// and `name:` changed) while its events flow and wait in its local queue: a hand-over, like an
 /// edit. Every event runs exactly once, on its first delivery, in publish order, and nothing is
