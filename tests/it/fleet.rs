@@ -2195,6 +2195,7 @@ fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
     );
     wait_for_all(&hooks, "quick", 30, Duration::from_secs(60));
 }
+
 /// Issue 34 item 4: an ordered hook with an `id:` renamed on its running worker (directory moved
 /// and `name:` changed) while its events flow and wait in its local queue: a hand-over, like an
 /// edit. Every event runs exactly once, on its first delivery, in publish order, and nothing is
