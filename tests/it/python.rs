@@ -317,3 +317,40 @@ async fn a_future_a_sync_handle_returns_is_awaited_on_the_loop_it_belongs_to() {
     }
     host.shutdown(T).await;
 }
+
+/// The runner reads a request line with the C scanner directly (`parse_request`) and leaves
+/// everything else to `json.loads`: for any line, both give the same value or the same error.
+#[test]
+fn the_runners_request_parser_agrees_with_json_loads() {
+    let runner = concat!(env!("CARGO_MANIFEST_DIR"), "/src/handler/python/runner.py");
+    let script = r#"
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("hh_runner", sys.argv[1])
+runner = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runner)
+lines = [b'{"id":1,"event":"a:b","context":{"k":"v","n":[1,2.5,null,true]}}',
+         b'{"id": 2, "event": "a:b", "context": {}}', b' {"id":3}', b'{"id":4} ', b'{"id":5}x',
+         b'{"a":1}{"b":2}', b'\xff{}', b'"\xed\xa0\x80"', b'"\\ud800"', b'NaN', b'[1,2]', b'',
+         b'"caf\xc3\xa9 \xf0\x9f\x98\x80"', b'{"id":6,"context":{"t":"\\u00e9\\ud83d\\ude00"}}',
+         b'[' * 100000, b'{"id":7,', b'12', b'{"id":8,"event":"x","context":{"a":1e400}}']
+def outcome(f, line):
+    try:
+        return ("ok", repr(f(line)))
+    except Exception as exc:
+        return ("error", type(exc).__name__, str(exc)[:200])
+for line in lines:
+    got, want = outcome(runner.parse_request, line), outcome(json.loads, line)
+    assert got == want, (line[:80], got, want)
+print("agreed on", len(lines), "lines")
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, runner])
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("agreed on 18 lines"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

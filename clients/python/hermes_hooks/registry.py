@@ -5,8 +5,8 @@ Same surface as the gateway's original ``gateway.hooks.HookRegistry``: ``discove
 context=None)``. See the package docstring for the guarantees.
 
 Path of an event: ``emit`` validates the name, copies the context (shallow) and appends it to a
-deque bounded by count and by bytes, under a lock; if the sender thread is idle, its wake-up is
-scheduled on the event loop (``call_soon``) -> the sender takes the events a few at a time
+deque bounded by count and by bytes (without a lock when there is room: see ``emit``); if the
+sender thread is idle, its wake-up is scheduled on the event loop (``call_soon``) -> the sender takes the events a few at a time
 (``_ENCODE_CHUNK``), encodes them to JSON (``default=``: anything becomes a string) and sleeps
 briefly between chunks, up to ``batch_max`` events or ``_BATCH_BYTES`` -> ``POST
 /v1/events/batch`` over one keep-alive connection -> on 202 they are counted ``sent``; on a
@@ -454,12 +454,12 @@ class HookRegistry:
         self._drained = threading.Condition(self._lock)
         # Cuts a reconnect backoff short (flush, close).
         self._kick = threading.Event()
-        # Buffered events, oldest first, not encoded yet: the context copies (None for no
-        # context) and, in step, their encoded ``{"event":NAME,"context":`` prefixes. Two deques
-        # rather than one of tuples: a dict of plain values is not tracked by the garbage
-        # collector, a tuple is, and a backlog of tuples would lengthen the gateway's collections.
+        # Buffered events, oldest first, not encoded yet: ``(prefix, context copy)``, the prefix
+        # being the encoded ``{"event":NAME,"context":`` and the copy None for no context. One
+        # deque, so that one append (atomic under the GIL) adds an event whole and ``emit`` needs
+        # no lock. (A tuple of untracked objects, such as a dict of plain values, leaves the
+        # garbage collector's lists at the first young collection that sees it.)
         self._queue = collections.deque()  # type: collections.deque
-        self._queue_prefixes = collections.deque()  # type: collections.deque
         # Events (and their encoded bytes) taken by the sender, not yet acknowledged or rejected.
         self._inflight = 0
         self._inflight_bytes = 0
@@ -472,6 +472,10 @@ class HookRegistry:
         self._thread = None  # type: Optional[threading.Thread]
         self._stopping = False
         self._closed = False
+        # How many events the buffer holds before ``emit`` must take the slow path (which
+        # drops): ``_room_now()`` as of the last change, kept by ``_set_room``; 0 until the
+        # sender runs and once closed, so those cases go through ``_enqueue`` too.
+        self._room = 0
 
     # ------------------------------------------------------------------ the original surface
 
@@ -594,14 +598,37 @@ class HookRegistry:
         When the sender thread is idle, waking it (a futex wake and usually a context switch,
         some microseconds) is not done here but scheduled with ``loop.call_soon``: it runs when
         the calling task next yields, off the message's path, and one wake serves every event
-        emitted until then."""
+        emitted until then.
+
+        The common case (a dict context, a name already seen, room in the buffer) is inline
+        here and takes no lock: a copy of the context and one ``deque.append``, atomic under the
+        GIL. The room is precomputed under the lock whenever it changes (``_set_room``); the
+        length is read before it, so a sender taking events meanwhile can only make the check
+        stricter. Everything else (a new name, a full buffer, a closed registry, a context of
+        another type) goes through ``_enqueue``, under the lock. The sender re-checks the buffer
+        after saying it is idle (``_run_sender``), so an append it did not see is followed by a
+        wake."""
         try:
             if self._handlers:
                 self._inprocess.handlers = self._handlers
                 self._inprocess.dispatch(event_type, context)
-            if self._ingateway:
+            if self._ingateway._hooks:
                 self._ingateway.dispatch(event_type, context)
-            if self._enqueue(event_type, context) is _WAKE:
+            result = None  # type: Any
+            if type(context) is dict and type(event_type) is str:
+                prefix = self._prefixes.get(event_type)
+                if prefix is not None:
+                    queue = self._queue
+                    if len(queue) < self._room:
+                        # A copy: the gateway may reuse its dict after emit returns.
+                        queue.append((prefix, context.copy()))
+                        if not self._sender_idle or self._wake_pending:
+                            return
+                        self._wake_pending = True
+                        result = _WAKE
+            if result is None:
+                result = self._enqueue(event_type, context)
+            if result is _WAKE:
                 try:
                     asyncio.get_running_loop().call_soon(self._wake_sender)
                 except RuntimeError:  # driven without a running loop
@@ -617,7 +644,7 @@ class HookRegistry:
             if self._handlers:
                 self._inprocess.handlers = self._handlers
                 self._inprocess.dispatch(event_type, context)
-            if self._ingateway:
+            if self._ingateway._hooks:
                 self._ingateway.dispatch(event_type, context)
             result = self._enqueue(event_type, context)
             if result is _WAKE:
@@ -655,13 +682,8 @@ class HookRegistry:
                 lost = "closed"
             else:
                 queue = self._queue
-                prefixes = self._queue_prefixes
                 lost = None
-                # Room beside the batch in flight (never dropped); queued events count for the
-                # average encoded size.
-                count_room = self._queue_size - self._inflight
-                fits = int((self._queue_bytes - self._inflight_bytes) / self._event_bytes)
-                room = count_room if count_room < fits else fits
+                room = self._room_now()
                 if len(queue) >= room:
                     if room <= 0:
                         self.dropped += 1
@@ -670,11 +692,9 @@ class HookRegistry:
                         lost = "oldest"
                         while len(queue) >= room:
                             queue.popleft()
-                            prefixes.popleft()
                             self.dropped += 1
                 if lost != "newest":
-                    queue.append(ctx)
-                    prefixes.append(prefix)
+                    queue.append((prefix, ctx))
                     if self._sender_idle and not self._wake_pending:
                         self._wake_pending = wake = True
         if self._thread is None and lost != "closed":
@@ -684,6 +704,18 @@ class HookRegistry:
             if lost != "oldest":
                 return False
         return _WAKE if wake else True
+
+    def _room_now(self) -> int:
+        """(Under the lock.) Room beside the batch in flight (never dropped), in events; the
+        queued ones count for the average encoded size."""
+        count_room = self._queue_size - self._inflight
+        fits = int((self._queue_bytes - self._inflight_bytes) / self._event_bytes)
+        return count_room if count_room < fits else fits
+
+    def _set_room(self) -> None:
+        """(Under the lock.) Refreshes ``_room`` after the in-flight counts, the average size,
+        the sender or ``_closed`` changed."""
+        self._room = 0 if self._closed or self._thread is None else self._room_now()
 
     def _wake_sender(self) -> None:
         with self._lock:
@@ -899,6 +931,7 @@ class HookRegistry:
         delivered = self.flush(timeout)
         with self._lock:
             self._closed = True
+            self._room = 0
             self._stopping = True
             self._wake.notify_all()
         self._kick.set()
@@ -957,6 +990,7 @@ class HookRegistry:
                 return
             self._thread = threading.Thread(target=self._run_sender, name="hermes-hooks-sender",
                                             daemon=True)
+            self._set_room()
         self._thread.start()
 
     def _close_at_exit(self) -> None:
@@ -988,6 +1022,10 @@ class HookRegistry:
                             if self._stopping:
                                 return
                             self._sender_idle = True
+                            # emit appends without the lock: one that came before the flag was
+                            # set is seen here; one after it sees the flag and wakes us.
+                            if self._queue:
+                                break
                             self._wake.wait(_IDLE_RECHECK)
                         self._sender_idle = False
                         self._wake_pending = False  # a wake lost with its loop blocks no later one
@@ -1081,9 +1119,10 @@ class HookRegistry:
                 take = min(len(queue), _ENCODE_CHUNK, limit - len(parts))
                 if not take:
                     break
-                popleft, popleft_prefix = queue.popleft, self._queue_prefixes.popleft
-                items = [(popleft_prefix(), popleft()) for _ in range(take)]
+                popleft = queue.popleft
+                items = [popleft() for _ in range(take)]
                 self._inflight += take
+                self._set_room()
             chunk_size = 0
             kept = 0
             for index, (prefix, ctx) in enumerate(items):
@@ -1107,9 +1146,9 @@ class HookRegistry:
                 if size + chunk_size >= max_bytes and index + 1 < len(items):
                     rest = items[index + 1:]  # the batch is full: back to the front, in order
                     with self._lock:
-                        self._queue.extendleft(ctx for _, ctx in reversed(rest))
-                        self._queue_prefixes.extendleft(prefix for prefix, _ in reversed(rest))
+                        self._queue.extendleft(reversed(rest))
                         self._inflight -= len(rest)
+                        self._set_room()
                     break
             size += chunk_size
             with self._lock:
@@ -1121,6 +1160,7 @@ class HookRegistry:
                     else:
                         self._event_bytes = average
                         self._event_bytes_measured = True
+                self._set_room()
         if bad:
             self._settle([], sent=False, count=bad)
         return parts
@@ -1133,6 +1173,7 @@ class HookRegistry:
         with self._lock:
             self._inflight -= count
             self._inflight_bytes -= size
+            self._set_room()
             if sent:
                 self.sent += count
             else:

@@ -174,6 +174,25 @@ class NoServiceTest(unittest.TestCase):
         self.assertEqual(registry.pending, 10)
         self.assertTrue(results[-1], "the newest event is kept")
 
+    def test_await_emit_keeps_the_bound_and_the_drop_count(self) -> None:
+        # ``await emit`` appends without the lock while there is room (the room the sender
+        # precomputes): the bound, the drop count and the order must be those of emit_nowait.
+        registry = self.registry(queue_size=10)
+
+        async def burst() -> None:
+            for i in range(50):
+                await registry.emit("agent:start", {"i": i})
+
+        asyncio.run(burst())
+        self.assertEqual(registry.pending + registry.dropped, 50, registry.stats())
+        self.assertLessEqual(registry.pending, 10, registry.stats())
+        kept = [ctx["i"] for _, ctx in list(registry._queue)]
+        self.assertEqual(kept, sorted(kept), "oldest first")
+        self.assertEqual(kept[-1], 49, "the newest event is kept")
+        registry.close(0)
+        asyncio.run(registry.emit("agent:start", {"late": True}))
+        self.assertEqual(registry.pending + registry.dropped, 51, "an emit after close is dropped")
+
     def test_bound_by_bytes_drops_oldest(self) -> None:
         registry = self.registry(queue_bytes=40000, batch_max=5)
         blob = "x" * 1000  # about 1,030 bytes per event as JSON

@@ -50,6 +50,8 @@ pub use protocol::{Answer, PIPELINE_DEPTH, encode_requests, parse_answer, parse_
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
 /// Largest response line accepted from a worker.
 const MAX_RESPONSE: usize = 16 * 1024 * 1024;
+/// Capacity of the answer buffer kept between answers (a larger one is freed).
+const KEPT_LINE_CAPACITY: usize = 64 * 1024;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Time a worker gets to import its module, at least.
@@ -144,6 +146,8 @@ pub struct PythonHandler {
     next_id: u64,
     backoff: Duration,
     restart_at: Option<Instant>,
+    /// The answer line being read, kept between answers so reading one allocates nothing.
+    line: Vec<u8>,
 }
 
 /// The runner and the bytecode cache beside it are code: their directory is checked as a hook's
@@ -269,6 +273,7 @@ impl PythonHandler {
             next_id: 0,
             backoff: FIRST_BACKOFF,
             restart_at: None,
+            line: Vec::new(),
         };
         this.worker = Some(this.spawn().await?);
         Ok(this)
@@ -704,9 +709,13 @@ impl PythonHandler {
         let Some(worker) = self.worker.as_mut() else {
             return Err(None);
         };
+        let line = &mut self.line;
         loop {
-            let mut line = Vec::new();
-            match read_line_limited(&mut worker.stdout, &mut line, MAX_RESPONSE).await {
+            if line.capacity() > KEPT_LINE_CAPACITY {
+                *line = Vec::new(); // a large result once does not stay allocated
+            }
+            line.clear();
+            match read_line_limited(&mut worker.stdout, line, MAX_RESPONSE).await {
                 Ok(Some(false)) => {}
                 Ok(Some(true)) => {
                     return Ok(Err(HandlerError::Failed(format!(
@@ -716,7 +725,7 @@ impl PythonHandler {
                 }
                 Ok(None) | Err(_) => return Err(None),
             }
-            match parse_answer(&line, id) {
+            match parse_answer(line, id) {
                 Answer::Outcome(result) => return Ok(result),
                 Answer::Stale => continue, // an answer to an abandoned request
                 Answer::Broken => return Err(Some("python worker broke the protocol".into())),

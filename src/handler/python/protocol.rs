@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::handler::api::{Call, HandlerError, HandlerResult};
 
 /// Most calls written to a worker before their answers are read.
-pub const PIPELINE_DEPTH: usize = 64;
+pub const PIPELINE_DEPTH: usize = 256;
 /// Most bytes of requests written at once (at least one request always goes).
 pub const PIPELINE_BYTES: usize = 1024 * 1024;
 

@@ -74,7 +74,7 @@ DRAIN_SECONDS = 2.0
 PYCACHE_ENV = "HERMES_HOOKS_PYCACHE"
 READ_CHUNK = 1 << 16
 
-_proto_out = None  # the real stdout, for replies only
+_proto_out = None  # the real stdout's descriptor, for replies only
 _proto_in = None  # the real stdin's descriptor, for requests only
 _send_lock = threading.Lock()
 _retiring = False  # SIGUSR2: a newer version took over; start no further call
@@ -117,7 +117,7 @@ def setup_logging():
 def take_protocol_fds():
     """Take the protocol descriptors before any other code can write or read them."""
     global _proto_out, _proto_in
-    _proto_out = os.fdopen(os.dup(1), "wb")
+    _proto_out = os.dup(1)
     _proto_in = os.dup(0)
     os.dup2(2, 1)  # even C-level writes to fd 1 now land on stderr
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -351,11 +351,14 @@ def send(obj, check=False):
 
 
 def write_line(line):
+    """One ``write`` of the whole line (unbuffered: a reply is out before the next call starts)."""
     with _send_lock:
         try:
-            _proto_out.write(line)
-            _proto_out.flush()
-        except (BrokenPipeError, ValueError, OSError):
+            done = os.write(_proto_out, line)
+            while done < len(line):  # a pipe may take a long line in parts
+                line = line[done:]
+                done = os.write(_proto_out, line)
+        except OSError:  # BrokenPipeError included: the host is gone
             os._exit(0)
 
 
@@ -503,11 +506,30 @@ def skip(line):
     send({"id": req_id, "ok": False, "skipped": True})
 
 
+#: The C scanner behind ``json.loads``, called directly (see ``parse_request``).
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def parse_request(line):
+    """``json.loads(line)`` for a request line, without its Python layers in the common case
+    (compact UTF-8, as the host writes it): the decode and the C scanner only. Anything else
+    (whitespace around the value, an encoded surrogate, an error to describe) goes through
+    ``json.loads``, which gives the same value or the error."""
+    try:
+        text = line.decode("utf-8")
+        value, end = _scan_json(text, 0)
+        if end == len(text):
+            return value
+    except (ValueError, StopIteration, RecursionError):
+        pass
+    return json.loads(line)  # bytes: UTF-8 (an invalid sequence is a ValueError too)
+
+
 def answer(handle, hook_name, line):
     """Handle one request line: sends exactly one reply, now or, when ``handle`` returned an
     awaitable, from the coroutine returned (the caller awaits it before the next request)."""
     try:
-        req = json.loads(line)  # bytes: UTF-8 (an invalid sequence is a ValueError too)
+        req = parse_request(line)
     except (ValueError, RecursionError) as exc:  # ValueError includes UnicodeDecodeError
         return bad_request(None, "invalid JSON: %s" % exc)
     req_id = req.get("id") if isinstance(req, dict) else None
@@ -594,7 +616,7 @@ def answer_lines(handle, hook_name, lines):
     ``handle`` returned an awaitable: ``(that answer's coroutine, the lines after it)``, or
     ``(None, [])`` when every line was answered."""
     for i, line in enumerate(lines):
-        if not line.strip():
+        if not line or line.isspace():
             continue
         if _retiring:
             skip(line)
