@@ -24,8 +24,8 @@ A B... (``HERMES_HOOKS_BIN`` picks the side's binary); ``loop_lag.py`` alternate
 services within each of its rounds. Prints the medians over rounds and B/A per row as a Markdown
 table for BENCHMARKS.md, with the load average before and after. ``--quick`` is a smoke run
 (one round, fewer events, shorter emit cases): its figures mean nothing. About 6-8 minutes with
-the defaults on 2 vCPUs; the ``hooks_scale`` bench is built first (``cargo bench --no-run``) unless
-``--hooks-scale PATH`` names its binary.
+the defaults on 2 vCPUs; the ``hooks_scale`` bench is built first (``cargo build --release --bench
+hooks_scale``, on top of the release build) unless ``--hooks-scale PATH`` names its binary.
 """
 
 import argparse
@@ -56,10 +56,11 @@ ROWS = [
 
 
 def hooks_scale_binary(args: argparse.Namespace) -> str:
-    """The built `hooks_scale` bench (built here in the bench profile unless given)."""
+    """The built `hooks_scale` bench (built here in the release profile, which the B binary was
+    built with anyway, unless given)."""
     if args.hooks_scale:
         return args.hooks_scale
-    out = subprocess.run(["cargo", "bench", "--bench", "hooks_scale", "--no-run",
+    out = subprocess.run(["cargo", "build", "--release", "--bench", "hooks_scale",
                           "--message-format=json"], cwd=ROOT, check=True,
                          stdout=subprocess.PIPE).stdout
     for line in out.decode().splitlines():

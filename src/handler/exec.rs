@@ -139,7 +139,6 @@ impl ExecHandler {
     }
 
     async fn run(&self, event: &str, context: &Context) -> HandlerResult {
-        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
         let context = context
             .raw()
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
@@ -152,8 +151,9 @@ impl ExecHandler {
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');
-        // What runs is the open file whose bytes were checked, not whatever the path names by
-        // the time the kernel opens it (a rename race between the check and the exec).
+        // The hook's tree is checked, then what runs is the open file whose bytes were checked,
+        // not whatever the path names by the time the kernel opens it (a rename race between
+        // the check and the exec).
         let verified = super::verified_exec::open(&self.ctx, &self.program).await?;
         let cannot_run = |e: std::io::Error| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
@@ -161,20 +161,18 @@ impl ExecHandler {
         let plan = self.plan(&verified).map_err(cannot_run)?;
         let spawned = crate::priority::spawn_at_base(move || spawn::spawn(&plan));
         drop(verified);
-        let (mut child, mut stdin, stdout, stderr) =
+        let (mut child, stdin, stdout, stderr) =
             adopt(spawned.map_err(cannot_run)?).map_err(cannot_run)?;
         let mut group = GroupKill::new(Some(child.id()));
-        // The child may never read stdin; writing must not block the call.
-        let writer = tokio::spawn(async move {
-            let _ = stdin.write_all(&input).await;
-            let _ = stdin.shutdown().await;
-        });
+        let writer = write_input(stdin, input);
         let (mut out_task, out_buf) = read_capped(stdout, MAX_STDOUT);
         let (mut err_task, err_buf) = read_capped(stderr, MAX_STDERR);
         let status = child.wait().await.map_err(|e| {
             HandlerError::Failed(format!("cannot wait for {}: {e}", self.program.display()))
         })?;
-        writer.abort();
+        if let Some(writer) = writer {
+            writer.abort();
+        }
         if tokio::time::timeout(PIPE_GRACE, both_eof(&mut out_task, &mut err_task))
             .await
             .is_err()
@@ -227,6 +225,27 @@ impl ExecHandler {
             "; print a JSON result or nothing, log to stderr",
         )
     }
+}
+
+/// Writes the event to the child's stdin and closes it: at once when the pipe takes it all (an
+/// event is far smaller than a pipe's buffer), else on a task of its own, since the child may
+/// never read stdin and writing must not block the call.
+fn write_input(
+    mut stdin: tokio::net::unix::pipe::Sender,
+    input: Vec<u8>,
+) -> Option<JoinHandle<()>> {
+    let done = match stdin.try_write(&input) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(_) => return None, // the child closed its stdin: nothing to write
+    };
+    if done == input.len() {
+        return None; // dropping `stdin` closes it
+    }
+    Some(tokio::spawn(async move {
+        let _ = stdin.write_all(&input[done..]).await;
+        let _ = stdin.shutdown().await;
+    }))
 }
 
 /// A spawned process and its pipes, handed to the runtime.

@@ -11,8 +11,8 @@
 //! through the pidfd.
 //!
 //! In the child, in order: signal dispositions that run a handler back to default (and `SIGPIPE`,
-//! which the service ignores), stdin/stdout/stderr onto the pipes, the handler's descriptor kept
-//! open across the exec, the working directory, a new process group, the priority, the
+//! which the service ignores), a new process group, stdin/stdout/stderr onto the pipes, the
+//! handler's descriptor kept open across the exec, the working directory, the priority, the
 //! parent-death signal (and a check that the service is still its parent), the Landlock ruleset,
 //! the signal mask emptied, `execve`. A failing step's `errno` is handed back to the parent
 //! through memory both share until the exec.
@@ -296,6 +296,11 @@ unsafe fn child_exec(a: &ChildArgs) -> i32 {
     // every pointer read comes from `a`, alive until the exec.
     unsafe {
         reset_signals();
+        // First: a child that fails below leads its own group, so the orphan reaper
+        // (`crate::reaper`) leaves it to `spawn`, which reaps it.
+        if libc::setpgid(0, 0) != 0 {
+            return errno();
+        }
         for (target, &fd) in a.stdio.iter().enumerate() {
             if libc::dup2(fd, target as i32) < 0 {
                 return errno();
@@ -305,9 +310,6 @@ unsafe fn child_exec(a: &ChildArgs) -> i32 {
             return errno();
         }
         if libc::chdir(a.cwd) != 0 {
-            return errno();
-        }
-        if libc::setpgid(0, 0) != 0 {
             return errno();
         }
         a.priority.apply_to_self();

@@ -37,12 +37,17 @@ fn refused(why: String, changed: bool) -> StartRefused {
     StartRefused { why, changed }
 }
 
-/// Opens `program` and checks its bytes against the hook version's manifest.
+/// Checks the hook's tree ([`crate::trust::prestart`]), then opens `program` and checks its
+/// bytes against the hook version's manifest: one trip to a blocking thread for both.
 pub async fn open(ctx: &HandlerContext, program: &Path) -> Result<VerifiedExec, HandlerError> {
     let files = ctx.files.clone();
     let program = program.to_path_buf();
     let hook = ctx.name.clone();
+    let name = hook.clone();
     let checked = tokio::task::spawn_blocking(move || {
+        // (Refused by the tree check: already logged there.)
+        crate::trust::prestart::check_blocking(&files, &name).map_err(|e| (e, true))?;
+        let refused = |why: String, changed: bool| (refused(why, changed), false);
         let rel = program
             .strip_prefix(&files.dir)
             .unwrap_or(&program)
@@ -76,8 +81,10 @@ pub async fn open(ctx: &HandlerContext, program: &Path) -> Result<VerifiedExec, 
     })
     .await
     .map_err(|e| refused(format!("checking the handler failed: {e}"), false))?;
-    checked.map_err(|e: StartRefused| {
-        tracing::warn!(hook = %hook, "process start refused: {}", e.why);
+    checked.map_err(|(e, logged): (StartRefused, bool)| {
+        if !logged {
+            tracing::warn!(hook = %hook, "process start refused: {}", e.why);
+        }
         HandlerError::from(e)
     })
 }
