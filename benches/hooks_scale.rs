@@ -10,6 +10,12 @@
 //! 3. Events/s through one no-op executable hook with `concurrency` 1 and 4, and a naive
 //!    `subprocess.run` loop over the same file, in the same run.
 //! 4. Host RSS before, at the peak of, and after a burst that fills a queue.
+//!
+//! For an A/B (`benches/ab.py`): `HERMES_HOOKS_BIN` runs another build of the service,
+//! `HOOKS_SCALE_ONLY` takes a comma-separated list of parts, `HOOKS_SCALE_DEFAULTS=1` measures
+//! only the default settings (forked workers, pipelined calls, sync `handle`),
+//! `HOOKS_SCALE_EVENTS` / `HOOKS_SCALE_EXEC_EVENTS` set the event counts of parts 2 and 3, and
+//! `HOOKS_SCALE_AB=1` adds one `#ab {json}` line per figure for a script to read.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -123,6 +129,26 @@ fn send(addr: &str, event: &str, n: usize, ctx: &Value) {
     }
 }
 
+/// Whether only the default settings are measured (`HOOKS_SCALE_DEFAULTS=1`).
+fn defaults_only() -> bool {
+    std::env::var("HOOKS_SCALE_DEFAULTS").is_ok_and(|v| v == "1")
+}
+
+/// A count from the environment, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// With `HOOKS_SCALE_AB=1`: one figure as a `#ab` line (JSON) for `benches/ab.py`.
+fn ab(figure: &str, value: f64) {
+    if std::env::var("HOOKS_SCALE_AB").is_ok_and(|v| v == "1") {
+        println!("#ab {}", json!({"figure": figure, "value": value}));
+    }
+}
+
 fn startup_and_memory(sizes: &[usize]) {
     println!("## N trivial Python hooks: ready time, host RSS, total PSS (host + workers)");
     println!(
@@ -130,10 +156,11 @@ fn startup_and_memory(sizes: &[usize]) {
     );
     println!("|---|---|---|---|---|---|---|");
     for &n in sizes {
-        for (mode, env) in [
+        let modes = [
             ("fresh (before)", vec![("HERMES_HOOKS_FORK", "0")]),
             ("forked (after)", vec![]),
-        ] {
+        ];
+        for (mode, env) in modes.into_iter().skip(usize::from(defaults_only())) {
             let tmp = tempfile::tempdir().expect("tempdir");
             let root = tmp.path().join("hooks");
             for i in 0..n {
@@ -163,6 +190,10 @@ fn startup_and_memory(sizes: &[usize]) {
                 mb(pss / n as u64),
                 procs.len()
             );
+            if env.is_empty() {
+                ab(&format!("startup_ms_{n}"), ready.as_secs_f64() * 1e3);
+                ab(&format!("pss_mb_per_hook_{n}"), pss as f64 / n as f64 / 1e6);
+            }
             drop(service);
         }
     }
@@ -172,16 +203,21 @@ fn python_throughput() {
     println!("\n## Events/s through one trivial Python hook");
     println!("| handle | one at a time (before) | pipelined (after) | ratio |");
     println!("|---|---|---|---|");
-    let n = 100_000usize;
+    let n = env_count("HOOKS_SCALE_EVENTS", 100_000);
+    let kinds = if defaults_only() { 1 } else { 2 };
     for (what, code) in [
         ("sync", "def handle(event, context):\n    return None\n"),
         (
             "async",
             "async def handle(event, context):\n    return None\n",
         ),
-    ] {
+    ]
+    .into_iter()
+    .take(kinds)
+    {
         let mut rates = Vec::new();
-        for env in [vec![("HERMES_HOOKS_PIPELINE", "0")], vec![]] {
+        let settings = [vec![("HERMES_HOOKS_PIPELINE", "0")], vec![]];
+        for env in settings.into_iter().skip(usize::from(defaults_only())) {
             let tmp = tempfile::tempdir().expect("tempdir");
             let root = tmp.path().join("hooks");
             hook(
@@ -205,18 +241,22 @@ fn python_throughput() {
             );
             rates.push(n as f64 / t0.elapsed().as_secs_f64());
         }
-        println!(
-            "| {what} | {:.0} | {:.0} | {:.2}x |",
-            rates[0],
-            rates[1],
-            rates[1] / rates[0]
-        );
+        let pipelined = rates[rates.len() - 1];
+        ab(&format!("python_events_per_s_{what}"), pipelined);
+        if let [one, _] = rates[..] {
+            println!(
+                "| {what} | {one:.0} | {pipelined:.0} | {:.2}x |",
+                pipelined / one
+            );
+        } else {
+            println!("| {what} | - | {pipelined:.0} | - |");
+        }
     }
 }
 
 fn exec_throughput() {
     println!("\n## Events/s through one no-op executable hook");
-    let n = 3000usize;
+    let n = env_count("HOOKS_SCALE_EXEC_EVENTS", 3000);
     let tmp = tempfile::tempdir().expect("tempdir");
     let script = "#!/bin/sh\nexit 0\n";
     let mut results = Vec::new();
@@ -260,7 +300,10 @@ fn exec_throughput() {
     println!("| runner | events/s | vs naive loop |");
     println!("|---|---|---|");
     println!("| naive `subprocess.run` loop (same file) | {naive:.0} | 1.00x |");
+    ab("exec_naive_events_per_s", naive);
     for (conc, rate) in results {
+        ab(&format!("exec_events_per_s_c{conc}"), rate);
+        ab(&format!("exec_vs_naive_c{conc}"), rate / naive);
         println!(
             "| hook, `concurrency: {conc}` | {rate:.0} | {:.2}x |",
             rate / naive
@@ -315,9 +358,9 @@ fn main() {
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 20, 50, 200]);
-    // HOOKS_SCALE_ONLY=startup|python|exec|memory runs one part.
+    // HOOKS_SCALE_ONLY=startup|python|exec|memory runs one part (or a comma-separated list).
     let only = std::env::var("HOOKS_SCALE_ONLY").unwrap_or_default();
-    let part = |name: &str| only.is_empty() || only == name;
+    let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     if part("startup") {
         startup_and_memory(&sizes);
     }

@@ -7,6 +7,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The service binary the benches run: `$HERMES_HOOKS_BIN` when set (another build, for an A/B
+/// such as `benches/ab.py`), else this tree's.
+pub fn bin() -> std::ffi::OsString {
+    std::env::var_os("HERMES_HOOKS_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hermes-hooks").into())
+}
+
 /// `hermes-hooks serve --listen 127.0.0.1:0` on one hook root; stopped (SIGTERM) on drop.
 pub struct Service {
     pub child: Child,
@@ -24,7 +31,7 @@ impl Service {
     /// Runs `hermes-hooks ARGS --listen 127.0.0.1:0 --drain-timeout 0` (a `serve` or a fleet
     /// `worker`) with `HERMES_HOME=home` and waits until its hooks are loaded.
     pub fn spawn(args: &[&str], home: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hermes-hooks"))
+        let mut child = Command::new(bin())
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--drain-timeout", "0"])
             .env("HERMES_HOME", home)

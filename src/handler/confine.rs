@@ -1,9 +1,10 @@
 //! A confined hook's processes ([`crate::sandbox`]): its private state directory made, an
 //! executable's Landlock ruleset built once per handler (with what it needs to start at all:
 //! its handler file, the `#!` interpreter, the dynamic loader), and a command set up to run
-//! confined: the environment replaced by what the sandbox allows and, between fork and exec,
-//! `no_new_privs` and the ruleset enforced. A Python worker confines itself (the runner, from
-//! the rules in its hello): only its environment is set here.
+//! confined: the environment replaced by what the sandbox allows and, before the exec,
+//! `no_new_privs` and the ruleset enforced (by `handler/spawn.rs`, in the child). A Python
+//! worker confines itself (the runner, from the rules in its hello): only its environment is
+//! set here.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -122,21 +123,11 @@ fn dynamic_loaders() -> Vec<PathBuf> {
 }
 
 /// Replaces the environment of `cmd` by what the hook's sandbox allows (nothing changes for a
-/// hook that is not confined).
+/// hook that is not confined). A Python worker's; an executable's environment is built by
+/// `ExecHandler` from [`HandlerContext::confined_env`].
 pub fn set_env(cmd: &mut Command, ctx: &HandlerContext) {
     if let Some(env) = ctx.confined_env() {
         cmd.env_clear().envs(env);
-    }
-}
-
-/// Enforces `ruleset` (and `no_new_privs`) in the child between fork and exec.
-pub fn restrict(cmd: &mut Command, ruleset: &Arc<Ruleset>) {
-    let fd = ruleset.raw();
-    // SAFETY: the closure only makes two system calls (prctl, landlock_restrict_self) on a
-    // descriptor the service holds open (the handler owns the ruleset) until the spawn
-    // returns; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || landlock::restrict_self(fd));
     }
 }
 

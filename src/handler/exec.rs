@@ -23,7 +23,8 @@ use super::api::{
     call_each,
 };
 use super::context::Context;
-use super::process::{GroupKill, command, describe_exit};
+use super::process::{GroupKill, describe_exit};
+use super::spawn::{self, Plan, c_string};
 
 /// Largest stdout kept; beyond it the output is cut and the call fails.
 pub const MAX_STDOUT: usize = 1024 * 1024;
@@ -39,6 +40,8 @@ pub struct ExecHandler {
     program: PathBuf,
     /// `sh` for a `.sh` file without the run bit.
     via_shell: bool,
+    /// The `sh` that runs such a file (found on `PATH` when the handler starts).
+    shell: Option<PathBuf>,
     /// The Landlock ruleset of a confined hook, enforced in each process before exec.
     ruleset: Option<Arc<crate::sandbox::landlock::Ruleset>>,
 }
@@ -66,10 +69,21 @@ impl ExecHandler {
                 program.display()
             )));
         }
+        let shell = if via_shell {
+            Some(crate::layout::find_on_path("sh").ok_or_else(|| {
+                HandlerError::Load(format!(
+                    "{} has no run bit and no `sh` was found on PATH to run it",
+                    program.display()
+                ))
+            })?)
+        } else {
+            None
+        };
         Ok(Self {
             ctx,
             program,
             via_shell,
+            shell,
             ruleset: None,
         })
     }
@@ -83,8 +97,48 @@ impl ExecHandler {
         Ok(this)
     }
 
+    /// What one process of this hook starts as: the checked file (through `sh` for a script
+    /// without the run bit), the environment (a confined hook's holds only what its sandbox
+    /// allows), the working directory, the priority and the ruleset.
+    fn plan(&self, verified: &super::verified_exec::VerifiedExec) -> std::io::Result<Plan> {
+        let path = c_string(verified.path().as_os_str(), "the handler path")?;
+        let (program, argv) = match &self.shell {
+            Some(sh) => (
+                c_string(sh.as_os_str(), "the path of sh")?,
+                vec![c"sh".to_owned(), path],
+            ),
+            None => (path.clone(), vec![path]),
+        };
+        let envp = match self.ctx.confined_env() {
+            Some(env) => spawn::env_block(env.into_iter().map(|(k, v)| (k.into(), v.into()))),
+            None => {
+                let mut all: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
+                    std::env::vars_os().collect();
+                all.extend(
+                    self.ctx
+                        .process_env()
+                        .into_iter()
+                        .map(|(k, v)| (k.into(), v.into())),
+                );
+                spawn::env_block(all)
+            }
+        };
+        Ok(Plan {
+            program,
+            argv,
+            envp,
+            cwd: c_string(self.ctx.cwd.as_os_str(), "the working directory")?,
+            keep_fd: Some(verified.raw_fd()),
+            // A process started while a collect waits for the hook starts raised.
+            priority: crate::priority::starting(
+                self.ctx.priority.resolved(),
+                self.ctx.signals.boost.boosted(),
+            ),
+            ruleset: self.ruleset.as_ref().map(|r| r.raw()),
+        })
+    }
+
     async fn run(&self, event: &str, context: &Context) -> HandlerResult {
-        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
         let context = context
             .raw()
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
@@ -97,45 +151,28 @@ impl ExecHandler {
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');
-        // What runs is the open file whose bytes were checked, not whatever the path names by
-        // the time the kernel opens it (a rename race between the check and the exec).
+        // The hook's tree is checked, then what runs is the open file whose bytes were checked,
+        // not whatever the path names by the time the kernel opens it (a rename race between
+        // the check and the exec).
         let verified = super::verified_exec::open(&self.ctx, &self.program).await?;
-        let mut cmd = if self.via_shell {
-            let mut c = command("sh", &self.ctx);
-            c.arg(verified.path());
-            c
-        } else {
-            command(verified.path(), &self.ctx)
-        };
-        verified.pass_to(&mut cmd);
-        super::confine::set_env(&mut cmd, &self.ctx);
-        if let Some(ruleset) = &self.ruleset {
-            super::confine::restrict(&mut cmd, ruleset);
-        }
-        let spawned = crate::priority::spawn_at_base(move || cmd.spawn());
-        drop(verified);
-        let mut child = spawned.map_err(|e| {
+        let cannot_run = |e: std::io::Error| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
-        })?;
-        let mut group = GroupKill::new(child.id());
-        let (Some(mut stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(HandlerError::Failed(
-                "child started without its pipes".into(),
-            ));
         };
-        // The child may never read stdin; writing must not block the call.
-        let writer = tokio::spawn(async move {
-            let _ = stdin.write_all(&input).await;
-            let _ = stdin.shutdown().await;
-        });
+        let plan = self.plan(&verified).map_err(cannot_run)?;
+        let spawned = crate::priority::spawn_at_base(move || spawn::spawn(&plan));
+        drop(verified);
+        let (mut child, stdin, stdout, stderr) =
+            adopt(spawned.map_err(cannot_run)?).map_err(cannot_run)?;
+        let mut group = GroupKill::new(Some(child.id()));
+        let writer = write_input(stdin, input);
         let (mut out_task, out_buf) = read_capped(stdout, MAX_STDOUT);
         let (mut err_task, err_buf) = read_capped(stderr, MAX_STDERR);
         let status = child.wait().await.map_err(|e| {
             HandlerError::Failed(format!("cannot wait for {}: {e}", self.program.display()))
         })?;
-        writer.abort();
+        if let Some(writer) = writer {
+            writer.abort();
+        }
         if tokio::time::timeout(PIPE_GRACE, both_eof(&mut out_task, &mut err_task))
             .await
             .is_err()
@@ -188,6 +225,47 @@ impl ExecHandler {
             "; print a JSON result or nothing, log to stderr",
         )
     }
+}
+
+/// Writes the event to the child's stdin and closes it: at once when the pipe takes it all (an
+/// event is far smaller than a pipe's buffer), else on a task of its own, since the child may
+/// never read stdin and writing must not block the call.
+fn write_input(
+    mut stdin: tokio::net::unix::pipe::Sender,
+    input: Vec<u8>,
+) -> Option<JoinHandle<()>> {
+    let done = match stdin.try_write(&input) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(_) => return None, // the child closed its stdin: nothing to write
+    };
+    if done == input.len() {
+        return None; // dropping `stdin` closes it
+    }
+    Some(tokio::spawn(async move {
+        let _ = stdin.write_all(&input[done..]).await;
+        let _ = stdin.shutdown().await;
+    }))
+}
+
+/// A spawned process and its pipes, handed to the runtime.
+fn adopt(
+    s: spawn::Spawned,
+) -> std::io::Result<(
+    spawn::Child,
+    tokio::net::unix::pipe::Sender,
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Receiver,
+)> {
+    use tokio::net::unix::pipe::{Receiver, Sender};
+    // The child first: dropped on an error below, it is killed and reaped.
+    let child = spawn::Child::new(s.pid, s.pidfd)?;
+    Ok((
+        child,
+        Sender::from_owned_fd_unchecked(s.stdin)?,
+        Receiver::from_owned_fd_unchecked(s.stdout)?,
+        Receiver::from_owned_fd_unchecked(s.stderr)?,
+    ))
 }
 
 fn file_name(p: &std::path::Path) -> String {

@@ -19,6 +19,7 @@ pub mod hook_sandbox;
 pub mod process;
 pub mod python;
 pub mod retire;
+mod spawn;
 pub mod verified_exec;
 pub mod webhook;
 

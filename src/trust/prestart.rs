@@ -34,9 +34,16 @@ impl StartRefused {
 /// longer safe. Walks the tree off the runtime's worker threads.
 pub async fn check(loaded: &Arc<RunFiles>, hook: &str) -> Result<(), StartRefused> {
     let files = loaded.clone();
-    let now = tokio::task::spawn_blocking(move || files.rescan())
+    let hook = hook.to_string();
+    tokio::task::spawn_blocking(move || check_blocking(&files, &hook))
         .await
-        .map_err(|e| StartRefused::new(format!("checking the hook's files failed: {e}"), false))?;
+        .map_err(|e| StartRefused::new(format!("checking the hook's files failed: {e}"), false))?
+}
+
+/// [`check`] on the calling thread (one that may block: it walks the tree), for a caller that
+/// has more blocking work to do there (an executable's start opens and hashes its handler next).
+pub fn check_blocking(loaded: &RunFiles, hook: &str) -> Result<(), StartRefused> {
+    let now = loaded.rescan();
     let (why, changed) = match now {
         Ok(now) if digest_of(&now) == loaded.digest() => return Ok(()),
         Ok(now) => (

@@ -135,3 +135,32 @@ fn a_background_child_holding_the_pipes_keeps_the_result_and_logs_and_is_killed(
         crate::util::is_dead(pid).then_some(())
     });
 }
+
+/// Issue 37: an executable is started without `fork` (`handler/spawn.rs`), and its process still
+/// dies with a service that is SIGKILLed mid-event (no shutdown runs, nobody kills its group):
+/// the parent-death signal is set in the child before its exec.
+#[test]
+fn the_process_of_a_service_killed_mid_event_dies_with_it() {
+    let hooks = Hooks::new();
+    let pidfile = hooks.out().join("slow.pid");
+    hooks.exec(
+        "slow",
+        "[command:x]",
+        &format!(
+            "#!/bin/sh\necho $$ > {}.tmp\nmv {0}.tmp {0}\nexec sleep 60\n",
+            pidfile.display()
+        ),
+    );
+    let mut serve = crate::util::Serve::start(&hooks, &[]);
+    let (status, body) = serve.post("/v1/events", &json!({"event": "command:x", "context": {}}));
+    assert_eq!(status, 202, "{body}");
+    let pid: i32 = crate::util::poll(T, "the handler to start", || {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    });
+    assert!(!crate::util::is_dead(pid), "the handler runs");
+    crate::util::signal(serve.child.id(), libc::SIGKILL);
+    let _ = serve.child.wait();
+    crate::util::poll(T, "the handler to die with the service", || {
+        crate::util::is_dead(pid).then_some(())
+    });
+}
