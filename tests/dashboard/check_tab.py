@@ -383,6 +383,12 @@ def check_fleet(run, page):
     text = dead.inner_text()
     assert "poison fails until fixed" in text and "agent:start" in text, text
     assert page.locator("[data-dead-hook='healthy']").count() == 0, "healthy has no dead letter"
+    # The workers' hooks are disabled on the workers: no Disable button that would act on the
+    # edge's own hook folders instead.
+    poison = page.locator("tr[data-hook='poison']")
+    poison.wait_for(timeout=DEADLINE_S * 1000)
+    assert poison.get_by_role("button", name="Disable").count() == 0, poison.inner_text()
+    assert "disable it on its workers" in poison.inner_text(), poison.inner_text()
     page.set_viewport_size({"width": 1360, "height": 1600})
     fleet.scroll_into_view_if_needed()
     page.screenshot(path=os.path.join(run.args.out, "hooks-tab-fleet.png"), full_page=True)

@@ -93,8 +93,11 @@
         d.calls ? ms(d.mean_ms) + ", ≤ " + ms(d.p95_ms) : "–"),
       h("td", { "data-label": "Last error", className: "hh-error" },
         err ? h("span", null, err.message, h("div", { className: "hh-muted" }, when(err.time))) : "–"),
-      h("td", { "data-label": "" },
-        h(C.Button, { size: "sm", variant: "outline", disabled: props.busy,
+      // A hook the fleet's workers run is theirs: disabling it here would act on this edge's
+      // own hook folders, not on the workers, so the tab says where to do it instead.
+      h("td", { "data-label": "" }, Array.isArray(hk.workers)
+        ? h("span", { className: "hh-muted" }, "disable it on its workers")
+        : h(C.Button, { size: "sm", variant: "outline", disabled: props.busy,
           onClick: function () { props.act("disable", hk.name); } }, "Disable")));
   }
 
