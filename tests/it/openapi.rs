@@ -317,3 +317,56 @@ fn every_answer_says_the_protocol_version_of_the_document() {
         json!({"status": "ok", "protocol": hermes_hooks::server::PROTOCOL_VERSION, "version": env!("CARGO_PKG_VERSION")})
     );
 }
+
+/// Every error code the server writes (a string right after a `StatusCode::…,` in `src/`, as in
+/// `ApiError::new(StatusCode::CONFLICT, "refused", …)`) is in the document's `Error` code list,
+/// so a client generated from the document knows every code it can get.
+#[test]
+fn every_error_code_the_server_writes_is_documented() {
+    let doc = document();
+    let listed: BTreeSet<String> = doc
+        .pointer("/components/schemas/Error/properties/error/properties/code/enum")
+        .and_then(Value::as_array)
+        .expect("the Error schema lists its codes")
+        .iter()
+        .filter_map(|c| c.as_str().map(str::to_string))
+        .collect();
+    let mut written = BTreeSet::new();
+    let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src is readable").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text: String = std::fs::read_to_string(&path)
+                    .expect("a source file is readable")
+                    .split_whitespace()
+                    .collect();
+                for (i, _) in text.match_indices("StatusCode::") {
+                    let rest = &text[i..];
+                    let Some(comma) = rest.find(",\"") else {
+                        continue;
+                    };
+                    let status = &rest["StatusCode::".len()..comma];
+                    if !status.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                        continue;
+                    }
+                    let code = &rest[comma + 2..];
+                    if let Some(end) = code.find('"') {
+                        written.insert(code[..end].to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        written.len() >= 10,
+        "the scan found too few codes to be right: {written:?}"
+    );
+    let missing: Vec<_> = written.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "codes the server writes but docs/openapi.json does not list: {missing:?}"
+    );
+}
