@@ -219,7 +219,15 @@ fn swap_on(bin: PathBuf) {
     let w2 = worker_with(&h2, &nats, "w2", OPTS);
     let edge = edge(&h1, &nats.url(), &[]);
     wait_for_fleet(&edge, "swap", &["w1", "w2"]);
+    let before = w2.log().matches("standing by").count();
     swap_patterns(&h2, &w2, "swap", r#"["swap:a", "swap:c"]"#);
+    // The new version's consumer filter is in place once its task stands by (a version's
+    // events accepted before its worker announced it are not its to run).
+    poll(
+        Duration::from_secs(30),
+        "w2's new version on the broker",
+        || (w2.log().matches("standing by").count() > before).then_some(()),
+    );
     let cycle = ["swap:a", "swap:b", "swap:c", "swap:b", "swap:b", "swap:c"];
     let n = 60u64;
     let events: Vec<Value> = (0..n)

@@ -91,7 +91,15 @@ pub(super) async fn ensure_consumer(
                 &s.filters,
                 have,
                 sh.multi.load(Ordering::Relaxed),
-                sh.versions.settled(sh.opts.status_interval),
+                // Never narrowed during a rolling update (a version of the hook changed within
+                // the grace): a worker that has not heard of the newest version yet would take
+                // its patterns away, and a cumulative acknowledgement would then pass its
+                // events for good.
+                sh.versions.settled(sh.opts.status_interval)
+                    && sh
+                        .versions
+                        .recently_retired(&s.key, sh.opts.consumer_grace)
+                        .is_empty(),
             );
             let config = crate::fleet::versions::with_filters(config, &filters);
             if have.ack_wait != config.ack_wait

@@ -43,9 +43,9 @@ impl Run {
                 Route::Here => {}
                 Route::Elsewhere => {
                     // Ordered: only another version runs it, and nothing after it runs before.
+                    // The pull loop hands over once what runs is finished.
                     self.handing = Some(d.env.event.clone());
                     self.backlog.push_front(d);
-                    self.counters.handover.notify_one();
                     return;
                 }
                 Route::Unsure => {

@@ -121,7 +121,8 @@ impl Run {
             }
         }
         note.handed = self.handed.clone();
-        (note, self.handing.take())
+        // Empty: handing over for a retry (the event is not known here).
+        (note, self.handing.take().filter(|e| !e.is_empty()))
     }
 }
 

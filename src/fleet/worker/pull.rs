@@ -275,6 +275,21 @@ impl Run {
         let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
+            if holding
+                && self.handing.is_some()
+                && self.running.is_empty()
+                && self.background.is_empty()
+            {
+                // Handing over, and what started before the event for another version is
+                // finished (events delivered meanwhile were held): no pull request of this
+                // worker is left open, so what goes back now goes to the next holder, not to
+                // this one's buffer.
+                if let Some((low, high)) = drop_and_give_back([messages, retried]).await {
+                    self.given = Some(low);
+                    self.top = self.top.max(high);
+                }
+                return Ended::HandOver;
+            }
             let lost = async {
                 match lease.as_mut() {
                     Some(l) => l.lost().await,
@@ -322,13 +337,8 @@ impl Run {
                     return Ended::Again;
                 }
                 _ = self.counters.handover.notified(), if holding => {
-                    // No pull request of this worker left open: what goes back now goes to the
-                    // next holder, not to this one's buffer.
-                    if let Some((low, high)) = drop_and_give_back([messages, retried]).await {
-                        self.given = Some(low);
-                        self.top = self.top.max(high);
-                    }
-                    return Ended::HandOver;
+                    self.handing.get_or_insert_with(String::new);
+                    continue;
                 }
             };
             match next {
