@@ -171,3 +171,23 @@ impl Run {
         super::holder::hand_over(&self.sh, &self.s, lease, leases, head.as_deref(), stop).await
     }
 }
+
+impl Run {
+    /// Handing over, and what started before the event for another version is finished (the
+    /// events delivered meanwhile were held).
+    pub(super) fn ready_to_hand_over(&self) -> bool {
+        self.handing.is_some() && self.running.is_empty() && self.background.is_empty()
+    }
+
+    /// Drops the pulls (no pull request of this worker is left open, so what goes back now
+    /// goes to the next holder, not to this one's buffer) and gives back what they had brought.
+    pub(super) async fn give_back_pulls(
+        &mut self,
+        pulls: [async_nats::jetstream::consumer::pull::Stream; 2],
+    ) {
+        if let Some((low, high)) = super::holder::drop_and_give_back(pulls).await {
+            self.given = Some(low);
+            self.top = self.top.max(high);
+        }
+    }
+}

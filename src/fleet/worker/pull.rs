@@ -275,19 +275,8 @@ impl Run {
         let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
-            if holding
-                && self.handing.is_some()
-                && self.running.is_empty()
-                && self.background.is_empty()
-            {
-                // Handing over, and what started before the event for another version is
-                // finished (events delivered meanwhile were held): no pull request of this
-                // worker is left open, so what goes back now goes to the next holder, not to
-                // this one's buffer.
-                if let Some((low, high)) = drop_and_give_back([messages, retried]).await {
-                    self.given = Some(low);
-                    self.top = self.top.max(high);
-                }
+            if holding && self.ready_to_hand_over() {
+                self.give_back_pulls([messages, retried]).await;
                 return Ended::HandOver;
             }
             let lost = async {
