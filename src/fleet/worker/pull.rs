@@ -52,6 +52,21 @@ pub(super) struct Run {
     /// under the new name, as the same delivery.
     pub(super) redo_tx: tokio::sync::mpsc::Sender<Delivery>,
     pub(super) redo_rx: tokio::sync::mpsc::Receiver<Delivery>,
+    /// Ordered: the feed stopped at an event only another version matches (its name); the
+    /// lease goes to that version ([`super::handover`]).
+    pub(super) handing: Option<String>,
+    /// Stream sequence ranges that hand-overs gave back ([`Run::handed_over`]).
+    pub(super) handed: Vec<(u64, u64)>,
+    /// The highest stream sequence the hook's consumer delivered here.
+    pub(super) top: u64,
+    /// The lowest stream sequence a hand-over gave back from the pull's buffer.
+    pub(super) given: Option<u64>,
+    /// Ordered: the feed waits to know every live version as of its next event's acceptance
+    /// (since then; [`Run::route`]), until `recheck`.
+    pub(super) unsure: Option<std::time::Instant>,
+    pub(super) recheck: Option<tokio::time::Instant>,
+    /// In [`Run::drain`]: no more waiting to know versions.
+    pub(super) draining: bool,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -157,6 +172,13 @@ impl Run {
             renaming: false,
             redo_tx,
             redo_rx,
+            handing: None,
+            handed: Vec::new(),
+            top: 0,
+            given: None,
+            unsure: None,
+            recheck: None,
+            draining: false,
         }
     }
 
@@ -173,7 +195,17 @@ impl Run {
     /// finished. With `start_by`, no message is started after that time: the backlog's
     /// messages none of whose events started by then are left to the ack wait
     /// ([`Run::release_backlog`]); the events of a message partly started still run.
-    pub(super) async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
+    pub(super) async fn drain(&mut self, start_by: Option<tokio::time::Instant>) {
+        self.draining = true;
+        if self.handing.is_some() {
+            // Stopped at an event for another version: it and the rest go back now.
+            let _ = self.hand_back().await;
+        }
+        self.drain_all(start_by).await;
+        self.draining = false;
+    }
+
+    async fn drain_all(&mut self, mut start_by: Option<tokio::time::Instant>) {
         if self.catch_up.take().is_some() {
             // Nothing started: what was delivered goes to whoever pulls next, in order.
             self.release_backlog().await;
@@ -295,6 +327,10 @@ impl Run {
         let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
+            if holding && self.ready_to_hand_over() {
+                self.give_back_pulls([messages, retried]).await;
+                return Ended::HandOver;
+            }
             let lost = async {
                 match lease.as_mut() {
                     Some(l) => l.lost().await,
@@ -310,6 +346,11 @@ impl Run {
                 }
                 Ok(()) = self.rename.changed() => {
                     self.renamed();
+                    continue;
+                }
+                _ = sleep_until(self.recheck), if self.recheck.is_some() => {
+                    self.recheck = None;
+                    self.feed().await;
                     continue;
                 }
                 _ = catching.tick(), if self.catch_up.is_some() => {
@@ -337,9 +378,8 @@ impl Run {
                     return Ended::Again;
                 }
                 _ = self.counters.handover.notified(), if holding => {
-                    give_back(&mut messages).await;
-                    give_back(&mut retried).await;
-                    return Ended::HandOver;
+                    self.handing.get_or_insert_with(String::new);
+                    continue;
                 }
             };
             match next {
@@ -380,6 +420,14 @@ impl Run {
             let _ = tx.send(msg).await;
         });
         false
+    }
+}
+
+/// Sleeps until `t`; never when `None`.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -454,6 +502,7 @@ pub(super) async fn consume(
                 Some(l) => lease = Some(l),
                 None => break 'outer,
             }
+            r.read_note(&leases).await;
             // A previous holder may have left events pending: they come back as their ack
             // waits run out, in no useful order; nothing runs until all are here.
             let bucket = leases
@@ -462,21 +511,20 @@ pub(super) async fn consume(
             r.catch_up = Some(CatchUp::new(bucket));
             r.main.pause(true);
         }
+        let mut handed_over = false;
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
             Ended::HandOver => {
-                // Everything this worker holds settled before the lease goes (it still holds
-                // it: no other worker pulls meanwhile).
-                r.drain(None).await;
-                r.forget_retries().await;
-                r.main.forget();
-                if !hand_over(&s, lease.take(), &leases, &mut stop).await {
+                if !r.hand_over(lease.take(), &leases, &mut stop).await {
                     break 'outer;
                 }
+                handed_over = true;
             }
             Ended::Again => {}
         }
-        if s.ordered() && lease.is_none() {
+        // A hand-over settled everything before releasing the lease: nothing to finish, and no
+        // `finishing` key that would hold the next holder's catch-up.
+        if s.ordered() && lease.is_none() && !handed_over {
             r.stand_down(&leases).await;
         }
         if std::mem::take(&mut r.pulled) {
