@@ -1,9 +1,11 @@
 //! An ordered hook's hand-over to another version of it (a rolling update, issue 34): the
 //! lease holder meets an event its version does not match and another live version does. It
 //! starts nothing from that event on, lets what runs before it finish and acknowledges that,
-//! gives that event and every later one it holds back to the broker (nak), leaves a note for
-//! the next holder, and releases the lease; a worker whose version matches takes it and, by
-//! its catch-up, runs them in stream order.
+//! stops reading its pulls and waits until their requests expired at the broker (nats-server
+//! 2.9 delivers to a request nobody reads until it expires: what went there was lost until the
+//! ack wait), gives that event and every later one it holds back to the broker (nak), leaves a
+//! note for the next holder, and releases the lease; a worker whose version matches takes it
+//! and, by its catch-up, runs them in stream order.
 //!
 //! The note (in the lease bucket, next to the lease; it lives one ack wait) says which events of
 //! a bundle handed back part-way through already ran here (the next holder does not run them
@@ -179,13 +181,14 @@ impl Run {
         self.handing.is_some() && self.running.is_empty() && self.background.is_empty()
     }
 
-    /// Drops the pulls (no pull request of this worker is left open, so what goes back now
-    /// goes to the next holder, not to this one's buffer) and gives back what they had brought.
+    /// Drops the pulls once their requests expired at the broker ([`PULLS_EXPIRED`]: what
+    /// goes back then goes to the next holder, not to a request of this one nobody reads) and
+    /// gives back what they had brought.
     pub(super) async fn give_back_pulls(
         &mut self,
         pulls: [async_nats::jetstream::consumer::pull::Stream; 2],
     ) {
-        if let Some((low, high)) = super::holder::drop_and_give_back(pulls).await {
+        if let Some((low, high)) = super::holder::drop_and_give_back(pulls, PULLS_EXPIRED).await {
             self.given = Some(low);
             self.top = self.top.max(high);
         }

@@ -54,17 +54,25 @@ pub(super) async fn hand_over(
     }
 }
 
-/// Stops the pulls (no pull request of this worker stays open at the broker), then hands back
-/// what they had delivered but nobody took; returns the lowest and highest stream sequence
-/// handed back.
+/// Stops the pulls and hands back what they had delivered but nobody took; returns the lowest
+/// and highest stream sequence handed back. nats-server 2.9 keeps a pull request until it
+/// expires, also once nobody reads it, and delivers to it what is published or given back
+/// meanwhile (lost until the ack wait: the next holder stalled that long). So the pulls stay
+/// subscribed, not read (they ask for nothing more), for `expired` (their requests' expiry and
+/// a margin), then what they brought is taken without a pause (no new request goes out) and
+/// given back.
 pub(super) async fn drop_and_give_back(
     streams: [jetstream::consumer::pull::Stream; 2],
+    expired: Duration,
 ) -> Option<(u64, u64)> {
     use futures_util::FutureExt;
+    tokio::time::sleep(expired).await;
     let mut buffered = Vec::new();
     for mut messages in streams {
-        while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
-            buffered.push(msg);
+        while let Some(Some(item)) = messages.next().now_or_never() {
+            if let Ok(msg) = item {
+                buffered.push(msg);
+            }
         }
     }
     let mut range: Option<(u64, u64)> = None;

@@ -293,25 +293,16 @@ impl Run {
         lease: &mut Option<crate::fleet::lease::Lease>,
         stop: &mut watch::Receiver<bool>,
     ) -> Ended {
-        fn pull(
-            c: &jetstream::consumer::PullConsumer,
-            batch: usize,
-        ) -> impl std::future::Future<
-            Output = Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError>,
-        > + '_ {
-            c.stream()
-                // More than may be in flight: a pull request is always waiting at the broker
-                // when an acknowledgement frees a slot (with exactly one, nats-server 2.9 only
-                // delivered after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
-                .max_messages_per_batch(batch)
-                .expires(Duration::from_secs(5))
-                .heartbeat(Duration::from_secs(2))
-                .messages()
-        }
         let batch = (2 * self.s.window as usize).max(4);
+        // An ordered hook's expire soon: a hand-over waits for them ([`PULLS_EXPIRED`]).
+        let expires = if self.s.ordered() {
+            (ORDERED_PULL_EXPIRES, ORDERED_PULL_EXPIRES / 2)
+        } else {
+            (Duration::from_secs(5), Duration::from_secs(2))
+        };
         let (mut messages, mut retried) = match futures_util::future::try_join(
-            pull(consumer, batch),
-            pull(retries, 2 * crate::fleet::retry::WINDOW as usize),
+            open_pull(consumer, batch, expires),
+            open_pull(retries, 2 * crate::fleet::retry::WINDOW as usize, expires),
         )
         .await
         {
@@ -423,6 +414,25 @@ impl Run {
     }
 }
 
+/// Pulls `batch` at a time from `c`, each request expiring after `expires` (idle heartbeats
+/// every `heartbeat`).
+fn open_pull(
+    c: &jetstream::consumer::PullConsumer,
+    batch: usize,
+    (expires, heartbeat): (Duration, Duration),
+) -> impl std::future::Future<
+    Output = Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError>,
+> + '_ {
+    c.stream()
+        // More than may be in flight: a pull request is always waiting at the broker
+        // when an acknowledgement frees a slot (with exactly one, nats-server 2.9 only
+        // delivered after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
+        .max_messages_per_batch(batch)
+        .expires(expires)
+        .heartbeat(heartbeat)
+        .messages()
+}
+
 /// Sleeps until `t`; never when `None`.
 async fn sleep_until(t: Option<tokio::time::Instant>) {
     match t {
@@ -430,6 +440,14 @@ async fn sleep_until(t: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// How soon an ordered hook's pull requests expire at the broker: a hand-over waits that long
+/// (and a margin, [`PULLS_EXPIRED`]) before it gives events back.
+pub(super) const ORDERED_PULL_EXPIRES: Duration = Duration::from_secs(1);
+
+/// When the pull requests of a holder that stopped reading them have surely expired at the
+/// broker ([`ORDERED_PULL_EXPIRES`] and a margin).
+pub(super) const PULLS_EXPIRED: Duration = Duration::from_millis(1300);
 
 /// Most often an ordered hook's finished events are acknowledged (one acknowledgement of the
 /// highest finished sequence for all that finished meanwhile).
