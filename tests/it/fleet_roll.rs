@@ -182,6 +182,13 @@ fn dead_ns(nats: &NatsServer, hook: &str) -> HashMap<u64, Value> {
         .collect()
 }
 
+/// How many times `worker`'s hook tasks stood by or took an ordered hook's lease (each follows
+/// the task's consumer being in place).
+fn lease_lines(worker: &Serve) -> usize {
+    let log = worker.log();
+    log.matches("; standing by").count() + log.matches("(lease taken)").count()
+}
+
 /// Writes `events` as the patterns of `hook` in `hooks` and waits until `worker` runs them.
 fn swap_patterns(hooks: &Hooks, worker: &Serve, hook: &str, events: &str) {
     let yaml = hooks.root().join(hook).join("HOOK.yaml");
@@ -219,14 +226,15 @@ fn swap_on(bin: PathBuf) {
     let w2 = worker_with(&h2, &nats, "w2", OPTS);
     let edge = edge(&h1, &nats.url(), &[]);
     wait_for_fleet(&edge, "swap", &["w1", "w2"]);
-    let before = w2.log().matches("standing by").count();
+    let before = lease_lines(&w2);
     swap_patterns(&h2, &w2, "swap", r#"["swap:a", "swap:c"]"#);
-    // The new version's consumer filter is in place once its task stands by (a version's
-    // events accepted before its worker announced it are not its to run).
+    // The new version's consumer filter is in place once its task stands by or takes the lease
+    // (a version's events accepted before its worker announced it are not its to run). It
+    // may take it: the consumer's update restarts w1's task too, which lets the lease go.
     poll(
         Duration::from_secs(30),
         "w2's new version on the broker",
-        || (w2.log().matches("standing by").count() > before).then_some(()),
+        || (lease_lines(&w2) > before).then_some(()),
     );
     let cycle = ["swap:a", "swap:b", "swap:c", "swap:b", "swap:b", "swap:c"];
     let n = 60u64;
