@@ -123,6 +123,43 @@ impl Drop for Finishing {
     }
 }
 
+/// Whether a worker holds the lease on `key` now (false when unknown).
+pub async fn held(store: &kv::Store, key: &str) -> bool {
+    matches!(store.entry(key).await, Ok(Some(e)) if e.operation == kv::Operation::Put)
+}
+
+/// Resolves at the next change of the lease on `key` (taken, renewed, released); never when
+/// it cannot be watched (the caller's own timer then applies).
+pub async fn changed(watch: &mut Option<kv::Watch>) {
+    use futures_util::StreamExt;
+    match watch.as_mut() {
+        Some(w) => {
+            if w.next().await.is_none() {
+                *watch = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The key of the note a holder that handed the lease on `key` over leaves for the next one.
+fn note_key(key: &str) -> String {
+    format!("{key}.note")
+}
+
+/// Leaves `note` for the next holder of the lease on `key` (it lives the bucket's `max_age`).
+pub async fn leave_note(store: &kv::Store, key: &str, note: Vec<u8>) {
+    let put = store.put(note_key(key), note.into());
+    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(1), put).await {
+        tracing::warn!(key, "fleet: hand-over note not written ({e})");
+    }
+}
+
+/// The note the last holder of the lease on `key` that handed it over left, if still there.
+pub async fn read_note(store: &kv::Store, key: &str) -> Option<bytes::Bytes> {
+    store.get(note_key(key)).await.ok().flatten()
+}
+
 /// A held lease: renewed in the background until dropped or lost.
 pub struct Lease {
     lost: watch::Receiver<bool>,

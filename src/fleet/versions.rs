@@ -8,12 +8,15 @@
 //!   subject per pattern, `filter_subjects`; 2.9 takes one filter subject, so a hook whose
 //!   versions need several reads every event);
 //! - an event this worker's version does not match is handed back (nak, counted as
-//!   `mismatched`) when another live version matches it, and only otherwise acknowledged and
-//!   skipped.
+//!   `mismatched`; an ordered hook's lease holder hands the lease over) when another live
+//!   version matches it; when none does but a version that matched it was live when the event
+//!   was accepted ([`Versions::matched_when`]: retired versions are kept with the time they were
+//!   last seen live, [`RETIRED`] per hook), it is dead-lettered; only an event no version
+//!   matched then is acknowledged and skipped.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
 
@@ -22,16 +25,59 @@ use crate::pattern::PatternSet;
 
 struct Peer {
     seen: Instant,
+    /// `seen` by the clock events carry (their acceptance time).
+    seen_at: SystemTime,
     interval: Duration,
     /// Identity -> (patterns, compiled).
     hooks: BTreeMap<String, (Vec<String>, Arc<PatternSet>)>,
 }
 
-/// What the other live workers run; cheap to clone.
+/// Retired versions kept per hook (the most recently seen).
+pub const RETIRED: usize = 8;
+
+/// A version of a hook no longer live (changed, removed, or its worker gone).
+#[derive(Clone)]
+struct Retired {
+    patterns: Vec<String>,
+    set: Arc<PatternSet>,
+    worker: String,
+    /// Until when it was live, at the latest (when its end was learnt).
+    seen: SystemTime,
+}
+
+/// What the other live workers run, and the versions that were live before; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Versions {
     peers: Arc<Mutex<HashMap<String, Peer>>>,
     since: Arc<Mutex<Option<Instant>>>,
+    /// This worker's own versions (identity -> patterns).
+    own: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
+    /// Identity -> retired versions, most recently seen last.
+    retired: Arc<Mutex<HashMap<String, Vec<Retired>>>>,
+}
+
+/// Records `patterns` of hook `key`, run by `worker`, as live until `seen`.
+fn retire(
+    retired: &mut HashMap<String, Vec<Retired>>,
+    key: &str,
+    patterns: &[String],
+    worker: &str,
+    seen: SystemTime,
+) {
+    let Ok(set) = PatternSet::new(patterns) else {
+        return;
+    };
+    let list = retired.entry(key.to_string()).or_default();
+    list.retain(|r| r.patterns != patterns);
+    list.push(Retired {
+        patterns: patterns.to_vec(),
+        set: Arc::new(set),
+        worker: worker.to_string(),
+        seen,
+    });
+    if list.len() > RETIRED {
+        list.remove(0);
+    }
 }
 
 impl Versions {
@@ -43,22 +89,36 @@ impl Versions {
         let Ok(mut peers) = self.peers.lock() else {
             return;
         };
+        let hooks: BTreeMap<_, _> = if status.running {
+            status
+                .patterns
+                .into_iter()
+                .filter_map(|(id, p)| {
+                    let set = PatternSet::new(&p).ok()?;
+                    Some((id, (p, Arc::new(set))))
+                })
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        // The versions this worker ran until now and no longer does.
+        if let Some(before) = peers.get(&status.worker) {
+            let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+            for (key, (p, _)) in &before.hooks {
+                if hooks.get(key).is_none_or(|(now, _)| now != p) {
+                    retire(&mut retired, key, p, &status.worker, SystemTime::now());
+                }
+            }
+        }
         if !status.running {
             peers.remove(&status.worker);
             return;
         }
-        let hooks = status
-            .patterns
-            .into_iter()
-            .filter_map(|(id, p)| {
-                let set = PatternSet::new(&p).ok()?;
-                Some((id, (p, Arc::new(set))))
-            })
-            .collect();
         peers.insert(
             status.worker,
             Peer {
                 seen: Instant::now(),
+                seen_at: SystemTime::now(),
                 interval: Duration::from_millis(status.interval_ms),
                 hooks,
             },
@@ -67,8 +127,106 @@ impl Versions {
 
     fn live<T>(&self, f: impl FnOnce(Vec<&Peer>) -> T) -> T {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        peers.retain(|_, p| p.seen.elapsed() < p.interval * 3 + Duration::from_secs(1));
+        peers.retain(|worker, p| {
+            let alive = p.seen.elapsed() < p.interval * 3 + Duration::from_secs(1);
+            if !alive {
+                // Gone without a word (killed): live until its next status was due at most.
+                let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+                for (key, (patterns, _)) in &p.hooks {
+                    retire(&mut retired, key, patterns, worker, p.seen_at + p.interval);
+                }
+            }
+            alive
+        });
         f(peers.values().collect())
+    }
+
+    /// Records this worker's own versions (identity -> patterns): one it no longer runs is
+    /// retired, live until now.
+    pub fn set_own(&self, me: &str, now: BTreeMap<String, Vec<String>>) {
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, p) in own.iter() {
+            if now.get(key) != Some(p) {
+                retire(&mut retired, key, p, me, SystemTime::now());
+            }
+        }
+        *own = now;
+    }
+
+    /// Whether every live worker's versions are known as of `accepted` (its last status came
+    /// later): an event accepted after that may be for a version not heard of yet.
+    pub fn known_at(&self, accepted: SystemTime) -> bool {
+        self.live(|peers| peers.iter().all(|p| p.seen_at > accepted))
+    }
+
+    /// The longest a worker waits for [`Versions::known_at`]: the slowest status interval and
+    /// a second.
+    pub fn patience(&self, own_interval: Duration) -> Duration {
+        let slowest = self.live(|peers| peers.iter().map(|p| p.interval).max());
+        slowest.unwrap_or(own_interval).max(own_interval) + Duration::from_secs(1)
+    }
+
+    /// Waits (at most [`Versions::patience`]) until every live worker's versions are known as
+    /// of `accepted`.
+    pub async fn wait_known(&self, accepted: SystemTime, own_interval: Duration) {
+        let until = Instant::now() + self.patience(own_interval);
+        while !self.known_at(accepted) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// When no live version of hook `key` matches `event`: the retired version that matched it
+    /// and was still live at `accepted` (when the edge accepted the event), described for a
+    /// dead letter; `None` when no version matched it then (it is skipped).
+    pub fn matched_when(&self, key: &str, event: &str, accepted: SystemTime) -> Option<String> {
+        // Forgets workers gone meanwhile (their versions retire).
+        self.live(|_| ());
+        // This worker's version as last recorded: replaced by a reload that its hook tasks
+        // have not followed yet (the events they hold were accepted for it).
+        let own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = own.get(key)
+            && PatternSet::new(p).is_ok_and(|set| set.matches(event).is_some())
+        {
+            return Some(format!(
+                "no live version of the hook matches {event:?}; this worker's version with events {p:?}, which matched it when it was accepted, was just replaced (a rolling update)"
+            ));
+        }
+        drop(own);
+        let retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        let r = retired
+            .get(key)?
+            .iter()
+            .rev()
+            .find(|r| r.seen >= accepted && r.set.matches(event).is_some())?;
+        Some(format!(
+            "no live version of the hook matches {event:?}; the version with events {:?} (worker {}), which matched it when it was accepted, is gone (live until {} at the latest: a rolling update)",
+            r.patterns,
+            r.worker,
+            crate::time::rfc3339(r.seen)
+        ))
+    }
+
+    /// The pattern lists of hook `key`'s versions retired within `horizon` (distinct): a
+    /// consumer's filter keeps them that long, so that events they matched and nobody read
+    /// yet are still delivered (and dead-lettered rather than passed over unseen).
+    pub fn recently_retired(&self, key: &str, horizon: Duration) -> Vec<Vec<String>> {
+        let retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        let since = SystemTime::now()
+            .checked_sub(horizon)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut v: Vec<Vec<String>> = retired
+            .get(key)
+            .map(|l| {
+                l.iter()
+                    .filter(|r| r.seen >= since)
+                    .map(|r| r.patterns.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v.dedup();
+        v
     }
 
     /// Whether another live worker's version of hook `key` matches `event`.

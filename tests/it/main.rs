@@ -22,6 +22,8 @@ mod fleet;
 #[cfg(feature = "fleet")]
 mod fleet_held;
 #[cfg(feature = "fleet")]
+mod fleet_roll;
+#[cfg(feature = "fleet")]
 mod fleet_tp;
 mod fuzz;
 mod gateway;

@@ -76,10 +76,24 @@ pub(super) async fn settle_other(
                             .own
                             .iter()
                             .any(|f| crate::fleet::subject_matches(f, subject));
-                    if routed || sh.versions.other_matches(&s.key, &d.env.event) {
+                    // A version changed just before the event was accepted may not be heard
+                    // of yet.
+                    sh.versions
+                        .wait_known(accepted(&d), sh.opts.status_interval)
+                        .await;
+                    if sh.versions.other_matches(&s.key, &d.env.event) {
                         return for_another_version(sh, s, counters, d).await;
                     }
-                    // Loaded, but none of its patterns matches this event.
+                    if let Some(why) = sh.versions.matched_when(&s.key, &d.env.event, accepted(&d))
+                    {
+                        // A version that matched it when it was accepted is gone: never skipped.
+                        return dead_letter(sh, s, counters, d, delivered, why).await;
+                    }
+                    if routed && !sh.versions.settled(sh.opts.status_interval) {
+                        // A version this worker has not heard of yet may have asked for it.
+                        return for_another_version(sh, s, counters, d).await;
+                    }
+                    // Loaded, but no version of the hook matched this event when it was accepted.
                     d.settled(counters).await;
                     counters.skipped.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -110,6 +124,15 @@ pub(super) async fn settle_other(
         return;
     }
     dead_letter(sh, s, counters, d, delivered, error).await;
+}
+
+/// When the edge accepted the event (its envelope's time; else the broker's time of the
+/// message, a retry's being later than the original's).
+pub(super) fn accepted(d: &Delivery) -> std::time::SystemTime {
+    humantime::parse_rfc3339_weak(&d.env.time)
+        .ok()
+        .or_else(|| d.msg.info().ok().map(|i| i.published.into()))
+        .unwrap_or_else(std::time::SystemTime::now)
 }
 
 /// Another version of the hook matches the delivery, this one does not (a rolling update): it
@@ -202,7 +225,7 @@ pub(super) async fn dead_letter(
             }
         }
     }
-    tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: handler failed on the last delivery ({error}); event moved to the dead-letter subject");
+    tracing::error!(hook = %s.name, seq, deliveries = delivered, "fleet: event moved to the dead-letter subject after {delivered} deliveries: {error}");
     held.finish(hseq, slot, &msg, AckKind::Ack).await;
     counters.dead.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut d) = counters.done.lock() {

@@ -76,8 +76,10 @@ pub(super) async fn ensure_consumer(
         },
         ack_wait: sh.opts.ack_wait,
         // One more than allowed: the extra one is the dead letter of a worker killed during
-        // the last allowed delivery.
-        max_deliver: s.max_deliver + 1,
+        // the last allowed delivery. An ordered hook's has none: a hand-over to another version
+        // costs the messages it gives back a delivery that is no attempt, and the worker counts
+        // the attempts ([`super::handover`]).
+        max_deliver: if s.ordered() { -1 } else { s.max_deliver + 1 },
         max_ack_pending: s.window as i64,
         ..Default::default()
     };
@@ -89,7 +91,15 @@ pub(super) async fn ensure_consumer(
                 &s.filters,
                 have,
                 sh.multi.load(Ordering::Relaxed),
-                sh.versions.settled(sh.opts.status_interval),
+                // Never narrowed during a rolling update (a version of the hook changed within
+                // the grace): a worker that has not heard of the newest version yet would take
+                // its patterns away, and a cumulative acknowledgement would then pass its
+                // events for good.
+                sh.versions.settled(sh.opts.status_interval)
+                    && sh
+                        .versions
+                        .recently_retired(&s.key, sh.opts.consumer_grace)
+                        .is_empty(),
             );
             let config = crate::fleet::versions::with_filters(config, &filters);
             if have.ack_wait != config.ack_wait

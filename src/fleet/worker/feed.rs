@@ -8,8 +8,12 @@ use async_nats::jetstream::{self, AckKind};
 
 use super::ack::*;
 use super::deliver::*;
+use super::handover::Route;
 use super::pull::*;
 use super::state::Started;
+
+/// How soon an ordered hook's event whose version is not known yet is looked at again.
+const RECHECK: Duration = Duration::from_millis(50);
 
 impl Run {
     /// Starts events from the backlog, in order, while fewer than the window are in flight
@@ -28,7 +32,7 @@ impl Run {
                 .make_contiguous()
                 .sort_by_key(|d| (d.hseq, d.index));
         }
-        if self.catch_up.is_some() {
+        if self.catch_up.is_some() || self.handing.is_some() {
             return;
         }
         let window = self.s.window.max(1) as usize;
@@ -46,6 +50,21 @@ impl Run {
             let Some(d) = self.backlog.pop_front() else {
                 return;
             };
+            match self.route(&d) {
+                Route::Here => {}
+                Route::Elsewhere => {
+                    // Ordered: only another version runs it, and nothing after it runs before.
+                    // The pull loop hands over once what runs is finished.
+                    self.handing = Some(d.env.event.clone());
+                    self.backlog.push_front(d);
+                    return;
+                }
+                Route::Unsure => {
+                    self.recheck = Some(tokio::time::Instant::now() + RECHECK);
+                    self.backlog.push_front(d);
+                    return;
+                }
+            }
             self.start(d).await;
         }
     }

@@ -11,6 +11,8 @@
 //! - `pull.rs`: the pull loop of one hook ([`consume`](pull::consume)) and what it keeps across
 //!   its sessions ([`Run`](pull::Run)): sessions, drain, retries held until due.
 //! - `triage.rs`: what to do with a delivered message: settle it or hold its events in the backlog.
+//! - `handover.rs`: an ordered hook's hand-over to another version of it: stop at the event,
+//!   give it and the rest back, leave a note for the next holder.
 //! - `feed.rs`: the backlog into the hook's local queue, a new lease holder's catch-up, each
 //!   event's handler call.
 //! - `tasks.rs`: the worker's start and stop, the hook tasks matched to the registry, its status.
@@ -53,13 +55,16 @@
 //! `id:`, else the name), so a renamed hook keeps its place in the stream; a rename on a running
 //! worker is a hand-over inside the hook's task ([`pull::Run::renamed`]), not a stop and a start. Its
 //! filter covers the patterns of every live version of the hook ([`super::versions`]), and an event this version
-//! does not match goes back (nak) when another version does, for a worker that has it (an
-//! ordered hook's lease holder hands the lease over for it).
+//! does not match goes back when another version does, for a worker that has it: an ordered
+//! hook's lease holder stops at it and hands the lease and what it holds over, in order
+//! ([`handover`]); an event no live version matches but one that was live when it was accepted
+//! did is dead-lettered, never skipped.
 
 mod ack;
 mod consumer;
 mod deliver;
 mod feed;
+mod handover;
 mod holder;
 mod pull;
 mod state;

@@ -52,6 +52,21 @@ pub(super) struct Run {
     /// under the new name, as the same delivery.
     pub(super) redo_tx: tokio::sync::mpsc::Sender<Delivery>,
     pub(super) redo_rx: tokio::sync::mpsc::Receiver<Delivery>,
+    /// Ordered: the feed stopped at an event only another version matches (its name); the
+    /// lease goes to that version ([`super::handover`]).
+    pub(super) handing: Option<String>,
+    /// Stream sequence ranges that hand-overs gave back ([`Run::handed_over`]).
+    pub(super) handed: Vec<(u64, u64)>,
+    /// The highest stream sequence the hook's consumer delivered here.
+    pub(super) top: u64,
+    /// The lowest stream sequence a hand-over gave back from the pull's buffer.
+    pub(super) given: Option<u64>,
+    /// Ordered: the feed waits to know every live version as of its next event's acceptance
+    /// (since then; [`Run::route`]), until `recheck`.
+    pub(super) unsure: Option<std::time::Instant>,
+    pub(super) recheck: Option<tokio::time::Instant>,
+    /// In [`Run::drain`]: no more waiting to know versions.
+    pub(super) draining: bool,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -157,6 +172,13 @@ impl Run {
             renaming: false,
             redo_tx,
             redo_rx,
+            handing: None,
+            handed: Vec::new(),
+            top: 0,
+            given: None,
+            unsure: None,
+            recheck: None,
+            draining: false,
         }
     }
 
@@ -173,7 +195,17 @@ impl Run {
     /// finished. With `start_by`, no message is started after that time: the backlog's
     /// messages none of whose events started by then are left to the ack wait
     /// ([`Run::release_backlog`]); the events of a message partly started still run.
-    pub(super) async fn drain(&mut self, mut start_by: Option<tokio::time::Instant>) {
+    pub(super) async fn drain(&mut self, start_by: Option<tokio::time::Instant>) {
+        self.draining = true;
+        if self.handing.is_some() {
+            // Stopped at an event for another version: it and the rest go back now.
+            let _ = self.hand_back().await;
+        }
+        self.drain_all(start_by).await;
+        self.draining = false;
+    }
+
+    async fn drain_all(&mut self, mut start_by: Option<tokio::time::Instant>) {
         if self.catch_up.take().is_some() {
             // Nothing started: what was delivered goes to whoever pulls next, in order.
             self.release_backlog().await;
@@ -261,25 +293,16 @@ impl Run {
         lease: &mut Option<crate::fleet::lease::Lease>,
         stop: &mut watch::Receiver<bool>,
     ) -> Ended {
-        fn pull(
-            c: &jetstream::consumer::PullConsumer,
-            batch: usize,
-        ) -> impl std::future::Future<
-            Output = Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError>,
-        > + '_ {
-            c.stream()
-                // More than may be in flight: a pull request is always waiting at the broker
-                // when an acknowledgement frees a slot (with exactly one, nats-server 2.9 only
-                // delivered after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
-                .max_messages_per_batch(batch)
-                .expires(Duration::from_secs(5))
-                .heartbeat(Duration::from_secs(2))
-                .messages()
-        }
         let batch = (2 * self.s.window as usize).max(4);
+        // An ordered hook's expire soon: a hand-over waits for them ([`PULLS_EXPIRED`]).
+        let expires = if self.s.ordered() {
+            (ORDERED_PULL_EXPIRES, ORDERED_PULL_EXPIRES / 2)
+        } else {
+            (Duration::from_secs(5), Duration::from_secs(2))
+        };
         let (mut messages, mut retried) = match futures_util::future::try_join(
-            pull(consumer, batch),
-            pull(retries, 2 * crate::fleet::retry::WINDOW as usize),
+            open_pull(consumer, batch, expires),
+            open_pull(retries, 2 * crate::fleet::retry::WINDOW as usize, expires),
         )
         .await
         {
@@ -295,6 +318,10 @@ impl Run {
         let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
+            if holding && self.ready_to_hand_over() {
+                self.give_back_pulls([messages, retried]).await;
+                return Ended::HandOver;
+            }
             let lost = async {
                 match lease.as_mut() {
                     Some(l) => l.lost().await,
@@ -310,6 +337,11 @@ impl Run {
                 }
                 Ok(()) = self.rename.changed() => {
                     self.renamed();
+                    continue;
+                }
+                _ = sleep_until(self.recheck), if self.recheck.is_some() => {
+                    self.recheck = None;
+                    self.feed().await;
                     continue;
                 }
                 _ = catching.tick(), if self.catch_up.is_some() => {
@@ -337,9 +369,8 @@ impl Run {
                     return Ended::Again;
                 }
                 _ = self.counters.handover.notified(), if holding => {
-                    give_back(&mut messages).await;
-                    give_back(&mut retried).await;
-                    return Ended::HandOver;
+                    self.handing.get_or_insert_with(String::new);
+                    continue;
                 }
             };
             match next {
@@ -382,6 +413,41 @@ impl Run {
         false
     }
 }
+
+/// Pulls `batch` at a time from `c`, each request expiring after `expires` (idle heartbeats
+/// every `heartbeat`).
+fn open_pull(
+    c: &jetstream::consumer::PullConsumer,
+    batch: usize,
+    (expires, heartbeat): (Duration, Duration),
+) -> impl std::future::Future<
+    Output = Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError>,
+> + '_ {
+    c.stream()
+        // More than may be in flight: a pull request is always waiting at the broker
+        // when an acknowledgement frees a slot (with exactly one, nats-server 2.9 only
+        // delivered after a delay: 30 events/s at concurrency 1; with two, ~1,100/s).
+        .max_messages_per_batch(batch)
+        .expires(expires)
+        .heartbeat(heartbeat)
+        .messages()
+}
+
+/// Sleeps until `t`; never when `None`.
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How soon an ordered hook's pull requests expire at the broker: a hand-over waits that long
+/// (and a margin, [`PULLS_EXPIRED`]) before it gives events back.
+pub(super) const ORDERED_PULL_EXPIRES: Duration = Duration::from_secs(1);
+
+/// When the pull requests of a holder that stopped reading them have surely expired at the
+/// broker ([`ORDERED_PULL_EXPIRES`] and a margin).
+pub(super) const PULLS_EXPIRED: Duration = Duration::from_millis(1300);
 
 /// Most often an ordered hook's finished events are acknowledged (one acknowledgement of the
 /// highest finished sequence for all that finished meanwhile).
@@ -454,6 +520,7 @@ pub(super) async fn consume(
                 Some(l) => lease = Some(l),
                 None => break 'outer,
             }
+            r.read_note(&leases).await;
             // A previous holder may have left events pending: they come back as their ack
             // waits run out, in no useful order; nothing runs until all are here.
             let bucket = leases
@@ -462,21 +529,20 @@ pub(super) async fn consume(
             r.catch_up = Some(CatchUp::new(bucket));
             r.main.pause(true);
         }
+        let mut handed_over = false;
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
             Ended::HandOver => {
-                // Everything this worker holds settled before the lease goes (it still holds
-                // it: no other worker pulls meanwhile).
-                r.drain(None).await;
-                r.forget_retries().await;
-                r.main.forget();
-                if !hand_over(&s, lease.take(), &leases, &mut stop).await {
+                if !r.hand_over(lease.take(), &leases, &mut stop).await {
                     break 'outer;
                 }
+                handed_over = true;
             }
             Ended::Again => {}
         }
-        if s.ordered() && lease.is_none() {
+        // A hand-over settled everything before releasing the lease: nothing to finish, and no
+        // `finishing` key that would hold the next holder's catch-up.
+        if s.ordered() && lease.is_none() && !handed_over {
             r.stand_down(&leases).await;
         }
         if std::mem::take(&mut r.pulled) {

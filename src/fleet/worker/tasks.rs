@@ -181,6 +181,19 @@ pub(super) fn apply(
     seen: &mut HashMap<String, std::time::SystemTime>,
     started: std::time::SystemTime,
 ) {
+    // This worker's versions first: one it no longer runs is retired (settings keep it in the
+    // consumer's filter for a while).
+    let own = snap
+        .hooks
+        .iter()
+        // The first of two with one identity is the one fed (below).
+        .rev()
+        .map(|h| {
+            let key = crate::fleet::identity::of(&h.spec);
+            (key, h.spec.patterns.patterns().to_vec())
+        })
+        .collect();
+    sh.versions.set_own(&sh.opts.id, own);
     let mut wanted: HashMap<String, Settings> = HashMap::new();
     for h in &snap.hooks {
         let key = crate::fleet::identity::of(&h.spec);
@@ -291,6 +304,9 @@ pub(super) fn settings(
     let mine = spec.patterns.patterns().to_vec();
     let mut versions = vec![mine.clone()];
     versions.extend(sh.versions.others(&key));
+    // Events a retired version matched, published before it went and not read yet, are still
+    // delivered: dead-lettered with a reason, not passed over unseen.
+    versions.extend(sh.versions.recently_retired(&key, sh.opts.consumer_grace));
     let multi = sh.multi.load(Ordering::Relaxed);
     Settings {
         name: spec.name.clone(),

@@ -51,7 +51,8 @@ impl Run {
             Source::Main if crate::fleet::retry::is_retry(&self.sh.cfg, &msg.subject) => {
                 return Triage::Settle(msg, hseq, AckKind::Ack);
             }
-            Source::Main => (broker_delivered, hseq),
+            // Deliveries that were hand-overs to another version are no attempts.
+            Source::Main => ((broker_delivered - self.handed_over(hseq)).max(1), hseq),
             Source::Retry => match crate::fleet::retry::Retry::read(&msg) {
                 Some(r) => (r.delivered + broker_delivered, r.seq),
                 None => (i64::MAX, hseq),
@@ -104,6 +105,11 @@ impl Run {
     /// host), and as many as the window allows enter the hook's local queue now.
     pub(super) async fn dispatch(&mut self, msg: Arc<jetstream::Message>, source: Source) {
         self.pulled = true;
+        if source == Source::Main
+            && let Ok(i) = msg.info()
+        {
+            self.top = self.top.max(i.stream_sequence);
+        }
         match self.triage(msg, source) {
             Triage::Settle(msg, hseq, kind) => {
                 let held = self.held(source);

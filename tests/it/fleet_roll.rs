@@ -1,0 +1,316 @@
+//! Rolling updates of an ordered hook across a fleet (issue 34 items 5 and 6), on a real
+//! nats-server (2.9, and a 2.10+ build too when `HERMES_NATS_SERVER_NEW` names one): the lease
+//! goes to a version that matches the next event, in stream order and without an ack wait's
+//! stall; an event a version that was live when it was accepted matched is run or dead-lettered,
+//! never skipped.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::fleet::{
+    NatsServer, dead_cmd, edge, nats_servers, post_one, recording_hook, records, wait_for_fleet,
+    worker_with,
+};
+use crate::util::{Hooks, Serve, poll};
+
+/// `--ack-wait 5`: a hand-over that waited for an ack wait would show as a 5 s gap.
+const OPTS: &[&str] = &[
+    "--ack-wait",
+    "5",
+    "--retry-backoff-ms",
+    "50",
+    "--status-interval-ms",
+    "100",
+];
+
+/// Every handling of `hook` in `dirs`, in the order the handlers started.
+fn starts(dirs: &[&Hooks], hook: &str) -> Vec<Value> {
+    let mut all: Vec<Value> = dirs.iter().flat_map(|h| records(h, hook)).collect();
+    all.sort_by(|a, b| a["t"].as_f64().partial_cmp(&b["t"].as_f64()).unwrap());
+    all
+}
+
+/// Posts `names` in order, one request each for a single name and one batch (bundles) for a
+/// run of one name; the events are numbered from `from` in posting (= stream) order.
+fn post_runs(edge: &Serve, from: u64, runs: &[(&str, usize)]) -> u64 {
+    let mut n = from;
+    for (name, len) in runs {
+        if *len == 1 {
+            post_one(edge, name, json!({"n": n}));
+            n += 1;
+            continue;
+        }
+        let events: Vec<Value> = (n..n + *len as u64)
+            .map(|i| json!({"event": name, "context": {"n": i}}))
+            .collect();
+        let (status, v) = edge.post("/v1/events/batch", &json!({"events": events}));
+        assert_eq!(status, 202, "{v}");
+        n += *len as u64;
+    }
+    n
+}
+
+/// Waits until the worker with hooks `holder` is the one that runs the ordered hook `hook`:
+/// a probe event `probe` (matched by every version) is handled there; another worker holding
+/// the lease is restarted (it then stands by).
+fn make_holder(
+    nats: &NatsServer,
+    (holder, holder_id): (&Hooks, &str),
+    (other, other_id, other_worker): (&Hooks, &str, &mut Serve),
+    edge: &Serve,
+    (hook, probe): (&str, &str),
+) -> u64 {
+    let mut n = 1_000_000;
+    for _ in 0..5 {
+        post_one(edge, probe, json!({"n": n, "probe": true}));
+        let by = poll(Duration::from_secs(30), "the probe handled", || {
+            starts(&[holder, other], hook)
+                .into_iter()
+                .find(|r| r["n"] == n)
+                .and_then(|r| r["w"].as_str().map(str::to_string))
+        });
+        n += 1;
+        if by == holder_id {
+            return n;
+        }
+        other_worker.terminate();
+        *other_worker = worker_with(other, nats, other_id, OPTS);
+        wait_for_fleet(edge, hook, &[holder_id, other_id]);
+    }
+    panic!("{holder_id} never held the lease of {hook}");
+}
+
+/// The longest pause between two handler starts, in seconds.
+fn longest_gap(recs: &[Value]) -> f64 {
+    recs.windows(2)
+        .map(|w| w[1]["t"].as_f64().unwrap() - w[0]["t"].as_f64().unwrap())
+        .fold(0.0, f64::max)
+}
+
+/// Issue 34 item 5: the lease holder runs the old version (`[roll:a]`), the other worker the
+/// new one (`[roll:a, roll:b]`); events of both names, alone and in bundles, arrive while the
+/// old one holds the lease. The holder stops at the first `roll:b`, hands it and the rest back
+/// and the new version takes the lease: each event runs once, in stream order, `roll:b` only on
+/// the new version, with no pause of an ack wait (the old code sent `roll:b` events to the retry
+/// subject: they ran after later ones, and the hook stalled about 12 s at `--ack-wait 5`).
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_rolling_update_of_an_ordered_hook_hands_the_lease_over_in_stream_order() {
+    for bin in nats_servers() {
+        hand_over_on(bin);
+    }
+}
+
+fn hand_over_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin, &[], "");
+    let (old, new) = (Hooks::new(), Hooks::new());
+    recording_hook(&old, "roll", r#"["roll:a"]"#, "");
+    recording_hook(&new, "roll", r#"["roll:a", "roll:b"]"#, "");
+    let w1 = worker_with(&old, &nats, "w1", OPTS);
+    let mut w2 = worker_with(&new, &nats, "w2", OPTS);
+    let edge = edge(&old, &nats.url(), &[]);
+    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
+    make_holder(
+        &nats,
+        (&old, "w1"),
+        (&new, "w2", &mut w2),
+        &edge,
+        ("roll", "roll:a"),
+    );
+    let runs = [
+        ("roll:a", 1),
+        ("roll:a", 3),
+        ("roll:b", 1),
+        ("roll:a", 1),
+        ("roll:b", 4),
+        ("roll:a", 5),
+        ("roll:b", 1),
+        ("roll:b", 1),
+        ("roll:a", 1),
+        ("roll:b", 6),
+        ("roll:a", 2),
+    ];
+    let mut names = Vec::new();
+    for (name, len) in runs {
+        names.extend(std::iter::repeat_n(name, len));
+    }
+    let n = post_runs(&edge, 0, &runs);
+    let all = poll(Duration::from_secs(60), "every event handled", || {
+        let r: Vec<Value> = starts(&[&old, &new], "roll")
+            .into_iter()
+            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
+            .collect();
+        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
+        (have.len() as u64 == n).then_some(r)
+    });
+    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert_eq!(
+        ns,
+        (0..n).collect::<Vec<_>>(),
+        "each event once, started in stream order: {all:?}"
+    );
+    for r in &all {
+        let i = r["n"].as_u64().unwrap() as usize;
+        assert_eq!(r["event"], names[i], "{r}");
+        if names[i] == "roll:b" {
+            assert_eq!(r["w"], "w2", "roll:b only on the new version: {r}");
+        }
+    }
+    assert!(
+        all.iter().any(|r| r["w"] == "w1"),
+        "the old version ran the first events (it held the lease)"
+    );
+    let gap = longest_gap(&all);
+    eprintln!("hand-over of an ordered hook: longest pause between starts {gap:.2} s");
+    assert!(
+        gap < 3.0,
+        "a pause of {gap:.2} s between two starts (ack wait 5 s)"
+    );
+    assert!(w1.log().contains("lease handed over"), "w1 handed over");
+}
+
+/// The dead letters of `hook`, by the `n` of their event.
+fn dead_ns(nats: &NatsServer, hook: &str) -> HashMap<u64, Value> {
+    let (_, out) = dead_cmd(nats, &["list", "--json", "--hook", hook]);
+    out.lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| Some((v["envelope"]["context"]["n"].as_u64()?, v)))
+        .collect()
+}
+
+/// How many times `worker`'s hook tasks stood by or took an ordered hook's lease (each follows
+/// the task's consumer being in place).
+fn lease_lines(worker: &Serve) -> usize {
+    let log = worker.log();
+    log.matches("; standing by").count() + log.matches("(lease taken)").count()
+}
+
+/// Writes `events` as the patterns of `hook` in `hooks` and waits until `worker` runs them.
+fn swap_patterns(hooks: &Hooks, worker: &Serve, hook: &str, events: &str) {
+    let yaml = hooks.root().join(hook).join("HOOK.yaml");
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    let line = text.lines().find(|l| l.starts_with("events:")).unwrap();
+    std::fs::write(&yaml, text.replace(line, &format!("events: {events}"))).unwrap();
+    let want: Value = serde_json::from_str(events).unwrap();
+    poll(Duration::from_secs(30), "the worker to reload", || {
+        let (_, v) = worker.get(&format!("/v1/hooks/{hook}"));
+        (v["events"] == want).then_some(())
+    });
+}
+
+/// Issue 34 item 6: an ordered hook's patterns swapped from `[swap:a, swap:b]` to
+/// `[swap:a, swap:c]` by a rolling update: one worker updated while the other still runs the
+/// old version and events of all three names flow, then the other. Every `swap:b` event
+/// accepted before the old version went away ran on the old version or was dead-lettered with
+/// a reason naming that version; none was counted skipped (the old code skipped them after its
+/// stall), and the events that ran started in stream order.
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_pattern_swapped_in_a_rolling_update_runs_or_dead_letters_what_the_old_version_matched() {
+    for bin in nats_servers() {
+        swap_on(bin);
+    }
+}
+
+fn swap_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin, &[], "");
+    let (h1, h2) = (Hooks::new(), Hooks::new());
+    for h in [&h1, &h2] {
+        recording_hook(h, "swap", r#"["swap:a", "swap:b"]"#, "");
+    }
+    let w1 = worker_with(&h1, &nats, "w1", OPTS);
+    let w2 = worker_with(&h2, &nats, "w2", OPTS);
+    let edge = edge(&h1, &nats.url(), &[]);
+    wait_for_fleet(&edge, "swap", &["w1", "w2"]);
+    let before = lease_lines(&w2);
+    swap_patterns(&h2, &w2, "swap", r#"["swap:a", "swap:c"]"#);
+    // The new version's consumer filter is in place once its task stands by or takes the lease
+    // (a version's events accepted before its worker announced it are not its to run). It
+    // may take it: the consumer's update restarts w1's task too, which lets the lease go.
+    poll(
+        Duration::from_secs(30),
+        "w2's new version on the broker",
+        || (lease_lines(&w2) > before).then_some(()),
+    );
+    let cycle = ["swap:a", "swap:b", "swap:c", "swap:b", "swap:b", "swap:c"];
+    let n = 60u64;
+    let events: Vec<Value> = (0..n)
+        .map(|i| json!({"n": i, "event": cycle[i as usize % cycle.len()]}))
+        .collect();
+    for e in &events {
+        post_one(
+            &edge,
+            e["event"].as_str().unwrap(),
+            json!({"n": e["n"], "pause": 0.02}),
+        );
+    }
+    // The old version goes while some of its events may still wait.
+    swap_patterns(&h1, &w1, "swap", r#"["swap:a", "swap:c"]"#);
+    let dirs = [&h1, &h2];
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let (ran, dead) = loop {
+        let ran: Vec<Value> = starts(&dirs, "swap");
+        let dead = dead_ns(&nats, "swap");
+        let have: HashSet<u64> = ran
+            .iter()
+            .filter_map(|r| r["n"].as_u64())
+            .chain(dead.keys().copied())
+            .collect();
+        if (0..n).all(|i| have.contains(&i)) {
+            break (ran, dead);
+        }
+        if std::time::Instant::now() > deadline {
+            let missing: Vec<u64> = (0..n).filter(|i| !have.contains(i)).collect();
+            let (_, v) = edge.get("/v1/hooks/swap");
+            for (w, log) in [("w1", w1.log()), ("w2", w2.log())] {
+                for l in log
+                    .lines()
+                    .filter(|l| l.contains("lease") || l.contains("fleet:"))
+                {
+                    eprintln!("{w}: {l}");
+                }
+            }
+            panic!(
+                "never run nor dead-lettered: {missing:?}; fleet {}",
+                v["fleet"]
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let ns: Vec<u64> = ran.iter().filter_map(|r| r["n"].as_u64()).collect();
+    let mut sorted = ns.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(ns, sorted, "each ran once, in stream order");
+    for (i, letter) in &dead {
+        assert_eq!(
+            events[*i as usize]["event"], "swap:b",
+            "only swap:b dead: {letter}"
+        );
+        let why = letter["error"].as_str().unwrap_or("");
+        assert!(
+            why.contains("matched it when it was accepted") && why.contains("swap:b"),
+            "the reason names the gone version: {why}"
+        );
+    }
+    for r in &ran {
+        if r["event"] == "swap:b" {
+            assert!(
+                r["w"] == "w1",
+                "swap:b only on the old version (w1 before its update): {r}"
+            );
+        }
+    }
+    let (_, v) = edge.get("/v1/hooks/swap");
+    eprintln!(
+        "swap: {} ran, {} dead-lettered; fleet {}",
+        ran.len(),
+        dead.len(),
+        v["fleet"]
+    );
+    assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
+}
