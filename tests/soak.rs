@@ -11,7 +11,10 @@
 //! - the loss-budget phase ([`budget`], `HERMES_SOAK_BUDGET_SECS`, default 20): what a fault costs,
 //!   without overload;
 //! - the fleet phase ([`fleet`], `HERMES_SOAK_FLEET_SECS`, default 20): edge, workers and broker
-//!   SIGKILLed and restarted under load, every 202 accounted for;
+//!   SIGKILLed and restarted under load, every 202 accounted for; with it (same variable) the
+//!   "lease kills" and "changes" phases of issue 34 (an ordered hook's lease holder SIGKILLed
+//!   again and again; hooks renamed and their patterns widened, swapped and narrowed on two
+//!   workers in turn while events flow);
 //! - the busy-CPU phase ([`busy`], `HERMES_SOAK_BUSY_SECS`, default 20): a busy loop in the
 //!   service's session on its CPU, every collect answered with every verdict (issue 33).
 //!

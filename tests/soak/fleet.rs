@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Rng, handler_processes, try_http};
+
+#[path = "fleet_changes.rs"]
+mod changes;
 use crate::util::{Hooks, Serve, bin, poll, read_jsonl, signal};
 
 /// A nats-server with JetStream on a fixed-for-its-life free port and a temp store.
@@ -236,8 +239,8 @@ fn epoch_secs() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Event numbers in the broker's dead letters (`dead list --json`).
-fn dead_letters(url: &str) -> HashSet<u64> {
+/// The broker's dead letters (`dead list --json`).
+fn dead_list(url: &str) -> Vec<Value> {
     let out = Command::new(bin())
         .args(["dead", "list", "--json", "--fleet", url])
         .output()
@@ -245,6 +248,13 @@ fn dead_letters(url: &str) -> HashSet<u64> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
+/// Event numbers in the broker's dead letters.
+fn dead_letters(url: &str) -> HashSet<u64> {
+    dead_list(url)
+        .iter()
         .filter_map(|v| v["envelope"]["context"]["n"].as_u64())
         .collect()
 }
