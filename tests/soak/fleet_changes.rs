@@ -347,6 +347,21 @@ fn settle_and_check(
     assert!(!accepted.is_empty(), "nothing was accepted");
     if !(lost.is_empty() && false_dead.is_empty()) {
         eprintln!("the driver's changes:\n  {}", timeline.join("\n  "));
+        // The ordered hook's handlings around the first event lost or falsely dead-lettered.
+        let bad = false_dead
+            .iter()
+            .chain(&lost)
+            .filter_map(|l| l.split(' ').next());
+        if let Some(n) = bad.filter_map(|n| n.parse::<u64>().ok()).min() {
+            let near = starts
+                .iter()
+                .filter(|r| r["n"].as_u64().is_some_and(|m| m + 5 > n && m < n + 40));
+            eprintln!("handlings near {n}:");
+            for r in near {
+                eprintln!("  {r}");
+            }
+        }
+        eprintln!("false dead letters ({}): {false_dead:?}", false_dead.len());
     }
     let first = |v: &[String]| v[..v.len().min(10)].to_vec();
     assert!(
