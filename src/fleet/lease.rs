@@ -166,6 +166,8 @@ pub struct Lease {
     renew: tokio::task::JoinHandle<()>,
     store: kv::Store,
     key: String,
+    /// Taken after the previous holder's key ran out rather than being released ([`Lease::vanished`]).
+    vanished: bool,
 }
 
 impl Lease {
@@ -176,6 +178,9 @@ impl Lease {
         key: &str,
         holder: &str,
     ) -> Result<Option<Lease>, String> {
+        // A holder that released the lease left a delete marker (it lives the bucket's
+        // `max_age`); no entry at all: the key ran out (or the hook was never pulled).
+        let vanished = matches!(store.entry(key).await, Ok(None));
         let revision = match store.create(key, holder.to_string().into()).await {
             Ok(r) => r,
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
@@ -203,7 +208,15 @@ impl Lease {
             renew,
             store: store.clone(),
             key: key.to_string(),
+            vanished,
         }))
+    }
+
+    /// Whether the previous holder let the lease run out instead of releasing it (killed, cut
+    /// off, or no previous holder within the bucket's `max_age`): only then may an event have
+    /// been started by a holder that never finished it.
+    pub fn vanished(&self) -> bool {
+        self.vanished
     }
 
     /// Resolves when the lease is lost (not renewed in time).

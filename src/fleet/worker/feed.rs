@@ -107,6 +107,11 @@ impl Run {
             }
             tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, missing = now.0 - now.1 as u64, waited = %crate::time::fmt_duration(c.since.elapsed()), "fleet: events the broker counts as pending for the ordered hook never came back and no worker says it still runs them (past their deliveries, a consumer reset, a broker that lost state?); running the ones here in stream order without them");
         }
+        if c.vanished {
+            // What the vanished holder had pending is all here now (or given up on).
+            let top = self.backlog.iter().map(|d| d.hseq).max().unwrap_or(0);
+            self.orphans = self.orphans.max(top);
+        }
         self.catch_up = None;
         self.backlog
             .make_contiguous()
@@ -145,7 +150,13 @@ impl Run {
     /// another hook, unreadable), dead-letters it past its last delivery, else puts it in the
     /// hook's local queue before this returns (so events enter it in stream order); the rest
     /// runs in `running`.
-    pub(super) async fn start(&mut self, d: Delivery) {
+    pub(super) async fn start(&mut self, mut d: Delivery) {
+        if self.s.ordered() && d.delivered > self.s.max_deliver && d.hseq > self.orphans {
+            // Past its deliveries by the broker's count only: hand-overs and messages left to
+            // the ack wait cost deliveries no handler call made; no holder that vanished had it.
+            // Its consumer has no broker-side limit: it runs, as its last allowed attempt.
+            d.delivered = self.s.max_deliver;
+        }
         let (s, counters) = (&self.s, &self.counters);
         if !d.held.current(d.hseq, d.slot) {
             // Its message was handed back (for another of its events) or delivered again

@@ -38,6 +38,10 @@ pub(super) struct Note {
     /// Stream sequence ranges (first, last) whose messages hand-overs gave back, one delivery
     /// each.
     pub(super) handed: Vec<(u64, u64)>,
+    /// [`Run::orphans`]: the next holder keeps it (an event a vanished holder may have
+    /// started stays a "killed?" dead letter across hand-overs).
+    #[serde(default)]
+    pub(super) orphans: u64,
 }
 
 impl Run {
@@ -123,6 +127,7 @@ impl Run {
             }
         }
         note.handed = self.handed.clone();
+        note.orphans = self.orphans;
         // Empty: handing over for a retry (the event is not known here).
         (note, self.handing.take().filter(|e| !e.is_empty()))
     }
@@ -148,6 +153,7 @@ impl Run {
             }
         }
         self.handed = note.handed;
+        self.orphans = self.orphans.max(note.orphans);
     }
 }
 

@@ -67,6 +67,12 @@ pub(super) struct Run {
     pub(super) recheck: Option<tokio::time::Instant>,
     /// In [`Run::drain`]: no more waiting to know versions.
     pub(super) draining: bool,
+    /// Ordered: the highest stream sequence a holder that vanished (its lease ran out, not
+    /// released) may have started and not finished (0: none). Only an event up to it that is
+    /// past its deliveries is dead-lettered as "killed?" unrun; the broker's count of any other
+    /// is inflated by hand-overs and messages left to the ack wait, none of which ran it
+    /// (issue 34).
+    pub(super) orphans: u64,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -89,16 +95,23 @@ pub(super) struct CatchUp {
     pub(super) lease: Option<(async_nats::jetstream::kv::Store, String)>,
     /// When a warning was last logged.
     pub(super) warned: tokio::time::Instant,
+    /// The previous holder let the lease run out ([`crate::fleet::lease::Lease::vanished`]):
+    /// what it left pending may have started there ([`Run::orphans`]).
+    pub(super) vanished: bool,
 }
 
 impl CatchUp {
-    pub(super) fn new(lease: Option<(async_nats::jetstream::kv::Store, String)>) -> Self {
+    pub(super) fn new(
+        lease: Option<(async_nats::jetstream::kv::Store, String)>,
+        vanished: bool,
+    ) -> Self {
         let now = tokio::time::Instant::now();
         Self {
             last: (u64::MAX, 0),
             since: now,
             lease,
             warned: now,
+            vanished,
         }
     }
 
@@ -179,6 +192,7 @@ impl Run {
             unsure: None,
             recheck: None,
             draining: false,
+            orphans: 0,
         }
     }
 
@@ -526,7 +540,8 @@ pub(super) async fn consume(
             let bucket = leases
                 .as_ref()
                 .map(|(store, _)| (store.clone(), crate::fleet::consumer_name(&s.key)));
-            r.catch_up = Some(CatchUp::new(bucket));
+            let vanished = lease.as_ref().is_some_and(|l| l.vanished());
+            r.catch_up = Some(CatchUp::new(bucket, vanished));
             r.main.pause(true);
         }
         let mut handed_over = false;
