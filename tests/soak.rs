@@ -381,6 +381,8 @@ struct ClientCounts {
     refused: AtomicU64,
     collect_results: AtomicU64,
     collect_errors: AtomicU64,
+    /// Collect errors naming a matching hook that is not running (nothing queued to it).
+    collect_not_running: AtomicU64,
     /// Events sent, by what they ask the handler to do.
     behaviours: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -448,11 +450,19 @@ fn client(addr: String, seed: u64, stop: Arc<AtomicBool>, counts: Arc<ClientCoun
                 Some((200, v)) => {
                     let results = v["results"].as_array().map_or(0, Vec::len) as u64;
                     let errors = v["errors"].as_array().cloned().unwrap_or_default();
-                    // A hook removed between matching and queueing refused the event.
-                    let stopping = errors
-                        .iter()
-                        .filter(|e| e["error"] == "the hook is stopping")
-                        .count() as u64;
+                    // Not queued: a hook removed between matching and queueing refused the
+                    // event, and a matching hook that is not running (a broken version with no
+                    // good one before it, say, after a rename) is named with its `state`.
+                    let not_running =
+                        errors.iter().filter(|e| e.get("state").is_some()).count() as u64;
+                    let stopping = not_running
+                        + errors
+                            .iter()
+                            .filter(|e| e["error"] == "the hook is stopping")
+                            .count() as u64;
+                    counts
+                        .collect_not_running
+                        .fetch_add(not_running, Ordering::Relaxed);
                     let errors = errors.len() as u64;
                     counts.collect_results.fetch_add(results, Ordering::Relaxed);
                     counts.collect_errors.fetch_add(errors, Ordering::Relaxed);
@@ -717,6 +727,7 @@ fn chaos_soak_keeps_every_promise() {
         "client_queued": client_queued,
         "collect_results": counts.collect_results.load(Ordering::Relaxed),
         "collect_errors": counts.collect_errors.load(Ordering::Relaxed),
+        "collect_not_running": counts.collect_not_running.load(Ordering::Relaxed),
         "totals": totals,
         "hook_names": accounts.len(),
         "faults": faults,
