@@ -506,26 +506,50 @@ pub(crate) fn starting(at: Resolved, boosted_now: bool) -> Resolved {
 
 /// Runs `job` (spawning a child process) on the spawner thread, which has the service's starting
 /// priority, and returns its result; the caller waits for it as it would for the spawn itself.
-/// Without a spawner (commands other than `serve`, the library in tests) it runs here.
+/// Without a spawner (commands other than `serve`, the library in tests) it runs here. For
+/// synchronous callers (blocking threads); async code uses [`spawn_at_base_async`].
 pub(crate) fn spawn_at_base<T: Send + 'static>(
     job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
+    if SPAWNER.get().is_none() {
+        return job();
+    }
+    let (tx, rx) = mpsc::sync_channel(1);
+    submit(Box::new(move || {
+        let _ = tx.send(job());
+    }));
+    rx.recv().unwrap_or_else(|_| Err(spawner_gone()))
+}
+
+/// [`spawn_at_base`] for async code: the task waits for the spawner thread, its runtime thread
+/// goes on with other tasks meanwhile.
+pub(crate) async fn spawn_at_base_async<T: Send + 'static>(
+    job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    if SPAWNER.get().is_none() {
+        return job();
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    submit(Box::new(move || {
+        let _ = tx.send(job());
+    }));
+    rx.await.unwrap_or_else(|_| Err(spawner_gone()))
+}
+
+/// Hands `job` to the spawner thread; runs it here, at this thread's priority, when there is
+/// none or it is gone.
+fn submit(job: Job) {
     let Some(spawner) = SPAWNER.get() else {
         return job();
     };
-    let (tx, rx) = mpsc::sync_channel(1);
-    let boxed: Job = Box::new(move || {
-        let _ = tx.send(job());
-    });
-    let sent = spawner
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send(boxed);
-    if let Err(mpsc::SendError(boxed)) = sent {
-        boxed(); // the spawner is gone: start it here, at this thread's priority
+    let sent = spawner.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+    if let Err(mpsc::SendError(job)) = sent {
+        job();
     }
-    rx.recv()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the spawner thread is gone")))
+}
+
+fn spawner_gone() -> std::io::Error {
+    std::io::Error::other("the spawner thread is gone")
 }
 
 /// The nice value of the calling thread (the service's, called from its threads).

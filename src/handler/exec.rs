@@ -159,7 +159,7 @@ impl ExecHandler {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
         };
         let plan = self.plan(&verified).map_err(cannot_run)?;
-        let spawned = crate::priority::spawn_at_base(move || spawn::spawn(&plan));
+        let spawned = crate::priority::spawn_at_base_async(move || spawn::spawn(&plan)).await;
         drop(verified);
         let (mut child, stdin, stdout, stderr) =
             adopt(spawned.map_err(cannot_run)?).map_err(cannot_run)?;

@@ -320,7 +320,7 @@ impl PythonHandler {
                     }
                     Err(e) => {
                         tracing::warn!(hook = %self.ctx.name, "cannot fork the python worker ({e}); starting it from scratch");
-                        let w = self.spawn_fresh(handler)?;
+                        let w = self.spawn_fresh(handler).await?;
                         self.ctx
                             .signals
                             .set_start("fresh", format!("fork server unavailable: {e}"));
@@ -329,7 +329,7 @@ impl PythonHandler {
                 }
             }
             StartMode::Fresh(why) => {
-                let w = self.spawn_fresh(handler)?;
+                let w = self.spawn_fresh(handler).await?;
                 self.ctx.signals.set_start("fresh", why);
                 w
             }
@@ -426,7 +426,7 @@ impl PythonHandler {
     }
 
     /// Starts a worker from scratch: `<python> -u runner.py DIR HANDLER NAME`.
-    fn spawn_fresh(&self, handler: &Path) -> Result<Worker, HandlerError> {
+    async fn spawn_fresh(&self, handler: &Path) -> Result<Worker, HandlerError> {
         let mut cmd = command(&self.ctx.python, &self.ctx);
         super::confine::set_env(&mut cmd, &self.ctx);
         cmd.env(zygote::PYCACHE_ENV, zygote::pycache_dir(&self.runner))
@@ -435,12 +435,14 @@ impl PythonHandler {
             .arg(&self.ctx.dir)
             .arg(handler)
             .arg(&self.ctx.name);
-        let mut child = crate::priority::spawn_at_base(move || cmd.spawn()).map_err(|e| {
-            HandlerError::Load(format!(
-                "cannot start Python interpreter {:?}: {e}",
-                self.ctx.python
-            ))
-        })?;
+        let mut child = crate::priority::spawn_at_base_async(move || cmd.spawn())
+            .await
+            .map_err(|e| {
+                HandlerError::Load(format!(
+                    "cannot start Python interpreter {:?}: {e}",
+                    self.ctx.python
+                ))
+            })?;
         let group = GroupKill::new(child.id());
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
