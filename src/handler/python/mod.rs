@@ -127,6 +127,18 @@ impl Worker {
         Some(how)
     }
 
+    /// Ends a worker that refused to load or exited before it was ready: the runner exits by
+    /// itself, and what it wrote to stderr before (the traceback, at debug level) is read to its
+    /// end before the worker is killed, so no record of why is lost (at most about 3 s).
+    async fn finish(mut self) -> Option<String> {
+        let how = self.wait_exit(Duration::from_secs(2)).await;
+        if how.is_some() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.stderr_task).await;
+        }
+        self.kill().await;
+        how
+    }
+
     async fn kill(mut self) {
         self.group.kill();
         if let Proc::Fresh(child) = &mut self.proc {
@@ -362,10 +374,9 @@ impl PythonHandler {
             Ok(Ok(line)) => line,
             Ok(Err(msg)) => {
                 let how = worker
-                    .wait_exit(Duration::from_secs(5))
+                    .finish()
                     .await
                     .unwrap_or_else(|| "no exit status".into());
-                worker.kill().await;
                 let msg = if msg.is_empty() {
                     format!(
                         "python worker exited before it was ready ({how}); its stderr is in the log"
@@ -386,7 +397,7 @@ impl PythonHandler {
         match parse_handshake(&line) {
             Ok(()) => Ok(worker),
             Err(e) => {
-                worker.kill().await;
+                worker.finish().await;
                 Err(match e {
                     HandlerError::Load(reason) => HandlerError::Load(self.with_hint(reason)),
                     e => e,
