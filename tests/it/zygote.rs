@@ -396,25 +396,15 @@ fn forking_can_be_turned_off() {
     );
 }
 
-/// The pids whose parent is `parent`, with their command lines.
-fn children_of(parent: u32) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(parent) {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            out.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
-        }
-    }
-    out
+/// The command lines of the children of `pid`; an empty one is a zombie's (exited, not reaped).
+fn children_of(pid: u32) -> Vec<String> {
+    crate::util::child_pids(pid)
+        .into_iter()
+        .map(|kid| {
+            let cmd = std::fs::read(format!("/proc/{kid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).replace('\0', " ")
+        })
+        .collect()
 }
 
 #[test]
@@ -428,7 +418,7 @@ fn the_fork_server_started_ahead_stops_when_no_hook_uses_it() {
     poll(T, "no fork server left under the service", || {
         children_of(service)
             .iter()
-            .all(|(_, cmd)| !cmd.contains("--zygote"))
+            .all(|cmd| !cmd.is_empty() && !cmd.contains("--zygote"))
             .then_some(())
     });
 }
