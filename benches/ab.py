@@ -23,7 +23,9 @@ The ``hooks_scale`` parts run as one bench process per side and round, alternati
 A B... (``HERMES_HOOKS_BIN`` picks the side's binary); ``loop_lag.py`` alternates the two
 services within each of its rounds. Prints the medians over rounds and B/A per row as a Markdown
 table for BENCHMARKS.md, with the load average before and after. ``--quick`` is a smoke run
-(one round, fewer events, shorter emit cases): its figures mean nothing. About 6-8 minutes with
+(one round, fewer events, shorter emit cases): its figures mean nothing. ``--only startup``
+(or another comma-separated list of ``exec``, ``python``, ``startup``, ``emit``) runs only those
+rows. About 6-8 minutes with
 the defaults on 2 vCPUs; the ``hooks_scale`` bench is built first (``cargo build --release --bench
 hooks_scale``, on top of the release build) unless ``--hooks-scale PATH`` names its binary.
 """
@@ -38,6 +40,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+#: What ``--only`` can pick: the parts of ``hooks_scale`` (``exec``, ``python``, ``startup``: the
+#: start-up and PSS rows) and ``loop_lag.py``'s emit row.
+PARTS = ("exec", "python", "startup", "emit")
 
 #: (figure key, label, unit format, goal text, higher is better)
 ROWS = [
@@ -77,7 +83,7 @@ def hooks_scale_binary(args: argparse.Namespace) -> str:
 def run_hooks_scale(args: argparse.Namespace, bench: str, binary: str) -> dict:
     """One `hooks_scale` run against `binary`; returns its `#ab` figures."""
     env = dict(os.environ, HERMES_HOOKS_BIN=binary, HOOKS_SCALE_AB="1", HOOKS_SCALE_DEFAULTS="1",
-               HOOKS_SCALE_ONLY="exec,python,startup", HOOKS_SCALE_SIZES="50",
+               HOOKS_SCALE_ONLY=",".join(p for p in args.parts if p != "emit"), HOOKS_SCALE_SIZES="50",
                HOOKS_SCALE_EVENTS=str(args.events), HOOKS_SCALE_EXEC_EVENTS=str(args.exec_events))
     res = subprocess.run([bench, "--bench"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, timeout=900)
@@ -128,7 +134,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, few events")
     ap.add_argument("--hooks-scale", help="the built hooks_scale bench binary (default: build it)")
     ap.add_argument("--json", action="store_true", help="also print every figure as JSON")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help="comma-separated parts to run, of %s (default: all); `startup` is the "
+                    "start-up and PSS rows" % ", ".join(PARTS))
     args = ap.parse_args()
+    args.parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown or not args.parts:
+        ap.error("--only takes parts of %s" % ", ".join(PARTS))
     args.a, args.b = os.path.abspath(args.a), os.path.abspath(args.b)
     args.events, args.exec_events, args.emit_seconds = 100_000, 3000, 4.0
     if args.quick:
@@ -137,14 +150,15 @@ def main() -> None:
     load_before = os.getloadavg()
     t0 = time.monotonic()
     figures = {"a": {}, "b": {}}
-    for rnd in range(args.rounds):
+    for rnd in range(args.rounds if args.parts != ["emit"] else 0):
         for side in ("a", "b") if rnd % 2 == 0 else ("b", "a"):
             got = run_hooks_scale(args, bench, getattr(args, side))
             for key, value in got.items():
                 figures[side].setdefault(key, []).append(value)
             print("round %d %s: %s" % (rnd + 1, side.upper(), json.dumps(got)), file=sys.stderr)
-    emit_a, emit_b = run_emit(args)
-    figures["a"]["emit_us_p50"], figures["b"]["emit_us_p50"] = emit_a, emit_b
+    if "emit" in args.parts:
+        emit_a, emit_b = run_emit(args)
+        figures["a"]["emit_us_p50"], figures["b"]["emit_us_p50"] = emit_a, emit_b
     load_after = os.getloadavg()
     report(args, figures, load_before, load_after, time.monotonic() - t0)
     if args.json:

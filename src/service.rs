@@ -193,11 +193,13 @@ pub async fn run(
     host.notices()
         .send("host_start", start_notice(&host, address, config.watch));
     let (server_task, socket, accepts) = start_server(listener, router, server_stop);
+    let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
+    let fork_server = tokio::spawn(fork_server_ahead(host.clone(), loaded_rx));
     let watch = start_watch(&host, config.watch).await;
 
     tracing::info!(roots = ?host.config().roots, "loading hooks");
     // The first load runs as its own task, so signals are handled while it runs.
-    let mut first_load = tokio::spawn(first_load(host.clone()));
+    let mut first_load = tokio::spawn(first_load(host.clone(), loaded_tx));
     let mut report = Report::default();
     let mut loading = true;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -252,6 +254,9 @@ pub async fn run(
         before(config.drain).await;
     }
     report.shutdown = host.shutdown(config.drain).await;
+    // Done by now (the first load is over, or gone): a fork server it started is in the pool
+    // the caller stops, or stopped.
+    let _ = fork_server.await;
     drop(watch);
     drop(accepts);
     let _ = stop_tx.send(true);
@@ -307,9 +312,20 @@ fn start_server(
 
 /// The first load. Collects answer 503 until it is done: it is the service's own work a
 /// decision waits for, raised like a collect (crate::priority).
-async fn first_load(host: Host) -> LoadReport {
+async fn first_load(host: Host, loaded: tokio::sync::oneshot::Sender<()>) -> LoadReport {
     let _loading = crate::priority::boost_service();
-    host.reload().await
+    let report = host.reload().await;
+    let _ = loaded.send(());
+    report
+}
+
+/// The default interpreter's Python fork server, started while the watch is armed and the roots
+/// are scanned rather than after (a Python interpreter takes 100-300 ms to import and warm up;
+/// issue 37), and stopped again once the first load is over (`loaded`) if no hook used it.
+async fn fork_server_ahead(host: Host, loaded: tokio::sync::oneshot::Receiver<()>) {
+    host.prestart_fork_server().await;
+    let _ = loaded.await;
+    host.stop_unused_fork_server().await;
 }
 
 /// The fields of `host_start`.

@@ -27,6 +27,13 @@ use std::time::Duration;
 pub use crate::set_enabled::set_enabled;
 pub(crate) use args::{Command, LogFormat};
 
+/// Most threads of the service's blocking pool (tokio's default is 512). Its jobs are short
+/// file-system work (a hook's tree checked before each process start, the scan, arming the
+/// watch); starting 50 hooks at once used to grow the pool to ~135 threads, and each thread that
+/// allocates keeps its own allocator pages: 47 MB of the service's PSS, 0.9 MB per hook
+/// (BENCHMARKS.md, issue 37). Jobs beyond this wait for a free thread.
+const SERVICE_BLOCKING_THREADS: usize = 8;
+
 /// Parses the arguments, sets up logging, runs the command; returns the exit code.
 pub fn main() -> i32 {
     let cli = match args::parse() {
@@ -70,6 +77,9 @@ pub fn main() -> i32 {
     builder.enable_all();
     if let Some(n) = runtime_threads {
         builder.worker_threads(n);
+    }
+    if service_threads.is_some() {
+        builder.max_blocking_threads(SERVICE_BLOCKING_THREADS);
     }
     if let Some(threads) = service_threads {
         // The service's own work is background work too (crate::priority): each runtime thread

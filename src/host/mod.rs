@@ -1040,6 +1040,32 @@ impl Host {
         self.ledger().by_name()
     }
 
+    /// Starts the fork server of the default interpreter before the first load needs it (the
+    /// service calls this as it starts, so the interpreter's start overlaps arming the watch and
+    /// the scan); see [`Host::stop_unused_fork_server`].
+    pub(crate) async fn prestart_fork_server(&self) {
+        let config = &self.inner.config;
+        handler::python::prestart_fork_server(
+            &config.python,
+            &config.runtime_dir,
+            config.worker_priority.resolved(),
+            config.sandbox_default == crate::sandbox::DefaultSandbox::Strict,
+        )
+        .await;
+    }
+
+    /// After the first load: stops the fork server [`Host::prestart_fork_server`] started if no
+    /// hook forked a worker from it (no Python hook, or none on the default interpreter). Holds
+    /// the reload lock, so no worker is being asked of it meanwhile.
+    pub(crate) async fn stop_unused_fork_server(&self) {
+        let _guard = self.inner.reload_lock.lock().await;
+        let config = &self.inner.config;
+        handler::python::zygote::stop_if_unused(
+            &config.python,
+            config.sandbox_default == crate::sandbox::DefaultSandbox::Strict,
+        );
+    }
+
     /// Stops accepting events, waits for a reload in progress (the first load included), lets
     /// every worker drain its queue for up to `drain` (the versions a reload removed or
     /// superseded included), then stops the rest and reports what was left undelivered and where

@@ -270,25 +270,18 @@ async fn row_7_swapped_executable_never_runs() {
     host.shutdown(T).await;
 }
 
-/// Zombie children of `pid` (from `/proc/PID/task/*/children`).
+/// Zombie children of `pid`.
 fn zombie_children(pid: u32) -> usize {
-    let mut n = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for kid in kids.split_whitespace() {
+    crate::util::child_pids(pid)
+        .into_iter()
+        .filter(|kid| {
             let stat = std::fs::read_to_string(format!("/proc/{kid}/stat")).unwrap_or_default();
             let state = stat
                 .rfind(')')
                 .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
-            if state.as_deref() == Some("Z") {
-                n += 1;
-            }
-        }
-    }
-    n
+            state.as_deref() == Some("Z")
+        })
+        .count()
 }
 
 /// Sends 20 events to an exec hook that leaves a short-lived background process behind each

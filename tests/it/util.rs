@@ -383,6 +383,23 @@ impl Drop for Serve {
     }
 }
 
+/// The pids of the children of `pid` (`/proc/PID/task/*/children`), zombies included.
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            kids.split_whitespace()
+                .filter_map(|k| k.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
 /// Sends a signal to a process.
 pub fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) has no memory-safety preconditions.

@@ -395,3 +395,56 @@ fn forking_can_be_turned_off() {
         "{h}"
     );
 }
+
+/// The command lines of the children of `pid`; an empty one is a zombie's (exited, not reaped).
+fn children_of(pid: u32) -> Vec<String> {
+    crate::util::child_pids(pid)
+        .into_iter()
+        .map(|kid| {
+            let cmd = std::fs::read(format!("/proc/{kid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).replace('\0', " ")
+        })
+        .collect()
+}
+
+#[test]
+fn the_fork_server_started_ahead_stops_when_no_hook_uses_it() {
+    // Issue 37: the service starts its default interpreter's fork server as it starts; with no
+    // Python hook it is stopped (and reaped) once the first load is over.
+    let hooks = Hooks::new();
+    hooks.exec("only-exec", "[command:x]", "#!/bin/sh\necho null\n");
+    let serve = Serve::start(&hooks, &[]);
+    let service = serve.child.id();
+    poll(T, "no fork server left under the service", || {
+        children_of(service)
+            .iter()
+            .all(|cmd| !cmd.is_empty() && !cmd.contains("--zygote"))
+            .then_some(())
+    });
+}
+
+#[test]
+fn many_python_hooks_start_without_a_thread_each() {
+    // Issue 37: starting 50 hooks at once grew the blocking pool to ~135 threads (each keeping
+    // its own allocator pages: 47 MB of the service's memory); the pool is bounded now.
+    let hooks = Hooks::new();
+    for i in 0..30 {
+        hooks.python(
+            &format!("h{i:02}"),
+            "[command:x]",
+            "def handle(e, c):\n    return None\n",
+        );
+    }
+    let serve = Serve::start(&hooks, &[]);
+    let (_, h) = serve.get("/v1/hooks/h29");
+    assert_eq!(h["worker"]["start"], "forked", "{h}");
+    let threads = std::fs::read_dir(format!("/proc/{}/task", serve.child.id()))
+        .unwrap()
+        .count();
+    // The runtime's workers (one per core), the blocking pool's 8, and a dozen of its own.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        threads <= cores + 8 + 12,
+        "{threads} threads in the service after starting 30 Python hooks ({cores} cores)"
+    );
+}

@@ -212,6 +212,29 @@ pub async fn ensure_runner(dir: &Path) -> Result<PathBuf, HandlerError> {
     Ok(path)
 }
 
+/// Starts the fork server of the service's default interpreter ahead of the first load (which
+/// would otherwise start it only when its first Python hook asks for a worker, after the scan):
+/// `python`, the runner in `runtime_dir`, lowered to `priority` once ready, confined when every
+/// hook is confined by default. Nothing when forking is off; a failure is logged at debug (the
+/// first worker tries again and reports it).
+pub(crate) async fn prestart_fork_server(
+    python: &str,
+    runtime_dir: &Path,
+    priority: crate::priority::Resolved,
+    confined: bool,
+) {
+    if !zygote::fork_enabled() {
+        return;
+    }
+    let started = match ensure_runner(runtime_dir).await {
+        Ok(runner) => zygote::prestart(python, &runner, priority, confined).await,
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = started {
+        tracing::debug!(python, "python fork server not started ahead: {e}");
+    }
+}
+
 /// How a hook's worker is started.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartMode {

@@ -72,6 +72,8 @@ import warnings
 DRAIN_SECONDS = 2.0
 #: The bytecode cache the service owns (see use_service_pycache).
 PYCACHE_ENV = "HERMES_HOOKS_PYCACHE"
+#: The fork server's CPU priority, ``"NICE IDLE"``, applied once it is ready (set by the host).
+PRIORITY_ENV = "HERMES_HOOKS_FORK_SERVER_PRIORITY"
 READ_CHUNK = 1 << 16
 
 _proto_out = None  # the real stdout's descriptor, for replies only
@@ -1271,12 +1273,17 @@ def zygote_main():
     use_service_pycache()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     zygote = Zygote(ctl)
+    priority = os.environ.pop(PRIORITY_ENV, "").split()
     setup_logging()
     warm_up()
     gc.collect()
     global _ballast
     _ballast = fill_pool_holes()
     gc.freeze()  # what the workers share stays shared: the collector never writes to it
+    if len(priority) == 2 and all(p.lstrip("-").isdigit() for p in priority):
+        # Started at the service's own priority (its start is what a first load waits for); the
+        # workers start from the fork server's.
+        set_priority(int(priority[0]), priority[1] == "1")
     zygote.tell({"zygote": "ready", "pid": os.getpid(), "python": platform.python_version()})
     try:
         zygote.serve()

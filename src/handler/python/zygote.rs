@@ -43,6 +43,10 @@ pub const FORK_ENV: &str = "HERMES_HOOKS_FORK";
 /// own `__pycache__`.
 pub const PYCACHE_ENV: &str = "HERMES_HOOKS_PYCACHE";
 
+/// The CPU priority a fork server lowers itself to once it is ready: `"NICE IDLE"` (absolute
+/// nice value, `1` for `SCHED_IDLE`); read and removed from its environment by runner.py.
+const PRIORITY_ENV: &str = "HERMES_HOOKS_FORK_SERVER_PRIORITY";
+
 /// The bytecode cache of the interpreters started with `runner`: beside it, owned by the service.
 pub fn pycache_dir(runner: &Path) -> PathBuf {
     runner.parent().unwrap_or(Path::new("/")).join("pycache")
@@ -236,6 +240,55 @@ pub async fn shutdown_all(wait: Duration) {
     }
 }
 
+/// The pool's key of the fork server of `python` (confined or not).
+fn pool_key(python: &str, confined: bool) -> String {
+    if confined {
+        format!("{python}\0confined")
+    } else {
+        python.to_string()
+    }
+}
+
+/// Starts the fork server of `python` ahead of any request (the service does at start, while it
+/// arms its watch and scans the roots, instead of after); a no-op when it runs already.
+pub(crate) async fn prestart(
+    python: &str,
+    runner: &Path,
+    priority: Resolved,
+    confined: bool,
+) -> Result<(), String> {
+    get_or_start(python, runner, priority, confined)
+        .await
+        .map(|_| ())
+}
+
+/// Stops the fork server of `python` when it never forked a worker (it was started ahead and no
+/// hook turned out to need it); returns whether it did. The caller makes sure no fork request
+/// can start meanwhile (the host holds its reload lock).
+pub(crate) fn stop_if_unused(python: &str, confined: bool) -> bool {
+    let key = pool_key(python, confined);
+    let mut pool = pool().lock().unwrap_or_else(|p| p.into_inner());
+    let unused = pool
+        .get(&key)
+        .is_some_and(|z| z.next_id.load(Ordering::SeqCst) == 1);
+    if !unused {
+        return false;
+    }
+    if let Some(z) = pool.remove(&key) {
+        // EOF on its socket: it exits, and its reader thread reaps it.
+        // SAFETY: shutdown(2) on a socket this process owns; the fd stays open until dropped.
+        unsafe {
+            libc::shutdown(z.ctl.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        tracing::debug!(
+            python,
+            pid = z.pid,
+            "python fork server started ahead and unused: stopped"
+        );
+    }
+    true
+}
+
 /// The fork server of `python`; with `confined`, the one that forks confined hooks' workers: it
 /// starts with only the variables every sandbox allows, so no worker forked from it holds the
 /// service's other variables anywhere in its memory.
@@ -245,11 +298,7 @@ async fn get_or_start(
     priority: Resolved,
     confined: bool,
 ) -> Result<Arc<Zygote>, String> {
-    let key = if confined {
-        format!("{python}\0confined")
-    } else {
-        python.to_string()
-    };
+    let key = pool_key(python, confined);
     let key = key.as_str();
     let live = |p: &str| {
         pool()
@@ -319,7 +368,14 @@ fn start(
         cmd.env_clear()
             .envs(std::env::vars().filter(|(k, _)| crate::sandbox::policy::always_seen(k)));
     }
+    // It imports and warms up at the spawner's priority (the service's own, as the new worker a
+    // first load or a restart waits for does) and lowers itself to `priority` before it says it
+    // is ready, so every worker it forks starts from there.
     cmd.env(PYCACHE_ENV, pycache_dir(runner))
+        .env(
+            PRIORITY_ENV,
+            format!("{} {}", priority.nice, u8::from(priority.idle)),
+        )
         .arg("-u")
         .arg(runner)
         .arg("--zygote")
@@ -329,13 +385,6 @@ fn start(
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
-        // SAFETY: runs between fork and exec; only async-signal-safe system calls.
-        unsafe {
-            cmd.pre_exec(move || {
-                priority.apply_to_self();
-                Ok(())
-            });
-        }
     }
     if let Some(dir) = runner.parent() {
         cmd.current_dir(dir);
