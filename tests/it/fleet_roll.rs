@@ -2,7 +2,8 @@
 //! nats-server (2.9, and a 2.10+ build too when `HERMES_NATS_SERVER_NEW` names one): the lease
 //! goes to a version that matches the next event, in stream order and without an ack wait's
 //! stall; an event a version that was live when it was accepted matched is run or dead-lettered,
-//! never skipped.
+//! never skipped. And what hand-overs and releases cost an ordered hook's events at the broker
+//! (deliveries no handler call made) never makes them "killed?" dead letters.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -11,10 +12,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::fleet::{
-    NatsServer, dead_cmd, edge, nats_servers, post_one, recording_hook, records, wait_for_fleet,
-    worker_with,
+    NatsServer, dead_cmd, edge, first_ns, fleet_of, nats_servers, post_one, recording_hook,
+    records, wait_dead_letter, wait_for_all, wait_for_fleet, wait_records, worker, worker_with,
 };
-use crate::util::{Hooks, Serve, poll};
+use crate::util::{Hooks, Serve, poll, read_jsonl};
 
 /// `--ack-wait 5`: a hand-over that waited for an ack wait would show as a 5 s gap.
 const OPTS: &[&str] = &[
@@ -313,4 +314,79 @@ fn swap_on(bin: PathBuf) {
         v["fleet"]
     );
     assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
+}
+
+/// Issue 34 (the "killed?" fix, 5c33a15): an ordered hook with `retries: 0` (one allowed
+/// delivery). Its lease holder is stopped (SIGTERM) while events wait in its backlog: those it
+/// did not start by the drain timeout are left to the ack wait, and the next holder gets them
+/// as the broker's second delivery, past the hook's deliveries by the broker's count though no
+/// handler ever started them: they run, once each and in stream order, and nothing is
+/// dead-lettered (the old code dead-lettered them all as "killed?"). Then the holder is
+/// SIGKILLed while its handler runs an event: that event, which it may have finished, is
+/// dead-lettered as "killed?" at its last delivery and not run again.
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn an_ordered_hooks_events_past_their_deliveries_by_releases_run_and_a_killed_holders_do_not() {
+    // A local queue of 4: a window of 2, the rest of what the holder is delivered waits in its
+    // backlog (left to the ack wait at the stop, not run in the drain).
+    let yaml = "retries: 0\nqueue: {capacity: 4}\n";
+    let Some((nats, hooks, [a, b], edge)) = fleet_of("kf", r#"["agent:step"]"#, yaml, ["wa", "wb"])
+    else {
+        return;
+    };
+    let n = 40u64;
+    for i in 0..n {
+        post_one(&edge, "agent:step", json!({"n": i, "pause": 0.25}));
+    }
+    let first = wait_records(&hooks, "kf", 3, 60);
+    let holder = first[0]["w"].as_str().unwrap().to_string();
+    let (mut victim, standby, (gone, left)) = if holder == "wa" {
+        (a, b, ("wa", "wb"))
+    } else {
+        (b, a, ("wb", "wa"))
+    };
+    // The default drain timeout (5 s) runs about 18 more; the rest goes to the standby.
+    assert_eq!(victim.terminate(), Some(0), "a clean exit on SIGTERM");
+    let recs = wait_for_all(&hooks, "kf", n, Duration::from_secs(60));
+    let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kf"]);
+    assert!(
+        !out.lines().any(|l| l.trim_start().starts_with('{')),
+        "nothing dead-lettered: {out}"
+    );
+    assert_eq!(
+        first_ns(&recs),
+        (0..n).collect::<Vec<_>>(),
+        "first handlings in stream order"
+    );
+    assert_eq!(recs.len() as u64, n, "each ran once: {recs:?}");
+    let second: Vec<&Value> = recs.iter().filter(|r| r["w"] == left).collect();
+    assert!(
+        !second.is_empty() && second.iter().all(|r| r["d"] == 1),
+        "the standby ran the rest, each as its one allowed attempt: {second:?}"
+    );
+    // The SIGKILL: a holder that vanished may have started (and finished) what it held.
+    let victim = worker(&hooks, &nats, gone);
+    wait_for_fleet(&edge, "kf", &["wa", "wb"]);
+    post_one(&edge, "agent:step", json!({"n": 100, "slow": true}));
+    let started = poll(Duration::from_secs(30), "the slow handler to start", || {
+        read_jsonl(&hooks.out().join("kf.started"))
+            .into_iter()
+            .next()
+    });
+    let (mut killed, _alive) = if started["w"] == gone {
+        (victim, standby)
+    } else {
+        (standby, victim)
+    };
+    killed.sigkill();
+    let letter = wait_dead_letter(&nats, "kf", 30);
+    assert_eq!(letter["envelope"]["context"]["n"], 100, "{letter}");
+    assert!(
+        letter["error"].as_str().unwrap_or("").contains("killed?"),
+        "{letter}"
+    );
+    assert!(
+        !records(&hooks, "kf").iter().any(|r| r["n"] == 100),
+        "not run again"
+    );
 }
