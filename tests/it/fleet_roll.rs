@@ -12,8 +12,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::fleet::{
-    NatsServer, dead_cmd, edge, first_ns, fleet_of, nats_servers, post_one, recording_hook,
-    records, wait_dead_letter, wait_for_all, wait_for_fleet, wait_records, worker, worker_with,
+    NatsServer, dead_cmd, edge, fast_and, fleet_with, handled_ns, nats_servers, post_batch,
+    post_one, recording_hook, records, wait_dead_letter, wait_for_all, wait_for_fleet,
+    wait_records, worker_with,
 };
 use crate::util::{Hooks, Serve, poll, read_jsonl};
 
@@ -317,36 +318,41 @@ fn swap_on(bin: PathBuf) {
 }
 
 /// Issue 34 (the "killed?" fix, 5c33a15): an ordered hook with `retries: 0` (one allowed
-/// delivery). Its lease holder is stopped (SIGTERM) while events wait in its backlog: those it
-/// did not start by the drain timeout are left to the ack wait, and the next holder gets them
-/// as the broker's second delivery, past the hook's deliveries by the broker's count though no
-/// handler ever started them: they run, once each and in stream order, and nothing is
-/// dead-lettered (the old code dead-lettered them all as "killed?"). Then the holder is
-/// SIGKILLed while its handler runs an event: that event, which it may have finished, is
-/// dead-lettered as "killed?" at its last delivery and not run again.
+/// delivery) and a window of 4 (the broker delivers it 4 messages at a time), fed bundles of 10
+/// events. Its lease holder is stopped (SIGTERM, a 1 s drain) while the bundles behind the one
+/// it runs wait in its backlog: what it has not started half a second before the drain timeout
+/// it leaves to the ack wait, and the next holder gets those as the broker's second delivery,
+/// past the hook's deliveries by the broker's count though no handler ever started them. They
+/// run, once each and in stream order, and nothing is dead-lettered (the code before the fix
+/// dead-lettered them as "killed?" and never ran them). Then the new holder is SIGKILLed while
+/// its handler runs an event: that event, which it may have finished, is dead-lettered as
+/// "killed?" at its last delivery and not run again.
 #[test]
 #[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_ordered_hooks_events_past_their_deliveries_by_releases_run_and_a_killed_holders_do_not() {
-    // A local queue of 4: a window of 2, the rest of what the holder is delivered waits in its
-    // backlog (left to the ack wait at the stop, not run in the drain).
-    let yaml = "retries: 0\nqueue: {capacity: 4}\n";
-    let Some((nats, hooks, [a, b], edge)) = fleet_of("kf", r#"["agent:step"]"#, yaml, ["wa", "wb"])
+    let yaml = "retries: 0\nqueue: {capacity: 8}\n";
+    let opts = fast_and(&["--drain-timeout", "1"]);
+    let Some((nats, hooks, [a, b], edge)) =
+        fleet_with("kf", r#"["agent:step"]"#, yaml, ["wa", "wb"], &opts)
     else {
         return;
     };
-    let n = 40u64;
-    for i in 0..n {
-        post_one(&edge, "agent:step", json!({"n": i, "pause": 0.25}));
+    let n = 100u64;
+    for k in (0..n).step_by(10) {
+        let (status, v) = post_batch(&edge, k..k + 10, json!({"pause": 0.03}));
+        assert_eq!(status, 202, "{v}");
     }
     let first = wait_records(&hooks, "kf", 3, 60);
-    let holder = first[0]["w"].as_str().unwrap().to_string();
-    let (mut victim, standby, (gone, left)) = if holder == "wa" {
-        (a, b, ("wa", "wb"))
+    let (mut stopped, other, left) = if first[0]["w"] == "wa" {
+        (a, b, "wb")
     } else {
-        (b, a, ("wb", "wa"))
+        (b, a, "wa")
     };
-    // The default drain timeout (5 s) runs about 18 more; the rest goes to the standby.
-    assert_eq!(victim.terminate(), Some(0), "a clean exit on SIGTERM");
+    assert_eq!(stopped.terminate(), Some(0), "a clean exit on SIGTERM");
+    assert!(
+        stopped.log().contains("left to the ack wait"),
+        "the stopped holder left bundles it had not started to the ack wait"
+    );
     let recs = wait_for_all(&hooks, "kf", n, Duration::from_secs(60));
     let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kf"]);
     assert!(
@@ -354,39 +360,38 @@ fn an_ordered_hooks_events_past_their_deliveries_by_releases_run_and_a_killed_ho
         "nothing dead-lettered: {out}"
     );
     assert_eq!(
-        first_ns(&recs),
+        handled_ns(&recs),
         (0..n).collect::<Vec<_>>(),
-        "first handlings in stream order"
+        "each ran once, in stream order"
     );
-    assert_eq!(recs.len() as u64, n, "each ran once: {recs:?}");
-    let second: Vec<&Value> = recs.iter().filter(|r| r["w"] == left).collect();
     assert!(
-        !second.is_empty() && second.iter().all(|r| r["d"] == 1),
-        "the standby ran the rest, each as its one allowed attempt: {second:?}"
+        recs.iter().all(|r| r["d"] == 1),
+        "each ran as its one allowed attempt: {recs:?}"
     );
     // The SIGKILL: a holder that vanished may have started (and finished) what it held.
-    let victim = worker(&hooks, &nats, gone);
+    let gone = if left == "wa" { "wb" } else { "wa" };
+    let again = worker_with(&hooks, &nats, gone, &opts);
     wait_for_fleet(&edge, "kf", &["wa", "wb"]);
-    post_one(&edge, "agent:step", json!({"n": 100, "slow": true}));
+    post_one(&edge, "agent:step", json!({"n": 1000, "slow": true}));
     let started = poll(Duration::from_secs(30), "the slow handler to start", || {
         read_jsonl(&hooks.out().join("kf.started"))
             .into_iter()
             .next()
     });
     let (mut killed, _alive) = if started["w"] == gone {
-        (victim, standby)
+        (again, other)
     } else {
-        (standby, victim)
+        (other, again)
     };
     killed.sigkill();
     let letter = wait_dead_letter(&nats, "kf", 30);
-    assert_eq!(letter["envelope"]["context"]["n"], 100, "{letter}");
+    assert_eq!(letter["envelope"]["context"]["n"], 1000, "{letter}");
     assert!(
         letter["error"].as_str().unwrap_or("").contains("killed?"),
         "{letter}"
     );
     assert!(
-        !records(&hooks, "kf").iter().any(|r| r["n"] == 100),
+        !records(&hooks, "kf").iter().any(|r| r["n"] == 1000),
         "not run again"
     );
 }
