@@ -356,12 +356,14 @@ fn settle_and_check(
     eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
     super::super::report("fleet_changes", &figures);
     assert!(!accepted.is_empty(), "nothing was accepted");
-    if !(lost.is_empty() && false_dead.is_empty()) {
+    if !(lost.is_empty() && false_dead.is_empty() && repeated.is_empty()) {
         eprintln!("the driver's changes:\n  {}", timeline.join("\n  "));
-        // The ordered hook's handlings around the first event lost or falsely dead-lettered.
+        // The ordered hook's handlings around the first event lost, falsely dead-lettered or run
+        // twice.
         let bad = false_dead
             .iter()
             .chain(&lost)
+            .chain(&repeated)
             .filter_map(|l| l.split(' ').next());
         if let Some(n) = bad.filter_map(|n| n.parse::<u64>().ok()).min() {
             let near = starts
