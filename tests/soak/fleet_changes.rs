@@ -219,9 +219,20 @@ fn true_reason(event: &str, why: &str) -> bool {
 #[test]
 #[ignore = "fleet soak, changes: run with --ignored (HERMES_SOAK_FLEET_SECS, default 15)"]
 fn fleet_soak_changes_rolled_across_workers_lose_repeat_reorder_nothing() {
-    // In CI (issue 34) since it passed run after run: it found false "killed?" dead letters
-    // (fixed in src/fleet/worker/feed.rs), and its own driver's race (a lease line of the old
-    // hook task taken for the new version's: `new_task_on_broker`).
+    // Not in CI yet (issue 34): it found false "killed?" dead letters (fixed in
+    // src/fleet/worker/feed.rs) and its own driver's race (a lease line of the old hook task
+    // taken for the new version's: `new_task_on_broker`; fixed). Open: on nats-server 2.9 (2 runs
+    // of 18) it finds a few events run twice, each time with `delivered` 1: a worker whose new
+    // version must change the consumer made by start time deletes it and makes it again from
+    // the ack floor it read (src/fleet/versions.rs, `update_consumer`) while the lease holder
+    // still runs and acknowledges events on the old one; those come again as first deliveries
+    // (and a worker's memory of what it finished is kept per hook name, so a rename forgets it). HERMES_SOAK_CHANGES=1 runs it; it joins CI once that is fixed.
+    if std::env::var_os("HERMES_SOAK_CHANGES").is_none() {
+        eprintln!(
+            "fleet soak, changes: NOT RUN (not yet in CI, issue 34: set HERMES_SOAK_CHANGES=1 to run it)"
+        );
+        return;
+    }
     let secs = super::super::env_secs("HERMES_SOAK_FLEET_SECS", 15);
     let Some(broker) = Broker::start() else {
         return;
