@@ -333,10 +333,21 @@ pub(crate) fn fleet_of<const N: usize>(
     extra_yaml: &str,
     ids: [&str; N],
 ) -> Option<(NatsServer, Hooks, [Serve; N], Serve)> {
+    fleet_with(name, events, extra_yaml, ids, FAST)
+}
+
+/// [`fleet_of`] with the workers' options `opts` (no [`FAST`] defaults: [`fast_and`]).
+pub(crate) fn fleet_with<const N: usize>(
+    name: &str,
+    events: &str,
+    extra_yaml: &str,
+    ids: [&str; N],
+    opts: &[&str],
+) -> Option<(NatsServer, Hooks, [Serve; N], Serve)> {
     let nats = NatsServer::start()?;
     let hooks = Hooks::new();
     recording_hook(&hooks, name, events, extra_yaml);
-    let workers = ids.map(|id| worker(&hooks, &nats, id));
+    let workers = ids.map(|id| worker_with(&hooks, &nats, id, opts));
     let edge = edge_serving(&hooks, &nats.url(), &[], &[name], &ids);
     Some((nats, hooks, workers, edge))
 }

@@ -2,7 +2,8 @@
 //! nats-server (2.9, and a 2.10+ build too when `HERMES_NATS_SERVER_NEW` names one): the lease
 //! goes to a version that matches the next event, in stream order and without an ack wait's
 //! stall; an event a version that was live when it was accepted matched is run or dead-lettered,
-//! never skipped.
+//! never skipped. And what hand-overs and releases cost an ordered hook's events at the broker
+//! (deliveries no handler call made) never makes them "killed?" dead letters.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -11,10 +12,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::fleet::{
-    NatsServer, dead_cmd, edge, nats_servers, post_one, recording_hook, records, wait_for_fleet,
-    worker_with,
+    NatsServer, dead_cmd, edge, fast_and, fleet_with, handled_ns, nats_servers, post_batch,
+    post_one, recording_hook, records, wait_dead_letter, wait_for_all, wait_for_fleet,
+    wait_records, worker_with,
 };
-use crate::util::{Hooks, Serve, poll};
+use crate::util::{Hooks, Serve, poll, read_jsonl};
 
 /// `--ack-wait 5`: a hand-over that waited for an ack wait would show as a 5 s gap.
 const OPTS: &[&str] = &[
@@ -313,4 +315,131 @@ fn swap_on(bin: PathBuf) {
         v["fleet"]
     );
     assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
+}
+
+/// An ordered recording hook `kf` (`retries: R`) with a window of 4 (the broker delivers it 4
+/// messages at a time) on workers "wa" and "wb" (a 1 s drain), fed 10 bundles of 10 events;
+/// its lease holder stopped (SIGTERM) once 3 ran, while the bundles behind the one it runs
+/// wait in its backlog: what it has not started half a second before the drain timeout it
+/// leaves to the ack wait, and the other worker gets those as the broker's second delivery,
+/// though no handler ever started them. Returns once all 100 ran, with what they ran and
+/// the worker that took over; `None` without nats-server.
+fn stop_the_holder_with_bundles_waiting(retries: u32) -> Option<Stopped> {
+    let yaml = format!("retries: {retries}\nqueue: {{capacity: 8}}\n");
+    let opts = fast_and(&["--drain-timeout", "1"]);
+    let (nats, hooks, [a, b], edge) =
+        fleet_with("kf", r#"["agent:step"]"#, &yaml, ["wa", "wb"], &opts)?;
+    let n = 100u64;
+    for k in (0..n).step_by(10) {
+        let (status, v) = post_batch(&edge, k..k + 10, json!({"pause": 0.03}));
+        assert_eq!(status, 202, "{v}");
+    }
+    let first = wait_records(&hooks, "kf", 3, 60);
+    let (mut stopped, other, gone) = if first[0]["w"] == "wa" {
+        (a, b, "wa")
+    } else {
+        (b, a, "wb")
+    };
+    assert_eq!(stopped.terminate(), Some(0), "a clean exit on SIGTERM");
+    assert!(
+        stopped.log().contains("left to the ack wait"),
+        "the stopped holder left bundles it had not started to the ack wait"
+    );
+    let recs = wait_for_all(&hooks, "kf", n, Duration::from_secs(60));
+    let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kf"]);
+    assert!(
+        !out.lines().any(|l| l.trim_start().starts_with('{')),
+        "nothing dead-lettered: {out}"
+    );
+    assert_eq!(
+        handled_ns(&recs),
+        (0..n).collect::<Vec<_>>(),
+        "each ran once, in stream order"
+    );
+    Some(Stopped {
+        nats,
+        hooks,
+        edge,
+        other,
+        gone,
+        opts,
+        recs,
+    })
+}
+
+/// What [`stop_the_holder_with_bundles_waiting`] leaves.
+struct Stopped {
+    nats: NatsServer,
+    hooks: Hooks,
+    edge: Serve,
+    /// The worker that took over; the one stopped.
+    other: Serve,
+    gone: &'static str,
+    opts: Vec<&'static str>,
+    recs: Vec<Value>,
+}
+
+/// Issue 34 (the "killed?" fix, 5c33a15): an ordered hook with `retries: 0` (one allowed
+/// delivery) whose stopped holder left bundles to the ack wait
+/// ([`stop_the_holder_with_bundles_waiting`]): the next holder gets them past the hook's
+/// deliveries by the broker's count only. They run, once each and in stream order, and
+/// nothing is dead-lettered (the code before the fix dead-lettered them as "killed?" and
+/// never ran them). Then the new holder is SIGKILLed while its handler runs an event: that
+/// event, which it may have finished, is dead-lettered as "killed?" at its last delivery and
+/// not run again.
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn an_ordered_hooks_events_past_their_deliveries_by_releases_run_and_a_killed_holders_do_not() {
+    let Some(st) = stop_the_holder_with_bundles_waiting(0) else {
+        return;
+    };
+    let (nats, hooks, edge, gone) = (&st.nats, &st.hooks, &st.edge, st.gone);
+    assert!(
+        st.recs.iter().all(|r| r["d"] == 1),
+        "each ran as its one allowed attempt: {:?}",
+        st.recs
+    );
+    // The SIGKILL: a holder that vanished may have started (and finished) what it held.
+    let again = worker_with(hooks, nats, gone, &st.opts);
+    wait_for_fleet(edge, "kf", &["wa", "wb"]);
+    post_one(edge, "agent:step", json!({"n": 1000, "slow": true}));
+    let started = poll(Duration::from_secs(30), "the slow handler to start", || {
+        read_jsonl(&hooks.out().join("kf.started"))
+            .into_iter()
+            .next()
+    });
+    let (mut killed, _alive) = if started["w"] == gone {
+        (again, st.other)
+    } else {
+        (st.other, again)
+    };
+    killed.sigkill();
+    let letter = wait_dead_letter(nats, "kf", 30);
+    assert_eq!(letter["envelope"]["context"]["n"], 1000, "{letter}");
+    assert!(
+        letter["error"].as_str().unwrap_or("").contains("killed?"),
+        "{letter}"
+    );
+    assert!(
+        !records(hooks, "kf").iter().any(|r| r["n"] == 1000),
+        "not run again"
+    );
+}
+
+/// Issue 34, the hand-over note for every release: an ordered hook with `retries: 1` whose
+/// stopped holder left bundles to the ack wait ([`stop_the_holder_with_bundles_waiting`]). The
+/// holder's note says what it gave back, so the next holder does not count that delivery as an
+/// attempt: every event's handler sees `delivered` 1, its first attempt, with its retry still
+/// ahead (the code before it counted the broker's 2: the last allowed attempt, no retry left).
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn deliveries_a_stopped_holder_gave_back_are_not_counted_as_attempts() {
+    let Some(Stopped { recs, .. }) = stop_the_holder_with_bundles_waiting(1) else {
+        return;
+    };
+    let counted: Vec<&Value> = recs.iter().filter(|r| r["d"] != 1).collect();
+    assert!(
+        counted.is_empty(),
+        "a release counted as an attempt: {counted:?}"
+    );
 }

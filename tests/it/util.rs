@@ -219,8 +219,11 @@ impl Serve {
     /// Starts a prepared `serve` command and waits until it listens (the first load may still
     /// be running).
     pub fn spawn_listening(mut cmd: Command, hooks: &Hooks) -> Self {
+        // HERMES_TEST_LOG: another filter for the services' logs (say
+        // `info,hermes_hooks::fleet=debug`, to follow a soak's failure).
+        let log = std::env::var("HERMES_TEST_LOG").unwrap_or_else(|_| "info".into());
         cmd.env("HERMES_HOME", hooks.home())
-            .env("HERMES_HOOKS_LOG", "info")
+            .env("HERMES_HOOKS_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

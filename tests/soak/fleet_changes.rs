@@ -50,11 +50,19 @@ def handle(event, context):
     hooks.add(name, &[("HOOK.yaml", &yaml), ("handler.py", &handler)]);
 }
 
-/// How many times `worker`'s hook tasks stood by or took an ordered hook's lease (each follows
-/// a version's consumer being in place on the broker).
-fn lease_lines(worker: &Serve) -> usize {
-    let log = worker.log();
-    log.matches("; standing by").count() + log.matches("(lease taken)").count()
+/// Whether `log` (what a worker logged since a HOOK.yaml was written) shows the new version's
+/// hook task on the broker: the reload, then the old task stopped, then a task standing by or
+/// taking the lease (its consumer, with the new version's filter, is in place by then). A lease
+/// line alone is not enough: the old task, still running for a moment after the reload, may
+/// take the lease (a hand-over from the other worker) with the old filter (on nats-server
+/// 2.10+ the events of the new patterns accepted meanwhile are not its to see).
+fn new_task_on_broker(log: &str) -> bool {
+    fn after<'a>(from: &'a str, what: &str) -> Option<&'a str> {
+        from.find(what).map(|i| &from[i..])
+    }
+    after(log, "hooks reloaded")
+        .and_then(|l| after(l, "stopping this hook's consumer"))
+        .is_some_and(|l| l.contains("; standing by") || l.contains("(lease taken)"))
 }
 
 /// One worker's side of the ordered hook: its hook directory, current name and patterns.
@@ -87,7 +95,7 @@ impl Side {
 
     /// Sets the patterns to `PATTERNS[p]`; waits until `w`'s new version is on the broker.
     fn set_patterns(&mut self, w: &Serve, p: usize) {
-        let before = lease_lines(w);
+        let before = w.log().len();
         let text = std::fs::read_to_string(self.yaml()).unwrap();
         let line = text.lines().find(|l| l.starts_with("events:")).unwrap();
         let events = json!(PATTERNS[p]);
@@ -100,7 +108,7 @@ impl Side {
         poll(
             Duration::from_secs(30),
             "the new version on the broker",
-            || (lease_lines(w) > before).then_some(()),
+            || new_task_on_broker(&w.log()[before..]).then_some(()),
         );
     }
 
@@ -211,10 +219,14 @@ fn true_reason(event: &str, why: &str) -> bool {
 #[test]
 #[ignore = "fleet soak, changes: run with --ignored (HERMES_SOAK_FLEET_SECS, default 15)"]
 fn fleet_soak_changes_rolled_across_workers_lose_repeat_reorder_nothing() {
-    // Not yet in CI (issue 34): it found false "killed?" dead letters (4 of 9 runs), fixed since
-    // (6 of 6 runs passed after the fix), and once a `chg:a` event run by both workers, which has
-    // not been seen again but is not shown gone. Run it by hand with HERMES_SOAK_CHANGES=1; it
-    // joins CI once it passes run after run.
+    // Not in CI yet (issue 34): it found false "killed?" dead letters (fixed in
+    // src/fleet/worker/feed.rs) and its own driver's race (a lease line of the old hook task
+    // taken for the new version's: `new_task_on_broker`; fixed). Open: on nats-server 2.9 (2 runs
+    // of 18) it finds a few events run twice, each time with `delivered` 1: a worker whose new
+    // version must change the consumer made by start time deletes it and makes it again from
+    // the ack floor it read (src/fleet/versions.rs, `update_consumer`) while the lease holder
+    // still runs and acknowledges events on the old one; those come again as first deliveries
+    // (and a worker's memory of what it finished is kept per hook name, so a rename forgets it). HERMES_SOAK_CHANGES=1 runs it; it joins CI once that is fixed.
     if std::env::var_os("HERMES_SOAK_CHANGES").is_none() {
         eprintln!(
             "fleet soak, changes: NOT RUN (not yet in CI, issue 34: set HERMES_SOAK_CHANGES=1 to run it)"
@@ -272,7 +284,7 @@ fn fleet_soak_changes_rolled_across_workers_lose_repeat_reorder_nothing() {
     settle_and_check(
         (&accepted, refused, &timeline, ran),
         (&ordered, &free),
-        (&url, &front),
+        (&url, &front, &workers),
     );
     let names: Vec<String> = sides.iter().map(|s| s.name.clone()).collect();
     eprintln!("ordered hook at the end: {names:?}");
@@ -284,7 +296,7 @@ fn fleet_soak_changes_rolled_across_workers_lose_repeat_reorder_nothing() {
 fn settle_and_check(
     (accepted, refused, timeline, ran): (&[(u64, &str)], u64, &[String], Duration),
     (ordered, free): (&Path, &Path),
-    (url, front): (&str, &Serve),
+    (url, front, workers): (&str, &Serve, &[Serve]),
 ) {
     let settle_by = Instant::now() + Duration::from_secs(90);
     let (per, free_per, dead) = loop {
@@ -355,12 +367,14 @@ fn settle_and_check(
     eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
     super::super::report("fleet_changes", &figures);
     assert!(!accepted.is_empty(), "nothing was accepted");
-    if !(lost.is_empty() && false_dead.is_empty()) {
+    if !(lost.is_empty() && false_dead.is_empty() && repeated.is_empty()) {
         eprintln!("the driver's changes:\n  {}", timeline.join("\n  "));
-        // The ordered hook's handlings around the first event lost or falsely dead-lettered.
+        // The ordered hook's handlings around the first event lost, falsely dead-lettered or run
+        // twice.
         let bad = false_dead
             .iter()
             .chain(&lost)
+            .chain(&repeated)
             .filter_map(|l| l.split(' ').next());
         if let Some(n) = bad.filter_map(|n| n.parse::<u64>().ok()).min() {
             let near = starts
@@ -372,6 +386,15 @@ fn settle_and_check(
             }
         }
         eprintln!("false dead letters ({}): {false_dead:?}", false_dead.len());
+        // What the workers' hook tasks did (leases, hand-overs, renames): their whole logs.
+        for (id, w) in IDS.iter().zip(workers) {
+            let path =
+                std::env::temp_dir().join(format!("fleet-changes-{}-{id}.log", std::process::id()));
+            match std::fs::write(&path, w.log()) {
+                Ok(()) => eprintln!("{id}'s log: {}", path.display()),
+                Err(e) => eprintln!("{id}'s log not written to {}: {e}", path.display()),
+            }
+        }
     }
     let first = |v: &[String]| v[..v.len().min(10)].to_vec();
     assert!(

@@ -107,6 +107,14 @@ impl Run {
             }
             tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, missing = now.0 - now.1 as u64, waited = %crate::time::fmt_duration(c.since.elapsed()), "fleet: events the broker counts as pending for the ordered hook never came back and no worker says it still runs them (past their deliveries, a consumer reset, a broker that lost state?); running the ones here in stream order without them");
         }
+        if let Some((store, key)) = c.lease.clone() {
+            // A holder that lost the lease leaves its note once it stood down: what it gave
+            // back is here now.
+            self.reread_note(&store, &key).await;
+        }
+        let Some(c) = self.catch_up.as_ref() else {
+            return;
+        };
         if c.vanished {
             // What the vanished holder had pending is all here now (or given up on).
             let top = self.backlog.iter().map(|d| d.hseq).max().unwrap_or(0);
@@ -135,6 +143,7 @@ impl Run {
                 untouched = d.index == 0;
                 if untouched && d.held.leave(d.hseq, d.slot, false).await {
                     left += 1;
+                    self.released(d.hseq, d.hseq);
                 }
             }
             if !untouched {

@@ -9,10 +9,14 @@
 //!
 //! The note (in the lease bucket, next to the lease; it lives one ack wait) says which events of
 //! a bundle handed back part-way through already ran here (the next holder does not run them
-//! again), and which ranges of stream sequences hand-overs gave back: each costs the messages
-//! in it one delivery at the broker, which is not an attempt of their handler, so the next
-//! holder subtracts them from the broker's count (an ordered hook's consumer has no broker-side
-//! delivery limit; the worker keeps it, [`Run::handed_over`]).
+//! again), and which ranges of stream sequences hand-overs and releases gave back: each costs
+//! the messages in it one delivery at the broker, which is not an attempt of their handler, so
+//! the next holder subtracts them from the broker's count (an ordered hook's consumer has no
+//! broker-side delivery limit; the worker keeps it, [`Run::handed_over`]). A holder that stops
+//! or loses the lease leaves one too ([`Run::leave_release_note`]: what its pulls had buffered,
+//! handed back, and what its backlog held unstarted, left to the ack wait); one that lost the
+//! lease writes it after the next holder took it, which reads it again when its catch-up is
+//! over ([`Run::reread_note`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -121,11 +125,9 @@ impl Run {
             }
         }
         if let Some(first) = first {
-            self.handed.push((first, self.top.max(first)));
-            if self.handed.len() > RANGES {
-                self.handed.remove(0);
-            }
+            self.released(first, self.top.max(first));
         }
+        self.end_release();
         note.handed = self.handed.clone();
         note.orphans = self.orphans;
         // Empty: handing over for a retry (the event is not known here).
@@ -148,12 +150,91 @@ impl Run {
             return;
         };
         if let Ok(mut done) = self.counters.done.lock() {
-            for k in note.done {
-                done.insert(k);
+            for k in &note.done {
+                done.insert(*k);
             }
         }
-        self.handed = note.handed;
+        self.inherited = note.done;
+        self.join_handed(note.handed);
         self.orphans = self.orphans.max(note.orphans);
+    }
+
+    /// Adds the ranges of a note this worker has not counted yet (each range is one release:
+    /// the same range from two notes is the same release).
+    fn join_handed(&mut self, ranges: Vec<(u64, u64)>) {
+        for r in ranges {
+            if !self.handed.contains(&r) {
+                self.handed.push(r);
+            }
+        }
+        let over = self.handed.len().saturating_sub(RANGES);
+        self.handed.drain(..over);
+    }
+
+    /// A new holder's catch-up is over: a holder that lost the lease left its note after this
+    /// one took it (it stood down meanwhile). Its new ranges lower the count of the events they
+    /// cover that are here (triaged with the note read when the lease was taken).
+    pub(super) async fn reread_note(
+        &mut self,
+        store: &async_nats::jetstream::kv::Store,
+        key: &str,
+    ) {
+        let Some(body) = crate::fleet::lease::read_note(store, key).await else {
+            return;
+        };
+        let Ok(note) = serde_json::from_slice::<Note>(&body) else {
+            return;
+        };
+        let new: Vec<(u64, u64)> = note
+            .handed
+            .into_iter()
+            .filter(|r| !self.handed.contains(r))
+            .collect();
+        for d in self.backlog.iter_mut() {
+            let more = new
+                .iter()
+                .filter(|(a, b)| (*a..=*b).contains(&d.hseq))
+                .count() as i64;
+            d.delivered = (d.delivered - more).max(1);
+        }
+        self.join_handed(new);
+        self.orphans = self.orphans.max(note.orphans);
+    }
+}
+
+impl Run {
+    /// The messages from `first` to `last` went back to the broker, or were left to its ack
+    /// wait, before any handler call (a stop, a lost lease, a hand-over): the broker's next
+    /// delivery of each is no attempt.
+    pub(super) fn released(&mut self, first: u64, last: u64) {
+        let r = self.releasing.get_or_insert((first, last));
+        *r = (r.0.min(first), r.1.max(last));
+    }
+
+    /// The release under way is over: its range joins [`Run::handed`] (one per release, so
+    /// that ranges overlapping within one release do not count twice).
+    pub(super) fn end_release(&mut self) {
+        if let Some(r) = self.releasing.take() {
+            self.join_handed(vec![r]);
+        }
+    }
+
+    /// Stopping or standing down: leaves the next holder a note of what releases gave back (with
+    /// the done keys this holder inherited), so that those deliveries are not counted as attempts.
+    pub(super) async fn leave_release_note(
+        &mut self,
+        leases: &Option<(async_nats::jetstream::kv::Store, std::time::Duration)>,
+    ) {
+        self.end_release();
+        let Some((store, _)) = leases else { return };
+        let note = Note {
+            done: self.inherited.clone(),
+            handed: self.handed.clone(),
+            orphans: self.orphans,
+        };
+        let body = serde_json::to_vec(&note).unwrap_or_default();
+        let key = crate::fleet::consumer_name(&self.s.key);
+        crate::fleet::lease::leave_note(store, &key, body).await;
     }
 }
 

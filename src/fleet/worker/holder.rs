@@ -148,10 +148,19 @@ pub(super) async fn take_lease(
 }
 
 /// Stopping: hands back at once what the broker already delivered but no handler started, so
-/// that another worker gets it now rather than after the ack wait.
-pub(super) async fn give_back(messages: &mut jetstream::consumer::pull::Stream) {
+/// that another worker gets it now rather than after the ack wait. Returns the lowest and
+/// highest stream sequence handed back.
+pub(super) async fn give_back(
+    messages: &mut jetstream::consumer::pull::Stream,
+) -> Option<(u64, u64)> {
     use futures_util::FutureExt;
+    let mut range: Option<(u64, u64)> = None;
     while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
+        if let Ok(i) = msg.info() {
+            let seq = i.stream_sequence;
+            range = Some(range.map_or((seq, seq), |(a, b)| (a.min(seq), b.max(seq))));
+        }
         let _ = msg.ack_with(AckKind::Nak(None)).await;
     }
+    range
 }

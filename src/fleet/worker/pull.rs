@@ -55,8 +55,14 @@ pub(super) struct Run {
     /// Ordered: the feed stopped at an event only another version matches (its name); the
     /// lease goes to that version ([`super::handover`]).
     pub(super) handing: Option<String>,
-    /// Stream sequence ranges that hand-overs gave back ([`Run::handed_over`]).
+    /// Stream sequence ranges that hand-overs and releases gave back ([`Run::handed_over`]).
     pub(super) handed: Vec<(u64, u64)>,
+    /// The range of what the release under way gave back or left to the ack wait
+    /// ([`Run::released`]); it joins `handed` as one range when the release ends.
+    pub(super) releasing: Option<(u64, u64)>,
+    /// The done keys the last holder's note carried ([`super::handover::Note::done`]): passed
+    /// on in this holder's note when it stops or loses the lease.
+    pub(super) inherited: Vec<(u64, u64)>,
     /// The highest stream sequence the hook's consumer delivered here.
     pub(super) top: u64,
     /// The lowest stream sequence a hand-over gave back from the pull's buffer.
@@ -187,6 +193,8 @@ impl Run {
             redo_rx,
             handing: None,
             handed: Vec::new(),
+            releasing: None,
+            inherited: Vec::new(),
             top: 0,
             given: None,
             unsure: None,
@@ -277,6 +285,8 @@ impl Run {
             )
         });
         self.drain(Some(tokio::time::Instant::now())).await;
+        // The next holder reads it once what this worker left is back ([`Run::check_caught_up`]).
+        self.leave_release_note(leases).await;
         if let Some(f) = finishing {
             f.end().await;
         }
@@ -371,13 +381,17 @@ impl Run {
                     continue;
                 }
                 _ = stop.changed() => {
-                    give_back(&mut messages).await;
+                    if let Some((a, b)) = give_back(&mut messages).await {
+                        self.released(a, b);
+                    }
                     give_back(&mut retried).await;
                     return Ended::Stop;
                 }
                 _ = lost => {
                     // Another worker may take over: hand back what no handler started.
-                    give_back(&mut messages).await;
+                    if let Some((a, b)) = give_back(&mut messages).await {
+                        self.released(a, b);
+                    }
                     give_back(&mut retried).await;
                     *lease = None;
                     return Ended::Again;
@@ -578,6 +592,9 @@ pub(super) async fn consume(
         // Retries still waiting for their time: back to the broker for the next worker.
         r.waiting.abort_all();
         r.retry.give_back_all().await;
+        if lease.is_some() {
+            r.leave_release_note(&leases).await;
+        }
     }
     // Only now (every event this worker held is settled) may the next worker start.
     if let Some(l) = lease {
