@@ -24,6 +24,8 @@ use crate::util::{Hooks, Serve, bin, poll, read_jsonl, signal};
 
 /// A nats-server with JetStream on a fixed-for-its-life free port and a temp store.
 struct Broker {
+    /// The nats-server binary it runs.
+    bin: PathBuf,
     child: Option<Child>,
     port: u16,
     store: tempfile::TempDir,
@@ -39,25 +41,31 @@ fn nats_binary() -> Option<PathBuf> {
 
 impl Broker {
     fn start() -> Option<Self> {
-        if nats_binary().is_none() {
+        let Some(bin) = nats_binary() else {
             assert!(
                 std::env::var_os("CI").is_none(),
                 "nats-server is not installed (CI is set: the fleet phase must run)"
             );
             eprintln!("SKIPPED: nats-server is not installed (apt-get install nats-server)");
             return None;
-        }
+        };
+        Some(Self::start_on(bin))
+    }
+
+    /// A broker running `bin` (another nats-server build than the one on `PATH`).
+    fn start_on(bin: PathBuf) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
         let mut b = Self {
+            bin,
             child: None,
             port,
             store: tempfile::tempdir().expect("tempdir"),
         };
         b.restart();
-        Some(b)
+        b
     }
 
     fn url(&self) -> String {
@@ -66,7 +74,7 @@ impl Broker {
 
     /// (Re)starts on the same port and store; waits until it answers.
     fn restart(&mut self) {
-        let child = Command::new(nats_binary().expect("nats-server"))
+        let child = Command::new(&self.bin)
             .args(["-js", "-sd"])
             .arg(self.store.path())
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
