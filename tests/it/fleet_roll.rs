@@ -443,3 +443,80 @@ fn deliveries_a_stopped_holder_gave_back_are_not_counted_as_attempts() {
         "a release counted as an attempt: {counted:?}"
     );
 }
+
+/// Issue 34, found by the "changes" soak on nats-server 2.9: there a consumer made by start
+/// time cannot be changed, so a worker whose new version must change an ordered hook's consumer
+/// deletes it and makes it again from the ack floor it read, while the lease holder still runs
+/// events the old consumer delivered. What the holder ran and acknowledged on the old one comes
+/// again from the new one as first deliveries; when the holder then hands the lease over (an
+/// event only the new version matches), the next holder ran them again, each delivered once
+/// by the broker's count. The holder's note now names the events it finished last, and the
+/// next holder settles those without running them.
+///
+/// Ignored: it finds an open bug first (issue 34). The holder's own hook task restarts when the
+/// other worker's version changes, and its stopping task, pulling from the remade consumer,
+/// gives `roll:b` (4) back and runs the later `roll:a` (5): 5 runs before 4 (seen 3 runs of 3).
+#[test]
+#[ignore = "issue 34, open: on nats-server 2.9 a stopping holder runs a later event past one only the new version matches"]
+fn events_the_holder_ran_while_another_worker_remade_the_consumer_run_once() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (one, two) = (Hooks::new(), Hooks::new());
+    recording_hook(&one, "roll", r#"["roll:a"]"#, "");
+    recording_hook(&two, "roll", r#"["roll:a"]"#, "");
+    let w1 = worker_with(&one, &nats, "w1", OPTS);
+    let mut w2 = worker_with(&two, &nats, "w2", OPTS);
+    let edge = edge(&one, &nats.url(), &[]);
+    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
+    make_holder(
+        &nats,
+        (&one, "w1"),
+        (&two, "w2", &mut w2),
+        &edge,
+        ("roll", "roll:a"),
+    );
+    // Slow events on the holder, then one only the widened version will match.
+    for n in 0..4 {
+        post_one(&edge, "roll:a", json!({"n": n, "pause": 0.7}));
+    }
+    post_one(&edge, "roll:b", json!({"n": 4}));
+    let paused = one.out().join("roll.paused");
+    poll(Duration::from_secs(30), "w1 to start event 1", || {
+        read_jsonl(&paused)
+            .iter()
+            .any(|r| r["n"] == 1)
+            .then_some(())
+    });
+    // The other worker's version widened while w1 runs event 1: its consumer is made again.
+    swap_patterns(&two, &w2, "roll", r#"["roll:a", "roll:b"]"#);
+    // A last event: the hook runs in stream order, so anything delivered again ran before it.
+    post_one(&edge, "roll:a", json!({"n": 5}));
+    let ran = || -> Vec<Value> {
+        starts(&[&one, &two], "roll")
+            .into_iter()
+            .filter(|r| r["n"].as_u64().is_some_and(|n| n < 1_000_000))
+            .collect()
+    };
+    let all = poll(Duration::from_secs(60), "the last event handled", || {
+        let r = ran();
+        r.iter().any(|r| r["n"] == 5).then_some(r)
+    });
+    assert!(
+        w2.log().contains("consumer made again"),
+        "the path under test is nats-server 2.9's (a consumer made by start time cannot be \
+         changed there, so it is made again): run on 2.9"
+    );
+    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert_eq!(
+        ns,
+        vec![0, 1, 2, 3, 4, 5],
+        "each once, in order: {all:?}\n--- w1:\n{}\n--- w2:\n{}",
+        w1.log(),
+        w2.log()
+    );
+    assert!(
+        all.iter().all(|r| r["event"] != "roll:b" || r["w"] == "w2"),
+        "roll:b only on the widened version: {all:?}"
+    );
+}

@@ -109,14 +109,16 @@ impl Run {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let mut part_way = Vec::new();
         if let Some(d) = self.backlog.front().filter(|d| d.index > 0) {
             // A bundle part-way through: its first events ran here.
             let (seq, id) = d.key;
             let base = id.wrapping_sub(d.index as u64);
-            note.done = (0..d.index as u64)
+            part_way = (0..d.index as u64)
                 .map(|i| (seq, base.wrapping_add(i)))
                 .collect();
         }
+        note.done = self.note_done(part_way);
         let mut last = None;
         for d in std::mem::take(&mut self.backlog) {
             if last != Some((d.hseq, d.slot)) {
@@ -219,6 +221,25 @@ impl Run {
         }
     }
 
+    /// The done keys a note carries: `first` (a bundle's events that ran here), the last ones
+    /// this holder inherited, and the events finished here last
+    /// ([`super::state::Recent::latest`]). On nats-server 2.9 a consumer made by start time
+    /// cannot be changed, so a worker whose new version must change it makes it again from the
+    /// ack floor it read (`crate::fleet::versions::update_consumer`): what the holder ran and
+    /// acknowledged meanwhile comes again as first deliveries, and the next holder must not run
+    /// it twice (issue 34).
+    fn note_done(&self, first: Vec<super::state::DoneKey>) -> Vec<super::state::DoneKey> {
+        let mut out = first;
+        let skip = self.inherited.len().saturating_sub(super::state::LATEST);
+        out.extend(self.inherited.iter().skip(skip).copied());
+        if let Ok(done) = self.counters.done.lock() {
+            out.extend(done.latest().copied());
+        }
+        let mut seen = std::collections::HashSet::with_capacity(out.len());
+        out.retain(|k| seen.insert(*k));
+        out
+    }
+
     /// Stopping or standing down: leaves the next holder a note of what releases gave back (with
     /// the done keys this holder inherited), so that those deliveries are not counted as attempts.
     pub(super) async fn leave_release_note(
@@ -228,7 +249,7 @@ impl Run {
         self.end_release();
         let Some((store, _)) = leases else { return };
         let note = Note {
-            done: self.inherited.clone(),
+            done: self.note_done(Vec::new()),
             handed: self.handed.clone(),
             orphans: self.orphans,
         };

@@ -51,12 +51,19 @@ pub(super) const RECENT: usize = 65_536;
 
 pub(super) type DoneKey = (u64, u64);
 
+/// How many of the latest finished events' keys a holder's note carries to the next holder
+/// ([`Recent::latest`]): at least a window of bundles' worth, what a consumer made again from an
+/// older ack floor can deliver again.
+pub(super) const LATEST: usize = 1024;
+
 /// Two generations of keys: inserts go to `young`; when it holds half of [`RECENT`] it becomes
 /// `old` (the previous `old` is dropped). No per-insert eviction and no tombstones to rehash.
 #[derive(Default)]
 pub(super) struct Recent {
     pub(super) young: std::collections::HashSet<DoneKey, KeyHash>,
     pub(super) old: std::collections::HashSet<DoneKey, KeyHash>,
+    /// The [`LATEST`] keys inserted last, oldest first.
+    pub(super) last: std::collections::VecDeque<DoneKey>,
 }
 
 /// Hashes a [`DoneKey`] by mixing its two words (the second is already a hash of the id).
@@ -109,6 +116,10 @@ impl Recent {
         if self.old.contains(&key) || !self.young.insert(key) {
             return;
         }
+        if self.last.len() >= LATEST {
+            self.last.pop_front();
+        }
+        self.last.push_back(key);
         if self.young.len() >= RECENT / 2 {
             self.old = std::mem::take(&mut self.young);
             self.young.reserve(RECENT / 2);
@@ -117,6 +128,11 @@ impl Recent {
 
     pub(super) fn contains(&self, key: &DoneKey) -> bool {
         self.young.contains(key) || self.old.contains(key)
+    }
+
+    /// The keys of the events finished last here, oldest first (at most [`LATEST`]).
+    pub(super) fn latest(&self) -> impl Iterator<Item = &DoneKey> {
+        self.last.iter()
     }
 }
 
