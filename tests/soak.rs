@@ -14,9 +14,8 @@
 //!   SIGKILLed and restarted under load, every 202 accounted for; with it (same variable) the
 //!   "lease kills" and "changes" phases of issue 34 (an ordered hook's lease holder SIGKILLed
 //!   again and again; hooks renamed and their patterns widened, swapped and narrowed on two
-//!   workers in turn while events flow: on the nats-server 2.10+ of `HERMES_NATS_SERVER_NEW`,
-//!   NOT RUN without one; `HERMES_SOAK_CHANGES=1` runs it on the nats-server on `PATH`, where on
-//!   2.9 it still finds events run twice);
+//!   workers in turn while events flow: on the nats-server on `PATH`, and on the 2.10+ build of
+//!   `HERMES_NATS_SERVER_NEW` too when it names one);
 //! - the busy-CPU phase ([`busy`], `HERMES_SOAK_BUSY_SECS`, default 20): a busy loop in the
 //!   service's session on its CPU, every collect answered with every verdict (issue 33).
 //!

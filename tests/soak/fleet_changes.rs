@@ -219,31 +219,27 @@ fn true_reason(event: &str, why: &str) -> bool {
 #[test]
 #[ignore = "fleet soak, changes: run with --ignored (HERMES_SOAK_FLEET_SECS, default 15)"]
 fn fleet_soak_changes_rolled_across_workers_lose_repeat_reorder_nothing() {
-    // On nats-server 2.10+ (`HERMES_NATS_SERVER_NEW`, as `.ci/run` sets it) it runs in CI. On
-    // 2.9 it found false "killed?" dead letters (fixed in src/fleet/worker/feed.rs) and its own
-    // driver's race (a lease line of the old hook task taken for the new version's:
-    // `new_task_on_broker`; fixed). Open on 2.9 only (issue 34; 2 runs of 18): a few events run
-    // twice, each time with `delivered` 1. A consumer made by start time cannot be updated there,
-    // so a worker whose new version must change it deletes it and makes it again from the ack
-    // floor it read (src/fleet/versions.rs, `update_consumer`) while the lease holder still runs
-    // and acknowledges events on the old one; those come again as first deliveries. (A worker's
-    // memory of what it finished is also kept per hook name, so a rename forgets it.)
-    // `HERMES_SOAK_CHANGES=1` runs it on the nats-server found on `PATH` (2.9 on Debian).
+    // On the nats-server on `PATH` (2.9 on Debian) and, when `HERMES_NATS_SERVER_NEW` names one
+    // (as `.ci/run` sets it), on that 2.10+ build too. On 2.9 it found false "killed?" dead
+    // letters (fixed in src/fleet/worker/feed.rs), its own driver's race (a lease line of the old
+    // hook task taken for the new version's: `new_task_on_broker`; fixed) and events run twice
+    // (2 runs of 18): a consumer made by start time cannot be changed there, so a worker whose
+    // new version must change it makes it again from the ack floor it read while the holder
+    // still runs events of the old one; the holder's note now names the events it finished
+    // (tests/it/fleet_roll.rs, `events_the_holder_ran_while_another_worker_remade_the_consumer_run_once`;
+    // 18 runs of 18 on 2.9 since).
     let secs = super::super::env_secs("HERMES_SOAK_FLEET_SECS", 15);
-    let broker = if std::env::var_os("HERMES_SOAK_CHANGES").is_some() {
-        let Some(broker) = Broker::start() else {
-            return;
-        };
-        broker
-    } else if let Some(new) = std::env::var_os("HERMES_NATS_SERVER_NEW") {
-        Broker::start_on(new.into())
-    } else {
-        eprintln!(
-            "fleet soak, changes: NOT RUN (needs a nats-server 2.10+ in HERMES_NATS_SERVER_NEW; \
-             on 2.9 it still finds events run twice, issue 34: HERMES_SOAK_CHANGES=1 runs it there)"
-        );
+    let Some(broker) = Broker::start() else {
         return;
     };
+    changes_on(broker, secs);
+    if let Some(new) = std::env::var_os("HERMES_NATS_SERVER_NEW") {
+        changes_on(Broker::start_on(new.into()), secs);
+    }
+}
+
+/// One run of the phase on `broker`.
+fn changes_on(broker: Broker, secs: u64) {
     eprintln!("fleet soak, changes: {secs} s on {}", broker.bin.display());
     let url = broker.url();
     let out = tempfile::tempdir().expect("tempdir");
