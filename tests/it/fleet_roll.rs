@@ -92,6 +92,40 @@ fn longest_gap(recs: &[Value]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Two workers with the recording hook `roll`, `w1` on `one` (patterns `one_events`) holding its
+/// lease and `w2` on `two` (`two_events`) standing by, and an edge.
+struct RollPair {
+    one: Hooks,
+    two: Hooks,
+    w1: Serve,
+    w2: Serve,
+    edge: Serve,
+}
+
+fn roll_pair(nats: &NatsServer, one_events: &str, two_events: &str) -> RollPair {
+    let (one, two) = (Hooks::new(), Hooks::new());
+    recording_hook(&one, "roll", one_events, "");
+    recording_hook(&two, "roll", two_events, "");
+    let w1 = worker_with(&one, nats, "w1", OPTS);
+    let mut w2 = worker_with(&two, nats, "w2", OPTS);
+    let edge = edge(&one, &nats.url(), &[]);
+    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
+    make_holder(
+        nats,
+        (&one, "w1"),
+        (&two, "w2", &mut w2),
+        &edge,
+        ("roll", "roll:a"),
+    );
+    RollPair {
+        one,
+        two,
+        w1,
+        w2,
+        edge,
+    }
+}
+
 /// Issue 34 item 5: the lease holder runs the old version (`[roll:a]`), the other worker the
 /// new one (`[roll:a, roll:b]`); events of both names, alone and in bundles, arrive while the
 /// old one holds the lease. The holder stops at the first `roll:b`, hands it and the rest back
@@ -108,20 +142,13 @@ fn a_rolling_update_of_an_ordered_hook_hands_the_lease_over_in_stream_order() {
 
 fn hand_over_on(bin: PathBuf) {
     let nats = NatsServer::start_bin(bin, &[], "");
-    let (old, new) = (Hooks::new(), Hooks::new());
-    recording_hook(&old, "roll", r#"["roll:a"]"#, "");
-    recording_hook(&new, "roll", r#"["roll:a", "roll:b"]"#, "");
-    let w1 = worker_with(&old, &nats, "w1", OPTS);
-    let mut w2 = worker_with(&new, &nats, "w2", OPTS);
-    let edge = edge(&old, &nats.url(), &[]);
-    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
-    make_holder(
-        &nats,
-        (&old, "w1"),
-        (&new, "w2", &mut w2),
-        &edge,
-        ("roll", "roll:a"),
-    );
+    let RollPair {
+        one: old,
+        two: new,
+        w1,
+        w2: _w2, // runs the new version: it takes the lease
+        edge,
+    } = roll_pair(&nats, r#"["roll:a"]"#, r#"["roll:a", "roll:b"]"#);
     let runs = [
         ("roll:a", 1),
         ("roll:a", 3),
@@ -204,6 +231,20 @@ fn swap_patterns(hooks: &Hooks, worker: &Serve, hook: &str, events: &str) {
     });
 }
 
+/// [`swap_patterns`], then waits until the new version's task is on the broker: its consumer
+/// filter is in place once the task stands by or takes the lease (a version's events accepted
+/// before its worker announced it are not its to run). It may take it: the consumer's update
+/// restarts the other worker's task too, which lets the lease go.
+fn swap_on_broker(hooks: &Hooks, worker: &Serve, hook: &str, events: &str) {
+    let before = lease_lines(worker);
+    swap_patterns(hooks, worker, hook, events);
+    poll(
+        Duration::from_secs(30),
+        "the new version on the broker",
+        || (lease_lines(worker) > before).then_some(()),
+    );
+}
+
 /// Issue 34 item 6: an ordered hook's patterns swapped from `[swap:a, swap:b]` to
 /// `[swap:a, swap:c]` by a rolling update: one worker updated while the other still runs the
 /// old version and events of all three names flow, then the other. Every `swap:b` event
@@ -228,16 +269,7 @@ fn swap_on(bin: PathBuf) {
     let w2 = worker_with(&h2, &nats, "w2", OPTS);
     let edge = edge(&h1, &nats.url(), &[]);
     wait_for_fleet(&edge, "swap", &["w1", "w2"]);
-    let before = lease_lines(&w2);
-    swap_patterns(&h2, &w2, "swap", r#"["swap:a", "swap:c"]"#);
-    // The new version's consumer filter is in place once its task stands by or takes the lease
-    // (a version's events accepted before its worker announced it are not its to run). It
-    // may take it: the consumer's update restarts w1's task too, which lets the lease go.
-    poll(
-        Duration::from_secs(30),
-        "w2's new version on the broker",
-        || (lease_lines(&w2) > before).then_some(()),
-    );
+    swap_on_broker(&h2, &w2, "swap", r#"["swap:a", "swap:c"]"#);
     let cycle = ["swap:a", "swap:b", "swap:c", "swap:b", "swap:b", "swap:c"];
     let n = 60u64;
     let events: Vec<Value> = (0..n)
@@ -459,20 +491,13 @@ fn events_the_holder_ran_while_another_worker_remade_the_consumer_run_once() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (one, two) = (Hooks::new(), Hooks::new());
-    recording_hook(&one, "roll", r#"["roll:a"]"#, "");
-    recording_hook(&two, "roll", r#"["roll:a"]"#, "");
-    let w1 = worker_with(&one, &nats, "w1", OPTS);
-    let mut w2 = worker_with(&two, &nats, "w2", OPTS);
-    let edge = edge(&one, &nats.url(), &[]);
-    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
-    make_holder(
-        &nats,
-        (&one, "w1"),
-        (&two, "w2", &mut w2),
-        &edge,
-        ("roll", "roll:a"),
-    );
+    let RollPair {
+        one,
+        two,
+        w1,
+        w2,
+        edge,
+    } = roll_pair(&nats, r#"["roll:a"]"#, r#"["roll:a"]"#);
     // Slow events on the holder.
     for n in 0..4 {
         post_one(&edge, "roll:a", json!({"n": n, "pause": 0.7}));
@@ -485,13 +510,7 @@ fn events_the_holder_ran_while_another_worker_remade_the_consumer_run_once() {
             .then_some(())
     });
     // The other worker's version widened while w1 runs event 1: its consumer is made again.
-    let before = lease_lines(&w2);
-    swap_patterns(&two, &w2, "roll", r#"["roll:a", "roll:b"]"#);
-    poll(
-        Duration::from_secs(30),
-        "w2's new version on the broker",
-        || (lease_lines(&w2) > before).then_some(()),
-    );
+    swap_on_broker(&two, &w2, "roll", r#"["roll:a", "roll:b"]"#);
     // One only the widened version matches (the lease goes there), and a last one: the hook
     // runs in stream order, so anything delivered again ran before it.
     post_one(&edge, "roll:b", json!({"n": 4}));

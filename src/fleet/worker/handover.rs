@@ -144,21 +144,24 @@ impl Run {
         leases: &Option<(async_nats::jetstream::kv::Store, std::time::Duration)>,
     ) {
         let Some((store, _)) = leases else { return };
-        let key = crate::fleet::consumer_name(&self.s.key);
-        let Some(body) = crate::fleet::lease::read_note(store, &key).await else {
+        let Some(note) = fetch_note(store, &crate::fleet::consumer_name(&self.s.key)).await else {
             return;
         };
-        let Ok(note) = serde_json::from_slice::<Note>(&body) else {
-            return;
-        };
+        self.inherited.clear();
+        self.inherit_done(note.done);
+        self.join_handed(note.handed);
+        self.orphans = self.orphans.max(note.orphans);
+    }
+
+    /// Marks the done keys of a note done here (a delivery of one again is settled without
+    /// running it) and passes them on in this holder's own note.
+    fn inherit_done(&mut self, keys: Vec<super::state::DoneKey>) {
         if let Ok(mut done) = self.counters.done.lock() {
-            for k in &note.done {
+            for k in &keys {
                 done.insert(*k);
             }
         }
-        self.inherited = note.done;
-        self.join_handed(note.handed);
-        self.orphans = self.orphans.max(note.orphans);
+        self.inherited.extend(keys);
     }
 
     /// Adds the ranges of a note this worker has not counted yet (each range is one release:
@@ -174,19 +177,19 @@ impl Run {
     }
 
     /// A new holder's catch-up is over: a holder that lost the lease left its note after this
-    /// one took it (it stood down meanwhile). Its new ranges lower the count of the events they
-    /// cover that are here (triaged with the note read when the lease was taken).
+    /// one took it (it stood down meanwhile). Its done keys are done here too, and its new ranges
+    /// lower the count of the events they cover that are here (triaged with the note read when
+    /// the lease was taken).
     pub(super) async fn reread_note(
         &mut self,
         store: &async_nats::jetstream::kv::Store,
         key: &str,
     ) {
-        let Some(body) = crate::fleet::lease::read_note(store, key).await else {
+        let Some(note) = fetch_note(store, key).await else {
             return;
         };
-        let Ok(note) = serde_json::from_slice::<Note>(&body) else {
-            return;
-        };
+        // What it finished last (a consumer made again meanwhile delivers that again).
+        self.inherit_done(note.done);
         let new: Vec<(u64, u64)> = note
             .handed
             .into_iter()
@@ -202,6 +205,12 @@ impl Run {
         self.join_handed(new);
         self.orphans = self.orphans.max(note.orphans);
     }
+}
+
+/// The note a holder left on the lease key `key`, if one is there and readable.
+async fn fetch_note(store: &async_nats::jetstream::kv::Store, key: &str) -> Option<Note> {
+    let body = crate::fleet::lease::read_note(store, key).await?;
+    serde_json::from_slice(&body).ok()
 }
 
 impl Run {

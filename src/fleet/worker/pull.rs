@@ -240,6 +240,12 @@ impl Run {
                 start_by = None;
             }
             self.feed().await;
+            if self.handing.is_some() {
+                // The feed stopped at an event for another version: it and the rest go back now
+                // (the feed starts nothing more while `handing` is set; waiting here would spin).
+                let _ = self.hand_back().await;
+                continue;
+            }
             let deadline = start_by;
             let passed = async move {
                 match deadline {
