@@ -867,6 +867,13 @@ async fn post_proof(
     body: Body,
 ) -> Result<Response, ApiError> {
     let obj = read_json(&headers, body, PROOF_BODY_LIMIT).await?;
+    // A fixed shape (docs/openapi.json, ProofRequest): extra fields are refused, not ignored,
+    // so that a body within the schema also fits the limit.
+    if let Some(extra) = obj.keys().find(|k| *k != "nonce") {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {extra:?}: the body is {{\"nonce\": HEX}}"
+        )));
+    }
     let nonce = obj
         .get("nonce")
         .and_then(Value::as_str)

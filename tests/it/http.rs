@@ -485,3 +485,26 @@ fn a_batchs_contexts_reach_the_hook_as_the_client_wrote_them() {
         );
     }
 }
+
+/// `POST /v1/proof` takes only `nonce`: a body the schema allowed with other fields could pass
+/// the route's 1 KiB limit (the API fuzz sent one and got 413 for schema-valid data); another
+/// field is now refused with 400, and the schema says so (`additionalProperties: false`).
+#[test]
+fn the_proof_request_refuses_fields_other_than_the_nonce() {
+    let hooks = Hooks::new();
+    let serve = Serve::start(&hooks, &[]);
+    let nonce = "000102030405060708090a0b0c0d0e0f";
+    let (s, v) = serve.post("/v1/proof", &json!({"nonce": nonce, "extra": 1}));
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["code"], "bad_request", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"extra\""),
+        "names the field: {v}"
+    );
+    // The nonce alone passes the checks (this service has no token to prove).
+    let (s, v) = serve.post("/v1/proof", &json!({"nonce": nonce}));
+    assert_eq!((s, &v["error"]["code"]), (404, &json!("no_token")), "{v}");
+}
