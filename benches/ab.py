@@ -9,7 +9,9 @@ Rows (each side started with its default settings: no real-time priority, defaul
 
   exec c4 / exec c1   a no-op ``#!/bin/sh`` executable hook with ``concurrency: 4`` and ``1``,
                       events/s as a ratio to a naive ``subprocess.run`` loop over the same file
-                      in the same run (``benches/hooks_scale.rs``, part ``exec``)
+                      in the same run (``benches/hooks_scale.rs``, part ``exec``); and four
+                      such loops in four processes at once, the machine's ceiling for four
+                      parallel starts (``concurrency: 4`` is shown against it too)
   python events/s     one trivial Python hook, pipelined (the default), sync ``handle``
                       (``hooks_scale``, part ``python``)
   start-up            50 trivial Python hooks, ``serve`` start to "hooks loaded" (``hooks_scale``,
@@ -52,6 +54,10 @@ ROWS = [
     ("exec_vs_naive_c1", "no-op executable, `concurrency: 1`, vs naive loop", "%.2fx", ">= 1.0x",
      True),
     ("exec_events_per_s_c4", "no-op executable, `concurrency: 4`, events/s", "%.0f", "", True),
+    ("exec_parallel4_vs_naive", "four naive loops in four processes, vs one (this machine's "
+     "ceiling for 4 parallel starts)", "%.2fx", "", True),
+    ("exec_c4_vs_parallel4", "no-op executable, `concurrency: 4`, vs four naive loops",
+     "%.2fx", "", True),
     ("python_events_per_s_sync", "trivial Python hook, events/s, default settings", "%.0f",
      ">= 100,000", True),
     ("startup_ms_50", "50 trivial Python hooks, start to ready (ms)", "%.0f", "<= 250", False),

@@ -7,8 +7,10 @@
 //!    "before") and forked from the fork server (the "after").
 //! 2. Events/s through one trivial Python hook (sync and async `handle`), one request at a time
 //!    (`HERMES_HOOKS_PIPELINE=0`, the "before") and pipelined.
-//! 3. Events/s through one no-op executable hook with `concurrency` 1 and 4, and a naive
-//!    `subprocess.run` loop over the same file, in the same run.
+//! 3. Events/s through one no-op executable hook with `concurrency` 1 and 4, a naive
+//!    `subprocess.run` loop over the same file, and four such loops in four processes at once
+//!    (what the machine gives four parallel starts: the ceiling of `concurrency: 4`), in the
+//!    same run.
 //! 4. Host RSS before, at the peak of, and after a burst that fills a queue.
 //!
 //! For an A/B (`benches/ab.py`): `HERMES_HOOKS_BIN` runs another build of the service,
@@ -283,32 +285,52 @@ fn exec_throughput() {
         );
         results.push((conc, n as f64 / t0.elapsed().as_secs_f64()));
     }
-    // The naive loop: subprocess.run of the same file with the same stdin, one after the other.
+    // The naive loop: subprocess.run of the same file with the same stdin, one after the other;
+    // then four such loops in four processes at once: what this machine gives four processes
+    // started in parallel, whoever starts them (the ceiling of `concurrency: 4`).
     let file = tmp.path().join("hooks1/noop/handler");
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import subprocess, time\np = {file:?}\ndata = b'{{\"event\": \"bench:x\"}}\\n'\nt0 = time.perf_counter()\nfor _ in range({n}):\n    subprocess.run([p], input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE)\nprint({n} / (time.perf_counter() - t0))\n",
-            file = file.display().to_string()
-        ))
-        .output()
-        .expect("python3");
-    let naive: f64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0.0);
+    let naive = naive_loops(&file, n, 1);
+    let parallel = naive_loops(&file, n, 4);
     println!("| runner | events/s | vs naive loop |");
     println!("|---|---|---|");
     println!("| naive `subprocess.run` loop (same file) | {naive:.0} | 1.00x |");
+    println!(
+        "| four naive loops in four processes | {parallel:.0} | {:.2}x |",
+        parallel / naive
+    );
     ab("exec_naive_events_per_s", naive);
+    ab("exec_parallel4_vs_naive", parallel / naive);
     for (conc, rate) in results {
         ab(&format!("exec_events_per_s_c{conc}"), rate);
         ab(&format!("exec_vs_naive_c{conc}"), rate / naive);
+        if conc == 4 {
+            ab("exec_c4_vs_parallel4", rate / parallel);
+        }
         println!(
             "| hook, `concurrency: {conc}` | {rate:.0} | {:.2}x |",
             rate / naive
         );
     }
+}
+
+/// Events/s of `loops` Python processes each running `subprocess.run` of `file` (stdin an
+/// event, stdout and stderr piped) `n / loops` times, all started together.
+fn naive_loops(file: &Path, n: usize, loops: usize) -> f64 {
+    let code = format!(
+        "import multiprocessing, subprocess, time\n\
+         def run(k):\n    for _ in range(k):\n        subprocess.run([{file:?}], input=b'{{\"event\": \"bench:x\"}}\\n', stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n\
+         if __name__ == '__main__':\n    k = {n} // {loops}\n    ps = [multiprocessing.get_context('fork').Process(target=run, args=(k,)) for _ in range({loops})]\n    t0 = time.perf_counter()\n    [p.start() for p in ps]\n    [p.join() for p in ps]\n    print(k * {loops} / (time.perf_counter() - t0))\n",
+        file = file.display().to_string()
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0.0)
 }
 
 fn set_exec(p: &Path) {

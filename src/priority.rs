@@ -522,12 +522,15 @@ pub(crate) fn spawn_at_base<T: Send + 'static>(
 }
 
 /// [`spawn_at_base`] for async code: the task waits for the spawner thread, its runtime thread
-/// goes on with other tasks meanwhile.
+/// goes on with other tasks meanwhile. Without a spawner the job runs on a blocking thread (it
+/// may check files before it spawns).
 pub(crate) async fn spawn_at_base_async<T: Send + 'static>(
     job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
     if SPAWNER.get().is_none() {
-        return job();
+        return tokio::task::spawn_blocking(job)
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(format!("the spawn failed: {e}"))));
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     submit(Box::new(move || {

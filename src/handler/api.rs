@@ -423,9 +423,15 @@ impl HandlerContext {
     /// [`HandlerContext::process_env`]) holding only what its sandbox allows; `None` when it is
     /// not confined (its processes inherit the service's).
     pub fn confined_env(&self) -> Option<BTreeMap<String, String>> {
+        self.sandbox.as_ref()?;
+        self.confine_env(self.process_env())
+    }
+
+    /// [`HandlerContext::confined_env`] with `own` as [`HandlerContext::process_env`].
+    pub fn confine_env(&self, own: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
         let policy = self.sandbox.as_ref()?;
         let mut all: BTreeMap<String, String> = std::env::vars().collect();
-        all.extend(self.process_env());
+        all.extend(own);
         Some(policy.filter_env(all))
     }
 }

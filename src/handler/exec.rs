@@ -11,6 +11,7 @@
 //! `concurrency: N` runs up to N events of the hook at once (each reported as it completes); at 1,
 //! the default, events run one after the other, in order.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +26,7 @@ use super::api::{
 use super::context::Context;
 use super::process::{GroupKill, describe_exit};
 use super::spawn::{self, Plan, c_string};
+use super::verified_exec::{NotStarted, VerifiedExec};
 
 /// Largest stdout kept; beyond it the output is cut and the call fails.
 pub const MAX_STDOUT: usize = 1024 * 1024;
@@ -33,6 +35,9 @@ const MAX_STDERR: usize = 64 * 1024;
 /// How long pipes may stay open after the process exited (a background grandchild holding them)
 /// before the group is killed; what was read until then is kept.
 pub const PIPE_GRACE: Duration = Duration::from_millis(500);
+
+/// An environment block as `execve` takes it.
+type EnvBlock = Arc<Vec<std::ffi::CString>>;
 
 /// The executable handler of one hook.
 pub struct ExecHandler {
@@ -44,6 +49,10 @@ pub struct ExecHandler {
     shell: Option<PathBuf>,
     /// The Landlock ruleset of a confined hook, enforced in each process before exec.
     ruleset: Option<Arc<crate::sandbox::landlock::Ruleset>>,
+    /// The handler file, open while the handler is (opened by [`ExecHandler::start`]).
+    exe: Option<Arc<VerifiedExec>>,
+    /// The last environment block, and what the hook added to the service's for it.
+    env: Mutex<Option<(BTreeMap<String, String>, EnvBlock)>>,
 }
 
 /// What an executable reads on stdin (the context's text embedded as it is, not parsed).
@@ -85,12 +94,18 @@ impl ExecHandler {
             via_shell,
             shell,
             ruleset: None,
+            exe: None,
+            env: Mutex::new(None),
         })
     }
 
-    /// [`ExecHandler::new`], and for a confined hook its state directory and ruleset.
+    /// [`ExecHandler::new`], the open handler file, and for a confined hook its state
+    /// directory and ruleset.
     pub async fn start(ctx: HandlerContext) -> Result<Self, HandlerError> {
         let mut this = Self::new(ctx)?;
+        this.exe = Some(Arc::new(
+            VerifiedExec::open(&this.ctx, &this.program).await?,
+        ));
         super::confine::make_state_dir(&this.ctx).await?;
         this.ruleset =
             super::confine::exec_ruleset(&this.ctx, &this.program, this.via_shell).await?;
@@ -99,8 +114,8 @@ impl ExecHandler {
 
     /// What one process of this hook starts as: the checked file (through `sh` for a script
     /// without the run bit), the environment (a confined hook's holds only what its sandbox
-    /// allows), the working directory, the priority and the ruleset.
-    fn plan(&self, verified: &super::verified_exec::VerifiedExec) -> std::io::Result<Plan> {
+    /// allows), the working directory, the priority, the ruleset and what it reads on stdin.
+    fn plan(&self, verified: &VerifiedExec, input: Vec<u8>) -> std::io::Result<Plan> {
         let path = c_string(verified.path().as_os_str(), "the handler path")?;
         let (program, argv) = match &self.shell {
             Some(sh) => (
@@ -109,24 +124,10 @@ impl ExecHandler {
             ),
             None => (path.clone(), vec![path]),
         };
-        let envp = match self.ctx.confined_env() {
-            Some(env) => spawn::env_block(env.into_iter().map(|(k, v)| (k.into(), v.into()))),
-            None => {
-                let mut all: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
-                    std::env::vars_os().collect();
-                all.extend(
-                    self.ctx
-                        .process_env()
-                        .into_iter()
-                        .map(|(k, v)| (k.into(), v.into())),
-                );
-                spawn::env_block(all)
-            }
-        };
         Ok(Plan {
             program,
             argv,
-            envp,
+            envp: self.envp(),
             cwd: c_string(self.ctx.cwd.as_os_str(), "the working directory")?,
             keep_fd: Some(verified.raw_fd()),
             // A process started while a collect waits for the hook starts raised.
@@ -135,7 +136,32 @@ impl ExecHandler {
                 self.ctx.signals.boost.boosted(),
             ),
             ruleset: self.ruleset.as_ref().map(|r| r.raw()),
+            input,
         })
+    }
+
+    /// The environment block of this hook's processes: built again only when what the hook adds
+    /// to the service's environment changed (its `.env` files are read by identity, one `stat`
+    /// each); the service's own environment does not change while it runs.
+    fn envp(&self) -> EnvBlock {
+        let own = self.ctx.process_env();
+        let mut last = self.env.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, block)) = last.as_ref()
+            && *seen == own
+        {
+            return block.clone();
+        }
+        let block = Arc::new(match self.ctx.confine_env(own.clone()) {
+            Some(env) => spawn::env_block(env.into_iter().map(|(k, v)| (k.into(), v.into()))),
+            None => {
+                let mut all: BTreeMap<std::ffi::OsString, std::ffi::OsString> =
+                    std::env::vars_os().collect();
+                all.extend(own.clone().into_iter().map(|(k, v)| (k.into(), v.into())));
+                spawn::env_block(all)
+            }
+        });
+        *last = Some((own, block.clone()));
+        block
     }
 
     async fn run(&self, event: &str, context: &Context) -> HandlerResult {
@@ -151,43 +177,68 @@ impl ExecHandler {
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');
-        // The hook's tree is checked, then what runs is the open file whose bytes were checked,
-        // not whatever the path names by the time the kernel opens it (a rename race between
-        // the check and the exec).
-        let verified = super::verified_exec::open(&self.ctx, &self.program).await?;
         let cannot_run = |e: std::io::Error| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
         };
-        let plan = self.plan(&verified).map_err(cannot_run)?;
-        let spawned = crate::priority::spawn_at_base_async(move || spawn::spawn(&plan)).await;
-        drop(verified);
-        let (mut child, stdin, stdout, stderr) =
-            adopt(spawned.map_err(cannot_run)?).map_err(cannot_run)?;
+        let exe = self
+            .exe
+            .clone()
+            .ok_or_else(|| HandlerError::Load("the handler was not started".into()))?;
+        let plan = self.plan(&exe, input).map_err(cannot_run)?;
+        // The hook's tree is checked, then what runs is the open file whose bytes were checked,
+        // not whatever the path names by the time the kernel opens it (a rename race between
+        // the check and the exec): both on the thread that starts the process, in one hand-off.
+        let files = self.ctx.files.clone();
+        let hook = self.ctx.name.clone();
+        let spawned = crate::priority::spawn_at_base_async(move || {
+            Ok(match exe.check_blocking(&files, &hook) {
+                Ok(()) => spawn::spawn(&plan).map_err(NotStarted::Io),
+                Err(e) => Err(e),
+            })
+        })
+        .await
+        .map_err(cannot_run)?
+        .map_err(|e| e.into_error(&self.ctx.name, &self.program))?;
+        let (mut child, stdin, stdout, stderr) = adopt(spawned).map_err(cannot_run)?;
         let mut group = GroupKill::new(Some(child.id()));
-        let writer = write_input(stdin, input);
-        let (mut out_task, out_buf) = read_capped(stdout, MAX_STDOUT);
-        let (mut err_task, err_buf) = read_capped(stderr, MAX_STDERR);
-        let status = child.wait().await.map_err(|e| {
-            HandlerError::Failed(format!("cannot wait for {}: {e}", self.program.display()))
-        })?;
-        if let Some(writer) = writer {
-            writer.abort();
-        }
-        if tokio::time::timeout(PIPE_GRACE, both_eof(&mut out_task, &mut err_task))
-            .await
-            .is_err()
-        {
-            // Something the handler left in the background holds its pipes: keep what was read,
-            // kill the group so the pipes close, and stop reading.
-            tracing::debug!(hook = %self.ctx.name, "a background process held the handler's output; its group is killed");
-            group.kill();
-            let _ = tokio::time::timeout(PIPE_GRACE, both_eof(&mut out_task, &mut err_task)).await;
-            out_task.abort();
-            err_task.abort();
-        }
+        let writer = stdin.map(|(pipe, rest)| write_input(pipe, rest));
+        // The pipes are read in this task, beside the wait (no task per pipe: each would be a
+        // wake-up of another runtime thread per event).
+        let mut out = Captured::default();
+        let mut err = Captured::default();
+        let status = {
+            let reads = async {
+                tokio::join!(
+                    read_capped(stdout, MAX_STDOUT, &mut out),
+                    read_capped(stderr, MAX_STDERR, &mut err)
+                )
+            };
+            tokio::pin!(reads);
+            let mut eof = false;
+            let status = loop {
+                tokio::select! {
+                    status = child.wait() => break status,
+                    _ = &mut reads, if !eof => eof = true,
+                }
+            };
+            let status = status.map_err(|e| {
+                HandlerError::Failed(format!("cannot wait for {}: {e}", self.program.display()))
+            })?;
+            if let Some(Some(writer)) = writer {
+                writer.abort();
+            }
+            if !eof && tokio::time::timeout(PIPE_GRACE, &mut reads).await.is_err() {
+                // Something the handler left in the background holds its pipes: keep what was
+                // read, kill the group so the pipes close, and stop reading.
+                tracing::debug!(hook = %self.ctx.name, "a background process held the handler's output; its group is killed");
+                group.kill();
+                let _ = tokio::time::timeout(PIPE_GRACE, &mut reads).await;
+            }
+            status
+        };
         group.disarm();
-        let (stdout, out_cut) = take(&out_buf);
-        let (stderr, _) = take(&err_buf);
+        let (stdout, out_cut) = (out.bytes, out.cut);
+        let stderr = err.bytes;
         let stderr_text = String::from_utf8_lossy(&stderr);
         for line in stderr_text.lines().filter(|l| !l.trim().is_empty()) {
             tracing::info!(target: "hook", hook = %self.ctx.name, "{line}");
@@ -227,9 +278,10 @@ impl ExecHandler {
     }
 }
 
-/// Writes the event to the child's stdin and closes it: at once when the pipe takes it all (an
-/// event is far smaller than a pipe's buffer), else on a task of its own, since the child may
-/// never read stdin and writing must not block the call.
+/// Writes the rest of the event the pipe did not take before the process started (see
+/// [`spawn::spawn`]) to the child's stdin and closes it: at once when the pipe takes it all,
+/// else on a task of its own, since the child may never read stdin and writing must not block
+/// the call.
 fn write_input(
     mut stdin: tokio::net::unix::pipe::Sender,
     input: Vec<u8>,
@@ -248,21 +300,29 @@ fn write_input(
     }))
 }
 
+/// The service's end of a child's stdin when the pipe did not take all of the input before the
+/// start, with what is left to write.
+type StdinRest = Option<(tokio::net::unix::pipe::Sender, Vec<u8>)>;
+
 /// A spawned process and its pipes, handed to the runtime.
 fn adopt(
     s: spawn::Spawned,
 ) -> std::io::Result<(
     spawn::Child,
-    tokio::net::unix::pipe::Sender,
+    StdinRest,
     tokio::net::unix::pipe::Receiver,
     tokio::net::unix::pipe::Receiver,
 )> {
     use tokio::net::unix::pipe::{Receiver, Sender};
     // The child first: dropped on an error below, it is killed and reaped.
     let child = spawn::Child::new(s.pid, s.pidfd)?;
+    let stdin = match s.stdin {
+        Some((fd, rest)) => Some((Sender::from_owned_fd_unchecked(fd)?, rest)),
+        None => None,
+    };
     Ok((
         child,
-        Sender::from_owned_fd_unchecked(s.stdin)?,
+        stdin,
         Receiver::from_owned_fd_unchecked(s.stdout)?,
         Receiver::from_owned_fd_unchecked(s.stderr)?,
     ))
@@ -281,43 +341,25 @@ struct Captured {
     cut: bool,
 }
 
-/// Reads a pipe to EOF keeping at most `max` bytes (the rest is drained so the child never
-/// blocks). What was read is in the returned buffer even if the reader is stopped before EOF.
-fn read_capped<R>(mut pipe: R, max: usize) -> (JoinHandle<()>, Arc<Mutex<Captured>>)
+/// Reads a pipe to EOF into `kept`, keeping at most `max` bytes (the rest is drained so the
+/// child never blocks). What was read stays in `kept` if the read is dropped before EOF.
+async fn read_capped<R>(mut pipe: R, max: usize, kept: &mut Captured)
 where
-    R: AsyncRead + Unpin + Send + 'static,
+    R: AsyncRead + Unpin,
 {
-    let kept = Arc::new(Mutex::new(Captured::default()));
-    let sink = kept.clone();
-    let task = tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match pipe.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let mut k = sink.lock().unwrap_or_else(|p| p.into_inner());
-                    let room = max.saturating_sub(k.bytes.len());
-                    if n > room {
-                        k.cut = true;
-                    }
-                    k.bytes.extend_from_slice(&buf[..n.min(room)]);
+    let mut buf = [0u8; 8 * 1024];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = max.saturating_sub(kept.bytes.len());
+                if n > room {
+                    kept.cut = true;
                 }
+                kept.bytes.extend_from_slice(&buf[..n.min(room)]);
             }
         }
-    });
-    (task, kept)
-}
-
-/// Returns when both readers reached EOF.
-async fn both_eof(a: &mut JoinHandle<()>, b: &mut JoinHandle<()>) {
-    let _ = a.await;
-    let _ = b.await;
-}
-
-/// Takes what a reader kept.
-fn take(buf: &Mutex<Captured>) -> (Vec<u8>, bool) {
-    let mut k = buf.lock().unwrap_or_else(|p| p.into_inner());
-    (std::mem::take(&mut k.bytes), k.cut)
+    }
 }
 
 impl Handler for ExecHandler {

@@ -17,6 +17,7 @@
 //! the signal mask emptied, `execve`. A failing step's `errno` is handed back to the parent
 //! through memory both share until the exec.
 
+use std::cell::Cell;
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -37,13 +38,16 @@ const CHILD_STACK: usize = 64 * 1024;
 pub(crate) struct Plan {
     pub program: CString,
     pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
+    pub envp: std::sync::Arc<Vec<CString>>,
     pub cwd: CString,
     /// A descriptor the process keeps across the exec (the checked handler file).
     pub keep_fd: Option<RawFd>,
     pub priority: Resolved,
     /// Landlock ruleset enforced before the exec (a confined hook).
     pub ruleset: Option<RawFd>,
+    /// What the process reads on stdin: put into the pipe before the process starts, as far as
+    /// the pipe's buffer takes it (all of an event, in practice).
+    pub input: Vec<u8>,
 }
 
 /// A C string of `s`; a NUL inside is an error naming `what`.
@@ -80,12 +84,13 @@ impl IntoVecBytes for OsString {
     }
 }
 
-/// A started process: its pid, its pidfd and the service's ends of its three pipes.
+/// A started process: its pid, its pidfd and the service's ends of its pipes (stdin only when
+/// the pipe did not take all of the input, with what is left to write).
 #[derive(Debug)]
 pub(crate) struct Spawned {
     pub pid: i32,
     pub pidfd: OwnedFd,
-    pub stdin: OwnedFd,
+    pub stdin: Option<(OwnedFd, Vec<u8>)>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
 }
@@ -142,6 +147,37 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes what the (non-blocking) pipe `w` takes of `data` now; returns how much that was.
+fn write_ahead(w: &OwnedFd, data: &[u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < data.len() {
+        // SAFETY: write from a live slice to a descriptor we own.
+        let n = unsafe {
+            libc::write(
+                w.as_raw_fd(),
+                data[done..].as_ptr().cast(),
+                data.len() - done,
+            )
+        };
+        if n > 0 {
+            done += n as usize;
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => break,
+            _ => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+thread_local! {
+    /// The child stack of this thread's last spawn, free again once `clone` returned.
+    static STACK: Cell<Option<Stack>> = const { Cell::new(None) };
+}
+
 /// A private stack for the child, with a guard page below it; unmapped when dropped.
 struct Stack {
     base: *mut libc::c_void,
@@ -195,6 +231,11 @@ impl Drop for Stack {
 /// has exec'd (microseconds); call it where a spawn may block (the spawner thread).
 pub(crate) fn spawn(plan: &Plan) -> io::Result<Spawned> {
     let (in_r, in_w) = pipe()?;
+    set_nonblocking(&in_w)?;
+    let stdin = match write_ahead(&in_w, &plan.input)? {
+        n if n == plan.input.len() => None, // all in the pipe: its end closes below
+        n => Some(plan.input[n..].to_vec()),
+    };
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let argv: Vec<*const libc::c_char> = plan
@@ -221,7 +262,7 @@ pub(crate) fn spawn(plan: &Plan) -> io::Result<Spawned> {
         parent: std::process::id() as libc::pid_t,
         error: AtomicI32::new(0),
     };
-    let stack = Stack::new()?;
+    let stack = STACK.with(Cell::take).map_or_else(Stack::new, Ok)?;
     let mut pidfd: libc::c_int = -1;
     // SAFETY: all signals are blocked on this thread while the child shares its memory (no
     // handler of the service may run on the child's stack); the child resets the dispositions
@@ -247,7 +288,9 @@ pub(crate) fn spawn(plan: &Plan) -> io::Result<Spawned> {
         }
         pid
     };
-    drop(stack);
+    // Free again: the child has exec'd or exited (CLONE_VFORK). Kept for this thread's next
+    // spawn (no map, protect and unmap, with its TLB flush on every CPU, per process).
+    STACK.with(|s| s.set(Some(stack)));
     drop((in_r, out_w, err_w));
     // SAFETY: clone succeeded with CLONE_PIDFD: `pidfd` is a new descriptor of ours.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
@@ -256,13 +299,13 @@ pub(crate) fn spawn(plan: &Plan) -> io::Result<Spawned> {
         reap_blocking(pid); // it has already exited (_exit after the failed step)
         return Err(io::Error::from_raw_os_error(failed));
     }
-    for end in [&in_w, &out_r, &err_r] {
+    for end in [&out_r, &err_r] {
         set_nonblocking(end)?;
     }
     Ok(Spawned {
         pid,
         pidfd,
-        stdin: in_w,
+        stdin: stdin.map(|rest| (in_w, rest)),
         stdout: out_r,
         stderr: err_r,
     })
@@ -468,7 +511,7 @@ impl Drop for Child {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
 
     fn plan(shell_code: &str, cwd: &std::path::Path, keep: &std::fs::File) -> Plan {
         let path = format!("/proc/self/fd/{}", keep.as_raw_fd());
@@ -479,7 +522,7 @@ mod tests {
                 c"-c".to_owned(),
                 CString::new(shell_code).unwrap(),
             ],
-            envp: env_block([("HOOK_VAR".into(), "from the plan".into())]),
+            envp: env_block([("HOOK_VAR".into(), "from the plan".into())]).into(),
             cwd: c_string(cwd.as_os_str(), "cwd").unwrap(),
             keep_fd: Some(keep.as_raw_fd()),
             priority: Resolved {
@@ -487,6 +530,7 @@ mod tests {
                 idle: false,
             },
             ruleset: None,
+            input: b"hello\n".to_vec(),
         }
     }
 
@@ -505,10 +549,11 @@ mod tests {
         let s = spawn(&p).unwrap();
         let pid = s.pid;
         let mut child = Child::new(s.pid, s.pidfd).unwrap();
-        let mut stdin = tokio::net::unix::pipe::Sender::from_owned_fd(s.stdin).unwrap();
+        assert!(
+            s.stdin.is_none(),
+            "the pipe took the whole input before the start"
+        );
         let mut stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(s.stdout).unwrap();
-        stdin.write_all(b"hello\n").await.unwrap();
-        drop(stdin);
         let mut out = String::new();
         stdout.read_to_string(&mut out).await.unwrap();
         let status = child.wait().await.unwrap();
@@ -519,6 +564,31 @@ mod tests {
             format!("hello|from the plan|{}\n{pid}\n", want_dir.display()),
             "stdin, environment, working directory, own process group"
         );
+    }
+
+    /// An input larger than the pipe's buffer: the pipe takes what fits before the start, the
+    /// rest is handed back and the process reads all of it.
+    #[tokio::test]
+    async fn an_input_larger_than_the_pipe_is_handed_back_in_part() {
+        use tokio::io::AsyncWriteExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sh = std::fs::File::open("/bin/sh").unwrap();
+        let mut p = plan("wc -c", dir.path(), &sh);
+        p.input = vec![b'x'; 300_000];
+        let s = spawn(&p).unwrap();
+        let mut child = Child::new(s.pid, s.pidfd).unwrap();
+        let (fd, rest) = s.stdin.expect("a pipe holds less than 300,000 bytes");
+        assert!(!rest.is_empty() && rest.len() < 300_000, "{}", rest.len());
+        let mut stdin = tokio::net::unix::pipe::Sender::from_owned_fd(fd).unwrap();
+        let mut stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(s.stdout).unwrap();
+        let writer = tokio::spawn(async move {
+            stdin.write_all(&rest).await.unwrap();
+        });
+        let mut out = String::new();
+        stdout.read_to_string(&mut out).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(out.trim(), "300000");
+        assert_eq!(child.wait().await.unwrap().code(), Some(0));
     }
 
     /// A step before the exec that fails (here the working directory) is the spawn's error,

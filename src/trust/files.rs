@@ -15,11 +15,13 @@
 //! Discovery takes that record when a hook version loads; explicit approvals cover it; and
 //! [`crate::trust::prestart`] compares the tree with it before every process start, so what runs
 //! is what was loaded (and approved). Hashes are cached per file by its identity (device, inode,
-//! size, mtime, ctime), so a re-check of an unchanged tree costs one `stat` per entry.
+//! size, mtime, ctime) and directory listings by the directory's, so a re-check of an unchanged
+//! tree costs one `stat` per entry and opens nothing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
@@ -136,31 +138,36 @@ impl RunFiles {
             files.insert(self.rel(h), file_sha256(h, None)?);
         }
         let mut seen = 0usize;
+        // Directories walked, by device and inode: a linked directory is walked once.
         let mut visited = HashSet::new();
         // (directory, whether it is data): data is walked for the permission rule, not hashed.
         let mut stack = vec![(self.dir.clone(), false)];
-        if let Ok(c) = std::fs::canonicalize(&self.dir) {
-            visited.insert(c);
-        }
-        if self.check_permissions
-            && let Some(reason) = permission_problem(&self.dir)
-        {
-            return Err(TreeError::Permissions {
-                path: self.dir.clone(),
-                reason,
-            });
+        match std::fs::metadata(&self.dir) {
+            Ok(meta) => {
+                visited.insert(dir_id(&meta));
+                if self.check_permissions
+                    && let Some(reason) = crate::trust::modes::mode_problem(&self.dir, &meta, None)
+                {
+                    return Err(TreeError::Permissions {
+                        path: self.dir.clone(),
+                        reason,
+                    });
+                }
+            }
+            Err(e) if self.check_permissions => {
+                return Err(TreeError::Permissions {
+                    path: self.dir.clone(),
+                    reason: format!("cannot inspect {}: {e}", self.dir.display()),
+                });
+            }
+            Err(_) => {}
         }
         while let Some((d, in_data)) = stack.pop() {
-            let entries = std::fs::read_dir(&d).map_err(|e| TreeError::Unreadable {
+            let names = dir_names(&d).map_err(|e| TreeError::Unreadable {
                 path: d.clone(),
                 reason: e.to_string(),
             })?;
-            for entry in entries {
-                let entry = entry.map_err(|e| TreeError::Unreadable {
-                    path: d.clone(),
-                    reason: e.to_string(),
-                })?;
-                let name = entry.file_name();
+            for name in names.iter() {
                 if name == ".git" {
                     continue;
                 }
@@ -170,15 +177,15 @@ impl RunFiles {
                         path: self.dir.clone(),
                     });
                 }
-                let path = entry.path();
+                if d == self.dir && name == "HOOK.yaml" {
+                    continue;
+                }
+                let path = d.join(name);
                 // Follows symbolic links: what matters is what a process would open.
                 let Ok(meta) = std::fs::metadata(&path) else {
                     continue; // a dangling link opens nothing
                 };
                 let rel = self.rel(&path);
-                if d == self.dir && name == "HOOK.yaml" {
-                    continue;
-                }
                 let data = in_data || self.data.is_data(&rel, meta.is_dir());
                 if self.check_permissions
                     && let Some(reason) = entry_problem(&self.dir, &path, &meta)
@@ -187,8 +194,7 @@ impl RunFiles {
                 }
                 if meta.is_dir() {
                     // A linked directory is walked once, wherever it points.
-                    let canon = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-                    if visited.insert(canon) {
+                    if visited.insert(dir_id(&meta)) {
                         stack.push((path, data));
                     }
                 } else if self.runs_locally && meta.is_file() && !data {
@@ -307,6 +313,60 @@ type StatKey = (u64, u64, u64, i64, i64, i64, i64);
 /// A cached hash: the identity it was computed for, the hash, and when hashing started.
 type Cached = (StatKey, String, SystemTime);
 
+/// A directory's device and inode.
+fn dir_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// Directory listings already read, by path and identity (an entry added, removed or renamed
+/// changes the directory's mtime), under the same racy rule as [`CACHE`].
+type Listing = (StatKey, Arc<[OsString]>, SystemTime);
+static LISTINGS: Mutex<Option<HashMap<PathBuf, Listing>>> = Mutex::new(None);
+
+/// The names in directory `d`: from [`LISTINGS`] when `d` has not changed since it was read (a
+/// check of an unchanged tree opens no directory: no `getdents`, and no open event for the
+/// service's own watcher), else read and remembered.
+fn dir_names(d: &Path) -> std::io::Result<Arc<[OsString]>> {
+    let meta = std::fs::metadata(d)?;
+    let key = stat_key(&meta);
+    {
+        let cache = LISTINGS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, names, listed_at)) = cache.as_ref().and_then(|c| c.get(d))
+            && *k == key
+            && settled(*listed_at, &meta)
+        {
+            return Ok(names.clone());
+        }
+    }
+    let listed_at = SystemTime::now();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(d)? {
+        names.push(entry?.file_name());
+    }
+    names.sort();
+    let names: Arc<[OsString]> = names.into();
+    if stat_key(&std::fs::metadata(d)?) == key {
+        let mut cache = LISTINGS.lock().unwrap_or_else(|p| p.into_inner());
+        let map = cache.get_or_insert_with(HashMap::new);
+        if map.len() >= CACHE_MAX {
+            map.clear();
+        }
+        map.insert(d.to_path_buf(), (key, names.clone(), listed_at));
+    }
+    Ok(names)
+}
+
+/// Whether what was read at `read_at` still stands for a file whose `stat` is unchanged: its
+/// last change is more than [`RACY_WINDOW`] older than the read.
+fn settled(read_at: SystemTime, meta: &std::fs::Metadata) -> bool {
+    meta.modified().is_ok_and(|modified| {
+        read_at
+            .duration_since(modified)
+            .is_ok_and(|age| age > RACY_WINDOW)
+    })
+}
+
 /// Hashes already computed, by path and identity.
 static CACHE: Mutex<Option<HashMap<PathBuf, Cached>>> = Mutex::new(None);
 /// Entries kept in [`CACHE`] at most (it is emptied when full).
@@ -335,11 +395,7 @@ fn stat_key(meta: &std::fs::Metadata) -> StatKey {
 fn cached(path: &Path, key: &StatKey, meta: &std::fs::Metadata) -> Option<String> {
     let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let (k, sha, hashed_at) = cache.as_ref()?.get(path)?;
-    let modified = meta.modified().ok()?;
-    let settled = hashed_at
-        .duration_since(modified)
-        .is_ok_and(|age| age > RACY_WINDOW);
-    (k == key && settled).then(|| sha.clone())
+    (k == key && settled(*hashed_at, meta)).then(|| sha.clone())
 }
 
 fn remember(path: &Path, key: StatKey, sha: &str, hashed_at: SystemTime) {
@@ -376,10 +432,11 @@ fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String,
     Ok(sha)
 }
 
-/// SHA-256 (hex) of the content of an open file, read through the descriptor (what `exec` of
-/// that descriptor runs), cached as [`file_sha256`] by the descriptor's identity.
+/// SHA-256 (hex) of the content of an open file, read through the descriptor from its start
+/// whatever its offset (what `exec` of that descriptor runs), cached as [`file_sha256`] by the
+/// descriptor's identity.
 pub fn open_file_sha256(file: &std::fs::File, path: &Path) -> Result<String, TreeError> {
-    use std::io::Read;
+    use std::os::unix::fs::FileExt;
     let unreadable = |e: std::io::Error| TreeError::Unreadable {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -390,10 +447,20 @@ pub fn open_file_sha256(file: &std::fs::File, path: &Path) -> Result<String, Tre
         return Ok(sha);
     }
     let hashed_at = SystemTime::now();
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    let mut reader = file;
-    reader.read_to_end(&mut bytes).map_err(unreadable)?;
-    let sha = hex::encode(Sha256::digest(&bytes));
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0u64;
+    loop {
+        let n = match file.read_at(&mut buf, at) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(unreadable(e)),
+        };
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    let sha = hex::encode(hasher.finalize());
     if stat_key(&file.metadata().map_err(unreadable)?) == key {
         remember(path, key, &sha, hashed_at);
     }
@@ -403,6 +470,50 @@ pub fn open_file_sha256(file: &std::fs::File, path: &Path) -> Result<String, Tre
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sets `path`'s access and modification times to an hour ago (a directory listed then is
+    /// settled: its listing is cached).
+    fn age(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let t = libc::timespec {
+            tv_sec: (SystemTime::now() - Duration::from_secs(3600))
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as libc::time_t,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid C path and two timespecs.
+        assert_eq!(
+            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) },
+            0
+        );
+    }
+
+    /// A settled directory's listing is taken from the cache, and an entry added to it is seen
+    /// at the next scan, even when its mtime is put back as it was (its ctime moved).
+    #[test]
+    fn an_entry_added_to_a_cached_listing_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("hook");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("handler.sh"), "exit 0\n").unwrap();
+        age(&d.join("handler.sh"));
+        age(&d);
+        let m = crate::manifest::parse_manifest("events: [a]\n").unwrap();
+        let h = d.join("handler.sh");
+        let rf = RunFiles::scan(&d, HandlerKind::Exec, Some(&h), &m, false).unwrap();
+        assert_eq!(rf.files.len(), 1);
+        let cached = dir_names(&d).unwrap();
+        assert!(
+            Arc::ptr_eq(&cached, &dir_names(&d).unwrap()),
+            "a settled listing is cached"
+        );
+        std::fs::write(d.join("helper.sh"), "echo hi\n").unwrap();
+        age(&d);
+        let now = rf.rescan().unwrap();
+        assert!(now.contains_key("helper.sh"), "{now:?}");
+        assert_eq!(describe_changes(&rf.files, &now), "helper.sh added");
+    }
 
     #[test]
     fn covers_helpers_and_reports_changes() {
