@@ -462,9 +462,9 @@ pub trait Handler: Send {
     /// reported `HandlerError::NotStarted`.
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()>;
 
-    /// [`Handler::call`] for a kind with independent slots (`concurrency: N`): it may also take
-    /// further queued calls from `feed` while others run, and report them by the index the feed
-    /// gave. The default runs `calls` only.
+    /// [`Handler::call`] for a kind with independent slots (`concurrency: N`) or a pipelined
+    /// one (a Python worker's window): it may also take further queued calls from `feed` while
+    /// others run, and report them by the index the feed gave. The default runs `calls` only.
     fn call_fed<'a>(
         &'a mut self,
         calls: Vec<Call>,

@@ -354,3 +354,46 @@ print("agreed on", len(lines), "lines")
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Calls written behind a worker's unanswered ones (the window refilled from the queue) run in
+/// the order they were emitted, each once; when the worker dies on one of them, the calls
+/// written behind it were never started: they go back to the queue and run, once, on the next
+/// worker.
+#[tokio::test]
+async fn a_refilled_window_keeps_order_and_a_crash_inside_it_loses_nothing() {
+    let hooks = Hooks::new();
+    let out = hooks.out().join("ran.txt");
+    let marker = hooks.out().join("crashed");
+    hooks.python(
+        "window",
+        "[job:run]",
+        &format!(
+            "import os, time\n\
+             def handle(e, c):\n    n = c['n']\n    with open({out:?}, 'a') as f:\n        f.write('%d\\n' % n)\n    if n == 0:\n        time.sleep(0.3)\n    if n == 600 and not os.path.exists({marker:?}):\n        open({marker:?}, 'w').close()\n        os._exit(3)\n",
+            out = out.display().to_string(),
+            marker = marker.display().to_string()
+        ),
+    );
+    let (host, _) = Host::start(config(&hooks)).await;
+    let total = 900u64;
+    for n in 0..total {
+        host.emit("job:run", json!({"n": n})).unwrap();
+    }
+    let tally = poll_async(T, "every event settled", || {
+        let t = *host.accounts().get("window")?;
+        (t.ok + t.failed + t.dropped == total).then_some(t)
+    })
+    .await;
+    assert_eq!(
+        (tally.ok, tally.failed, tally.dropped),
+        (total - 1, 1, 0),
+        "{tally:?}"
+    );
+    let ran: Vec<u64> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(ran, (0..total).collect::<Vec<_>>(), "in order, each once");
+    host.shutdown(T).await;
+}

@@ -12,7 +12,8 @@
 //! the real stdout for the protocol, so `print` in a handler becomes a log line.
 //!
 //! Requests are pipelined: up to [`PIPELINE_DEPTH`] calls (and [`PIPELINE_BYTES`](protocol::PIPELINE_BYTES) of requests) are
-//! written at once and their answers read as they come. The runner handles them one at a time, in
+//! written at once and their answers read as they come; once half are answered, more from the
+//! hook's queue are written behind them (a sliding window: `window.rs`). The runner handles them one at a time, in
 //! order, so the timeout of a call counts from the answer to the one before it, and when a worker
 //! dies or is killed the calls after the one it was running are provably never started: they are
 //! reported [`HandlerError::NotStarted`] and go back to the front of the queue (at most once).
@@ -26,7 +27,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::process::Child;
@@ -34,17 +34,17 @@ use tokio::task::JoinHandle;
 
 use self::zygote::{Forked, Zygote};
 use crate::handler::api::{
-    BoxFuture, Call, Handler, HandlerContext, HandlerError, HandlerResult, Report,
+    BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
 };
 use crate::handler::process::{GroupKill, command, describe_exit, log_stderr, read_line_limited};
 use crate::handler::retire::{Retire, pidfd_open};
 
 mod protocol;
 pub mod pylog;
+mod window;
 pub mod zygote;
 
-use protocol::answer_result;
-pub use protocol::{Answer, PIPELINE_DEPTH, encode_requests, parse_answer, parse_handshake};
+pub use protocol::{Answer, PIPELINE_DEPTH, parse_answer, parse_handshake};
 
 /// The runner, shipped inside the binary.
 pub const RUNNER_SOURCE: &str = include_str!("runner.py");
@@ -573,172 +573,6 @@ impl PythonHandler {
         }
     }
 
-    /// Encodes as many of `calls` as fit in one pipelined write (at least one), numbering them
-    /// after the last id sent.
-    fn encode(&mut self, calls: &[Call]) -> Result<(Vec<u8>, usize, u64), HandlerError> {
-        let first_id = self.next_id + 1;
-        let (buf, n) = encode_requests(calls, first_id)?;
-        self.next_id += n as u64;
-        Ok((buf, n, first_id))
-    }
-
-    /// Runs one pipelined batch: calls `calls[..]` (reported at `offset + i`); returns how many
-    /// were reported.
-    async fn run_batch(&mut self, calls: &[Call], offset: usize, report: &mut Report<'_>) -> usize {
-        let (request, n, first_id) = match self.encode(calls) {
-            Ok(r) => r,
-            Err(e) => {
-                report(offset, Err(e));
-                return 1;
-            }
-        };
-        if self.worker.is_none() {
-            for i in 0..n {
-                report(
-                    offset + i,
-                    Err(HandlerError::Crashed("python worker is not running".into())),
-                );
-            }
-            return n;
-        }
-        let mut answered_at = Instant::now();
-        // Written by a task while the answers are read here, so a worker answering early never
-        // waits on a host that is still writing. A failed write means the worker is gone; the
-        // answers it wrote are still read below.
-        let mut stdin = self.worker.as_mut().and_then(|w| w.stdin.take());
-        let writer = tokio::spawn(async move {
-            if let Some(s) = stdin.as_mut()
-                && (s.write_all(&request).await.is_err() || s.flush().await.is_err())
-            {
-                return None;
-            }
-            stdin
-        });
-        let mut k = 0;
-        while k < n {
-            let deadline = answered_at + self.ctx.timeout;
-            let id = first_id + k as u64;
-            let read = tokio::time::timeout_at(deadline.into(), self.read_answer(id)).await;
-            match read {
-                Ok(Ok(result)) => {
-                    report(offset + k, result);
-                    self.backoff = FIRST_BACKOFF;
-                    answered_at = Instant::now();
-                    k += 1;
-                }
-                Ok(Err(None)) => {
-                    // EOF: every answer the worker wrote has been read; call k was running.
-                    writer.abort();
-                    let err = self.crashed("while handling the event").await;
-                    report(offset + k, Err(err));
-                    for i in k + 1..n {
-                        report(offset + i, Err(HandlerError::NotStarted));
-                    }
-                    return n;
-                }
-                Ok(Err(Some(why))) => {
-                    writer.abort();
-                    report(offset + k, Err(HandlerError::Crashed(why)));
-                    self.abort_batch(offset, k, n, first_id, report).await;
-                    self.worker = None;
-                    self.restart_at = Some(Instant::now() + self.backoff);
-                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                    return n;
-                }
-                Err(_) => {
-                    writer.abort();
-                    report(offset + k, Err(HandlerError::TimedOut(self.ctx.timeout)));
-                    self.abort_batch(offset, k, n, first_id, report).await;
-                    self.replace_after_timeout().await;
-                    return n;
-                }
-            }
-        }
-        // Every answer came, so every request was read: the writer is done; its pipe goes back.
-        match writer.await {
-            Ok(Some(stdin)) => {
-                if let Some(w) = self.worker.as_mut() {
-                    w.stdin = Some(stdin);
-                }
-            }
-            _ => {
-                // The write failed although every call answered: the worker is going away.
-                let err = self.crashed("after answering (its stdin is closed)").await;
-                tracing::debug!(hook = %self.ctx.name, "{err}");
-            }
-        }
-        n
-    }
-
-    /// Kills the worker while call `k` of a batch of `n` is unfinished (`k` is already reported),
-    /// reads what it had written, reports the calls that did finish, the one that may have
-    /// started as failed, and the rest as never started.
-    async fn abort_batch(
-        &mut self,
-        offset: usize,
-        k: usize,
-        n: usize,
-        first_id: u64,
-        report: &mut Report<'_>,
-    ) {
-        let Some(mut w) = self.worker.take() else {
-            return;
-        };
-        w.group.kill();
-        if let Proc::Fresh(child) = &mut w.proc {
-            let _ = child.start_kill();
-        }
-        let mut answered = Vec::new();
-        let drained = tokio::time::timeout(DRAIN_AFTER_KILL, async {
-            loop {
-                let mut line = Vec::new();
-                match read_line_limited(&mut w.stdout, &mut line, MAX_RESPONSE).await {
-                    Ok(Some(_)) => {
-                        if let Ok(v) = serde_json::from_slice::<Value>(&line)
-                            && let Some(id) = v.get("id").and_then(Value::as_u64)
-                        {
-                            answered.push((id, v));
-                        }
-                    }
-                    Ok(None) | Err(_) => return,
-                }
-            }
-        })
-        .await;
-        w.kill().await;
-        let state = if drained.is_ok() {
-            Aborted::Clean
-        } else {
-            Aborted::Unknown
-        };
-        // The last call whose answer was written (call k's own answer counts: written just after
-        // its deadline, it means the call after it was started).
-        let mut last_answered: Option<usize> = None;
-        for (id, v) in answered {
-            let Some(i) = id.checked_sub(first_id).map(|i| i as usize) else {
-                continue;
-            };
-            if i < k || i >= n {
-                continue;
-            }
-            if i > k {
-                report(offset + i, answer_result(&v));
-            }
-            last_answered = Some(i);
-        }
-        let first_open = last_answered.map_or(k + 1, |i| i + 1);
-        for i in first_open..n {
-            let maybe_started = i == first_open && last_answered.is_some();
-            let err = match state {
-                Aborted::Clean if !maybe_started => HandlerError::NotStarted,
-                _ => HandlerError::Crashed(
-                    "the python worker was killed while this event may have been running".into(),
-                ),
-            };
-            report(offset + i, Err(err));
-        }
-    }
-
     /// Reads the answer to request `id`: `Err(None)` at EOF, `Err(Some(why))` when the worker
     /// broke the protocol.
     async fn read_answer(&mut self, id: u64) -> Result<HandlerResult, Option<String>> {
@@ -829,28 +663,16 @@ impl Handler for PythonHandler {
     }
 
     fn call<'a>(&'a mut self, calls: Vec<Call>, report: &'a mut Report<'_>) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let calls = &calls[..];
-            let mut done = 0;
-            while done < calls.len() {
-                if done > 0 && self.ctx.signals.superseded() {
-                    // A newer version is ready: the rest is its.
-                    for i in done..calls.len() {
-                        report(i, Err(HandlerError::NotStarted));
-                    }
-                    return;
-                }
-                if self.worker.is_none() && done > 0 {
-                    // The worker died in an earlier batch of this call: the rest waits for
-                    // the restart (and its backoff) in the queue.
-                    for i in done..calls.len() {
-                        report(i, Err(HandlerError::NotStarted));
-                    }
-                    return;
-                }
-                done += self.run_batch(&calls[done..], done, report).await;
-            }
-        })
+        Box::pin(async move { self.run_calls(calls, &mut NoFeed, report).await })
+    }
+
+    fn call_fed<'a>(
+        &'a mut self,
+        calls: Vec<Call>,
+        feed: &'a mut dyn Feed,
+        report: &'a mut Report<'_>,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.run_calls(calls, feed, report).await })
     }
 
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {
