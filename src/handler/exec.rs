@@ -164,6 +164,42 @@ impl ExecHandler {
         block
     }
 
+    /// Starts one process of this hook reading `input`, after the checks of its files.
+    async fn start_process(&self, input: Vec<u8>) -> Result<spawn::Spawned, HandlerError> {
+        let cannot_run = |e: std::io::Error| {
+            HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
+        };
+        let exe = self
+            .exe
+            .clone()
+            .ok_or_else(|| HandlerError::Load("the handler was not started".into()))?;
+        let plan = self.plan(&exe, input).map_err(cannot_run)?;
+        // The hook's tree is checked, then what runs is the open file whose bytes were checked,
+        // not whatever the path names by the time the kernel opens it (a rename race between
+        // the check and the exec). Here, when the caches answer the check with `stat` calls
+        // alone and this thread's priority lets the process take its own (the start then
+        // blocks this thread only until the child's exec, as `posix_spawn` would); else both
+        // on the spawner thread, which may read and hash, in one hand-off.
+        let spawned = if crate::priority::can_start_here(plan.priority)
+            && exe.unchanged_by_cache(&self.ctx.files)
+        {
+            spawn::spawn(&plan).map_err(cannot_run)?
+        } else {
+            let files = self.ctx.files.clone();
+            let hook = self.ctx.name.clone();
+            crate::priority::spawn_at_base_async(move || {
+                Ok(match exe.check_blocking(&files, &hook) {
+                    Ok(()) => spawn::spawn(&plan).map_err(NotStarted::Io),
+                    Err(e) => Err(e),
+                })
+            })
+            .await
+            .map_err(cannot_run)?
+            .map_err(|e| e.into_error(&self.ctx.name, &self.program))?
+        };
+        Ok(spawned)
+    }
+
     async fn run(&self, event: &str, context: &Context) -> HandlerResult {
         let context = context
             .raw()
@@ -177,28 +213,10 @@ impl ExecHandler {
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');
+        let spawned = self.start_process(input).await?;
         let cannot_run = |e: std::io::Error| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
         };
-        let exe = self
-            .exe
-            .clone()
-            .ok_or_else(|| HandlerError::Load("the handler was not started".into()))?;
-        let plan = self.plan(&exe, input).map_err(cannot_run)?;
-        // The hook's tree is checked, then what runs is the open file whose bytes were checked,
-        // not whatever the path names by the time the kernel opens it (a rename race between
-        // the check and the exec): both on the thread that starts the process, in one hand-off.
-        let files = self.ctx.files.clone();
-        let hook = self.ctx.name.clone();
-        let spawned = crate::priority::spawn_at_base_async(move || {
-            Ok(match exe.check_blocking(&files, &hook) {
-                Ok(()) => spawn::spawn(&plan).map_err(NotStarted::Io),
-                Err(e) => Err(e),
-            })
-        })
-        .await
-        .map_err(cannot_run)?
-        .map_err(|e| e.into_error(&self.ctx.name, &self.program))?;
         let (mut child, stdin, stdout, stderr) = adopt(spawned).map_err(cannot_run)?;
         let mut group = GroupKill::new(Some(child.id()));
         let writer = stdin.map(|(pipe, rest)| write_input(pipe, rest));

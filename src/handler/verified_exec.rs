@@ -10,14 +10,16 @@
 //! so `$0` is that path too: a script finds its directory through `HERMES_HOOK_DIR`, or its
 //! working directory with `cwd: hook`).
 //!
-//! The check runs where the process is started (the spawner thread, `handler/exec.rs`): one
-//! hand-off per event, and a check of an unchanged tree opens nothing.
+//! The check runs where the process is started (`handler/exec.rs`): on the runtime thread when
+//! the caches answer it with `stat` calls alone and that thread may start the process, else on
+//! the spawner thread, which may read and hash. Either way a check of an unchanged tree opens
+//! nothing.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::api::{HandlerContext, HandlerError};
-use crate::trust::files::{RunFiles, open_file_sha256};
+use crate::trust::files::{RunFiles, open_file_sha256, open_file_sha256_cached};
 use crate::trust::prestart::StartRefused;
 
 /// The open handler file of an executable hook.
@@ -109,6 +111,17 @@ impl VerifiedExec {
                 true,
             )),
         }
+    }
+}
+
+impl VerifiedExec {
+    /// [`VerifiedExec::check_blocking`] from the caches alone (`stat` calls, nothing read):
+    /// true when the tree and the descriptor's content are known to be as loaded; false when
+    /// that is not known without reading (then `check_blocking` decides).
+    pub fn unchanged_by_cache(&self, files: &RunFiles) -> bool {
+        crate::trust::prestart::unchanged_by_cache(files)
+            && open_file_sha256_cached(&self.file, &self.program)
+                .is_some_and(|sha| files.files.get(&self.rel) == Some(&sha))
     }
 }
 

@@ -120,6 +120,23 @@ impl RunFiles {
 
     /// Walks the tree again with the same settings: the files that can run now.
     pub fn rescan(&self) -> Result<BTreeMap<String, String>, TreeError> {
+        Ok(self.walk(false)?.unwrap_or_default())
+    }
+
+    /// [`RunFiles::rescan`] from what is cached only: `stat` calls, no directory listed and no
+    /// file read. `None` when something would have to be read (a changed or recently written
+    /// file or directory, a hook with a `python:` interpreter), or the tree is refused (the
+    /// full check says why); then [`RunFiles::rescan`] decides.
+    pub fn rescan_cached(&self) -> Option<BTreeMap<String, String>> {
+        if self.python.is_some() {
+            return None;
+        }
+        self.walk(true).ok().flatten()
+    }
+
+    /// The walk of [`RunFiles::rescan`]; with `cached_only`, `Ok(None)` as soon as a listing or
+    /// a hash is not in the cache.
+    fn walk(&self, cached_only: bool) -> Result<Option<BTreeMap<String, String>>, TreeError> {
         if self.check_permissions
             && let Some(python) = &self.python
             && let Some(path) = interpreter_path(&self.dir, python)
@@ -135,7 +152,10 @@ impl RunFiles {
         }
         let mut files = BTreeMap::new();
         if let Some(h) = &self.handler {
-            files.insert(self.rel(h), file_sha256(h, None)?);
+            let Some(sha) = hash_of(h, None, cached_only)? else {
+                return Ok(None);
+            };
+            files.insert(self.rel(h), sha);
         }
         let mut seen = 0usize;
         // Directories walked, by device and inode: a linked directory is walked once.
@@ -163,10 +183,13 @@ impl RunFiles {
             Err(_) => {}
         }
         while let Some((d, in_data)) = stack.pop() {
-            let names = dir_names(&d).map_err(|e| TreeError::Unreadable {
+            let names = dir_names(&d, cached_only).map_err(|e| TreeError::Unreadable {
                 path: d.clone(),
                 reason: e.to_string(),
             })?;
+            let Some(names) = names else {
+                return Ok(None);
+            };
             for name in names.iter() {
                 if name == ".git" {
                     continue;
@@ -198,11 +221,14 @@ impl RunFiles {
                         stack.push((path, data));
                     }
                 } else if self.runs_locally && meta.is_file() && !data {
-                    files.insert(rel, file_sha256(&path, Some(&meta))?);
+                    let Some(sha) = hash_of(&path, Some(&meta), cached_only)? else {
+                        return Ok(None);
+                    };
+                    files.insert(rel, sha);
                 }
             }
         }
-        Ok(files)
+        Ok(Some(files))
     }
 
     /// SHA-256 (hex) over every covered file (relative path and hash, in path order).
@@ -327,7 +353,8 @@ static LISTINGS: Mutex<Option<HashMap<PathBuf, Listing>>> = Mutex::new(None);
 /// The names in directory `d`: from [`LISTINGS`] when `d` has not changed since it was read (a
 /// check of an unchanged tree opens no directory: no `getdents`, and no open event for the
 /// service's own watcher), else read and remembered.
-fn dir_names(d: &Path) -> std::io::Result<Arc<[OsString]>> {
+/// With `cached_only`, `None` instead of a read.
+fn dir_names(d: &Path, cached_only: bool) -> std::io::Result<Option<Arc<[OsString]>>> {
     let meta = std::fs::metadata(d)?;
     let key = stat_key(&meta);
     {
@@ -336,8 +363,11 @@ fn dir_names(d: &Path) -> std::io::Result<Arc<[OsString]>> {
             && *k == key
             && settled(*listed_at, &meta)
         {
-            return Ok(names.clone());
+            return Ok(Some(names.clone()));
         }
+    }
+    if cached_only {
+        return Ok(None);
     }
     let listed_at = SystemTime::now();
     let mut names = Vec::new();
@@ -354,7 +384,7 @@ fn dir_names(d: &Path) -> std::io::Result<Arc<[OsString]>> {
         }
         map.insert(d.to_path_buf(), (key, names.clone(), listed_at));
     }
-    Ok(names)
+    Ok(Some(names))
 }
 
 /// Whether what was read at `read_at` still stands for a file whose `stat` is unchanged: its
@@ -407,6 +437,25 @@ fn remember(path: &Path, key: StatKey, sha: &str, hashed_at: SystemTime) {
     map.insert(path.to_path_buf(), (key, sha.to_string(), hashed_at));
 }
 
+/// [`file_sha256`], or with `cached_only` the cached hash only (`None` when there is none).
+fn hash_of(
+    path: &Path,
+    known: Option<&std::fs::Metadata>,
+    cached_only: bool,
+) -> Result<Option<String>, TreeError> {
+    if !cached_only {
+        return file_sha256(path, known).map(Some);
+    }
+    let meta = match known {
+        Some(m) => m.clone(),
+        None => std::fs::metadata(path).map_err(|e| TreeError::Unreadable {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?,
+    };
+    Ok(cached(path, &stat_key(&meta), &meta))
+}
+
 /// SHA-256 (hex) of a file's content, cached by its identity.
 fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String, TreeError> {
     let unreadable = |e: std::io::Error| TreeError::Unreadable {
@@ -430,6 +479,12 @@ fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String,
         remember(path, key, &sha, hashed_at);
     }
     Ok(sha)
+}
+
+/// The cached SHA-256 of an open file's content (by the descriptor's identity), if any: no read.
+pub fn open_file_sha256_cached(file: &std::fs::File, path: &Path) -> Option<String> {
+    let meta = file.metadata().ok()?;
+    cached(path, &stat_key(&meta), &meta)
 }
 
 /// SHA-256 (hex) of the content of an open file, read through the descriptor from its start
@@ -503,13 +558,25 @@ mod tests {
         let h = d.join("handler.sh");
         let rf = RunFiles::scan(&d, HandlerKind::Exec, Some(&h), &m, false).unwrap();
         assert_eq!(rf.files.len(), 1);
-        let cached = dir_names(&d).unwrap();
-        assert!(
-            Arc::ptr_eq(&cached, &dir_names(&d).unwrap()),
-            "a settled listing is cached"
+        let cached = dir_names(&d, true)
+            .unwrap()
+            .expect("a settled listing is cached");
+        assert!(Arc::ptr_eq(
+            &cached,
+            &dir_names(&d, false).unwrap().unwrap()
+        ));
+        assert_eq!(
+            rf.rescan_cached().as_ref(),
+            Some(&rf.files),
+            "no read needed"
         );
         std::fs::write(d.join("helper.sh"), "echo hi\n").unwrap();
         age(&d);
+        assert_eq!(
+            rf.rescan_cached(),
+            None,
+            "the changed directory must be listed again"
+        );
         let now = rf.rescan().unwrap();
         assert!(now.contains_key("helper.sh"), "{now:?}");
         assert_eq!(describe_changes(&rf.files, &now), "helper.sh added");

@@ -40,6 +40,15 @@ pub async fn check(loaded: &Arc<RunFiles>, hook: &str) -> Result<(), StartRefuse
         .map_err(|e| StartRefused::new(format!("checking the hook's files failed: {e}"), false))?
 }
 
+/// Whether the tree is as `loaded` recorded, judged from the hash and listing caches alone
+/// (`stat` calls, nothing read): `false` means "not known without reading", and
+/// [`check_blocking`] decides (and words a refusal).
+pub fn unchanged_by_cache(loaded: &RunFiles) -> bool {
+    loaded
+        .rescan_cached()
+        .is_some_and(|now| digest_of(&now) == loaded.digest())
+}
+
 /// [`check`] on the calling thread (one that may block: it walks the tree), for a caller that
 /// has more blocking work to do there (an executable's start opens and hashes its handler next).
 pub fn check_blocking(loaded: &RunFiles, hook: &str) -> Result<(), StartRefused> {
