@@ -22,13 +22,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
 use crate::trust::data::DataRules;
+use crate::trust::racy::settled;
 
 /// Most entries looked at under one hook directory; a larger tree is refused.
 pub const MAX_ENTRIES: usize = 20_000;
@@ -333,7 +334,7 @@ fn interpreter_path(dir: &Path, python: &str) -> Option<PathBuf> {
 }
 
 /// Identity of a file's content as far as `stat` tells: any write changes ctime (but within one
-/// timestamp tick a write may leave mtime and ctime as they were: see [`RACY_WINDOW`]).
+/// timestamp tick a write may leave mtime and ctime as they were: see `trust::racy`).
 type StatKey = (u64, u64, u64, i64, i64, i64, i64);
 
 /// A cached hash: the identity it was computed for, the hash, and when hashing started.
@@ -361,7 +362,7 @@ fn dir_names(d: &Path, cached_only: bool) -> std::io::Result<Option<Arc<[OsStrin
         let cache = LISTINGS.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((k, names, listed_at)) = cache.as_ref().and_then(|c| c.get(d))
             && *k == key
-            && settled(*listed_at, &meta)
+            && settled(*listed_at, d, &meta)
         {
             return Ok(Some(names.clone()));
         }
@@ -387,27 +388,10 @@ fn dir_names(d: &Path, cached_only: bool) -> std::io::Result<Option<Arc<[OsStrin
     Ok(Some(names))
 }
 
-/// Whether what was read at `read_at` still stands for a file whose `stat` is unchanged: its
-/// last change is more than [`RACY_WINDOW`] older than the read.
-fn settled(read_at: SystemTime, meta: &std::fs::Metadata) -> bool {
-    meta.modified().is_ok_and(|modified| {
-        read_at
-            .duration_since(modified)
-            .is_ok_and(|age| age > RACY_WINDOW)
-    })
-}
-
 /// Hashes already computed, by path and identity.
 static CACHE: Mutex<Option<HashMap<PathBuf, Cached>>> = Mutex::new(None);
 /// Entries kept in [`CACHE`] at most (it is emptied when full).
 const CACHE_MAX: usize = 100_000;
-/// Git's "racy clean" rule: a file whose mtime is this close to (or after) the moment its hash
-/// was computed may have been written again within the same timestamp tick without its `stat`
-/// changing, so its cached hash is not trusted and the file is read again. Two seconds covers
-/// the coarsest timestamps in use (FAT, some network filesystems); jiffy-grained local ones are
-/// far finer.
-pub const RACY_WINDOW: Duration = Duration::from_secs(2);
-
 fn stat_key(meta: &std::fs::Metadata) -> StatKey {
     use std::os::unix::fs::MetadataExt;
     (
@@ -425,7 +409,7 @@ fn stat_key(meta: &std::fs::Metadata) -> StatKey {
 fn cached(path: &Path, key: &StatKey, meta: &std::fs::Metadata) -> Option<String> {
     let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let (k, sha, hashed_at) = cache.as_ref()?.get(path)?;
-    (k == key && settled(*hashed_at, meta)).then(|| sha.clone())
+    (k == key && settled(*hashed_at, path, meta)).then(|| sha.clone())
 }
 
 fn remember(path: &Path, key: StatKey, sha: &str, hashed_at: SystemTime) {
@@ -525,6 +509,7 @@ pub fn open_file_sha256(file: &std::fs::File, path: &Path) -> Result<String, Tre
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Sets `path`'s access and modification times to an hour ago (a directory listed then is
     /// settled: its listing is cached).

@@ -46,6 +46,7 @@ pub mod files;
 pub mod modes;
 pub mod policy;
 pub mod prestart;
+pub mod racy;
 
 pub use files::permission_problem;
 pub use policy::{TrustMode, TrustPolicy};
