@@ -35,3 +35,7 @@ rm -rf "$out"
 "$venv/bin/python" tests/dashboard/check_tab.py --bin "$bin" --hermes "$venv/bin/hermes" \
   --chromium "$(command -v chromium)" --out "$out" ${DASHBOARD_DOCS_IMAGE:+--docs-image "$DASHBOARD_DOCS_IMAGE"}
 say "screenshots: $out"
+# A web page on another origin (and a DNS-rebound name) cannot drive the service (issue 46).
+"$venv/bin/python" tests/dashboard/cross_origin.py --bin "$bin" --chromium "$(command -v chromium)"
+# The tab's backend proves the service before its token leaves (issue 46).
+"$venv/bin/python" tests/dashboard/impostor.py --bin "$bin"

@@ -90,7 +90,7 @@ pub async fn request(
                 let s = tokio::net::UnixStream::connect(p)
                     .await
                     .map_err(connect_err)?;
-                exchange(s, method, path, token, body, false)
+                exchange(s, method, path, token, body, None)
                     .await
                     .map_err(io)
             }
@@ -98,7 +98,7 @@ pub async fn request(
                 let s = tokio::net::TcpStream::connect(a)
                     .await
                     .map_err(connect_err)?;
-                exchange(s, method, path, token, body, true)
+                exchange(s, method, path, token, body, Some(a))
                     .await
                     .map_err(io)
             }
@@ -124,18 +124,22 @@ async fn exchange<S>(
     path: &str,
     token: Option<&str>,
     body: Option<&[u8]>,
-    tcp: bool,
+    tcp: Option<&str>,
 ) -> Result<(u16, Vec<u8>), String>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let body = Bytes::copy_from_slice(body.unwrap_or_default());
+    // Over TCP the service refuses a Host that is not an address or a loopback name while it
+    // has no token (crate::request_guard): the address as given is what a browser would send.
+    let host = tcp.unwrap_or("localhost");
     let mut req = hyper::Request::builder()
         .method(method)
         .uri(path)
-        .header(header::HOST, "hermes-hooks")
+        .header(header::HOST, host)
         .header(header::CONNECTION, "close");
-    if !body.is_empty() {
+    // Every POST says JSON, also with no body: the service refuses one that does not.
+    if !body.is_empty() || method == "POST" {
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
     if let Some(t) = token {
@@ -153,8 +157,8 @@ where
     let _conn = AbortOnDrop(tokio::spawn(async move {
         let _ = conn.await;
     }));
-    if let Some(t) = token.filter(|_| tcp) {
-        prove(&mut sender, t).await?;
+    if let Some(t) = token.filter(|_| tcp.is_some()) {
+        prove(&mut sender, host, t).await?;
     }
     let answer = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let status = answer.status().as_u16();
@@ -180,6 +184,7 @@ fn fresh_nonce() -> Result<[u8; 32], String> {
 /// an error unless the answer is [`crate::proof::answer`] for a fresh nonce.
 async fn prove(
     sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    host: &str,
     token: &str,
 ) -> Result<(), String> {
     use subtle::ConstantTimeEq;
@@ -188,7 +193,7 @@ async fn prove(
     let req = hyper::Request::builder()
         .method("POST")
         .uri("/v1/proof")
-        .header(header::HOST, "hermes-hooks")
+        .header(header::HOST, host)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("cannot build the proof request: {e}"))?;

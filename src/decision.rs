@@ -20,17 +20,20 @@ pub struct Unanswerable {
     /// Hook name.
     pub hook: String,
     /// `refused` (trust: not approved, approval revoked, unsafe permissions, a handler outside
-    /// its directory) or `not_loaded` (its handler failed to load, is missing or unusable, a
-    /// `requires:` does not hold, a field is invalid).
+    /// its directory), `disabled` (`enabled: false`: a decision it would have given is
+    /// missing, and whoever fails closed must know; issue 46) or `not_loaded` (its handler
+    /// failed to load, is missing or unusable, a `requires:` does not hold, a field is invalid).
     pub state: &'static str,
     /// Why, as `/v1/hooks` `skipped` says it.
     pub reason: String,
 }
 
 /// The hooks of `reg` whose directory did not load but whose `events:` match `event`, in
-/// discovery order. A hook disabled on purpose (`enabled: false`) or shadowed by one of the
-/// same name is not listed; neither is one whose HOOK.yaml could not be read (its events are
-/// unknown) nor one whose previous version still runs (it answers).
+/// discovery order. A disabled hook (`enabled: false`) is listed: whoever disabled it (an
+/// operator, or anything that could write its HOOK.yaml) took away a decision, and a caller that
+/// fails closed counts it. One shadowed by a hook of the same name is not listed; neither is
+/// one whose HOOK.yaml could not be read (its events are unknown) nor one whose previous
+/// version still runs (it answers).
 pub fn unanswerable(reg: &Registry, event: &str) -> Vec<Unanswerable> {
     reg.skipped
         .iter()
@@ -38,7 +41,8 @@ pub fn unanswerable(reg: &Registry, event: &str) -> Vec<Unanswerable> {
         .filter(|s| !reg.hooks.iter().any(|h| h.spec.name == s.name))
         .filter_map(|s| {
             let state = match s.code {
-                SkipCode::Disabled | SkipCode::Shadowed => return None,
+                SkipCode::Shadowed => return None,
+                SkipCode::Disabled => "disabled",
                 SkipCode::NotApproved | SkipCode::Permissions | SkipCode::HandlerOutside => {
                     "refused"
                 }

@@ -45,7 +45,8 @@
 //! - Leaves shared by several of the above: `layout` (the layout of a hook directory and
 //!   `$HERMES_HOME`), `atomic` (atomic file writes), `time` (RFC 3339 timestamps),
 //!   `text` (error texts capped, URLs redacted), `proof` (the service's proof that it
-//!   knows the API token, `POST /v1/proof`).
+//!   knows the API token, `POST /v1/proof`), `caller` (whether an API connection comes from
+//!   one of the service's own hook processes).
 //!
 //! # The path of an event
 //! receive (`POST /v1/events` or [`Host::emit`]) -> validate the name and context ->
@@ -58,6 +59,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub(crate) mod atomic;
+pub(crate) mod caller;
 pub mod cli;
 pub(crate) mod client;
 pub(crate) mod decision;
@@ -83,6 +85,7 @@ pub mod priority;
 pub(crate) mod proof;
 pub(crate) mod reaper;
 pub(crate) mod registry;
+pub(crate) mod request_guard;
 pub(crate) mod sandbox;
 pub(crate) mod scaffold;
 pub mod server;

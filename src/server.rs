@@ -137,6 +137,7 @@ pub fn app(host: Host, config: ApiConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(axum::middleware::map_response(stamp))
         .with_state(state)
 }
@@ -197,10 +198,38 @@ pub async fn serve<L>(
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
+    crate::caller::Peer:
+        for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<crate::caller::Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+// Who connected, as the kernel says at accept time (crate::caller), for the request guard.
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
+    > for crate::caller::Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        use std::os::fd::AsRawFd;
+        crate::caller::Peer::of_unix(stream.io().as_raw_fd())
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for crate::caller::Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        let remote = *stream.remote_addr();
+        let local = stream.io().local_addr().unwrap_or(remote);
+        crate::caller::Peer::Tcp { local, remote }
+    }
 }
 
 /// Says on every answer (401s included) which protocol and which release answered.
@@ -241,6 +270,46 @@ async fn auth(
                 "missing or wrong token: send `Authorization: Bearer <token>` with the token from --token-file",
             )
             .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// [`crate::request_guard`]: a browser's cross-site request is refused over TCP, and a hook
+/// process may not change what runs. A request without connection info (the router driven
+/// in-process, as tests and embedders do) is held to the browser rules as if it came over TCP.
+async fn guard(
+    State(state): State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use crate::request_guard as g;
+    use axum::extract::ConnectInfo;
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<crate::caller::Peer>>()
+        .map(|c| c.0.clone());
+    let tcp = !matches!(peer, Some(crate::caller::Peer::Unix { .. }));
+    let refusal =
+        |(status, code, message): g::Refusal| ApiError::new(status, code, message).into_response();
+    if let Err(r) = g::browser_rules(
+        req.method(),
+        req.headers(),
+        tcp,
+        state.config.token.is_some(),
+    ) {
+        return refusal(r);
+    }
+    let route = g::route_of(req.uri().path());
+    if let Some(peer) = peer.filter(|_| g::is_control(req.method(), &route)) {
+        let checked = tokio::task::spawn_blocking(move || g::control_caller(&peer, &route)).await;
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(r)) => return refusal(r),
+            Err(e) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                    .into_response();
+            }
         }
     }
     next.run(req).await
@@ -1052,30 +1121,6 @@ pub fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
 }
 
 fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let mut cred = libc::ucred {
-            pid: 0,
-            uid: 0,
-            gid: 0,
-        };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: cred and len are valid for writes of the sizes given; the fd is open.
-        let rc = unsafe {
-            libc::getsockopt(
-                stream.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                (&mut cred as *mut libc::ucred).cast(),
-                &mut len,
-            )
-        };
-        (rc == 0 && cred.pid > 0).then_some(cred.pid)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = stream;
-        None
-    }
+    use std::os::fd::AsRawFd;
+    crate::caller::peer_pid(stream.as_raw_fd())
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::discovery::{Located, locate, resolve_handler};
 use crate::manifest::parse_manifest;
 use crate::trust::approvals::{
-    Approval, TrustFile, approval_hash, settings_hash, short, trust_file,
+    Approval, TrustFile, approval_hash, covered_settings, settings_hash, short, trust_file,
 };
 use crate::trust::edit::edit_enabled;
 use crate::trust::error::TrustError;
@@ -88,6 +88,12 @@ pub struct Review {
     pub digest: String,
     /// `enabled:` of HOOK.yaml.
     pub enabled: bool,
+    /// The sandbox the hook runs in, as `check` shows it (`none`, `strict`, or the grants), and
+    /// whether HOOK.yaml says it or the service's default applies: shown before Approve.
+    pub sandbox: String,
+    /// Every HOOK.yaml setting the approval covers besides the files (`sandbox`, `env.*`,
+    /// `cwd`, `python`, `requires.*`...), as written; the digest covers them.
+    pub settings: std::collections::BTreeMap<String, String>,
 }
 
 /// An approval already recorded for a hook.
@@ -205,6 +211,11 @@ pub fn review(
         },
         digest: p.digest(),
         enabled: p.manifest.enabled,
+        sandbox: p.manifest.sandbox.as_ref().map_or_else(
+            || "not set in HOOK.yaml: the service's --sandbox-default applies".to_string(),
+            crate::trust::approvals::sandbox_text,
+        ),
+        settings: covered_settings(&p.manifest),
     })
 }
 
@@ -236,21 +247,22 @@ fn approve(
     } = p;
     let manifest = &manifest;
     let file = trust_file(hermes_home);
-    let mut approvals = TrustFile::load(&file)?;
-    let previous = approvals.hooks.get(name).map(|a| a.sha256.clone());
-    approvals.hooks.insert(
-        name.to_string(),
-        Approval {
-            sha256: sha256.clone(),
-            settings_sha256: Some(settings_hash(manifest)),
-            files: Some(files.files.clone()),
-            kind: kind.as_str().to_string(),
-            handler: handler_text,
-            dir: hook.dir.clone(),
-            approved_at: crate::time::now(),
-        },
-    );
-    approvals.save(&file)?;
+    let approval = Approval {
+        sha256: sha256.clone(),
+        settings_sha256: Some(settings_hash(manifest)),
+        settings: Some(covered_settings(manifest)),
+        files: Some(files.files.clone()),
+        kind: kind.as_str().to_string(),
+        handler: handler_text,
+        dir: hook.dir.clone(),
+        approved_at: crate::time::now(),
+    };
+    let previous = TrustFile::update(&file, |approvals| {
+        Ok(approvals
+            .hooks
+            .insert(name.to_string(), approval)
+            .map(|a| a.sha256))
+    })?;
     let mut msg = match previous {
         Some(p) if p == sha256 => format!(
             "{name} was already approved (sha256 {}) in {}",
@@ -282,14 +294,13 @@ fn approve(
 
 fn revoke(hermes_home: &Path, name: &str) -> Result<String, TrustError> {
     let file = trust_file(hermes_home);
-    let mut approvals = TrustFile::load(&file)?;
-    if approvals.hooks.remove(name).is_none() {
+    let removed = TrustFile::update(&file, |approvals| Ok(approvals.hooks.remove(name)))?;
+    if removed.is_none() {
         return Ok(format!(
             "{name} was not approved in {}; nothing to revoke",
             file.display()
         ));
     }
-    approvals.save(&file)?;
     Ok(format!(
         "revoked the approval of {name} in {}; a running service unloads it on reload (SIGHUP or POST /v1/reload)",
         file.display()
@@ -359,12 +370,12 @@ pub fn approve_staged(
         name,
         None,
     )?;
-    let file = trust_file(hermes_home);
-    let mut approvals = TrustFile::load(&file)?;
-    if let Some(a) = approvals.hooks.get_mut(name) {
-        a.dir = final_dir.to_path_buf();
-    }
-    approvals.save(&file)?;
+    TrustFile::update(&trust_file(hermes_home), |approvals| {
+        if let Some(a) = approvals.hooks.get_mut(name) {
+            a.dir = final_dir.to_path_buf();
+        }
+        Ok(())
+    })?;
     Ok(msg.replace(
         &staged_root.display().to_string(),
         &final_dir.display().to_string(),
@@ -380,6 +391,7 @@ pub fn snapshot_approvals(hermes_home: &Path) -> Option<Vec<u8>> {
 /// Puts back the approvals file as [`snapshot_approvals`] read it.
 pub fn restore_approvals(hermes_home: &Path, saved: Option<Vec<u8>>) {
     let file = trust_file(hermes_home);
+    let _lock = crate::trust::approvals::lock(&file);
     let _ = match saved {
         Some(bytes) => crate::atomic::write(&file, &bytes, 0o600).map_err(|e| e.to_string()),
         None => std::fs::remove_file(&file).map_err(|e| e.to_string()),

@@ -26,11 +26,15 @@ pub fn trust_file(hermes_home: &Path) -> PathBuf {
 pub struct Approval {
     /// SHA-256 (hex) of the handler file, or of a webhook's `url` and `secret_env`.
     pub sha256: String,
-    /// SHA-256 (hex) of the HOOK.yaml settings that change what runs (`handler`, `python`,
-    /// `env`): editing them needs approving again too. Absent in approvals written before it
-    /// existed (then not checked).
+    /// SHA-256 (hex) of the HOOK.yaml settings that change what runs or what it may touch
+    /// ([`settings_hash`]): editing them needs approving again too. Absent in approvals written
+    /// before it existed: then enough only while the hook sets none of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings_sha256: Option<String>,
+    /// Those settings as a person reads them ([`covered_settings`]), so that a refusal says
+    /// which one changed. Absent in approvals written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<BTreeMap<String, String>>,
     /// SHA-256 (hex) of every file of the hook that can run, by path relative to the hook
     /// directory ([`crate::trust::files`]): a changed helper module needs approving again.
     /// Absent in approvals written before it existed: then only a hook whose handler is its one
@@ -86,6 +90,24 @@ impl TrustFile {
         })
     }
 
+    /// Reads `path`, lets `change` edit the approvals, and writes them back if it changed them,
+    /// all under an exclusive lock (`flock` on `PATH.lock` beside it): two enables, disables
+    /// or installs at once (two CLIs, the API and a CLI) each see the other's write, and no
+    /// revocation is lost.
+    pub fn update<T>(
+        path: &Path,
+        change: impl FnOnce(&mut TrustFile) -> Result<T, TrustError>,
+    ) -> Result<T, TrustError> {
+        let _lock = lock(path)?;
+        let mut file = Self::load(path)?;
+        let before = file.clone();
+        let out = change(&mut file)?;
+        if file != before {
+            file.save(path)?;
+        }
+        Ok(out)
+    }
+
     pub(crate) fn empty() -> Self {
         Self {
             version: 1,
@@ -112,6 +134,42 @@ impl TrustFile {
     }
 }
 
+/// The exclusive lock on the approvals file `path` (`PATH.lock`, mode 0600), held until the
+/// returned file is dropped.
+pub fn lock(path: &Path) -> Result<std::fs::File, TrustError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let io = |op: &'static str, source| TrustError::Io {
+        op,
+        path: lock_path.clone(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(|e| io("open", e))?;
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(io("lock", e));
+        }
+    }
+}
+
 /// SHA-256 (hex) of what an approval covers: the handler file's bytes, or for a webhook its
 /// `url` and `secret_env`.
 pub fn approval_hash(
@@ -133,11 +191,12 @@ pub fn approval_hash(
     Ok(hex::encode(digest))
 }
 
-/// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file: the
-/// `handler` path, the `python` interpreter and the `env` it gets (`LD_PRELOAD`, `PYTHONPATH`...),
-/// and a webhook's `url`, `secret_env` and `ca_file` (only hashed when set, so approvals of other hooks
-/// written before they were covered stay valid). Comments, `description`, `events`, `timeout`
-/// and `queue` are not covered.
+/// SHA-256 (hex) of the HOOK.yaml settings that decide what runs besides the handler file, and
+/// what it may touch: the `handler` path, the `python` interpreter and the `env` it gets
+/// (`LD_PRELOAD`, `PYTHONPATH`...), a webhook's `url`, `secret_env` and `ca_file`, `runs:`,
+/// `data:`, and (issue 46) `sandbox:`, `cwd:` and `requires:`. Keys added over time are hashed
+/// only when set away from their default, so approvals of hooks that do not use them stay
+/// valid. Comments, `description`, `events`, `timeout` and `queue` are not covered.
 pub fn settings_hash(manifest: &Manifest) -> String {
     let mut h = Sha256::new();
     for (key, value) in [
@@ -179,7 +238,106 @@ pub fn settings_hash(manifest: &Manifest) -> String {
         h.update(d.as_bytes());
         h.update(b"\n");
     }
+    // What the hook may touch: its sandbox, where it starts, what it needs to load.
+    for (key, value) in confinement_settings(manifest) {
+        h.update(key.as_bytes());
+        h.update(b"=");
+        h.update(value.as_bytes());
+        h.update(b"\n");
+    }
     hex::encode(h.finalize())
+}
+
+/// `sandbox:`, `cwd:` and `requires:` as an approval records them, each only when set away from
+/// its default (so an approval of a hook without them is unchanged).
+fn confinement_settings(manifest: &Manifest) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(sb) = &manifest.sandbox {
+        out.push(("sandbox", sandbox_text(sb)));
+    }
+    if manifest.cwd != crate::manifest::Cwd::Service {
+        out.push(("cwd", "hook".to_string()));
+    }
+    let r = &manifest.requires;
+    for (key, list) in [
+        ("requires.bins", &r.bins),
+        ("requires.env", &r.env),
+        ("requires.os", &r.os),
+    ] {
+        if !list.is_empty() {
+            out.push((key, list.join(",")));
+        }
+    }
+    out
+}
+
+/// `sandbox:` in one canonical line: `none`, `strict`, or the grants over strict.
+pub fn sandbox_text(sb: &crate::sandbox::Sandbox) -> String {
+    let Some(g) = &sb.grants else {
+        return "none".to_string();
+    };
+    if *g == crate::sandbox::decl::Grants::default() {
+        return "strict".to_string();
+    }
+    let connect: Vec<String> = g
+        .connect
+        .iter()
+        .map(|c| format!("{}:{}", c.host.as_deref().unwrap_or("*"), c.port))
+        .collect();
+    format!(
+        "strict + read {:?} write {:?} connect {:?} env {:?} exec {} best_effort {}",
+        g.read, g.write, connect, g.env, g.exec, g.best_effort
+    )
+}
+
+/// Every setting an approval covers, by key, as a person reads it (only those set away from
+/// their default): shown by a review before anyone approves, recorded in the approval so that a
+/// refusal can say which one changed.
+pub fn covered_settings(manifest: &Manifest) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut put = |k: &str, v: Option<&str>| {
+        if let Some(v) = v {
+            out.insert(k.to_string(), v.to_string());
+        }
+    };
+    put("handler", manifest.handler.as_deref());
+    put("python", manifest.python.as_deref());
+    put("url", manifest.url.as_deref());
+    put("secret_env", manifest.secret_env.as_deref());
+    put("ca_file", manifest.ca_file.as_deref());
+    if manifest.runs != crate::manifest::Runs::Auto {
+        put("runs", Some(manifest.runs.as_str()));
+    }
+    for (k, v) in &manifest.env {
+        out.insert(format!("env.{k}"), v.clone());
+    }
+    if !manifest.data.is_empty() {
+        out.insert("data".to_string(), manifest.data.join(", "));
+    }
+    for (k, v) in confinement_settings(manifest) {
+        out.insert(k.to_string(), v);
+    }
+    out
+}
+
+/// What changed between two [`covered_settings`], as `key: old -> new` (at most five).
+pub fn describe_settings_change(
+    approved: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> String {
+    let keys: std::collections::BTreeSet<&String> = approved.keys().chain(now.keys()).collect();
+    let shown = |v: Option<&String>| v.map_or("(unset)".to_string(), |v| format!("{v:?}"));
+    let changes: Vec<String> = keys
+        .into_iter()
+        .filter(|k| approved.get(*k) != now.get(*k))
+        .map(|k| format!("{k}: {} -> {}", shown(approved.get(k)), shown(now.get(k))))
+        .collect();
+    let more = changes.len().saturating_sub(5);
+    let mut text = changes.into_iter().take(5).collect::<Vec<_>>().join("; ");
+    if more > 0 {
+        text.push_str(&format!("; and {more} more"));
+    }
+    text
 }
 
 /// The first 12 hex digits of a hash, for messages.
@@ -202,6 +360,7 @@ mod tests {
             Approval {
                 sha256: "00".into(),
                 settings_sha256: Some("11".into()),
+                settings: None,
                 files: None,
                 kind: "exec".into(),
                 handler: "h".into(),

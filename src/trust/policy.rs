@@ -10,7 +10,10 @@ use serde::Serialize;
 use crate::kind::ApprovalInput;
 use crate::layout::HandlerKind;
 use crate::manifest::Manifest;
-use crate::trust::approvals::{TrustFile, approval_hash, settings_hash, short, trust_file};
+use crate::trust::approvals::{
+    TrustFile, approval_hash, covered_settings, describe_settings_change, settings_hash, short,
+    trust_file,
+};
 use crate::trust::files::{RunFiles, describe_changes};
 
 /// Which hooks may load.
@@ -116,13 +119,34 @@ impl Gate {
                 short(&now)
             ));
         }
-        if let Some(approved) = &approval.settings_sha256
-            && *approved != settings_hash(manifest)
-        {
-            return Err(format!(
-                "its HOOK.yaml settings (handler, python, env, url, secret_env or ca_file) changed since it was approved: \
-                 review them, then run `hermes-hooks enable {name} --trust explicit` to approve it again"
-            ));
+        let settings_now = covered_settings(manifest);
+        match &approval.settings_sha256 {
+            Some(approved) if *approved != settings_hash(manifest) => {
+                let what = approval.settings.as_ref().map_or_else(
+                    || {
+                        "handler, python, env, url, secret_env, ca_file, runs, data, sandbox, \
+                         cwd or requires"
+                            .to_string()
+                    },
+                    |then| describe_settings_change(then, &settings_now),
+                );
+                return Err(format!(
+                    "its HOOK.yaml settings changed since it was approved ({what}): review them, \
+                     then run `hermes-hooks enable {name} --trust explicit` to approve it again"
+                ));
+            }
+            Some(_) => {}
+            // An approval from before settings were covered: enough only while the hook sets
+            // none of them (a `sandbox: none` added since would otherwise pass).
+            None if settings_now.is_empty() => {}
+            None => {
+                return Err(format!(
+                    "the approval predates the approval of HOOK.yaml settings, and the hook sets \
+                     some ({}): review them, then run `hermes-hooks enable {name} --trust \
+                     explicit` to approve it again",
+                    settings_now.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
         }
         match &approval.files {
             Some(approved) if *approved != files.files => Err(format!(

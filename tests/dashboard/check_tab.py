@@ -138,7 +138,7 @@ def set_up_hooks(run):
                "def handle(event_type, context):\n    return None\n")
     write_hook(run.roots, "flaky", "name: flaky\ndescription: Fails on purpose\nevents: [\"agent:start\"]\n",
                "def handle(event_type, context):\n    raise RuntimeError('flaky fails on purpose')\n")
-    pending = write_hook(run.roots, "pending", "name: pending\nevents: [\"agent:start\"]\n",
+    pending = write_hook(run.roots, "pending", "name: pending\nevents: [\"agent:start\"]\nsandbox: strict\n",
                          "def handle(event_type, context):\n    return None\n")
     write_hook(run.roots, "broken", "name: broken\nevents: agent:start\n",
                "def handle(event_type, context):\n    return None\n")
@@ -231,6 +231,8 @@ def check_approve(run, page, pending_sha):
     review.wait_for(timeout=DEADLINE_S * 1000)
     text = review.inner_text()
     assert "handler.py" in text and pending_sha in text, "the review shows %r" % text
+    # The sandbox is shown before Approve (issue 46): the approval covers it.
+    assert "Sandbox: strict" in text, "the review does not show the sandbox: %r" % text
     # The picture for the docs: counters, an error, a refused hook with its review open.
     page.set_viewport_size({"width": 1360, "height": 1400})
     shot = os.path.join(run.args.out, "hooks-tab.png")

@@ -29,6 +29,7 @@ mod fuzz;
 mod gateway;
 mod handover;
 mod hardening;
+mod hostile_api;
 mod http;
 mod lease;
 mod lifecycle;

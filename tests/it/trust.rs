@@ -329,7 +329,9 @@ fn explicit_mode_approve_change_reapprove_revoke() {
     assert!(loaded.is_empty());
     let (_, _, reason) = skipped.iter().find(|s| s.0 == "audited").unwrap();
     assert!(
-        reason.contains("settings (handler, python, env, url, secret_env or ca_file) changed"),
+        reason.contains(
+            "settings changed since it was approved (env.LD_PRELOAD: (unset) -> \"/tmp/evil.so\")"
+        ),
         "{reason}"
     );
     std::fs::write(&manifest, &original).unwrap();

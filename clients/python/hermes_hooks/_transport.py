@@ -421,7 +421,7 @@ def request(address: Address, method: str, path: str, body: Optional[bytes] = No
             check_protocol({k.lower(): v for k, v in resp.getheaders()}, address)
             check_proof(address, token, nonce, resp.status, resp.read(MAX_RESPONSE_BYTES))
         hdrs = {"Accept": "application/json", "Connection": "close"}
-        if body is not None:
+        if body is not None or method == "POST":  # the service refuses a POST without it
             hdrs["Content-Type"] = "application/json"
         if headers:
             hdrs.update(headers)
@@ -457,9 +457,9 @@ async def arequest(address: Address, method: str, path: str, body: Optional[byte
             "Accept: application/json",
             "Connection: close",
         ]
-        if body is not None:
+        if body is not None or method == "POST":  # the service refuses a POST without it
             lines.append("Content-Type: application/json")
-            lines.append("Content-Length: %d" % len(body))
+            lines.append("Content-Length: %d" % len(body or b""))
         for key, value in (headers or {}).items():
             lines.append("%s: %s" % (key, value))
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))

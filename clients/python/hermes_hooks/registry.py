@@ -756,8 +756,8 @@ class HookRegistry:
         """``emit_collect`` with everything the service said: ``{"results": [{"hook",
         "result"}], "errors": [{"hook", "error"[, "timed_out": true]}], "error": None | str}``;
         ``error`` is set when the call itself failed (service down, timeout, refused request);
-        a matching hook that did not load is an error with ``"state": "refused"`` or
-        ``"not_loaded"``.
+        a matching hook that did not load is an error with ``"state": "refused"``,
+        ``"disabled"`` or ``"not_loaded"``.
         Never raises. In-gateway hooks and the callables in ``_handlers`` run here at the same
         time; their results and errors are merged into the one match order (exact-pattern
         matches, then wildcard matches; in-process handlers first within each group, then hooks
@@ -842,7 +842,7 @@ class HookRegistry:
                 out["results"] = [r for r in data.get("results") or [] if isinstance(r, dict)]
                 out["errors"] = [e for e in data.get("errors") or [] if isinstance(e, dict)]
                 for err in out["errors"]:
-                    if err.get("state") in ("refused", "not_loaded"):
+                    if err.get("state") in ("refused", "disabled", "not_loaded"):
                         self._say("collect-hook-absent:%s" % err.get("hook"), logging.WARNING,
                                   "[hooks] Decision hook %s cannot answer '%s' (%s): %s; no "
                                   "decision from it", err.get("hook"), event_type,

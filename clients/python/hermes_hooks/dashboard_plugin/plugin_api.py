@@ -62,10 +62,25 @@ def _call(method: str, path: str, body: Optional[bytes] = None,
                                           bool(token))
         if problem:
             raise ServiceDown("refusing to talk to %s: %s" % (address, problem))
+        if token and transport.needs_proof(address, {"Authorization": "Bearer " + token}):
+            # Over TCP the service first proves, on this connection, that it holds the token
+            # (as the gateway's client does): an impostor on the port never gets it.
+            nonce, _ = transport.proof_request(address)
+            conn.request("POST", transport.PROOF_PATH,
+                         body=json.dumps({"nonce": nonce.hex()}).encode("ascii"),
+                         headers={"Accept": "application/json",
+                                  "Content-Type": "application/json"})
+            proof = conn.getresponse()
+            transport.check_protocol({k.lower(): v for k, v in proof.getheaders()}, address)
+            try:
+                transport.check_proof(address, token, nonce, proof.status,
+                                      proof.read(transport.MAX_RESPONSE_BYTES))
+            except transport.UnprovenService as exc:
+                raise ServiceDown(str(exc))
         headers = {"Accept": "application/json", "Connection": "close"}
         if token:
             headers["Authorization"] = "Bearer %s" % token
-        if body is not None:
+        if body is not None or method == "POST":  # the service refuses a POST without it
             headers["Content-Type"] = "application/json"
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()

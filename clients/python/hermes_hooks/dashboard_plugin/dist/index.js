@@ -113,6 +113,10 @@
         }))));
   }
 
+  function settingsOf(r) {
+    return Object.keys(r.settings || {}).filter(function (k) { return k !== "sandbox"; });
+  }
+
   function Review(props) {
     var r = props.review;
     var files = Object.keys(r.files || {});
@@ -121,6 +125,14 @@
         "the approval records sha256 ", h("code", null, r.sha256), "."),
       r.approved ? h("p", { className: "hh-muted" }, "Approved before: sha256 ", h("code", null, r.approved.sha256),
         " (", when(r.approved.approved_at), ")") : null,
+      h("p", { "data-review-sandbox": r.sandbox || "" }, "Sandbox: ", h("strong", null, r.sandbox || "unknown"),
+        r.sandbox === "none" ? " (nothing confined: the hook can do whatever this user can)" : null),
+      settingsOf(r).length ? h("div", { className: "hh-scroll" }, h("table", { className: "hh-table hh-files" },
+        h("thead", null, h("tr", null, h("th", null, "Setting (covered by the approval)"), h("th", null, "Value"))),
+        h("tbody", null, settingsOf(r).map(function (k) {
+          return h("tr", { key: k }, h("td", { "data-label": "Setting" }, k),
+            h("td", { "data-label": "Value" }, h("code", null, r.settings[k])));
+        })))) : null,
       h("div", { className: "hh-scroll" }, h("table", { className: "hh-table hh-files" },
         h("thead", null, h("tr", null, h("th", null, "File"), h("th", null, "SHA-256"))),
         h("tbody", null, files.map(function (f) {
