@@ -88,7 +88,14 @@ def main():
     impostor = Impostor()
     os.environ["HERMES_HOOKS_ADDRESS"] = "http://127.0.0.1:%d" % impostor.port
     os.environ["HERMES_HOOKS_TOKEN"] = TOKEN
-    from hermes_hooks.dashboard_plugin import plugin_api
+    # The file `hermes-hooks dashboard install` ships, loaded by path as the dashboard does.
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "..", "..", "clients", "python", "hermes_hooks", "dashboard_plugin",
+                        "plugin_api.py")
+    spec = importlib.util.spec_from_file_location("hermes_hooks_plugin_api", path)
+    plugin_api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin_api)
     state = plugin_api.state()
     assert state.get("running") is False, "the tab would show an impostor as running: %r" % state
     assert "prove" in state.get("problem", ""), state
