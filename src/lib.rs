@@ -44,7 +44,7 @@
 //!   an approval covers), consulted by layout, discovery and trust instead of matching the kind.
 //! - Leaves shared by several of the above: `layout` (the layout of a hook directory and
 //!   `$HERMES_HOME`), `atomic` (atomic file writes), `time` (RFC 3339 timestamps),
-//!   `text` (error texts capped, URLs redacted), `proof` (the service's proof that it
+//!   `text` (error texts capped, URLs redacted), `diff` (a line diff for reviews), `proof` (the service's proof that it
 //!   knows the API token, `POST /v1/proof`), `caller` (whether an API connection comes from
 //!   one of the service's own hook processes).
 //!
@@ -63,6 +63,7 @@ pub(crate) mod caller;
 pub mod cli;
 pub(crate) mod client;
 pub(crate) mod decision;
+pub(crate) mod diff;
 pub(crate) mod discovery;
 pub(crate) mod dotenv;
 pub mod events;

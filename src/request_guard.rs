@@ -44,14 +44,16 @@ pub(crate) fn route_of(path: &str) -> String {
 
 /// The browser rules above, for a request that came over TCP (`tcp`); `token_set`: the service
 /// has an API token (a page cannot know it, so any `Host` may then be used, e.g. a fleet edge
-/// reached by name).
+/// reached by name); `takes_post`: the request is a POST to a route that takes one (the
+/// router answers any other POST with 405 or 404).
 pub(crate) fn browser_rules(
     method: &Method,
     headers: &HeaderMap,
     tcp: bool,
     token_set: bool,
+    takes_post: bool,
 ) -> Result<(), Refusal> {
-    if method == Method::POST {
+    if method == Method::POST && takes_post {
         json_content_type(headers)?;
     }
     if !tcp {
@@ -206,15 +208,15 @@ mod tests {
     #[test]
     fn a_post_without_a_json_content_type_is_refused() {
         let mut h = HeaderMap::new();
-        assert!(browser_rules(&Method::POST, &h, true, false).is_err());
+        assert!(browser_rules(&Method::POST, &h, true, false, true).is_err());
         h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
-        assert!(browser_rules(&Method::POST, &h, false, false).is_err());
+        assert!(browser_rules(&Method::POST, &h, false, false, true).is_err());
         h.insert(
             header::CONTENT_TYPE,
             "application/json; charset=utf-8".parse().unwrap(),
         );
-        assert!(browser_rules(&Method::POST, &h, true, false).is_ok());
-        assert!(browser_rules(&Method::GET, &HeaderMap::new(), true, false).is_ok());
+        assert!(browser_rules(&Method::POST, &h, true, false, true).is_ok());
+        assert!(browser_rules(&Method::GET, &HeaderMap::new(), true, false, false).is_ok());
     }
 
     #[test]
@@ -223,18 +225,22 @@ mod tests {
         h.insert(header::HOST, "127.0.0.1:8787".parse().unwrap());
         h.insert(header::ORIGIN, "http://127.0.0.1:9999".parse().unwrap());
         assert_eq!(
-            browser_rules(&Method::GET, &h, true, false).unwrap_err().1,
+            browser_rules(&Method::GET, &h, true, false, false)
+                .unwrap_err()
+                .1,
             "foreign_origin"
         );
         h.insert(header::ORIGIN, "http://127.0.0.1:8787".parse().unwrap());
-        assert!(browser_rules(&Method::GET, &h, true, false).is_ok());
+        assert!(browser_rules(&Method::GET, &h, true, false, false).is_ok());
         h.insert(header::HOST, "evil.example:8787".parse().unwrap());
         assert_eq!(
-            browser_rules(&Method::GET, &h, true, false).unwrap_err().1,
+            browser_rules(&Method::GET, &h, true, false, false)
+                .unwrap_err()
+                .1,
             "foreign_host"
         );
         // With a token, a name is fine (a page cannot send the token) but an origin is not.
         h.insert(header::ORIGIN, "http://evil.example:8787".parse().unwrap());
-        assert!(browser_rules(&Method::GET, &h, true, true).is_ok());
+        assert!(browser_rules(&Method::GET, &h, true, true, false).is_ok());
     }
 }

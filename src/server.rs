@@ -136,8 +136,9 @@ pub fn app(host: Host, config: ApiConfig) -> Router {
         })
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        // The token is checked first (401 before anything else is said), then who sent it.
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .layer(axum::middleware::map_response(stamp))
         .with_state(state)
 }
@@ -175,6 +176,20 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
         route!(GET "/readyz" => readyz),
         route!(GET "/metrics" => metrics),
     ]
+}
+
+/// Whether `path` is one of the routes that take a POST (a `{param}` matches one segment).
+fn post_route(path: &str) -> bool {
+    let given: Vec<&str> = path.split('/').collect();
+    routes().iter().any(|(method, route)| {
+        let want: Vec<&str> = route.split('/').collect();
+        *method == "POST"
+            && want.len() == given.len()
+            && want
+                .iter()
+                .zip(&given)
+                .all(|(w, g)| w == g || (w.starts_with('{') && !g.is_empty()))
+    })
 }
 
 /// The (method, path) of every route the router serves, paths in the router's `{param}` syntax
@@ -292,11 +307,14 @@ async fn guard(
     let tcp = !matches!(peer, Some(crate::caller::Peer::Unix { .. }));
     let refusal =
         |(status, code, message): g::Refusal| ApiError::new(status, code, message).into_response();
+    // A POST to a route that takes none is answered 405 (or 404) by the router, not 415.
+    let takes_post = req.method() == axum::http::Method::POST && post_route(req.uri().path());
     if let Err(r) = g::browser_rules(
         req.method(),
         req.headers(),
         tcp,
         state.config.token.is_some(),
+        takes_post,
     ) {
         return refusal(r);
     }
@@ -696,7 +714,16 @@ async fn get_hook(
     }
 }
 
-async fn post_reload(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn post_reload(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    // The body says nothing, but it must be empty or a JSON object (as documented).
+    let bytes = read_body(&headers, body, 64 * 1024).await?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        read_object(&bytes)?;
+    }
     if state.host.is_draining() {
         return Err(EmitError::ShuttingDown.into());
     }
@@ -739,17 +766,23 @@ async fn get_review(
     Ok(axum::Json(review).into_response())
 }
 
+/// A JSON object body, or the API's 400.
+fn read_object(bytes: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::bad_request("body must be a JSON object")),
+    }
+}
+
 /// The optional `{"reviewed": DIGEST}` body of enable/disable (empty: none).
 async fn reviewed_digest(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiError> {
     let bytes = read_body(headers, body, 64 * 1024).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    let v: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
-    let Value::Object(m) = v else {
-        return Err(ApiError::bad_request("body must be a JSON object"));
-    };
+    let m = read_object(&bytes)?;
     match m.get("reviewed") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(d)) => Ok(Some(d.clone())),
@@ -772,6 +805,7 @@ async fn set_enabled<const ON: bool>(
 ) -> Result<Response, ApiError> {
     let on = ON;
     let name = hook_name(name)?;
+    let name_shown = name.clone();
     let reviewed = reviewed_digest(&headers, body).await?;
     if state.host.is_draining() {
         return Err(EmitError::ShuttingDown.into());
@@ -798,6 +832,8 @@ async fn set_enabled<const ON: bool>(
         .await
         .ok()
         .and_then(Result::ok);
+    let loaded = report.as_ref().map(|r| r.loaded.as_slice());
+    let message = crate::set_enabled::after_reload(&message, &name_shown, loaded);
     Ok(axum::Json(json!({"message": message, "reload": report})).into_response())
 }
 

@@ -94,6 +94,124 @@ pub struct Review {
     /// Every HOOK.yaml setting the approval covers besides the files (`sandbox`, `env.*`,
     /// `cwd`, `python`, `requires.*`...), as written; the digest covers them.
     pub settings: std::collections::BTreeMap<String, String>,
+    /// The code itself (issue 50): every file that can run, with its text, and what changed
+    /// since the recorded approval (a diff when the approved text was kept); files the
+    /// approval covered that are gone are listed as `removed`.
+    pub code: Vec<ReviewFile>,
+}
+
+/// One file of a [`Review`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReviewFile {
+    /// Relative to the hook directory.
+    pub path: String,
+    /// Its SHA-256 now (empty when `removed`).
+    pub sha256: String,
+    /// `new` (not in the recorded approval, or no approval), `unchanged`, `changed` or
+    /// `removed`.
+    pub status: &'static str,
+    /// Its text, when it is UTF-8 and at most [`SHOWN_BYTES`].
+    pub text: Option<String>,
+    /// Why the text is not shown (binary, too large, unreadable).
+    pub note: Option<String>,
+    /// `changed`: the unified diff from the approved text, when that text was kept at approval
+    /// (`$HERMES_HOME/hooks-approved/`).
+    pub diff: Option<String>,
+}
+
+/// Largest file whose text a review shows (and whose approved text is kept for a diff).
+pub const SHOWN_BYTES: u64 = 256 * 1024;
+
+/// Where the texts of approved files are kept, by SHA-256, for a later review's diff.
+fn approved_store(hermes_home: &Path) -> PathBuf {
+    hermes_home.join("hooks-approved")
+}
+
+/// The text of a file, or why not.
+fn text_of(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if meta.len() > SHOWN_BYTES {
+        return Err(format!("{} bytes: too large to show here", meta.len()));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.contains(&0) {
+        return Err("binary".to_string());
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
+}
+
+/// Keeps the texts of the files just approved in [`approved_store`] (best effort: a review
+/// without them shows no diff, nothing else depends on them).
+fn keep_approved(
+    hermes_home: &Path,
+    dir: &Path,
+    files: &std::collections::BTreeMap<String, String>,
+) {
+    let store = approved_store(hermes_home);
+    if crate::layout::create_private_dir(&store).is_err() {
+        return;
+    }
+    for (path, sha) in files {
+        let kept = store.join(sha);
+        if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) || kept.exists() {
+            continue;
+        }
+        if let Ok(text) = text_of(&dir.join(path)) {
+            let _ = crate::atomic::write(&kept, text.as_bytes(), 0o600);
+        }
+    }
+}
+
+/// The code part of a review: each file now against the approval `approved` (path -> sha).
+fn review_code(
+    hermes_home: &Path,
+    dir: &Path,
+    now: &std::collections::BTreeMap<String, String>,
+    approved: Option<&std::collections::BTreeMap<String, String>>,
+) -> Vec<ReviewFile> {
+    let store = approved_store(hermes_home);
+    let mut out: Vec<ReviewFile> = now
+        .iter()
+        .map(|(path, sha)| {
+            let then = approved.and_then(|a| a.get(path));
+            let status = match then {
+                None => "new",
+                Some(t) if t == sha => "unchanged",
+                Some(_) => "changed",
+            };
+            let (text, note) = match text_of(&dir.join(path)) {
+                Ok(t) => (Some(t), None),
+                Err(why) => (None, Some(why)),
+            };
+            let diff = match (status, then, &text) {
+                ("changed", Some(t), Some(new)) => std::fs::read_to_string(store.join(t))
+                    .ok()
+                    .and_then(|old| crate::diff::unified(&old, new)),
+                _ => None,
+            };
+            ReviewFile {
+                path: path.clone(),
+                sha256: sha.clone(),
+                status,
+                text,
+                note,
+                diff,
+            }
+        })
+        .collect();
+    for (path, _) in approved.into_iter().flatten() {
+        if !now.contains_key(path) {
+            out.push(ReviewFile {
+                path: path.clone(),
+                sha256: String::new(),
+                status: "removed",
+                text: None,
+                note: None,
+                diff: None,
+            });
+        }
+    }
+    out
 }
 
 /// An approval already recorded for a hook.
@@ -194,6 +312,8 @@ pub fn review(
 ) -> Result<Review, TrustError> {
     let p = prepare(roots, policy, name)?;
     let approvals = TrustFile::load(&trust_file(hermes_home))?;
+    let recorded = approvals.hooks.get(name).and_then(|a| a.files.as_ref());
+    let code = review_code(hermes_home, &p.hook.dir, &p.files.files, recorded);
     Ok(Review {
         name: name.to_string(),
         kind: p.kind.as_str(),
@@ -216,6 +336,7 @@ pub fn review(
             crate::trust::approvals::sandbox_text,
         ),
         settings: covered_settings(&p.manifest),
+        code,
     })
 }
 
@@ -246,6 +367,7 @@ fn approve(
         sha256,
     } = p;
     let manifest = &manifest;
+    keep_approved(hermes_home, &hook.dir, &files.files);
     let file = trust_file(hermes_home);
     let approval = Approval {
         sha256: sha256.clone(),
@@ -352,6 +474,26 @@ fn flip_enabled(hook: &Located, on: bool) -> Result<String, TrustError> {
             "enabled: false"
         }
     ))
+}
+
+/// The message of an enable or disable the service made itself and reloaded after (the API:
+/// the dashboard's Approve): what the reload did, instead of the CLI's advice to reload.
+/// `loaded`: the reload's loaded hooks, or `None` when it did not finish in time.
+pub fn after_reload(message: &str, name: &str, loaded: Option<&[String]>) -> String {
+    let head = ["; a running service ", "; a running service"]
+        .iter()
+        .find_map(|m| message.find(m))
+        .map_or(message, |i| &message[..i]);
+    let runs = loaded.map(|l| l.iter().any(|n| n == name));
+    let tail = match runs {
+        Some(true) => format!("; the service reloaded: {name} runs now"),
+        Some(false) => format!("; the service reloaded: {name} is not running"),
+        None => "; the service is reloading".to_string(),
+    };
+    let rest = message
+        .find('\n')
+        .map_or(String::new(), |i| message[i..].to_string());
+    format!("{head}{tail}{rest}")
 }
 
 /// Approves hook `name` as staged in `staged_root` (a hook root holding it under its name),

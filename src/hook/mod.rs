@@ -20,6 +20,7 @@ use crate::handler::Signals;
 use crate::notices::Notices;
 
 mod handover;
+pub mod history;
 mod queue;
 mod stats;
 mod worker;
@@ -74,7 +75,18 @@ impl LoadedHook {
 
     /// A hook with an empty queue that reports to `notices`; `signals` are its handler's.
     pub fn new_with(spec: HookSpec, notices: Notices, signals: Arc<Signals>) -> Arc<Self> {
-        let stats = Arc::new(HookStats::default());
+        Self::new_with_stats(spec, notices, signals, Arc::default())
+    }
+
+    /// [`LoadedHook::new_with`] going on with `stats`: the counters and history of a version
+    /// of the same name no version uses any more (a hook disabled, then enabled again).
+    pub fn new_with_stats(
+        spec: HookSpec,
+        notices: Notices,
+        signals: Arc<Signals>,
+        stats: Arc<HookStats>,
+    ) -> Arc<Self> {
+        stats.set_status(Status::Idle);
         let queue = Arc::new(HookQueue::new(
             spec.manifest.queue_capacity,
             spec.manifest.overflow,

@@ -82,6 +82,9 @@ pub struct HookStats {
     pub(super) last_drop_log_ms: AtomicU64,
     /// The last error, when, and `ok` at that moment (later successes supersede it).
     last_error: Mutex<Option<(SystemTime, String, u64)>>,
+    /// The last hour by minute (issue 50): counters as the host's ticker saw them, and
+    /// handler durations for percentiles.
+    pub history: Mutex<super::history::History>,
 }
 
 /// Upper bounds (seconds) of the handler duration histogram.
@@ -100,6 +103,26 @@ impl HookStats {
         self.duration_buckets[i].fetch_add(1, Ordering::Relaxed);
         self.busy_us
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        // A call that never ran (failed while waiting) has no duration worth a percentile.
+        if !d.is_zero() {
+            self.history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .duration(SystemTime::now(), d);
+        }
+    }
+
+    /// The counters as the history records them; `received`: the host's.
+    pub fn totals(&self, received: u64) -> super::history::Totals {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        super::history::Totals {
+            accepted: get(&self.accepted),
+            ok: get(&self.ok),
+            failed: get(&self.failed),
+            timeouts: get(&self.timeouts),
+            dropped: get(&self.dropped),
+            received,
+        }
     }
 
     /// Current worker state.

@@ -54,39 +54,35 @@ pub struct HookInfo {
     /// What the hook's `sandbox:` (or the service's default) confines, and what the kernel
     /// enforces of it.
     pub sandbox: crate::sandbox::view::Shown,
+    /// Its health now, from the last minutes (issue 50): `ok`, `idle`, `degraded`, `failing`,
+    /// `dropping`, `never_matched`, and why.
+    pub health: crate::hook::history::Health,
+    /// Its last minutes and hour: the window's counts and percentiles, the trend by minute.
+    pub recent: crate::hook::history::HistoryView,
 }
 
-/// Handler call durations of a hook, from its histogram (the one `/metrics` exposes).
+/// Handler call durations of a hook: the count and mean of every call, the percentiles of the
+/// calls of the last minutes (from the calls themselves, not a histogram's bounds).
 #[derive(Debug, Clone, Serialize)]
 pub struct Durations {
     /// Calls timed.
     pub calls: u64,
     /// Mean, milliseconds (0 without calls).
     pub mean_ms: f64,
-    /// Half of the calls took at most this long, milliseconds (a histogram bucket's upper
-    /// bound; None without calls or past the last bound).
+    /// Half of the recent calls took at most this long, milliseconds (None without a call in
+    /// the window of `recent`).
     pub p50_ms: Option<f64>,
-    /// 95 % of the calls took at most this long, milliseconds (as `p50_ms`).
+    /// 95 % of the recent calls took at most this long, milliseconds (as `p50_ms`).
     pub p95_ms: Option<f64>,
 }
 
 impl Durations {
-    fn of(s: &crate::hook::HookStats) -> Self {
-        use crate::hook::DURATION_BUCKETS;
-        let counts: Vec<u64> = s
+    fn of(s: &crate::hook::HookStats, recent: &crate::hook::history::HistoryView) -> Self {
+        let calls: u64 = s
             .duration_buckets
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
-            .collect();
-        let calls: u64 = counts.iter().sum();
-        let quantile = |q: f64| {
-            let want = (calls as f64 * q).ceil().max(1.0) as u64;
-            let mut seen = 0;
-            counts.iter().enumerate().find_map(|(i, c)| {
-                seen += c;
-                (seen >= want).then(|| DURATION_BUCKETS.get(i).map(|b| b * 1000.0))
-            })?
-        };
+            .sum();
         let busy_ms = s.busy_us.load(Ordering::Relaxed) as f64 / 1000.0;
         Self {
             calls,
@@ -95,8 +91,8 @@ impl Durations {
             } else {
                 busy_ms / calls as f64
             },
-            p50_ms: if calls == 0 { None } else { quantile(0.5) },
-            p95_ms: if calls == 0 { None } else { quantile(0.95) },
+            p50_ms: recent.p50_ms,
+            p95_ms: recent.p95_ms,
         }
     }
 }
@@ -159,9 +155,15 @@ impl HookInfo {
         python: &str,
         hermes_home: &Path,
         sandbox_default: crate::sandbox::DefaultSandbox,
+        received: u64,
     ) -> Self {
         let s = &h.stats;
         let spec = &h.spec;
+        let recent = s
+            .history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .view(std::time::SystemTime::now(), s.totals(received));
         Self {
             name: spec.name.clone(),
             description: spec.manifest.description.clone(),
@@ -209,8 +211,18 @@ impl HookInfo {
                 .start()
                 .map(|(start, reason)| WorkerStart { start, reason }),
             concurrency: spec.manifest.concurrency,
-            durations: Durations::of(s),
+            durations: Durations::of(s, &recent),
             sandbox: sandbox_view(spec, sandbox_default, hermes_home),
+            health: crate::hook::history::health(
+                &recent,
+                &crate::hook::history::Now {
+                    status: s.status().as_str(),
+                    accepted_ever: s.accepted.load(Ordering::Relaxed),
+                    capacity: h.queue.capacity(),
+                    overflow: spec.manifest.overflow.as_str(),
+                },
+            ),
+            recent,
         }
     }
 }

@@ -185,7 +185,13 @@ struct Inner {
     ledger: std::sync::Mutex<Ledger>,
     /// Where hooks' workers ask for a reload: see [`Host::reloader`].
     reloader: std::sync::OnceLock<Reloader>,
+    /// Set once the history ticker runs ([`Host::start_history_ticker`]).
+    history_ticker: std::sync::OnceLock<()>,
 }
+
+/// Counter sets of hooks no longer loaded that are kept whole for a hook of the same name to
+/// go on with (beyond these, their tallies are folded into sums).
+const RESTING: usize = 256;
 
 /// The counters of every hook the host ever loaded, by name: live counter sets, and the sums of
 /// those no version uses any more (a removed hook), so the accounts survive removal.
@@ -196,16 +202,32 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// Folds the counter sets no hook version holds any more.
+    /// Folds the counter sets no hook version holds any more, except the last
+    /// [`RESTING`] of them: those wait for a hook of their name to come back.
     fn fold(&mut self) {
+        let unused = |stats: &Arc<HookStats>| Arc::strong_count(stats) == 1;
+        let mut resting = self.live.iter().filter(|(_, s)| unused(s)).count();
         let folded = &mut self.folded;
         self.live.retain(|(name, stats)| {
-            if Arc::strong_count(stats) > 1 {
+            if !unused(stats) || resting <= RESTING {
                 return true;
             }
+            resting -= 1;
             folded.entry(name.clone()).or_default().add(stats.tally());
             false
         });
+    }
+
+    /// The counter set of `name` for which `in_use` says no, if one is kept.
+    fn resting(
+        &self,
+        name: &str,
+        in_use: impl Fn(&Arc<HookStats>) -> bool,
+    ) -> Option<Arc<HookStats>> {
+        self.live
+            .iter()
+            .find(|(n, s)| n == name && !in_use(s))
+            .map(|(_, s)| s.clone())
     }
 
     /// Accounts by name.
@@ -283,6 +305,7 @@ impl Host {
                 retired: std::sync::Mutex::new(Vec::new()),
                 ledger: std::sync::Mutex::new(Ledger::default()),
                 reloader: std::sync::OnceLock::new(),
+                history_ticker: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -340,6 +363,7 @@ impl Host {
                     &self.inner.config.python,
                     &self.inner.config.hermes_home,
                     self.inner.config.sandbox_default,
+                    self.events_received(),
                 )
             })
             .collect()
@@ -353,6 +377,7 @@ impl Host {
                 &self.inner.config.python,
                 &self.inner.config.hermes_home,
                 self.inner.config.sandbox_default,
+                self.events_received(),
             )
         })
     }
@@ -686,6 +711,7 @@ impl Host {
         if self.is_draining() {
             return LoadReport::default(); // shut down (or shutting down): nothing starts again
         }
+        self.start_history_ticker();
         let Some(discovery) = self.scan().await else {
             return LoadReport::default();
         };
@@ -849,11 +875,23 @@ impl Host {
                 let hook = match &prev {
                     Some(p) => LoadedHook::successor(spec, p, signals),
                     None => {
-                        let hook = LoadedHook::new_with(spec, self.inner.notices.clone(), signals);
+                        // The counters of a version of this name that no longer runs go on
+                        // (disable, then enable: issue 50); else new ones.
+                        let resting = self.resting_stats(&spec.name);
+                        let fresh = resting.is_none();
+                        let stats = resting.unwrap_or_default();
+                        let hook = LoadedHook::new_with_stats(
+                            spec,
+                            self.inner.notices.clone(),
+                            signals,
+                            stats,
+                        );
                         hook.set_reloader(self.reloader());
-                        self.ledger()
-                            .live
-                            .push((hook.spec.name.clone(), hook.stats.clone()));
+                        if fresh {
+                            self.ledger()
+                                .live
+                                .push((hook.spec.name.clone(), hook.stats.clone()));
+                        }
                         hook
                     }
                 };
@@ -1029,6 +1067,57 @@ impl Host {
             reloader
         };
         self.inner.reloader.get_or_init(init).clone()
+    }
+
+    /// Starts (once) the task that records every loaded hook's counters into its history every
+    /// [`crate::hook::history::TICK`] (issue 50); it ends when the host is gone.
+    fn start_history_ticker(&self) {
+        if self.inner.history_ticker.set(()).is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(crate::hook::history::TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                let Some(inner) = weak.upgrade() else { break };
+                Host { inner }.record_history();
+            }
+        });
+    }
+
+    /// Records every loaded hook's counters now into its history.
+    fn record_history(&self) {
+        let now = std::time::SystemTime::now();
+        let received = self.events_received();
+        for h in &self.snapshot().hooks {
+            let totals = h.stats.totals(received);
+            h.stats
+                .history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .tick(now, totals);
+        }
+    }
+
+    /// The counters of a hook named `name` that no loaded version and no retired version still
+    /// running uses: a new hook of that name goes on with them.
+    fn resting_stats(&self, name: &str) -> Option<Arc<HookStats>> {
+        let current = self.snapshot();
+        let running: Vec<Arc<HookStats>> = self
+            .inner
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|h| !h.is_finished())
+            .map(|h| h.stats.clone())
+            .collect();
+        self.ledger().resting(name, |s| {
+            current.hooks.iter().any(|h| Arc::ptr_eq(&h.stats, s))
+                || running.iter().any(|r| Arc::ptr_eq(r, s))
+        })
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {

@@ -69,48 +69,197 @@
     return "warn";
   }
 
+  // A hook's health (the service's `health`, from its last minutes) as a badge's tone.
+  function healthTone(state) {
+    if (state === "ok") return "ok";
+    if (state === "idle") return "plain";
+    if (state === "failing" || state === "dropping") return "bad";
+    return "warn";
+  }
+
+  var HEALTH_TEXT = { ok: "healthy", idle: "idle", degraded: "degraded", failing: "failing",
+    dropping: "dropping", never_matched: "never matched" };
+
+  function perMin(n, minutes) {
+    if (n === undefined || n === null || !minutes) return "–";
+    var r = n / minutes;
+    return (r >= 10 ? Math.round(r) : Math.round(r * 10) / 10) + "/min";
+  }
+
   function Section(props) {
     return h(C.Card, { className: "hh-card", "data-section": props.id },
       h(C.CardHeader, null, h(C.CardTitle, null, props.title)),
       h(C.CardContent, null, props.children));
   }
 
+  // The last hour as a small chart: a bar per minute for the events offered, failures and
+  // drops in red on top. Drawn as SVG, no library.
+  function Sparkline(props) {
+    var trend = props.trend || [];
+    var W = 120, H = 28;
+    if (!trend.length) return h("span", { className: "hh-muted" }, "–");
+    var top = 1;
+    trend.forEach(function (m) { top = Math.max(top, m.accepted || 0); });
+    var bw = W / 60;
+    var bars = trend.slice(-60).map(function (m, i, all) {
+      var x = (60 - all.length + i) * bw;
+      var ev = Math.max(m.accepted ? 1 : 0, Math.round(((m.accepted || 0) / top) * H));
+      var bad = (m.failed || 0) + (m.dropped || 0);
+      var bh = bad ? Math.max(1, Math.round((Math.min(bad, m.accepted || bad) / top) * H)) : 0;
+      return h("g", { key: i },
+        h("rect", { x: x, y: H - ev, width: Math.max(bw - 0.5, 0.5), height: ev, className: "hh-spark-ev" }),
+        bh ? h("rect", { x: x, y: H - bh, width: Math.max(bw - 0.5, 0.5), height: bh, className: "hh-spark-bad" }) : null);
+    });
+    var label = "last hour: " + trend.reduce(function (a, m) { return a + (m.accepted || 0); }, 0) + " events, " +
+      trend.reduce(function (a, m) { return a + (m.failed || 0) + (m.dropped || 0); }, 0) + " failed or dropped";
+    return h("svg", { className: "hh-spark", viewBox: "0 0 " + W + " " + H, width: W, height: H,
+      role: "img", "aria-label": label }, h("title", null, label), bars);
+  }
+
+  // The last error, aged: when, and how many calls succeeded since (then it is history).
+  function LastError(props) {
+    var err = props.err;
+    if (!err) return h("span", { className: "hh-muted" }, "none");
+    var stale = err.ok_since > 0;
+    return h("div", { className: "hh-lasterr" + (stale ? " hh-stale" : ""), title: err.message },
+      h("div", { className: "hh-clamp" }, err.message),
+      h("div", { className: "hh-muted" }, when(err.time) + (stale ? " · " + err.ok_since + " ok since" : " · current")));
+  }
+
+  function sandboxText(sb) {
+    if (!sb) return "–";
+    return sb.mode + (sb.enforced ? " (" + sb.enforced + ")" : "");
+  }
+
   function HookRow(props) {
     var hk = props.hook;
-    var c = hk.counters || {};
-    var d = hk.durations || {};
-    var err = hk.last_error;
-    return h("tr", { "data-hook": hk.name },
-      h("td", { "data-label": "Hook" }, h("strong", null, hk.name),
-        hk.description ? h("div", { className: "hh-muted" }, hk.description) : null),
-      h("td", { "data-label": "Runs" }, hk.runs || (Array.isArray(hk.workers) ? "fleet" : "service")),
-      h("td", { "data-label": "Kind" }, hk.kind),
-      h("td", { "data-label": "Events" }, (hk.events || []).join(", ")),
-      h("td", { "data-label": "State" }, badge(hk.status, stateTone(hk.status))),
-      h("td", { "data-label": "ok / failed / timed out / dropped", className: "hh-num" },
-        [c.ok, c.failed, c.timeouts, c.dropped].map(function (n) { return n === undefined ? "–" : n; }).join(" / ")),
-      h("td", { "data-label": "Duration (mean, p95)", className: "hh-num" },
-        d.calls ? ms(d.mean_ms) + ", ≤ " + ms(d.p95_ms) : "–"),
-      h("td", { "data-label": "Last error", className: "hh-error" },
-        err ? h("span", null, err.message, h("div", { className: "hh-muted" }, when(err.time))) : "–"),
+    var r = hk.recent || {};
+    var w = r.window || {};
+    var health = hk.health || { state: "ok", reason: "" };
+    var open = props.open;
+    var fleet = Array.isArray(hk.workers);
+    return h("tr", { "data-hook": hk.name, "data-health": health.state, className: open ? "hh-open" : "" },
+      h("td", { "data-label": "Hook", className: "hh-name" },
+        h("button", { className: "hh-link", "aria-expanded": open ? "true" : "false", "data-action": "details",
+          onClick: function () { props.toggle(hk.name); } }, h("strong", null, hk.name)),
+        h("div", { className: "hh-muted" }, hk.kind + " · " + (hk.runs || (fleet ? "fleet" : "service")) +
+          " · sandbox " + ((hk.sandbox && hk.sandbox.mode) || "none")),
+        (hk.warnings || []).length ? h("div", { className: "hh-warn hh-small", "data-warnings": String(hk.warnings.length) },
+          "⚠ " + hk.warnings.length + " warning" + (hk.warnings.length === 1 ? "" : "s")) : null),
+      h("td", { "data-label": "Health", className: "hh-health" },
+        badge(HEALTH_TEXT[health.state] || health.state, healthTone(health.state)),
+        hk.status !== "ready" && hk.status !== "busy" ? h("span", null, " ", badge(hk.status, stateTone(hk.status))) : null,
+        health.reason ? h("div", { className: "hh-muted hh-clamp" }, health.reason) : null),
+      h("td", { "data-label": "Last " + (r.window_minutes || 5) + " min", className: "hh-num" },
+        h("div", null, perMin(w.accepted, r.window_minutes) + " events"),
+        h("div", { className: w.failed ? "hh-bad" : "hh-muted" }, w.failed + " failed" + (w.timeouts ? " (" + w.timeouts + " timed out)" : "")),
+        h("div", { className: w.dropped ? "hh-bad" : "hh-muted" }, w.dropped + " dropped")),
+      h("td", { "data-label": "Latency p50 / p95", className: "hh-num" },
+        r.p50_ms === null || r.p50_ms === undefined ? h("span", { className: "hh-muted" }, "no call lately")
+          : ms(r.p50_ms) + " / " + ms(r.p95_ms)),
+      h("td", { "data-label": "Last hour" }, h(Sparkline, { trend: r.trend })),
+      h("td", { "data-label": "Last error", className: "hh-error" }, h(LastError, { err: hk.last_error })),
       // A hook the fleet's workers run is theirs: disabling it here would act on this edge's
       // own hook folders, not on the workers, so the tab says where to do it instead.
-      h("td", { "data-label": "" }, Array.isArray(hk.workers)
+      h("td", { "data-label": "", className: "hh-act" }, fleet
         ? h("span", { className: "hh-muted" }, "disable it on its workers")
-        : h(C.Button, { size: "sm", variant: "outline", disabled: props.busy,
-          onClick: function () { props.act("disable", hk.name); } }, "Disable")));
+        : h(C.Button, { size: "sm", variant: "outline", disabled: props.busy, "data-action": "disable",
+          onClick: function () { props.askDisable(hk.name); } }, "Disable")));
+  }
+
+  // Everything about one hook, under its row: patterns, warnings, sandbox, counters since it
+  // was first loaded, the queue, the whole last error, the last hour by minute.
+  function Detail(props) {
+    var hk = props.hook;
+    var c = hk.counters || {};
+    var q = hk.queue || {};
+    var sb = hk.sandbox || {};
+    var trend = ((hk.recent || {}).trend || []).slice(-15).reverse();
+    var facts = [
+      ["events", (hk.events || []).join(", ")],
+      ["handler", hk.handler],
+      ["directory", hk.path],
+      ["sandbox", sandboxText(sb)],
+      ["timeout", hk.timeout_s + " s"],
+      ["queue", q.depth + " of " + q.capacity + " (" + q.overflow + ")"],
+      ["since first loaded", c.accepted + " offered, " + c.ok + " ok, " + c.failed + " failed (" + c.timeouts +
+        " timed out), " + c.dropped + " dropped, " + c.restarts + " restarts"],
+    ];
+    return h("tr", { className: "hh-detail", "data-detail": hk.name }, h("td", { colSpan: 7 },
+      h("div", { className: "hh-grid" },
+        h("ul", { className: "hh-facts" }, facts.map(function (kv) {
+          return h("li", { key: kv[0] }, h("span", { className: "hh-muted" }, kv[0] + ": "), h("span", null, String(kv[1])));
+        })),
+        (hk.warnings || []).length ? h("div", { "data-detail-warnings": "1" }, h("strong", null, "Warnings"),
+          h("ul", { className: "hh-list" }, hk.warnings.map(function (t, i) { return h("li", { key: i, className: "hh-warn" }, t); }))) : null,
+        hk.last_error ? h("div", null, h("strong", null, "Last error"),
+          h("pre", { className: "hh-pre hh-wrap" }, hk.last_error.message),
+          h("div", { className: "hh-muted" }, hk.last_error.time + " · " + hk.last_error.ok_since + " ok since")) : null,
+        trend.length ? h("div", null, h("strong", null, "Last minutes"),
+          table(["Minute", "Events", "ok", "Failed", "Dropped", "p50 / p95"], trend.map(function (m) {
+            return h("tr", { key: m.at },
+              cell("Minute", (m.at || "").slice(11, 16)), cell("Events", String(m.accepted), "hh-num"),
+              cell("ok", String(m.ok), "hh-num"), cell("Failed", String(m.failed), "hh-num"),
+              cell("Dropped", String(m.dropped), "hh-num"),
+              cell("p50 / p95", m.p50_ms === null ? "–" : ms(m.p50_ms) + " / " + ms(m.p95_ms), "hh-num"));
+          }))) : null)));
+  }
+
+  // Asks before a hook is disabled: it stops, and a decision it gave is missing after.
+  function DisableConfirm(props) {
+    return h("tr", { className: "hh-detail", "data-confirm-disable": props.name }, h("td", { colSpan: 7 },
+      h("div", { className: "hh-review" },
+        h("p", null, "Disable ", h("strong", null, props.name), "? It stops receiving events now; if it gives ",
+          "decisions, callers that fail closed will deny in its place. Its counters are kept."),
+        h("div", { className: "hh-actions" },
+          h(C.Button, { size: "sm", disabled: props.busy, "data-action": "confirm-disable",
+            onClick: function () { props.confirm(props.name); } }, "Disable " + props.name),
+          h(C.Button, { size: "sm", variant: "outline", onClick: props.cancel }, "Cancel")))));
   }
 
   function HooksTable(props) {
     if (!props.hooks.length) return h("p", { className: "hh-muted" }, "No hook is loaded.");
+    var rows = [];
+    props.hooks.forEach(function (hk) {
+      rows.push(h(HookRow, { key: hk.name, hook: hk, busy: props.busy, open: props.open === hk.name,
+        toggle: props.toggle, askDisable: props.askDisable }));
+      if (props.disabling === hk.name) {
+        rows.push(h(DisableConfirm, { key: hk.name + "-confirm", name: hk.name, busy: props.busy,
+          confirm: props.confirmDisable, cancel: props.cancelDisable }));
+      }
+      if (props.open === hk.name) rows.push(h(Detail, { key: hk.name + "-detail", hook: hk }));
+    });
     return h("div", { className: "hh-scroll" },
-      h("table", { className: "hh-table" },
+      h("table", { className: "hh-table hh-hooks" },
+        h("colgroup", null, ["hh-c-name", "hh-c-health", "hh-c-rate", "hh-c-lat", "hh-c-trend", "hh-c-err", "hh-c-act"]
+          .map(function (c) { return h("col", { key: c, className: c }); })),
         h("thead", null, h("tr", null,
-          ["Hook", "Runs", "Kind", "Events", "State", "ok / failed / timed out / dropped",
-            "Duration (mean, p95)", "Last error", ""].map(function (t, i) { return h("th", { key: i }, t); }))),
-        h("tbody", null, props.hooks.map(function (hk) {
-          return h(HookRow, { key: hk.name, hook: hk, act: props.act, busy: props.busy });
-        }))));
+          ["Hook", "Health", "Last 5 min", "Latency p50 / p95", "Last hour", "Last error", ""].map(function (t, i) { return h("th", { key: i }, t); }))),
+        h("tbody", null, rows)));
+  }
+
+  // The code an approval lets run: every file, a diff for what changed since the recorded
+  // approval (when its text was kept), the whole text of new files, unchanged ones folded.
+  function Code(props) {
+    if (!props.files.length) return null;
+    return h("div", { className: "hh-code", "data-review-code": "1" }, props.files.map(function (f) {
+      var tone = f.status === "unchanged" ? "plain" : f.status === "removed" ? "bad" : "warn";
+      var body;
+      if (f.diff) {
+        body = h("pre", { className: "hh-pre", "data-diff": f.path }, f.diff.split("\n").map(function (line, i) {
+          var c = line[0] === "+" ? "hh-add" : line[0] === "-" ? "hh-del" : line[0] === "@" ? "hh-muted" : "";
+          return h("span", { key: i, className: c }, line + "\n");
+        }));
+      } else if (f.text !== null && f.text !== undefined) {
+        body = h("pre", { className: "hh-pre", "data-text": f.path }, f.text);
+      } else {
+        body = h("p", { className: "hh-muted" }, f.status === "removed" ? "removed since the approval" : (f.note || ""));
+      }
+      return h("details", { key: f.path, open: f.status !== "unchanged", "data-file": f.path },
+        h("summary", null, h("code", null, f.path), " ", badge(f.status, tone),
+          f.status === "changed" && !f.diff ? h("span", { className: "hh-muted" }, " (the approved text was not kept: no diff)") : null),
+        body);
+    }));
   }
 
   function settingsOf(r) {
@@ -139,6 +288,7 @@
           return h("tr", { key: f }, h("td", { "data-label": "File" }, f),
             h("td", { "data-label": "SHA-256" }, h("code", null, r.files[f])));
         })))),
+      h(Code, { files: r.code || [] }),
       h("div", { className: "hh-actions" },
         h(C.Button, { size: "sm", disabled: props.busy, onClick: props.approve }, "Approve these files"),
         h(C.Button, { size: "sm", variant: "outline", onClick: props.cancel }, "Cancel")));
@@ -163,15 +313,43 @@
     }));
   }
 
+  // What a notice says happened, in words: its tone, its label and the detail.
+  function describe(n) {
+    var t = n.type;
+    if (t === "handler_timeout") {
+      return ["bad", "timed out", (n.event ? n.event + ": " : "") + "no answer within " + n.timeout_s + " s; the call was stopped"];
+    }
+    if (t === "handler_error") {
+      return ["bad", "failed", (n.event ? n.event + ": " : "") + (n.error || "") +
+        (n.events > 1 ? " (" + n.events + " waiting events)" : "")];
+    }
+    if (t === "hook_reloaded" && (n.error || n.kept_previous)) {
+      return ["bad", "reload failed", "the new version did not load: " + (n.error || "") +
+        (n.kept_previous ? "; the previous version keeps running" : "")];
+    }
+    if (t === "hook_reloaded") return ["ok", "reloaded", "the new version runs" + (n.kind ? " (" + n.kind + ")" : "")];
+    if (t === "hook_loaded") return ["ok", "loaded", (n.kind || "") + (n.events ? " on " + n.events.join(", ") : "")];
+    if (t === "hook_unloaded") return ["plain", "unloaded", n.queued ? n.queued + " queued event(s) drain first" : ""];
+    if (t === "hook_skipped") return ["bad", "not loaded", n.reason || ""];
+    if (t === "queue_overflow") {
+      return ["bad", "dropping", n.dropped + " event(s) dropped: the queue of " + n.capacity + " is full (" +
+        n.overflow + "); " + n.total_dropped + " in all"];
+    }
+    if (t === "worker_restart") return ["warn", "restarted", "its worker was restarted (" + n.restarts + " restarts in all)"];
+    if (t === "host_start") return ["ok", "service started", n.address || ""];
+    return [/fail|skip|error|timeout|drop/.test(t) ? "bad" : "plain", t.replace(/_/g, " "),
+      n.reason || n.error || n.message || ""];
+  }
+
   function Tail(props) {
     if (!props.notices.length) return h("p", { className: "hh-muted" }, "Nothing yet.");
     return h("ol", { className: "hh-tail" }, props.notices.slice().reverse().map(function (n) {
       var what = n.name || n.hook || "";
-      var detail = n.reason || n.error || n.message || "";
-      return h("li", { key: n.seq },
+      var d = describe(n);
+      return h("li", { key: n.seq, "data-notice": n.type },
         h("span", { className: "hh-muted" }, (n.time || "").replace("T", " ").replace("Z", "")), " ",
-        badge(n.type, /fail|skip|error|timeout|drop/.test(n.type) ? "bad" : "plain"), " ",
-        what ? h("strong", null, what) : null, detail ? " " + detail : "");
+        badge(d[1], d[0]), " ",
+        what ? h("strong", null, what) : null, d[2] ? " " + d[2] : "");
     }));
   }
 
@@ -292,6 +470,8 @@
     var _r = useState(null), review = _r[0], setReview = _r[1];
     var _d = useState(null), dead = _d[0], setDead = _d[1];
     var _c = useState(null), confirm = _c[0], setConfirm = _c[1];
+    var _o = useState(null), open = _o[0], setOpen = _o[1];
+    var _x = useState(null), disabling = _x[0], setDisabling = _x[1];
     var last = useRef(0);
 
     // The dead letters are read only from a fleet edge (any other service has none), and not
@@ -379,7 +559,10 @@
     } else {
       body = h("div", { className: "hh-grid" },
         h(Section, { id: "hooks", title: "Loaded hooks (" + (state.hooks || []).length + ")" },
-          h(HooksTable, { hooks: state.hooks || [], act: act, busy: busy })),
+          h(HooksTable, { hooks: state.hooks || [], busy: busy, open: open,
+            toggle: function (name) { setOpen(open === name ? null : name); },
+            disabling: disabling, askDisable: setDisabling, cancelDisable: function () { setDisabling(null); },
+            confirmDisable: function (name) { setDisabling(null); act("disable", name); } })),
         h(Section, { id: "skipped", title: "Not loaded (" + (state.skipped || []).length + ")" },
           h(Skipped, { skipped: state.skipped || [], act: act, busy: busy, review: review,
             showReview: showReview, approve: approve, cancel: function () { setReview(null); } })),

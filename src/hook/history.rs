@@ -1,0 +1,362 @@
+//! A hook's last hour, minute by minute (issue 50): what the Hooks tab needs to say whether a
+//! hook is healthy now, not since the service started. Bounded: 60 one-minute slots, each
+//! holding the hook's counters as last seen in that minute (taken by the host's ticker every
+//! [`TICK`], so nothing is added to the emit path) and at most [`SAMPLES_PER_MINUTE`] handler
+//! durations (recorded by the worker with each call), from which percentiles are computed.
+//! A hook's history lives in its [`super::HookStats`], so it survives reloads and a
+//! disable/enable like the counters.
+
+use std::collections::VecDeque;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// How often the host's ticker records every hook's counters.
+pub const TICK: Duration = Duration::from_secs(10);
+/// Minutes kept.
+const MINUTES: usize = 60;
+/// Durations kept per minute (the first ones, then one in every few: see [`Slot::sample`]).
+const SAMPLES_PER_MINUTE: usize = 256;
+/// The window the health and the rates look at.
+pub const WINDOW_MINUTES: u64 = 5;
+
+/// Cumulative counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Events offered to the hook.
+    pub accepted: u64,
+    /// Calls that returned.
+    pub ok: u64,
+    /// Calls that failed (timeouts included).
+    pub failed: u64,
+    /// Calls that timed out.
+    pub timeouts: u64,
+    /// Events dropped.
+    pub dropped: u64,
+    /// Events the whole host received (to tell "never matched" from "nothing happened").
+    pub received: u64,
+}
+
+impl Totals {
+    fn since(self, earlier: Totals) -> Totals {
+        Totals {
+            accepted: self.accepted.saturating_sub(earlier.accepted),
+            ok: self.ok.saturating_sub(earlier.ok),
+            failed: self.failed.saturating_sub(earlier.failed),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+            received: self.received.saturating_sub(earlier.received),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    /// Minutes since the Unix epoch.
+    minute: u64,
+    /// Counters at the start of the minute (the last ones seen before it), and at its latest
+    /// tick.
+    first: Totals,
+    last: Totals,
+    /// Handler durations in microseconds.
+    durations: Vec<u32>,
+    /// Calls timed in the minute (more than `durations` holds when it overflowed).
+    timed: u64,
+}
+
+impl Slot {
+    /// Keeps the first [`SAMPLES_PER_MINUTE`] durations, then replaces one slot in a rotating
+    /// order, so a busy minute's samples still span the whole minute.
+    fn sample(&mut self, us: u32) {
+        self.timed += 1;
+        if self.durations.len() < SAMPLES_PER_MINUTE {
+            self.durations.push(us);
+        } else {
+            let i = (self.timed as usize * 7919) % SAMPLES_PER_MINUTE;
+            self.durations[i] = us;
+        }
+    }
+}
+
+/// The last hour of one hook.
+#[derive(Debug, Default)]
+pub struct History {
+    slots: VecDeque<Slot>,
+}
+
+fn minute_of(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() / 60)
+}
+
+impl History {
+    fn slot(&mut self, minute: u64, now: Totals) -> &mut Slot {
+        let last = self.slots.back().map(|s| s.last);
+        if self.slots.back().is_none_or(|s| s.minute != minute) {
+            self.slots.push_back(Slot {
+                minute,
+                first: last.unwrap_or(now),
+                last: now,
+                durations: Vec::new(),
+                timed: 0,
+            });
+            while self.slots.len() > MINUTES {
+                self.slots.pop_front();
+            }
+        }
+        let n = self.slots.len() - 1;
+        &mut self.slots[n]
+    }
+
+    /// Records the counters as they are at `at`.
+    pub fn tick(&mut self, at: SystemTime, now: Totals) {
+        self.slot(minute_of(at), now).last = now;
+    }
+
+    /// Records one handler duration at `at`.
+    pub fn duration(&mut self, at: SystemTime, d: Duration) {
+        let us = u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+        let minute = minute_of(at);
+        match self.slots.back_mut() {
+            Some(s) if s.minute == minute => s.sample(us),
+            _ => {
+                let now = self.slots.back().map(|s| s.last).unwrap_or_default();
+                self.slot(minute, now).sample(us);
+            }
+        }
+    }
+
+    /// The view at `at` with the counters `now`: the last hour by minute, the last
+    /// [`WINDOW_MINUTES`] summed, and percentiles of the durations in that window.
+    pub fn view(&self, at: SystemTime, now: Totals) -> HistoryView {
+        let current = minute_of(at);
+        let from = current.saturating_sub(WINDOW_MINUTES - 1);
+        let start = self
+            .slots
+            .iter()
+            .find(|s| s.minute >= from)
+            .map_or(now, |s| s.first);
+        let mut window_samples = Vec::new();
+        let trend: Vec<Minute> = self
+            .slots
+            .iter()
+            .filter(|s| s.minute + MINUTES as u64 > current)
+            .map(|s| {
+                let end = if s.minute == current { now } else { s.last };
+                if s.minute >= from {
+                    window_samples.extend_from_slice(&s.durations);
+                }
+                let mut d = s.durations.clone();
+                d.sort_unstable();
+                Minute {
+                    at: crate::time::rfc3339(UNIX_EPOCH + Duration::from_secs(s.minute * 60)),
+                    counts: end.since(s.first),
+                    p50_ms: percentile(&d, 0.50),
+                    p95_ms: percentile(&d, 0.95),
+                }
+            })
+            .collect();
+        window_samples.sort_unstable();
+        HistoryView {
+            window: now.since(start),
+            window_minutes: WINDOW_MINUTES,
+            p50_ms: percentile(&window_samples, 0.50),
+            p95_ms: percentile(&window_samples, 0.95),
+            p99_ms: percentile(&window_samples, 0.99),
+            trend,
+        }
+    }
+}
+
+/// The `q` quantile of sorted microsecond samples, in milliseconds (nearest rank).
+fn percentile(sorted: &[u32], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    Some(f64::from(sorted[rank - 1]) / 1000.0)
+}
+
+/// One minute of a hook's trend.
+#[derive(Debug, Clone, Serialize)]
+pub struct Minute {
+    /// The minute's start (RFC 3339).
+    pub at: String,
+    /// What happened in it.
+    #[serde(flatten)]
+    pub counts: Totals,
+    /// Median handler duration in it, milliseconds (from the calls themselves).
+    pub p50_ms: Option<f64>,
+    /// 95th percentile, milliseconds.
+    pub p95_ms: Option<f64>,
+}
+
+/// What `/v1/hooks` shows of a hook's recent past.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryView {
+    /// What happened in the last `window_minutes` minutes (the current one included).
+    pub window: Totals,
+    /// The window's length.
+    pub window_minutes: u64,
+    /// Handler durations in the window: median, 95th and 99th percentile, milliseconds.
+    pub p50_ms: Option<f64>,
+    /// See `p50_ms`.
+    pub p95_ms: Option<f64>,
+    /// See `p50_ms`.
+    pub p99_ms: Option<f64>,
+    /// The last hour, one entry per minute that saw the hook loaded, oldest first.
+    pub trend: Vec<Minute>,
+}
+
+/// A hook's health now, from its window: the worst that applies.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Health {
+    /// `ok`, `idle` (nothing offered in the window), `degraded` (some calls failed or timed
+    /// out, or the worker is restarting), `failing` (half or more of the calls failed),
+    /// `dropping` (events were dropped), `never_matched` (events came, none ever matched).
+    pub state: &'static str,
+    /// Why, in a sentence (empty for `ok`).
+    pub reason: String,
+}
+
+/// What a hook's worker is doing, as [`health`] needs it.
+pub struct Now<'a> {
+    /// Worker state (`ready`, `restarting`, `stuck`...).
+    pub status: &'a str,
+    /// Events offered since the hook was first loaded.
+    pub accepted_ever: u64,
+    /// Its queue's bound and overflow policy, for a drop's reason.
+    pub capacity: usize,
+    /// See `capacity`.
+    pub overflow: &'a str,
+}
+
+/// The health of a hook whose window is `w`.
+pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
+    let t = &w.window;
+    let calls = t.ok + t.failed;
+    let mins = w.window_minutes;
+    let failed_text = || {
+        let timeouts = if t.timeouts > 0 {
+            format!(" ({} timed out)", t.timeouts)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} of {calls} calls failed in the last {mins} min{timeouts}",
+            t.failed
+        )
+    };
+    let say = |state, reason| Health { state, reason };
+    if calls >= 2 && t.failed * 2 >= calls {
+        return say("failing", failed_text());
+    }
+    if t.dropped > 0 {
+        return say(
+            "dropping",
+            format!(
+                "{} of {} events dropped in the last {mins} min (queue of {}, {}): the handler \
+                 does not keep up",
+                t.dropped, t.accepted, now.capacity, now.overflow
+            ),
+        );
+    }
+    if matches!(now.status, "restarting" | "stuck") {
+        return say("degraded", format!("the worker is {}", now.status));
+    }
+    if t.failed > 0 {
+        return say("degraded", failed_text());
+    }
+    if now.accepted_ever == 0 && t.received >= 10 {
+        return say(
+            "never_matched",
+            format!(
+                "none of the {} events received in the last {mins} min matched its `events:`",
+                t.received
+            ),
+        );
+    }
+    if t.accepted == 0 {
+        return say("idle", format!("no event in the last {mins} min"));
+    }
+    say("ok", String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(min: u64, sec: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_000_000 * 60 + min * 60 + sec)
+    }
+
+    fn totals(accepted: u64, ok: u64, failed: u64, dropped: u64) -> Totals {
+        Totals {
+            accepted,
+            ok,
+            failed,
+            timeouts: 0,
+            dropped,
+            received: accepted,
+        }
+    }
+
+    #[test]
+    fn the_window_counts_only_its_minutes_and_percentiles_come_from_the_calls() {
+        let mut h = History::default();
+        h.tick(at(0, 0), totals(0, 0, 0, 0));
+        h.tick(at(0, 50), totals(100, 90, 10, 0));
+        for m in 1..10 {
+            h.tick(at(m, 5), totals(100 + m * 10, 90 + m * 10, 10, 0));
+        }
+        for ms in 1..=100 {
+            h.duration(at(9, 30), Duration::from_millis(ms));
+        }
+        let v = h.view(at(9, 40), totals(190, 180, 10, 0));
+        // Minutes 5..=9: from minute 5's start (140 accepted at minute 4's tick) to now.
+        assert_eq!(v.window.accepted, 50);
+        assert_eq!(v.window.failed, 0);
+        assert_eq!(v.p50_ms, Some(50.0));
+        assert_eq!(v.p95_ms, Some(95.0));
+        assert_eq!(v.trend.len(), 10);
+        assert_eq!(v.trend[0].counts.failed, 10);
+        let now = Now {
+            status: "ready",
+            accepted_ever: 190,
+            capacity: 1000,
+            overflow: "drop_oldest",
+        };
+        assert_eq!(health(&v, &now).state, "ok");
+    }
+
+    #[test]
+    fn health_names_the_worst_that_applies() {
+        let view = |t: Totals| HistoryView {
+            window: t,
+            window_minutes: 5,
+            p50_ms: None,
+            p95_ms: None,
+            p99_ms: None,
+            trend: Vec::new(),
+        };
+        let now = Now {
+            status: "ready",
+            accepted_ever: 1,
+            capacity: 10,
+            overflow: "drop_oldest",
+        };
+        assert_eq!(health(&view(totals(12, 9, 3, 0)), &now).state, "degraded");
+        assert_eq!(health(&view(totals(12, 3, 9, 0)), &now).state, "failing");
+        assert_eq!(
+            health(&view(totals(11000, 1000, 0, 9928)), &now).state,
+            "dropping"
+        );
+        let never = Now {
+            accepted_ever: 0,
+            ..now
+        };
+        let mut t = totals(0, 0, 0, 0);
+        t.received = 50;
+        assert_eq!(health(&view(t), &never).state, "never_matched");
+        assert_eq!(health(&view(totals(0, 0, 0, 0)), &now).state, "idle");
+    }
+}
