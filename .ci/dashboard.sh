@@ -7,6 +7,7 @@
 #
 # Usage: .ci/dashboard.sh [HERMES_HOOKS_BIN]   (default target/debug/hermes-hooks)
 #        DASHBOARD_DOCS_IMAGE=docs/dashboard-hooks.png .ci/dashboard.sh   (also refresh the docs' image)
+#        DASHBOARD_DOCS_DIR=docs .ci/dashboard.sh   (also refresh docs/dashboard-hooks-1280.png and -390.png)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/debug/hermes-hooks}
@@ -33,7 +34,8 @@ fi
 out=${TMPDIR:-/tmp}/hermes-hooks-dashboard
 rm -rf "$out"
 "$venv/bin/python" tests/dashboard/check_tab.py --bin "$bin" --hermes "$venv/bin/hermes" \
-  --chromium "$(command -v chromium)" --out "$out" ${DASHBOARD_DOCS_IMAGE:+--docs-image "$DASHBOARD_DOCS_IMAGE"}
+  --chromium "$(command -v chromium)" --out "$out" ${DASHBOARD_DOCS_IMAGE:+--docs-image "$DASHBOARD_DOCS_IMAGE"} \
+  ${DASHBOARD_DOCS_DIR:+--docs-dir "$DASHBOARD_DOCS_DIR"}
 say "screenshots: $out"
 # A web page on another origin (and a DNS-rebound name) cannot drive the service (issue 46).
 "$venv/bin/python" tests/dashboard/cross_origin.py --bin "$bin" --chromium "$(command -v chromium)"

@@ -82,6 +82,8 @@ impl Slot {
 #[derive(Debug, Default)]
 pub struct History {
     slots: VecDeque<Slot>,
+    /// The first tick: the window never reaches back before it.
+    since: Option<SystemTime>,
 }
 
 fn minute_of(t: SystemTime) -> u64 {
@@ -109,6 +111,7 @@ impl History {
 
     /// Records the counters as they are at `at`.
     pub fn tick(&mut self, at: SystemTime, now: Totals) {
+        self.since.get_or_insert(at);
         self.slot(minute_of(at), now).last = now;
     }
 
@@ -156,9 +159,14 @@ impl History {
             })
             .collect();
         window_samples.sort_unstable();
+        let from_time = UNIX_EPOCH + Duration::from_secs(from * 60);
+        let covered_from = self.since.map_or(at, |s| s.max(from_time));
         HistoryView {
             window: now.since(start),
             window_minutes: WINDOW_MINUTES,
+            window_s: at
+                .duration_since(covered_from)
+                .map_or(0.0, |d| (d.as_secs_f64() * 10.0).round() / 10.0),
             p50_ms: percentile(&window_samples, 0.50),
             p95_ms: percentile(&window_samples, 0.95),
             p99_ms: percentile(&window_samples, 0.99),
@@ -197,6 +205,9 @@ pub struct HistoryView {
     pub window: Totals,
     /// The window's length.
     pub window_minutes: u64,
+    /// Seconds the window actually covers (less than `window_minutes` for a hook loaded since
+    /// then): what rates divide by.
+    pub window_s: f64,
     /// Handler durations in the window: median, 95th and 99th percentile, milliseconds.
     pub p50_ms: Option<f64>,
     /// See `p50_ms`.
@@ -333,6 +344,7 @@ mod tests {
         let view = |t: Totals| HistoryView {
             window: t,
             window_minutes: 5,
+            window_s: 300.0,
             p50_ms: None,
             p95_ms: None,
             p99_ms: None,

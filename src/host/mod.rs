@@ -887,6 +887,13 @@ impl Host {
                             stats,
                         );
                         hook.set_reloader(self.reloader());
+                        // Its window starts now: what came before its load does not count.
+                        let totals = hook.stats.totals(self.events_received());
+                        hook.stats
+                            .history
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .tick(std::time::SystemTime::now(), totals);
                         if fresh {
                             self.ledger()
                                 .live

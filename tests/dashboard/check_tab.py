@@ -48,6 +48,9 @@ from playwright.sync_api import sync_playwright
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 DEADLINE_S = 60.0
+LONG_ERROR = ("ValueError: the upstream answered 502 Bad Gateway while delivering the summary; "
+              "payload=" + "abcdefghij" * 30 + " (retrying would not help: the token expired at "
+              "2026-12-05T00:00:00Z and no refresh token was configured)")
 CONFIG_BEFORE = "# the operator's own settings\nmodel:\n  default: some-model  # kept\nplugins:\n  disabled: [other]\n"
 
 
@@ -142,7 +145,23 @@ def set_up_hooks(run):
                          "def handle(event_type, context):\n    return None\n")
     write_hook(run.roots, "broken", "name: broken\nevents: agent:start\n",
                "def handle(event_type, context):\n    return None\n")
-    for name in ("greeter", "flaky"):
+    # Issue 50's hooks: one that cannot keep up (a queue of 2, 0.4 s a call), one whose pattern
+    # matches nothing, one that failed once and recovered, one that times out, one with an
+    # unknown HOOK.yaml key (a warning) and a long error, one whose next version fails to start.
+    write_hook(run.roots, "slow", "name: slow\nevents: [\"slow:*\"]\nqueue: {capacity: 2}\n",
+               "import time\n\ndef handle(event_type, context):\n    time.sleep(0.4)\n")
+    write_hook(run.roots, "nomatch", "name: nomatch\nevents: [\"nothing:ever\"]\n",
+               "def handle(event_type, context):\n    return None\n")
+    write_hook(run.roots, "recovers", "name: recovers\nevents: [\"agent:start\"]\n",
+               "calls = []\n\ndef handle(event_type, context):\n    calls.append(1)\n"
+               "    if len(calls) == 1:\n        raise RuntimeError('first call fails')\n")
+    write_hook(run.roots, "sleepy", "name: sleepy\nevents: [\"sleepy:*\"]\ntimeout: 1\n",
+               "import time\n\ndef handle(event_type, context):\n    time.sleep(3)\n")
+    write_hook(run.roots, "wordy", "name: wordy\nevents: [\"agent:start\"]\ncolour: blue\n",
+               "def handle(event_type, context):\n    raise RuntimeError(%r)\n" % LONG_ERROR)
+    write_hook(run.roots, "upgraded", "name: upgraded\nevents: [\"agent:end\"]\n",
+               "def handle(event_type, context):\n    return None\n")
+    for name in ("greeter", "flaky", "slow", "nomatch", "recovers", "sleepy", "wordy", "upgraded"):
         run.cli("enable", name, "--trust", "explicit")
     with open(os.path.join(pending, "handler.py"), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -150,10 +169,13 @@ def set_up_hooks(run):
 
 def start_service(run):
     run.service = run.spawn([run.args.bin, "serve", "--trust", "explicit", "--no-watch"], "service.log")
-    wait_for("the service to load greeter and flaky", lambda: {"greeter", "flaky"} <= {
+    wait_for("the service to load greeter and flaky", lambda: {"greeter", "flaky", "slow"} <= {
         h["name"] for h in (run.live() or {}).get("hooks", [])})
     for _ in range(3):
         run.cli("emit", "agent:start", "--context", "{\"user_id\": \"42\"}")
+    for n in range(12):
+        run.cli("emit", "slow:tick", "--context", json.dumps({"n": n}))
+    run.cli("emit", "sleepy:go")
     wait_for("flaky's failures to be counted", lambda: any(
         h["name"] == "flaky" and h["counters"]["failed"] >= 3 for h in run.live()["hooks"]))
 
@@ -201,19 +223,36 @@ def row_text(page, selector):
     return page.locator(selector).first.inner_text(timeout=DEADLINE_S * 1000)
 
 
+def health_of(page, name):
+    row = page.locator("tr[data-hook='%s']" % name)
+    return row.get_attribute("data-health") if row.count() else None
+
+
 def check_page(run, page, pending_sha):
     hooks_link = page.locator("a[href='/hooks']").first
     hooks_link.wait_for(timeout=DEADLINE_S * 1000)
     hooks_link.click()
     page.wait_for_url("**/hooks", timeout=DEADLINE_S * 1000)
     page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
+    # Each hook's health at a glance, from its last minutes (issue 50).
+    want = {"greeter": "ok", "flaky": "failing", "slow": "dropping", "nomatch": "never_matched",
+            "recovers": "degraded", "wordy": "failing"}
+    wait_for("every hook's health on the page (%r)" % want, lambda: all(
+        health_of(page, n) == st for n, st in want.items()))
     greeter = row_text(page, "tr[data-hook='greeter']")
+    assert "healthy" in greeter and "python · service · sandbox none" in greeter, greeter
+    assert "none" in greeter, "greeter has no error: %r" % greeter
     flaky = row_text(page, "tr[data-hook='flaky']")
-    for name, text in (("greeter", greeter), ("flaky", flaky)):
-        assert "python" in text and "service" in text and "ready" in text, (name, text)
-    assert "agent:*" in greeter and "3 / 0 / 0 / 0" in greeter, greeter
-    assert "flaky fails on purpose" in flaky, flaky
-    assert "0 / 3 / 0 / 0" in flaky, "flaky's counters (ok / failed / timed out / dropped): %r" % flaky
+    assert "failing" in flaky and "3 of 3 calls failed" in flaky, flaky
+    assert "flaky fails on purpose" in flaky and "current" in flaky, flaky
+    slow = row_text(page, "tr[data-hook='slow']")
+    assert "dropping" in slow and "events dropped in the last 5 min" in slow, slow
+    nomatch = row_text(page, "tr[data-hook='nomatch']")
+    assert "never matched" in nomatch and "matched its `events:`" in nomatch, nomatch
+    recovers = row_text(page, "tr[data-hook='recovers']")
+    assert "first call fails" in recovers and "2 ok since" in recovers, "an aged error: %r" % recovers
+    wordy = row_text(page, "tr[data-hook='wordy']")
+    assert "1 warning" in wordy, wordy
     pending = row_text(page, "li[data-skipped='pending']")
     assert "not approved" in pending and "hermes-hooks enable pending --trust explicit" in pending, pending
     broken = row_text(page, "li[data-skipped='broken']")
@@ -222,7 +261,79 @@ def check_page(run, page, pending_sha):
     assert run.roots in roots, roots
     tail = page.locator("[data-section='tail'] li").first
     tail.wait_for(timeout=DEADLINE_S * 1000)
+    timeout = page.locator("[data-notice='handler_timeout']").first
+    timeout.wait_for(timeout=DEADLINE_S * 1000)
+    assert "timed out" in timeout.inner_text() and "no answer within 1 s" in timeout.inner_text(), \
+        timeout.inner_text()
     return pending
+
+
+def check_layout(run, page):
+    """At 1280 px with a long error: no sideways scroll, every Disable button whole and in
+    view, no row taller than a few lines; the detail row holds the whole error."""
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.locator("tr[data-hook='wordy']").wait_for(timeout=DEADLINE_S * 1000)
+    fits(page, "the page at 1280 px")
+    boxes = page.evaluate("""() => Array.from(document.querySelectorAll(
+        "tr[data-hook] button[data-action='disable']")).map(b => {
+          const r = b.getBoundingClientRect(); return [r.left, r.right, b.innerText]; })""")
+    assert boxes, "no Disable button"
+    for left, right, text in boxes:
+        assert right <= 1280 and text.strip() == "Disable", (left, right, text)
+    table = page.evaluate("""() => { const t = document.querySelector("table.hh-hooks");
+        const s = t.closest(".hh-scroll"); return [s.scrollWidth, s.clientWidth]; }""")
+    assert table[0] <= table[1] + 1, "the hooks table scrolls sideways at 1280 px: %r" % table
+    height = page.locator("tr[data-hook='wordy']").bounding_box()["height"]
+    assert height < 220, "the row with a long error is %d px tall" % height
+    page.locator("tr[data-hook='wordy'] button[data-action='details']").click()
+    detail = page.locator("[data-detail='wordy']")
+    detail.wait_for(timeout=DEADLINE_S * 1000)
+    text = detail.inner_text()
+    assert "colour" in text and LONG_ERROR[-40:] in text and "agent:start" in text, text
+    assert "sandbox" in text, text
+    shot = os.path.join(run.args.out, "hooks-tab-1280.png")
+    page.screenshot(path=shot, full_page=True)
+    if run.args.docs_dir:
+        shutil.copyfile(shot, os.path.join(run.args.docs_dir, "dashboard-hooks-1280.png"))
+    page.locator("tr[data-hook='wordy'] button[data-action='details']").click()
+    detail.wait_for(state="detached", timeout=DEADLINE_S * 1000)
+    page.set_viewport_size({"width": 1360, "height": 900})
+
+
+def live_hook(run, name):
+    return next((h for h in (run.live() or {}).get("hooks", []) if h["name"] == name), None)
+
+
+def check_disable(run, page):
+    """Disable asks first; disable then enable keeps the counters."""
+    before = live_hook(run, "greeter")["counters"]
+    page.locator("tr[data-hook='greeter'] button[data-action='disable']").click()
+    confirm = page.locator("[data-confirm-disable='greeter']")
+    confirm.wait_for(timeout=DEADLINE_S * 1000)
+    assert live_hook(run, "greeter") is not None, "disabled before the confirmation"
+    confirm.locator("button", has_text="Cancel").click()
+    confirm.wait_for(state="detached", timeout=DEADLINE_S * 1000)
+    assert live_hook(run, "greeter") is not None, "disabled after Cancel"
+    page.locator("tr[data-hook='greeter'] button[data-action='disable']").click()
+    confirm.locator("button[data-action='confirm-disable']").click()
+    wait_for("greeter to be disabled", lambda: live_hook(run, "greeter") is None)
+    run.cli("enable", "greeter", "--trust", "explicit")
+    page.locator("button[data-action='reload']").click()
+    page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
+    after = live_hook(run, "greeter")["counters"]
+    assert after["accepted"] >= before["accepted"] and after["ok"] >= before["ok"], (before, after)
+    assert before["accepted"] > 0, before
+
+
+def check_reload_failed(run, page):
+    """A new version that fails to start: the tail says the reload failed and the old one runs."""
+    with open(os.path.join(run.roots, "upgraded", "handler.py"), "w") as f:
+        f.write("import no_such_module_for_this_test\n\ndef handle(event_type, context):\n    return None\n")
+    run.cli("enable", "upgraded", "--trust", "explicit")
+    page.locator("button[data-action='reload']").click()
+    entry = page.locator("[data-notice='hook_reloaded']", has_text="reload failed").first
+    entry.wait_for(timeout=DEADLINE_S * 1000)
+    assert "previous version keeps running" in entry.inner_text(), entry.inner_text()
 
 
 def check_approve(run, page, pending_sha):
@@ -233,6 +344,8 @@ def check_approve(run, page, pending_sha):
     assert "handler.py" in text and pending_sha in text, "the review shows %r" % text
     # The sandbox is shown before Approve (issue 46): the approval covers it.
     assert "Sandbox: strict" in text, "the review does not show the sandbox: %r" % text
+    # And the code itself (issue 50).
+    assert "def handle(event_type, context):" in text, "the review shows no code: %r" % text
     # The picture for the docs: counters, an error, a refused hook with its review open.
     page.set_viewport_size({"width": 1360, "height": 1400})
     shot = os.path.join(run.args.out, "hooks-tab.png")
@@ -246,6 +359,18 @@ def check_approve(run, page, pending_sha):
         h["name"] == "pending" for h in run.live()["hooks"]))
     with open(os.path.join(run.home, "hooks-trust.json")) as f:
         assert pending_sha in f.read(), "the approval does not record the reviewed hash"
+    message = page.locator(".hh-message").inner_text()
+    assert "runs now" in message and "SIGHUP" not in message, message
+    # Changed since its approval: the review shows what changed, as a diff.
+    with open(os.path.join(run.roots, "pending", "handler.py"), "a") as f:
+        f.write("# changed by the test\n")
+    page.locator("button[data-action='reload']").click()
+    page.locator("li[data-skipped='pending'] button", has_text="Review and approve").click()
+    diff = page.locator("[data-review='pending'] [data-diff='handler.py']")
+    diff.wait_for(timeout=DEADLINE_S * 1000)
+    assert "+# changed by the test" in diff.inner_text(), diff.inner_text()
+    page.locator("[data-review='pending'] button", has_text="Approve these files").click()
+    page.locator("tr[data-hook='pending']").wait_for(timeout=DEADLINE_S * 1000)
 
 
 def check_reload(run, page):
@@ -264,13 +389,19 @@ def fits(page, what):
     assert sizes[0] <= sizes[1] + 1, "horizontal overflow of %s at phone width: %r" % (what, sizes)
 
 
-def check_phone(page, out):
+def check_phone(page, out, docs_dir=None):
     page.set_viewport_size({"width": 390, "height": 844})
     page.reload()
     page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
     fits(page, "the page")
     assert page.locator("tr[data-hook='greeter']").is_visible()
-    page.screenshot(path=os.path.join(out, "hooks-tab-phone.png"), full_page=True)
+    page.locator("tr[data-hook='wordy'] button[data-action='details']").click()
+    page.locator("[data-detail='wordy']").wait_for(timeout=DEADLINE_S * 1000)
+    fits(page, "the page with a detail open")
+    shot = os.path.join(out, "hooks-tab-phone.png")
+    page.screenshot(path=shot, full_page=True)
+    if docs_dir:
+        shutil.copyfile(shot, os.path.join(docs_dir, "dashboard-hooks-390.png"))
 
 
 POISON = """import os
@@ -443,6 +574,7 @@ def main():
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     ap.add_argument("--out", required=True)
     ap.add_argument("--docs-image")
+    ap.add_argument("--docs-dir", help="also write the 1280 px and 390 px screenshots here")
     args = ap.parse_args()
     args.bin = os.path.abspath(args.bin)
     os.makedirs(args.out, exist_ok=True)
@@ -464,12 +596,15 @@ def main():
                 "HTTP %d: %s %s" % (r.status, r.request.method, r.url)))
             page.goto(base + "/")
             check_page(run, page, pending_sha)
+            check_layout(run, page)
             check_approve(run, page, pending_sha)
             check_reload(run, page)
+            check_disable(run, page)
+            check_reload_failed(run, page)
             run.cli("emit", "agent:start", "--context", "{\"user_id\": \"42\"}")
             page.locator("tr[data-hook='pending']").wait_for(timeout=DEADLINE_S * 1000)
             page.screenshot(path=os.path.join(args.out, "hooks-tab-after-reload.png"))
-            check_phone(page, args.out)
+            check_phone(page, args.out, args.docs_dir)
             run.stop(run.service)
             page.locator("[data-down]").wait_for(timeout=DEADLINE_S * 1000)
             assert "not running" in page.locator("[data-down]").inner_text()

@@ -80,9 +80,10 @@
   var HEALTH_TEXT = { ok: "healthy", idle: "idle", degraded: "degraded", failing: "failing",
     dropping: "dropping", never_matched: "never matched" };
 
-  function perMin(n, minutes) {
-    if (n === undefined || n === null || !minutes) return "–";
-    var r = n / minutes;
+  // A count over the seconds the window covers, per minute.
+  function perMin(n, seconds) {
+    if (n === undefined || n === null || !seconds || seconds < 1) return "";
+    var r = n * 60 / seconds;
     return (r >= 10 ? Math.round(r) : Math.round(r * 10) / 10) + "/min";
   }
 
@@ -149,9 +150,10 @@
       h("td", { "data-label": "Health", className: "hh-health" },
         badge(HEALTH_TEXT[health.state] || health.state, healthTone(health.state)),
         hk.status !== "ready" && hk.status !== "busy" ? h("span", null, " ", badge(hk.status, stateTone(hk.status))) : null,
-        health.reason ? h("div", { className: "hh-muted hh-clamp" }, health.reason) : null),
+        health.reason ? h("div", { className: "hh-muted hh-clamp", title: health.reason }, health.reason) : null),
       h("td", { "data-label": "Last " + (r.window_minutes || 5) + " min", className: "hh-num" },
-        h("div", null, perMin(w.accepted, r.window_minutes) + " events"),
+        h("div", { title: "over the last " + Math.round(r.window_s || 0) + " s" },
+          (w.accepted || 0) + " events" + (w.accepted ? " · " + perMin(w.accepted, r.window_s) : "")),
         h("div", { className: w.failed ? "hh-bad" : "hh-muted" }, w.failed + " failed" + (w.timeouts ? " (" + w.timeouts + " timed out)" : "")),
         h("div", { className: w.dropped ? "hh-bad" : "hh-muted" }, w.dropped + " dropped")),
       h("td", { "data-label": "Latency p50 / p95", className: "hh-num" },
