@@ -360,6 +360,29 @@ fn a_disabled_decision_hook_is_named_so_fail_closed_counts_it() {
     assert_eq!(v["results"], json!([]), "{v}");
     assert_eq!(v["errors"][0]["hook"], "policy", "{v}");
     assert_eq!(v["errors"][0]["state"], "disabled", "{v}");
+    // The gateway's client, failing closed, denies in its place.
+    let script = r#"
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[2])
+from hermes_hooks import HookRegistry
+
+async def main():
+    reg = HookRegistry(address=sys.argv[1], autostart=False,
+                       collect_fail_closed={"decision": "deny"})
+    print(json.dumps(await reg.emit_collect("message:pre_route", {})))
+    reg.close()
+
+asyncio.run(main())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &format!("http://{}", serve.addr)])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python"))
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .expect("run python3");
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("the script's JSON line");
+    assert_eq!(v, json!([{"decision": "deny"}]), "{v}");
 }
 
 /// Row 6 without a browser (the browser's own run is `tests/dashboard/cross_origin.py`): over
