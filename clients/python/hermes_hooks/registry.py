@@ -47,7 +47,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _autostart, _ingateway, _transport, _trusted, _upstream
+from . import _autostart, _ingateway, _outcome, _transport, _trusted, _upstream
 
 log = logging.getLogger("hermes_hooks")
 
@@ -607,8 +607,12 @@ class HookRegistry:
         stricter. Everything else (a new name, a full buffer, a closed registry, a context of
         another type) goes through ``_enqueue``, under the lock. The sender re-checks the buffer
         after saying it is idle (``_run_sender``), so an append it did not see is followed by a
-        wake."""
+        wake.
+
+        ``agent:end`` gets the run's outcome from the gateway's frame (:mod:`._outcome`)."""
         try:
+            if event_type == _outcome.EVENT and type(context) is dict:
+                context = _outcome.with_outcome(context, 1)
             if self._handlers:
                 self._inprocess.handlers = self._handlers
                 self._inprocess.dispatch(event_type, context)
@@ -641,6 +645,8 @@ class HookRegistry:
         Returns whether the event was buffered (``False``: rejected as invalid, dropped, or the
         registry is closed). Never raises."""
         try:
+            if event_type == _outcome.EVENT and type(context) is dict:
+                context = _outcome.with_outcome(context, 1)
             if self._handlers:
                 self._inprocess.handlers = self._handlers
                 self._inprocess.dispatch(event_type, context)
