@@ -78,6 +78,8 @@ _MAX_SERVER_ERRORS = 3
 _OK, _RETRY, _SPLIT, _REJECT = "ok", "retry", "split", "reject"
 # ``_enqueue`` result: buffered, and the idle sender needs a wake.
 _WAKE = "wake"
+#: The event whose context gets the run's outcome (a global: checked on every emit).
+_AGENT_END = _outcome.EVENT
 #: Seconds an idle sender sleeps before looking at the buffer anyway: the safety net for a
 #: wake scheduled on an event loop that stopped before running it.
 _IDLE_RECHECK = 1.0
@@ -611,7 +613,7 @@ class HookRegistry:
 
         ``agent:end`` gets the run's outcome from the gateway's frame (:mod:`._outcome`)."""
         try:
-            if event_type == _outcome.EVENT and type(context) is dict:
+            if event_type == _AGENT_END and type(context) is dict:
                 context = _outcome.with_outcome(context, 1)
             if self._handlers:
                 self._inprocess.handlers = self._handlers
@@ -645,7 +647,7 @@ class HookRegistry:
         Returns whether the event was buffered (``False``: rejected as invalid, dropped, or the
         registry is closed). Never raises."""
         try:
-            if event_type == _outcome.EVENT and type(context) is dict:
+            if event_type == _AGENT_END and type(context) is dict:
                 context = _outcome.with_outcome(context, 1)
             if self._handlers:
                 self._inprocess.handlers = self._handlers
