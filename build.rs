@@ -161,7 +161,8 @@ fn runs(program: &str, args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The kernel's Landlock ABI version (a negative number without Landlock).
+/// The kernel's Landlock ABI version (a negative number without Landlock, or off Linux).
+#[cfg(target_os = "linux")]
 fn landlock_abi() -> i64 {
     unsafe extern "C" {
         fn syscall(number: std::ffi::c_long, ...) -> std::ffi::c_long;
@@ -169,6 +170,12 @@ fn landlock_abi() -> i64 {
     // SAFETY: the VERSION query of landlock_create_ruleset (444 on every architecture with the
     // generic syscall table and on x86_64) reads no memory: a null attr, size 0, flag 1.
     unsafe { syscall(444, std::ptr::null::<u8>(), 0usize, 1u32) as i64 }
+}
+
+/// The kernel's Landlock ABI version (a negative number without Landlock, or off Linux).
+#[cfg(not(target_os = "linux"))]
+fn landlock_abi() -> i64 {
+    -1
 }
 
 fn main() {
