@@ -125,8 +125,9 @@ pub fn plan_update(
         .iter()
         .map(|f| (f.clone(), file_diff(&old.dir.join(f), &src.join(f))))
         .collect();
+    // A linked hook is its source, edited in place on purpose: nothing of it is replaced.
     let hand_edited = match old.drift() {
-        Ok(crate::package::lock::Drift::Changed(now)) => Some(now),
+        Ok(crate::package::lock::Drift::Changed(now)) if !linked => Some(now),
         _ => None,
     };
     let previous = old.clone();

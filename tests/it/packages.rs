@@ -304,6 +304,17 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
     assert_eq!(std::fs::read_to_string(&state).unwrap(), "{}", "data kept");
     assert!(!text(&o).contains("state/"), "{}", text(&o));
 
+    // A linked hook is edited in its source on purpose: `update` replaces nothing of it and
+    // does not ask (issue 50's hand-edit question is for copies).
+    std::fs::write(src.join("handler.py"), answer(7)).unwrap();
+    let o = hh(&hooks, &["update", "greeter-dev"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("edited by hand"), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(src.join("handler.py")).unwrap(),
+        answer(7)
+    );
+
     // remove deletes the copy (and only the link of a linked one).
     let state_dir = hooks.home().join("hook-state/greeter");
     std::fs::create_dir_all(&state_dir).unwrap();
