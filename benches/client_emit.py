@@ -11,6 +11,12 @@ process's CPU per event (including the sender thread's JSON encoding and socket 
     hermes-hooks serve --hooks-dir DIR --socket /tmp/hh.sock &
     python3 benches/client_emit.py /tmp/hh.sock              # or http://127.0.0.1:PORT
 
+Without an address, the client's own default: ``$HERMES_HOOKS_ADDRESS``, else
+``$HERMES_HOME/hooks.sock`` (``HERMES_HOME`` defaulting to ``~/.hermes``). When nothing answers
+there it says so and exits 2 at once, rather than buffering every event and waiting for the
+flush timeouts (issue 50: ``"$HERMES_HOME/hooks.sock"`` with ``HERMES_HOME`` unset is
+``/hooks.sock``, and the benchmark seemed to hang).
+
 The hooks behind the service (for BENCHMARKS.md: 10 hooks on agent:start, one sleeping 200 ms)
 do not change this figure: emit never waits for them. Nor does a hook that runs inside the
 gateway (``runs: gateway``): its sync handler runs on its own thread, so the figure with one such
@@ -32,7 +38,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "clients", "python"))
 
-from hermes_hooks import HookRegistry  # noqa: E402
+from hermes_hooks import HookRegistry, _transport  # noqa: E402
 
 
 def percentile(sorted_values: list, q: float) -> float:
@@ -129,9 +135,27 @@ async def run(args: argparse.Namespace) -> dict:
     }
 
 
+def unreachable(address: "_transport.Address") -> str:
+    """Why nothing answers at ``address`` (one connection attempt, 2 s), or ``""``."""
+    import socket
+    try:
+        if address.kind == "unix":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(2.0)
+                s.connect(str(address.path))
+        else:
+            socket.create_connection((str(address.host), int(address.port or 80)), 2.0).close()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("address", help="service socket path or http://host:port")
+    parser.add_argument("address", nargs="?", default=None,
+                        help="service socket path or http://host:port (default: "
+                             "$HERMES_HOOKS_ADDRESS, else $HERMES_HOME/hooks.sock, "
+                             "HERMES_HOME defaulting to ~/.hermes)")
     parser.add_argument("--count", type=int, default=10000, help="measured emits (10000)")
     parser.add_argument("--warmup", type=int, default=1000, help="unmeasured emits first (1000)")
     parser.add_argument("--event", default="agent:start", help="event name (agent:start)")
@@ -143,6 +167,18 @@ def main() -> int:
     parser.add_argument("--flush-timeout", type=float, default=60.0,
                         help="seconds to wait for the service to acknowledge (60)")
     args = parser.parse_args()
+    try:
+        address = _transport.resolve_address(args.address)
+    except ValueError as exc:
+        parser.error(str(exc))
+    why = unreachable(address)
+    if why:
+        print("client_emit: no hermes-hooks service answers at %s (%s): start one "
+              "(`hermes-hooks serve`, on $HERMES_HOME/hooks.sock, HERMES_HOME defaulting to "
+              "~/.hermes) or pass its address (a socket path or http://host:port)"
+              % (address, why), file=sys.stderr)
+        return 2
+    args.address = address
     result = asyncio.run(run(args))
     print(json.dumps(result))
     return 0 if result["flushed"] and not result["dropped"] else 1

@@ -36,6 +36,24 @@ impl Address {
     }
 }
 
+impl Address {
+    /// What to check when nothing answers here. A service started with `--listen` has no
+    /// socket: the CLI then looks for one in vain unless told the TCP address (issue 50).
+    fn unreachable_hint(&self) -> &'static str {
+        match self {
+            Address::Unix(_) => {
+                "is `hermes-hooks serve` running? A service started with `--listen HOST:PORT` \
+                 has no socket: reach it with `--listen HOST:PORT` or \
+                 HERMES_HOOKS_ADDRESS=http://HOST:PORT"
+            }
+            Address::Tcp(_) => {
+                "is `hermes-hooks serve --listen` running on that address? A service without \
+                 `--listen` is on its Unix socket: `--socket PATH`, or unset HERMES_HOOKS_ADDRESS"
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -49,12 +67,14 @@ impl std::fmt::Display for Address {
 #[derive(Debug, Error)]
 pub enum ClientError {
     /// Could not connect.
-    #[error("cannot reach hermes-hooks at {address}: {source} (is `hermes-hooks serve` running?)")]
+    #[error("cannot reach hermes-hooks at {address}: {source} ({hint})")]
     Connect {
         /// The address tried.
         address: String,
         /// Why.
         source: std::io::Error,
+        /// What to check, for the kind of address tried.
+        hint: &'static str,
     },
     /// The connection broke or timed out, or the request could not be built.
     #[error("talking to hermes-hooks at {address}: {reason}")]
@@ -83,6 +103,7 @@ pub async fn request(
     let connect_err = |source| ClientError::Connect {
         address: shown.clone(),
         source,
+        hint: address.unreachable_hint(),
     };
     let fut = async {
         match address {

@@ -433,7 +433,8 @@ pub struct UpdateArgs {
     /// Move to this branch, tag or commit (recorded for later updates).
     #[arg(long = "ref", value_name = "REF")]
     pub reference: Option<String>,
-    /// With --trust explicit: approve the new version (needed to apply it).
+    /// Apply without asking: replace files edited by hand since the install; with --trust
+    /// explicit, also approve the new version (needed to apply it).
     #[arg(long, short = 'y')]
     pub yes: bool,
     /// Hook roots.

@@ -62,6 +62,9 @@ pub async fn install(args: InstallArgs) -> i32 {
     for n in &report.notes {
         println!("{n}");
     }
+    for k in &report.skipped {
+        println!("{k}");
+    }
     for h in &report.installed {
         println!(
             "installed {} ({}) from {} into {}",

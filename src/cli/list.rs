@@ -38,7 +38,7 @@ pub async fn list(roots: RootArgs, as_json: bool) -> i32 {
             &hooks,
             &skipped,
             as_json,
-            &describe_roots(&host.config().roots),
+            View::OnDisk(&describe_roots(&host.config().roots)),
         );
         0
     })
@@ -73,7 +73,7 @@ pub async fn list_live(address: &str, as_json: bool) -> i32 {
             let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
             let skipped = v["skipped"].as_array().cloned().unwrap_or_default();
-            print_list(&hooks, &skipped, as_json, &address.to_string());
+            print_list(&hooks, &skipped, as_json, View::Live(&address.to_string()));
             0
         }
         Ok((status, body)) => fail(format!("HTTP {status}: {}", String::from_utf8_lossy(&body))),
@@ -101,12 +101,35 @@ fn python_of(h: &Value) -> Option<(String, String)> {
         .map(|p| (p.to_string(), field(&h["python"]["why"])))
 }
 
-/// Prints hooks (as `/v1/hooks` shows them) and the directories that did not load.
-fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
+/// Whose hooks a list shows: the roots read here (no service asked: no status, no counters), or
+/// the running service's at an address.
+#[derive(Clone, Copy)]
+enum View<'a> {
+    /// Plain `list`: the roots, as described.
+    OnDisk(&'a str),
+    /// `list --live`: the service's address.
+    Live(&'a str),
+}
+
+/// Prints hooks (as `/v1/hooks` shows them) and the directories that did not load. The plain
+/// list says it is the view from disk and has no counter columns: with zeros in them it read
+/// as a running service's hooks that never ran (issue 50).
+fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, view: View) {
     let mut out = std::io::stdout().lock();
     if as_json {
         let _ = writeln!(out, "{}", json!({"hooks": hooks, "skipped": skipped}));
         return;
+    }
+    let (source, live) = match view {
+        View::OnDisk(roots) => (roots, false),
+        View::Live(address) => (address, true),
+    };
+    if !live {
+        let _ = writeln!(
+            out,
+            "on disk in {source} (not the running service: no status or counters; \
+             `hermes-hooks list --live` asks it)"
+        );
     }
     let events_of = |h: &Value| -> String {
         h["events"]
@@ -125,33 +148,50 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, source: &str) {
         .fold(34, usize::max);
     if hooks.is_empty() {
         let _ = writeln!(out, "no hooks loaded ({source})");
-    } else {
+    } else if live {
         let _ = writeln!(
             out,
             "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  ROOT",
             "NAME", "KIND", "STATUS", "EVENTS", "OK", "FAILED", "DROPPED"
         );
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<name_w$} {:<8} {:<events_w$}  ROOT",
+            "NAME", "KIND", "EVENTS"
+        );
     }
     let common = common_python(hooks.iter().filter_map(python_of));
     for h in hooks {
         let c = &h["counters"];
-        let _ = writeln!(
-            out,
-            "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  {}{}",
-            field(&h["name"]),
-            field(&h["kind"]),
-            field(&h["status"]),
-            events_of(h),
-            c["ok"].as_u64().unwrap_or(0),
-            c["failed"].as_u64().unwrap_or(0),
-            c["dropped"].as_u64().unwrap_or(0),
-            field(&h["root"]),
-            if h["signed"] == json!(false) {
-                "  UNSIGNED"
-            } else {
-                ""
-            }
-        );
+        let unsigned = if h["signed"] == json!(false) {
+            "  UNSIGNED"
+        } else {
+            ""
+        };
+        let _ = if live {
+            writeln!(
+                out,
+                "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  {}{unsigned}",
+                field(&h["name"]),
+                field(&h["kind"]),
+                field(&h["status"]),
+                events_of(h),
+                c["ok"].as_u64().unwrap_or(0),
+                c["failed"].as_u64().unwrap_or(0),
+                c["dropped"].as_u64().unwrap_or(0),
+                field(&h["root"]),
+            )
+        } else {
+            writeln!(
+                out,
+                "{:<name_w$} {:<8} {:<events_w$}  {}{unsigned}",
+                field(&h["name"]),
+                field(&h["kind"]),
+                events_of(h),
+                field(&h["root"]),
+            )
+        };
         for line in detail_lines(h, common.as_ref()) {
             let _ = writeln!(out, "    {line}");
         }
@@ -212,6 +252,10 @@ fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
     }
     if let Some(e) = h["last_error"]["message"].as_str() {
         lines.push(last_error_line(&h["last_error"], e));
+    }
+    // A misspelt event name (a hook that will never run), said where the operator looks.
+    for w in h["warnings"].as_array().into_iter().flatten() {
+        lines.push(format!("warning: {}", field(w)));
     }
     let python = python_of(h);
     for line in crate::ingateway::list_lines(h) {

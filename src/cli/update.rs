@@ -1,7 +1,10 @@
 //! `update [NAME|--all] [--dry-run]`: the work is [`crate::package::plan_update`] and
 //! [`crate::package::apply`]; here what changes is printed before anything is applied, and
 //! under `--trust explicit` a changed hook is applied only with `--yes`, which approves it
-//! (given to the staged version, so the service never sees it unapproved).
+//! (given to the staged version, so the service never sees it unapproved). A hook whose files
+//! were edited by hand since the install is replaced only after a yes: asked on a terminal,
+//! `--yes` otherwise (issue 50: the edit was overwritten without a word). A warning the same
+//! source gives is printed once, not once per hook.
 
 use std::path::PathBuf;
 
@@ -34,6 +37,7 @@ pub async fn update(args: UpdateArgs) -> i32 {
         return 0;
     }
     let mut code = 0;
+    let mut warned = std::collections::HashSet::new();
     for name in names {
         let (h, n, r) = (home.clone(), name.clone(), args.reference.clone());
         let planned =
@@ -48,13 +52,39 @@ pub async fn update(args: UpdateArgs) -> i32 {
             }
             Err(e) => return fail(e),
         };
+        for w in &plan.warnings {
+            if warned.insert(w.clone()) {
+                eprintln!("{w}");
+            }
+        }
         show(&plan);
         if plan.unchanged() {
             println!("{name} is up to date ({})", plan.entry.version());
             continue;
         }
+        if let Some(now) = &plan.hand_edited {
+            eprintln!(
+                "warning: {name}: its files were edited by hand since it was installed (tree {}, \
+                 now {}): the update replaces those edits (the lines above marked - go)",
+                short(&plan.previous.tree),
+                short(now)
+            );
+        }
         if args.dry_run {
             println!("{name}: dry run, nothing changed");
+            continue;
+        }
+        if plan.hand_edited.is_some()
+            && !args.yes
+            && !confirm(&format!("replace the edited {name}?"))
+        {
+            eprintln!(
+                "hermes-hooks: update {name}: not replacing the hand-edited files; keep a copy of \
+                 {} if you need the edits, then run `hermes-hooks update {name} --yes`; nothing \
+                 changed",
+                plan.entry.dir.display()
+            );
+            code = 1;
             continue;
         }
         let explicit = config.trust.mode == TrustMode::Explicit;
@@ -83,11 +113,30 @@ pub async fn update(args: UpdateArgs) -> i32 {
     code
 }
 
-/// Prints what the update changes.
-fn show(plan: &Plan) {
-    for w in &plan.warnings {
-        eprintln!("{w}");
+/// Asks `question` on the terminal; false without one (stdin not a terminal) or on anything
+/// but y/yes.
+fn confirm(question: &str) -> bool {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return false;
     }
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    if std::io::stdin().lock().read_line(&mut answer).is_err() {
+        return false;
+    }
+    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+}
+
+/// `sha256:abcdef...` shortened for a message.
+fn short(tree: &str) -> String {
+    let hex = tree.trim_start_matches("sha256:");
+    hex[..hex.len().min(12)].to_string()
+}
+
+/// Prints what the update changes (every changed text file line by line).
+fn show(plan: &Plan) {
     for n in &plan.notes {
         println!("{n}");
     }
@@ -110,9 +159,9 @@ fn show(plan: &Plan) {
             println!("  {what:<8} {}", files.join(", "));
         }
     }
-    if !plan.manifest_diff.is_empty() {
-        println!("  HOOK.yaml:");
-        for l in &plan.manifest_diff {
+    for (file, lines) in &plan.file_diffs {
+        println!("  {file}:");
+        for l in lines {
             println!("    {l}");
         }
     }

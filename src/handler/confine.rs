@@ -139,12 +139,53 @@ pub fn denial_hint(ctx: &HandlerContext, stderr: &str) -> Option<String> {
         .lines()
         .rev()
         .find(|l| l.contains("Permission denied") || l.contains("Operation not permitted"))?;
+    let line = line.trim();
+    let home = if policy.env.iter().any(|p| p == "HOME") {
+        ""
+    } else {
+        " (HOME is withheld unless `env:` lists it: `~` is then the passwd entry's home, \
+         so a path under `~` may not be the one you granted)"
+    };
+    // A program the shell could not start is an exec denial, not a read one (issue 50).
+    if !policy.exec && looks_like_exec_denial(line) {
+        return Some(format!(
+            "sandbox: starting a program was denied ({line}): to allow it, add `exec: true` to \
+             {}",
+            policy.where_declared()
+        ));
+    }
     Some(format!(
-        "sandbox: access denied ({}): to allow it, grant it under {}: `read:`/`write:` for a \
-         path, `connect:` for a port, `exec: true` to start programs",
-        line.trim(),
+        "sandbox: access denied ({line}): to allow it, grant it under {}: `read:`/`write:` for \
+         a path{home}, `connect:` for a port, `exec: true` to start programs",
         policy.where_declared()
     ))
+}
+
+/// Whether a denial line is a shell's (or a runtime's) report of a program it could not start:
+/// `sh: 1: /usr/bin/id: Permission denied`, `bash: line 1: ...`, `cannot execute`, `execve`,
+/// or a denied file that is executable.
+fn looks_like_exec_denial(line: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    if line.contains("cannot execute") || line.contains("execve") || line.contains("exec:") {
+        return true;
+    }
+    let fields: Vec<&str> = line.split(": ").collect();
+    // `SCRIPT: LINE: PROGRAM: Permission denied` (dash; bash says `line N`), but not the
+    // shell's own `cannot open FILE` (a redirection: a read or write).
+    let shell_said = fields.len() >= 4
+        && fields[1].trim_start_matches("line ").parse::<u32>().is_ok()
+        && !fields[2].starts_with("cannot ");
+    let denied = fields
+        .iter()
+        .rev()
+        .nth(1)
+        .map(|p| p.trim_matches(['\'', '"']));
+    let executable = denied.is_some_and(|p| {
+        p.starts_with('/')
+            && std::fs::metadata(p)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    });
+    shell_said || executable
 }
 
 /// What the Python runner needs to confine itself, sent in its hello: the Landlock rules (the

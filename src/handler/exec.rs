@@ -258,6 +258,14 @@ impl ExecHandler {
         let (stdout, out_cut) = (out.bytes, out.cut);
         let stderr = err.bytes;
         let stderr_text = String::from_utf8_lossy(&stderr);
+        // The shell names the script by the descriptor it ran from: say the handler's path.
+        let stderr_text = match &self.exe {
+            Some(exe) => {
+                super::shell_syntax::name_the_handler(&stderr_text, exe.path(), &self.program)
+                    .into_owned()
+            }
+            None => stderr_text.into_owned(),
+        };
         for line in stderr_text.lines().filter(|l| !l.trim().is_empty()) {
             tracing::info!(target: "hook", hook = %self.ctx.name, "{line}");
         }

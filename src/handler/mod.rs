@@ -19,6 +19,7 @@ pub mod hook_sandbox;
 pub mod process;
 pub mod python;
 pub mod retire;
+pub mod shell_syntax;
 mod spawn;
 pub mod verified_exec;
 pub mod webhook;

@@ -47,6 +47,9 @@ pub struct Report {
     pub warnings: Vec<String>,
     /// Install scripts shown, not run.
     pub notes: Vec<String>,
+    /// With `--all`: the hooks of the package already installed, left as they are (one line
+    /// each, saying how to refresh it).
+    pub skipped: Vec<String>,
 }
 
 /// A hook checked and waiting in the staging directory.
@@ -104,6 +107,14 @@ pub fn install(
             || ready.iter().any(|r| r.name == name)
             || std::fs::symlink_metadata(&target).is_ok()
         {
+            // With --all, one hook already there does not stop the others (issue 50).
+            if opts.all && !ready.iter().any(|r| r.name == name) {
+                report.skipped.push(format!(
+                    "skipped {name}: already installed ({}); `hermes-hooks update {name}` refreshes it",
+                    target.display()
+                ));
+                continue;
+            }
             return Err(PackageError::Hooks(format!(
                 "a hook {name} is already installed ({}); use `update {name}` or `remove {name}` first",
                 target.display()
@@ -134,6 +145,13 @@ pub fn install(
             linked: opts.link.then(|| src.clone()),
             entry,
         });
+    }
+    if ready.is_empty() {
+        return Err(PackageError::Hooks(format!(
+            "every hook of {} is already installed ({}); `hermes-hooks update --all` refreshes them",
+            opts.source,
+            report.skipped.len()
+        )));
     }
     let names: Vec<String> = ready.iter().map(|r| r.name.clone()).collect();
     before_land(&staging.land(), &names).map_err(PackageError::Hooks)?;

@@ -1,5 +1,7 @@
 //! `update`: fetch an installed hook's source again (its ref, or a new `--ref`), check the new
-//! version, show what changes (files added, removed, changed; HOOK.yaml line by line), and on
+//! version, show what changes (files added, removed, changed; each changed text file line by
+//! line, and whether the installed files were edited by hand since: the update replaces such
+//! edits, issue 50), and on
 //! [`apply`] swap it into place atomically (`renameat2(RENAME_EXCHANGE)`) and update the lock.
 //! The hook's data files (HOOK.yaml's `data:`) are carried over into the new version.
 
@@ -21,8 +23,12 @@ pub struct Plan {
     pub entry: LockEntry,
     /// The files that change.
     pub diff: Diff,
-    /// HOOK.yaml's changed lines (`-old`, `+new`), empty when unchanged.
-    pub manifest_diff: Vec<String>,
+    /// Each changed file with its changed lines (`-old`, `+new`), or one line saying why they
+    /// are not shown (binary, too long).
+    pub file_diffs: Vec<(String, Vec<String>)>,
+    /// The installed files' tree hash when it is not the one the lock file recorded: they were
+    /// edited by hand since the install, and applying this plan replaces those edits.
+    pub hand_edited: Option<String>,
     /// Warnings (an insecure URL scheme).
     pub warnings: Vec<String>,
     /// Install scripts shown, not run.
@@ -114,13 +120,15 @@ pub fn plan_update(
         kept.retain(|p, _| !new_tree.contains_key(p));
         tree::copy(&old.dir, &kept, &staged)?;
     }
-    let manifest_diff = if diff.changed.iter().any(|f| f == "HOOK.yaml") {
-        line_diff(
-            &std::fs::read_to_string(old.dir.join("HOOK.yaml")).unwrap_or_default(),
-            &std::fs::read_to_string(src.join("HOOK.yaml")).unwrap_or_default(),
-        )
-    } else {
-        Vec::new()
+    let file_diffs = diff
+        .changed
+        .iter()
+        .map(|f| (f.clone(), file_diff(&old.dir.join(f), &src.join(f))))
+        .collect();
+    // A linked hook is its source, edited in place on purpose: nothing of it is replaced.
+    let hand_edited = match old.drift() {
+        Ok(crate::package::lock::Drift::Changed(now)) if !linked => Some(now),
+        _ => None,
     };
     let previous = old.clone();
     let entry = LockEntry {
@@ -135,7 +143,8 @@ pub fn plan_update(
         previous,
         entry,
         diff,
-        manifest_diff,
+        file_diffs,
+        hand_edited,
         warnings,
         notes,
         staging,
@@ -213,13 +222,40 @@ fn exchange(a: &Path, b: &Path) -> Result<(), PackageError> {
     std::fs::rename(&tmp, a).map_err(PackageError::io("move", &tmp))
 }
 
+/// Largest file shown line by line.
+const MAX_DIFFED: u64 = 256 * 1024;
+
+/// The changed lines of one file (see [`line_diff`]), or one line saying why they are not shown.
+fn file_diff(old: &Path, new: &Path) -> Vec<String> {
+    let read = |p: &Path| -> Result<String, String> {
+        let meta = std::fs::symlink_metadata(p).map_err(|e| e.to_string())?;
+        if meta.file_type().is_symlink() {
+            return std::fs::read_link(p)
+                .map(|t| format!("(a link to {})\n", t.display()))
+                .map_err(|e| e.to_string());
+        }
+        if meta.len() > MAX_DIFFED {
+            return Err(format!("{} bytes", meta.len()));
+        }
+        let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
+        String::from_utf8(bytes).map_err(|_| "not text".to_string())
+    };
+    match (read(old), read(new)) {
+        (Ok(a), Ok(b)) => match line_diff(&a, &b) {
+            d if d.is_empty() => vec!["(same lines: its mode changed)".into()],
+            d => d,
+        },
+        (Err(why), _) | (_, Err(why)) => vec![format!("(not shown line by line: {why})")],
+    }
+}
+
 /// The lines of `old` and `new` that differ, as `-line` and `+line` in order (a longest
 /// common subsequence diff; HOOK.yaml files are small).
 pub fn line_diff(old: &str, new: &str) -> Vec<String> {
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
     if a.len() * b.len() > 4_000_000 {
-        return vec!["(HOOK.yaml is too long to compare line by line)".into()];
+        return vec!["(too long to compare line by line)".into()];
     }
     let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
     for i in (0..a.len()).rev() {

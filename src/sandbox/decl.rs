@@ -69,7 +69,8 @@ impl Sandbox {
 }
 
 const KEYS: &[&str] = &["read", "write", "connect", "env", "exec", "best_effort"];
-const EXAMPLE: &str = "sandbox: strict, or sandbox: {read: [\"~/.config/x\"], write: [\"{state_dir}\"], connect: [\"api.example.org:443\"], env: [TOKEN], exec: false}";
+/// Each piece of code in its own backticks (issue 50: one pair around the prose as well).
+const EXAMPLE: &str = "`sandbox: strict`, or `sandbox: {read: [\"~/.config/x\"], write: [\"{state_dir}\"], connect: [\"api.example.org:443\"], env: [TOKEN], exec: false}`";
 
 /// Parses the value of `sandbox:`; the error says what to write.
 pub fn parse(v: &Value, line: Option<usize>) -> Result<Sandbox, String> {
@@ -88,7 +89,7 @@ pub fn parse(v: &Value, line: Option<usize>) -> Result<Sandbox, String> {
                     "best_effort" => g.best_effort = flag(k, v)?,
                     _ => {
                         return Err(format!(
-                            "unknown key `{k}` (known: {}); write e.g. `{EXAMPLE}`",
+                            "unknown key `{k}` (known: {}); write e.g. {EXAMPLE}",
                             KEYS.join(", ")
                         ));
                     }
@@ -97,8 +98,13 @@ pub fn parse(v: &Value, line: Option<usize>) -> Result<Sandbox, String> {
             Some(g)
         }
         other => {
+            let meant = other
+                .as_str()
+                .and_then(|s| crate::text::closest(s, &["none", "strict"]))
+                .map(|m| format!("; did you mean `sandbox: {m}`?"))
+                .unwrap_or_default();
             return Err(format!(
-                "{} is not a sandbox; write e.g. `{EXAMPLE}`",
+                "{} is not a sandbox{meant}; write e.g. {EXAMPLE}",
                 value_kind(other)
             ));
         }
@@ -112,7 +118,7 @@ fn list(key: &str, v: &Value) -> Result<Vec<Value>, String> {
         Value::Array(a) => Ok(a.clone()),
         Value::String(_) | Value::Number(_) => Ok(vec![v.clone()]),
         other => Err(format!(
-            "`{key}:` is {}, expected a list; write e.g. `{EXAMPLE}`",
+            "`{key}:` is {}, expected a list; write e.g. {EXAMPLE}",
             value_kind(other)
         )),
     }

@@ -31,7 +31,9 @@ import gateway.run as gateway_run  # noqa: E402
 import hermes_constants  # noqa: E402
 from hermes_hooks import HookRegistry, ProfileHookRegistries  # noqa: E402
 
-BIN = os.environ.get("HERMES_HOOKS_BIN")
+# Absolute: the tests start gateways in other directories (a relative HERMES_HOOKS_BIN, as in
+# the README's `HERMES_HOOKS_BIN=target/debug/hermes-hooks`, would not be found there).
+BIN = os.path.abspath(os.environ["HERMES_HOOKS_BIN"]) if os.environ.get("HERMES_HOOKS_BIN") else None
 if not BIN:
     raise unittest.SkipTest("HERMES_HOOKS_BIN is not set: build the binary and point it there")
 

@@ -48,8 +48,9 @@ fn check_passes_good_hooks_and_fails_on_any_problem() {
         "{out}"
     );
     assert!(out.contains("did you mean \"session:start\"?"), "{out}");
+    // Issue 50: a near miss of a gateway event is a problem for `check` (the hook never runs).
     assert!(
-        out.contains("2 hook(s) ok, 1 problem(s), 1 warning(s)"),
+        out.contains("2 hook(s) ok, 2 problem(s), 0 warning(s)"),
         "{out}"
     );
 }
@@ -121,8 +122,9 @@ fn a_misspelt_event_name_is_warned_by_the_service_v1_hooks_and_test() {
         ),
         "{out}"
     );
+    // Issue 50: the three near misses fail `check`; the custom event is a warning.
     assert!(
-        out.contains("2 hook(s) ok, 0 problem(s), 4 warning(s)"),
+        out.contains("2 hook(s) ok, 3 problem(s), 1 warning(s)"),
         "{out}"
     );
 }

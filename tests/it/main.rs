@@ -17,6 +17,7 @@ mod docs;
 mod dropin;
 mod dylib;
 mod exec;
+mod first_hour;
 #[cfg(feature = "fleet")]
 mod fleet;
 #[cfg(feature = "fleet")]

@@ -214,12 +214,17 @@ fn shorthands_subdirectories_refs_and_all_install_from_local_repositories() {
     let handler = std::fs::read_to_string(hooks.root().join("alpha-main/handler.py")).unwrap();
     assert_eq!(handler, answer(2), "the default branch");
 
-    // --all installs every hook at once; a clash refuses all of them.
+    // --all installs every hook at once; one already installed is skipped, saying so, and the
+    // rest are installed (issue 50: a clash used to refuse all of them).
     let o = hh(&hooks, &["install", "acme/pack", "--all"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("already installed"), "{}", text(&o));
-    assert!(!hooks.root().join("beta").exists());
-    for name in ["alpha", "alpha-main"] {
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("skipped alpha: already installed"),
+        "{}",
+        text(&o)
+    );
+    assert!(hooks.root().join("beta").exists());
+    for name in ["alpha", "alpha-main", "beta"] {
         assert!(hh(&hooks, &["remove", name]).status.success());
     }
     let o = hh(&hooks, &["install", "acme/pack", "--all", "--ref", "v1"]);
@@ -285,8 +290,11 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
         "{out}"
     );
     assert!(!out.contains("warning greeter-dev"), "{out}");
-    // update puts the published version back.
+    // update puts the published version back: after a yes, the edit being replaced (issue 50).
     let o = hh(&hooks, &["update", "greeter"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("edited by hand"), "{}", text(&o));
+    let o = hh(&hooks, &["update", "greeter", "--yes"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("changed  handler.py"), "{}", text(&o));
     assert_eq!(
@@ -295,6 +303,17 @@ fn directories_are_copied_or_linked_and_check_sees_hand_edits() {
     );
     assert_eq!(std::fs::read_to_string(&state).unwrap(), "{}", "data kept");
     assert!(!text(&o).contains("state/"), "{}", text(&o));
+
+    // A linked hook is edited in its source on purpose: `update` replaces nothing of it and
+    // does not ask (issue 50's hand-edit question is for copies).
+    std::fs::write(src.join("handler.py"), answer(7)).unwrap();
+    let o = hh(&hooks, &["update", "greeter-dev"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("edited by hand"), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(src.join("handler.py")).unwrap(),
+        answer(7)
+    );
 
     // remove deletes the copy (and only the link of a linked one).
     let state_dir = hooks.home().join("hook-state/greeter");

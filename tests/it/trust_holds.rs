@@ -313,17 +313,15 @@ fn orphans_are_reaped(mut cmd: std::process::Command, service_pid: impl Fn(u32) 
 }
 
 /// Also in issue 20: as PID 1 (in a new PID namespace, as in a container) the service reaps the
-/// orphans its hooks leave behind instead of collecting zombies. Needs `unshare` (root).
+/// orphans its hooks leave behind instead of collecting zombies. Needs `unshare` (root); where
+/// it cannot run, `cargo test` lists it as ignored with the reason (issue 50: it returned early
+/// and counted as passed).
 #[test]
+#[cfg_attr(
+    hermes_no_pid_namespace,
+    ignore = "`unshare --pid --fork --mount-proc` does not work here (needs root)"
+)]
 fn orphans_of_hooks_are_reaped_when_the_service_is_pid_1() {
-    let works = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !works {
-        eprintln!("skipped: `unshare --pid --fork --mount-proc` is not available here");
-        return;
-    }
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
     // The service is unshare's one child.

@@ -67,6 +67,14 @@ BINARY_NAME = "hermes-hooks"
 #: Where the autostarted service's output goes, under ``$HERMES_HOME``.
 LOG_NAME = os.path.join("logs", "hooks.log")
 
+#: The working directory when this module was imported: a relative ``$HERMES_HOOKS_BIN``
+#: (``target/debug/hermes-hooks``) names a file relative to it, so a gateway that changes its
+#: directory later still finds the binary (issue 50).
+try:
+    _IMPORT_CWD = os.getcwd()  # type: Optional[str]
+except OSError:  # pragma: no cover - started in a directory since removed
+    _IMPORT_CWD = None
+
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 
@@ -97,9 +105,11 @@ def find_binary(explicit: Optional[str] = None) -> Optional[str]:
     directory (the scripts directory of this interpreter's install scheme, the interpreter's own
     directory, the user scheme's for ``pip install --user``), else ``hermes-hooks`` on ``PATH``.
     """
-    for given in (explicit, os.environ.get(_transport.BIN_ENV)):
-        if given:
-            return given
+    if explicit:
+        return explicit
+    given = os.environ.get(_transport.BIN_ENV)
+    if given:
+        return resolve_relative(given)
     dirs = []  # type: List[str]
     try:
         dirs.append(sysconfig.get_path("scripts"))
@@ -115,6 +125,15 @@ def find_binary(explicit: Optional[str] = None) -> Optional[str]:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return shutil.which(BINARY_NAME)
+
+
+def resolve_relative(given: str) -> str:
+    """``given`` (``$HERMES_HOOKS_BIN``) as an absolute path when it is a relative one with a
+    directory part: relative to the directory this client was imported in, not to whatever
+    the working directory is when the service starts. A bare name is looked up on ``PATH``."""
+    if os.path.isabs(given) or os.sep not in given or _IMPORT_CWD is None:
+        return given
+    return os.path.join(_IMPORT_CWD, given)
 
 
 def ready_timeout(given: Optional[float] = None) -> float:
@@ -313,6 +332,12 @@ def _start(address: _transport.Address, home: str, lease: str, *, binary: Option
         log.warning("hermes-hooks: autostart wanted but no hermes-hooks binary found (install "
                     "the hermes-hooks wheel, pass binary=, set %s, or put hermes-hooks on PATH)",
                     _transport.BIN_ENV)
+        return None
+    if os.sep in path and not os.path.isfile(path):
+        log.warning("hermes-hooks: autostart wanted but %s is not a file (from %s; a relative "
+                    "path is taken from the directory the client was imported in, %s): set "
+                    "%s to the binary's absolute path", path,
+                    "binary=" if binary else _transport.BIN_ENV, _IMPORT_CWD, _transport.BIN_ENV)
         return None
     argv = [path, "serve"] + address.serve_args() + [
         "--gateway-lease", lease, "--linger", "%g" % linger()] + list(serve_args)

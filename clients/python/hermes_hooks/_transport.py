@@ -54,9 +54,11 @@ def check_protocol(headers: Dict[str, str], address: object) -> None:
     server = headers.get("server") or "an unknown release"
     raise IncompatibleService(
         "the hermes-hooks service at %s (%s) speaks protocol %s, this client (hermes_hooks %s) "
-        "speaks protocol %s: install the client and the service from one release (`pip install "
-        "hermes-hooks==VERSION` gives both, or pin hermes-hooks-client to the service's "
-        "version)" % (address, server, said.strip(), __version__, PROTOCOL))
+        "speaks protocol %s: install the client and the service from one release (the "
+        "hermes-hooks wheel of that release gives both: `maturin build --release` in its "
+        "checkout, then `pip install target/wheels/hermes_hooks-VERSION-*.whl`; or `pip install "
+        "./clients/python` from the checkout the service was built from)"
+        % (address, server, said.strip(), __version__, PROTOCOL))
 
 
 #: The route and the MAC's context of the service's proof that it knows the token (the

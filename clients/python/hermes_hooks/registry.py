@@ -47,7 +47,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _autostart, _ingateway, _transport, _trusted, _upstream
+from . import _autostart, _ingateway, _outcome, _transport, _trusted, _upstream
 
 log = logging.getLogger("hermes_hooks")
 
@@ -78,6 +78,8 @@ _MAX_SERVER_ERRORS = 3
 _OK, _RETRY, _SPLIT, _REJECT = "ok", "retry", "split", "reject"
 # ``_enqueue`` result: buffered, and the idle sender needs a wake.
 _WAKE = "wake"
+#: The event whose context gets the run's outcome (a global: checked on every emit).
+_AGENT_END = _outcome.EVENT
 #: Seconds an idle sender sleeps before looking at the buffer anyway: the safety net for a
 #: wake scheduled on an event loop that stopped before running it.
 _IDLE_RECHECK = 1.0
@@ -607,8 +609,12 @@ class HookRegistry:
         stricter. Everything else (a new name, a full buffer, a closed registry, a context of
         another type) goes through ``_enqueue``, under the lock. The sender re-checks the buffer
         after saying it is idle (``_run_sender``), so an append it did not see is followed by a
-        wake."""
+        wake.
+
+        ``agent:end`` gets the run's outcome from the gateway's frame (:mod:`._outcome`)."""
         try:
+            if event_type == _AGENT_END and type(context) is dict:
+                context = _outcome.with_outcome(context, 1)
             if self._handlers:
                 self._inprocess.handlers = self._handlers
                 self._inprocess.dispatch(event_type, context)
@@ -641,6 +647,8 @@ class HookRegistry:
         Returns whether the event was buffered (``False``: rejected as invalid, dropped, or the
         registry is closed). Never raises."""
         try:
+            if event_type == _AGENT_END and type(context) is dict:
+                context = _outcome.with_outcome(context, 1)
             if self._handlers:
                 self._inprocess.handlers = self._handlers
                 self._inprocess.dispatch(event_type, context)

@@ -27,7 +27,9 @@ sys.path.insert(0, CLIENT)
 
 from hermes_hooks import HookRegistry, _autostart, _transport  # noqa: E402
 
-BIN = os.environ.get("HERMES_HOOKS_BIN")
+# Absolute: the tests start gateways in other directories (a relative HERMES_HOOKS_BIN, as in
+# the README's `HERMES_HOOKS_BIN=target/debug/hermes-hooks`, would not be found there).
+BIN = os.path.abspath(os.environ["HERMES_HOOKS_BIN"]) if os.environ.get("HERMES_HOOKS_BIN") else None
 #: Seconds a gateway process gets to start the service and deliver (debug build, busy machine).
 TIMEOUT = 60.0
 
@@ -212,7 +214,11 @@ class Protocol(unittest.TestCase):
         text = "\n".join(logs.output)
         self.assertIn("speaks protocol 2", text)
         self.assertIn("hermes-hooks/9.0.0", text)
-        self.assertIn("pip install hermes-hooks==", text)
+        # Issue 50: what works here (the wheel from maturin, or ./clients/python), not a
+        # `pip install hermes-hooks==` that no index answers.
+        self.assertIn("maturin build --release", text)
+        self.assertIn("pip install ./clients/python", text)
+        self.assertNotIn("pip install hermes-hooks", text)
         self.assertIsNone(registry.service_process, "no second service beside it")
         self.assertEqual(registry.loaded_hooks, [])
         registry.emit_nowait("agent:start", {})
@@ -255,6 +261,31 @@ class Settings(unittest.TestCase):
             del os.environ[_transport.BIN_ENV]
             with mock.patch("sysconfig.get_path", return_value=tmp):
                 self.assertEqual(_autostart.find_binary(), bundled)
+
+    def test_a_relative_binary_in_the_environment_is_taken_from_the_import_directory(self) -> None:
+        """Issue 50: the README's ``HERMES_HOOKS_BIN=target/debug/hermes-hooks`` failed once the
+        gateway had changed directory; it now names the file relative to where the client was
+        imported, and a missing one is reported with the variable and that directory."""
+        with mock.patch.object(_autostart, "_IMPORT_CWD", "/checkout"), \
+                mock.patch.dict(os.environ, {_transport.BIN_ENV: "target/debug/hermes-hooks"}):
+            self.assertEqual(_autostart.find_binary(), "/checkout/target/debug/hermes-hooks")
+            os.environ[_transport.BIN_ENV] = "hermes-hooks"
+            self.assertEqual(_autostart.find_binary(), "hermes-hooks", "a bare name: PATH")
+        tmp = tempfile.mkdtemp(prefix="hh-rel-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        address = _transport.parse_address(os.path.join(tmp, "hooks.sock"))
+        with mock.patch.object(_autostart, "_IMPORT_CWD", tmp), \
+                mock.patch.dict(os.environ, {_transport.BIN_ENV: "target/debug/hermes-hooks"}), \
+                self.assertLogs("hermes_hooks", logging.WARNING) as logs:
+            proc = _autostart._start(address, tmp, os.path.join(tmp, "lease"), binary=None,
+                                     serve_args=[], deadline=time.monotonic() + 1,
+                                     log_path=None, env_home=True, headers={},
+                                     request_timeout=1.0)
+        self.assertIsNone(proc)
+        text = "\n".join(logs.output)
+        self.assertIn(os.path.join(tmp, "target/debug/hermes-hooks"), text)
+        self.assertIn("HERMES_HOOKS_BIN", text)
+        self.assertIn("absolute path", text)
 
     def test_a_remote_tcp_address_is_never_autostarted(self) -> None:
         address = _transport.parse_address("http://192.0.2.1:8787")

@@ -26,7 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hermes_hooks import HookRegistry  # noqa: E402
 
-BIN = os.environ.get("HERMES_HOOKS_BIN")
+# Absolute: the tests start gateways in other directories (a relative HERMES_HOOKS_BIN, as in
+# the README's `HERMES_HOOKS_BIN=target/debug/hermes-hooks`, would not be found there).
+BIN = os.path.abspath(os.environ["HERMES_HOOKS_BIN"]) if os.environ.get("HERMES_HOOKS_BIN") else None
 if not BIN:
     raise unittest.SkipTest("HERMES_HOOKS_BIN is not set: these tests drive the real hermes-hooks "
                             "service; build it and set HERMES_HOOKS_BIN=target/debug/hermes-hooks")

@@ -20,7 +20,9 @@ CLIENT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from test_autostart import TIMEOUT, _dead, _wait  # noqa: E402  (the same polling helpers)
 
-BIN = os.environ.get("HERMES_HOOKS_BIN")
+# Absolute: the tests start gateways in other directories (a relative HERMES_HOOKS_BIN, as in
+# the README's `HERMES_HOOKS_BIN=target/debug/hermes-hooks`, would not be found there).
+BIN = os.path.abspath(os.environ["HERMES_HOOKS_BIN"]) if os.environ.get("HERMES_HOOKS_BIN") else None
 
 GATEWAY = textwrap.dedent("""
     import json, sys

@@ -251,6 +251,57 @@ def _sync_hooks(specs):
     return hooks
 
 
+class AgentEndOutcomeTest(unittest.TestCase):
+    """Issue 50: a hook that learned a run's outcome by walking its caller's frames to the
+    gateway's ``agent_result`` took failed and interrupted runs for answered here (its handler
+    runs off the message path). ``emit`` now adds the outcome to ``agent:end``'s context, from
+    the gateway's frame, as the gateway's ``_handle_message_with_agent`` has it."""
+
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="hh-outcome-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.registry = HookRegistry(address=os.path.join(self.tmp, "absent.sock"))
+        self.addCleanup(self.registry.close, 0)
+        self.seen = []  # type: list
+        self.registry._handlers["agent:end"] = [lambda e, c: self.seen.append(c)]
+
+    def gateway_turn(self, agent_result, context, nowait=False):
+        """As the gateway: a local ``agent_result``, then ``agent:end`` with the response."""
+        registry = self.registry
+
+        async def _handle_message_with_agent():
+            agent_result = dict(agent_result_given)  # noqa: F841 - read through the frame
+            if nowait:
+                registry.emit_nowait("agent:end", context)
+            else:
+                await registry.emit("agent:end", context)
+
+        agent_result_given = agent_result
+        n = len(self.seen)
+        asyncio.run(_handle_message_with_agent())
+        eventually(lambda: len(self.seen) > n, "the in-process handler")
+        return self.seen[-1]
+
+    def test_failed_interrupted_and_answered_runs_say_so(self) -> None:
+        ctx = self.gateway_turn({"failed": True, "error": "provider 500"}, {"response": ""})
+        self.assertEqual((ctx["outcome"], ctx["failed"], ctx["interrupted"], ctx["error"]),
+                         ("failed", True, False, "provider 500"))
+        ctx = self.gateway_turn({"interrupted": True, "api_calls": 1}, {"response": "x"},
+                                nowait=True)
+        self.assertEqual((ctx["outcome"], ctx["interrupted"]), ("interrupted", True))
+        self.assertNotIn("error", ctx)
+        ctx = self.gateway_turn({"api_calls": 2, "final_response": "hi"}, {"response": "hi"})
+        self.assertEqual((ctx["outcome"], ctx["failed"]), ("answered", False))
+        self.assertEqual(ctx["response"], "hi")
+
+    def test_a_context_with_an_outcome_or_no_agent_result_is_left_alone(self) -> None:
+        given = {"response": "x", "outcome": "custom"}
+        self.assertEqual(self.gateway_turn({"failed": True}, given), given)
+        self.registry.emit_nowait("agent:end", {"response": "y"})
+        eventually(lambda: self.seen and self.seen[-1].get("response") == "y", "the handler")
+        self.assertNotIn("outcome", self.seen[-1], "no agent_result in the caller's frames")
+
+
 class InGatewayLaneTest(unittest.TestCase):
     """Sync in-gateway handlers share one thread; one that overruns gets its own (issue 22)."""
 

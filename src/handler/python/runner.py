@@ -417,6 +417,21 @@ class LoadError(Exception):
         self.changed = changed
 
 
+def near_miss(module, base):
+    """``"; did you mean handle? ..."`` when ``module`` defines a function whose name is close to
+    ``handle`` (``handel``, ``handler``, ``Handle``), else ``""`` (issue 50)."""
+    import difflib  # only on this error path: not at every worker's start
+    names = [n for n, v in vars(module).items()
+             if callable(v) and not n.startswith("__") and getattr(v, "__module__", None) == module.__name__]
+    close = difflib.get_close_matches("handle", names, n=1, cutoff=0.6)
+    close = close or [n for n in names if n.lower().startswith("handle")][:1]
+    if not close:
+        return ""
+    code = getattr(vars(module)[close[0]], "__code__", None)
+    line = " (line %d)" % code.co_firstlineno if code is not None else ""
+    return "; did you mean handle? %s defines %r%s: rename it to handle" % (base, close[0], line)
+
+
 def load_handler(hook_dir, handler_path, hook_name, files=None):
     """Import handler.py and return its callable ``handle``; raise LoadError with a readable reason.
     With ``files`` (relative path -> SHA-256, from the host), every module of the hook's tree is
@@ -449,7 +464,7 @@ def load_handler(hook_dir, handler_path, hook_name, files=None):
         raise LoadError(describe(exc) + where_in(exc, hook_dir))
     handle = getattr(module, "handle", None)
     if handle is None:
-        raise LoadError("no 'handle' function found in %s" % base)
+        raise LoadError("no 'handle' function found in %s%s" % (base, near_miss(module, base)))
     if not callable(handle):
         raise LoadError("'handle' in %s is not callable" % base)
     return handle
@@ -960,6 +975,7 @@ def note_denial(exc):
     while err is not None and not isinstance(err, PermissionError) and depth < 8:
         err, depth = err.__cause__ or err.__context__, depth + 1
     if not isinstance(err, PermissionError):
+        note_home_withheld(exc)
         return
     event, args = _last_access.get(threading.get_ident(), (None, ()))
     where = _sandbox.get("where")
@@ -980,7 +996,26 @@ def note_denial(exc):
             what, key = "writing %s" % path, "the path (or a directory above it) under `write:`"
         else:
             what, key = "reading %s" % path, "the path (or a directory above it) under `read:`"
+        if "HOME" not in os.environ:
+            key += " (HOME is withheld unless `env:` lists it: `~` is then the passwd entry's home)"
     sandbox_log("denied %s (%s): to allow it, add %s of %s" % (what, describe(err), key, where))
+
+
+def note_home_withheld(err):
+    """A confined hook without HOME that failed to find a file under ``~``: ``expanduser`` fell
+    back to the passwd entry's home, which is why the file is missing; say so (issue 50)."""
+    depth = 0
+    while err is not None and not isinstance(err, FileNotFoundError) and depth < 8:
+        err, depth = err.__cause__ or err.__context__, depth + 1
+    if not isinstance(err, FileNotFoundError):
+        return
+    if "HOME" in os.environ or not isinstance(err.filename, str):
+        return
+    home = os.path.expanduser("~")
+    if home != "~" and err.filename.startswith(os.path.join(home, "")):
+        sandbox_log("%s was not found: the sandbox withholds HOME, so `~` is the passwd entry's "
+                    "home %s, not the gateway's; to use the gateway's home, add HOME under `env:` "
+                    "(and the path under `read:`) of %s" % (err.filename, home, _sandbox.get("where")))
 
 
 # --- the fork server ---

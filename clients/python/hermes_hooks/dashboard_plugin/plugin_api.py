@@ -34,7 +34,10 @@ def _client():
         raise HTTPException(
             status_code=503,
             detail="the hermes-hooks client is not installed in the dashboard's Python (%s): "
-                   "pip install hermes-hooks into the environment that runs `hermes`" % exc)
+                   "install it into the environment that runs `hermes`: the hermes-hooks wheel "
+                   "(`maturin build --release` in the hermes-hooks checkout, then `pip install "
+                   "target/wheels/hermes_hooks-*.whl`) or the client alone (`pip install "
+                   "./clients/python` from the checkout); hermes-hooks is not on PyPI" % exc)
     return _transport, _trusted
 
 
