@@ -134,11 +134,12 @@
 
   function HookRow(props) {
     var hk = props.hook;
-    var r = hk.recent || {};
-    var w = r.window || {};
-    var health = hk.health || { state: "ok", reason: "" };
     var open = props.open;
     var fleet = Array.isArray(hk.workers);
+    if (!hk.recent) return h(RemoteRow, { hook: hk, open: open, toggle: props.toggle });
+    var r = hk.recent;
+    var w = r.window || {};
+    var health = hk.health || { state: "ok", reason: "" };
     return h("tr", { "data-hook": hk.name, "data-health": health.state, className: open ? "hh-open" : "" },
       h("td", { "data-label": "Hook", className: "hh-name" },
         h("button", { className: "hh-link", "aria-expanded": open ? "true" : "false", "data-action": "details",
@@ -167,6 +168,26 @@
         ? h("span", { className: "hh-muted" }, "disable it on its workers")
         : h(C.Button, { size: "sm", variant: "outline", disabled: props.busy, "data-action": "disable",
           onClick: function () { props.askDisable(hk.name); } }, "Disable")));
+  }
+
+  // A hook the fleet's workers run: the edge has its totals, not its recent past, so the row
+  // says so instead of a health it cannot know (the Fleet section has its lag and dead letters).
+  function RemoteRow(props) {
+    var hk = props.hook;
+    var c = hk.counters || {};
+    return h("tr", { "data-hook": hk.name, "data-health": "remote" },
+      h("td", { "data-label": "Hook", className: "hh-name" }, h("strong", null, hk.name),
+        h("div", { className: "hh-muted" }, hk.kind + " · fleet · on " + (hk.workers || []).join(", "))),
+      h("td", { "data-label": "Health" }, badge("on the workers", "plain"),
+        h("div", { className: "hh-muted" }, "see Fleet below")),
+      h("td", { "data-label": "Since start", className: "hh-num" },
+        h("div", null, count(c.ok) + " ok"),
+        h("div", { className: c.failed ? "hh-bad" : "hh-muted" }, count(c.failed) + " failed"),
+        h("div", { className: c.dropped ? "hh-bad" : "hh-muted" }, count(c.dropped) + " dropped")),
+      h("td", { "data-label": "Latency p50 / p95", className: "hh-num" }, h("span", { className: "hh-muted" }, "–")),
+      h("td", { "data-label": "Last hour" }, h("span", { className: "hh-muted" }, "–")),
+      h("td", { "data-label": "Last error", className: "hh-error" }, h(LastError, { err: hk.last_error })),
+      h("td", { "data-label": "", className: "hh-act" }, h("span", { className: "hh-muted" }, "disable it on its workers")));
   }
 
   // Everything about one hook, under its row: patterns, warnings, sandbox, counters since it
