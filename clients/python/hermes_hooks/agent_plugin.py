@@ -35,6 +35,7 @@ blocks the call and ``pre_gateway_dispatch`` skips the message, with a message s
 Standard library only. Never raises into Hermes.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -285,6 +286,40 @@ class AgentBridge:
         return names
 
 
+def shell_hook_name(event: str, matcher: Optional[str], command: str) -> str:
+    """The name the service gives the hook it makes of a config.yaml shell-hook entry
+    (``src/config_hooks.rs``): the event and a digest of the triple Hermes registers it under."""
+    digest = hashlib.sha256(b"\0".join(
+        (event.encode("utf-8"), (matcher or "").encode("utf-8"), command.encode("utf-8"))))
+    return "shell-%s-%s" % (event, digest.hexdigest()[:10])
+
+
+def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]]) -> List[str]:
+    """Keeps Hermes's own shell-hook runner off the config.yaml entries the service hosts, so
+    each command runs once per event: 0.19.0 registers an entry only when its (event, matcher,
+    command) is not in ``agent.shell_hooks._registered`` yet (that is how a second registration
+    by the gateway is avoided), and plugins are loaded before shell hooks, in ``hermes chat``
+    and in ``hermes gateway run``. An entry the service does not list (no consent yet, the
+    service unreachable) stays Hermes's. Returns the commands handed over."""
+    try:
+        from agent import shell_hooks  # type: ignore
+        from hermes_cli.config import load_config  # type: ignore
+    except Exception:
+        return []  # not inside Hermes
+    hosted = {h.get("name") for h in hooks if isinstance(h, dict)}
+    taken = []
+    try:
+        specs = shell_hooks.iter_configured_hooks(load_config())
+        with shell_hooks._registered_lock:
+            for spec in specs:
+                if shell_hook_name(spec.event, spec.matcher, spec.command) in hosted:
+                    shell_hooks._registered.add((spec.event, spec.matcher, spec.command))
+                    taken.append(spec.command)
+    except Exception as exc:
+        log.warning("hermes-hooks: could not take the shell hooks over from Hermes: %r", exc)
+    return taken
+
+
 def _autostart_default() -> bool:
     setting = os.environ.get("HERMES_HOOKS_AUTOSTART", "").strip().lower()
     return setting not in ("0", "false", "no", "off")
@@ -302,6 +337,10 @@ def register(ctx: Any) -> None:
             registry = HookRegistry(autostart=_autostart_default())
             registry.discover_and_load()
             _bridge = AgentBridge(registry, _config_fail_closed())
+            if not registry._hooks_from_disk:  # the service's own list: what it hosts
+                taken = hand_over_shell_hooks(registry.loaded_hooks)
+                if taken:
+                    log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))
         names = _bridge.attach(ctx.register_hook)
         log.info("hermes-hooks: forwarding %d agent event(s) to %s: %s", len(names),
                  _bridge.registry.address, ", ".join(names) or "none")

@@ -123,6 +123,16 @@ class SubscribedTest(unittest.TestCase):
         self.assertTrue(DECIDING <= set(AGENT_EVENTS))
 
 
+class ShellHookNameTest(unittest.TestCase):
+    def test_the_services_names(self) -> None:
+        """The service names a config.yaml entry's hook the same way (src/config_hooks.rs
+        pins these strings too)."""
+        self.assertEqual(agent_plugin.shell_hook_name("pre_tool_call", None, "gate.sh"),
+                         "shell-pre_tool_call-866f3f28b5")
+        self.assertEqual(agent_plugin.shell_hook_name("pre_tool_call", "terminal", "gate.sh"),
+                         "shell-pre_tool_call-6af45eeb0f")
+
+
 class FakeCtx:
     """What the plugin uses of Hermes's ``PluginContext``."""
 
