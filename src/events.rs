@@ -159,6 +159,38 @@ pub fn agent_event(name: &str) -> Option<&'static AgentEvent> {
     AGENT_EVENTS.iter().find(|e| e.name == name)
 }
 
+/// The context of an agent event from the arguments Hermes calls its hooks with (`kwargs`),
+/// as the client's plugin and 0.19.0's shell-hook runner make it: `tool_name`, `tool_input`
+/// (`args` when it is an object), `session_id` (else `parent_session_id`), `cwd`, and every
+/// other argument under `extra`.
+pub fn agent_context(
+    event: &str,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+    cwd: &str,
+) -> serde_json::Value {
+    use serde_json::Value;
+    let top = ["tool_name", "args", "session_id", "parent_session_id"];
+    let extra: serde_json::Map<String, Value> = kwargs
+        .iter()
+        .filter(|(k, _)| !top.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let session = [kwargs.get("session_id"), kwargs.get("parent_session_id")]
+        .into_iter()
+        .flatten()
+        .find(|v| !v.is_null() && v.as_str() != Some(""))
+        .cloned()
+        .unwrap_or_else(|| Value::from(""));
+    serde_json::json!({
+        "hook_event_name": event,
+        "tool_name": kwargs.get("tool_name").cloned().unwrap_or(Value::Null),
+        "tool_input": kwargs.get("args").filter(|a| a.is_object()).cloned().unwrap_or(Value::Null),
+        "session_id": session,
+        "cwd": cwd,
+        "extra": extra,
+    })
+}
+
 const REACTION_KEYS: &[&str] = &[
     "platform",
     "reaction",
