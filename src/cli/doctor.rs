@@ -36,7 +36,10 @@ pub async fn doctor() -> i32 {
         .map(|v| crate::cli::dashboard::list_of(&v, "enabled"))
         .unwrap_or_default();
     if enabled.iter().any(|p| p == crate::cli::dashboard::PLUGIN) {
-        say!("ok      the Hermes plugin is in plugins.enabled of {}", config.display());
+        say!(
+            "ok      the Hermes plugin is in plugins.enabled of {}",
+            config.display()
+        );
     } else {
         problems += 1;
         say!(
@@ -266,12 +269,18 @@ async fn smoke(entry: &ShellEntry) -> u32 {
             return 1;
         }
         Err(_) => {
-            say!("      problem timed out after {}s on a sample call", entry.timeout);
+            say!(
+                "      problem timed out after {}s on a sample call",
+                entry.timeout
+            );
             return 1;
         }
     };
     let text = String::from_utf8_lossy(&out.stdout);
-    let code = out.status.code().map_or("a signal".to_string(), |c| c.to_string());
+    let code = out
+        .status
+        .code()
+        .map_or("a signal".to_string(), |c| c.to_string());
     if text.trim().is_empty() {
         say!("      ok      ran on a sample call (exit {code}), answered nothing");
         0

@@ -55,7 +55,11 @@ pub async fn test(args: TestArgs) -> i32 {
         return usage(format!("{e}"));
     }
     let context = if args.for_tool.is_some() || args.payload_file.is_some() {
-        agent_call(&args.event, args.for_tool.as_deref(), args.payload_file.as_deref())
+        agent_call(
+            &args.event,
+            args.for_tool.as_deref(),
+            args.payload_file.as_deref(),
+        )
     } else {
         read_context(args.context.as_deref(), args.context_file.as_deref())
     };

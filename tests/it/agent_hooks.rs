@@ -261,3 +261,128 @@ fn hook_yaml_hooks_take_agent_events() {
         "{got}"
     );
 }
+
+fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .env("HERMES_HOME", hooks.home())
+        .env("HERMES_HOOKS_ADDRESS", hooks.tmp.path().join("nobody.sock"))
+        .env_remove("HERMES_ACCEPT_HOOKS")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Issue 49, "Operators": `plugin install` enables the Hermes plugin in config.yaml (and keeps
+/// the rest of the file); `doctor` checks what `hermes hooks doctor` checks (the script, consent,
+/// a run on a sample call only with consent) plus the plugin; `test EVENT --for-tool NAME
+/// --payload-file F` makes the context of an agent call as the plugin makes it.
+#[test]
+fn operators_plugin_doctor_and_test() {
+    let hooks = Hooks::new();
+    let ran = hooks.out().join("ran");
+    let good = script(
+        &hooks,
+        "good.sh",
+        &format!(
+            "#!/bin/sh\ncat >> {}\necho '{{\"context\": \"x\"}}'\n",
+            ran.display()
+        ),
+    );
+    let missing = hooks.tmp.path().join("missing.sh").display().to_string();
+    let config = hooks.home().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "# mine\nhooks:\n  pre_llm_call:\n    - command: {good}\n  post_tool_call:\n    - command: {missing}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.home().join("shell-hooks-allowlist.json"),
+        json!({"approvals": [{"event": "pre_llm_call", "command": good, "approved_at": "2026-01-01T00:00:00Z"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let (code, said) = run(&hooks, &["doctor"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("not in plugins.enabled"), "{said}");
+    assert!(said.contains("approved 2026-01-01T00:00:00Z"), "{said}");
+    assert!(
+        said.contains("answered JSON on a sample call (exit 0)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("missing.sh is missing or cannot run"),
+        "{said}"
+    );
+    assert!(said.contains("no consent"), "{said}");
+    // Only the approved script ran, once, with the context on stdin.
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&ran).unwrap()).unwrap();
+    assert_eq!(seen["hook_event_name"], "pre_llm_call");
+
+    let (code, said) = run(&hooks, &["plugin", "install"]);
+    assert_eq!(code, 0, "{said}");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.starts_with("# mine\nhooks:"), "{text}");
+    assert!(
+        text.contains("plugins:\n  enabled:\n  - hermes-hooks"),
+        "{text}"
+    );
+    let (_, said) = run(&hooks, &["doctor"]);
+    assert!(
+        said.contains("ok      the Hermes plugin is in plugins.enabled"),
+        "{said}"
+    );
+
+    hooks.python(
+        "seen",
+        "[\"pre_tool_call\"]",
+        "def handle(event, ctx):\n    return {'tool': ctx['tool_name'], 'input': ctx['tool_input'], 'extra': ctx['extra']}\n",
+    );
+    let payload = hooks.tmp.path().join("payload.json");
+    std::fs::write(
+        &payload,
+        r#"{"args": {"path": "/etc/passwd"}, "task_id": "t9"}"#,
+    )
+    .unwrap();
+    let root = hooks.root().display().to_string();
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "pre_tool_call",
+            "--hooks-dir",
+            &root,
+            "--hook",
+            "seen",
+            "--for-tool",
+            "read_file",
+            "--payload-file",
+            &payload.display().to_string(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{said}");
+    let line: Value = serde_json::from_str(said.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        line["result"],
+        json!({"tool": "read_file", "input": {"path": "/etc/passwd"},
+               "extra": {"tool_call_id": "test-call", "task_id": "t9"}}),
+        "{said}"
+    );
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "agent:start",
+            "--hooks-dir",
+            &root,
+            "--for-tool",
+            "x",
+        ],
+    );
+    assert_eq!(code, 2, "{said}");
+}
