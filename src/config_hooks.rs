@@ -259,6 +259,7 @@ pub fn plan(home: &Path) -> Result<Plan, String> {
 /// The files of one hosted entry's hook directory.
 fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
     let sandbox = e.sandbox.clone().unwrap_or_else(|| json!("none"));
+    let deciding = crate::events::agent_event(&e.event).is_some_and(|a| a.decides);
     let manifest = format!(
         "# Made by hermes-hooks from hooks.{event}[{index}] of config.yaml: edit that file, not this.\n\
          name: {name}\n\
@@ -266,13 +267,20 @@ fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
          events: [{event_json}]\n\
          timeout: {timeout}\n\
          runs: service\n\
-         sandbox: {sandbox}\n",
+         sandbox: {sandbox}\n{priority}",
         event = e.event,
         index = e.index,
         name = e.hook_name(),
         description = json!(format!("config.yaml hooks.{}: {}", e.event, e.command)),
         event_json = json!(e.event),
         timeout = e.timeout + TIMEOUT_GRACE,
+        priority = if deciding {
+            // The agent waits for it: the command it starts runs in the normal class, at the
+            // service's priority (an idle-class worker's children are idle too).
+            "sched: normal\nnice: 0\n"
+        } else {
+            ""
+        },
     );
     let entry = json!({
         "event": e.event,

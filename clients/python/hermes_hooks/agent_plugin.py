@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -196,6 +197,11 @@ class AgentBridge:
 
     def __init__(self, registry: HookRegistry, fail_closed: Iterable[str] = ()) -> None:
         self.registry = registry
+        #: Each calling thread's keep-alive connection for collects (Hermes runs tools, and so
+        #: their decisions, on several threads at once).
+        self._local = threading.local()
+        self._collect_headers = dict(registry._headers, **{
+            "Content-Type": "application/json", "Accept": "application/json"})
         self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
         for n in fail_closed:
             if n not in CLOSABLE:
@@ -257,8 +263,7 @@ class AgentBridge:
         pause = 0.02
         try:
             while True:
-                status, raw = _transport.request(reg._address, "POST", "/v1/collect", body,
-                                                 reg._headers, timeout=_ANSWER_BOUND)
+                status, raw = self._post(body)
                 if status == 503 and b'"not_ready"' in raw and time.monotonic() < deadline:
                     time.sleep(pause)  # its hooks are still loading: not "no hooks"
                     pause = min(pause * 2, 0.2)
@@ -277,6 +282,22 @@ class AgentBridge:
         except ValueError as exc:
             return {}, "unreadable answer: %s" % exc
         return (data if isinstance(data, dict) else {}), None
+
+    def _post(self, body: bytes) -> Tuple[int, bytes]:
+        """``POST /v1/collect`` on this thread's keep-alive connection. A connection found
+        closed when reused (the service restarted, or dropped it while idle) is replaced once;
+        a fresh one that fails raises."""
+        conn = getattr(self._local, "conn", None)
+        reused = conn is not None and conn.sock is not None
+        if conn is None:
+            conn = self._local.conn = _transport.KeepAliveConnection(self.registry._address,
+                                                                     _ANSWER_BOUND)
+        try:
+            return conn.request("POST", "/v1/collect", body, self._collect_headers)
+        except ConnectionError:
+            if not reused:
+                raise
+            return conn.request("POST", "/v1/collect", body, self._collect_headers)
 
     def attach(self, register_hook: Callable[[str, Callable[..., Any]], None]) -> List[str]:
         """Registers a callback for each subscribed event; returns their names."""

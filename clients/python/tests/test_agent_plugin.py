@@ -174,10 +174,15 @@ class ThroughTheServiceTest(unittest.TestCase):
                 f.write(text)
             os.chmod(path, 0o644)
 
+    def restart(self) -> None:
+        self.service.stop()
+        self.service = self.Service(self.tmp, self.home, self.hooks_dir, ["--socket", self.sock],
+                                    self.sock)
+
     def bridge(self, fail_closed=()) -> tuple:
-        service = self.Service(self.tmp, self.home, self.hooks_dir, ["--socket", self.sock],
-                               self.sock)
-        self.addCleanup(service.stop)
+        self.service = self.Service(self.tmp, self.home, self.hooks_dir, ["--socket", self.sock],
+                                    self.sock)
+        self.addCleanup(lambda: self.service.stop())
         registry = HookRegistry(address=self.sock, autostart=False)
         self.addCleanup(registry.close, 0)
         registry.discover_and_load()
@@ -229,6 +234,16 @@ class ThroughTheServiceTest(unittest.TestCase):
         self.assertEqual(seen["hook_event_name"], "post_tool_call")
         self.assertEqual(seen["extra"]["runner"], "<opaque runner>")
         self.assertEqual(seen["extra"]["status"], "ok")
+
+    def test_a_restarted_service_between_decisions(self) -> None:
+        """The keep-alive connection of a deciding callback outlives no service: after a
+        restart, the next call reconnects and decides."""
+        self.hook("gate", ["pre_tool_call"], "return {'action': 'block', 'message': 'no'}")
+        bridge, ctx = self.bridge()
+        call = ctx.hooks["pre_tool_call"][0]
+        self.assertEqual(call(tool_name="terminal", args={}), {"action": "block", "message": "no"})
+        self.restart()
+        self.assertEqual(call(tool_name="terminal", args={}), {"action": "block", "message": "no"})
 
     def test_fail_open_and_closed(self) -> None:
         """A gate that times out: no decision (open) by default; a block when pre_tool_call
