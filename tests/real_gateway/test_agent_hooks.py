@@ -15,6 +15,12 @@ the model's request, the turn (from the model's first request to its second) sho
 observer's sleep, the observer having run all the same, and the shell hook run exactly once for
 the one tool call (Hermes's own shell-hook runner kept off it), with 0.19.0's stdin keys.
 
+Side by side (``test_side_by_side_with_hermes_runner``): the same config.yaml shell gate, once
+run by 0.19.0's own runner (the plugin not enabled) and once hosted here: the same decision
+reaches the model, the script runs once (started by Hermes, then by the hook's worker) and gets
+the same stdin keys, ``extra``'s included. Differences, by nature: ids and paths; the script's
+parent process and environment (the service's); see docs/hook-authors.md.
+
 Needs ``HERMES_AGENT_VENV`` (a venv made by ``.ci/hermes-agent-venv.sh``, with the client
 installed so that its entry point is registered) and ``HERMES_HOOKS_BIN``. Standard library only.
 """
@@ -56,16 +62,21 @@ HOOKS = {
 }
 
 SHELL_HOOK = """\
-import sys
+import json, os, sys
 with open(sys.argv[1], "a") as f:
     f.write(sys.stdin.read().replace("\\n", " ") + "\\n")
+with open("/proc/%d/cmdline" % os.getppid(), "rb") as parent, open(sys.argv[1] + ".parent", "ab") as f:
+    f.write(parent.read().replace(b"\\0", b" ") + b"\\n")
+if len(sys.argv) > 2:
+    print(json.dumps({"decision": "block", "reason": sys.argv[2]}))
 """
+SHELL_BLOCK = "SHELL-GATE-said-no"
 
 
 class Home:
     """A run's directory: HERMES_HOME with the hooks and config.yaml, the fake model."""
 
-    def __init__(self, case, gateway):
+    def __init__(self, case, gateway, side_by_side=None):
         self.dir = tempfile.mkdtemp(prefix="hh-agent49-")
         self.home = os.path.join(self.dir, "hermes-home")
         self.case = case
@@ -78,18 +89,21 @@ class Home:
                                             port_file], stdin=subprocess.DEVNULL, env=env))
         llm_port = int(wait_for("the fake model provider", lambda: read_text(port_file), 30))
         self.requests = port_file + ".requests"
-        for name, (manifest, handler) in HOOKS.items():
+        for name, (manifest, handler) in ({} if side_by_side else HOOKS).items():
             d = os.path.join(self.home, "hooks", name)
             os.makedirs(d)
             for file_name, text in (("HOOK.yaml", manifest), ("handler.py", handler)):
                 with open(os.path.join(d, file_name), "w") as f:
                     f.write(text)
+        os.makedirs(os.path.join(self.home, "hooks"), exist_ok=True)
         os.chmod(self.home, 0o700)
         script = os.path.join(self.dir, "shell_hook.py")
         with open(script, "w") as f:
             f.write(SHELL_HOOK)
         self.shell_out = os.path.join(self.dir, "shell.jsonl")
         self.webhook_port = free_port()
+        block = " " + SHELL_BLOCK if side_by_side else ""
+        plugins = "[]" if side_by_side == "hermes" else "[hermes-hooks]"
         config = """\
 model:
   provider: custom
@@ -98,14 +112,14 @@ model:
   api_key: hh-test-key
   context_length: 128000
 plugins:
-  enabled: [hermes-hooks]
+  enabled: %s
 hooks_auto_accept: true
 hooks:
   pre_tool_call:
-    - command: %s %s %s
+    - command: %s %s %s%s
       matcher: terminal
       timeout: 10
-""" % (llm_port, sys.executable, script, self.shell_out)
+""" % (llm_port, plugins, sys.executable, script, self.shell_out, block)
         if gateway:
             # The webhook platform's own toolset has no terminal: give it one.
             config += """\
@@ -167,6 +181,7 @@ platforms:
         case.assertEqual(seen["tool_name"], "terminal")
         lines = read_lines(self.shell_out)
         case.assertEqual(len(lines), 1, "the config.yaml shell hook ran %d times" % len(lines))
+        case.assertIn("runner-", read_text(self.shell_out + ".parent"), "not run by the service")
         case.assertEqual(sorted(lines[0]), ["cwd", "extra", "hook_event_name", "session_id",
                                             "tool_input", "tool_name"])
         case.assertEqual(lines[0]["tool_input"], {"command": COMMAND})
@@ -185,6 +200,36 @@ class AgentHooks(unittest.TestCase):
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         home.check(proc.stdout)
+
+    def chat(self, home):
+        argv = [os.path.join(VENV, "bin", "python"), "-m", "hermes_cli.main", "chat", "-Q",
+                "-q", "please clean up"]
+        proc = subprocess.run(argv, cwd=home.dir, env=home.env(), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        return proc.stdout
+
+    def test_side_by_side_with_hermes_runner(self):
+        """Issue 49: the same config.yaml shell gate run by 0.19.0's own runner (the plugin not
+        enabled) and hosted here: the same decision reaches the model, once, and the script
+        gets the same stdin keys (``extra`` included); only values that differ by nature
+        (ids, paths) differ."""
+        seen = {}
+        for who in ("hermes", "here"):
+            home = Home(self, gateway=False, side_by_side=who)
+            reply = self.chat(home)
+            self.assertIn(SHELL_BLOCK, reply, who)
+            lines = read_lines(home.shell_out)
+            self.assertEqual(len(lines), 1, "%s ran the shell hook %d times" % (who, len(lines)))
+            seen[who] = lines[0]
+            parent = read_text(home.shell_out + ".parent")
+            # Who started the script: Hermes itself, or the hook's worker in the service.
+            self.assertEqual("runner-" in parent, who == "here", parent)
+        hermes, here = seen["hermes"], seen["here"]
+        self.assertEqual(sorted(hermes), sorted(here))
+        self.assertEqual(sorted(hermes["extra"]), sorted(here["extra"]))
+        for key in ("hook_event_name", "tool_name", "tool_input"):
+            self.assertEqual(hermes[key], here[key], key)
 
     def test_gateway(self):
         """Issue 49, "The real thing in CI", in ``hermes gateway run`` (no launcher)."""
