@@ -44,6 +44,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import _ingateway, _transport
+from .profiles import active_home
 from .registry import HookRegistry
 
 log = logging.getLogger("hermes_hooks.agent")
@@ -355,7 +356,12 @@ def register(ctx: Any) -> None:
     global _bridge
     try:
         if _bridge is None:
-            registry = HookRegistry(autostart=_autostart_default())
+            # The profile's home (``hermes -p NAME``): its own service, hooks and config.yaml.
+            home = os.path.realpath(os.path.expanduser(active_home()))
+            address = (os.environ.get(_transport.ADDRESS_ENV)
+                       or os.path.join(home, _transport.DEFAULT_SOCKET_NAME))
+            registry = HookRegistry(address=address, hermes_home=home,
+                                    autostart=_autostart_default())
             registry.discover_and_load()
             _bridge = AgentBridge(registry, _config_fail_closed())
             if not registry._hooks_from_disk:  # the service's own list: what it hosts
