@@ -342,6 +342,29 @@ def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]]) -> List[str]:
     return taken
 
 
+def sync_config_hooks(registry: HookRegistry) -> None:
+    """When Hermes's config has a ``hooks:`` block, has the service load again
+    (``POST /v1/reload``: it reads config.yaml and the allowlist before every load; unchanged
+    hooks are kept as they run) and takes its new list, so that an entry added or approved since
+    the service started is hosted from this start of Hermes on. Never raises."""
+    try:
+        from hermes_cli.config import load_config  # type: ignore
+        if not (load_config() or {}).get("hooks"):
+            return
+    except Exception:
+        return  # not inside Hermes
+    try:
+        status, raw = _transport.request(registry._address, "POST", "/v1/reload", b"{}",
+                                         registry._headers, timeout=60.0)
+        if status != 200:
+            log.warning("hermes-hooks: the service did not reload (%d): %s", status,
+                        raw[:200].decode("utf-8", "replace"))
+            return
+        registry._refresh_hooks()
+    except Exception as exc:
+        log.warning("hermes-hooks: the service did not reload: %r", exc)
+
+
 def _autostart_default() -> bool:
     setting = os.environ.get("HERMES_HOOKS_AUTOSTART", "").strip().lower()
     return setting not in ("0", "false", "no", "off")
@@ -365,6 +388,7 @@ def register(ctx: Any) -> None:
             registry.discover_and_load()
             _bridge = AgentBridge(registry, _config_fail_closed())
             if not registry._hooks_from_disk:  # the service's own list: what it hosts
+                sync_config_hooks(registry)
                 taken = hand_over_shell_hooks(registry.loaded_hooks)
                 if taken:
                     log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))
