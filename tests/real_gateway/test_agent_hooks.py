@@ -76,9 +76,12 @@ SHELL_BLOCK = "SHELL-GATE-said-no"
 class Home:
     """A run's directory: HERMES_HOME with the hooks and config.yaml, the fake model."""
 
-    def __init__(self, case, gateway, side_by_side=None):
+    def __init__(self, case, gateway, side_by_side=None, profile=None):
         self.dir = tempfile.mkdtemp(prefix="hh-agent49-")
-        self.home = os.path.join(self.dir, "hermes-home")
+        self.root = os.path.join(self.dir, "hermes-home")
+        # With a profile, everything is the profile's (``hermes -p NAME``); the root home is
+        # empty.
+        self.home = os.path.join(self.root, "profiles", profile) if profile else self.root
         self.case = case
         case.addCleanup(self.close)
         self.procs = []
@@ -96,6 +99,7 @@ class Home:
                 with open(os.path.join(d, file_name), "w") as f:
                     f.write(text)
         os.makedirs(os.path.join(self.home, "hooks"), exist_ok=True)
+        os.chmod(self.root, 0o700)
         os.chmod(self.home, 0o700)
         script = os.path.join(self.dir, "shell_hook.py")
         with open(script, "w") as f:
@@ -141,7 +145,7 @@ platforms:
 
     def env(self):
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.dir,
-                "HERMES_HOME": self.home, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+                "HERMES_HOME": self.root, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
                 "HERMES_HOOKS_BIN": os.environ.get("HERMES_HOOKS_BIN", ""),
                 "HERMES_HOOKS_AUTOSTART_TIMEOUT": "120"}
 
@@ -153,7 +157,7 @@ platforms:
                 except OSError:
                     p.kill()
             p.wait()
-        for pid in processes_with_home(self.home):
+        for pid in set(processes_with_home(self.root) + processes_with_home(self.home)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -201,9 +205,10 @@ class AgentHooks(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         home.check(proc.stdout)
 
-    def chat(self, home):
-        argv = [os.path.join(VENV, "bin", "python"), "-m", "hermes_cli.main", "chat", "-Q",
-                "-q", "please clean up"]
+    def chat(self, home, profile=None):
+        argv = [os.path.join(VENV, "bin", "python"), "-m", "hermes_cli.main"]
+        argv += ["-p", profile] if profile else []
+        argv += ["chat", "-Q", "-q", "please clean up"]
         proc = subprocess.run(argv, cwd=home.dir, env=home.env(), stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
@@ -230,6 +235,14 @@ class AgentHooks(unittest.TestCase):
         self.assertEqual(sorted(hermes["extra"]), sorted(here["extra"]))
         for key in ("hook_event_name", "tool_name", "tool_input"):
             self.assertEqual(hermes[key], here[key], key)
+
+    def test_chat_in_a_profile(self):
+        """Issue 49 in ``hermes -p work chat -q``: the profile's hooks, its config.yaml shell
+        hook and its own service (its socket in the profile's home); the root home untouched."""
+        home = Home(self, gateway=False, profile="work")
+        home.check(self.chat(home, profile="work"))
+        self.assertTrue(os.path.exists(os.path.join(home.home, "hooks.sock")))
+        self.assertFalse(os.path.exists(os.path.join(home.root, "hooks.sock")))
 
     def test_gateway(self):
         """Issue 49, "The real thing in CI", in ``hermes gateway run`` (no launcher)."""
