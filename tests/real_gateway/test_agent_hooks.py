@@ -15,6 +15,9 @@ the model's request, the turn (from the model's first request to its second) sho
 observer's sleep, the observer having run all the same, and the shell hook run exactly once for
 the one tool call (Hermes's own shell-hook runner kept off it), with 0.19.0's stdin keys.
 
+In a profile (``test_chat_in_a_profile``, ``hermes -p work chat``): the same, with everything in
+the profile's home, served by the profile's own service.
+
 Side by side (``test_side_by_side_with_hermes_runner``): the same config.yaml shell gate, once
 run by 0.19.0's own runner (the plugin not enabled) and once hosted here: the same decision
 reaches the model, the script runs once (started by Hermes, then by the hook's worker) and gets
