@@ -76,6 +76,6 @@ fn the_agent_events_reach_hooks_in_chat_and_in_the_gateway() {
         .expect("run python3");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "agent-hook tests failed:\n{stderr}");
-    assert!(stderr.contains("Ran 4 tests"), "{stderr}");
+    assert!(stderr.contains("Ran 5 tests"), "{stderr}");
     assert!(!stderr.contains("skipped"), "tests were skipped:\n{stderr}");
 }

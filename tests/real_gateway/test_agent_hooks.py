@@ -249,11 +249,26 @@ class AgentHooks(unittest.TestCase):
 
     def test_gateway(self):
         """Issue 49, "The real thing in CI", in ``hermes gateway run`` (no launcher)."""
+        self.gateway(launcher=False)
+
+    def test_gateway_with_the_launcher(self):
+        """The same through ``hermes-hooks-gateway`` (the shim: the gateway's own hooks go to
+        the service too, through another registry of the same process)."""
+        self.gateway(launcher=True)
+
+    def gateway(self, launcher):
         home = Home(self, gateway=True)
-        argv = [os.path.join(VENV, "bin", "python"), "-m", "hermes_cli.main", "gateway", "run"]
+        env = home.env()
+        if launcher:
+            argv = [os.path.join(VENV, "bin", "hermes-hooks-gateway"), "-m", "hermes_cli.main",
+                    "gateway", "run"]
+            env["HERMES_HOOKS_SHIM"] = "1"
+        else:
+            argv = [os.path.join(VENV, "bin", "python"), "-m", "hermes_cli.main", "gateway",
+                    "run"]
         console = open(os.path.join(home.dir, "console.out"), "wb")
         self.addCleanup(console.close)
-        gw = subprocess.Popen(argv, cwd=home.dir, env=home.env(), stdin=subprocess.DEVNULL,
+        gw = subprocess.Popen(argv, cwd=home.dir, env=env, stdin=subprocess.DEVNULL,
                               stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
         home.procs.append(gw)
         log = os.path.join(home.home, "logs", "gateway.log")
