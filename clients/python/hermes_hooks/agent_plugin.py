@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import _ingateway, _transport
 from .profiles import active_home
-from .registry import HookRegistry
+from .registry import HookRegistry, _sanitize
 
 log = logging.getLogger("hermes_hooks.agent")
 
@@ -201,6 +201,8 @@ class AgentBridge:
         #: Each calling thread's keep-alive connection for collects (Hermes runs tools, and so
         #: their decisions, on several threads at once).
         self._local = threading.local()
+        self._conns = []  # type: List[Any]  # every thread's, for close()
+        self._conns_lock = threading.Lock()
         self._collect_headers = dict(registry._headers, **{
             "Content-Type": "application/json", "Accept": "application/json"})
         self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
@@ -257,8 +259,13 @@ class AgentBridge:
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
         """``POST /v1/collect`` on a fresh connection (Hermes calls from its own threads; no
         event loop is assumed). Returns the service's answer and why it failed, if it did."""
-        body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
-                          default=str).encode("utf-8")
+        try:
+            body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
+                              default=str, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, RecursionError):
+            # Keys that are not text, NaN, cycles: the client's own rules make it JSON.
+            body = json.dumps({"event": event, "context": _sanitize(ctx)},
+                              ensure_ascii=False).encode("utf-8")
         reg = self.registry
         deadline = time.monotonic() + _ANSWER_BOUND
         pause = 0.02
@@ -293,12 +300,21 @@ class AgentBridge:
         if conn is None:
             conn = self._local.conn = _transport.KeepAliveConnection(self.registry._address,
                                                                      _ANSWER_BOUND)
+            with self._conns_lock:
+                self._conns.append(conn)
         try:
             return conn.request("POST", "/v1/collect", body, self._collect_headers)
         except ConnectionError:
             if not reused:
                 raise
             return conn.request("POST", "/v1/collect", body, self._collect_headers)
+
+    def close(self) -> None:
+        """Closes the decision connections (a call after it opens a new one)."""
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
 
     def attach(self, register_hook: Callable[[str, Callable[..., Any]], None]) -> List[str]:
         """Registers a callback for each subscribed event; returns their names."""

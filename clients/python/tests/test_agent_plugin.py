@@ -187,6 +187,7 @@ class ThroughTheServiceTest(unittest.TestCase):
         self.addCleanup(registry.close, 0)
         registry.discover_and_load()
         bridge = AgentBridge(registry, fail_closed)
+        self.addCleanup(bridge.close)
         ctx = FakeCtx()
         bridge.attach(ctx.register_hook)
         return bridge, ctx
@@ -235,6 +236,18 @@ class ThroughTheServiceTest(unittest.TestCase):
         self.assertEqual(seen["extra"]["runner"], "<opaque runner>")
         self.assertEqual(seen["extra"]["status"], "ok")
 
+    def test_contexts_that_json_refuses(self) -> None:
+        """NaN, keys that are not text and cycles still reach the hook, made JSON."""
+        self.hook("echo", ["pre_llm_call"], "return {'context': json.dumps(context['extra'])}")
+        bridge, ctx = self.bridge()
+        loop = []
+        loop.append(loop)
+        answer = ctx.hooks["pre_llm_call"][0](session_id="s", score=float("nan"),
+                                              table={1: "one"}, loop=loop)
+        seen = json.loads(answer["context"])
+        self.assertIsNone(seen["score"])
+        self.assertEqual(seen["table"], {"1": "one"})
+
     def test_a_restarted_service_between_decisions(self) -> None:
         """The keep-alive connection of a deciding callback outlives no service: after a
         restart, the next call reconnects and decides."""
@@ -253,6 +266,7 @@ class ThroughTheServiceTest(unittest.TestCase):
         call = ctx.hooks["pre_tool_call"][0]
         self.assertIsNone(call(tool_name="terminal", args={}, session_id="s"))
         closed = AgentBridge(bridge.registry, ["pre_tool_call", "pre_llm_call"])
+        self.addCleanup(closed.close)
         answer = closed.callback("pre_tool_call")(tool_name="terminal", args={}, session_id="s")
         self.assertEqual(answer["action"], "block")
         self.assertIn("hung", answer["message"])
