@@ -386,3 +386,69 @@ fn operators_plugin_doctor_and_test() {
     );
     assert_eq!(code, 2, "{said}");
 }
+
+/// Issue 49: a config.yaml entry may carry this project's `sandbox:`; the command it runs is
+/// held to it (here: it may run programs and read its directory, not write beside it), and
+/// `check` shows it. Skipped (said) on a kernel without Landlock ABI 4, never under CI.
+#[test]
+fn a_config_yaml_entry_runs_in_its_sandbox() {
+    if !crate::sandbox::landlock_here() {
+        return;
+    }
+    let hooks = Hooks::new();
+    let dir = hooks.tmp.path().display().to_string();
+    let outside = hooks.tmp.path().join("outside");
+    let probe = script(
+        &hooks,
+        "probe.sh",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\nif echo x > {} 2>/dev/null; then w=wrote; else w=denied; fi\n\
+             echo \"{{\\\"context\\\": \\\"$w\\\"}}\"\n",
+            outside.display()
+        ),
+    );
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  pre_llm_call:\n    - command: {probe}\n      \
+             sandbox: {{exec: true, read: [\"{dir}\"]}}\n"
+        ),
+    )
+    .unwrap();
+    let root = hooks.root().display().to_string();
+    let (code, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("exec:    yes"), "{said}");
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "pre_llm_call",
+            "--hooks-dir",
+            &root,
+            "--payload-file",
+            "/dev/null",
+        ],
+    );
+    assert_eq!(
+        code, 2,
+        "an empty payload file is not a JSON object: {said}"
+    );
+    let payload = hooks.tmp.path().join("p.json");
+    std::fs::write(&payload, "{}").unwrap();
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "pre_llm_call",
+            "--hooks-dir",
+            &root,
+            "--payload-file",
+            &payload.display().to_string(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains(r#""result":{"context":"denied"}"#), "{said}");
+    assert!(!outside.exists());
+}

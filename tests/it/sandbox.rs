@@ -19,7 +19,7 @@ use crate::util::{Hooks, Serve, bin, poll};
 const T: Duration = Duration::from_secs(30);
 
 /// Whether the kernel has Landlock with TCP rules; a machine without it skips, CI fails.
-fn landlock_here() -> bool {
+pub fn landlock_here() -> bool {
     // SAFETY: the VERSION query of landlock_create_ruleset reads no memory.
     let abi = unsafe { libc::syscall(444, std::ptr::null::<u8>(), 0usize, 1u32) };
     if abi >= 4 {
