@@ -341,8 +341,12 @@ fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<()> {
             .recursive(true)
             .mode(0o755)
             .create(&dir)?;
-        for (file, content) in files(e) {
+        for (file, mut content) in files(e) {
             let path = dir.join(file);
+            if file == "HOOK.yaml" && disabled_here(&path) {
+                // Disabled by an operator (`disable`, the dashboard): it stays disabled.
+                content.push_str("enabled: false\n");
+            }
             if std::fs::read_to_string(&path).is_ok_and(|old| old == content) {
                 continue;
             }
@@ -351,6 +355,14 @@ fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether the hook made at `manifest` was disabled since (its `enabled: false`).
+fn disabled_here(manifest: &Path) -> bool {
+    std::fs::read_to_string(manifest).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split('#').next().unwrap_or("").trim() == "enabled: false")
+    })
 }
 
 #[cfg(test)]
@@ -446,6 +458,12 @@ mod tests {
         let root = sync(home.path()).unwrap();
         let dir = root.join(p.hosted[0].hook_name());
         assert!(dir.join("HOOK.yaml").is_file() && dir.join("entry.json").is_file());
+        // Disabled by an operator: it stays disabled when written again.
+        let manifest = dir.join("HOOK.yaml");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        std::fs::write(&manifest, format!("{text}enabled: false\n")).unwrap();
+        sync(home.path());
+        assert!(disabled_here(&manifest));
         // Consent withdrawn: the directory goes.
         std::fs::write(home.path().join("shell-hooks-allowlist.json"), "{}").unwrap();
         assert_eq!(sync(home.path()), Some(root.clone()));

@@ -332,19 +332,22 @@ def shell_hook_name(event: str, matcher: Optional[str], command: str) -> str:
     return "shell-%s-%s" % (event, digest.hexdigest()[:10])
 
 
-def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]]) -> List[str]:
+def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]],
+                          disabled: Iterable[str] = ()) -> List[str]:
     """Keeps Hermes's own shell-hook runner off the config.yaml entries the service hosts, so
     each command runs once per event: 0.19.0 registers an entry only when its (event, matcher,
     command) is not in ``agent.shell_hooks._registered`` yet (that is how a second registration
     by the gateway is avoided), and plugins are loaded before shell hooks, in ``hermes chat``
     and in ``hermes gateway run``. An entry the service does not list (no consent yet, the
-    service unreachable) stays Hermes's. Returns the commands handed over."""
+    service unreachable) stays Hermes's; one the service lists as disabled (an operator turned
+    it off here: `disable`, the dashboard) is handed over too, so that it does not run at all.
+    Returns the commands handed over."""
     try:
         from agent import shell_hooks  # type: ignore
         from hermes_cli.config import load_config  # type: ignore
     except Exception:
         return []  # not inside Hermes
-    hosted = {h.get("name") for h in hooks if isinstance(h, dict)}
+    hosted = {h.get("name") for h in hooks if isinstance(h, dict)} | set(disabled)
     taken = []
     try:
         specs = shell_hooks.iter_configured_hooks(load_config())
@@ -405,7 +408,8 @@ def register(ctx: Any) -> None:
             _bridge = AgentBridge(registry, _config_fail_closed())
             if not registry._hooks_from_disk:  # the service's own list: what it hosts
                 sync_config_hooks(registry)
-                taken = hand_over_shell_hooks(registry.loaded_hooks)
+                off = [s.get("name") for s in registry.skipped if s.get("code") == "disabled"]
+                taken = hand_over_shell_hooks(registry.loaded_hooks, off)
                 if taken:
                     log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))
         names = _bridge.attach(ctx.register_hook)
