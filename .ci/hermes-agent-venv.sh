@@ -27,7 +27,9 @@ if [ -n "$wheel" ]; then
   [ -f "$wheel" ] || fail "no wheel at $wheel"
   ours="wheel $(sha256sum "$wheel" | cut -d' ' -f1)"
 else
-  ours="editable $root/clients/python"
+  # The metadata of an editable install (its entry points: the Hermes plugin, issue 49) is
+  # made at install time: install again when clients/python/pyproject.toml changes.
+  ours="editable $root/clients/python $(sha256sum "$root/clients/python/pyproject.toml" | cut -d' ' -f1)"
 fi
 stamp=$venv/.hermes-agent-venv
 if [ -f "$stamp" ] && [ -x "$venv/bin/python" ] && [ "$(cat "$stamp")" = "$gateway_spec; $ours" ]; then

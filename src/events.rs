@@ -1,7 +1,9 @@
-//! Event names: validation and the catalogue of events the gateway emits.
+//! Event names: validation and the catalogues of events Hermes emits: the gateway's
+//! (`agent:start`...) and the agent's (`pre_tool_call`..., issue 49).
 //!
-//! The catalogue is used by `check` to warn about patterns that can never fire and to suggest the
-//! name that was probably meant (`sesion:start` -> `session:start`).
+//! The catalogues are used by `check` to warn about patterns that can never fire and to suggest
+//! the name that was probably meant (`sesion:start` -> `session:start`, `pre_tool_cal` ->
+//! `pre_tool_call`).
 
 use thiserror::Error;
 
@@ -86,6 +88,109 @@ pub const KNOWN_EVENTS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// The agent's events (hermes-agent 0.19.0's `VALID_HOOKS`, named as Hermes names them), which
+/// the client's Hermes plugin forwards (issue 49). Their context is the object 0.19.0 gives a
+/// shell hook on stdin: [`AGENT_CONTEXT_KEYS`].
+pub const AGENT_EVENTS: &[AgentEvent] = &[
+    AgentEvent::decides("pre_tool_call"),
+    AgentEvent::observes("post_tool_call"),
+    AgentEvent::decides("transform_terminal_output"),
+    AgentEvent::decides("transform_tool_result"),
+    AgentEvent::decides("transform_llm_output"),
+    AgentEvent::decides("pre_llm_call"),
+    AgentEvent::observes("post_llm_call"),
+    AgentEvent::decides("pre_verify"),
+    AgentEvent::observes("pre_api_request"),
+    AgentEvent::observes("post_api_request"),
+    AgentEvent::observes("api_request_error"),
+    AgentEvent::observes("on_session_start"),
+    AgentEvent::observes("on_session_end"),
+    AgentEvent::observes("on_session_finalize"),
+    AgentEvent::observes("on_session_reset"),
+    AgentEvent::observes("subagent_start"),
+    AgentEvent::observes("subagent_stop"),
+    AgentEvent::decides("pre_gateway_dispatch"),
+    AgentEvent::observes("pre_approval_request"),
+    AgentEvent::observes("post_approval_response"),
+    AgentEvent::observes("kanban_task_claimed"),
+    AgentEvent::observes("kanban_task_completed"),
+    AgentEvent::observes("kanban_task_blocked"),
+];
+
+/// The context of every agent event: what 0.19.0 writes to a shell hook's stdin (`extra` holds
+/// the call's other arguments by name).
+pub const AGENT_CONTEXT_KEYS: &[&str] = &[
+    "hook_event_name",
+    "tool_name",
+    "tool_input",
+    "session_id",
+    "cwd",
+    "extra",
+];
+
+/// One of the agent's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentEvent {
+    /// The name, as Hermes writes it (`pre_tool_call`).
+    pub name: &'static str,
+    /// Whether Hermes reads the hooks' answers back (a block, a context, a replacement): such an
+    /// event goes through the decision path (`/v1/collect`); the others are observed (`emit`).
+    pub decides: bool,
+}
+
+impl AgentEvent {
+    const fn decides(name: &'static str) -> Self {
+        Self {
+            name,
+            decides: true,
+        }
+    }
+
+    const fn observes(name: &'static str) -> Self {
+        Self {
+            name,
+            decides: false,
+        }
+    }
+}
+
+/// The agent event named `name`, if it is one.
+pub fn agent_event(name: &str) -> Option<&'static AgentEvent> {
+    AGENT_EVENTS.iter().find(|e| e.name == name)
+}
+
+/// The context of an agent event from the arguments Hermes calls its hooks with (`kwargs`),
+/// as the client's plugin and 0.19.0's shell-hook runner make it: `tool_name`, `tool_input`
+/// (`args` when it is an object), `session_id` (else `parent_session_id`), `cwd`, and every
+/// other argument under `extra`.
+pub fn agent_context(
+    event: &str,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+    cwd: &str,
+) -> serde_json::Value {
+    use serde_json::Value;
+    let top = ["tool_name", "args", "session_id", "parent_session_id"];
+    let extra: serde_json::Map<String, Value> = kwargs
+        .iter()
+        .filter(|(k, _)| !top.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let session = [kwargs.get("session_id"), kwargs.get("parent_session_id")]
+        .into_iter()
+        .flatten()
+        .find(|v| !v.is_null() && v.as_str() != Some(""))
+        .cloned()
+        .unwrap_or_else(|| Value::from(""));
+    serde_json::json!({
+        "hook_event_name": event,
+        "tool_name": kwargs.get("tool_name").cloned().unwrap_or(Value::Null),
+        "tool_input": kwargs.get("args").filter(|a| a.is_object()).cloned().unwrap_or(Value::Null),
+        "session_id": session,
+        "cwd": cwd,
+        "extra": extra,
+    })
+}
+
 const REACTION_KEYS: &[&str] = &[
     "platform",
     "reaction",
@@ -107,6 +212,7 @@ pub(crate) fn known_event_samples() -> impl Iterator<Item = &'static str> {
         .map(|(name, _)| *name)
         .filter(|n| !n.contains('<'))
         .chain(["command:reset", "command:new", "command:help", "command:x"])
+        .chain(AGENT_EVENTS.iter().map(|e| e.name))
 }
 
 /// Why an event name was refused.
@@ -155,7 +261,8 @@ pub(crate) fn suggest(pattern: &str) -> Option<&'static str> {
             "reaction:*",
             "gateway:*",
             "message:*",
-        ]);
+        ])
+        .chain(AGENT_EVENTS.iter().map(|e| e.name));
     let mut best: Option<(usize, &'static str)> = None;
     for c in candidates {
         let d = strsim::levenshtein(pattern, c);
@@ -203,5 +310,38 @@ mod tests {
         assert_eq!(suggest("agent:strat"), Some("agent:start"));
         assert_eq!(suggest("comand:*"), Some("command:*"));
         assert_eq!(suggest("totally:different"), None);
+        // The agent's events (issue 49).
+        assert_eq!(suggest("pre_tool_cal"), Some("pre_tool_call"));
+        assert_eq!(suggest("post_toolcall"), Some("post_tool_call"));
+        assert_eq!(suggest("on_sesion_end"), Some("on_session_end"));
+    }
+
+    /// Issue 49: every event of hermes-agent 0.19.0's `VALID_HOOKS` is a valid event name, and
+    /// the deciding ones are those whose answers 0.19.0 reads back.
+    #[test]
+    fn agent_events_are_hermes_names() {
+        assert_eq!(AGENT_EVENTS.len(), 23);
+        for e in AGENT_EVENTS {
+            assert_eq!(validate_event_name(e.name), Ok(()), "{}", e.name);
+            assert_eq!(agent_event(e.name), Some(e));
+        }
+        let deciding: Vec<&str> = AGENT_EVENTS
+            .iter()
+            .filter(|e| e.decides)
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(
+            deciding,
+            [
+                "pre_tool_call",
+                "transform_terminal_output",
+                "transform_tool_result",
+                "transform_llm_output",
+                "pre_llm_call",
+                "pre_verify",
+                "pre_gateway_dispatch"
+            ]
+        );
+        assert_eq!(agent_event("agent:start"), None);
     }
 }

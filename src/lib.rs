@@ -25,6 +25,8 @@
 //!   shared child-process plumbing.
 //! - `ingateway`: hooks that run inside the gateway: what `list`/`check` say about them.
 //! - `discovery`: hook roots -> [`HookSpec`]s plus a report of what did not load.
+//! - [`config_hooks`]: the shell hooks of config.yaml's `hooks:` block, written out as hooks
+//!   under `$HERMES_HOME/config-hooks/` before each scan (issue 49).
 //! - `placement`: `runs: service | gateway | auto`, decided by reading the hook's source.
 //! - `interpreter`: which Python runs a hook's handler.py, and why.
 //! - `trust`: which hooks may run: `trust::policy` (permissions, `--trust`),
@@ -34,7 +36,8 @@
 //! - `manifest`: the HOOK.yaml schema and its validation.
 //! - [`priority`]: the CPU priority of hook processes (`nice`, `SCHED_IDLE`).
 //! - `pattern`: `events:` patterns compiled with globset; exact before wildcard.
-//! - [`events`]: event names, their validation, the catalogue of gateway events.
+//! - [`events`]: event names, their validation, the catalogues of the gateway's and the
+//!   agent's events.
 //! - `sink`: the dispatch interface: local queues or (feature `fleet`) NATS JetStream.
 //! - `fleet` (feature `fleet`): edge sink, workers, collect, fleet view, dead letters.
 //! - `scaffold`: `new NAME --kind ...`.
@@ -62,6 +65,7 @@ pub(crate) mod atomic;
 pub(crate) mod caller;
 pub mod cli;
 pub(crate) mod client;
+pub mod config_hooks;
 pub(crate) mod decision;
 pub(crate) mod diff;
 pub(crate) mod discovery;

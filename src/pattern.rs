@@ -164,7 +164,18 @@ mod tests {
             let w = misspelt_warning(p).unwrap_or_else(|| panic!("no warning for {p}"));
             assert!(w.ends_with(&format!("did you mean {meant:?}?")), "{w}");
         }
-        for p in ["agent:start", "session:*", "myapp:deployed", "*"] {
+        // The agent's events (issue 49): known, and near misses get the Hermes name.
+        let w = misspelt_warning("pre_tool_cal").unwrap_or_default();
+        assert!(w.ends_with("did you mean \"pre_tool_call\"?"), "{w}");
+        for p in [
+            "agent:start",
+            "session:*",
+            "myapp:deployed",
+            "*",
+            "pre_tool_call",
+            "pre_*",
+            "*_tool_call",
+        ] {
             assert_eq!(misspelt_warning(p), None, "{p}");
         }
     }

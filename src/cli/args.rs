@@ -139,6 +139,21 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::cli::dashboard::DashboardCommand,
     },
+    /// The Hermes plugin forwarding the agent's hook events (pre_tool_call, pre_llm_call...) to
+    /// the service: enable it in config.yaml's plugins.enabled, or remove it from there.
+    ///
+    /// Example: hermes-hooks plugin install
+    Plugin {
+        /// install or uninstall.
+        #[command(subcommand)]
+        command: crate::cli::plugin::PluginCommand,
+    },
+    /// What stands between Hermes's agent events and the hooks here: the plugin, the service,
+    /// and each shell hook of config.yaml's hooks: block (its script, consent, changes since
+    /// approval, whether it is hosted, a run on a sample call), as `hermes hooks doctor` checks.
+    ///
+    /// Example: hermes-hooks doctor
+    Doctor,
     /// List loaded hooks and why other directories were not loaded.
     ///
     /// Example: hermes-hooks list --hooks-dir hooks-examples --json
@@ -459,6 +474,14 @@ pub struct TestArgs {
     /// Run only this hook.
     #[arg(long, value_name = "NAME")]
     pub hook: Option<String>,
+    /// An agent event (pre_tool_call...): the tool the call is for (its tool_name).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["context", "context_file"])]
+    pub for_tool: Option<String>,
+    /// An agent event: a JSON object of the arguments Hermes calls its hooks with (tool_name,
+    /// args, session_id, result...), merged over a sample call; the context is made from them
+    /// as the Hermes plugin makes it (as `hermes hooks test --payload-file` does).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["context", "context_file"])]
+    pub payload_file: Option<PathBuf>,
     /// One JSON line per hook instead of text.
     #[arg(long)]
     pub json: bool,

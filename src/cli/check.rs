@@ -75,7 +75,13 @@ pub async fn check(roots: RootArgs) -> i32 {
             let _ = writeln!(out, "python hooks: interpreter {path} ({why})");
         }
         let home = host.config().hermes_home.clone();
-        for (bad, line) in tokio::task::block_in_place(|| installed_drift(&home)) {
+        let mut lines = tokio::task::block_in_place(|| installed_drift(&home));
+        let (config_warnings, notes) = config_hook_lines(&home);
+        lines.extend(config_warnings);
+        for note in notes {
+            let _ = writeln!(out, "{note}");
+        }
+        for (bad, line) in lines {
             if bad {
                 problems += 1;
             } else {
@@ -175,6 +181,38 @@ fn installed_drift(hermes_home: &std::path::Path) -> Vec<(bool, String)> {
         lines.push((false, line));
     }
     lines
+}
+
+/// What `check` says about the `hooks:` block of config.yaml (issue 49): its skipped entries
+/// (warnings, as `(false, line)`) and the entries not hosted for want of consent (notes, which
+/// are not counted: Hermes runs those itself once they have consent).
+fn config_hook_lines(hermes_home: &std::path::Path) -> (Vec<(bool, String)>, Vec<String>) {
+    let plan = match crate::config_hooks::plan(hermes_home) {
+        Ok(p) => p,
+        Err(e) => return (vec![(false, format!("warning {e}"))], Vec::new()),
+    };
+    let config = hermes_home.join("config.yaml");
+    let warnings = plan
+        .warnings
+        .iter()
+        .map(|w| (false, format!("warning {}: {w}", config.display())))
+        .collect();
+    let notes = plan
+        .unconsented
+        .iter()
+        .map(|e| {
+            format!(
+                "note    {}: hooks.{}[{}] ({}) has no consent in shell-hooks-allowlist.json: not \
+                 hosted here; Hermes asks for it at its terminal (or set hooks_auto_accept: \
+                 true, or HERMES_ACCEPT_HOOKS=1 for the service)",
+                config.display(),
+                e.event,
+                e.index,
+                e.command
+            )
+        })
+        .collect();
+    (warnings, notes)
 }
 
 fn short(tree: &str) -> String {

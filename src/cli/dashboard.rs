@@ -133,7 +133,7 @@ pub fn uninstall(home: &Path) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn read_config(path: &Path) -> Result<String, String> {
+pub(crate) fn read_config(path: &Path) -> Result<String, String> {
     match std::fs::read_to_string(path) {
         Ok(t) => Ok(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
@@ -141,7 +141,7 @@ fn read_config(path: &Path) -> Result<String, String> {
     }
 }
 
-fn parse(path: &Path, text: &str) -> Result<Value, String> {
+pub(crate) fn parse(path: &Path, text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
         return Ok(Value::Null);
     }
@@ -154,7 +154,7 @@ fn parse(path: &Path, text: &str) -> Result<Value, String> {
 }
 
 /// `plugins.<key>` as a list of strings (empty when absent or not a list).
-fn list_of(config: &Value, key: &str) -> Vec<String> {
+pub(crate) fn list_of(config: &Value, key: &str) -> Vec<String> {
     config
         .get("plugins")
         .and_then(|p| p.get(key))
@@ -169,7 +169,7 @@ fn list_of(config: &Value, key: &str) -> Vec<String> {
 
 /// Writes `new` over `path` after checking that it says what `old` says with [`PLUGIN`] added
 /// to (or removed from) `plugins.enabled`, and nothing else changed.
-fn write_checked(path: &Path, old: &str, new: &str, add: bool) -> Result<(), String> {
+pub(crate) fn write_checked(path: &Path, old: &str, new: &str, add: bool) -> Result<(), String> {
     let mut expected = parse(path, old)?;
     if !expected.is_object() {
         expected = Value::Object(Default::default());
@@ -308,7 +308,7 @@ fn joined(lines: &[String], trailing_newline: bool) -> String {
 }
 
 /// The config with [`PLUGIN`] added to `plugins.enabled`, or None when it is there already.
-fn add_enabled(text: &str) -> Option<String> {
+pub(crate) fn add_enabled(text: &str) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     let place = locate(&lines);
@@ -355,7 +355,7 @@ fn add_enabled(text: &str) -> Option<String> {
 }
 
 /// The config with [`PLUGIN`] removed from `plugins.enabled`, or None when it is not there.
-fn remove_enabled(text: &str) -> Option<String> {
+pub(crate) fn remove_enabled(text: &str) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     let place = locate(&lines);

@@ -8,6 +8,7 @@ pub(crate) mod check;
 pub(crate) mod common;
 pub(crate) mod completions;
 pub(crate) mod dashboard;
+pub(crate) mod doctor;
 pub(crate) mod emit;
 pub(crate) mod enable;
 pub(crate) mod exit;
@@ -17,6 +18,7 @@ pub(crate) mod install;
 pub(crate) mod lease;
 pub(crate) mod list;
 pub(crate) mod new;
+pub(crate) mod plugin;
 pub(crate) mod remove;
 pub(crate) mod serve;
 pub(crate) mod test_cmd;
@@ -124,6 +126,8 @@ pub fn main() -> i32 {
             Command::Enable { name, roots } => enable::set_enabled(&roots, &name, true),
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
             Command::Dashboard { command } => dashboard::dashboard(command),
+            Command::Plugin { command } => plugin::plugin(command),
+            Command::Doctor => doctor::doctor().await,
             Command::Install(args) => install::install(args).await,
             Command::Update(args) => update::update(args).await,
             Command::Remove { name, purge, roots } => remove::remove(&roots, &name, purge).await,

@@ -8,15 +8,65 @@ use serde_json::json;
 use crate::cli::args::TestArgs;
 use crate::cli::common::{describe_roots, fail, read_context, usage, with_loaded_hooks};
 
+/// The context of a sample call of the agent event `event` (issue 49): a tool call of
+/// `terminal` (`echo hello`) for the tool events, a session's id for the others; `for_tool`
+/// names the tool, and `payload_file` (a JSON object of Hermes's call arguments) is merged over
+/// it. Made as the Hermes plugin makes it ([`crate::events::agent_context`]).
+fn agent_call(
+    event: &str,
+    for_tool: Option<&str>,
+    payload_file: Option<&std::path::Path>,
+) -> Result<serde_json::Value, String> {
+    use serde_json::Value;
+    let Some(known) = crate::events::agent_event(event) else {
+        return Err(format!(
+            "--for-tool and --payload-file are for the agent's events (pre_tool_call, \
+             pre_llm_call, ...); {event:?} is not one: give its context with --context"
+        ));
+    };
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("session_id".into(), json!("test-session"));
+    if known.name.ends_with("_tool_call") || known.name == "transform_tool_result" {
+        kwargs.insert("tool_name".into(), json!("terminal"));
+        kwargs.insert("args".into(), json!({"command": "echo hello"}));
+        kwargs.insert("tool_call_id".into(), json!("test-call"));
+    }
+    if let Some(tool) = for_tool {
+        kwargs.insert("tool_name".into(), json!(tool));
+    }
+    if let Some(path) = payload_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        match serde_json::from_str(&text) {
+            Ok(Value::Object(m)) => kwargs.extend(m),
+            Ok(_) => return Err(format!("{} is not a JSON object", path.display())),
+            Err(e) => return Err(format!("{} is not valid JSON: {e}", path.display())),
+        }
+    }
+    let cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    Ok(crate::events::agent_context(event, &kwargs, &cwd))
+}
+
 /// Runs `test`; returns the exit code.
 pub async fn test(args: TestArgs) -> i32 {
-    let context = match read_context(args.context.as_deref(), args.context_file.as_deref()) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
     if let Err(e) = crate::events::validate_event_name(&args.event) {
         return usage(format!("{e}"));
     }
+    let context = if args.for_tool.is_some() || args.payload_file.is_some() {
+        agent_call(
+            &args.event,
+            args.for_tool.as_deref(),
+            args.payload_file.as_deref(),
+        )
+    } else {
+        read_context(args.context.as_deref(), args.context_file.as_deref())
+    };
+    let context = match context {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
     let context = match crate::host::normalize_context(context) {
         Ok(c) => c,
         Err(e) => return usage(e),

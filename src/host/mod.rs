@@ -782,6 +782,9 @@ impl Host {
             self.inner.config.hermes_home.clone(),
         );
         let scan = move || {
+            // The shell hooks of config.yaml (issue 49) are written out as hooks first.
+            let mut roots = roots;
+            roots.extend(crate::config_hooks::sync(&home));
             let mut found = discover_with(&roots, &trust.gate(&home));
             let env_stamp = crate::dotenv::stamp(&home);
             for spec in &mut found.hooks {

@@ -161,7 +161,11 @@ def set_up_hooks(run):
                "def handle(event_type, context):\n    raise RuntimeError(%r)\n" % LONG_ERROR)
     write_hook(run.roots, "upgraded", "name: upgraded\nevents: [\"agent:end\"]\n",
                "def handle(event_type, context):\n    return None\n")
-    for name in ("greeter", "flaky", "slow", "nomatch", "recovers", "sleepy", "wordy", "upgraded"):
+    # Issue 49: a hook on the agent's events shows that family.
+    write_hook(run.roots, "toolgate", "name: toolgate\nevents: [\"pre_tool_call\"]\n",
+               "def handle(event_type, context):\n    return None\n")
+    for name in ("greeter", "flaky", "slow", "nomatch", "recovers", "sleepy", "wordy", "upgraded",
+                 "toolgate"):
         run.cli("enable", name, "--trust", "explicit")
     with open(os.path.join(pending, "handler.py"), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -253,6 +257,9 @@ def check_page(run, page, pending_sha):
     assert "first call fails" in recovers and "2 ok since" in recovers, "an aged error: %r" % recovers
     wordy = row_text(page, "tr[data-hook='wordy']")
     assert "1 warning" in wordy, wordy
+    assert "gateway events" in greeter, greeter
+    toolgate = row_text(page, "tr[data-hook='toolgate']")
+    assert "agent events" in toolgate, toolgate
     pending = row_text(page, "li[data-skipped='pending']")
     assert "not approved" in pending and "hermes-hooks enable pending --trust explicit" in pending, pending
     broken = row_text(page, "li[data-skipped='broken']")

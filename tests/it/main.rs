@@ -3,6 +3,7 @@
 mod util;
 
 mod accounts;
+mod agent_hooks;
 mod cli;
 mod client;
 mod completions;

@@ -60,3 +60,26 @@ fn the_real_gateway_emits_the_same_events_through_the_service_as_in_process() {
     assert!(stderr.contains("Ran 4 tests"), "{stderr}");
     assert!(!stderr.contains("skipped"), "tests were skipped:\n{stderr}");
 }
+
+/// Issue 49, "The real thing in CI": in `hermes chat -q` and in `hermes gateway run`, through the
+/// client's Hermes plugin, a `pre_tool_call` hook blocks a `terminal` command and the model sees
+/// the block message, a `pre_llm_call` context reaches the model's request, a `post_tool_call`
+/// observer sleeping 5 s does not lengthen the turn, and a config.yaml shell hook runs once per
+/// event (`tests/real_gateway/test_agent_hooks.py`). On the old code (d69d285) there was no
+/// plugin: nothing blocked, no context.
+#[test]
+fn the_agent_events_reach_hooks_in_chat_and_in_the_gateway() {
+    let Some(venv) = gateway_venv() else { return };
+    let out = Command::new("python3")
+        .args(["-m", "unittest", "-v", "test_agent_hooks"])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real_gateway"))
+        .env("HERMES_AGENT_VENV", &venv)
+        .env("HERMES_HOOKS_BIN", bin())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("run python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "agent-hook tests failed:\n{stderr}");
+    assert!(stderr.contains("Ran 5 tests"), "{stderr}");
+    assert!(!stderr.contains("skipped"), "tests were skipped:\n{stderr}");
+}

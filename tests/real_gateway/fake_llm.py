@@ -5,8 +5,14 @@
 is the user's gets a tool call (``hh_probe``, a tool no gateway has: the agent answers it with an
 error and asks again, so the turn takes two steps and ``agent:step`` fires); a turn after a tool
 result gets a plain answer naming the user's message. Every request body is appended to
-``PORT_FILE.requests`` (one JSON object a line).
+``PORT_FILE.requests`` (one JSON object a line), its arrival time to
+``PORT_FILE.requests.times``.
+
+``HH_FAKE_TOOL`` and ``HH_FAKE_ARGS`` (JSON) name another tool call to make (issue 49's tests:
+``terminal`` with a command); the plain answer after it then quotes the tool's result.
 """
+
+import os
 
 import json
 import sys
@@ -23,10 +29,14 @@ def reply_for(messages):
     said = users[-1].get("content") if users else ""
     if isinstance(said, list):  # content parts
         said = " ".join(p.get("text", "") for p in said if isinstance(p, dict))
+    tool = os.environ.get("HH_FAKE_TOOL")
     if last.get("role") == "tool":
+        if tool:
+            return "fake answer; the tool said: %s" % str(last.get("content"))[:400], None
         return "fake answer to: %s" % str(said)[-80:], None
+    args = os.environ.get("HH_FAKE_ARGS") if tool else None
     call = {"id": "call_hh_1", "type": "function",
-            "function": {"name": "hh_probe", "arguments": json.dumps({"q": "x"})}}
+            "function": {"name": tool or "hh_probe", "arguments": args or json.dumps({"q": "x"})}}
     return None, [call]
 
 
@@ -57,6 +67,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         with open(self.server.requests_path, "a") as f:
             f.write(json.dumps(body) + "\n")
+        with open(self.server.requests_path + ".times", "a") as f:
+            f.write("%.6f\n" % time.time())
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": "only chat/completions here"}})
             return
@@ -102,7 +114,6 @@ def main():
     server.requests_path = port_file + ".requests"
     with open(port_file + ".tmp", "w") as f:
         f.write(str(server.server_address[1]))
-    import os
     os.replace(port_file + ".tmp", port_file)
     server.serve_forever()
 

@@ -132,6 +132,43 @@
     return sb.mode + (sb.enforced ? " (" + sb.enforced + ")" : "");
   }
 
+  // Issue 49: which of Hermes's event families a hook takes: the agent's (pre_tool_call...,
+  // forwarded by the Hermes plugin), the gateway's (agent:start...), or both; a shell hook of
+  // config.yaml's hooks: block is named as such.
+  var AGENT_EVENTS = ["pre_tool_call", "post_tool_call", "transform_terminal_output",
+    "transform_tool_result", "transform_llm_output", "pre_llm_call", "post_llm_call",
+    "pre_verify", "pre_api_request", "post_api_request", "api_request_error",
+    "on_session_start", "on_session_end", "on_session_finalize", "on_session_reset",
+    "subagent_start", "subagent_stop", "pre_gateway_dispatch", "pre_approval_request",
+    "post_approval_response", "kanban_task_claimed", "kanban_task_completed",
+    "kanban_task_blocked"];
+
+  function globRegex(pattern) {
+    var out = "", depth = 0;
+    for (var i = 0; i < pattern.length; i++) {
+      var ch = pattern[i];
+      if (ch === "*") out += ".*";
+      else if (ch === "?") out += ".";
+      else if (ch === "{") { depth++; out += "(?:"; }
+      else if (ch === "}" && depth) { depth--; out += ")"; }
+      else if (ch === "," && depth) out += "|";
+      else if (ch === "[" || ch === "]") out += ch;
+      else out += ch.replace(/[.+^$()|\\]/g, "\\$&");
+    }
+    try { return new RegExp("^" + out + "$"); } catch (e) { return null; }
+  }
+
+  function family(hk) {
+    if (/(^|\/)config-hooks\/?$/.test(hk.root || "")) return "shell hook (config.yaml)";
+    var agent = false, gateway = false;
+    (hk.events || []).forEach(function (p) {
+      var rx = globRegex(String(p));
+      if (rx && AGENT_EVENTS.some(function (e) { return rx.test(e); })) agent = true;
+      if (String(p).indexOf(":") >= 0 || p === "*") gateway = true;
+    });
+    return agent && gateway ? "agent + gateway" : agent ? "agent" : "gateway";
+  }
+
   function HookRow(props) {
     var hk = props.hook;
     var open = props.open;
@@ -146,6 +183,7 @@
           onClick: function () { props.toggle(hk.name); } }, h("strong", null, hk.name)),
         h("div", { className: "hh-muted" }, hk.kind + " · " + (hk.runs || (fleet ? "fleet" : "service")) +
           " · sandbox " + ((hk.sandbox && hk.sandbox.mode) || "none")),
+        h("div", { className: "hh-muted hh-small", "data-family": family(hk) }, family(hk) + " events"),
         (hk.warnings || []).length ? h("div", { className: "hh-warn hh-small", "data-warnings": String(hk.warnings.length) },
           "⚠ " + hk.warnings.length + " warning" + (hk.warnings.length === 1 ? "" : "s")) : null),
       h("td", { "data-label": "Health", className: "hh-health" },
@@ -199,7 +237,7 @@
     var sb = hk.sandbox || {};
     var trend = ((hk.recent || {}).trend || []).slice(-15).reverse();
     var facts = [
-      ["events", (hk.events || []).join(", ")],
+      ["events", (hk.events || []).join(", ") + " (" + family(hk) + ")"],
       ["handler", hk.handler],
       ["directory", hk.path],
       ["sandbox", sandboxText(sb)],

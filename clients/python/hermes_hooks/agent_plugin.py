@@ -1,0 +1,419 @@
+"""A Hermes plugin: the agent's hook events (``pre_tool_call``, ``pre_llm_call``...) for the
+hooks the hermes-hooks service hosts (issue 49).
+
+Hermes (hermes-agent 0.19.0) offers its agent's hook points to Python plugins through
+``ctx.register_hook(name, callback)``; it calls every callback of an event in turn, keeps the
+answers that are not ``None``, and each call site reads those answers its own way. This plugin
+registers one callback for each of those events that some hook of the service subscribes to
+(its ``events:`` patterns match the Hermes name), and no other:
+
+* **Observers** (``post_tool_call``, ``on_session_end``...) go to ``POST /v1/events`` through
+  the client's buffer (``HookRegistry.emit_nowait``): the callback builds the context and
+  returns, whatever the hooks do and however long they take.
+* **Deciding events** (see ``DECIDING``) go to ``POST /v1/collect`` and wait for the matching
+  hooks' answers, as long as their own ``timeout:`` allows; the answers are read the way 0.19.0
+  reads a callback's (``decide``), and the callback hands Hermes one answer, so Hermes combines
+  it with other plugins' as it would any plugin's.
+
+The context a hook gets is what 0.19.0 writes to a shell hook's stdin (``context``):
+``hook_event_name``, ``tool_name``, ``tool_input``, ``session_id``, ``cwd`` and ``extra`` (every
+other argument by name). It is encoded with the client's rules: values that are not JSON data
+(the gateway's ``MessageEvent``, the runner) become their ``str()``; nothing is pickled.
+
+Enabling: the wheel declares this module in the ``hermes_agent.plugins`` entry-point group as
+``hermes-hooks``; Hermes loads it once ``hermes-hooks`` is in ``plugins.enabled`` of
+``config.yaml`` (``hermes-hooks plugin install`` adds it). Settings, in ``config.yaml``::
+
+    hermes_hooks:
+      fail_closed: [pre_tool_call]   # events whose decision fails closed (see below)
+
+or ``$HERMES_HOOKS_FAIL_CLOSED`` (comma-separated). A deciding event fails **open** by default:
+when the service cannot be reached, or a matching hook errs, times out or is not running, the
+others' answers count and Hermes goes on. Listed in ``fail_closed``, ``pre_tool_call`` then
+blocks the call and ``pre_gateway_dispatch`` skips the message, with a message saying why.
+
+Standard library only. Never raises into Hermes.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from . import _ingateway, _transport
+from .profiles import active_home
+from .registry import HookRegistry, _sanitize
+
+log = logging.getLogger("hermes_hooks.agent")
+
+#: hermes-agent 0.19.0's ``VALID_HOOKS``, in its order (facts about its interface).
+AGENT_EVENTS = (
+    "pre_tool_call", "post_tool_call", "transform_terminal_output", "transform_tool_result",
+    "transform_llm_output", "pre_llm_call", "post_llm_call", "pre_verify", "pre_api_request",
+    "post_api_request", "api_request_error", "on_session_start", "on_session_end",
+    "on_session_finalize", "on_session_reset", "subagent_start", "subagent_stop",
+    "pre_gateway_dispatch", "pre_approval_request", "post_approval_response",
+    "kanban_task_claimed", "kanban_task_completed", "kanban_task_blocked",
+)
+
+#: The events whose answers 0.19.0 reads back; every other one is observed only.
+DECIDING = frozenset((
+    "pre_tool_call", "pre_llm_call", "pre_verify", "pre_gateway_dispatch",
+    "transform_tool_result", "transform_terminal_output", "transform_llm_output",
+))
+
+#: Events whose decision can fail closed, and the answer that closes them.
+CLOSABLE = frozenset(("pre_tool_call", "pre_gateway_dispatch"))
+
+#: The arguments 0.19.0 lifts out of ``extra`` into the context's own keys.
+_TOP_LEVEL = frozenset(("tool_name", "args", "session_id", "parent_session_id"))
+
+#: Seconds the plugin waits for the service's answer beyond its longest budget (301 s).
+_ANSWER_BOUND = 305.0
+
+
+def context(event: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The context of one call: the object 0.19.0 gives a shell hook on stdin."""
+    args = kwargs.get("args")
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = ""
+    return {
+        "hook_event_name": event,
+        "tool_name": kwargs.get("tool_name"),
+        "tool_input": args if isinstance(args, dict) else None,
+        "session_id": kwargs.get("session_id") or kwargs.get("parent_session_id") or "",
+        "cwd": cwd,
+        "extra": {k: v for k, v in kwargs.items() if k not in _TOP_LEVEL},
+    }
+
+
+def _text(*candidates: Any) -> Optional[str]:
+    for c in candidates:
+        if isinstance(c, str) and c.strip():
+            return c
+    return None
+
+
+def _block(result: Any, hook: str) -> Optional[Dict[str, Any]]:
+    """A ``pre_tool_call`` answer as Hermes reads it, from either block shape (or an approve)."""
+    if not isinstance(result, dict):
+        return None
+    if result.get("action") == "approve":
+        out = {"action": "approve", "message": _text(result.get("message")) or ""}
+        if _text(result.get("rule_key")):
+            out["rule_key"] = result["rule_key"].strip()
+        return out
+    if result.get("action") == "block":
+        message = _text(result.get("message"), result.get("reason"))
+    elif result.get("decision") == "block":
+        message = _text(result.get("reason"), result.get("message"))
+    else:
+        return None
+    return {"action": "block", "message": message or "Blocked by hook %s." % hook}
+
+
+def _continue(result: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(result, dict):
+        return None
+    action = str(result.get("action") or result.get("decision") or "").strip().lower()
+    if action not in ("continue", "block"):
+        return None
+    message = _text(result.get("message"), result.get("reason"))
+    return {"action": "continue", "message": message.strip()} if message else None
+
+
+def _context_piece(result: Any) -> Optional[str]:
+    if isinstance(result, dict):
+        return _text(result.get("context"))
+    return _text(result)
+
+
+def decide(event: str, answers: List[Tuple[str, Any]]) -> Any:
+    """The one answer this plugin gives Hermes for ``event``, from the hooks' ``(hook, result)``
+    in match order, by 0.19.0's rules for that event: the first block (or approve) of
+    ``pre_tool_call``, every ``pre_llm_call`` context joined by a blank line, the first continue
+    of ``pre_verify``, the first skip / rewrite / allow of ``pre_gateway_dispatch``, the first
+    string of ``transform_tool_result`` and ``transform_terminal_output``, the first non-empty
+    string of ``transform_llm_output``. ``None``: no opinion."""
+    if event == "pre_llm_call":
+        pieces = [p for p in (_context_piece(r) for _, r in answers) if p]
+        return {"context": "\n\n".join(pieces)} if pieces else None
+    for hook, result in answers:
+        if event == "pre_tool_call":
+            out = _block(result, hook)
+        elif event == "pre_verify":
+            out = _continue(result)
+        elif event == "pre_gateway_dispatch":
+            out = (dict(result) if isinstance(result, dict)
+                   and result.get("action") in ("skip", "rewrite", "allow") else None)
+        elif event == "transform_llm_output":
+            out = _text(result)
+        elif event in ("transform_tool_result", "transform_terminal_output"):
+            out = result if isinstance(result, str) else None
+        else:
+            out = None
+        if out is not None:
+            return out
+    return None
+
+
+def closed_answer(event: str, why: str) -> Any:
+    """What a fail-closed ``event`` answers when a decision is missing."""
+    text = "hermes-hooks: no decision (%s); failing closed" % why
+    if event == "pre_tool_call":
+        return {"action": "block", "message": text}
+    if event == "pre_gateway_dispatch":
+        return {"action": "skip", "reason": text}
+    return None
+
+
+def subscribed(hooks: Iterable[Dict[str, Any]], names: Iterable[str] = AGENT_EVENTS) -> List[str]:
+    """The event names some hook's ``events:`` patterns match, in ``names``' order."""
+    sets = [_ingateway._Patterns(list(h.get("events") or [])) for h in hooks
+            if isinstance(h, dict) and h.get("enabled", True) is not False]
+    return [n for n in names if any(s.match(n) for s in sets)]
+
+
+def _config_fail_closed() -> List[str]:
+    """``hermes_hooks.fail_closed`` of Hermes's config, plus ``$HERMES_HOOKS_FAIL_CLOSED``."""
+    names = [n.strip() for n in os.environ.get("HERMES_HOOKS_FAIL_CLOSED", "").split(",")]
+    try:
+        from hermes_cli.config import load_config  # type: ignore
+        section = (load_config() or {}).get("hermes_hooks") or {}
+        listed = section.get("fail_closed") if isinstance(section, dict) else None
+        if isinstance(listed, list):
+            names.extend(str(n).strip() for n in listed)
+    except Exception:
+        pass
+    return [n for n in names if n]
+
+
+class AgentBridge:
+    """The callbacks of one Hermes process, over one ``HookRegistry``."""
+
+    def __init__(self, registry: HookRegistry, fail_closed: Iterable[str] = ()) -> None:
+        self.registry = registry
+        #: Each calling thread's keep-alive connection for collects (Hermes runs tools, and so
+        #: their decisions, on several threads at once).
+        self._local = threading.local()
+        self._conns = []  # type: List[Any]  # every thread's, for close()
+        self._conns_lock = threading.Lock()
+        self._collect_headers = dict(registry._headers, **{
+            "Content-Type": "application/json", "Accept": "application/json"})
+        self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
+        for n in fail_closed:
+            if n not in CLOSABLE:
+                log.warning("hermes-hooks: fail_closed lists %r; only %s can fail closed",
+                            n, ", ".join(sorted(CLOSABLE)))
+
+    def events(self) -> List[str]:
+        """The agent events some hook of the service subscribes to."""
+        return subscribed(self.registry.loaded_hooks)
+
+    def callback(self, event: str) -> Callable[..., Any]:
+        """The callback Hermes calls for ``event``."""
+        if event in DECIDING:
+            def deciding(**kwargs: Any) -> Any:
+                try:
+                    return self.decide(event, kwargs)
+                except Exception as exc:  # never into Hermes
+                    log.warning("hermes-hooks: %s failed: %r", event, exc)
+                    if event in self.fail_closed:
+                        return closed_answer(event, repr(exc))
+                    return None
+            fn = deciding
+        else:
+            def observing(**kwargs: Any) -> None:
+                self.registry.emit_nowait(event, context(event, kwargs))
+                return None
+            fn = observing
+        fn.__name__ = fn.__qualname__ = "hermes_hooks[%s]" % event
+        return fn
+
+    def decide(self, event: str, kwargs: Dict[str, Any]) -> Any:
+        """Ask the service (``POST /v1/collect``) and read the answers by 0.19.0's rules."""
+        data, failure = self.collect(event, context(event, kwargs))
+        answers = [(str(r.get("hook")), r.get("result")) for r in data.get("results") or []
+                   if isinstance(r, dict) and r.get("result") is not None]
+        missing = [e for e in data.get("errors") or [] if isinstance(e, dict)]
+        for err in missing:
+            log.warning("hermes-hooks: hook %s gave no decision on %s: %s",
+                        err.get("hook"), event, err.get("error") or err.get("state"))
+        answer = decide(event, answers)
+        if event in self.fail_closed:
+            if answer is not None and not (event == "pre_gateway_dispatch"
+                                           and answer.get("action") == "allow"):
+                return answer
+            if failure is not None:
+                return closed_answer(event, failure)
+            if missing:
+                return closed_answer(event, "hook %s: %s" % (
+                    missing[0].get("hook"), missing[0].get("error") or missing[0].get("state")))
+        return answer
+
+    def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+        """``POST /v1/collect`` on a fresh connection (Hermes calls from its own threads; no
+        event loop is assumed). Returns the service's answer and why it failed, if it did."""
+        try:
+            body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
+                              default=str, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, RecursionError):
+            # Keys that are not text, NaN, cycles: the client's own rules make it JSON.
+            body = json.dumps({"event": event, "context": _sanitize(ctx)},
+                              ensure_ascii=False).encode("utf-8")
+        reg = self.registry
+        deadline = time.monotonic() + _ANSWER_BOUND
+        pause = 0.02
+        try:
+            while True:
+                status, raw = self._post(body)
+                if status == 503 and b'"not_ready"' in raw and time.monotonic() < deadline:
+                    time.sleep(pause)  # its hooks are still loading: not "no hooks"
+                    pause = min(pause * 2, 0.2)
+                    continue
+                break
+        except Exception as exc:
+            why = "%s unreachable: %s" % (reg._address, exc)
+            log.warning("hermes-hooks: %s: %s", event, why)
+            return {}, why
+        if status != 200:
+            why = "the service answered %d: %s" % (status, raw[:200].decode("utf-8", "replace"))
+            log.warning("hermes-hooks: %s: %s", event, why)
+            return {}, why
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:
+            return {}, "unreadable answer: %s" % exc
+        return (data if isinstance(data, dict) else {}), None
+
+    def _post(self, body: bytes) -> Tuple[int, bytes]:
+        """``POST /v1/collect`` on this thread's keep-alive connection. A connection found
+        closed when reused (the service restarted, or dropped it while idle) is replaced once;
+        a fresh one that fails raises."""
+        conn = getattr(self._local, "conn", None)
+        reused = conn is not None and conn.sock is not None
+        if conn is None:
+            conn = self._local.conn = _transport.KeepAliveConnection(self.registry._address,
+                                                                     _ANSWER_BOUND)
+            with self._conns_lock:
+                self._conns.append(conn)
+        try:
+            return conn.request("POST", "/v1/collect", body, self._collect_headers)
+        except ConnectionError:
+            if not reused:
+                raise
+            return conn.request("POST", "/v1/collect", body, self._collect_headers)
+
+    def close(self) -> None:
+        """Closes the decision connections (a call after it opens a new one)."""
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+
+    def attach(self, register_hook: Callable[[str, Callable[..., Any]], None]) -> List[str]:
+        """Registers a callback for each subscribed event; returns their names."""
+        names = self.events()
+        for name in names:
+            register_hook(name, self.callback(name))
+        return names
+
+
+def shell_hook_name(event: str, matcher: Optional[str], command: str) -> str:
+    """The name the service gives the hook it makes of a config.yaml shell-hook entry
+    (``src/config_hooks.rs``): the event and a digest of the triple Hermes registers it under."""
+    digest = hashlib.sha256(b"\0".join(
+        (event.encode("utf-8"), (matcher or "").encode("utf-8"), command.encode("utf-8"))))
+    return "shell-%s-%s" % (event, digest.hexdigest()[:10])
+
+
+def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]],
+                          disabled: Iterable[str] = ()) -> List[str]:
+    """Keeps Hermes's own shell-hook runner off the config.yaml entries the service hosts, so
+    each command runs once per event: 0.19.0 registers an entry only when its (event, matcher,
+    command) is not in ``agent.shell_hooks._registered`` yet (that is how a second registration
+    by the gateway is avoided), and plugins are loaded before shell hooks, in ``hermes chat``
+    and in ``hermes gateway run``. An entry the service does not list (no consent yet, the
+    service unreachable) stays Hermes's; one the service lists as disabled (an operator turned
+    it off here: `disable`, the dashboard) is handed over too, so that it does not run at all.
+    Returns the commands handed over."""
+    try:
+        from agent import shell_hooks  # type: ignore
+        from hermes_cli.config import load_config  # type: ignore
+    except Exception:
+        return []  # not inside Hermes
+    hosted = {h.get("name") for h in hooks if isinstance(h, dict)} | set(disabled)
+    taken = []
+    try:
+        specs = shell_hooks.iter_configured_hooks(load_config())
+        with shell_hooks._registered_lock:
+            for spec in specs:
+                if shell_hook_name(spec.event, spec.matcher, spec.command) in hosted:
+                    shell_hooks._registered.add((spec.event, spec.matcher, spec.command))
+                    taken.append(spec.command)
+    except Exception as exc:
+        log.warning("hermes-hooks: could not take the shell hooks over from Hermes: %r", exc)
+    return taken
+
+
+def sync_config_hooks(registry: HookRegistry) -> None:
+    """When Hermes's config has a ``hooks:`` block, has the service load again
+    (``POST /v1/reload``: it reads config.yaml and the allowlist before every load; unchanged
+    hooks are kept as they run) and takes its new list, so that an entry added or approved since
+    the service started is hosted from this start of Hermes on. Never raises."""
+    try:
+        from hermes_cli.config import load_config  # type: ignore
+        if not (load_config() or {}).get("hooks"):
+            return
+    except Exception:
+        return  # not inside Hermes
+    try:
+        status, raw = _transport.request(registry._address, "POST", "/v1/reload", b"{}",
+                                         registry._headers, timeout=60.0)
+        if status != 200:
+            log.warning("hermes-hooks: the service did not reload (%d): %s", status,
+                        raw[:200].decode("utf-8", "replace"))
+            return
+        registry._refresh_hooks()
+    except Exception as exc:
+        log.warning("hermes-hooks: the service did not reload: %r", exc)
+
+
+def _autostart_default() -> bool:
+    setting = os.environ.get("HERMES_HOOKS_AUTOSTART", "").strip().lower()
+    return setting not in ("0", "false", "no", "off")
+
+
+#: The bridge of this process (Hermes may call ``register`` again on a forced rediscovery).
+_bridge = None  # type: Optional[AgentBridge]
+
+
+def register(ctx: Any) -> None:
+    """Hermes's plugin entry point: ``register(ctx)``."""
+    global _bridge
+    try:
+        if _bridge is None:
+            # The profile's home (``hermes -p NAME``): its own service, hooks and config.yaml.
+            home = os.path.realpath(os.path.expanduser(active_home()))
+            address = (os.environ.get(_transport.ADDRESS_ENV)
+                       or os.path.join(home, _transport.DEFAULT_SOCKET_NAME))
+            registry = HookRegistry(address=address, hermes_home=home,
+                                    autostart=_autostart_default())
+            registry.discover_and_load()
+            _bridge = AgentBridge(registry, _config_fail_closed())
+            if not registry._hooks_from_disk:  # the service's own list: what it hosts
+                sync_config_hooks(registry)
+                off = [s.get("name") for s in registry.skipped if s.get("code") == "disabled"]
+                taken = hand_over_shell_hooks(registry.loaded_hooks, off)
+                if taken:
+                    log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))
+        names = _bridge.attach(ctx.register_hook)
+        log.info("hermes-hooks: forwarding %d agent event(s) to %s: %s", len(names),
+                 _bridge.registry.address, ", ".join(names) or "none")
+    except Exception:
+        log.exception("hermes-hooks: the Hermes plugin did not register")

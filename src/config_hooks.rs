@@ -1,0 +1,472 @@
+//! Shell hooks from the `hooks:` block of `$HERMES_HOME/config.yaml` (issue 49), hosted as
+//! hooks of this service.
+//!
+//! hermes-agent 0.19.0 runs each entry of that block (`hooks: {EVENT: [{command, matcher,
+//! timeout}]}`) itself, inside the agent's call. Here each entry with consent becomes a hook
+//! directory under `$HERMES_HOME/config-hooks/` (written before every scan: [`sync`]): a
+//! `HOOK.yaml` for the entry's event, a Python handler (`config_hooks/handler.py`, a persistent
+//! worker that applies the matcher and runs the command per event, reading its stdout as 0.19.0
+//! does) and `entry.json` (the entry). From there it is a hook like any other: its queue,
+//! worker, timeout, trust, sandbox (`sandbox:` of the entry, else none: a shell hook runs
+//! programs), metrics, `/v1/hooks` and the dashboard. The Hermes plugin
+//! (`hermes_hooks.agent_plugin`) keeps Hermes's own runner off the entries hosted here, so a
+//! command runs once per event.
+//!
+//! What 0.19.0 does with the block, followed here: event names outside its `VALID_HOOKS` are
+//! skipped with a warning (`output_spill` is a sub-section, not an event); an entry needs a
+//! non-empty `command`; `matcher` counts for `pre_tool_call` and `post_tool_call` only;
+//! `timeout` defaults to 60 s, below 1 is the default, above 300 is 300. Consent: an entry runs
+//! when the pair (event, command) is in `shell-hooks-allowlist.json`, or when
+//! `HERMES_ACCEPT_HOOKS` (in the service's environment) or `hooks_auto_accept: true` says to
+//! accept hooks; others are left to Hermes, which asks at its terminal.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// The directory under `$HERMES_HOME` holding the hooks made from config.yaml.
+pub const ROOT_DIR: &str = "config-hooks";
+/// 0.19.0's default `timeout`, in seconds.
+pub const DEFAULT_TIMEOUT: u64 = 60;
+/// 0.19.0's largest `timeout`, in seconds.
+pub const MAX_TIMEOUT: u64 = 300;
+/// Seconds a hosted hook's `timeout:` adds to its entry's, so that the command's own timeout
+/// (which gives no answer, as upstream) fires before the service stops the worker.
+const TIMEOUT_GRACE: u64 = 5;
+/// The handler every hosted entry runs.
+const HANDLER: &str = include_str!("config_hooks/handler.py");
+/// The events whose entries may have a `matcher`.
+const TOOL_EVENTS: &[&str] = &["pre_tool_call", "post_tool_call"];
+
+/// One entry of the `hooks:` block, as 0.19.0 normalises it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShellEntry {
+    /// The event (a name of [`crate::events::AGENT_EVENTS`]).
+    pub event: String,
+    /// The command line, trimmed.
+    pub command: String,
+    /// The tool-name regular expression, for tool events only.
+    pub matcher: Option<String>,
+    /// Seconds, 1..=300.
+    pub timeout: u64,
+    /// Its place under its event (`hooks.EVENT[index]`), for messages.
+    pub index: usize,
+    /// This project's `sandbox:` for it, as written (none when absent).
+    pub sandbox: Option<Value>,
+}
+
+impl ShellEntry {
+    /// The hook's name: the event and a digest of (event, matcher, command), the triple 0.19.0
+    /// registers each entry under, so a name stays with its entry wherever it moves in the file.
+    pub fn hook_name(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.event.as_bytes());
+        h.update([0]);
+        h.update(self.matcher.as_deref().unwrap_or("").as_bytes());
+        h.update([0]);
+        h.update(self.command.as_bytes());
+        format!("shell-{}-{}", self.event, &hex::encode(h.finalize())[..10])
+    }
+}
+
+/// The `hooks:` block of a config.yaml, read.
+#[derive(Debug, Default)]
+pub struct ConfigHooks {
+    /// The usable entries, in file order.
+    pub entries: Vec<ShellEntry>,
+    /// What was skipped and why, a sentence each.
+    pub warnings: Vec<String>,
+    /// `hooks_auto_accept: true` (or a true-ish string).
+    pub auto_accept: bool,
+}
+
+/// Reads the `hooks:` block of `config` (a missing file, or one without the block, has none).
+pub fn read(config: &Path) -> Result<ConfigHooks, String> {
+    let text = match std::fs::read_to_string(config) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ConfigHooks::default()),
+        Err(e) => return Err(format!("cannot read {}: {e}", config.display())),
+    };
+    let doc: Value = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{} is not YAML: {e}", config.display()))?;
+    Ok(parse(&doc))
+}
+
+/// [`read`] on a parsed document.
+pub fn parse(doc: &Value) -> ConfigHooks {
+    let mut out = ConfigHooks {
+        auto_accept: truthy(doc.get("hooks_auto_accept")),
+        ..ConfigHooks::default()
+    };
+    let Some(block) = doc.get("hooks").and_then(Value::as_object) else {
+        return out;
+    };
+    for (event, entries) in block {
+        if event == "output_spill" {
+            continue;
+        }
+        if crate::events::agent_event(event).is_none() {
+            let hint = crate::events::suggest(event)
+                .map(|s| format!("; did you mean {s:?}?"))
+                .unwrap_or_default();
+            out.warnings.push(format!(
+                "hooks.{event}: not an event of Hermes's agent, skipped{hint}"
+            ));
+            continue;
+        }
+        let list = match entries {
+            Value::Null => continue,
+            Value::Array(list) => list,
+            _ => {
+                out.warnings
+                    .push(format!("hooks.{event} must be a list of hooks; skipped"));
+                continue;
+            }
+        };
+        for (index, raw) in list.iter().enumerate() {
+            match entry(event, index, raw, &mut out.warnings) {
+                Some(e) => out.entries.push(e),
+                None => continue,
+            }
+        }
+    }
+    out
+}
+
+fn entry(event: &str, index: usize, raw: &Value, warnings: &mut Vec<String>) -> Option<ShellEntry> {
+    let at = format!("hooks.{event}[{index}]");
+    let Some(map) = raw.as_object() else {
+        warnings.push(format!("{at} must be a mapping with a command; skipped"));
+        return None;
+    };
+    let command = map.get("command").and_then(Value::as_str).map(str::trim);
+    let Some(command) = command.filter(|c| !c.is_empty()) else {
+        warnings.push(format!("{at} has no command; skipped"));
+        return None;
+    };
+    let mut matcher = match map.get("matcher") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(m)) => Some(m.trim().to_string()).filter(|m| !m.is_empty()),
+        Some(_) => {
+            warnings.push(format!("{at}.matcher must be a string; ignored"));
+            None
+        }
+    };
+    if matcher.is_some() && !TOOL_EVENTS.contains(&event) {
+        warnings.push(format!(
+            "{at}.matcher counts only for pre_tool_call and post_tool_call; ignored"
+        ));
+        matcher = None;
+    }
+    let timeout = match map.get("timeout") {
+        None => DEFAULT_TIMEOUT,
+        Some(v) => match v
+            .as_i64()
+            .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+        {
+            Some(t) if t < 1 => DEFAULT_TIMEOUT,
+            Some(t) => u64::try_from(t).unwrap_or(MAX_TIMEOUT).min(MAX_TIMEOUT),
+            None => {
+                warnings.push(format!("{at}.timeout must be a whole number; using 60"));
+                DEFAULT_TIMEOUT
+            }
+        },
+    };
+    Some(ShellEntry {
+        event: event.to_string(),
+        command: command.to_string(),
+        matcher,
+        timeout,
+        index,
+        sandbox: map.get("sandbox").cloned(),
+    })
+}
+
+fn truthy(v: Option<&Value>) -> bool {
+    match v {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => matches!(
+            s.trim().to_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        ),
+        _ => false,
+    }
+}
+
+/// Whether `HERMES_ACCEPT_HOOKS` in this process's environment accepts every entry.
+pub fn env_accepts() -> bool {
+    std::env::var("HERMES_ACCEPT_HOOKS").is_ok_and(|v| {
+        matches!(
+            v.trim().to_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
+/// The (event, command) pairs approved in `$HERMES_HOME/shell-hooks-allowlist.json`.
+pub fn allowlist(home: &Path) -> Vec<(String, String)> {
+    let path = home.join("shell-hooks-allowlist.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    let Ok(doc) = serde_json::from_str::<Value>(&text) else {
+        tracing::warn!(path = %path.display(), "the shell-hook allowlist is not JSON: no consent read from it");
+        return Vec::new();
+    };
+    doc.get("approvals")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e.get("event")?.as_str()?.to_string(),
+                e.get("command")?.as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Where each entry stands: hosted here, or left to Hermes for want of consent.
+#[derive(Debug)]
+pub struct Plan {
+    /// Entries with consent, hosted as hooks.
+    pub hosted: Vec<ShellEntry>,
+    /// Entries without consent (Hermes asks at its terminal, or skips them).
+    pub unconsented: Vec<ShellEntry>,
+    /// From [`ConfigHooks::warnings`].
+    pub warnings: Vec<String>,
+}
+
+/// Reads `$HERMES_HOME/config.yaml` and the allowlist: what is hosted.
+pub fn plan(home: &Path) -> Result<Plan, String> {
+    let found = read(&home.join("config.yaml"))?;
+    let accept = found.auto_accept || env_accepts();
+    let approved = allowlist(home);
+    let (hosted, unconsented) = found.entries.into_iter().partition(|e| {
+        accept
+            || approved
+                .iter()
+                .any(|(ev, c)| *ev == e.event && *c == e.command)
+    });
+    Ok(Plan {
+        hosted,
+        unconsented,
+        warnings: found.warnings,
+    })
+}
+
+/// The files of one hosted entry's hook directory.
+fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
+    let sandbox = e.sandbox.clone().unwrap_or_else(|| json!("none"));
+    let deciding = crate::events::agent_event(&e.event).is_some_and(|a| a.decides);
+    let manifest = format!(
+        "# Made by hermes-hooks from hooks.{event}[{index}] of config.yaml: edit that file, not this.\n\
+         name: {name}\n\
+         description: {description}\n\
+         events: [{event_json}]\n\
+         timeout: {timeout}\n\
+         runs: service\n\
+         sandbox: {sandbox}\n{priority}",
+        event = e.event,
+        index = e.index,
+        name = e.hook_name(),
+        description = json!(format!("config.yaml hooks.{}: {}", e.event, e.command)),
+        event_json = json!(e.event),
+        timeout = e.timeout + TIMEOUT_GRACE,
+        priority = if deciding {
+            // The agent waits for it: the command it starts runs in the normal class, at the
+            // service's priority (an idle-class worker's children are idle too).
+            "sched: normal\nnice: 0\n"
+        } else {
+            ""
+        },
+    );
+    let entry = json!({
+        "event": e.event,
+        "command": e.command,
+        "matcher": e.matcher,
+        "timeout": e.timeout,
+        "index": e.index,
+    });
+    [
+        ("HOOK.yaml", manifest),
+        ("handler.py", HANDLER.to_string()),
+        ("entry.json", format!("{entry:#}\n")),
+    ]
+}
+
+/// Writes the hook directories of the hosted entries of `$HERMES_HOME/config.yaml` under
+/// `$HERMES_HOME/config-hooks/` (a file only when its content changed) and removes the ones
+/// of entries gone or without consent. Returns that root when it exists (so it is scanned), or
+/// `None` when there is nothing to host and never was. Never fails: what went wrong is logged.
+pub fn sync(home: &Path) -> Option<PathBuf> {
+    let root = home.join(ROOT_DIR);
+    let plan = match plan(home) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("shell hooks of config.yaml not read: {e}");
+            return root.is_dir().then_some(root);
+        }
+    };
+    for w in &plan.warnings {
+        tracing::warn!("config.yaml: {w}");
+    }
+    if plan.hosted.is_empty() && !root.is_dir() {
+        return None;
+    }
+    if let Err(e) = write_all(&root, &plan.hosted) {
+        tracing::warn!(root = %root.display(), "shell hooks of config.yaml not written: {e}");
+    }
+    Some(root)
+}
+
+fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(root)?;
+    let names: Vec<String> = hosted.iter().map(ShellEntry::hook_name).collect();
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("shell-") && !names.contains(&name) {
+            std::fs::remove_dir_all(entry.path())?;
+        }
+    }
+    for e in hosted {
+        let dir = root.join(e.hook_name());
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)?;
+        for (file, mut content) in files(e) {
+            let path = dir.join(file);
+            if file == "HOOK.yaml" && disabled_here(&path) {
+                // Disabled by an operator (`disable`, the dashboard): it stays disabled.
+                content.push_str("enabled: false\n");
+            }
+            if std::fs::read_to_string(&path).is_ok_and(|old| old == content) {
+                continue;
+            }
+            crate::atomic::write(&path, content.as_bytes(), 0o644)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the hook made at `manifest` was disabled since (its `enabled: false`).
+fn disabled_here(manifest: &Path) -> bool {
+    std::fs::read_to_string(manifest).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split('#').next().unwrap_or("").trim() == "enabled: false")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(yaml: &str) -> Value {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    /// Issue 49: the block read as 0.19.0 reads it (unknown events skipped, matchers only for
+    /// tool events, the timeout's default, floor and cap).
+    #[test]
+    fn reads_the_block_as_upstream() {
+        let found = parse(&doc("hooks_auto_accept: true\n\
+             hooks:\n\
+             \x20 output_spill: {max_chars: 10}\n\
+             \x20 pre_tool_cal: [{command: x}]\n\
+             \x20 pre_tool_call:\n\
+             \x20   - {command: ' ~/gate.sh ', matcher: ' terminal ', timeout: 900}\n\
+             \x20   - {matcher: x}\n\
+             \x20 pre_llm_call:\n\
+             \x20   - {command: ctx.py, matcher: terminal, timeout: 0}\n\
+             \x20 post_tool_call:\n\
+             \x20   - {command: fmt.sh, timeout: '7'}\n"));
+        assert!(found.auto_accept);
+        let got: Vec<_> = found
+            .entries
+            .iter()
+            .map(|e| {
+                (
+                    e.event.as_str(),
+                    e.command.as_str(),
+                    e.matcher.as_deref(),
+                    e.timeout,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("pre_tool_call", "~/gate.sh", Some("terminal"), 300),
+                ("pre_llm_call", "ctx.py", None, 60),
+                ("post_tool_call", "fmt.sh", None, 7),
+            ]
+        );
+        assert_eq!(found.warnings.len(), 3, "{:?}", found.warnings);
+        assert!(found.warnings[0].contains("did you mean \"pre_tool_call\""));
+    }
+
+    #[test]
+    fn names_follow_the_triple() {
+        let e = |m: Option<&str>| ShellEntry {
+            event: "pre_tool_call".into(),
+            command: "gate.sh".into(),
+            matcher: m.map(str::to_string),
+            timeout: 60,
+            index: 0,
+            sandbox: None,
+        };
+        assert_ne!(e(None).hook_name(), e(Some("terminal")).hook_name());
+        let moved = ShellEntry {
+            index: 3,
+            timeout: 9,
+            ..e(None)
+        };
+        assert_eq!(e(None).hook_name(), moved.hook_name());
+        // The client's plugin computes the same names (test_agent_plugin.py pins these too).
+        assert_eq!(e(None).hook_name(), "shell-pre_tool_call-866f3f28b5");
+        assert_eq!(
+            e(Some("terminal")).hook_name(),
+            "shell-pre_tool_call-6af45eeb0f"
+        );
+    }
+
+    #[test]
+    fn consent_from_the_allowlist() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("config.yaml"),
+            "hooks:\n  pre_tool_call:\n    - command: a.sh\n    - command: b.sh\n",
+        )
+        .unwrap();
+        std::fs::write(
+            home.path().join("shell-hooks-allowlist.json"),
+            r#"{"approvals": [{"event": "pre_tool_call", "command": "b.sh"}]}"#,
+        )
+        .unwrap();
+        let p = plan(home.path()).unwrap();
+        assert_eq!(p.hosted.len(), 1);
+        assert_eq!(p.hosted[0].command, "b.sh");
+        assert_eq!(p.unconsented[0].command, "a.sh");
+        let root = sync(home.path()).unwrap();
+        let dir = root.join(p.hosted[0].hook_name());
+        assert!(dir.join("HOOK.yaml").is_file() && dir.join("entry.json").is_file());
+        // Disabled by an operator: it stays disabled when written again.
+        let manifest = dir.join("HOOK.yaml");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        std::fs::write(&manifest, format!("{text}enabled: false\n")).unwrap();
+        sync(home.path());
+        assert!(disabled_here(&manifest));
+        // Consent withdrawn: the directory goes.
+        std::fs::write(home.path().join("shell-hooks-allowlist.json"), "{}").unwrap();
+        assert_eq!(sync(home.path()), Some(root.clone()));
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,452 @@
+//! Issue 49: the agent's events and the shell hooks of config.yaml, hosted by the service.
+//!
+//! A `HOOK.yaml` hook subscribes to Hermes's agent events by their Hermes names; the entries of
+//! the `hooks:` block of `$HERMES_HOME/config.yaml` with consent run as hooks of the service,
+//! with 0.19.0's stdin JSON, stdout reading, matcher and timeout. (The Hermes plugin that
+//! forwards the events is tested in clients/python/tests/test_agent_plugin.py, and against the
+//! real hermes-agent in tests/real_gateway.)
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, Serve, bin, poll, set_mode};
+
+/// What a tool call looks like as the plugin sends it (0.19.0's shell-hook stdin).
+fn tool_call(tool: &str, command: &str, cwd: &str) -> Value {
+    json!({
+        "hook_event_name": "pre_tool_call",
+        "tool_name": tool,
+        "tool_input": {"command": command},
+        "session_id": "s1",
+        "cwd": cwd,
+        "extra": {"task_id": "", "tool_call_id": "c1"},
+    })
+}
+
+fn collect(serve: &Serve, event: &str, ctx: &Value) -> Value {
+    let (status, body) = serve.post("/v1/collect", &json!({"event": event, "context": ctx}));
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// A script in the test's directory (mode 0755) that a config.yaml entry runs.
+fn script(hooks: &Hooks, name: &str, body: &str) -> String {
+    let path = hooks.tmp.path().join(name);
+    std::fs::write(&path, body).unwrap();
+    set_mode(&path, 0o755);
+    path.display().to_string()
+}
+
+/// Issue 49, "Shell hooks from config.yaml": an entry with consent runs as a hook of the
+/// service; its matcher (a full match of the tool name) and 0.19.0's two block shapes and
+/// `{"context": ...}` are honoured; an observer's command runs once per event, with the
+/// context on stdin and in the context's `cwd`; an entry without consent is not hosted. On the
+/// old code (d69d285) config.yaml was not read at all: no hook, no result.
+#[test]
+fn config_yaml_shell_hooks_run_as_hooks() {
+    let hooks = Hooks::new();
+    let out = hooks.out();
+    let gate = script(
+        &hooks,
+        "gate.sh",
+        "#!/bin/sh\ninput=$(cat)\ncase \"$input\" in *'rm -rf'*) \
+         echo '{\"decision\": \"block\", \"reason\": \"no rm -rf here\"}';; esac\n",
+    );
+    let ctx = script(
+        &hooks,
+        "ctx.sh",
+        "#!/bin/sh\ncat >/dev/null\necho '{\"context\": \"from config\"}'\nexit 3\n",
+    );
+    let seen = out.join("post.jsonl");
+    let post = script(
+        &hooks,
+        "post.sh",
+        &format!(
+            "#!/bin/sh\n{{ cat; echo; }} >> {}\npwd >> {}.cwd\n",
+            seen.display(),
+            seen.display()
+        ),
+    );
+    let never = script(&hooks, "never.sh", "#!/bin/sh\necho ran >> /dev/null\n");
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!(
+            "hooks:\n  pre_tool_call:\n    - {{command: {gate}, matcher: 'term.*'}}\n\
+             \x20 pre_llm_call:\n    - {{command: {ctx}, timeout: 5}}\n\
+             \x20 post_tool_call:\n    - {{command: {post}}}\n\
+             \x20 on_session_end:\n    - {{command: {never}}}\n"
+        ),
+    )
+    .unwrap();
+    let approvals: Vec<Value> = [
+        ("pre_tool_call", &gate),
+        ("pre_llm_call", &ctx),
+        ("post_tool_call", &post),
+    ]
+    .iter()
+    .map(|(e, c)| json!({"event": e, "command": c}))
+    .collect();
+    std::fs::write(
+        hooks.home().join("shell-hooks-allowlist.json"),
+        json!({"approvals": approvals}).to_string(),
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &[]);
+    let (_, listed) = serve.get("/v1/hooks");
+    let names: Vec<&str> = listed["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["name"].as_str())
+        .collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "the entry without consent is not hosted: {names:?}"
+    );
+    assert!(names.iter().all(|n| n.starts_with("shell-")), "{names:?}");
+
+    let cwd = hooks.tmp.path().display().to_string();
+    let blocked = collect(
+        &serve,
+        "pre_tool_call",
+        &tool_call("terminal", "rm -rf /", &cwd),
+    );
+    assert_eq!(
+        blocked["results"][0]["result"],
+        json!({"action": "block", "message": "no rm -rf here"}),
+        "{blocked}"
+    );
+    // The matcher must match the whole name: `terminal2` matches `term.*`, `my_terminal` not.
+    let other = collect(
+        &serve,
+        "pre_tool_call",
+        &tool_call("my_terminal", "rm -rf /", &cwd),
+    );
+    assert_eq!(other["results"], json!([]), "{other}");
+    // A non-zero exit is logged, its stdout still counts.
+    let context = collect(
+        &serve,
+        "pre_llm_call",
+        &json!({"hook_event_name": "pre_llm_call", "extra": {}}),
+    );
+    assert_eq!(
+        context["results"][0]["result"],
+        json!({"context": "from config"}),
+        "{context}"
+    );
+
+    let mut call = tool_call("terminal", "ls", &cwd);
+    call["hook_event_name"] = json!("post_tool_call");
+    let (status, _) = serve.post(
+        "/v1/events",
+        &json!({"event": "post_tool_call", "context": call}),
+    );
+    assert_eq!(status, 202);
+    let lines = poll(Duration::from_secs(20), "the post_tool_call script", || {
+        let text = std::fs::read_to_string(&seen).ok()?;
+        text.ends_with('\n').then_some(text)
+    });
+    std::thread::sleep(Duration::from_millis(300)); // a second run would have written by now
+    let text = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(text, lines);
+    let got: Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(
+        got, call,
+        "the context reaches the command on stdin as sent"
+    );
+    let ran_in = poll(
+        Duration::from_secs(20),
+        "the script's working directory",
+        || {
+            std::fs::read_to_string(format!("{}.cwd", seen.display()))
+                .ok()
+                .filter(|t| t.ends_with('\n'))
+        },
+    );
+    assert_eq!(
+        ran_in.trim(),
+        std::fs::canonicalize(&cwd).unwrap().display().to_string()
+    );
+}
+
+/// `hooks_auto_accept: true` (and `HERMES_ACCEPT_HOOKS`) accept every entry, as upstream;
+/// `check` lists the hosted entries with the other hooks, and a misspelt event is named.
+#[test]
+fn auto_accept_and_check() {
+    let hooks = Hooks::new();
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!("hooks:\n  pre_tool_call:\n    - command: {gate}\n  pre_tool_cal:\n    - command: {gate}\n"),
+    )
+    .unwrap();
+    let check = |env: Option<(&str, &str)>, auto: bool| {
+        if auto {
+            std::fs::write(
+                hooks.home().join("config.yaml"),
+                format!(
+                    "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: {gate}\n"
+                ),
+            )
+            .unwrap();
+        }
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["check", "--hooks-dir"])
+            .arg(hooks.root())
+            .env("HERMES_HOME", hooks.home())
+            .env_remove("HERMES_ACCEPT_HOOKS");
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let none = check(None, false);
+    assert!(!none.contains("shell-pre_tool_call-"), "{none}");
+    let by_env = check(Some(("HERMES_ACCEPT_HOOKS", "1")), false);
+    assert!(by_env.contains("shell-pre_tool_call-"), "{by_env}");
+    assert!(
+        by_env.contains("did you mean \"pre_tool_call\""),
+        "{by_env}"
+    );
+    let by_config = check(None, true);
+    assert!(by_config.contains("shell-pre_tool_call-"), "{by_config}");
+}
+
+/// Issue 49, "The agent's events for hooks hosted here": a HOOK.yaml hook on `pre_tool_call`
+/// (and `pre_*`) answers a collect; `check` knows the agent's names (no "matches no known
+/// event" warning for them, a did-you-mean for a near miss).
+#[test]
+fn hook_yaml_hooks_take_agent_events() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "gate",
+        "[\"pre_tool_call\"]",
+        "def handle(event, ctx):\n    if 'rm' in ctx['tool_input']['command']:\n        return {'action': 'block', 'message': 'no'}\n",
+    );
+    hooks.python(
+        "all-pre",
+        "[\"pre_*\"]",
+        "def handle(event, ctx):\n    return {'context': event}\n",
+    );
+    hooks.python(
+        "typo",
+        "[\"pre_tool_cal\"]",
+        "def handle(event, ctx):\n    return None\n",
+    );
+    let out = std::process::Command::new(bin())
+        .args(["check", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("did you mean \"pre_tool_call\""), "{said}");
+    assert!(!said.contains("\"pre_*\" matches no known"), "{said}");
+    let serve = Serve::start(&hooks, &[]);
+    let got = collect(&serve, "pre_tool_call", &tool_call("terminal", "rm x", "/"));
+    assert_eq!(
+        got["results"],
+        json!([
+            {"hook": "gate", "result": {"action": "block", "message": "no"}},
+            {"hook": "all-pre", "result": {"context": "pre_tool_call"}}
+        ]),
+        "{got}"
+    );
+}
+
+fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .env("HERMES_HOME", hooks.home())
+        .env("HERMES_HOOKS_ADDRESS", hooks.tmp.path().join("nobody.sock"))
+        .env_remove("HERMES_ACCEPT_HOOKS")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Issue 49, "Operators": `plugin install` enables the Hermes plugin in config.yaml (and keeps
+/// the rest of the file); `doctor` checks what `hermes hooks doctor` checks (the script, consent,
+/// a run on a sample call only with consent) plus the plugin; `test EVENT --for-tool NAME
+/// --payload-file F` makes the context of an agent call as the plugin makes it.
+#[test]
+fn operators_plugin_doctor_and_test() {
+    let hooks = Hooks::new();
+    let ran = hooks.out().join("ran");
+    let good = script(
+        &hooks,
+        "good.sh",
+        &format!(
+            "#!/bin/sh\ncat >> {}\necho '{{\"context\": \"x\"}}'\n",
+            ran.display()
+        ),
+    );
+    let missing = hooks.tmp.path().join("missing.sh").display().to_string();
+    let config = hooks.home().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "# mine\nhooks:\n  pre_llm_call:\n    - command: {good}\n  post_tool_call:\n    - command: {missing}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.home().join("shell-hooks-allowlist.json"),
+        json!({"approvals": [{"event": "pre_llm_call", "command": good, "approved_at": "2026-01-01T00:00:00Z"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let (code, said) = run(&hooks, &["doctor"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("not in plugins.enabled"), "{said}");
+    assert!(said.contains("approved 2026-01-01T00:00:00Z"), "{said}");
+    assert!(
+        said.contains("answered JSON on a sample call (exit 0)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("missing.sh is missing or cannot run"),
+        "{said}"
+    );
+    assert!(said.contains("no consent"), "{said}");
+    // Only the approved script ran, once, with the context on stdin.
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&ran).unwrap()).unwrap();
+    assert_eq!(seen["hook_event_name"], "pre_llm_call");
+
+    let (code, said) = run(&hooks, &["plugin", "install"]);
+    assert_eq!(code, 0, "{said}");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.starts_with("# mine\nhooks:"), "{text}");
+    assert!(
+        text.contains("plugins:\n  enabled:\n  - hermes-hooks"),
+        "{text}"
+    );
+    let (_, said) = run(&hooks, &["doctor"]);
+    assert!(
+        said.contains("ok      the Hermes plugin is in plugins.enabled"),
+        "{said}"
+    );
+
+    hooks.python(
+        "seen",
+        "[\"pre_tool_call\"]",
+        "def handle(event, ctx):\n    return {'tool': ctx['tool_name'], 'input': ctx['tool_input'], 'extra': ctx['extra']}\n",
+    );
+    let payload = hooks.tmp.path().join("payload.json");
+    std::fs::write(
+        &payload,
+        r#"{"args": {"path": "/etc/passwd"}, "task_id": "t9"}"#,
+    )
+    .unwrap();
+    let root = hooks.root().display().to_string();
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "pre_tool_call",
+            "--hooks-dir",
+            &root,
+            "--hook",
+            "seen",
+            "--for-tool",
+            "read_file",
+            "--payload-file",
+            &payload.display().to_string(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{said}");
+    let line: Value = serde_json::from_str(said.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        line["result"],
+        json!({"tool": "read_file", "input": {"path": "/etc/passwd"},
+               "extra": {"tool_call_id": "test-call", "task_id": "t9"}}),
+        "{said}"
+    );
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "agent:start",
+            "--hooks-dir",
+            &root,
+            "--for-tool",
+            "x",
+        ],
+    );
+    assert_eq!(code, 2, "{said}");
+}
+
+/// Issue 49: a config.yaml entry may carry this project's `sandbox:`; the command it runs is
+/// held to it (here: it may run programs and read its directory, not write beside it), and
+/// `check` shows it. Listed as ignored on a kernel without Landlock ABI 4 (build.rs).
+#[test]
+#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
+fn a_config_yaml_entry_runs_in_its_sandbox() {
+    let hooks = Hooks::new();
+    let dir = hooks.tmp.path().display().to_string();
+    let outside = hooks.tmp.path().join("outside");
+    let probe = script(
+        &hooks,
+        "probe.sh",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\nif echo x > {} 2>/dev/null; then w=wrote; else w=denied; fi\n\
+             echo \"{{\\\"context\\\": \\\"$w\\\"}}\"\n",
+            outside.display()
+        ),
+    );
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  pre_llm_call:\n    - command: {probe}\n      \
+             sandbox: {{exec: true, read: [\"{dir}\"]}}\n"
+        ),
+    )
+    .unwrap();
+    let root = hooks.root().display().to_string();
+    let (code, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("exec:    yes"), "{said}");
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "pre_llm_call",
+            "--hooks-dir",
+            &root,
+            "--payload-file",
+            "/dev/null",
+        ],
+    );
+    assert_eq!(
+        code, 2,
+        "an empty payload file is not a JSON object: {said}"
+    );
+    let payload = hooks.tmp.path().join("p.json");
+    std::fs::write(&payload, "{}").unwrap();
+    let (code, said) = run(
+        &hooks,
+        &[
+            "test",
+            "pre_llm_call",
+            "--hooks-dir",
+            &root,
+            "--payload-file",
+            &payload.display().to_string(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains(r#""result":{"context":"denied"}"#), "{said}");
+    assert!(!outside.exists());
+}
