@@ -34,7 +34,8 @@ pub async fn install(args: InstallArgs) -> i32 {
         let mut messages = Vec::new();
         let mut before_land = |staged: &std::path::Path, names: &[String]| {
             for name in names.iter().filter(|_| approve) {
-                let msg = approve_staged(staged, &home, &policy, name, &root.join(name))
+                let dir = crate::hook_name::path_under(&root, name)?;
+                let msg = approve_staged(staged, &home, &policy, name, &dir)
                     .map_err(|e| format!("cannot approve {name}: {e}"))?;
                 messages.push(msg);
             }

@@ -99,7 +99,8 @@ pub fn install(
             _ => fetched.natural_name.clone(),
         };
         let name = stage::hook_name_of(&src, opts.name.as_deref(), &natural)?;
-        let target = opts.root.join(&name);
+        let target =
+            crate::hook_name::path_under(&opts.root, &name).map_err(PackageError::Hooks)?;
         if lock.hooks.contains_key(&name)
             || ready.iter().any(|r| r.name == name)
             || std::fs::symlink_metadata(&target).is_ok()

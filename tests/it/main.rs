@@ -29,6 +29,7 @@ mod fuzz;
 mod gateway;
 mod handover;
 mod hardening;
+mod hostile;
 mod http;
 mod lease;
 mod lifecycle;

@@ -866,13 +866,47 @@ def _audit(event, args):
 
 
 def interpreter_dirs():
-    """What this interpreter reads once the hook runs: its prefixes and its import path."""
+    """What this interpreter reads once the hook runs: its own directories only (its prefixes,
+    where its executable is, its standard library and site-packages, the service's bytecode
+    cache), never what ``sys.path`` gained from the environment or the working directory."""
+    import sysconfig
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
             os.path.dirname(sys.executable)}
-    dirs.update(p for p in sys.path if p and os.path.isabs(p))
+    paths = sysconfig.get_paths()
+    dirs.update(paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
     if getattr(sys, "pycache_prefix", None):
         dirs.add(sys.pycache_prefix)
-    return sorted(d for d in dirs if d)
+    return sorted(d for d in dirs if d and os.path.isabs(d))
+
+
+def open_pinned(path):
+    """An ``O_PATH`` descriptor of ``path`` (resolved by the service), walked one component at a
+    time from ``/`` without following any link: a link there now was made since (by the hook,
+    in a directory it can write) and is refused."""
+    import stat
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            if part in (".", ".."):
+                raise OSError(22, "%s is not a resolved path" % path)
+            nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(40, "%s passes through a symbolic link (%s) made after the sandbox "
+                                  "was resolved: delete it" % (path, part))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def threads_now():
+    """How many threads this process runs (the kernel's count: C threads too)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def landlock_restrict(rules):
@@ -902,10 +936,12 @@ def landlock_restrict(rules):
     fd = libc.syscall(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint(0))
     check(fd, "landlock_create_ruleset")
     try:
-        paths = list(rules["paths"]) + [(d, rules["read_rights"]) for d in interpreter_dirs()]
-        for path, rights in paths:
+        paths = [(p, r, False) for p, r in rules["paths"]]
+        paths += [(p, r, True) for p, r in rules.get("grants") or ()]
+        paths += [(d, rules["read_rights"], False) for d in interpreter_dirs()]
+        for path, rights, pinned in paths:
             try:
-                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                pfd = open_pinned(path) if pinned else os.open(path, os.O_PATH | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
             try:
@@ -936,6 +972,11 @@ def apply_sandbox(policy, hook_dir):
     for key in [k for k in os.environ if not env_allowed(patterns, k)]:
         del os.environ[key]
     os.environ.__class__ = _SandboxedEnviron
+    # Landlock confines the calling thread (and what it starts later): a thread already running
+    # would stay free, whatever ``best_effort`` says.
+    if threads_now() != 1:
+        return ("%d threads run before the sandbox, which would not hold for them (nothing may "
+                "start a thread before the hook is confined)" % threads_now())
     try:
         if policy.get("abi", 0) > 0:
             landlock_restrict(policy["rules"])
