@@ -222,6 +222,7 @@ pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
         Err(why) => refused = refused.or(Some(why)),
     }
     let state = write.first().cloned().unwrap_or(state);
+    refused = refused.or_else(|| outside_anchor(grants, &read, &write));
     refused = refused.or_else(|| steering_refusal(&w.own_env, &grants.env));
     let mut env: Vec<String> = DEFAULT_ENV.iter().map(|s| s.to_string()).collect();
     env.extend(w.own_env.iter().cloned());
@@ -269,6 +270,37 @@ fn looks_secret(key: &str) -> bool {
     ]
     .iter()
     .any(|w| key.contains(w))
+}
+
+/// Why a grant written under `{hook_dir}` or `{state_dir}` lands outside that directory once
+/// resolved (`..`, or a link of the hook's tree leading out), if one does. `read`/`write`: the
+/// resolved lists, the hook's directory and state directory first.
+fn outside_anchor(
+    grants: &super::decl::Grants,
+    read: &[PathBuf],
+    write: &[PathBuf],
+) -> Option<String> {
+    let (hook_dir, state) = (read.first()?, write.first()?);
+    let written = grants.read.iter().zip(&read[1..]);
+    written
+        .chain(grants.write.iter().zip(&write[1..]))
+        .find_map(|(raw, resolved)| {
+            let (key, base) = if raw.starts_with("{hook_dir}") {
+                ("{hook_dir}", hook_dir)
+            } else if raw.starts_with("{state_dir}") {
+                ("{state_dir}", state)
+            } else {
+                return None;
+            };
+            (!resolved.starts_with(base)).then(|| {
+                format!(
+                    "the grant {raw:?} resolves to {}, outside {key} ({}): a grant under {key} \
+                     stays inside it; write the path it should reach by its own name",
+                    resolved.display(),
+                    base.display()
+                )
+            })
+        })
 }
 
 /// Whether every confined hook sees the variable `key` (the host's own but its secrets,

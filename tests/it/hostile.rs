@@ -470,3 +470,65 @@ fn suspected_the_api_token_never_reaches_a_hook() {
         );
     }
 }
+
+// --- Row 8: link chains inside a hook's tree ---
+
+/// Makes, under `dir`, issue 46 row 8's pair of links: `a/b/c/d/e/f/g/h/up -> ../../../../../../../..`
+/// (the top of `dir`) and `manual -> a/b/c/d/e/f/g/h/up/../../outside/secret`: each link's text
+/// stays inside `dir`, but the chain lands on `dir/../../outside/secret`.
+fn chain_links(dir: &std::path::Path) {
+    let deep = dir.join("a/b/c/d/e/f/g/h");
+    std::fs::create_dir_all(&deep).unwrap();
+    std::os::unix::fs::symlink("../../../../../../../..", deep.join("up")).unwrap();
+    std::os::unix::fs::symlink(
+        "a/b/c/d/e/f/g/h/up/../../outside/secret",
+        dir.join("manual"),
+    )
+    .unwrap();
+}
+
+/// Issue 46 row 8: `install` accepted a package whose links, followed one after the other,
+/// leave it (`check_link` read each link's text only); a hook granted `{hook_dir}/manual` then
+/// read the file outside. The installer resolves the chain and refuses it; a hook placed by
+/// hand with the same links is refused the grant (it resolves outside `{hook_dir}`), by
+/// `check` and by the service.
+#[test]
+fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
+    let lab = Lab::new();
+    let outside = lab.hooks.tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret"), "root:SECRET-HASH").unwrap();
+    let yaml = "name: manual\nevents: [\"manual:*\"]\nsandbox:\n  read: [\"{hook_dir}/manual\"]\n";
+    let src = lab.hooks.tmp.path().join("src/pkg");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("HOOK.yaml"), yaml).unwrap();
+    std::fs::write(src.join("handler.py"), PY_OPS).unwrap();
+    chain_links(&src);
+    assert_eq!(
+        std::fs::read_to_string(src.join("manual")).unwrap(),
+        "root:SECRET-HASH",
+        "the chain does lead out"
+    );
+    let o = lab.hh(&["install", src.to_str().unwrap()]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("leaves the hook directory through its other links"),
+        "{}",
+        text(&o)
+    );
+    assert!(!lab.hooks.root().join("manual").exists());
+    // Placed by hand: the hook tree sits two levels under the lab, as the package did.
+    let dir = lab
+        .hooks
+        .add("manual", &[("HOOK.yaml", yaml), ("handler.py", PY_OPS)]);
+    chain_links(&dir);
+    let (ok, out) = lab.check();
+    assert!(!ok, "{out}");
+    assert!(out.contains("outside {hook_dir}"), "{out}");
+    if !landlock_here() {
+        return;
+    }
+    let serve = lab.serve(&[]);
+    let e = call(&serve, "manual", "read", dir.join("manual").display()).unwrap_err();
+    assert!(e.contains("outside {hook_dir}"), "{e}");
+}
