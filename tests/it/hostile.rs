@@ -532,3 +532,63 @@ fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
     let e = call(&serve, "manual", "read", dir.join("manual").display()).unwrap_err();
     assert!(e.contains("outside {hook_dir}"), "{e}");
 }
+
+// --- Suspected: names shared with an operator's hook ---
+
+/// Issue 46 suspected case: `install` did not look at the hooks already in the roots, and
+/// approvals are keyed by name, so a package named like an operator's hook could take its
+/// approval (`--yes`) or drop it (`remove`). The install is refused naming the other hook,
+/// and the approval file is untouched; `remove` of a package keeps the approval while another
+/// hook of that name runs.
+#[test]
+fn suspected_a_package_cannot_take_or_drop_an_operators_approval() {
+    let lab = Lab::new();
+    let trust = lab.hooks.home().join("hooks-trust.json");
+    // The operator's hook, in a directory named otherwise, approved.
+    lab.python("operator-dir", "name: policy", "");
+    let o = lab.hh(&["enable", "policy", "--trust", "explicit"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let approved = std::fs::read(&trust).unwrap();
+    assert!(String::from_utf8_lossy(&approved).contains("policy"));
+    let src = lab.hooks.tmp.path().join("src/policy");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("HOOK.yaml"), "name: policy\nevents: [\"x:*\"]\n").unwrap();
+    std::fs::write(src.join("handler.py"), PY_OPS).unwrap();
+    for extra in [&[][..], &["--trust", "explicit", "--yes"][..]] {
+        let mut args = vec!["install", src.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = lab.hh(&args);
+        assert!(!o.status.success(), "{extra:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("a hook named policy already runs from")
+                && text(&o).contains("operator-dir"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(std::fs::read(&trust).unwrap(), approved, "{extra:?}");
+        assert!(!lab.hooks.root().join("policy").exists());
+    }
+    // A package installed first, then an operator's hook of the same name: `remove` of the
+    // package leaves that name's approval alone.
+    std::fs::write(src.join("HOOK.yaml"), "name: pkg\nevents: [\"x:*\"]\n").unwrap();
+    let o = lab.hh(&[
+        "install",
+        src.to_str().unwrap(),
+        "--trust",
+        "explicit",
+        "--yes",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    lab.python("pkg-by-hand", "name: pkg", "");
+    let o = lab.hh(&["enable", "pkg", "--trust", "explicit"]);
+    let before = std::fs::read_to_string(&trust).unwrap();
+    assert!(before.contains("\"pkg\""), "{}: {before}", text(&o));
+    let o = lab.hh(&["remove", "pkg"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("the approval of pkg stays"),
+        "{}",
+        text(&o)
+    );
+    assert!(std::fs::read_to_string(&trust).unwrap().contains("\"pkg\""));
+}
