@@ -592,3 +592,98 @@ fn suspected_a_package_cannot_take_or_drop_an_operators_approval() {
     );
     assert!(std::fs::read_to_string(&trust).unwrap().contains("\"pkg\""));
 }
+
+// --- Row 9: extension modules ---
+
+/// Builds the extension module `name` (returning `name`'s own word from `word()`) into `dir`
+/// with `cc` against the headers of the `python3` the hooks run; `None` when there is no
+/// compiler or no `Python.h` (the caller skips, CI fails).
+fn build_extension(dir: &std::path::Path, name: &str) -> Option<()> {
+    let info = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['include']); print(sysconfig.get_config_var('EXT_SUFFIX'))",
+        ])
+        .output()
+        .ok()?;
+    let info = String::from_utf8_lossy(&info.stdout).into_owned();
+    let mut lines = info.lines();
+    let (include, suffix) = (lines.next()?, lines.next()?);
+    if !std::path::Path::new(include).join("Python.h").exists() {
+        return None;
+    }
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(
+        &c,
+        format!(
+            "#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n\
+             static PyObject *word(PyObject *self, PyObject *args) {{ return PyUnicode_FromString(\"{name}\"); }}\n\
+             static PyMethodDef methods[] = {{{{\"word\", word, METH_NOARGS, NULL}}, {{NULL, NULL, 0, NULL}}}};\n\
+             static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, \"{name}\", NULL, -1, methods}};\n\
+             PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&def); }}\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-I", include, "-o"])
+        .arg(dir.join(format!("{name}{suffix}")))
+        .arg(&c)
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(&c).unwrap();
+    Some(())
+}
+
+/// Issue 46 row 9: a hook with two extension modules: on d69d285 the second failed ("does not
+/// define module export function (PyInit_ext_b)"): both were loaded from the same
+/// `/proc/self/fd/N` name and the dynamic loader returned the first. Each now loads from a name
+/// of its own, in a forked worker, a fresh one and a sandboxed one.
+#[test]
+fn row9_two_extension_modules_each_load_their_own_library() {
+    let lab = Lab::new();
+    let code = "import ext_a, ext_b\n\ndef handle(event, context):\n    return ext_a.word() + '+' + ext_b.word()\n";
+    for (name, yaml) in [
+        ("twoext", ""),
+        ("twofresh", "env: {PYTHONHASHSEED: \"0\"}\n"),
+        ("twostrict", "sandbox: strict\n"),
+    ] {
+        let dir = lab.hooks.add(
+            name,
+            &[
+                (
+                    "HOOK.yaml",
+                    &format!("name: {name}\nevents: [\"{name}:*\"]\n{yaml}"),
+                ),
+                ("handler.py", code),
+            ],
+        );
+        for ext in ["ext_a", "ext_b"] {
+            if build_extension(&dir, ext).is_none() {
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "CI machines have cc and Python.h"
+                );
+                eprintln!("skipped: no C compiler or Python.h for python3");
+                return;
+            }
+        }
+    }
+    let serve = lab.serve(&[]);
+    let mut hooks = vec!["twoext", "twofresh"];
+    if landlock_here() {
+        hooks.push("twostrict");
+    }
+    for hook in hooks {
+        assert_eq!(
+            call(&serve, hook, "x", ""),
+            Ok(json!("ext_a+ext_b")),
+            "{hook}: {}",
+            serve.get(&format!("/v1/hooks/{hook}")).1["last_error"]
+        );
+    }
+}

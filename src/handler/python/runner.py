@@ -299,22 +299,36 @@ class TreeEntryFinder:
         return pkgutil.iter_importer_modules(importlib.machinery.FileFinder(self.path), prefix)
 
 
+#: The descriptors extension modules were loaded from, held for the life of the process: the
+#: dynamic loader knows a library by the name it was opened with, so a descriptor number used
+#: again would give the next extension module the first one's library.
+_extension_fds = []
+
+
 class VerifiedExtensionLoader(importlib.machinery.ExtensionFileLoader):
     """Loads an extension module of the tree from the descriptor whose bytes were hashed
-    (``/proc/self/fd/N``): a file renamed over it after the check is not what runs."""
+    (``/proc/self/fd/N``, each module its own ``N``, kept open since a library is never
+    unloaded): a file renamed over it after the check is not what runs."""
 
     def __init__(self, fullname, path, finder):
         super().__init__(fullname, path)
         self.finder = finder
 
     def create_module(self, spec):
-        with open(self.path, "rb") as f:
+        f = open(self.path, "rb")
+        try:
             self.finder.checked(f, self.path, spec.name)
             proc = "/proc/self/fd/%d" % f.fileno()
             if not os.path.exists(proc):  # no /proc: the path, checked just now
+                f.close()
                 return super().create_module(spec)
             by_fd = importlib.machinery.ModuleSpec(spec.name, self, origin=proc)
-            return _imp.create_dynamic(by_fd)
+            module = _imp.create_dynamic(by_fd)
+        except BaseException:
+            f.close()
+            raise
+        _extension_fds.append(f)
+        return module
 
 
 class LineReader:
