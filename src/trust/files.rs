@@ -205,9 +205,21 @@ impl RunFiles {
                     continue;
                 }
                 let path = d.join(name);
-                // Follows symbolic links: what matters is what a process would open.
-                let Ok(meta) = std::fs::metadata(&path) else {
-                    continue; // a dangling link opens nothing
+                // Follows symbolic links: what matters is what a process would open; but a
+                // link whose chain leads out of the hook directory is refused (issue 46 row 8).
+                let Ok(lmeta) = std::fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                let meta = if lmeta.file_type().is_symlink() {
+                    if self.check_permissions {
+                        self.link_stays_inside(&path)?;
+                    }
+                    let Ok(meta) = std::fs::metadata(&path) else {
+                        continue; // a dangling link opens nothing
+                    };
+                    meta
+                } else {
+                    lmeta
                 };
                 let rel = self.rel(&path);
                 let data = in_data || self.data.is_data(&rel, meta.is_dir());
@@ -230,6 +242,28 @@ impl RunFiles {
             }
         }
         Ok(Some(files))
+    }
+
+    /// Refuses the link at `path` when the chain it starts (through any other links) lands
+    /// outside the hook directory: what the hook's tree holds is what is checked.
+    fn link_stays_inside(&self, path: &Path) -> Result<(), TreeError> {
+        let Ok(real) = path.canonicalize() else {
+            return Ok(()); // dangling: opens nothing
+        };
+        let top = self.dir.canonicalize().unwrap_or_else(|_| self.dir.clone());
+        if real.starts_with(&top) {
+            return Ok(());
+        }
+        Err(TreeError::Permissions {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} is a symbolic link that leads out of the hook directory to {} (symlink \
+                 escape, through its chain of links): copy what it points at into the hook \
+                 directory, or make the link point inside it",
+                path.display(),
+                real.display()
+            ),
+        })
     }
 
     /// SHA-256 (hex) over every covered file (relative path and hash, in path order).

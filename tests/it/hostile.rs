@@ -489,9 +489,9 @@ fn chain_links(dir: &std::path::Path) {
 
 /// Issue 46 row 8: `install` accepted a package whose links, followed one after the other,
 /// leave it (`check_link` read each link's text only); a hook granted `{hook_dir}/manual` then
-/// read the file outside. The installer resolves the chain and refuses it; a hook placed by
-/// hand with the same links is refused the grant (it resolves outside `{hook_dir}`), by
-/// `check` and by the service.
+/// read the file outside. The installer resolves the chain and refuses it; the trust scan
+/// refuses a hook placed by hand with the same links; and a grant under `{hook_dir}` that
+/// resolves outside it is refused by `check` and the service.
 #[test]
 fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
     let lab = Lab::new();
@@ -517,11 +517,25 @@ fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
         text(&o)
     );
     assert!(!lab.hooks.root().join("manual").exists());
-    // Placed by hand: the hook tree sits two levels under the lab, as the package did.
+    // Placed by hand: the trust scan resolves the same chain and refuses the hook.
     let dir = lab
         .hooks
         .add("manual", &[("HOOK.yaml", yaml), ("handler.py", PY_OPS)]);
     chain_links(&dir);
+    let (ok, out) = lab.check();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("manual/manual is a symbolic link that leads out of the hook directory"),
+        "{out}"
+    );
+    // A grant under {hook_dir} that resolves outside it is refused however it gets there (here
+    // `..`; with --insecure-permissions the scan above is off, the grant's check is not).
+    std::fs::remove_dir_all(&dir).unwrap();
+    lab.python(
+        "climber",
+        "name: climber",
+        "sandbox:\n  read: [\"{hook_dir}/../../outside/secret\"]\n",
+    );
     let (ok, out) = lab.check();
     assert!(!ok, "{out}");
     assert!(out.contains("outside {hook_dir}"), "{out}");
@@ -529,7 +543,7 @@ fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
         return;
     }
     let serve = lab.serve(&[]);
-    let e = call(&serve, "manual", "read", dir.join("manual").display()).unwrap_err();
+    let e = call(&serve, "climber", "read", outside.join("secret").display()).unwrap_err();
     assert!(e.contains("outside {hook_dir}"), "{e}");
 }
 
