@@ -77,7 +77,7 @@ pub fn extract(archive: &Path, dest: &Path) -> Result<(), PackageError> {
         tar_entries(archive, &mut |p, k, _| checker.entry(p, k))?;
     }
     crate::package::tree::check_link_chains(&checker.links)
-        .map_err(|(rel, why)| PackageError::unsafe_entry(&archive.join(rel), why))?;
+        .map_err(|(rel, why)| PackageError::unsafe_entry(archive.join(rel), why))?;
     if zip {
         zip_entries(archive, &mut |p, k, r| write(dest, p, k, r))
     } else {

@@ -109,7 +109,7 @@ pub fn walk(top: &Path, rules: Rules) -> Result<Tree, PackageError> {
         }
     }
     check_link_chains(&links)
-        .map_err(|(rel, why)| PackageError::unsafe_entry(&top.join(rel), why))?;
+        .map_err(|(rel, why)| PackageError::unsafe_entry(top.join(rel), why))?;
     Ok(tree)
 }
 

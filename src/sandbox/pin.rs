@@ -231,7 +231,8 @@ mod tests {
         // The operator's link outside anything the hook writes is followed and shown resolved.
         std::fs::create_dir(base.join("real")).unwrap();
         std::os::unix::fs::symlink(base.join("real"), base.join("data")).unwrap();
-        let (w, r) = resolve_grants(&[state.clone()], &[base.join("data/x/../y")]).unwrap();
+        let (w, r) =
+            resolve_grants(std::slice::from_ref(&state), &[base.join("data/x/../y")]).unwrap();
         assert_eq!(w, vec![state.clone()]);
         assert_eq!(r, vec![base.join("real/y")]);
         // Pinned operations refuse a link made later.
