@@ -62,6 +62,9 @@ pub struct Where<'a> {
     pub hermes_home: &'a Path,
     /// The keys of the hook's own `env:` (declared by the hook, so visible to it).
     pub own_env: Vec<String>,
+    /// The hook's `python:` interpreter as written, made absolute (a relative one is under its
+    /// directory); `None` without the key.
+    pub python: Option<PathBuf>,
 }
 
 /// The private state directory of hook `name` (refused for a name that is not one safe path
@@ -223,6 +226,7 @@ pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
     }
     let state = write.first().cloned().unwrap_or(state);
     refused = refused.or_else(|| outside_anchor(grants, &read, &write));
+    refused = refused.or_else(|| hook_interpreter(w, &write));
     refused = refused.or_else(|| steering_refusal(&w.own_env, &grants.env));
     let mut env: Vec<String> = DEFAULT_ENV.iter().map(|s| s.to_string()).collect();
     env.extend(w.own_env.iter().cloned());
@@ -301,6 +305,25 @@ fn outside_anchor(
                 )
             })
         })
+}
+
+/// Why a sandboxed hook's `python:` cannot be used: an interpreter inside the hook's own
+/// directory or one it can write (a virtualenv shipped with the hook) starts, and runs its
+/// `site` set-up (`.pth` files), before the worker confines itself.
+fn hook_interpreter(w: &Where, write: &[PathBuf]) -> Option<String> {
+    let python = w.python.as_ref()?;
+    let inside = std::iter::once(w.hook_dir.to_path_buf())
+        .chain(w.hook_dir.canonicalize().ok())
+        .chain(write.iter().cloned())
+        .find(|d| python.starts_with(d))?;
+    Some(format!(
+        "`python: {}` lies inside {}, which the hook ships or can write, and an interpreter \
+         starts (with its virtualenv's `.pth` files) before the sandbox holds: install the \
+         virtualenv outside the hook's directory (e.g. `$HERMES_HOME/venvs/NAME`) and name \
+         that, or write `sandbox: none`",
+        python.display(),
+        inside.display()
+    ))
 }
 
 /// Whether every confined hook sees the variable `key` (the host's own but its secrets,
@@ -455,6 +478,7 @@ mod tests {
             name: "n",
             hermes_home: home,
             own_env: vec!["OWN".into()],
+            python: None,
         }
     }
 

@@ -525,7 +525,9 @@ fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
     let (ok, out) = lab.check();
     assert!(!ok, "{out}");
     assert!(
-        out.contains("manual/manual is a symbolic link that leads out of the hook directory"),
+        out.contains(
+            "manual/manual is a symbolic link that reads as staying in the hook directory but leads"
+        ),
         "{out}"
     );
     // A grant under {hook_dir} that resolves outside it is refused however it gets there (here
@@ -700,4 +702,44 @@ fn row9_two_extension_modules_each_load_their_own_library() {
             serve.get(&format!("/v1/hooks/{hook}")).1["last_error"]
         );
     }
+}
+
+/// Issue 46 row 4 ("nothing the hook controls runs before its sandbox"): a sandboxed Python
+/// hook naming an interpreter inside its own directory (a virtualenv it ships, whose `.pth`
+/// files run at interpreter start, before the worker confines itself) is refused, saying
+/// where to put the virtualenv instead.
+#[test]
+fn row4_an_interpreter_the_hook_ships_is_refused_for_a_sandboxed_hook() {
+    let lab = Lab::new();
+    let dir = lab.python(
+        "shipped",
+        "name: shipped",
+        "python: venv/bin/python\nsandbox: strict\n",
+    );
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let python = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    std::fs::create_dir_all(dir.join("venv/bin")).unwrap();
+    std::os::unix::fs::symlink(&python, dir.join("venv/bin/python")).unwrap();
+    std::fs::write(
+        dir.join("venv/pyvenv.cfg"),
+        "include-system-site-packages = false\n",
+    )
+    .unwrap();
+    let (ok, out) = lab.check();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("`python: ") && out.contains("install the virtualenv outside"),
+        "{out}"
+    );
+    // Unconfined, the same hook is the operator's choice.
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: shipped\nevents: [\"shipped:*\"]\npython: venv/bin/python\nsandbox: none\n",
+    )
+    .unwrap();
+    let (ok, out) = lab.check();
+    assert!(ok, "{out}");
 }
