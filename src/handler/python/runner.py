@@ -879,10 +879,16 @@ def _audit(event, args):
         _last_access[threading.get_ident()] = (event, args)
 
 
+#: ``interpreter_dirs()`` as the fork server found it (its workers inherit it), or None.
+_interpreter_dirs = None
+
+
 def interpreter_dirs():
     """What this interpreter reads once the hook runs: its own directories only (its prefixes,
     where its executable is, its standard library and site-packages, the service's bytecode
     cache), never what ``sys.path`` gained from the environment or the working directory."""
+    if _interpreter_dirs is not None:
+        return _interpreter_dirs
     import sysconfig
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
             os.path.dirname(sys.executable)}
@@ -1331,6 +1337,8 @@ def zygote_main():
     priority = os.environ.pop(PRIORITY_ENV, "").split()
     setup_logging()
     warm_up()
+    global _interpreter_dirs
+    _interpreter_dirs = interpreter_dirs()  # once, not in every confined worker
     gc.collect()
     global _ballast
     _ballast = fill_pool_holes()
