@@ -75,6 +75,7 @@ pub mod events;
 pub(crate) mod fleet;
 pub(crate) mod handler;
 pub(crate) mod hook;
+pub(crate) mod hook_name;
 pub(crate) mod host;
 pub(crate) mod ingateway;
 pub(crate) mod interpreter;

@@ -569,21 +569,7 @@ pub fn invalid_data_pattern(pattern: &str) -> Option<String> {
 
 /// A hook name must be usable in URLs, log lines and Python module names.
 pub fn validate_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("is empty".into());
-    }
-    if name.len() > 128 {
-        return Err("is longer than 128 bytes".into());
-    }
-    if name
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == '\\')
-    {
-        return Err(format!(
-            "{name:?} contains whitespace, a control character or a slash"
-        ));
-    }
-    Ok(())
+    crate::hook_name::validate(name)
 }
 
 #[cfg(test)]

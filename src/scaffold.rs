@@ -72,8 +72,8 @@ fn write(dir: &Path, rel: &str, content: &str, mode: u32) -> Result<(), Scaffold
 
 /// Where `new --kind rust` keeps the crate it builds the hook from (outside the hook roots, so
 /// builds never wake the watcher).
-pub fn rust_source_dir(hermes_home: &Path, name: &str) -> PathBuf {
-    hermes_home.join("hook-src").join(name)
+pub fn rust_source_dir(hermes_home: &Path, name: &str) -> Result<PathBuf, String> {
+    crate::hook_name::path_under(&hermes_home.join("hook-src"), name)
 }
 
 /// Writes a new hook called `name` of `kind` into `root`. `url` is the endpoint of a webhook;
@@ -89,13 +89,11 @@ pub fn new_hook(
         name: name.into(),
         reason,
     })?;
-    if name.starts_with('.') {
-        return Err(ScaffoldError::BadName {
+    let dir =
+        crate::hook_name::path_under(root, name).map_err(|reason| ScaffoldError::BadName {
             name: name.into(),
-            reason: "starts with a dot (hidden directories are ignored)".into(),
-        });
-    }
-    let dir = root.join(name);
+            reason,
+        })?;
     if dir.exists() {
         return Err(ScaffoldError::Exists(dir));
     }

@@ -8,6 +8,21 @@ use crate::package::{InstallOptions, install as install_package};
 use crate::set_enabled::{approve_staged, restore_approvals, snapshot_approvals};
 use crate::trust::TrustMode;
 
+/// The hooks in `roots` by name (loaded or not), as discovery reads them.
+pub(crate) fn hooks_by_name(
+    roots: &[std::path::PathBuf],
+) -> std::collections::BTreeMap<String, std::path::PathBuf> {
+    let found = crate::discovery::discover(roots);
+    let mut out = std::collections::BTreeMap::new();
+    for s in &found.skipped {
+        out.insert(s.name.clone(), s.dir.clone());
+    }
+    for h in &found.hooks {
+        out.insert(h.name.clone(), h.dir.clone());
+    }
+    out
+}
+
 /// Runs `install`; returns the exit code.
 pub async fn install(args: InstallArgs) -> i32 {
     let config = match args.roots.checked_config() {
@@ -25,6 +40,7 @@ pub async fn install(args: InstallArgs) -> i32 {
         link: args.link,
         root: root.clone(),
         hermes_home: config.hermes_home.clone(),
+        taken: hooks_by_name(&config.roots),
     };
     let explicit = config.trust.mode == TrustMode::Explicit;
     let approve = explicit && args.yes && !args.link;
@@ -34,7 +50,8 @@ pub async fn install(args: InstallArgs) -> i32 {
         let mut messages = Vec::new();
         let mut before_land = |staged: &std::path::Path, names: &[String]| {
             for name in names.iter().filter(|_| approve) {
-                let msg = approve_staged(staged, &home, &policy, name, &root.join(name))
+                let dir = crate::hook_name::path_under(&root, name)?;
+                let msg = approve_staged(staged, &home, &policy, name, &dir)
                     .map_err(|e| format!("cannot approve {name}: {e}"))?;
                 messages.push(msg);
             }

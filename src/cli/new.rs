@@ -27,7 +27,13 @@ pub fn new_hook(
             config.hermes_home.display()
         ));
     }
-    let src = src.unwrap_or_else(|| crate::scaffold::rust_source_dir(&config.hermes_home, name));
+    let src = match src {
+        Some(s) => s,
+        None => match crate::scaffold::rust_source_dir(&config.hermes_home, name) {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        },
+    };
     match crate::scaffold::new_hook(root, name, kind, url, Some(&src)) {
         Ok(s) => {
             println!("created {} ({})", s.dir.display(), s.files.join(", "));

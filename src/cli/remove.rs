@@ -26,7 +26,15 @@ pub async fn remove(roots: &RootArgs, name: &str, purge: bool) -> i32 {
     let approvals = crate::trust::approvals::TrustFile::load(&crate::trust::approvals::trust_file(
         &config.hermes_home,
     ));
-    if approvals.is_ok_and(|a| a.hooks.contains_key(name)) {
+    // Another hook of that name (an operator's, made since) keeps its approval.
+    let other = crate::cli::install::hooks_by_name(&config.roots).remove(name);
+    if let Some(dir) = &other {
+        println!(
+            "the approval of {name} stays: another hook of that name runs from {}",
+            dir.display()
+        );
+    }
+    if other.is_none() && approvals.is_ok_and(|a| a.hooks.contains_key(name)) {
         let explicit = crate::trust::TrustPolicy {
             mode: crate::trust::TrustMode::Explicit,
             insecure_permissions: false,

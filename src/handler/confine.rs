@@ -15,22 +15,22 @@ use super::api::{HandlerContext, HandlerError};
 use crate::sandbox::landlock::{self, Ruleset};
 
 /// Makes the state directory of a confined hook and any `write:` path that does not exist yet,
-/// as directories of mode 0700 (Landlock grants on what exists).
+/// as directories of mode 0700 (Landlock grants on what exists), one component at a time
+/// without following a link: a link the hook left where its grant was resolved (`cache -> /`)
+/// is refused, never kept.
 pub async fn make_state_dir(ctx: &HandlerContext) -> Result<(), HandlerError> {
     let Some(policy) = ctx.sandbox.clone() else {
         return Ok(());
     };
     tokio::task::spawn_blocking(move || {
         for dir in &policy.write {
-            if std::fs::symlink_metadata(dir).is_err() {
-                crate::layout::create_private_dir(dir).map_err(|e| {
-                    HandlerError::Load(format!(
-                        "cannot create {} (the hook's state directory or a `write:` path of \
-                         its sandbox): {e}",
-                        dir.display()
-                    ))
-                })?;
-            }
+            crate::sandbox::pin::make_dirs_nofollow(dir, 0o700).map_err(|e| {
+                HandlerError::Load(format!(
+                    "cannot make {} (the hook's state directory or a `write:` path of \
+                     its sandbox): {e}",
+                    dir.display()
+                ))
+            })?;
         }
         Ok(())
     })

@@ -154,8 +154,12 @@ impl ExecHandler {
         let block = Arc::new(match self.ctx.confine_env(own.clone()) {
             Some(env) => spawn::env_block(env.into_iter().map(|(k, v)| (k.into(), v.into()))),
             None => {
-                let mut all: BTreeMap<std::ffi::OsString, std::ffi::OsString> =
-                    std::env::vars_os().collect();
+                let mut all: BTreeMap<std::ffi::OsString, std::ffi::OsString> = std::env::vars_os()
+                    .filter(|(k, _)| {
+                        !k.to_str()
+                            .is_some_and(crate::sandbox::policy::service_secret)
+                    })
+                    .collect();
                 all.extend(own.clone().into_iter().map(|(k, v)| (k.into(), v.into())));
                 spawn::env_block(all)
             }

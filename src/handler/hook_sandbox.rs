@@ -16,6 +16,19 @@ fn where_of<'a>(spec: &'a HookSpec, hermes_home: &'a Path) -> Where<'a> {
         name: &spec.name,
         hermes_home,
         own_env: spec.manifest.env.keys().cloned().collect(),
+        python: spec
+            .manifest
+            .python
+            .as_deref()
+            .filter(|p| p.contains('/'))
+            .map(|p| {
+                let p = Path::new(p);
+                if p.is_absolute() {
+                    p.to_path_buf()
+                } else {
+                    spec.dir.join(p)
+                }
+            }),
     }
 }
 

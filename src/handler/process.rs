@@ -47,6 +47,9 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Co
             Ok(())
         });
     }
+    for secret in crate::sandbox::policy::service_secrets() {
+        cmd.env_remove(secret);
+    }
     cmd.current_dir(&ctx.cwd)
         .envs(ctx.process_env())
         .process_group(0)

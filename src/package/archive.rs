@@ -3,7 +3,7 @@
 //! directory or a link that stays inside, declared sizes within [`MAX_PACKAGE_BYTES`]. Only
 //! then is anything written, each file bounded by its declared size.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -24,14 +24,14 @@ struct Checker<'a> {
     archive: &'a Path,
     total: u64,
     count: usize,
-    links: BTreeSet<PathBuf>,
+    links: BTreeMap<PathBuf, PathBuf>,
 }
 
 impl Checker<'_> {
     fn entry(&mut self, path: &Path, kind: &Kind) -> Result<(), PackageError> {
         let refuse = |reason: String| PackageError::unsafe_entry(self.archive.join(path), reason);
         check_relative(path).map_err(refuse)?;
-        if path.ancestors().skip(1).any(|a| self.links.contains(a)) {
+        if path.ancestors().skip(1).any(|a| self.links.contains_key(a)) {
             return Err(refuse(
                 "a path through a symbolic link of the archive".into(),
             ));
@@ -53,7 +53,7 @@ impl Checker<'_> {
             }
             Kind::Link(target) => {
                 check_link(path, target).map_err(refuse)?;
-                self.links.insert(path.to_path_buf());
+                self.links.insert(path.to_path_buf(), target.to_path_buf());
             }
         }
         Ok(())
@@ -67,14 +67,20 @@ pub fn extract(archive: &Path, dest: &Path) -> Result<(), PackageError> {
         archive,
         total: 0,
         count: 0,
-        links: BTreeSet::new(),
+        links: BTreeMap::new(),
     };
     std::fs::create_dir_all(dest).map_err(PackageError::io("create", dest))?;
-    if name.ends_with(".zip") {
+    let zip = name.ends_with(".zip");
+    if zip {
         zip_entries(archive, &mut |p, k, _| checker.entry(p, k))?;
-        zip_entries(archive, &mut |p, k, r| write(dest, p, k, r))
     } else {
         tar_entries(archive, &mut |p, k, _| checker.entry(p, k))?;
+    }
+    crate::package::tree::check_link_chains(&checker.links)
+        .map_err(|(rel, why)| PackageError::unsafe_entry(archive.join(rel), why))?;
+    if zip {
+        zip_entries(archive, &mut |p, k, r| write(dest, p, k, r))
+    } else {
         tar_entries(archive, &mut |p, k, r| write(dest, p, k, r))
     }
 }

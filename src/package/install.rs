@@ -27,6 +27,9 @@ pub struct InstallOptions {
     pub root: PathBuf,
     /// `$HERMES_HOME` (the lock file).
     pub hermes_home: PathBuf,
+    /// The hooks already in the service's roots, by name (their directories): approvals and
+    /// state are keyed by name, so a package may not take one.
+    pub taken: std::collections::BTreeMap<String, PathBuf>,
 }
 
 /// One hook installed.
@@ -102,7 +105,20 @@ pub fn install(
             _ => fetched.natural_name.clone(),
         };
         let name = stage::hook_name_of(&src, opts.name.as_deref(), &natural)?;
-        let target = opts.root.join(&name);
+        let target =
+            crate::hook_name::path_under(&opts.root, &name).map_err(PackageError::Hooks)?;
+        if let Some(dir) = opts
+            .taken
+            .get(&name)
+            .filter(|_| !lock.hooks.contains_key(&name))
+        {
+            return Err(PackageError::Hooks(format!(
+                "a hook named {name} already runs from {} (not installed by `install`); its \
+                 approval and state are kept under that name: install this one under another \
+                 name (`--name`, or its `name:`), or move that hook away first",
+                dir.display()
+            )));
+        }
         if lock.hooks.contains_key(&name)
             || ready.iter().any(|r| r.name == name)
             || std::fs::symlink_metadata(&target).is_ok()

@@ -16,11 +16,6 @@ pub struct Removed {
     pub purged: Option<PathBuf>,
 }
 
-/// The state directory of hook `name`.
-pub fn state_dir(hermes_home: &Path, name: &str) -> PathBuf {
-    hermes_home.join("hook-state").join(name)
-}
-
 /// Removes the installed hook `name`: first out of the hook root in one rename (the service
 /// sees it gone at once), then deleted; then its lock entry.
 pub fn remove(hermes_home: &Path, name: &str, purge: bool) -> Result<Removed, PackageError> {
@@ -49,7 +44,8 @@ pub fn remove(hermes_home: &Path, name: &str, purge: bool) -> Result<Removed, Pa
     let mut lock = LockFile::load(&lock_path)?;
     lock.hooks.remove(name);
     lock.save(&lock_path)?;
-    let state = state_dir(hermes_home, name);
+    let state =
+        crate::sandbox::policy::state_dir(hermes_home, name).map_err(PackageError::Hooks)?;
     let purged = if purge && state.is_dir() {
         std::fs::remove_dir_all(&state).map_err(PackageError::io("delete", &state))?;
         Some(state)

@@ -255,7 +255,7 @@ pub fn stage_hook(
     }
     let land = staging.land();
     std::fs::create_dir_all(&land).map_err(PackageError::io("create", &land))?;
-    let dest = land.join(name);
+    let dest = crate::hook_name::path_under(&land, name).map_err(PackageError::Hooks)?;
     tree::copy(src, &tree, &dest)?;
     check(&land, &dest, name)?;
     Ok((tree, dest))

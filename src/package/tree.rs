@@ -54,6 +54,7 @@ pub fn walk(top: &Path, rules: Rules) -> Result<Tree, PackageError> {
     let mut tree = Tree::new();
     let mut total = 0u64;
     let mut stack = vec![PathBuf::new()];
+    let mut links = BTreeMap::new();
     let uid = unsafe_free_euid();
     while let Some(rel) = stack.pop() {
         let dir = top.join(&rel);
@@ -90,6 +91,7 @@ pub fn walk(top: &Path, rules: Rules) -> Result<Tree, PackageError> {
             } else if meta.file_type().is_symlink() {
                 let target = std::fs::read_link(&path).map_err(PackageError::io("read", &path))?;
                 check_link(&rel, &target).map_err(|r| PackageError::unsafe_entry(&path, r))?;
+                links.insert(rel.clone(), target.clone());
                 Entry::Link(target.to_string_lossy().into_owned())
             } else {
                 return Err(PackageError::unsafe_entry(
@@ -106,6 +108,8 @@ pub fn walk(top: &Path, rules: Rules) -> Result<Tree, PackageError> {
             }
         }
     }
+    check_link_chains(&links)
+        .map_err(|(rel, why)| PackageError::unsafe_entry(top.join(rel), why))?;
     Ok(tree)
 }
 
@@ -173,6 +177,98 @@ pub fn check_link(rel: &Path, target: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// How many links one chain may pass through (the kernel's own limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// Every link of a tree (`links`: its path relative to the top, and its target) resolved the
+/// way the kernel would, through the other links of the tree, must land inside the tree:
+/// [`check_link`] alone reads one link's text, and `up -> ../..` placed deep enough makes
+/// `manual -> a/b/up/../../../x` leave it. The first link that leaves, and why.
+pub fn check_link_chains(links: &BTreeMap<PathBuf, PathBuf>) -> Result<(), (PathBuf, String)> {
+    // Keys as the walk below builds paths: names only (`./a` is `a`).
+    let normal: BTreeMap<PathBuf, PathBuf> = links
+        .iter()
+        .map(|(k, v)| {
+            let k: PathBuf = k
+                .components()
+                .filter(|c| matches!(c, Component::Normal(_)))
+                .collect();
+            (k, v.clone())
+        })
+        .collect();
+    for (link, target) in &normal {
+        resolve_in_tree(&normal, link, target).map_err(|why| {
+            (
+                link.clone(),
+                format!(
+                    "a symbolic link to {} that leaves the hook directory through its other \
+                     links ({why}); make it point inside, without passing through a link to \
+                     a parent",
+                    target.display()
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// One step of a link's target: a name, or `..`.
+enum Step {
+    Name(std::ffi::OsString),
+    Up,
+}
+
+fn steps(target: &Path) -> Result<Vec<Step>, String> {
+    target
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(Ok(Step::Name(n.to_os_string()))),
+            Component::ParentDir => Some(Ok(Step::Up)),
+            Component::CurDir => None,
+            Component::RootDir | Component::Prefix(_) => Some(Err("an absolute path".into())),
+        })
+        .collect()
+}
+
+/// Where `link -> target` lands, as a path under the tree's top, or why it leaves.
+fn resolve_in_tree(
+    links: &BTreeMap<PathBuf, PathBuf>,
+    link: &Path,
+    target: &Path,
+) -> Result<PathBuf, String> {
+    let mut cur: Vec<std::ffi::OsString> = link
+        .parent()
+        .map(|p| p.iter().map(|c| c.to_os_string()).collect())
+        .unwrap_or_default();
+    let mut todo = steps(target)?;
+    todo.reverse();
+    let mut hops = 0;
+    while let Some(step) = todo.pop() {
+        match step {
+            Step::Up => {
+                if cur.pop().is_none() {
+                    return Err("it climbs above the top".into());
+                }
+            }
+            Step::Name(n) => {
+                cur.push(n);
+                let here: PathBuf = cur.iter().collect();
+                if let Some(next) = links.get(&here) {
+                    hops += 1;
+                    if hops > MAX_LINK_HOPS {
+                        return Err("too many levels of links".into());
+                    }
+                    cur.pop();
+                    let mut more = steps(next)?;
+                    more.reverse();
+                    todo.extend(more);
+                }
+            }
+        }
+    }
+    Ok(cur.iter().collect())
 }
 
 /// SHA-256 of a file's content, hex.
@@ -317,6 +413,29 @@ mod tests {
         assert!(check_link(Path::new("a"), Path::new("../b")).is_err());
         assert!(check_link(Path::new("d/a"), Path::new("x/../../../b")).is_err());
         assert!(check_link(Path::new("a"), Path::new("/etc/passwd")).is_err());
+        // Issue 46 row 8: each link's text stays inside; the chain does not.
+        let deep = Path::new("a/b/c/d/e/f/g/h/up");
+        let mut links = BTreeMap::new();
+        links.insert(deep.to_path_buf(), PathBuf::from("../../../../../../../.."));
+        links.insert(
+            PathBuf::from("manual"),
+            PathBuf::from("a/b/c/d/e/f/g/h/up/../../../tmp/secret"),
+        );
+        for (l, t) in &links {
+            assert!(check_link(l, t).is_ok(), "{}", l.display());
+        }
+        let (bad, why) = check_link_chains(&links).unwrap_err();
+        assert_eq!(bad, PathBuf::from("manual"));
+        assert!(why.contains("leaves the hook directory"), "{why}");
+        links.insert(
+            PathBuf::from("manual"),
+            PathBuf::from("a/b/c/d/e/f/g/h/up/x"),
+        );
+        assert!(check_link_chains(&links).is_ok());
+        let mut lp = BTreeMap::new();
+        lp.insert(PathBuf::from("x"), PathBuf::from("y"));
+        lp.insert(PathBuf::from("y"), PathBuf::from("x"));
+        assert!(check_link_chains(&lp).is_err());
         assert!(check_relative(Path::new("a/../../b")).is_err());
         assert!(check_relative(Path::new("/a")).is_err());
         assert!(check_relative(Path::new("a/b")).is_ok());

@@ -105,6 +105,16 @@ pub fn plan_update(
     } else {
         stage::inside(&fetched.top, &old.path)?
     };
+    // Approvals, state and the lock are keyed by the name: a new version keeps it.
+    let declared = stage::hook_name_of(&src, None, name)?;
+    if declared != name {
+        return Err(PackageError::Hooks(format!(
+            "the new version of {name} says `name: {declared}` in {}: an update keeps the \
+             hook's name (its approval and state are kept under it); install it as a new hook \
+             (`install`), or keep `name: {name}`",
+            src.join("HOOK.yaml").display()
+        )));
+    }
     let notes = stage::install_scripts(&fetched.top, std::slice::from_ref(&old.path));
     let linked = old.kind == "link";
     let (new_tree, staged) =

@@ -132,8 +132,12 @@ pub struct Rules {
     pub handled_net: u64,
     /// Scopes (abstract UNIX sockets, signals) confined to the hook's processes.
     pub scoped: u64,
-    /// Paths and the rights granted beneath each.
+    /// The system's paths (and the files an executable needs to start) and the rights granted
+    /// beneath each: root's, so their links are followed.
     pub paths: Vec<(PathBuf, u64)>,
+    /// The hook's own grants, resolved by the service ([`super::pin`]) and opened without
+    /// following any link: a link found on one now was made since, and is refused.
+    pub grants: Vec<(PathBuf, u64)>,
     /// TCP ports and the rights granted on each.
     pub ports: Vec<(u16, u64)>,
     /// The rights of a read-only grant (the runner adds its interpreter's directories so).
@@ -184,7 +188,10 @@ pub fn build(rules: &Rules) -> std::io::Result<Ruleset> {
         fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
     };
     for (path, rights) in &rules.paths {
-        add_path(&ruleset, path, *rights)?;
+        add_path(&ruleset, path, *rights, false)?;
+    }
+    for (path, rights) in &rules.grants {
+        add_path(&ruleset, path, *rights, true)?;
     }
     for (port, rights) in &rules.ports {
         let rule = NetPortAttr {
@@ -208,13 +215,17 @@ pub fn build(rules: &Rules) -> std::io::Result<Ruleset> {
     Ok(ruleset)
 }
 
-fn add_path(ruleset: &Ruleset, path: &Path, rights: u64) -> std::io::Result<()> {
+fn add_path(ruleset: &Ruleset, path: &Path, rights: u64, pinned: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(path)
-    {
+    let opened = if pinned {
+        super::pin::open_nofollow(path).map(std::fs::File::from)
+    } else {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+            .open(path)
+    };
+    let file = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => {

@@ -8,6 +8,7 @@
 pub mod choice;
 pub mod decl;
 pub mod landlock;
+pub mod pin;
 pub mod policy;
 pub mod view;
 

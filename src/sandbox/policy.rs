@@ -62,11 +62,95 @@ pub struct Where<'a> {
     pub hermes_home: &'a Path,
     /// The keys of the hook's own `env:` (declared by the hook, so visible to it).
     pub own_env: Vec<String>,
+    /// The hook's `python:` interpreter as written, made absolute (a relative one is under its
+    /// directory); `None` without the key.
+    pub python: Option<PathBuf>,
 }
 
-/// The private state directory of a confined hook.
-pub fn state_dir(hermes_home: &Path, name: &str) -> PathBuf {
-    hermes_home.join("hook-state").join(name)
+/// The private state directory of hook `name` (refused for a name that is not one safe path
+/// component, [`crate::hook_name`]).
+pub fn state_dir(hermes_home: &Path, name: &str) -> Result<PathBuf, String> {
+    crate::hook_name::path_under(&hermes_home.join("hook-state"), name)
+}
+
+/// Variables that steer an interpreter, the dynamic loader or a shell before any code of the
+/// hook's own runs (what to import or preload, where from, options read at start-up): a
+/// sandboxed hook may not set them in its `env:`, since they act before (or around) the
+/// sandbox. A `*` ends a prefix.
+const STEERING_ENV: &[&str] = &[
+    "PYTHON*",
+    "LD_*",
+    "GCONV_PATH",
+    "GLIBC_TUNABLES",
+    "MALLOC_*",
+    "LOCPATH",
+    "NLSPATH",
+    "HOSTALIASES",
+    "RESOLV_*",
+    "PERL5*",
+    "PERLLIB",
+    "PERLIO*",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "RUBYOPT",
+    "RUBYLIB",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "IFS",
+    "BASH_FUNC_*",
+];
+
+/// `PYTHON*` variables that only set an option (no module, path or code): allowed.
+const HARMLESS_ENV: &[&str] = &[
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "PYTHONUTF8",
+    "PYTHONIOENCODING",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONFAULTHANDLER",
+];
+
+/// Whether the variable name or `PREFIX_*` pattern `p` steers (or could match a variable that
+/// steers) an interpreter or the loader ([`STEERING_ENV`]).
+pub fn steers(p: &str) -> bool {
+    if HARMLESS_ENV.contains(&p) {
+        return false;
+    }
+    let (base, prefix) = match p.strip_suffix('*') {
+        Some(b) => (b, true),
+        None => (p, false),
+    };
+    STEERING_ENV.iter().any(|s| match s.strip_suffix('*') {
+        Some(sb) => base.starts_with(sb) || (prefix && sb.starts_with(base)),
+        None => base == *s || (prefix && s.starts_with(base)),
+    })
+}
+
+/// Why a sandboxed hook's `env:` (its own variables, and those of the service it asks to see)
+/// cannot be kept: the variables that steer its interpreter.
+fn steering_refusal(own_env: &[String], granted: &[String]) -> Option<String> {
+    let bad: Vec<&str> = own_env
+        .iter()
+        .chain(granted)
+        .filter(|k| steers(k))
+        .map(String::as_str)
+        .collect();
+    (!bad.is_empty()).then(|| {
+        format!(
+            "`env:` of a sandboxed hook sets {}, which steer the interpreter or the dynamic \
+             loader before the sandbox holds (what to import or preload, and from where): \
+             remove {} from `env:` (keep modules inside the hook's directory, which is \
+             importable as it is), or write `sandbox: none`",
+            bad.join(", "),
+            if bad.len() == 1 { "it" } else { "them" }
+        )
+    })
 }
 
 /// What a confined hook's processes may do.
@@ -91,6 +175,11 @@ pub struct Policy {
     /// The line of `sandbox:` in HOOK.yaml.
     #[serde(skip)]
     pub line: Option<usize>,
+    /// Why this sandbox cannot be enforced as written, and the hook does not start: a name
+    /// that is not one path component, a grant through a link the hook could have planted, an
+    /// `env:` that steers the interpreter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 fn expand(p: &str, w: &Where, state: &Path) -> PathBuf {
@@ -122,11 +211,23 @@ fn expand(p: &str, w: &Where, state: &Path) -> PathBuf {
 /// The policy of `sandbox` for the hook at `w`; `None` for `sandbox: none`.
 pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
     let grants = sandbox.grants.as_ref()?;
-    let state = state_dir(w.hermes_home, w.name);
+    let (state, mut refused) = match state_dir(w.hermes_home, w.name) {
+        Ok(s) => (s, None),
+        Err(why) => (PathBuf::from("/nonexistent/hook-state"), Some(why)),
+    };
     let mut read = vec![w.hook_dir.to_path_buf()];
     read.extend(grants.read.iter().map(|p| expand(p, w, &state)));
     let mut write = vec![state.clone()];
     write.extend(grants.write.iter().map(|p| expand(p, w, &state)));
+    // What the kernel will get, and `check` shows: each grant with its links resolved once.
+    match super::pin::resolve_grants(&write, &read) {
+        Ok((w, r)) => (write, read) = (w, r),
+        Err(why) => refused = refused.or(Some(why)),
+    }
+    let state = write.first().cloned().unwrap_or(state);
+    refused = refused.or_else(|| outside_anchor(grants, &read, &write));
+    refused = refused.or_else(|| hook_interpreter(w, &write));
+    refused = refused.or_else(|| steering_refusal(&w.own_env, &grants.env));
     let mut env: Vec<String> = DEFAULT_ENV.iter().map(|s| s.to_string()).collect();
     env.extend(w.own_env.iter().cloned());
     env.extend(grants.env.iter().cloned());
@@ -141,13 +242,94 @@ pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
         best_effort: grants.best_effort,
         state_dir: state,
         line: sandbox.line,
+        refused,
     })
 }
 
-/// Whether every confined hook sees the variable `key` (the host's own, locale, time zone,
-/// `PATH`).
+/// Variables of the service no hook receives, confined or not: the control API's token and
+/// where it is kept (a hook holding it could drive the API as the operator).
+const SERVICE_SECRETS: &[&str] = &["HERMES_HOOKS_TOKEN", "HERMES_HOOKS_TOKEN_FILE"];
+
+/// The service's own secrets, kept from every hook.
+pub fn service_secrets() -> &'static [&'static str] {
+    SERVICE_SECRETS
+}
+
+/// Whether `key` is one of the service's own secrets, kept from every hook.
+pub fn service_secret(key: &str) -> bool {
+    SERVICE_SECRETS.contains(&key)
+}
+
+/// Whether a variable the default grant (`HERMES_*`) would pass looks like a credential: a
+/// confined hook sees it only when it names it under `env:`.
+fn looks_secret(key: &str) -> bool {
+    [
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "API_KEY",
+        "PRIVATE",
+    ]
+    .iter()
+    .any(|w| key.contains(w))
+}
+
+/// Why a grant written under `{hook_dir}` or `{state_dir}` lands outside that directory once
+/// resolved (`..`, or a link of the hook's tree leading out), if one does. `read`/`write`: the
+/// resolved lists, the hook's directory and state directory first.
+fn outside_anchor(
+    grants: &super::decl::Grants,
+    read: &[PathBuf],
+    write: &[PathBuf],
+) -> Option<String> {
+    let (hook_dir, state) = (read.first()?, write.first()?);
+    let written = grants.read.iter().zip(&read[1..]);
+    written
+        .chain(grants.write.iter().zip(&write[1..]))
+        .find_map(|(raw, resolved)| {
+            let (key, base) = if raw.starts_with("{hook_dir}") {
+                ("{hook_dir}", hook_dir)
+            } else if raw.starts_with("{state_dir}") {
+                ("{state_dir}", state)
+            } else {
+                return None;
+            };
+            (!resolved.starts_with(base)).then(|| {
+                format!(
+                    "the grant {raw:?} resolves to {}, outside {key} ({}): a grant under {key} \
+                     stays inside it; write the path it should reach by its own name",
+                    resolved.display(),
+                    base.display()
+                )
+            })
+        })
+}
+
+/// Why a sandboxed hook's `python:` cannot be used: an interpreter inside the hook's own
+/// directory or one it can write (a virtualenv shipped with the hook) starts, and runs its
+/// `site` set-up (`.pth` files), before the worker confines itself.
+fn hook_interpreter(w: &Where, write: &[PathBuf]) -> Option<String> {
+    let python = w.python.as_ref()?;
+    let inside = std::iter::once(w.hook_dir.to_path_buf())
+        .chain(w.hook_dir.canonicalize().ok())
+        .chain(write.iter().cloned())
+        .find(|d| python.starts_with(d))?;
+    Some(format!(
+        "`python: {}` lies inside {}, which the hook ships or can write, and an interpreter \
+         starts (with its virtualenv's `.pth` files) before the sandbox holds: install the \
+         virtualenv outside the hook's directory (e.g. `$HERMES_HOME/venvs/NAME`) and name \
+         that, or write `sandbox: none`",
+        python.display(),
+        inside.display()
+    ))
+}
+
+/// Whether every confined hook sees the variable `key` (the host's own but its secrets,
+/// locale, time zone, `PATH`).
 pub fn always_seen(key: &str) -> bool {
-    DEFAULT_ENV.iter().any(|p| matches(p, key))
+    !service_secret(key) && !looks_secret(key) && DEFAULT_ENV.iter().any(|p| matches(p, key))
 }
 
 fn matches(pattern: &str, key: &str) -> bool {
@@ -160,7 +342,13 @@ fn matches(pattern: &str, key: &str) -> bool {
 impl Policy {
     /// Whether its processes may see the variable `key`.
     pub fn allows_env(&self, key: &str) -> bool {
-        self.env.iter().any(|p| matches(p, key))
+        !service_secret(key)
+            && (always_seen(key)
+                || self
+                    .env
+                    .iter()
+                    .filter(|p| !DEFAULT_ENV.contains(&p.as_str()))
+                    .any(|p| matches(p, key)))
     }
 
     /// `env` without what the hook may not see.
@@ -181,6 +369,9 @@ impl Policy {
 
     /// Why a hook with this policy may not start on a kernel of Landlock `abi`, if it may not.
     pub fn refusal(&self, abi: i32) -> Option<String> {
+        if let Some(why) = &self.refused {
+            return Some(why.clone());
+        }
         if abi >= landlock::FULL_ABI || self.best_effort {
             return None;
         }
@@ -247,8 +438,8 @@ impl Policy {
             paths.extend(NET_READ.iter().map(|p| (PathBuf::from(p), read)));
         }
         paths.push(("/dev/null".into(), fs::READ_FILE | fs::WRITE_FILE));
-        paths.extend(self.read.iter().map(|p| (p.clone(), read)));
-        paths.extend(self.write.iter().map(|p| (p.clone(), write)));
+        let mut grants: Vec<(PathBuf, u64)> = self.read.iter().map(|p| (p.clone(), read)).collect();
+        grants.extend(self.write.iter().map(|p| (p.clone(), write)));
         paths.extend(
             extra_exec
                 .iter()
@@ -270,6 +461,7 @@ impl Policy {
             handled_net,
             scoped: landlock::scopes(abi),
             paths,
+            grants,
             ports,
             read_rights: read,
         }
@@ -286,6 +478,7 @@ mod tests {
             name: "n",
             hermes_home: home,
             own_env: vec!["OWN".into()],
+            python: None,
         }
     }
 

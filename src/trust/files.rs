@@ -205,9 +205,21 @@ impl RunFiles {
                     continue;
                 }
                 let path = d.join(name);
-                // Follows symbolic links: what matters is what a process would open.
-                let Ok(meta) = std::fs::metadata(&path) else {
-                    continue; // a dangling link opens nothing
+                // Follows symbolic links: what matters is what a process would open; but a
+                // link whose chain leads out of the hook directory is refused (issue 46 row 8).
+                let Ok(lmeta) = std::fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                let meta = if lmeta.file_type().is_symlink() {
+                    if self.check_permissions {
+                        self.link_stays_inside(&path)?;
+                    }
+                    let Ok(meta) = std::fs::metadata(&path) else {
+                        continue; // a dangling link opens nothing
+                    };
+                    meta
+                } else {
+                    lmeta
                 };
                 let rel = self.rel(&path);
                 let data = in_data || self.data.is_data(&rel, meta.is_dir());
@@ -232,6 +244,38 @@ impl RunFiles {
         Ok(Some(files))
     }
 
+    /// Refuses the link at `path` when its text says it stays inside the hook directory but
+    /// the chain it starts (through the tree's other links: `up -> ../..` placed deep enough)
+    /// lands outside: a link that says where it goes (absolute, or climbing out in its text,
+    /// like a virtualenv's `bin/python`) is followed and its target covered, as before.
+    fn link_stays_inside(&self, path: &Path) -> Result<(), TreeError> {
+        let Ok(target) = std::fs::read_link(path) else {
+            return Ok(());
+        };
+        let rel = path.strip_prefix(&self.dir).unwrap_or(path);
+        if !says_inside(rel, &target) {
+            return Ok(());
+        }
+        let Ok(real) = path.canonicalize() else {
+            return Ok(()); // dangling: opens nothing
+        };
+        let top = self.dir.canonicalize().unwrap_or_else(|_| self.dir.clone());
+        if real.starts_with(&top) {
+            return Ok(());
+        }
+        Err(TreeError::Permissions {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} is a symbolic link that reads as staying in the hook directory but leads \
+                 out of it to {} through the tree's other links (symlink escape): make it \
+                 point inside without passing through a link to a parent, or name its \
+                 target by its own path",
+                path.display(),
+                real.display()
+            ),
+        })
+    }
+
     /// SHA-256 (hex) over every covered file (relative path and hash, in path order).
     pub fn digest(&self) -> String {
         digest_of(&self.files)
@@ -250,6 +294,27 @@ impl RunFiles {
             .display()
             .to_string()
     }
+}
+
+/// Whether the link at `rel` (relative to the hook directory) says, by its text `target`, that
+/// it stays inside: relative, its `..` never above the top.
+fn says_inside(rel: &Path, target: &Path) -> bool {
+    use std::path::Component;
+    if target.is_absolute() {
+        return false;
+    }
+    let mut depth = rel.components().count() as i64 - 1;
+    for c in target.components() {
+        match c {
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+        if depth < 0 {
+            return false;
+        }
+    }
+    true
 }
 
 /// SHA-256 (hex) over a files map, as [`RunFiles::digest`].

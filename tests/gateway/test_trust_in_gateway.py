@@ -118,3 +118,46 @@ class SyncHandlersGetACopy(GatewayCase):
             await asyncio.sleep(0)
         await registry.emit_collect("agent:step", ctx)
         self.assertEqual(ctx, {"platform": "fakechat", "message": "hi"})
+
+
+def _build_extension(directory, name):
+    """Compiles extension module ``name`` (``word()`` returns its name) into ``directory``."""
+    import subprocess
+    import sysconfig
+    include = sysconfig.get_paths()["include"]
+    source = os.path.join(directory, name + ".c")
+    with open(source, "w") as f:
+        f.write('#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n'
+                'static PyObject *word(PyObject *s, PyObject *a) '
+                '{ return PyUnicode_FromString("%s"); }\n'
+                'static PyMethodDef m[] = {{"word", word, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};\n'
+                'static struct PyModuleDef d = {PyModuleDef_HEAD_INIT, "%s", NULL, -1, m};\n'
+                'PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&d); }\n'
+                % (name, name, name))
+    target = os.path.join(directory, name + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", include, "-o", target, source], check=True)
+    os.remove(source)
+    return target
+
+
+class EachExtensionModuleLoadsItsOwnLibrary(GatewayCase):
+    def test_issue_46_row_9_two_extension_modules(self):
+        """Issue 46 row 9: the second extension module of a hook failed ("does not define module
+        export function (PyInit_hh_ext_b)"): both came from the same ``/proc/self/fd/N`` name."""
+        with tempfile.TemporaryDirectory() as d:
+            files = {}
+            for name in ("hh_ext_a", "hh_ext_b"):
+                path = _build_extension(d, name)
+                with open(path, "rb") as f:
+                    files[os.path.basename(path)] = hashlib.sha256(f.read()).hexdigest()
+            finder = _trusted.HookFinder("two-ext", d, files)
+            finder.install()
+            sys.path.insert(0, d)
+            self.addCleanup(finder.uninstall)
+            self.addCleanup(sys.path.remove, d)
+            for name in ("hh_ext_a", "hh_ext_b"):
+                self.addCleanup(sys.modules.pop, name, None)
+            import hh_ext_a
+            import hh_ext_b
+            self.assertEqual((hh_ext_a.word(), hh_ext_b.word()), ("hh_ext_a", "hh_ext_b"))
+            self.assertTrue(hh_ext_b.__file__.startswith("/proc/self/fd/"), hh_ext_b.__file__)

@@ -31,6 +31,7 @@ mod fuzz;
 mod gateway;
 mod handover;
 mod hardening;
+mod hostile;
 mod hostile_api;
 mod http;
 mod lease;

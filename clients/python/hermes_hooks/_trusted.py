@@ -33,7 +33,7 @@ import os
 import socket
 import struct
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 log = logging.getLogger("hermes_hooks")
 
@@ -134,21 +134,36 @@ class _VerifiedLoader(importlib.machinery.SourceFileLoader):
                        dont_inherit=True)
 
 
+#: The descriptors extension modules were loaded from, held for the life of the process: the
+#: dynamic loader knows a library by the name it was opened with, so a descriptor number used
+#: again would give the next extension module the first one's library.
+_extension_fds: List[Any] = []
+
+
 class _VerifiedExtensionLoader(importlib.machinery.ExtensionFileLoader):
     """Loads an extension module through the descriptor whose bytes were hashed
-    (``/proc/self/fd/N``): a file renamed over it after the check is not what runs."""
+    (``/proc/self/fd/N``, each module its own ``N``, kept open since a library is never
+    unloaded): a file renamed over it after the check is not what runs."""
 
     def __init__(self, fullname: str, path: str, finder: "HookFinder") -> None:
         super().__init__(fullname, path)
         self.finder = finder
 
     def create_module(self, spec):  # type: ignore[override]
-        with open(self.path, "rb") as f:
+        f = open(self.path, "rb")
+        try:
             self.finder.checked(f, self.path, spec.name)
             proc = "/proc/self/fd/%d" % f.fileno()
             if not os.path.exists(proc):  # no /proc: the path, checked just now
+                f.close()
                 return super().create_module(spec)
-            return _imp.create_dynamic(importlib.machinery.ModuleSpec(spec.name, self, origin=proc))
+            module = _imp.create_dynamic(
+                importlib.machinery.ModuleSpec(spec.name, self, origin=proc))
+        except BaseException:
+            f.close()
+            raise
+        _extension_fds.append(f)
+        return module
 
 
 class HookFinder:

@@ -463,7 +463,11 @@ impl PythonHandler {
     async fn spawn_fresh(&self, handler: &Path) -> Result<Worker, HandlerError> {
         let mut cmd = command(&self.ctx.python, &self.ctx);
         super::confine::set_env(&mut cmd, &self.ctx);
+        // Confined: no user site (`-s`); its environment holds no variable that steers what the
+        // interpreter imports (refused in `env:`, `sandbox::policy::steers`), and the working
+        // directory is not on `sys.path` of a script.
         cmd.env(zygote::PYCACHE_ENV, zygote::pycache_dir(&self.runner))
+            .args(self.ctx.sandbox.is_some().then_some("-s"))
             .arg("-u")
             .arg(&self.runner)
             .arg(&self.ctx.dir)

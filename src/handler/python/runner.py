@@ -299,22 +299,36 @@ class TreeEntryFinder:
         return pkgutil.iter_importer_modules(importlib.machinery.FileFinder(self.path), prefix)
 
 
+#: The descriptors extension modules were loaded from, held for the life of the process: the
+#: dynamic loader knows a library by the name it was opened with, so a descriptor number used
+#: again would give the next extension module the first one's library.
+_extension_fds = []
+
+
 class VerifiedExtensionLoader(importlib.machinery.ExtensionFileLoader):
     """Loads an extension module of the tree from the descriptor whose bytes were hashed
-    (``/proc/self/fd/N``): a file renamed over it after the check is not what runs."""
+    (``/proc/self/fd/N``, each module its own ``N``, kept open since a library is never
+    unloaded): a file renamed over it after the check is not what runs."""
 
     def __init__(self, fullname, path, finder):
         super().__init__(fullname, path)
         self.finder = finder
 
     def create_module(self, spec):
-        with open(self.path, "rb") as f:
+        f = open(self.path, "rb")
+        try:
             self.finder.checked(f, self.path, spec.name)
             proc = "/proc/self/fd/%d" % f.fileno()
             if not os.path.exists(proc):  # no /proc: the path, checked just now
+                f.close()
                 return super().create_module(spec)
             by_fd = importlib.machinery.ModuleSpec(spec.name, self, origin=proc)
-            return _imp.create_dynamic(by_fd)
+            module = _imp.create_dynamic(by_fd)
+        except BaseException:
+            f.close()
+            raise
+        _extension_fds.append(f)
+        return module
 
 
 class LineReader:
@@ -880,14 +894,54 @@ def _audit(event, args):
         _last_access[threading.get_ident()] = (event, args)
 
 
+#: ``interpreter_dirs()`` as the fork server found it (its workers inherit it), or None.
+_interpreter_dirs = None
+
+
 def interpreter_dirs():
-    """What this interpreter reads once the hook runs: its prefixes and its import path."""
+    """What this interpreter reads once the hook runs: its own directories only (its prefixes,
+    where its executable is, its standard library and site-packages, the service's bytecode
+    cache), never what ``sys.path`` gained from the environment or the working directory."""
+    if _interpreter_dirs is not None:
+        return _interpreter_dirs
+    import sysconfig
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
             os.path.dirname(sys.executable)}
-    dirs.update(p for p in sys.path if p and os.path.isabs(p))
+    paths = sysconfig.get_paths()
+    dirs.update(paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
     if getattr(sys, "pycache_prefix", None):
         dirs.add(sys.pycache_prefix)
-    return sorted(d for d in dirs if d)
+    return sorted(d for d in dirs if d and os.path.isabs(d))
+
+
+def open_pinned(path):
+    """An ``O_PATH`` descriptor of ``path`` (resolved by the service), walked one component at a
+    time from ``/`` without following any link: a link there now was made since (by the hook,
+    in a directory it can write) and is refused."""
+    import stat
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            if part in (".", ".."):
+                raise OSError(22, "%s is not a resolved path" % path)
+            nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(40, "%s passes through a symbolic link (%s) made after the sandbox "
+                                  "was resolved: delete it" % (path, part))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def threads_now():
+    """How many threads this process runs (the kernel's count: C threads too)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def landlock_restrict(rules):
@@ -917,10 +971,12 @@ def landlock_restrict(rules):
     fd = libc.syscall(ctypes.c_long(444), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint(0))
     check(fd, "landlock_create_ruleset")
     try:
-        paths = list(rules["paths"]) + [(d, rules["read_rights"]) for d in interpreter_dirs()]
-        for path, rights in paths:
+        paths = [(p, r, False) for p, r in rules["paths"]]
+        paths += [(p, r, True) for p, r in rules.get("grants") or ()]
+        paths += [(d, rules["read_rights"], False) for d in interpreter_dirs()]
+        for path, rights, pinned in paths:
             try:
-                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                pfd = open_pinned(path) if pinned else os.open(path, os.O_PATH | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
             try:
@@ -951,6 +1007,11 @@ def apply_sandbox(policy, hook_dir):
     for key in [k for k in os.environ if not env_allowed(patterns, k)]:
         del os.environ[key]
     os.environ.__class__ = _SandboxedEnviron
+    # Landlock confines the calling thread (and what it starts later): a thread already running
+    # would stay free, whatever ``best_effort`` says.
+    if threads_now() != 1:
+        return ("%d threads run before the sandbox, which would not hold for them (nothing may "
+                "start a thread before the hook is confined)" % threads_now())
     try:
         if policy.get("abi", 0) > 0:
             landlock_restrict(policy["rules"])
@@ -1311,6 +1372,8 @@ def zygote_main():
     priority = os.environ.pop(PRIORITY_ENV, "").split()
     setup_logging()
     warm_up()
+    global _interpreter_dirs
+    _interpreter_dirs = interpreter_dirs()  # once, not in every confined worker
     gc.collect()
     global _ballast
     _ballast = fill_pool_holes()

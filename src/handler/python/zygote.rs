@@ -368,6 +368,9 @@ fn start(
         cmd.env_clear()
             .envs(std::env::vars().filter(|(k, _)| crate::sandbox::policy::always_seen(k)));
     }
+    for secret in crate::sandbox::policy::service_secrets() {
+        cmd.env_remove(secret);
+    }
     // It imports and warms up at the spawner's priority (the service's own, as the new worker a
     // first load or a restart waits for does) and lowers itself to `priority` before it says it
     // is ready, so every worker it forks starts from there.
@@ -376,6 +379,9 @@ fn start(
             PRIORITY_ENV,
             format!("{} {}", priority.nice, u8::from(priority.idle)),
         )
+        // Isolated (`-I`) when confined: no PYTHON* variable, user site or working directory
+        // decides what the interpreter imports before the sandbox holds.
+        .args(confined.then_some("-I"))
         .arg("-u")
         .arg(runner)
         .arg("--zygote")

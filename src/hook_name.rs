@@ -1,0 +1,79 @@
+//! The one rule for hook names and the one way a path is built from one. A name is used as a
+//! single path component (`hooks/NAME`, `hook-state/NAME`, `hook-src/NAME`, the approval key),
+//! so it must be exactly one harmless component: letters, digits, `-`, `_` and `.`, not
+//! starting with a dot (no `.`, `..` or hidden entries), at most [`MAX_LEN`] bytes.
+
+use std::path::{Path, PathBuf};
+
+/// The longest hook name, in bytes.
+pub const MAX_LEN: usize = 64;
+
+/// What to write instead, appended to every refusal.
+const WHAT_TO_WRITE: &str = "a hook name is one path component: letters, digits, `-`, `_` and \
+     `.` (not first), at most 64 bytes, e.g. `name: my-hook`";
+
+/// Why `name` is not a hook name, if it is not.
+pub fn validate(name: &str) -> Result<(), String> {
+    let why = if name.is_empty() {
+        "is empty".to_string()
+    } else if name.len() > MAX_LEN {
+        format!("{name:?} is longer than {MAX_LEN} bytes")
+    } else if name.starts_with('.') {
+        format!("{name:?} starts with a dot (`.`, `..` and hidden names are refused)")
+    } else if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        format!("{name:?} contains {c:?}")
+    } else {
+        return Ok(());
+    };
+    Err(format!("{why}: {WHAT_TO_WRITE}"))
+}
+
+/// `base/name`: the only way a path is made from a hook name (state directories, hook
+/// directories of a root, staging, sources). Refuses a name [`validate`] refuses, so no name
+/// can reach outside `base`.
+pub fn path_under(base: &Path, name: &str) -> Result<PathBuf, String> {
+    validate(name).map_err(|why| format!("hook name {why}"))?;
+    Ok(base.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_safe_component_only() {
+        for ok in [
+            "agent-logger",
+            "pre_route.policy",
+            "a",
+            "A1",
+            &"x".repeat(64),
+        ] {
+            assert!(validate(ok).is_ok(), "{ok}");
+        }
+        for no in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a\\b",
+            "a\0b",
+            "a b",
+            "é",
+            "../x",
+            &"x".repeat(65),
+        ] {
+            let why = validate(no).unwrap_err();
+            assert!(why.contains("e.g. `name: my-hook`"), "{no:?}: {why}");
+            assert!(path_under(Path::new("/h"), no).is_err());
+        }
+        assert_eq!(
+            path_under(Path::new("/h"), "x").unwrap(),
+            PathBuf::from("/h/x")
+        );
+    }
+}
