@@ -19,6 +19,9 @@
 //! when the pair (event, command) is in `shell-hooks-allowlist.json`, or when
 //! `HERMES_ACCEPT_HOOKS` (in the service's environment) or `hooks_auto_accept: true` says to
 //! accept hooks; others are left to Hermes, which asks at its terminal.
+//!
+//! A running service sees an edit of config.yaml or of the allowlist by itself (`watch.rs`:
+//! [`is_config_file`]).
 
 use std::path::{Path, PathBuf};
 
@@ -204,6 +207,15 @@ pub fn env_accepts() -> bool {
     })
 }
 
+/// Whether `path` is one of the files of `$HERMES_HOME` (`home`) this module reads: an edit of
+/// it is a reason to reload.
+pub fn is_config_file(path: &Path, home: &Path) -> bool {
+    path.parent() == Some(home)
+        && path
+            .file_name()
+            .is_some_and(|n| n == "config.yaml" || n == "shell-hooks-allowlist.json")
+}
+
 /// The (event, command) pairs approved in `$HERMES_HOME/shell-hooks-allowlist.json`.
 pub fn allowlist(home: &Path) -> Vec<(String, String)> {
     let path = home.join("shell-hooks-allowlist.json");
@@ -300,7 +312,14 @@ fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
 /// `$HERMES_HOME/config-hooks/` (a file only when its content changed) and removes the ones
 /// of entries gone or without consent. Returns that root when it exists (so it is scanned), or
 /// `None` when there is nothing to host and never was. Never fails: what went wrong is logged.
-pub fn sync(home: &Path) -> Option<PathBuf> {
+///
+/// Under `--trust explicit` (`explicit`), an entry whose (event, command) is in
+/// `shell-hooks-allowlist.json` is approved when its hook directory is first written: that
+/// consent is the operator's approval of exactly this command for this event, and it carries
+/// over (issue 49). Entries accepted only by `hooks_auto_accept` or `HERMES_ACCEPT_HOOKS` follow
+/// the trust mode (`hermes-hooks enable NAME --trust explicit`), and an approval revoked later
+/// (`disable`) is not given again: only a new entry (a new command) is approved.
+pub fn sync(home: &Path, explicit: bool) -> Option<PathBuf> {
     let root = home.join(ROOT_DIR);
     let plan = match plan(home) {
         Ok(p) => p,
@@ -315,13 +334,71 @@ pub fn sync(home: &Path) -> Option<PathBuf> {
     if plan.hosted.is_empty() && !root.is_dir() {
         return None;
     }
-    if let Err(e) = write_all(&root, &plan.hosted) {
-        tracing::warn!(root = %root.display(), "shell hooks of config.yaml not written: {e}");
+    match write_all(&root, &plan.hosted) {
+        Err(e) => {
+            tracing::warn!(root = %root.display(), "shell hooks of config.yaml not written: {e}");
+        }
+        Ok(new) if explicit => {
+            let listed = allowlist(home);
+            for e in plan.hosted.iter().filter(|e| {
+                new.contains(&e.hook_name())
+                    && listed
+                        .iter()
+                        .any(|(ev, c)| *ev == e.event && *c == e.command)
+            }) {
+                let dir = root.join(e.hook_name());
+                match approve_consented(home, &dir) {
+                    Ok(()) => tracing::info!(
+                        hook = %e.hook_name(),
+                        "approved from shell-hooks-allowlist.json: {} on {}",
+                        e.command,
+                        e.event
+                    ),
+                    Err(why) => tracing::warn!(hook = %e.hook_name(), "not approved: {why}"),
+                }
+            }
+        }
+        Ok(_) => {}
     }
     Some(root)
 }
 
-fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<()> {
+/// Records the approval of the hook made from a consented entry, as `enable --trust explicit`
+/// would (its handler, settings and every file that can run).
+fn approve_consented(home: &Path, dir: &Path) -> Result<(), String> {
+    use crate::trust::approvals as a;
+    let manifest_path = dir.join("HOOK.yaml");
+    let text = std::fs::read_to_string(&manifest_path)
+        .map_err(|e| format!("cannot read {}: {e}", manifest_path.display()))?;
+    let manifest = crate::manifest::parse_manifest(&text).map_err(|e| e.to_string())?;
+    let kind = crate::layout::HandlerKind::Python;
+    let handler = dir.join("handler.py");
+    let files = crate::trust::files::RunFiles::scan(dir, kind, Some(&handler), &manifest, true)
+        .map_err(|e| e.to_string())?;
+    let sha256 = a::approval_hash(kind, Some(&handler), &manifest).map_err(|e| e.to_string())?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let approval = a::Approval {
+        sha256,
+        settings_sha256: Some(a::settings_hash(&manifest)),
+        settings: Some(a::covered_settings(&manifest)),
+        files: Some(files.files),
+        kind: kind.as_str().to_string(),
+        handler: handler.display().to_string(),
+        dir: dir.to_path_buf(),
+        approved_at: crate::time::now(),
+    };
+    a::TrustFile::update(&a::trust_file(home), |t| {
+        t.hooks.insert(name, approval);
+        Ok(())
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Writes the hook directories; returns the names of those it made (not there before).
+fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<Vec<String>> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -335,8 +412,12 @@ fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<()> {
             std::fs::remove_dir_all(entry.path())?;
         }
     }
+    let mut made = Vec::new();
     for e in hosted {
         let dir = root.join(e.hook_name());
+        if !dir.exists() {
+            made.push(e.hook_name());
+        }
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
@@ -354,7 +435,7 @@ fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<()> {
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
         }
     }
-    Ok(())
+    Ok(made)
 }
 
 /// Whether the hook made at `manifest` was disabled since (its `enabled: false`).

@@ -269,6 +269,7 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
                         rescan
                             || (in_roots && matters(p, &root_list))
                             || crate::dotenv::is_env_file(p, &env_home)
+                            || crate::config_hooks::is_config_file(p, &env_home)
                     })
                     .collect();
                 if paths.is_empty() && !rescan {
@@ -283,8 +284,9 @@ pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchE
             }
         })
         .map_err(|e| watch_error(Path::new("."), e))?;
-    // `$HERMES_HOME/.env` is part of a Python hook's environment: its changes reload (one
-    // directory, not recursive; a home inside a watched root is covered already).
+    // `$HERMES_HOME/.env` is part of a Python hook's environment, and `config.yaml` and
+    // `shell-hooks-allowlist.json` say which shell hooks are hosted (issue 49): their changes
+    // reload (one directory, not recursive; a home inside a watched root is covered already).
     if home.is_dir()
         && !host.config().roots.iter().any(|r| home.starts_with(r))
         && let Err(e) = watcher.watch(&home, RecursiveMode::NonRecursive)

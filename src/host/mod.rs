@@ -784,7 +784,8 @@ impl Host {
         let scan = move || {
             // The shell hooks of config.yaml (issue 49) are written out as hooks first.
             let mut roots = roots;
-            roots.extend(crate::config_hooks::sync(&home));
+            let explicit = trust.mode == crate::trust::policy::TrustMode::Explicit;
+            roots.extend(crate::config_hooks::sync(&home, explicit));
             let mut found = discover_with(&roots, &trust.gate(&home));
             let env_stamp = crate::dotenv::stamp(&home);
             for spec in &mut found.hooks {

@@ -450,3 +450,95 @@ fn a_config_yaml_entry_runs_in_its_sandbox() {
     assert!(said.contains(r#""result":{"context":"denied"}"#), "{said}");
     assert!(!outside.exists());
 }
+
+/// Issue 49, consent carries over under `--trust explicit`, and the service follows config.yaml
+/// by itself: an entry in `shell-hooks-allowlist.json` is approved when its hook is first
+/// written and runs without `enable`; one accepted only by `hooks_auto_accept` follows the
+/// trust mode (refused until approved); an entry added to config.yaml while the service runs
+/// is hosted without a reload (the watcher sees config.yaml and the allowlist); a hook the
+/// operator then disables (its approval revoked) is not approved again by the next scan.
+#[test]
+fn consent_carries_over_under_explicit_trust_and_config_edits_are_seen() {
+    let hooks = Hooks::new();
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    let other = script(&hooks, "other.sh", "#!/bin/sh\ncat >/dev/null\n");
+    let late = script(&hooks, "late.sh", "#!/bin/sh\ncat >/dev/null\n");
+    let config = hooks.home().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - {{command: {gate}}}\n\
+             \x20 post_tool_call:\n    - {{command: {other}}}\n"
+        ),
+    )
+    .unwrap();
+    let allow = |pairs: &[(&str, &str)]| {
+        let approvals: Vec<Value> = pairs
+            .iter()
+            .map(|(e, c)| json!({"event": e, "command": c}))
+            .collect();
+        std::fs::write(
+            hooks.home().join("shell-hooks-allowlist.json"),
+            json!({"approvals": approvals}).to_string(),
+        )
+        .unwrap();
+    };
+    allow(&[("pre_tool_call", &gate)]);
+    let serve = Serve::start(&hooks, &["--trust", "explicit"]);
+    let state = |event: &str| -> (bool, bool) {
+        let (_, v) = serve.get("/v1/hooks");
+        let has = |key: &str| {
+            v[key].as_array().unwrap().iter().any(|h| {
+                h["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&format!("shell-{event}")))
+            })
+        };
+        (has("hooks"), has("skipped"))
+    };
+    assert_eq!(
+        state("pre_tool_call"),
+        (true, false),
+        "allowlisted: approved"
+    );
+    assert_eq!(
+        state("post_tool_call"),
+        (false, true),
+        "auto-accepted only: follows the trust mode"
+    );
+    // Edited while it runs: a new allowlisted entry is hosted without a reload.
+    std::fs::write(
+        &config,
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - {{command: {gate}}}\n\
+             \x20 post_tool_call:\n    - {{command: {other}}}\n\
+             \x20 on_session_end:\n    - {{command: {late}}}\n"
+        ),
+    )
+    .unwrap();
+    allow(&[("pre_tool_call", &gate), ("on_session_end", &late)]);
+    poll(Duration::from_secs(30), "the new entry hosted", || {
+        (state("on_session_end") == (true, false)).then_some(())
+    });
+    // Disabled by the operator: its approval is revoked and stays so.
+    let name = {
+        let (_, v) = serve.get("/v1/hooks");
+        v["hooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|h| h["name"].as_str())
+            .find(|n| n.starts_with("shell-pre_tool_call"))
+            .unwrap()
+            .to_string()
+    };
+    let (status, v) = serve.post(&format!("/v1/hooks/{name}/disable"), &json!({}));
+    assert_eq!(status, 200, "{v}");
+    let (status, _) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(status, 200);
+    assert_eq!(
+        state("pre_tool_call"),
+        (false, true),
+        "revoked stays revoked"
+    );
+}
