@@ -536,7 +536,7 @@ mod tests {
         assert_eq!(p.hosted.len(), 1);
         assert_eq!(p.hosted[0].command, "b.sh");
         assert_eq!(p.unconsented[0].command, "a.sh");
-        let root = sync(home.path()).unwrap();
+        let root = sync(home.path(), false).unwrap();
         let dir = root.join(p.hosted[0].hook_name());
         assert!(dir.join("HOOK.yaml").is_file() && dir.join("entry.json").is_file());
         // Disabled by an operator: it stays disabled when written again.
