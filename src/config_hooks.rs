@@ -543,11 +543,11 @@ mod tests {
         let manifest = dir.join("HOOK.yaml");
         let text = std::fs::read_to_string(&manifest).unwrap();
         std::fs::write(&manifest, format!("{text}enabled: false\n")).unwrap();
-        sync(home.path());
+        sync(home.path(), false);
         assert!(disabled_here(&manifest));
         // Consent withdrawn: the directory goes.
         std::fs::write(home.path().join("shell-hooks-allowlist.json"), "{}").unwrap();
-        assert_eq!(sync(home.path()), Some(root.clone()));
+        assert_eq!(sync(home.path(), false), Some(root.clone()));
         assert!(!dir.exists());
     }
 }
