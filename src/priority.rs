@@ -555,17 +555,6 @@ fn spawner_gone() -> std::io::Error {
     std::io::Error::other("the spawner thread is gone")
 }
 
-/// Whether a process started from the calling thread reaches `target` by itself, since a
-/// process may only lower its priority: the thread is in the normal class (or `target` is
-/// `SCHED_IDLE` and so is the thread) and its nice value is not above `target`'s. Such a start
-/// needs no hand-off to the spawner thread.
-pub(crate) fn can_start_here(target: Resolved) -> bool {
-    // SAFETY: sched_getscheduler of the calling thread has no preconditions.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    let class_ok = policy == libc::SCHED_OTHER || (policy == libc::SCHED_IDLE && target.idle);
-    class_ok && own_nice() <= target.nice
-}
-
 /// The nice value of the calling thread (the service's, called from its threads).
 pub(crate) fn own_nice() -> i32 {
     // getpriority returns -1 both for nice -1 and for an error; errno tells them apart.
@@ -603,27 +592,6 @@ pub(crate) fn check_nice(n: i64) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A start from this thread takes the hand-off only when the process could not reach its
-    /// priority by lowering its own.
-    #[test]
-    fn a_start_here_is_only_for_priorities_a_process_can_take_itself() {
-        let own = own_nice();
-        assert!(can_start_here(Resolved {
-            nice: own,
-            idle: false
-        }));
-        assert!(can_start_here(Resolved {
-            nice: (own + 5).min(19),
-            idle: true
-        }));
-        if own > -20 {
-            assert!(!can_start_here(Resolved {
-                nice: own - 1,
-                idle: false
-            }));
-        }
-    }
 
     #[test]
     fn overrides_and_description() {

@@ -20,6 +20,7 @@ pub mod process;
 pub mod python;
 pub mod retire;
 mod spawn;
+pub mod starter;
 pub mod verified_exec;
 pub mod webhook;
 

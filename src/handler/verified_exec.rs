@@ -10,16 +10,15 @@
 //! so `$0` is that path too: a script finds its directory through `HERMES_HOOK_DIR`, or its
 //! working directory with `cwd: hook`).
 //!
-//! The check runs where the process is started (`handler/exec.rs`): on the runtime thread when
-//! the caches answer it with `stat` calls alone and that thread may start the process, else on
-//! the spawner thread, which may read and hash. Either way a check of an unchanged tree opens
-//! nothing.
+//! The check runs where the process is started (`handler/exec.rs`): on the hook's own starter
+//! thread (`handler/starter.rs`), never on a runtime thread; a check of an unchanged tree opens
+//! nothing (the caches of `trust::files` answer it with `stat` calls).
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::api::{HandlerContext, HandlerError};
-use crate::trust::files::{RunFiles, open_file_sha256, open_file_sha256_cached};
+use crate::trust::files::{RunFiles, open_file_sha256};
 use crate::trust::prestart::StartRefused;
 
 /// The open handler file of an executable hook.
@@ -54,23 +53,32 @@ impl VerifiedExec {
             .unwrap_or(&program)
             .display()
             .to_string();
-        tokio::task::spawn_blocking(move || {
-            let cannot = |e: std::io::Error| {
-                HandlerError::Load(format!("cannot open {}: {e}", program.display()))
-            };
-            let file = std::fs::File::open(&program).map_err(cannot)?;
-            // Above 0, 1 and 2: a started process gets its pipes there.
-            let file = std::fs::File::from(super::spawn::above_stdio(file.into()).map_err(cannot)?);
-            let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-            Ok(Self {
-                file,
-                path,
-                program,
-                rel,
-            })
-        })
-        .await
-        .map_err(|e| HandlerError::Load(format!("opening the handler failed: {e}")))?
+        // On the hook's own starter thread, within the check's deadline: a handler file on a
+        // file system that stalls delays this hook only (issue 47).
+        let opened = ctx.starter.run(
+            "opening the handler file",
+            Some(super::starter::CHECK_DEADLINE),
+            move || {
+                let cannot = |e: std::io::Error| {
+                    HandlerError::Load(format!("cannot open {}: {e}", program.display()))
+                };
+                let file = std::fs::File::open(&program).map_err(cannot)?;
+                // Above 0, 1 and 2: a started process gets its pipes there.
+                let file =
+                    std::fs::File::from(super::spawn::above_stdio(file.into()).map_err(cannot)?);
+                let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                Ok(Self {
+                    file,
+                    path,
+                    program,
+                    rel,
+                })
+            },
+            |_| {},
+        );
+        opened
+            .await
+            .map_err(|e| HandlerError::Load(format!("opening the handler failed: {e}")))?
     }
 
     /// The path that runs this very file: `/proc/self/fd/N`.
@@ -111,17 +119,6 @@ impl VerifiedExec {
                 true,
             )),
         }
-    }
-}
-
-impl VerifiedExec {
-    /// [`VerifiedExec::check_blocking`] from the caches alone (`stat` calls, nothing read):
-    /// true when the tree and the descriptor's content are known to be as loaded; false when
-    /// that is not known without reading (then `check_blocking` decides).
-    pub fn unchanged_by_cache(&self, files: &RunFiles) -> bool {
-        crate::trust::prestart::unchanged_by_cache(files)
-            && open_file_sha256_cached(&self.file, &self.program)
-                .is_some_and(|sha| files.files.get(&self.rel) == Some(&sha))
     }
 }
 

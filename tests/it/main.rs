@@ -43,6 +43,7 @@ mod real_gateway;
 mod reload;
 mod sandbox;
 mod service;
+mod stall;
 mod trust;
 mod trust_holds;
 mod trust_round2;

@@ -320,7 +320,7 @@ impl PythonHandler {
             .handler_path
             .as_ref()
             .ok_or_else(|| HandlerError::Load("python hook without a handler file".into()))?;
-        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
+        self.ctx.check_files().await?;
         // Importing the handler is what a decision would wait for: the new worker runs in the
         // normal class until it is ready (crate::priority; lowered again after).
         let _starting = self.ctx.signals.boost.boost();
@@ -469,14 +469,30 @@ impl PythonHandler {
             .arg(&self.ctx.dir)
             .arg(handler)
             .arg(&self.ctx.name);
-        let mut child = crate::priority::spawn_at_base_async(move || cmd.spawn())
+        // On the hook's own starter thread: the start waits for the child's exec, which may
+        // wait on the hook's files (its working directory, a `python:` inside the hook).
+        let cannot = |e: String| {
+            HandlerError::Load(format!(
+                "cannot start Python interpreter {:?}: {e}",
+                self.ctx.python
+            ))
+        };
+        let mut child = self
+            .ctx
+            .starter
+            .run(
+                "the start of the python worker",
+                Some(crate::handler::starter::CHECK_DEADLINE),
+                move || cmd.spawn(),
+                |started| {
+                    if let Ok(mut child) = started {
+                        let _ = child.start_kill();
+                    }
+                },
+            )
             .await
-            .map_err(|e| {
-                HandlerError::Load(format!(
-                    "cannot start Python interpreter {:?}: {e}",
-                    self.ctx.python
-                ))
-            })?;
+            .map_err(|e| cannot(e.to_string()))?
+            .map_err(|e| cannot(e.to_string()))?;
         let group = GroupKill::new(child.id());
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
