@@ -430,8 +430,11 @@ impl Drop for ConnectionWatch {
     }
 }
 
-/// A hook's process and whether a collect waits for it: while one does, the process runs in
-/// the normal class (`boosted`), and a process started meanwhile is raised as it starts.
+/// A hook's processes and whether a collect waits for them: while one does, they run in the
+/// normal class (`boosted`), and a process started meanwhile is raised as it starts. One cell
+/// is shared by every version of a hook (a collect that waits across a reload raises the new
+/// version's process too) and holds every process the hook runs: a Python worker, each running
+/// executable (issue 47).
 #[derive(Debug, Default)]
 pub struct BoostCell {
     state: std::sync::Mutex<CellState>,
@@ -440,18 +443,23 @@ pub struct BoostCell {
 #[derive(Debug, Default)]
 struct CellState {
     boosts: usize,
-    /// The running process and the priority it was started with.
-    process: Option<(u32, Resolved)>,
+    /// The running processes and the priority each was started with, by entry id.
+    processes: Vec<(u64, u32, Resolved)>,
+    next_id: u64,
 }
 
 impl BoostCell {
-    /// Records the hook's (new) process and its own priority; raised at once when boosted.
-    pub(crate) fn set_process(&self, pid: u32, at: Resolved) {
+    /// Records a (new) process of the hook and its own priority until the returned entry is
+    /// dropped (when the process is gone); raised at once when boosted.
+    pub(crate) fn add_process(self: &std::sync::Arc<Self>, pid: u32, at: Resolved) -> BoostEntry {
         let mut st = lock(&self.state);
-        st.process = Some((pid, at));
+        st.next_id += 1;
+        let id = st.next_id;
+        st.processes.push((id, pid, at));
         if st.boosts > 0 && at.idle {
             set_process(pid, boosted());
         }
+        BoostEntry(self.clone(), id)
     }
 
     /// Whether a collect waits for this hook (a process started now should be raised).
@@ -459,7 +467,7 @@ impl BoostCell {
         lock(&self.state).boosts > 0 && can_raise()
     }
 
-    /// Raises the hook's process until the returned guard is dropped; `None` when the service
+    /// Raises the hook's processes until the returned guard is dropped; `None` when the service
     /// cannot raise a process.
     pub(crate) fn boost(self: &std::sync::Arc<Self>) -> Option<ProcessBoost> {
         if !can_raise() {
@@ -467,17 +475,30 @@ impl BoostCell {
         }
         let mut st = lock(&self.state);
         st.boosts += 1;
-        if st.boosts == 1
-            && let Some((pid, at)) = st.process
-            && at.idle
-        {
-            set_process(pid, boosted());
+        if st.boosts == 1 {
+            for (_, pid, at) in &st.processes {
+                if at.idle {
+                    set_process(*pid, boosted());
+                }
+            }
         }
         Some(ProcessBoost(self.clone()))
     }
 }
 
-/// See [`BoostCell::boost`]: the last one dropped lowers the process again.
+/// See [`BoostCell::add_process`]: dropping it forgets the process.
+#[derive(Debug)]
+pub(crate) struct BoostEntry(std::sync::Arc<BoostCell>, u64);
+
+impl Drop for BoostEntry {
+    fn drop(&mut self) {
+        lock(&self.0.state)
+            .processes
+            .retain(|(id, _, _)| *id != self.1);
+    }
+}
+
+/// See [`BoostCell::boost`]: the last one dropped lowers the processes again.
 #[derive(Debug)]
 pub(crate) struct ProcessBoost(std::sync::Arc<BoostCell>);
 
@@ -485,11 +506,12 @@ impl Drop for ProcessBoost {
     fn drop(&mut self) {
         let mut st = lock(&self.0.state);
         st.boosts = st.boosts.saturating_sub(1);
-        if st.boosts == 0
-            && let Some((pid, at)) = st.process
-            && at.idle
-        {
-            set_process(pid, at);
+        if st.boosts == 0 {
+            for (_, pid, at) in &st.processes {
+                if at.idle {
+                    set_process(*pid, *at);
+                }
+            }
         }
     }
 }

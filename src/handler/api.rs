@@ -57,6 +57,15 @@ pub struct Signals {
 }
 
 impl Signals {
+    /// The signals of a hook's next version: its own, but the boost cell of `prev` (a collect
+    /// that waits across a reload raises the new version's process too; issue 47).
+    pub fn sharing_boost(prev: &Signals) -> Self {
+        Self {
+            boost: prev.boost.clone(),
+            ..Self::default()
+        }
+    }
+
     /// Counts one process restart.
     pub fn restarted(&self) {
         self.restarts.fetch_add(1, Ordering::Relaxed);

@@ -181,6 +181,7 @@ impl ExecHandler {
         // whose files stall delays no other (issue 47). A start nobody waits for any more (the
         // call timed out meanwhile) is killed and reaped there.
         let (files, hook) = (self.ctx.files.clone(), self.ctx.name.clone());
+        self.ctx.starter.keep_threads();
         self.ctx
             .starter
             .run(
@@ -222,6 +223,12 @@ impl ExecHandler {
         };
         let (mut child, stdin, stdout, stderr) = adopt(spawned).map_err(cannot_run)?;
         let mut group = GroupKill::new(Some(child.id()));
+        // Raised while a collect waits for the hook, like every process of the hook (issue 47).
+        let _boost = self
+            .ctx
+            .signals
+            .boost
+            .add_process(child.id(), self.ctx.priority.resolved());
         let writer = stdin.map(|(pipe, rest)| write_input(pipe, rest));
         // The pipes are read in this task, beside the wait (no task per pipe: each would be a
         // wake-up of another runtime thread per event).

@@ -12,9 +12,12 @@
 //! What waits for them is bounded: at most [`BACKLOG`] jobs queue behind a hook's threads (more
 //! are refused at once), and a check is given up after its deadline ([`CHECK_DEADLINE`]) while
 //! the thread that hangs stays the hook's own. Each start is one hand-off to the thread and one
-//! answer back. The threads enter the runtime (its process reaping), so a `tokio::process`
+//! answer back. Threads that started a process stay as long as the version (the process's
+//! parent-death signal follows the thread that started it); threads that only checked files
+//! end when idle ([`IDLE_EXIT`]), so many Python hooks cost no thread each. The threads enter the runtime (its process reaping), so a `tokio::process`
 //! command can be spawned there too.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,7 +58,19 @@ pub enum StarterError {
 pub struct Starter {
     hook: String,
     threads: usize,
-    tx: Mutex<Option<mpsc::SyncSender<Job>>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The channel to the running threads and its generation; `None` while none runs.
+    tx: Mutex<Option<(mpsc::SyncSender<Job>, u64)>>,
+    generation: AtomicU64,
+    /// Threads of the current generation still running.
+    live: AtomicUsize,
+    /// A process started here may still run: the threads stay (a child's parent-death signal
+    /// follows the thread that started it), until the version is dropped.
+    keep: AtomicBool,
 }
 
 impl Starter {
@@ -65,8 +80,15 @@ impl Starter {
         Self {
             hook: hook.to_string(),
             threads: concurrency.clamp(1, MAX_THREADS),
-            tx: Mutex::new(None),
+            shared: Arc::default(),
         }
+    }
+
+    /// Keeps the threads until the version is dropped: they start processes whose
+    /// parent-death signal follows them. Otherwise (checks only) they end after [`IDLE_EXIT`]
+    /// without a job, and start again for the next one.
+    pub fn keep_threads(&self) {
+        self.shared.keep.store(true, Ordering::Relaxed);
     }
 
     /// Runs `job` on one of the hook's threads and waits for its answer, at most `deadline`
@@ -79,20 +101,39 @@ impl Starter {
         job: impl FnOnce() -> T + Send + 'static,
         abandoned: impl FnOnce(T) + Send + 'static,
     ) -> Result<T, StarterError> {
-        let tx = self.sender().await?;
         let (answer, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move || {
+        let mut job: Option<Job> = Some(Box::new(move || {
             if let Err(value) = answer.send(job()) {
                 abandoned(value);
             }
-        });
-        match tx.try_send(job) {
-            Ok(()) => {}
-            Err(mpsc::TrySendError::Full(_)) => return Err(StarterError::Busy),
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                *lock(&self.tx) = None;
-                return Err(StarterError::Gone("it stopped".into()));
+        }));
+        // Twice at most: the threads may have ended (idle) just before the first try.
+        for _ in 0..2 {
+            let Some(j) = job.take() else { break };
+            let sent = {
+                let mut tx = lock(&self.shared.tx);
+                match tx.as_ref() {
+                    Some((sender, _)) => match sender.try_send(j) {
+                        Ok(()) => Ok(()),
+                        Err(mpsc::TrySendError::Full(_)) => return Err(StarterError::Busy),
+                        Err(mpsc::TrySendError::Disconnected(j)) => {
+                            *tx = None;
+                            Err(j)
+                        }
+                    },
+                    None => Err(j),
+                }
+            };
+            match sent {
+                Ok(()) => break,
+                Err(j) => {
+                    job = Some(j);
+                    self.start_threads().await?;
+                }
             }
+        }
+        if job.is_some() {
+            return Err(StarterError::Gone("its threads stopped".into()));
         }
         let gone = || StarterError::Gone("it dropped a job".into());
         match deadline {
@@ -107,54 +148,85 @@ impl Starter {
         }
     }
 
-    /// The sender to the hook's threads, starting them on first use.
-    async fn sender(&self) -> Result<mpsc::SyncSender<Job>, StarterError> {
-        let rx = {
-            let mut tx = lock(&self.tx);
-            if let Some(tx) = tx.as_ref() {
-                return Ok(tx.clone());
+    /// Starts the hook's threads (from the spawner thread, so that they keep the service's
+    /// starting priority) unless they run.
+    async fn start_threads(&self) -> Result<(), StarterError> {
+        let (rx, generation) = {
+            let mut tx = lock(&self.shared.tx);
+            if tx.is_some() {
+                return Ok(());
             }
             let (new_tx, rx) = mpsc::sync_channel::<Job>(BACKLOG);
-            *tx = Some(new_tx);
-            Arc::new(Mutex::new(rx))
+            let generation = self.shared.generation.fetch_add(1, Ordering::Relaxed) + 1;
+            *tx = Some((new_tx, generation));
+            self.shared.live.store(self.threads, Ordering::Relaxed);
+            (Arc::new(Mutex::new(rx)), generation)
         };
         let runtime = tokio::runtime::Handle::current();
-        let (hook, n) = (self.hook.clone(), self.threads);
-        // Started from the spawner thread: they keep the service's starting priority.
+        let (n, shared) = (self.threads, self.shared.clone());
         let started = crate::priority::spawn_at_base_async(move || {
             for _ in 0..n {
-                let (rx, runtime) = (rx.clone(), runtime.clone());
+                let (rx, runtime, shared) = (rx.clone(), runtime.clone(), shared.clone());
                 std::thread::Builder::new()
                     .name("hermes-hook-start".into())
                     .stack_size(256 * 1024)
-                    .spawn(move || serve(&rx, &runtime))?;
+                    .spawn(move || serve(&rx, &runtime, &shared, generation))?;
             }
             Ok(())
         })
         .await;
-        let tx = lock(&self.tx).clone();
-        match (started, tx) {
-            (Ok(()), Some(tx)) => Ok(tx),
-            (Err(e), _) => {
-                tracing::warn!(hook = %hook, "cannot start the hook's starter thread: {e}");
-                *lock(&self.tx) = None;
-                Err(StarterError::Gone(e.to_string()))
+        started.map_err(|e| {
+            tracing::warn!(hook = %self.hook, "cannot start the hook's starter thread: {e}");
+            let mut tx = lock(&self.shared.tx);
+            if tx.as_ref().is_some_and(|(_, g)| *g == generation) {
+                *tx = None;
             }
-            (Ok(()), None) => Err(StarterError::Gone("it stopped".into())),
-        }
+            StarterError::Gone(e.to_string())
+        })
     }
 }
 
-/// A starter thread: runs the hook's jobs until its version is dropped.
-fn serve(rx: &Mutex<mpsc::Receiver<Job>>, runtime: &tokio::runtime::Handle) {
+/// How long a starter thread that started no process waits for a job before it ends.
+pub const IDLE_EXIT: Duration = Duration::from_secs(2);
+
+/// A starter thread: runs the hook's jobs until its version is dropped, or (when it started no
+/// process that may still run) until it has been idle for [`IDLE_EXIT`].
+fn serve(
+    rx: &Mutex<mpsc::Receiver<Job>>,
+    runtime: &tokio::runtime::Handle,
+    shared: &Shared,
+    generation: u64,
+) {
     let _context = runtime.enter();
     loop {
         // One thread waits on the channel at a time; the others wait for the lock.
-        let job = match lock(rx).recv() {
-            Ok(job) => job,
-            Err(_) => return,
-        };
-        job();
+        let got = lock(rx).recv_timeout(IDLE_EXIT);
+        match got {
+            Ok(job) => job(),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if shared.keep.load(Ordering::Relaxed) {
+                    continue;
+                }
+                // Under the sender's lock: a job sent before is run first; after, the sender
+                // finds no threads and starts new ones.
+                let mut tx = lock(&shared.tx);
+                let Ok(rx) = rx.try_lock() else {
+                    continue; // another thread of the hook waits for jobs
+                };
+                if let Ok(job) = rx.try_recv() {
+                    drop((rx, tx));
+                    job();
+                    continue;
+                }
+                if shared.live.fetch_sub(1, Ordering::Relaxed) == 1
+                    && tx.as_ref().is_some_and(|(_, g)| *g == generation)
+                {
+                    *tx = None;
+                }
+                return;
+            }
+        }
     }
 }
 

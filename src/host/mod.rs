@@ -781,12 +781,12 @@ impl Host {
     ) -> Vec<(Started, Arc<handler::Signals>)> {
         let mut set = tokio::task::JoinSet::new();
         let mut signals = Vec::with_capacity(to_start.len());
-        for (i, (spec, _)) in to_start.iter().enumerate() {
+        for (i, (spec, prev)) in to_start.iter().enumerate() {
             if spec.placement.in_gateway() {
                 signals.push(Arc::default());
                 continue; // the gateway's client runs it: no worker here
             }
-            let ctx = HandlerContext::new(
+            let mut ctx = HandlerContext::new(
                 spec,
                 &self.inner.config.hermes_home,
                 &self.inner.config.python,
@@ -798,6 +798,9 @@ impl Host {
                 spec,
                 &self.inner.config.hermes_home,
             );
+            if let Some(prev) = prev {
+                ctx.signals = Arc::new(handler::Signals::sharing_boost(prev.signals()));
+            }
             signals.push(ctx.signals.clone());
             let spec = spec.clone();
             set.spawn(async move { (i, handler::start(&spec, ctx).await) });

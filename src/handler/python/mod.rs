@@ -87,6 +87,8 @@ struct Worker {
     exited: Option<String>,
     /// Tells it to start no further call once a newer version of the hook is ready.
     _retire: Retire,
+    /// Its entry in the hook's boost cell (raised while a collect waits for the hook).
+    _boost: Option<crate::priority::BoostEntry>,
 }
 
 impl Worker {
@@ -338,7 +340,13 @@ impl PythonHandler {
                         .confined_env()
                         .unwrap_or_else(|| self.ctx.process_env()),
                     zygote::Priorities {
-                        worker: self.ctx.priority.resolved(),
+                        // Raised while a collect waits (always while it starts: `_starting`),
+                        // so the worker never lowers itself after the service raised it; the
+                        // service lowers it once it is ready and no collect waits (issue 47).
+                        worker: crate::priority::starting(
+                            self.ctx.priority.resolved(),
+                            self.ctx.signals.boost.boosted(),
+                        ),
                         fork_server: self.ctx.default_priority.resolved(),
                     },
                     self.ctx.sandbox.is_some(),
@@ -370,10 +378,12 @@ impl PythonHandler {
             }
         };
         if let Some(pid) = worker.pid() {
-            self.ctx
-                .signals
-                .boost
-                .set_process(pid, self.ctx.priority.resolved());
+            worker._boost = Some(
+                self.ctx
+                    .signals
+                    .boost
+                    .add_process(pid, self.ctx.priority.resolved()),
+            );
         }
         let start_timeout = self.ctx.timeout.max(MIN_START_TIMEOUT);
         let handshake = async {
@@ -477,6 +487,7 @@ impl PythonHandler {
                 self.ctx.python
             ))
         };
+        self.ctx.starter.keep_threads();
         let mut child = self
             .ctx
             .starter
@@ -510,6 +521,7 @@ impl PythonHandler {
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
             _retire: retire,
+            _boost: None,
         })
     }
 
@@ -541,6 +553,7 @@ impl PythonHandler {
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
             _retire: retire,
+            _boost: None,
         })
     }
 
