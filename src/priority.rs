@@ -183,6 +183,13 @@ impl ServiceThreads {
     /// runtime whose context child processes are spawned in (tokio's child reaping).
     pub fn install(self, runtime: tokio::runtime::Handle) {
         record_base_nice();
+        // What the runtime threads lower themselves to, known now, before any of them has
+        // started: the connection watch and a boost decided early must not see "not lowered"
+        // (issue 47: the watch was missing when the listener came up first).
+        let resolved = self.resolved();
+        if resolved.nice > own_nice() || resolved.idle {
+            lock(&RUNTIME).lowered = Some(resolved);
+        }
         let (tx, rx) = mpsc::channel::<Job>();
         let started = std::thread::Builder::new()
             .name("hermes-spawner".into())
@@ -204,13 +211,18 @@ impl ServiceThreads {
         }
     }
 
+    /// This priority, resolved against the service's starting nice value.
+    fn resolved(self) -> Resolved {
+        Resolved {
+            nice: (base_nice() + self.0.nice).clamp(-20, 19),
+            idle: self.0.sched == Sched::Idle,
+        }
+    }
+
     /// Lowers the calling thread to this priority (for the runtime's `on_thread_start`), and
     /// records it for [`boost_service`].
     pub fn lower_this_thread(self) {
-        let resolved = Resolved {
-            nice: (base_nice() + self.0.nice).clamp(-20, 19),
-            idle: self.0.sched == Sched::Idle,
-        };
+        let resolved = self.resolved();
         // Only ever lower: a thread at a better value than asked keeps it, a worse one too.
         if resolved.nice > own_nice() || resolved.idle {
             resolved.apply_to_self();
@@ -365,7 +377,14 @@ const CONNECT_HOLD: std::time::Duration = std::time::Duration::from_millis(250);
 pub(crate) fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatch> {
     {
         let threads = lock(&RUNTIME);
-        if !threads.lowered.is_some_and(|r| r.idle) || !can_raise() {
+        if !threads.lowered.is_some_and(|r| r.idle) {
+            tracing::debug!("no connection watch: the service's threads do not run SCHED_IDLE");
+            return None;
+        }
+        if !can_raise() {
+            tracing::info!(
+                "no connection watch: the service may not raise its threads out of SCHED_IDLE (no CAP_SYS_NICE)"
+            );
             return None;
         }
     }
