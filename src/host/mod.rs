@@ -314,6 +314,12 @@ impl Host {
         self.inner.draining.load(Ordering::Relaxed)
     }
 
+    /// Refuses new events from now on (503 `shutting_down`, `/readyz` too), ahead of the
+    /// [`Host::shutdown`] that follows: a service that decided to stop says so at once.
+    pub fn begin_draining(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
     /// Events accepted so far.
     pub fn events_received(&self) -> u64 {
         self.inner.events_received.load(Ordering::Relaxed)
