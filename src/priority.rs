@@ -406,9 +406,17 @@ pub(crate) fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatc
     }
 }
 
+/// Longest the service stays raised for connections that keep waiting unaccepted (a flood, or
+/// runtime threads that do not accept): then it goes back until the backlog is seen empty once
+/// (issue 47: the boost was held for as long as connections waited).
+const CONNECT_HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
     use std::sync::atomic::Ordering;
     let mut held: Option<(ServiceBoost, std::time::Instant)> = None;
+    // Since when the backlog has not been seen empty, and whether the hold ran out meanwhile.
+    let mut pending_since: Option<std::time::Instant> = None;
+    let mut spent = false;
     while !stop.load(Ordering::Relaxed) {
         let mut pfd = libc::pollfd {
             fd,
@@ -425,7 +433,19 @@ fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
             break; // the listener is gone
         }
         let now = std::time::Instant::now();
-        if pending {
+        if !pending {
+            pending_since = None;
+            spent = false;
+        } else if now.duration_since(*pending_since.get_or_insert(now)) >= CONNECT_HOLD_MAX {
+            if !spent {
+                tracing::debug!(
+                    "connections wait unaccepted for {CONNECT_HOLD_MAX:?}: the service goes back to its priority"
+                );
+            }
+            spent = true;
+            held = None;
+        }
+        if pending && !spent {
             match &mut held {
                 Some((_, until)) => *until = now + CONNECT_HOLD,
                 None => held = boost_service().map(|b| (b, now + CONNECT_HOLD)),
@@ -433,6 +453,9 @@ fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
             if held.is_some() {
                 std::thread::sleep(std::time::Duration::from_millis(2)); // the runtime accepts
             }
+        } else if spent {
+            // Raised no more until the backlog is seen empty; poll at the slow pace.
+            std::thread::sleep(std::time::Duration::from_millis(50));
         } else if held.as_ref().is_some_and(|(_, until)| now >= *until) {
             held = None;
         }
