@@ -327,50 +327,7 @@ impl PythonHandler {
         // normal class until it is ready (crate::priority; lowered again after).
         let _starting = self.ctx.signals.boost.boost();
         let mut worker = match start_mode(&self.ctx) {
-            StartMode::Forked => {
-                match zygote::fork_worker(
-                    &self.ctx.python,
-                    &self.runner,
-                    &self.ctx.dir,
-                    &self.ctx.cwd,
-                    handler,
-                    &self.ctx.name,
-                    &self
-                        .ctx
-                        .confined_env()
-                        .unwrap_or_else(|| self.ctx.process_env()),
-                    zygote::Priorities {
-                        // Raised while a collect waits (always while it starts: `_starting`),
-                        // so the worker never lowers itself after the service raised it; the
-                        // service lowers it once it is ready and no collect waits (issue 47).
-                        worker: crate::priority::starting(
-                            self.ctx.priority.resolved(),
-                            self.ctx.signals.boost.boosted(),
-                        ),
-                        fork_server: self.ctx.default_priority.resolved(),
-                    },
-                    self.ctx.sandbox.is_some(),
-                )
-                .await
-                {
-                    Ok(forked) => {
-                        let w = self.adopt(forked)?;
-                        self.ctx.signals.set_start(
-                            "forked",
-                            format!("from the fork server of {}", self.ctx.python),
-                        );
-                        w
-                    }
-                    Err(e) => {
-                        tracing::warn!(hook = %self.ctx.name, "cannot fork the python worker ({e}); starting it from scratch");
-                        let w = self.spawn_fresh(handler).await?;
-                        self.ctx
-                            .signals
-                            .set_start("fresh", format!("fork server unavailable: {e}"));
-                        w
-                    }
-                }
-            }
+            StartMode::Forked => self.spawn_forked(handler).await?,
             StartMode::Fresh(why) => {
                 let w = self.spawn_fresh(handler).await?;
                 self.ctx.signals.set_start("fresh", why);
@@ -435,6 +392,53 @@ impl PythonHandler {
                     HandlerError::Load(reason) => HandlerError::Load(self.with_hint(reason)),
                     e => e,
                 })
+            }
+        }
+    }
+
+    /// A worker forked by the fork server of the hook's interpreter; started from scratch when
+    /// the fork server cannot fork it.
+    async fn spawn_forked(&self, handler: &Path) -> Result<Worker, HandlerError> {
+        let forked = zygote::fork_worker(
+            &self.ctx.python,
+            &self.runner,
+            &self.ctx.dir,
+            &self.ctx.cwd,
+            handler,
+            &self.ctx.name,
+            &self
+                .ctx
+                .confined_env()
+                .unwrap_or_else(|| self.ctx.process_env()),
+            zygote::Priorities {
+                // Raised while a collect waits (always while it starts: `_starting`),
+                // so the worker never lowers itself after the service raised it; the
+                // service lowers it once it is ready and no collect waits (issue 47).
+                worker: crate::priority::starting(
+                    self.ctx.priority.resolved(),
+                    self.ctx.signals.boost.boosted(),
+                ),
+                fork_server: self.ctx.default_priority.resolved(),
+            },
+            self.ctx.sandbox.is_some(),
+        )
+        .await;
+        match forked {
+            Ok(forked) => {
+                let w = self.adopt(forked)?;
+                self.ctx.signals.set_start(
+                    "forked",
+                    format!("from the fork server of {}", self.ctx.python),
+                );
+                Ok(w)
+            }
+            Err(e) => {
+                tracing::warn!(hook = %self.ctx.name, "cannot fork the python worker ({e}); starting it from scratch");
+                let w = self.spawn_fresh(handler).await?;
+                self.ctx
+                    .signals
+                    .set_start("fresh", format!("fork server unavailable: {e}"));
+                Ok(w)
             }
         }
     }
