@@ -523,3 +523,50 @@ async fn a_rewrite_through_a_shared_mapping_on_disk_never_runs() {
     let disk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     the_approved_bytes_run_after_a_stat_preserving_rewrite(&disk).await;
 }
+
+/// Issue 47, row 5, Python: a handler.py rewritten through a shared mapping on tmpfs (its stat
+/// unchanged) and a worker restart: the runner hashes the bytes it reads and compiles exactly
+/// those, so the rewrite is refused at import; never run.
+#[tokio::test]
+async fn a_python_handler_rewritten_through_a_shared_mapping_never_runs() {
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    for d in ["hooks", "home", "out"] {
+        std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+    }
+    let hooks = crate::util::Hooks { tmp };
+    let code = "import os\n\ndef handle(e, c):\n    if e == 'agent:crash':\n        os._exit(3)\n    return 'approved'\n";
+    let dir = hooks.python("mapped-py", r#"["command:run", "agent:crash"]"#, code);
+    let handler = dir.join("handler.py");
+    std::thread::sleep(std::time::Duration::from_millis(300)); // past the caches' racy window
+    let host =
+        crate::util::approved_host(&hooks, "mapped-py", "command:run", json!("approved")).await;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&handler)
+        .unwrap();
+    // SAFETY: a shared mapping of the file's bytes, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            code.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let at = code.find("approved").unwrap();
+    for (i, b) in b"REPLACED".iter().enumerate() {
+        // SAFETY: within the mapping.
+        unsafe { (map as *mut u8).add(at + i).write_volatile(*b) };
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(map, code.len()) };
+    drop(file);
+    let _ = crate::util::collect_one(&host, "agent:crash", json!({})).await;
+    let got = crate::util::collect_one(&host, "command:run", json!({})).await;
+    assert_ne!(got, Ok(Some(json!("REPLACED"))), "unapproved bytes ran");
+    host.shutdown(std::time::Duration::from_secs(20)).await;
+}
