@@ -172,6 +172,8 @@ pub(crate) fn record_base_nice() {
 type Job = Box<dyn FnOnce() + Send>;
 
 static SPAWNER: OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+/// The thread that starts threads at the service's starting priority ([`thread_at_base`]).
+static THREAD_MAKER: OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = OnceLock::new();
 
 /// The priority of the service's own runtime threads (`serve --service-nice --service-sched`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,6 +210,21 @@ impl ServiceThreads {
             Err(e) => tracing::warn!(
                 "no spawner thread ({e}): hook processes are started by the runtime's threads"
             ),
+        }
+        // A second thread at the same priority that only starts threads (the hooks' starter
+        // threads, `handler/starter.rs`): a spawn that waits on a hook's files on the spawner
+        // thread (a fork server whose interpreter is on a mount that stalls) must not keep
+        // other hooks from getting theirs (issue 47).
+        let (tx, rx) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("hermes-threads".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            });
+        if started.is_ok() {
+            let _ = THREAD_MAKER.set(std::sync::Mutex::new(tx));
         }
     }
 
@@ -600,6 +617,28 @@ pub(crate) async fn spawn_at_base_async<T: Send + 'static>(
     submit(Box::new(move || {
         let _ = tx.send(job());
     }));
+    rx.await.unwrap_or_else(|_| Err(spawner_gone()))
+}
+
+/// Runs `job` (starting threads, nothing else: it must never wait on a hook's files) on a
+/// thread with the service's starting priority, so that the threads it starts have it too; on
+/// a blocking thread when the service has none (commands other than `serve`, tests).
+pub(crate) async fn thread_at_base<T: Send + 'static>(
+    job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let Some(maker) = THREAD_MAKER.get() else {
+        return spawn_at_base_async(job).await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sent = maker
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send(Box::new(move || {
+            let _ = tx.send(job());
+        }));
+    if sent.is_err() {
+        return Err(spawner_gone());
+    }
     rx.await.unwrap_or_else(|_| Err(spawner_gone()))
 }
 

@@ -6,8 +6,8 @@
 //! collects go on.
 //!
 //! Each version of a hook has one [`Starter`]: up to [`MAX_THREADS`] threads (as many as the
-//! hook runs calls at once), started on first use from the service's spawner thread so that
-//! they keep the service's starting priority (a child inherits its parent thread's priority and
+//! hook runs calls at once), started on first use from the service's thread maker (a thread at
+//! the service's starting priority that only starts threads) so that they keep that priority (a child inherits its parent thread's priority and
 //! may only lower its own: `crate::priority`), and ended when the version's handler is dropped.
 //! What waits for them is bounded: at most [`BACKLOG`] jobs queue behind a hook's threads (more
 //! are refused at once), and a check is given up after its deadline ([`CHECK_DEADLINE`]) while
@@ -148,7 +148,7 @@ impl Starter {
         }
     }
 
-    /// Starts the hook's threads (from the spawner thread, so that they keep the service's
+    /// Starts the hook's threads (from the thread maker, so that they keep the service's
     /// starting priority) unless they run.
     async fn start_threads(&self) -> Result<(), StarterError> {
         let (rx, generation) = {
@@ -164,7 +164,7 @@ impl Starter {
         };
         let runtime = tokio::runtime::Handle::current();
         let (n, shared) = (self.threads, self.shared.clone());
-        let started = crate::priority::spawn_at_base_async(move || {
+        let started = crate::priority::thread_at_base(move || {
             for _ in 0..n {
                 let (rx, runtime, shared) = (rx.clone(), runtime.clone(), shared.clone());
                 std::thread::Builder::new()
