@@ -7,6 +7,9 @@
 //!   `/usr/local/sbin`.
 //! - `hermes_no_zsh`, `hermes_no_fish`: the shell is not on `PATH` (the completion scripts are
 //!   checked by their shells).
+//! - `hermes_no_fuse`: no `/dev/fuse`, or no Python with mfusepy (`HERMES_FUSE_PYTHON`, else
+//!   `target/fuse-venv/bin/python`, which `.ci/run` installs): the tests whose hook files sit on
+//!   a FUSE mount that stalls (issue 47).
 //! - `hermes_no_gateway_venv`: neither `HERMES_AGENT_VENV` nor `target/hermes-agent-venv` (made
 //!   by `.ci/hermes-agent-venv.sh`, which needs the network) exists: the real-gateway test.
 //!
@@ -44,6 +47,7 @@ const CFGS: &[&str] = &[
     "hermes_no_pid_namespace",
     "hermes_no_man",
     "hermes_no_landlock4",
+    "hermes_no_fuse",
 ];
 
 fn search_path() -> Vec<PathBuf> {
@@ -178,6 +182,22 @@ fn landlock_abi() -> i64 {
     -1
 }
 
+/// `/dev/fuse` and a Python that imports mfusepy (`tests/it/stall.rs` looks it up the same way).
+fn fuse_found() -> bool {
+    let python = std::env::var_os("HERMES_FUSE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
+            PathBuf::from(dir).join("target/fuse-venv/bin/python")
+        });
+    Path::new("/dev/fuse").exists()
+        && python.is_file()
+        && Command::new(&python)
+            .args(["-c", "import mfusepy"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
 fn main() {
     for cfg in CFGS {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
@@ -191,6 +211,7 @@ fn main() {
         "HERMES_AGENT_VENV",
         "CARGO_TARGET_DIR",
         "CI",
+        "HERMES_FUSE_PYTHON",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
@@ -211,6 +232,9 @@ fn main() {
         }
         if landlock_abi() < 4 {
             missing.push("hermes_no_landlock4");
+        }
+        if !fuse_found() {
+            missing.push("hermes_no_fuse");
         }
     }
     let uid = effective_uid();

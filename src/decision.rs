@@ -4,8 +4,9 @@
 //! The original host awaited every decision handler inline, so a `command:*` hook that denies
 //! after 6 s (its own `timeout: 30`) was waited for. Here a collect without `timeout_ms` waits as
 //! long as the matching hooks' own timeouts allow: for each hook its `timeout` once per event
-//! ahead of this one in its queue plus this one, and a second for the answer to travel; the
-//! longest of these, at most [`MAX_WAIT`]. A caller may still pass a shorter deadline.
+//! ahead of this one (queued, taken by a worker and written ahead to a Python window, or
+//! running: issue 47) plus this one, and a second for the answer to travel; the longest of
+//! these, at most [`MAX_WAIT`]. A caller may still pass a shorter deadline.
 
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ pub fn collect_budget(reg: &Registry, event: &str) -> Option<Duration> {
     reg.matching(event)
         .into_iter()
         .map(|hook| {
-            let ahead = u32::try_from(hook.queue.len()).unwrap_or(u32::MAX);
+            let ahead = u32::try_from(hook.ahead()).unwrap_or(u32::MAX);
             hook.spec
                 .manifest
                 .timeout
@@ -80,14 +81,15 @@ pub fn collect_budget(reg: &Registry, event: &str) -> Option<Duration> {
         .map(|d| d.min(MAX_WAIT))
 }
 
-/// How long a fleet edge's collect waits by default when the longest `timeout:` of the matching
-/// hooks (as their workers report it) is `longest`: the edge does not see the workers' queues,
-/// so it allows one call already running ahead on the worker plus this one, and the answer's
-/// second; at most [`MAX_WAIT`].
+/// How long a fleet edge's collect waits by default for a hook whose `timeout:` is `timeout` and
+/// whose workers last reported `lag` events not settled (in the stream, queued, written ahead or
+/// running): `timeout` once for each, once for a call that started since the report, once for
+/// this event, and the answer's second; at most [`MAX_WAIT`].
 #[cfg(feature = "fleet")]
-pub fn fleet_budget(longest: Duration) -> Duration {
-    longest
-        .saturating_mul(2)
+pub fn fleet_budget(timeout: Duration, lag: u64) -> Duration {
+    let calls = u32::try_from(lag).unwrap_or(u32::MAX).saturating_add(2);
+    timeout
+        .saturating_mul(calls)
         .saturating_add(ANSWER_GRACE)
         .min(MAX_WAIT)
 }

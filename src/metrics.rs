@@ -341,7 +341,7 @@ fn per_hook_families(
         "Events waiting in a hook's queue.",
         None,
         gauge,
-        |h| ConstGauge::new(h.queue.len() as i64),
+        |h| ConstGauge::new(h.waiting() as i64),
     )?;
     per_hook(
         e,

@@ -172,6 +172,8 @@ pub(crate) fn record_base_nice() {
 type Job = Box<dyn FnOnce() + Send>;
 
 static SPAWNER: OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+/// The thread that starts threads at the service's starting priority ([`thread_at_base`]).
+static THREAD_MAKER: OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = OnceLock::new();
 
 /// The priority of the service's own runtime threads (`serve --service-nice --service-sched`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +185,13 @@ impl ServiceThreads {
     /// runtime whose context child processes are spawned in (tokio's child reaping).
     pub fn install(self, runtime: tokio::runtime::Handle) {
         record_base_nice();
+        // What the runtime threads lower themselves to, known now, before any of them has
+        // started: the connection watch and a boost decided early must not see "not lowered"
+        // (issue 47: the watch was missing when the listener came up first).
+        let resolved = self.resolved();
+        if resolved.nice > own_nice() || resolved.idle {
+            lock(&RUNTIME).lowered = Some(resolved);
+        }
         let (tx, rx) = mpsc::channel::<Job>();
         let started = std::thread::Builder::new()
             .name("hermes-spawner".into())
@@ -202,15 +211,35 @@ impl ServiceThreads {
                 "no spawner thread ({e}): hook processes are started by the runtime's threads"
             ),
         }
+        // A second thread at the same priority that only starts threads (the hooks' starter
+        // threads, `handler/starter.rs`): a spawn that waits on a hook's files on the spawner
+        // thread (a fork server whose interpreter is on a mount that stalls) must not keep
+        // other hooks from getting theirs (issue 47).
+        let (tx, rx) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("hermes-threads".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            });
+        if started.is_ok() {
+            let _ = THREAD_MAKER.set(std::sync::Mutex::new(tx));
+        }
+    }
+
+    /// This priority, resolved against the service's starting nice value.
+    fn resolved(self) -> Resolved {
+        Resolved {
+            nice: (base_nice() + self.0.nice).clamp(-20, 19),
+            idle: self.0.sched == Sched::Idle,
+        }
     }
 
     /// Lowers the calling thread to this priority (for the runtime's `on_thread_start`), and
     /// records it for [`boost_service`].
     pub fn lower_this_thread(self) {
-        let resolved = Resolved {
-            nice: (base_nice() + self.0.nice).clamp(-20, 19),
-            idle: self.0.sched == Sched::Idle,
-        };
+        let resolved = self.resolved();
         // Only ever lower: a thread at a better value than asked keeps it, a worse one too.
         if resolved.nice > own_nice() || resolved.idle {
             resolved.apply_to_self();
@@ -365,7 +394,14 @@ const CONNECT_HOLD: std::time::Duration = std::time::Duration::from_millis(250);
 pub(crate) fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatch> {
     {
         let threads = lock(&RUNTIME);
-        if !threads.lowered.is_some_and(|r| r.idle) || !can_raise() {
+        if !threads.lowered.is_some_and(|r| r.idle) {
+            tracing::debug!("no connection watch: the service's threads do not run SCHED_IDLE");
+            return None;
+        }
+        if !can_raise() {
+            tracing::info!(
+                "no connection watch: the service may not raise its threads out of SCHED_IDLE (no CAP_SYS_NICE)"
+            );
             return None;
         }
     }
@@ -387,9 +423,17 @@ pub(crate) fn watch_connections(fd: std::os::fd::RawFd) -> Option<ConnectionWatc
     }
 }
 
+/// Longest the service stays raised for connections that keep waiting unaccepted (a flood, or
+/// runtime threads that do not accept): then it goes back until the backlog is seen empty once
+/// (issue 47: the boost was held for as long as connections waited).
+const CONNECT_HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
     use std::sync::atomic::Ordering;
     let mut held: Option<(ServiceBoost, std::time::Instant)> = None;
+    // Since when the backlog has not been seen empty, and whether the hold ran out meanwhile.
+    let mut pending_since: Option<std::time::Instant> = None;
+    let mut spent = false;
     while !stop.load(Ordering::Relaxed) {
         let mut pfd = libc::pollfd {
             fd,
@@ -406,7 +450,19 @@ fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
             break; // the listener is gone
         }
         let now = std::time::Instant::now();
-        if pending {
+        if !pending {
+            pending_since = None;
+            spent = false;
+        } else if now.duration_since(*pending_since.get_or_insert(now)) >= CONNECT_HOLD_MAX {
+            if !spent {
+                tracing::debug!(
+                    "connections wait unaccepted for {CONNECT_HOLD_MAX:?}: the service goes back to its priority"
+                );
+            }
+            spent = true;
+            held = None;
+        }
+        if pending && !spent {
             match &mut held {
                 Some((_, until)) => *until = now + CONNECT_HOLD,
                 None => held = boost_service().map(|b| (b, now + CONNECT_HOLD)),
@@ -414,6 +470,9 @@ fn watch_loop(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) {
             if held.is_some() {
                 std::thread::sleep(std::time::Duration::from_millis(2)); // the runtime accepts
             }
+        } else if spent {
+            // Raised no more until the backlog is seen empty; poll at the slow pace.
+            std::thread::sleep(std::time::Duration::from_millis(50));
         } else if held.as_ref().is_some_and(|(_, until)| now >= *until) {
             held = None;
         }
@@ -430,8 +489,11 @@ impl Drop for ConnectionWatch {
     }
 }
 
-/// A hook's process and whether a collect waits for it: while one does, the process runs in
-/// the normal class (`boosted`), and a process started meanwhile is raised as it starts.
+/// A hook's processes and whether a collect waits for them: while one does, they run in the
+/// normal class (`boosted`), and a process started meanwhile is raised as it starts. One cell
+/// is shared by every version of a hook (a collect that waits across a reload raises the new
+/// version's process too) and holds every process the hook runs: a Python worker, each running
+/// executable (issue 47).
 #[derive(Debug, Default)]
 pub struct BoostCell {
     state: std::sync::Mutex<CellState>,
@@ -440,18 +502,23 @@ pub struct BoostCell {
 #[derive(Debug, Default)]
 struct CellState {
     boosts: usize,
-    /// The running process and the priority it was started with.
-    process: Option<(u32, Resolved)>,
+    /// The running processes and the priority each was started with, by entry id.
+    processes: Vec<(u64, u32, Resolved)>,
+    next_id: u64,
 }
 
 impl BoostCell {
-    /// Records the hook's (new) process and its own priority; raised at once when boosted.
-    pub(crate) fn set_process(&self, pid: u32, at: Resolved) {
+    /// Records a (new) process of the hook and its own priority until the returned entry is
+    /// dropped (when the process is gone); raised at once when boosted.
+    pub(crate) fn add_process(self: &std::sync::Arc<Self>, pid: u32, at: Resolved) -> BoostEntry {
         let mut st = lock(&self.state);
-        st.process = Some((pid, at));
+        st.next_id += 1;
+        let id = st.next_id;
+        st.processes.push((id, pid, at));
         if st.boosts > 0 && at.idle {
             set_process(pid, boosted());
         }
+        BoostEntry(self.clone(), id)
     }
 
     /// Whether a collect waits for this hook (a process started now should be raised).
@@ -459,7 +526,7 @@ impl BoostCell {
         lock(&self.state).boosts > 0 && can_raise()
     }
 
-    /// Raises the hook's process until the returned guard is dropped; `None` when the service
+    /// Raises the hook's processes until the returned guard is dropped; `None` when the service
     /// cannot raise a process.
     pub(crate) fn boost(self: &std::sync::Arc<Self>) -> Option<ProcessBoost> {
         if !can_raise() {
@@ -467,17 +534,30 @@ impl BoostCell {
         }
         let mut st = lock(&self.state);
         st.boosts += 1;
-        if st.boosts == 1
-            && let Some((pid, at)) = st.process
-            && at.idle
-        {
-            set_process(pid, boosted());
+        if st.boosts == 1 {
+            for (_, pid, at) in &st.processes {
+                if at.idle {
+                    set_process(*pid, boosted());
+                }
+            }
         }
         Some(ProcessBoost(self.clone()))
     }
 }
 
-/// See [`BoostCell::boost`]: the last one dropped lowers the process again.
+/// See [`BoostCell::add_process`]: dropping it forgets the process.
+#[derive(Debug)]
+pub(crate) struct BoostEntry(std::sync::Arc<BoostCell>, u64);
+
+impl Drop for BoostEntry {
+    fn drop(&mut self) {
+        lock(&self.0.state)
+            .processes
+            .retain(|(id, _, _)| *id != self.1);
+    }
+}
+
+/// See [`BoostCell::boost`]: the last one dropped lowers the processes again.
 #[derive(Debug)]
 pub(crate) struct ProcessBoost(std::sync::Arc<BoostCell>);
 
@@ -485,11 +565,12 @@ impl Drop for ProcessBoost {
     fn drop(&mut self) {
         let mut st = lock(&self.0.state);
         st.boosts = st.boosts.saturating_sub(1);
-        if st.boosts == 0
-            && let Some((pid, at)) = st.process
-            && at.idle
-        {
-            set_process(pid, at);
+        if st.boosts == 0 {
+            for (_, pid, at) in &st.processes {
+                if at.idle {
+                    set_process(*pid, *at);
+                }
+            }
         }
     }
 }
@@ -539,6 +620,28 @@ pub(crate) async fn spawn_at_base_async<T: Send + 'static>(
     rx.await.unwrap_or_else(|_| Err(spawner_gone()))
 }
 
+/// Runs `job` (starting threads, nothing else: it must never wait on a hook's files) on a
+/// thread with the service's starting priority, so that the threads it starts have it too; on
+/// a blocking thread when the service has none (commands other than `serve`, tests).
+pub(crate) async fn thread_at_base<T: Send + 'static>(
+    job: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let Some(maker) = THREAD_MAKER.get() else {
+        return spawn_at_base_async(job).await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sent = maker
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send(Box::new(move || {
+            let _ = tx.send(job());
+        }));
+    if sent.is_err() {
+        return Err(spawner_gone());
+    }
+    rx.await.unwrap_or_else(|_| Err(spawner_gone()))
+}
+
 /// Hands `job` to the spawner thread; runs it here, at this thread's priority, when there is
 /// none or it is gone.
 fn submit(job: Job) {
@@ -553,17 +656,6 @@ fn submit(job: Job) {
 
 fn spawner_gone() -> std::io::Error {
     std::io::Error::other("the spawner thread is gone")
-}
-
-/// Whether a process started from the calling thread reaches `target` by itself, since a
-/// process may only lower its priority: the thread is in the normal class (or `target` is
-/// `SCHED_IDLE` and so is the thread) and its nice value is not above `target`'s. Such a start
-/// needs no hand-off to the spawner thread.
-pub(crate) fn can_start_here(target: Resolved) -> bool {
-    // SAFETY: sched_getscheduler of the calling thread has no preconditions.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    let class_ok = policy == libc::SCHED_OTHER || (policy == libc::SCHED_IDLE && target.idle);
-    class_ok && own_nice() <= target.nice
 }
 
 /// The nice value of the calling thread (the service's, called from its threads).
@@ -603,27 +695,6 @@ pub(crate) fn check_nice(n: i64) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A start from this thread takes the hand-off only when the process could not reach its
-    /// priority by lowering its own.
-    #[test]
-    fn a_start_here_is_only_for_priorities_a_process_can_take_itself() {
-        let own = own_nice();
-        assert!(can_start_here(Resolved {
-            nice: own,
-            idle: false
-        }));
-        assert!(can_start_here(Resolved {
-            nice: (own + 5).min(19),
-            idle: true
-        }));
-        if own > -20 {
-            assert!(!can_start_here(Resolved {
-                nice: own - 1,
-                idle: false
-            }));
-        }
-    }
 
     #[test]
     fn overrides_and_description() {

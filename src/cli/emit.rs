@@ -45,16 +45,31 @@ pub async fn emit(args: EmitArgs) -> i32 {
             Duration::from_millis(ms.saturating_add(5000))
         });
     let body = body.to_string();
-    match request(
-        &address,
-        "POST",
-        path,
-        token.as_deref(),
-        Some(body.as_bytes()),
-        wait,
-    )
-    .await
-    {
+    // A collect sent while the service still loads its hooks (503 `not_ready`) is sent again
+    // until they are loaded, within the wait, as the Python client does (issue 47): a decision
+    // is not given up because the service started a moment ago.
+    let until = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(20);
+    let answer = loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let answer = request(
+            &address,
+            "POST",
+            path,
+            token.as_deref(),
+            Some(body.as_bytes()),
+            left,
+        )
+        .await;
+        let loading = matches!(&answer, Ok((503, raw)) if args.collect
+            && String::from_utf8_lossy(raw).contains("\"not_ready\""));
+        if !loading || tokio::time::Instant::now() + pause >= until {
+            break answer;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    };
+    match answer {
         Ok((status, answer)) if (200..300).contains(&status) => {
             println!("{}", String::from_utf8_lossy(&answer).trim());
             0

@@ -31,26 +31,30 @@ pub fn open(path: &Path) -> Result<File, String> {
         .map_err(|e| format!("cannot open --gateway-lease {}: {e}", path.display()))
 }
 
-/// Whether some other process holds a lock on `file` right now (a failed non-blocking
-/// exclusive `flock`); a lock taken here to find out is released at once.
-fn held_by_someone(file: &File) -> bool {
-    let fd = file.as_raw_fd();
-    // SAFETY: flock on a descriptor this function borrows from a live File.
-    let got = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0;
-    if got {
-        // SAFETY: as above; releases the lock just taken.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+/// The lease taken exclusively by a service that decided to stop: no gateway can take its
+/// shared lock (and then probe and adopt the service) until this is dropped, which the caller
+/// does once the service refuses new work (issue 47: a gateway that took the lease between the
+/// decision and the draining flag adopted a service that then exited).
+#[derive(Debug)]
+pub struct Decided(File);
+
+impl Drop for Decided {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor this value owns; releases the exclusive lock.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
-    !got
 }
 
 /// Resolves once no process has held `file` for `linger` in a row (looked at every
-/// `linger / 4`, between 50 ms and 1 s).
-pub async fn unused_for(file: File, linger: Duration) {
+/// `linger / 4`, between 50 ms and 1 s), holding the file's exclusive lock ([`Decided`]).
+pub async fn unused_for(file: File, linger: Duration) -> Decided {
     let poll = (linger / 4).clamp(MIN_POLL, MAX_POLL);
     let mut unused_since: Option<Instant> = None;
     loop {
-        if held_by_someone(&file) {
+        let fd = file.as_raw_fd();
+        // SAFETY: flock on a descriptor borrowed from a live File.
+        let got = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if !got {
             unused_since = None;
         } else {
             let since = *unused_since.get_or_insert_with(Instant::now);
@@ -59,8 +63,10 @@ pub async fn unused_for(file: File, linger: Duration) {
                     "no gateway has held the lease for {:.1} s (--gateway-lease): stopping",
                     since.elapsed().as_secs_f64()
                 );
-                return;
+                return Decided(file);
             }
+            // SAFETY: as above; releases the lock just taken.
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
         }
         tokio::time::sleep(poll).await;
     }

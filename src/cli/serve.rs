@@ -123,9 +123,16 @@ pub async fn serve(args: ServeArgs) -> i32 {
     }
     // SIGINT/SIGTERM stop the CLI's service, and with --gateway-lease the last gateway's going.
     let linger = Duration::from_secs_f64(args.linger);
+    let draining = host.clone();
     let stop = async move {
         match lease {
-            Some(file) => crate::cli::lease::unused_for(file, linger).await,
+            Some(file) => {
+                // The lease stays locked until the service refuses new work: a gateway that
+                // comes now waits for the lock, then sees `shutting_down` and starts another.
+                let decided = crate::cli::lease::unused_for(file, linger).await;
+                draining.begin_draining();
+                drop(decided);
+            }
             None => std::future::pending().await,
         }
     };

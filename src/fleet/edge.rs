@@ -839,8 +839,7 @@ impl EventSink for Edge {
 
     fn collect_budget(&self, event: &str) -> Option<Duration> {
         let hooks = self.inner.view.matching(event);
-        let longest = self.inner.view.longest_timeout(&hooks)?;
-        Some(crate::decision::fleet_budget(longest))
+        self.inner.view.collect_budget(&hooks)
     }
 
     fn status(&self) -> Option<Value> {

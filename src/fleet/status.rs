@@ -260,19 +260,25 @@ impl FleetView {
         self.route(event).0
     }
 
-    /// The longest `timeout:` (as the workers report it) among `hooks`, for a collect's default
-    /// deadline (issue 33: the edge loads no hooks, but waits as long as they may take).
-    /// `None` when no live worker reports any of them.
-    pub fn longest_timeout(&self, hooks: &[String]) -> Option<Duration> {
+    /// How long a collect of an event matching `hooks` waits by default: for each hook, its
+    /// `timeout:` once for each event its workers last reported not yet settled (`lag`: in the
+    /// stream, queued, in a window or running; issue 47), once for a call that started since the
+    /// report and once for this event, plus the answer's second ([`crate::decision::fleet_budget`]);
+    /// the longest of these. `None` when no live worker reports any of them.
+    pub fn collect_budget(&self, hooks: &[String]) -> Option<Duration> {
         let st = self.state.lock().ok()?;
         st.workers
             .values()
             .flat_map(|e| e.status.hooks.iter())
             .filter(|h| hooks.contains(&h.name))
-            .map(|h| h.timeout_s)
-            .filter(|t| t.is_finite() && *t > 0.0)
-            .max_by(f64::total_cmp)
-            .map(Duration::from_secs_f64)
+            .filter(|h| h.timeout_s.is_finite() && h.timeout_s > 0.0)
+            .map(|h| {
+                crate::decision::fleet_budget(
+                    Duration::from_secs_f64(h.timeout_s),
+                    h.lag.unwrap_or(0),
+                )
+            })
+            .max()
     }
 
     /// [`FleetView::matching`], and whether `event`s may go to the stream in bundles: every
@@ -472,6 +478,30 @@ mod tests {
             patterns: BTreeMap::new(),
             bundles: true,
         }
+    }
+
+    /// Issue 47, row 2 in fleet mode: the edge's default collect deadline counts the events its
+    /// workers report not settled (in the stream, queued, in a window, running) ahead of this
+    /// one, not only one running call.
+    #[test]
+    fn the_fleet_budget_counts_what_the_workers_report_ahead() {
+        let view = FleetView::default();
+        let mut slow = hook("slow", &["agent:start"], 200);
+        slow.timeout_s = 1.0;
+        view.update(worker(
+            "w1",
+            true,
+            vec![slow, hook("idle", &["agent:*"], 0)],
+        ));
+        let budget = view.collect_budget(&["slow".into()]).unwrap();
+        assert_eq!(
+            budget,
+            Duration::from_secs(203),
+            "200 ahead, 1 since, this one, 1 s"
+        );
+        let idle = view.collect_budget(&["idle".into()]).unwrap();
+        assert_eq!(idle, Duration::from_secs(61));
+        assert_eq!(view.collect_budget(&["nobody".into()]), None);
     }
 
     #[test]

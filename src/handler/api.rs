@@ -57,6 +57,15 @@ pub struct Signals {
 }
 
 impl Signals {
+    /// The signals of a hook's next version: its own, but the boost cell of `prev` (a collect
+    /// that waits across a reload raises the new version's process too; issue 47).
+    pub fn sharing_boost(prev: &Signals) -> Self {
+        Self {
+            boost: prev.boost.clone(),
+            ..Self::default()
+        }
+    }
+
     /// Counts one process restart.
     pub fn restarted(&self) {
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -320,6 +329,8 @@ pub struct HandlerContext {
     /// What the hook's processes may do (`sandbox:`, or the service's default); `None`: not
     /// confined.
     pub sandbox: Option<Arc<crate::sandbox::Policy>>,
+    /// The hook's own threads for the checks of its files and its process starts (issue 47).
+    pub starter: Arc<super::starter::Starter>,
 }
 
 impl HandlerContext {
@@ -388,6 +399,10 @@ impl HandlerContext {
                 .overridden(spec.manifest.nice, spec.manifest.sched),
             default_priority: crate::priority::Priority::default(),
             sandbox: None,
+            starter: Arc::new(super::starter::Starter::new(
+                &spec.name,
+                spec.manifest.concurrency,
+            )),
         }
     }
 
@@ -411,6 +426,23 @@ impl HandlerContext {
 }
 
 impl HandlerContext {
+    /// Checks the hook's tree before a process starts ([`crate::trust::prestart`]) on the hook's
+    /// own starter thread, within [`super::starter::CHECK_DEADLINE`]: a tree that stalls refuses
+    /// this start and delays no other hook's.
+    pub async fn check_files(&self) -> Result<(), HandlerError> {
+        let (files, hook) = (self.files.clone(), self.name.clone());
+        self.starter
+            .run(
+                "the check of the hook's files",
+                Some(super::starter::CHECK_DEADLINE),
+                move || crate::trust::prestart::check_blocking(&files, &hook),
+                |_| {},
+            )
+            .await
+            .map_err(|e| HandlerError::Load(format!("not started: {e}")))?
+            .map_err(HandlerError::from)
+    }
+
     /// The environment a process of this hook gets on top of the service's, read now:
     /// `$HERMES_HOME/.env` as the gateway loads it, then [`HandlerContext::env`]
     /// ([`crate::dotenv`]).

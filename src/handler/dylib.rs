@@ -625,7 +625,7 @@ impl DylibHandler {
     /// Copies and loads the library on a new thread, checks its ABI and runs its optional
     /// `hermes_hook_init`; any failure is a [`HandlerError::Load`] naming the file.
     pub async fn start(ctx: HandlerContext) -> Result<Self, HandlerError> {
-        crate::trust::prestart::check(&ctx.files, &ctx.name).await?;
+        ctx.check_files().await?;
         let file = ctx.handler_path.clone().ok_or_else(|| DylibError::NoFile {
             hook: ctx.name.clone(),
         })?;

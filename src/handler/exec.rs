@@ -180,28 +180,32 @@ impl ExecHandler {
         let plan = self.plan(&exe, input).map_err(cannot_run)?;
         // The hook's tree is checked, then what runs is the open file whose bytes were checked,
         // not whatever the path names by the time the kernel opens it (a rename race between
-        // the check and the exec). Here, when the caches answer the check with `stat` calls
-        // alone and this thread's priority lets the process take its own (the start then
-        // blocks this thread only until the child's exec, as `posix_spawn` would); else both
-        // on the spawner thread, which may read and hash, in one hand-off.
-        let spawned = if crate::priority::can_start_here(plan.priority)
-            && exe.unchanged_by_cache(&self.ctx.files)
-        {
-            spawn::spawn(&plan).map_err(cannot_run)?
-        } else {
-            let files = self.ctx.files.clone();
-            let hook = self.ctx.name.clone();
-            crate::priority::spawn_at_base_async(move || {
-                Ok(match exe.check_blocking(&files, &hook) {
-                    Ok(()) => spawn::spawn(&plan).map_err(NotStarted::Io),
-                    Err(e) => Err(e),
-                })
-            })
+        // the check and the exec). Both on the hook's own starter thread, in one hand-off: no
+        // runtime thread touches the hook's files or waits for a process start, and a hook
+        // whose files stall delays no other (issue 47). A start nobody waits for any more (the
+        // call timed out meanwhile) is killed and reaped there.
+        let (files, hook) = (self.ctx.files.clone(), self.ctx.name.clone());
+        self.ctx.starter.keep_threads();
+        self.ctx
+            .starter
+            .run(
+                "the start of the handler",
+                None,
+                move || {
+                    exe.check_blocking(&files, &hook)?;
+                    spawn::spawn(&plan).map_err(NotStarted::Io)
+                },
+                |started| {
+                    if let Ok(s) = started {
+                        spawn::discard(s);
+                    }
+                },
+            )
             .await
-            .map_err(cannot_run)?
-            .map_err(|e| e.into_error(&self.ctx.name, &self.program))?
-        };
-        Ok(spawned)
+            .map_err(|e| {
+                HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
+            })?
+            .map_err(|e| e.into_error(&self.ctx.name, &self.program))
     }
 
     async fn run(&self, event: &str, context: &Context) -> HandlerResult {
@@ -223,6 +227,12 @@ impl ExecHandler {
         };
         let (mut child, stdin, stdout, stderr) = adopt(spawned).map_err(cannot_run)?;
         let mut group = GroupKill::new(Some(child.id()));
+        // Raised while a collect waits for the hook, like every process of the hook (issue 47).
+        let _boost = self
+            .ctx
+            .signals
+            .boost
+            .add_process(child.id(), self.ctx.priority.resolved());
         let writer = stdin.map(|(pipe, rest)| write_input(pipe, rest));
         // The pipes are read in this task, beside the wait (no task per pipe: each would be a
         // wake-up of another runtime thread per event).

@@ -21,6 +21,7 @@ pub mod python;
 pub mod retire;
 pub mod shell_syntax;
 mod spawn;
+pub mod starter;
 pub mod verified_exec;
 pub mod webhook;
 

@@ -28,8 +28,9 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>, ctx: &HandlerContext) -> Co
     // SAFETY: the closure runs in the child between fork and exec and only makes
     // async-signal-safe system calls (setpriority, sched_setscheduler, prctl, getppid); it
     // allocates nothing. PR_SET_PDEATHSIG follows the spawning thread: commands are spawned from
-    // the spawner thread (crate::priority::spawn_at_base) or the runtime's worker threads, which
-    // live as long as the service.
+    // the spawner thread (crate::priority::spawn_at_base), which lives as long as the service, or
+    // from a hook's starter thread (handler/starter.rs), which lives as long as the hook's
+    // handler, which owns (and kills) the process.
     unsafe {
         cmd.pre_exec(move || {
             priority.apply_to_self();

@@ -462,6 +462,21 @@ impl Child {
     }
 }
 
+/// Kills a started process nobody adopted (its call was given up while it started) and its
+/// group, and reaps it. Blocks until it is gone: call it where a spawn may block.
+pub(crate) fn discard(s: Spawned) {
+    // SAFETY: the pid is our unreaped child, the leader of its own group; waitpid with a valid
+    // status pointer.
+    unsafe {
+        libc::kill(-s.pid, libc::SIGKILL);
+        libc::kill(s.pid, libc::SIGKILL);
+        let mut status = 0;
+        while libc::waitpid(s.pid, &mut status, 0) < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
+    }
+}
+
 /// Reaps `pid` if it has exited.
 fn try_reap(pid: i32) -> io::Result<Option<ExitStatus>> {
     let mut status = 0;

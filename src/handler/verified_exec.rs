@@ -1,5 +1,6 @@
-//! Runs an executable handler from the very file whose bytes were checked: the file is opened
-//! once when the handler starts, and before every process the hook's tree is checked and the
+//! Runs an executable handler from the very bytes that were checked: the file is opened once
+//! when the handler starts and copied into a sealed memory file ([`private_copy`]), and before
+//! every process the hook's tree is checked and the
 //! content behind that descriptor is compared with the hook version's manifest (hashed through
 //! the descriptor, or taken from the hash cache when its identity is unchanged: see
 //! `trust::files`). The process is started from `/proc/self/fd/N` (the descriptor is inherited
@@ -10,16 +11,15 @@
 //! so `$0` is that path too: a script finds its directory through `HERMES_HOOK_DIR`, or its
 //! working directory with `cwd: hook`).
 //!
-//! The check runs where the process is started (`handler/exec.rs`): on the runtime thread when
-//! the caches answer it with `stat` calls alone and that thread may start the process, else on
-//! the spawner thread, which may read and hash. Either way a check of an unchanged tree opens
-//! nothing.
+//! The check runs where the process is started (`handler/exec.rs`): on the hook's own starter
+//! thread (`handler/starter.rs`), never on a runtime thread; a check of an unchanged tree opens
+//! nothing (the caches of `trust::files` answer it with `stat` calls).
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::api::{HandlerContext, HandlerError};
-use crate::trust::files::{RunFiles, open_file_sha256, open_file_sha256_cached};
+use crate::trust::files::{RunFiles, open_file_sha256};
 use crate::trust::prestart::StartRefused;
 
 /// The open handler file of an executable hook.
@@ -54,23 +54,35 @@ impl VerifiedExec {
             .unwrap_or(&program)
             .display()
             .to_string();
-        tokio::task::spawn_blocking(move || {
-            let cannot = |e: std::io::Error| {
-                HandlerError::Load(format!("cannot open {}: {e}", program.display()))
-            };
-            let file = std::fs::File::open(&program).map_err(cannot)?;
-            // Above 0, 1 and 2: a started process gets its pipes there.
-            let file = std::fs::File::from(super::spawn::above_stdio(file.into()).map_err(cannot)?);
-            let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-            Ok(Self {
-                file,
-                path,
-                program,
-                rel,
-            })
-        })
-        .await
-        .map_err(|e| HandlerError::Load(format!("opening the handler failed: {e}")))?
+        // On the hook's own starter thread, within the check's deadline: a handler file on a
+        // file system that stalls delays this hook only (issue 47).
+        let opened = ctx.starter.run(
+            "opening the handler file",
+            Some(super::starter::CHECK_DEADLINE),
+            move || {
+                let cannot = |e: std::io::Error| {
+                    HandlerError::Load(format!("cannot open {}: {e}", program.display()))
+                };
+                let file = std::fs::File::open(&program).map_err(cannot)?;
+                let file = private_copy(&file, &program)
+                    .map_err(cannot)?
+                    .unwrap_or(file);
+                // Above 0, 1 and 2: a started process gets its pipes there.
+                let file =
+                    std::fs::File::from(super::spawn::above_stdio(file.into()).map_err(cannot)?);
+                let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                Ok(Self {
+                    file,
+                    path,
+                    program,
+                    rel,
+                })
+            },
+            |_| {},
+        );
+        opened
+            .await
+            .map_err(|e| HandlerError::Load(format!("opening the handler failed: {e}")))?
     }
 
     /// The path that runs this very file: `/proc/self/fd/N`.
@@ -114,15 +126,53 @@ impl VerifiedExec {
     }
 }
 
-impl VerifiedExec {
-    /// [`VerifiedExec::check_blocking`] from the caches alone (`stat` calls, nothing read):
-    /// true when the tree and the descriptor's content are known to be as loaded; false when
-    /// that is not known without reading (then `check_blocking` decides).
-    pub fn unchanged_by_cache(&self, files: &RunFiles) -> bool {
-        crate::trust::prestart::unchanged_by_cache(files)
-            && open_file_sha256_cached(&self.file, &self.program)
-                .is_some_and(|sha| files.files.get(&self.rel) == Some(&sha))
+/// Largest handler copied into a sealed memory file ([`private_copy`]); a larger one runs from
+/// its file, whose content is checked (by `stat` identity) before each start.
+pub const MAX_PRIVATE_COPY: u64 = 64 * 1024 * 1024;
+
+/// The handler's bytes in a sealed memory file (`memfd`, sealed against writes, growth and
+/// shrinking), so that what runs can never differ from what was checked, whatever happens to
+/// the file afterwards: a write through a shared mapping that leaves `stat` unchanged (tmpfs;
+/// a second write through a live mapping on ext4) cannot reach it (issue 47, row 5). Checked
+/// like the file was: the content hash against the version's manifest before each start
+/// (cached by the memory file's identity: sealed, it cannot change). Costs the handler's size
+/// in memory per loaded version. `None` (run from the file) above [`MAX_PRIVATE_COPY`].
+fn private_copy(file: &std::fs::File, program: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::FromRawFd;
+    if file.metadata()?.len() > MAX_PRIVATE_COPY {
+        tracing::info!(
+            "{} is larger than {} MiB: it runs from its file (checked by identity before each start), not from a private copy",
+            program.display(),
+            MAX_PRIVATE_COPY >> 20
+        );
+        return Ok(None);
     }
+    let name = c"hermes-hook-handler";
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: memfd_create with a valid name; returns a new descriptor or -1. MFD_EXEC (Linux
+    // 6.3+, needed where vm.memfd_noexec is set) is retried without on an older kernel.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | libc::MFD_EXEC) };
+    if fd < 0 {
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    }
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor owned by nobody else.
+    let mut copy = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut source = file;
+    source.seek(std::io::SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    source.take(MAX_PRIVATE_COPY + 1).read_to_end(&mut bytes)?;
+    copy.write_all(&bytes)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on our descriptor; no writable mapping of it exists.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Some(copy))
 }
 
 impl NotStarted {

@@ -260,6 +260,48 @@ impl LoadedHook {
         );
     }
 
+    /// Sets the jobs this version has taken and not settled to `n` (the hook's shared count
+    /// follows); returns the previous value.
+    pub(super) fn set_in_flight(&self, n: usize) -> usize {
+        let old = self.in_flight.swap(n, Ordering::SeqCst);
+        if n >= old {
+            self.stats.in_flight.fetch_add(n - old, Ordering::SeqCst);
+        } else {
+            self.stats.in_flight.fetch_sub(old - n, Ordering::SeqCst);
+        }
+        old
+    }
+
+    /// One more job taken from the queue (a handler's free slot, a Python window's refill).
+    pub(super) fn took_one(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.stats.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One taken job settled.
+    pub(super) fn settled_one(&self) {
+        if self
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.stats.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Events ahead of one queued now: those queued, plus those the workers of every version
+    /// have taken and not settled (the running calls, a Python window written ahead).
+    pub fn ahead(&self) -> usize {
+        self.queue.len() + self.stats.in_flight()
+    }
+
+    /// Events waiting to run, as `/v1/hooks` shows the queue depth: those queued, plus those
+    /// taken ahead beyond the calls that can run at once (a Python worker's window, issue 47).
+    pub fn waiting(&self) -> usize {
+        let running = self.spec.manifest.concurrency.max(1);
+        self.queue.len() + self.stats.in_flight().saturating_sub(running)
+    }
+
     /// Hands the queue to a newer version: this worker stops after its current call.
     pub fn supersede(&self) {
         self.signals.supersede();
@@ -303,7 +345,7 @@ impl LoadedHook {
             let _ = task.await;
         }
         let left = self.queue.take_all();
-        let n = left.len() + self.in_flight.swap(0, Ordering::SeqCst);
+        let n = left.len() + self.set_in_flight(0);
         for job in left {
             job.fail(why);
         }

@@ -1,7 +1,7 @@
 //! A hook's counters, worker state and duration histogram, shared across its versions; [`Tally`].
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 /// Worker state, as shown by `/v1/hooks`.
@@ -80,6 +80,9 @@ pub struct HookStats {
     pub(super) drops_unlogged: AtomicU64,
     /// Milliseconds since the process [`epoch`] at the last drop log line.
     pub(super) last_drop_log_ms: AtomicU64,
+    /// Events the workers of every version have taken from the queue and not settled (running,
+    /// or written ahead to a Python worker's window): work a collect waits behind (issue 47).
+    pub(super) in_flight: AtomicUsize,
     /// The last error, when, and `ok` at that moment (later successes supersede it).
     last_error: Mutex<Option<(SystemTime, String, u64)>>,
     /// The last hour by minute (issue 50): counters as the host's ticker saw them, and
@@ -123,6 +126,11 @@ impl HookStats {
             dropped: get(&self.dropped),
             received,
         }
+    }
+
+    /// Events taken from the queue by the hook's workers (all versions) and not settled yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Current worker state.

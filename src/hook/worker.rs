@@ -72,7 +72,7 @@ async fn next_job(hook: &LoadedHook) -> Option<Job> {
 /// Gets the handler ready, hands it `jobs` and settles each as the handler reports it; jobs the
 /// handler did not start go back to the front of the queue (for the hook's next version).
 async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) {
-    hook.in_flight.store(jobs.len(), Ordering::SeqCst);
+    hook.set_in_flight(jobs.len());
     set_running(hook, Status::Restarting);
     let ready = handler.ready().await;
     note_restarts(hook);
@@ -83,7 +83,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         for job in jobs {
             finish(hook, job, Err(e.clone()), Duration::ZERO);
         }
-        hook.in_flight.store(0, Ordering::SeqCst);
+        hook.set_in_flight(0);
         set_running(hook, Status::Idle);
         return;
     }
@@ -121,7 +121,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             }
             let now = Instant::now();
             finish(hook, job, result, now - last);
-            hook.in_flight.fetch_sub(1, Ordering::SeqCst);
+            hook.settled_one();
             last = now;
         };
         let mut feed = QueueFeed {
@@ -152,7 +152,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         );
         hook.queue.push_front_many(not_started);
     }
-    hook.in_flight.store(0, Ordering::SeqCst);
+    hook.set_in_flight(0);
     set_running(hook, Status::Idle);
     // A worker replaced at once after a timeout counts (and is announced) now.
     note_restarts(hook);
@@ -174,7 +174,7 @@ impl QueueFeed<'_> {
         };
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.push(Some(job));
-        self.hook.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.hook.took_one();
         (slots.len() - 1, call)
     }
 }
@@ -204,7 +204,7 @@ async fn await_next_version(hook: &LoadedHook, jobs: Vec<Job>, why: &str) {
     if !jobs.is_empty() {
         hook.queue.push_front_many(jobs);
     }
-    hook.in_flight.store(0, Ordering::SeqCst);
+    hook.set_in_flight(0);
     set_running(hook, Status::Pending);
     tracing::info!(
         hook = %hook.spec.name,

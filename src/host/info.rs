@@ -109,8 +109,11 @@ pub struct WorkerStart {
 /// Queue part of [`HookInfo`].
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueInfo {
-    /// Events waiting.
+    /// Events waiting to run: queued, plus those a worker took ahead of the calls running (a
+    /// Python worker's window).
     pub depth: usize,
+    /// Events the worker has taken and not settled: running, or written ahead to its window.
+    pub in_flight: usize,
     /// Bound.
     pub capacity: usize,
     /// Policy.
@@ -184,7 +187,8 @@ impl HookInfo {
             },
             timeout_s: spec.manifest.timeout.as_secs_f64(),
             queue: QueueInfo {
-                depth: h.queue.len(),
+                depth: h.waiting(),
+                in_flight: h.stats.in_flight(),
                 capacity: h.queue.capacity(),
                 overflow: h.queue.overflow().as_str(),
             },

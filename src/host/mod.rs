@@ -337,6 +337,12 @@ impl Host {
         self.inner.draining.load(Ordering::Relaxed)
     }
 
+    /// Refuses new events from now on (503 `shutting_down`, `/readyz` too), ahead of the
+    /// [`Host::shutdown`] that follows: a service that decided to stop says so at once.
+    pub fn begin_draining(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
     /// Events accepted so far.
     pub fn events_received(&self) -> u64 {
         self.inner.events_received.load(Ordering::Relaxed)
@@ -811,12 +817,12 @@ impl Host {
     ) -> Vec<(Started, Arc<handler::Signals>)> {
         let mut set = tokio::task::JoinSet::new();
         let mut signals = Vec::with_capacity(to_start.len());
-        for (i, (spec, _)) in to_start.iter().enumerate() {
+        for (i, (spec, prev)) in to_start.iter().enumerate() {
             if spec.placement.in_gateway() {
                 signals.push(Arc::default());
                 continue; // the gateway's client runs it: no worker here
             }
-            let ctx = HandlerContext::new(
+            let mut ctx = HandlerContext::new(
                 spec,
                 &self.inner.config.hermes_home,
                 &self.inner.config.python,
@@ -828,6 +834,9 @@ impl Host {
                 spec,
                 &self.inner.config.hermes_home,
             );
+            if let Some(prev) = prev {
+                ctx.signals = Arc::new(handler::Signals::sharing_boost(prev.signals()));
+            }
             signals.push(ctx.signals.clone());
             let spec = spec.clone();
             set.spawn(async move { (i, handler::start(&spec, ctx).await) });

@@ -530,12 +530,6 @@ fn file_sha256(path: &Path, known: Option<&std::fs::Metadata>) -> Result<String,
     Ok(sha)
 }
 
-/// The cached SHA-256 of an open file's content (by the descriptor's identity), if any: no read.
-pub fn open_file_sha256_cached(file: &std::fs::File, path: &Path) -> Option<String> {
-    let meta = file.metadata().ok()?;
-    cached(path, &stat_key(&meta), &meta)
-}
-
 /// SHA-256 (hex) of the content of an open file, read through the descriptor from its start
 /// whatever its offset (what `exec` of that descriptor runs), cached as [`file_sha256`] by the
 /// descriptor's identity.

@@ -6,10 +6,9 @@
 //! name. Restoring the files lets the version start again; a reload loads the new files as a new
 //! version (when they load and are approved).
 //!
-//! The handler kinds call [`check`] with their context's record; the refusal converts into their
+//! The handler kinds call [`check_blocking`] with their context's record (on the hook's own
+//! starter thread); the refusal converts into their
 //! load error, so this file knows nothing of the handlers.
-
-use std::sync::Arc;
 
 use crate::trust::files::{RunFiles, describe_changes, digest_of};
 
@@ -31,26 +30,8 @@ impl StartRefused {
 }
 
 /// Refuses the start when the tree of hook `hook` changed since `loaded` was recorded, or is no
-/// longer safe. Walks the tree off the runtime's worker threads.
-pub async fn check(loaded: &Arc<RunFiles>, hook: &str) -> Result<(), StartRefused> {
-    let files = loaded.clone();
-    let hook = hook.to_string();
-    tokio::task::spawn_blocking(move || check_blocking(&files, &hook))
-        .await
-        .map_err(|e| StartRefused::new(format!("checking the hook's files failed: {e}"), false))?
-}
-
-/// Whether the tree is as `loaded` recorded, judged from the hash and listing caches alone
-/// (`stat` calls, nothing read): `false` means "not known without reading", and
-/// [`check_blocking`] decides (and words a refusal).
-pub fn unchanged_by_cache(loaded: &RunFiles) -> bool {
-    loaded
-        .rescan_cached()
-        .is_some_and(|now| digest_of(&now) == loaded.digest())
-}
-
-/// [`check`] on the calling thread (one that may block: it walks the tree), for a caller that
-/// has more blocking work to do there (an executable's start opens and hashes its handler next).
+/// longer safe. Blocks (it walks the tree and may read and hash): the handlers call it on the
+/// hook's own starter thread (`handler/starter.rs`), never on a runtime or shared thread.
 pub fn check_blocking(loaded: &RunFiles, hook: &str) -> Result<(), StartRefused> {
     let now = loaded.rescan();
     let (why, changed) = match now {

@@ -127,3 +127,45 @@ asyncio.run(main())
         );
     }
 }
+
+/// Issue 47, row 2: a Python hook with `timeout: 1` that takes 20 ms per `agent:start` and denies
+/// `message:pre_route`. After a batch of 200 `agent:start`, a collect without `timeout_ms` used to
+/// get a budget of 2 s: the events the worker had already taken into its window (up to 256)
+/// were counted neither there nor in `/v1/hooks`' queue depth, so the deny (computed after
+/// ~4 s) was dropped as `timed_out`. The budget now counts them, and the deny comes back.
+#[test]
+fn a_collect_counts_the_events_in_a_python_window_ahead_of_it() {
+    let hooks = Hooks::new();
+    let code = "import time\n\ndef handle(event, context):\n    if event == 'agent:start':\n        time.sleep(0.02)\n        return None\n    return {'decision': 'deny'}\n";
+    let dir = hooks.python(
+        "slow-guard",
+        r#"["agent:start", "message:pre_route"]"#,
+        code,
+    );
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: slow-guard\nevents: [\"agent:start\", \"message:pre_route\"]\ntimeout: 1\n",
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &[]);
+    // The worker is up before the batch (its first start is not what is measured).
+    let (status, v) = serve.post("/v1/collect", &json!({"event": "message:pre_route"}));
+    assert_eq!(status, 200, "{v}");
+    let batch: Vec<Value> = (0..200).map(|_| json!({"event": "agent:start"})).collect();
+    let (status, v) = serve.post("/v1/events/batch", &json!({ "events": batch }));
+    assert!(status < 300, "{status} {v}");
+    // What is ahead shows in /v1/hooks: queued or taken into the window, not 0.
+    let (_, info) = serve.get("/v1/hooks/slow-guard");
+    let ahead = info["queue"]["depth"].as_u64().unwrap_or(0)
+        + info["queue"]["in_flight"].as_u64().unwrap_or(0);
+    assert!(ahead >= 100, "the 200 events ahead are shown: {info}");
+    let started = std::time::Instant::now();
+    let (status, v) = serve.post("/v1/collect", &json!({"event": "message:pre_route"}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["results"],
+        json!([{"hook": "slow-guard", "result": {"decision": "deny"}}]),
+        "after {:?}: {v}",
+        started.elapsed()
+    );
+}

@@ -47,6 +47,7 @@ mod real_gateway;
 mod reload;
 mod sandbox;
 mod service;
+mod stall;
 mod trust;
 mod trust_holds;
 mod trust_round2;

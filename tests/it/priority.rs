@@ -320,3 +320,188 @@ fn without_cap_sys_nice_the_defaults_are_the_normal_class() {
     assert!(serve.log().contains("no CAP_SYS_NICE"), "{}", serve.log());
     serve.terminate();
 }
+
+/// (nice, SCHED_IDLE) of process `pid`'s main thread, from /proc.
+fn proc_priority(pid: u64) -> Option<(i32, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let nice: i32 = fields[19 - 3].parse().ok()?;
+    let policy: i32 = fields[41 - 3].parse().ok()?;
+    Some((nice, policy == libc::SCHED_IDLE))
+}
+
+/// Starts a collect of `event` on a thread of its own; its answer comes through the handle.
+fn collect_in_background(serve: &Serve, event: &str) -> std::thread::JoinHandle<Value> {
+    let addr = serve.addr.clone();
+    let body = serde_json::to_vec(&json!({ "event": event })).unwrap();
+    std::thread::spawn(move || {
+        let ct = [("Content-Type", "application/json")];
+        let (_, _, b) = http(&addr, "POST", "/v1/collect", &ct, &body);
+        serde_json::from_slice(&b).unwrap_or(Value::Null)
+    })
+}
+
+/// Issue 47, row 3 (a): an executable already running when a collect for its hook arrives
+/// stayed SCHED_IDLE (exec never registered its processes with the hook's boost), so on a busy
+/// CPU the running event, and the decision behind it, waited for idle time. It is now raised
+/// while the collect waits, and lowered again after.
+#[test]
+fn a_running_executable_is_raised_while_a_collect_waits() {
+    let hooks = Hooks::new();
+    let out = hooks.out();
+    let script = format!(
+        "#!/bin/sh\ncat >/dev/null\necho $$ > {out}/pid\nwhile [ ! -e {out}/go ]; do sleep 0.02; done\necho '{{\"decision\": \"deny\"}}'\n",
+        out = out.display()
+    );
+    hooks.exec("slow", r#"["agent:step", "command:run"]"#, &script);
+    let serve = Serve::start(&hooks, &[]);
+    let (s, _) = serve.post("/v1/events", &json!({"event": "agent:step"}));
+    assert_eq!(s, 202);
+    let pid: u64 = crate::util::poll(T, "the running handler", || {
+        std::fs::read_to_string(out.join("pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    });
+    assert_eq!(proc_priority(pid), Some(((own_nice() + 10).min(19), true)));
+    let waiting = collect_in_background(&serve, "command:run");
+    crate::util::poll(T, "the running handler raised", || {
+        (proc_priority(pid) == Some((own_nice(), false))).then_some(())
+    });
+    std::fs::write(out.join("go"), "").unwrap();
+    let v = waiting.join().unwrap();
+    assert_eq!(v["results"][0]["result"]["decision"], "deny", "{v}");
+}
+
+/// Issue 47, row 3 (b): a Python worker restarted while a collect waits lowered itself to
+/// SCHED_IDLE right after the fork server forked it, racing the service that raised it: its
+/// import and the decision ran idle. It now starts raised and the service lowers it only
+/// after: hook code (the import, the call) runs raised.
+#[test]
+fn a_worker_restarted_for_a_collect_runs_its_import_raised() {
+    let hooks = Hooks::new();
+    let code = "import os\n\nAT_IMPORT = [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE]\n\ndef handle(e, c):\n    if e == 'agent:crash':\n        os._exit(3)\n    return {'import': AT_IMPORT, 'call': [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE]}\n";
+    hooks.python("guard", r#"["agent:crash", "command:run"]"#, code);
+    // The service and a busy loop on one CPU, in one session (autogroup): the forked worker
+    // gets the CPU late, after the service raised it, as on a busy machine.
+    let cpu = "1";
+    let mut cmd = std::process::Command::new("taskset");
+    cmd.args(["-c", cpu, crate::util::bin(), "serve", "--hooks-dir"])
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0"]);
+    let serve = Serve::spawn(cmd, &hooks);
+    let _busy = crate::util::BusyLoop::on_cpu(cpu);
+    for round in 0..3 {
+        let (s, _) = serve.post("/v1/events", &json!({"event": "agent:crash"}));
+        assert_eq!(s, 202);
+        crate::util::poll(T, "the crash", || {
+            let (_, v) = serve.get("/v1/hooks/guard");
+            (v["counters"]["failed"].as_u64() == Some(round + 1)).then_some(())
+        });
+        let got = collect_result(&serve, "command:run");
+        assert_eq!(
+            got,
+            json!({"import": raised(), "call": raised()}),
+            "round {round}"
+        );
+    }
+}
+
+/// Issue 47, row 3 (c): a collect that arrives while its hook's old version runs and is then
+/// answered by the version a reload loaded (handler.py edited meanwhile) boosted only the old
+/// version's process: the new one ran the decision SCHED_IDLE. The boost cell is now shared by
+/// the versions of a hook.
+#[test]
+fn a_collect_waiting_across_a_reload_raises_the_new_version() {
+    let hooks = Hooks::new();
+    let out = hooks.out();
+    let code = |tag: &str| {
+        format!(
+            "import os, time\n\ndef handle(e, c):\n    if e == 'agent:slow':\n        open({go:?} + '.started', 'w').close()\n        while not os.path.exists({go:?}):\n            time.sleep(0.02)\n        return None\n    return {{'version': '{tag}', 'call': [os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE]}}\n",
+            go = out.join("go").display().to_string()
+        )
+    };
+    let dir = hooks.python("guard", r#"["agent:slow", "command:run"]"#, &code("old"));
+    let serve = Serve::start(&hooks, &[]);
+    let (s, _) = serve.post("/v1/events", &json!({"event": "agent:slow"}));
+    assert_eq!(s, 202);
+    crate::util::poll(T, "the old version's slow call", || {
+        out.join("go.started").exists().then_some(())
+    });
+    let waiting = collect_in_background(&serve, "command:run");
+    crate::util::poll(T, "the collect queued", || {
+        let (_, v) = serve.get("/v1/hooks/guard");
+        (v["queue"]["depth"].as_u64() == Some(1)).then_some(())
+    });
+    std::fs::write(dir.join("handler.py"), code("new")).unwrap();
+    let (s, v) = serve.post("/v1/reload", &json!({}));
+    assert!(s < 300, "{s} {v}");
+    std::fs::write(out.join("go"), "").unwrap();
+    let v = waiting.join().unwrap();
+    assert_eq!(
+        v["results"][0]["result"],
+        json!({"version": "new", "call": raised()}),
+        "{v}"
+    );
+}
+
+/// Whether process `pid` has a thread named `name` (as /proc shows it: at most 15 bytes).
+fn has_thread(pid: u32, name: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(Result::ok).any(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Issue 47, row 6: the thread that raises the service for a new connection (issue 33) was
+/// missing in 7 of 10 TCP starts and 1 of 10 socket starts: the listener came up before any
+/// runtime thread had lowered itself, and the watch silently decided it was not needed. It is
+/// now there every time.
+#[test]
+fn the_connection_watch_starts_every_time() {
+    let hooks = Hooks::new();
+    let mut missing = Vec::new();
+    for i in 0..20 {
+        let tcp = i % 2 == 0;
+        let serve = if tcp {
+            Serve::start(&hooks, &[])
+        } else {
+            let mut cmd = std::process::Command::new(crate::util::bin());
+            cmd.arg("serve").arg("--hooks-dir").arg(hooks.root());
+            let child = {
+                cmd.env("HERMES_HOME", hooks.home())
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null());
+                cmd.spawn().unwrap()
+            };
+            let sock = hooks.home().join("hooks.sock");
+            crate::util::poll(T, "the socket", || sock.exists().then_some(()));
+            let pid = child.id();
+            let found = (0..100).any(|_| {
+                std::thread::sleep(Duration::from_millis(20));
+                has_thread(pid, "hermes-accept-w")
+            });
+            if !found {
+                missing.push(format!("socket start {i}"));
+            }
+            let mut child = child;
+            crate::util::signal(pid, libc::SIGTERM);
+            let _ = child.wait();
+            continue;
+        };
+        let pid = serve.child.id();
+        let found = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            has_thread(pid, "hermes-accept-w")
+        });
+        if !found {
+            missing.push(format!("TCP start {i}"));
+        }
+    }
+    assert!(missing.is_empty(), "no connection watch in: {missing:?}");
+}

@@ -292,3 +292,40 @@ fn events_before_the_first_load_get_503_not_ready_and_a_reload_never_blocks_emit
     });
     stop(child);
 }
+
+/// Issue 47 (suspected, confirmed): `emit --collect` during the first load exited 1 at once on
+/// 503 `not_ready`, where the Python client waits for the load. It now asks again until the
+/// hooks are loaded and prints the decision.
+#[test]
+fn emit_collect_during_the_first_load_waits_for_it() {
+    let hooks = Hooks::new();
+    let slow_import =
+        "import time\ntime.sleep(2)\ndef handle(e, c):\n    return {'decision': 'deny'}\n";
+    hooks.python("slow-guard", "[command:x]", slow_import);
+    let sock = hooks.home().join("hooks.sock");
+    let mut serve = Command::new(bin())
+        .args(["serve", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    poll(T, "the socket", || sock.exists().then_some(()));
+    let out = Command::new(bin())
+        .args(["emit", "command:x", "--collect", "--socket"])
+        .arg(&sock)
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    crate::util::signal(serve.id(), libc::SIGTERM);
+    let _ = serve.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}: {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"deny\""), "{stdout}");
+}

@@ -418,3 +418,153 @@ async fn checked_imports_keep_packages_working() {
     assert!(err.contains("state/planted.py is not among"), "{err}");
     host.shutdown(T).await;
 }
+
+/// Issue 47, row 5: an approved executable rewritten through a shared mapping, so that its
+/// size, mtime, ctime and inode stay what they were (tmpfs: writes through a mapping never
+/// touch the times; ext4: a second write through a mapping whose page is already dirty), ran
+/// its new bytes under `--trust explicit`: the checks trusted the unchanged `stat`. The handler
+/// now runs from a sealed private copy made when it was loaded and checked: the approved bytes
+/// run.
+async fn the_approved_bytes_run_after_a_stat_preserving_rewrite(base: &std::path::Path) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    for d in ["hooks", "home", "out"] {
+        std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+    }
+    let hooks = crate::util::Hooks { tmp };
+    // A `.sh` handler without the run bit: `sh` reads it (through the service's descriptor),
+    // so a live writable mapping does not make its start fail (ETXTBSY) as an exec would.
+    let script = "cat >/dev/null\necho '{\"v\": \"approved\"}'\n";
+    let dir = hooks.add(
+        "mapped",
+        &[
+            ("HOOK.yaml", "name: mapped\nevents: [\"command:run\"]\n"),
+            ("handler.sh", script),
+        ],
+    );
+    let handler = dir.join("handler.sh");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&handler)
+        .unwrap();
+    let len = script.len();
+    // SAFETY: a shared mapping of `len` bytes of a file of that size, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let bytes = map as *mut u8;
+    // The first write through the mapping (the same byte): on ext4 it updates the times once;
+    // the page then stays writable and dirty, and further writes do not.
+    // SAFETY: within the mapping.
+    unsafe { bytes.write_volatile(b'c') };
+    // Past the racy window of trust/racy.rs (50 ms on these file systems): from now on the
+    // hash caches trust the file's unchanged stat, as they would for a file written long ago.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let host =
+        crate::util::approved_host(&hooks, "mapped", "command:run", json!({"v": "approved"})).await;
+    let key = |m: std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt;
+        (
+            m.len(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+            m.ino(),
+        )
+    };
+    let before = key(std::fs::metadata(&handler).unwrap());
+    let at = script.find("approved").unwrap();
+    for (i, b) in b"REPLACED".iter().enumerate() {
+        // SAFETY: within the mapping (the word is inside the script).
+        unsafe { bytes.add(at + i).write_volatile(*b) };
+    }
+    assert!(
+        std::fs::read_to_string(&handler)
+            .unwrap()
+            .contains("REPLACED")
+    );
+    let after = key(std::fs::metadata(&handler).unwrap());
+    if base.starts_with("/dev/shm") {
+        assert_eq!(
+            before, after,
+            "tmpfs keeps the file's stat through the rewrite"
+        );
+    }
+    let got = crate::util::collect_one(&host, "command:run", json!({})).await;
+    match got {
+        Ok(Some(v)) => assert_eq!(v, json!({"v": "approved"}), "unapproved bytes ran"),
+        Err(e) => assert!(e.contains("changed"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(map, len) };
+    host.shutdown(std::time::Duration::from_secs(20)).await;
+}
+
+#[tokio::test]
+async fn a_rewrite_through_a_shared_mapping_on_tmpfs_never_runs() {
+    the_approved_bytes_run_after_a_stat_preserving_rewrite(std::path::Path::new("/dev/shm")).await;
+}
+
+#[tokio::test]
+async fn a_rewrite_through_a_shared_mapping_on_disk_never_runs() {
+    // A directory on the disk (ext4 here), not a tmpfs.
+    let disk = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    the_approved_bytes_run_after_a_stat_preserving_rewrite(&disk).await;
+}
+
+/// Issue 47, row 5, Python: a handler.py rewritten through a shared mapping on tmpfs (its stat
+/// unchanged) and a worker restart: the runner hashes the bytes it reads and compiles exactly
+/// those, so the rewrite is refused at import; never run.
+#[tokio::test]
+async fn a_python_handler_rewritten_through_a_shared_mapping_never_runs() {
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    for d in ["hooks", "home", "out"] {
+        std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+    }
+    let hooks = crate::util::Hooks { tmp };
+    let code = "import os\n\ndef handle(e, c):\n    if e == 'agent:crash':\n        os._exit(3)\n    return 'approved'\n";
+    let dir = hooks.python("mapped-py", r#"["command:run", "agent:crash"]"#, code);
+    let handler = dir.join("handler.py");
+    std::thread::sleep(std::time::Duration::from_millis(300)); // past the caches' racy window
+    let host =
+        crate::util::approved_host(&hooks, "mapped-py", "command:run", json!("approved")).await;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&handler)
+        .unwrap();
+    // SAFETY: a shared mapping of the file's bytes, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            code.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let at = code.find("approved").unwrap();
+    for (i, b) in b"REPLACED".iter().enumerate() {
+        // SAFETY: within the mapping.
+        unsafe { (map as *mut u8).add(at + i).write_volatile(*b) };
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(map, code.len()) };
+    drop(file);
+    let _ = crate::util::collect_one(&host, "agent:crash", json!({})).await;
+    let got = crate::util::collect_one(&host, "command:run", json!({})).await;
+    assert_ne!(got, Ok(Some(json!("REPLACED"))), "unapproved bytes ran");
+    host.shutdown(std::time::Duration::from_secs(20)).await;
+}

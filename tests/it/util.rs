@@ -435,6 +435,25 @@ pub fn http(
     parse_response(&raw)
 }
 
+/// [`http`] without a body, tolerating a service that goes away: the status, or `None` when
+/// the connection was refused or closed without an answer.
+pub fn http_result(addr: &str, method: &str, path: &str) -> Option<u16> {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return None;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return None;
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return None;
+    }
+    Some(parse_response(&raw).0)
+}
+
 /// Parses a raw HTTP/1.1 response (Content-Length, chunked, or to EOF).
 pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let split = raw

@@ -3,7 +3,9 @@
 //! the end, while a client keeps emitting fire-and-forget events to a background hook. Decisions
 //! must not fail open: every collect, from the first one sent while the hooks are still loading,
 //! answers either 503 `not_ready` or with every decision hook's verdict (none `timed_out`, none
-//! missing, never an empty "no objection").
+//! missing, never an empty "no objection"). Meanwhile (issue 47) the collects also wait behind an
+//! executable decision hook's running event, a Python decision worker that crashed and restarts
+//! for the collect, and a reload of a decision hook whose handler.py was edited.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,16 +19,53 @@ use crate::util::{Hooks, Serve};
 /// A decision hook: `cpu_ms` of CPU, then its verdict and its pid.
 fn decision_hook(hooks: &Hooks, name: &str, cpu_ms: u32, verdict: &str) {
     let code = format!(
-        "import os, time\n\ndef handle(event, context):\n    t = time.process_time()\n    while time.process_time() - t < {cpu}:\n        pass\n    return {{'decision': {verdict:?}, 'pid': os.getpid()}}\n",
+        "import os, time\n\ndef handle(event, context):\n    if event == 'agent:crash':\n        os._exit(3)\n    t = time.process_time()\n    while time.process_time() - t < {cpu}:\n        pass\n    return {{'decision': {verdict:?}, 'pid': os.getpid()}}\n",
         cpu = f64::from(cpu_ms) / 1000.0,
     );
     hooks.add(
         name,
         &[
-            ("HOOK.yaml", "events: [\"command:*\"]\ntimeout: 3\n"),
+            (
+                "HOOK.yaml",
+                "events: [\"command:*\", \"agent:crash\"]\ntimeout: 3\n",
+            ),
             ("handler.py", &code),
         ],
     );
+}
+
+/// An executable decision hook: denies `command:*`; an `agent:slow` event runs about 0.3 s of
+/// CPU first (a running event a collect waits behind).
+fn exec_decision_hook(hooks: &Hooks) {
+    let script = "#!/bin/sh\nread -r line\ncase \"$line\" in\n  *agent:slow*) i=0; while [ $i -lt 40000 ]; do i=$((i+1)); done; echo null ;;\n  *) echo '{\"decision\": \"deny\"}' ;;\nesac\n";
+    let dir = hooks.exec("exec-guard", r#"["command:*", "agent:slow"]"#, script);
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: exec-guard\nevents: [\"command:*\", \"agent:slow\"]\ntimeout: 5\n",
+    )
+    .unwrap();
+}
+
+/// What the loop does before its collect number `i`: an executable event that runs while the
+/// collect waits, a crash of a Python decision worker (restarted for the collect), or an edit
+/// and reload of a decision hook (the new version answers).
+fn disturb(addr: &str, hooks: &Hooks, i: usize) {
+    let emit = |event: &str| {
+        let body = serde_json::to_vec(&json!({ "event": event })).unwrap();
+        let _ = try_http(addr, "POST", "/v1/events", &body);
+    };
+    match i % 4 {
+        1 => emit("agent:slow"),
+        2 => emit("agent:crash"),
+        3 => {
+            let handler = hooks.root().join("allow-audit").join("handler.py");
+            let code = std::fs::read_to_string(&handler).unwrap();
+            std::fs::write(&handler, format!("{code}\n# edit {i}\n")).unwrap();
+            let (addr, body) = (addr.to_string(), b"{}".to_vec());
+            std::thread::spawn(move || try_http(&addr, "POST", "/v1/reload", &body));
+        }
+        _ => {}
+    }
 }
 
 #[test]
@@ -37,6 +76,7 @@ fn busy_cpu_soak_every_collect_gets_every_verdict() {
     let hooks = Hooks::new();
     decision_hook(&hooks, "deny-policy", 50, "deny");
     decision_hook(&hooks, "allow-audit", 10, "allow");
+    exec_decision_hook(&hooks);
     hooks.add(
         "background",
         &[
@@ -101,6 +141,7 @@ fn busy_cpu_soak_every_collect_gets_every_verdict() {
     let mut times = Vec::new();
     let mut pids = std::collections::BTreeSet::new();
     while Instant::now() < until {
+        disturb(&addr, &hooks, times.len());
         let started = Instant::now();
         let (status, v) =
             try_http(&addr, "POST", "/v1/collect", &body).expect("the service answers");
@@ -131,7 +172,7 @@ fn busy_cpu_soak_every_collect_gets_every_verdict() {
     assert_eq!(serve.terminate(), Some(0));
 }
 
-/// A collect's answer: both verdicts in match order (discovery order), no error.
+/// A collect's answer: every verdict in match order (discovery order), no error.
 fn check(status: u16, v: &Value, i: usize) {
     assert_eq!(status, 200, "collect {i}: {v}");
     assert_eq!(
@@ -147,7 +188,7 @@ fn check(status: u16, v: &Value, i: usize) {
         .collect();
     assert_eq!(
         verdicts,
-        ["allow", "deny"],
+        ["allow", "deny", "deny"],
         "collect {i}: every verdict: {v}"
     );
 }

@@ -87,6 +87,8 @@ struct Worker {
     exited: Option<String>,
     /// Tells it to start no further call once a newer version of the hook is ready.
     _retire: Retire,
+    /// Its entry in the hook's boost cell (raised while a collect waits for the hook).
+    _boost: Option<crate::priority::BoostEntry>,
 }
 
 impl Worker {
@@ -320,49 +322,12 @@ impl PythonHandler {
             .handler_path
             .as_ref()
             .ok_or_else(|| HandlerError::Load("python hook without a handler file".into()))?;
-        crate::trust::prestart::check(&self.ctx.files, &self.ctx.name).await?;
+        self.ctx.check_files().await?;
         // Importing the handler is what a decision would wait for: the new worker runs in the
         // normal class until it is ready (crate::priority; lowered again after).
         let _starting = self.ctx.signals.boost.boost();
         let mut worker = match start_mode(&self.ctx) {
-            StartMode::Forked => {
-                match zygote::fork_worker(
-                    &self.ctx.python,
-                    &self.runner,
-                    &self.ctx.dir,
-                    &self.ctx.cwd,
-                    handler,
-                    &self.ctx.name,
-                    &self
-                        .ctx
-                        .confined_env()
-                        .unwrap_or_else(|| self.ctx.process_env()),
-                    zygote::Priorities {
-                        worker: self.ctx.priority.resolved(),
-                        fork_server: self.ctx.default_priority.resolved(),
-                    },
-                    self.ctx.sandbox.is_some(),
-                )
-                .await
-                {
-                    Ok(forked) => {
-                        let w = self.adopt(forked)?;
-                        self.ctx.signals.set_start(
-                            "forked",
-                            format!("from the fork server of {}", self.ctx.python),
-                        );
-                        w
-                    }
-                    Err(e) => {
-                        tracing::warn!(hook = %self.ctx.name, "cannot fork the python worker ({e}); starting it from scratch");
-                        let w = self.spawn_fresh(handler).await?;
-                        self.ctx
-                            .signals
-                            .set_start("fresh", format!("fork server unavailable: {e}"));
-                        w
-                    }
-                }
-            }
+            StartMode::Forked => self.spawn_forked(handler).await?,
             StartMode::Fresh(why) => {
                 let w = self.spawn_fresh(handler).await?;
                 self.ctx.signals.set_start("fresh", why);
@@ -370,10 +335,12 @@ impl PythonHandler {
             }
         };
         if let Some(pid) = worker.pid() {
-            self.ctx
-                .signals
-                .boost
-                .set_process(pid, self.ctx.priority.resolved());
+            worker._boost = Some(
+                self.ctx
+                    .signals
+                    .boost
+                    .add_process(pid, self.ctx.priority.resolved()),
+            );
         }
         let start_timeout = self.ctx.timeout.max(MIN_START_TIMEOUT);
         let handshake = async {
@@ -429,6 +396,53 @@ impl PythonHandler {
         }
     }
 
+    /// A worker forked by the fork server of the hook's interpreter; started from scratch when
+    /// the fork server cannot fork it.
+    async fn spawn_forked(&self, handler: &Path) -> Result<Worker, HandlerError> {
+        let forked = zygote::fork_worker(
+            &self.ctx.python,
+            &self.runner,
+            &self.ctx.dir,
+            &self.ctx.cwd,
+            handler,
+            &self.ctx.name,
+            &self
+                .ctx
+                .confined_env()
+                .unwrap_or_else(|| self.ctx.process_env()),
+            zygote::Priorities {
+                // Raised while a collect waits (always while it starts: `_starting`),
+                // so the worker never lowers itself after the service raised it; the
+                // service lowers it once it is ready and no collect waits (issue 47).
+                worker: crate::priority::starting(
+                    self.ctx.priority.resolved(),
+                    self.ctx.signals.boost.boosted(),
+                ),
+                fork_server: self.ctx.default_priority.resolved(),
+            },
+            self.ctx.sandbox.is_some(),
+        )
+        .await;
+        match forked {
+            Ok(forked) => {
+                let w = self.adopt(forked)?;
+                self.ctx.signals.set_start(
+                    "forked",
+                    format!("from the fork server of {}", self.ctx.python),
+                );
+                Ok(w)
+            }
+            Err(e) => {
+                tracing::warn!(hook = %self.ctx.name, "cannot fork the python worker ({e}); starting it from scratch");
+                let w = self.spawn_fresh(handler).await?;
+                self.ctx
+                    .signals
+                    .set_start("fresh", format!("fork server unavailable: {e}"));
+                Ok(w)
+            }
+        }
+    }
+
     /// The hello line: the protocol, and the files of the hook's tree with their SHA-256, which
     /// the runner's import hook checks every module against when it is imported.
     fn hello(&self) -> Vec<u8> {
@@ -473,14 +487,31 @@ impl PythonHandler {
             .arg(&self.ctx.dir)
             .arg(handler)
             .arg(&self.ctx.name);
-        let mut child = crate::priority::spawn_at_base_async(move || cmd.spawn())
+        // On the hook's own starter thread: the start waits for the child's exec, which may
+        // wait on the hook's files (its working directory, a `python:` inside the hook).
+        let cannot = |e: String| {
+            HandlerError::Load(format!(
+                "cannot start Python interpreter {:?}: {e}",
+                self.ctx.python
+            ))
+        };
+        self.ctx.starter.keep_threads();
+        let mut child = self
+            .ctx
+            .starter
+            .run(
+                "the start of the python worker",
+                Some(crate::handler::starter::CHECK_DEADLINE),
+                move || cmd.spawn(),
+                |started| {
+                    if let Ok(mut child) = started {
+                        let _ = child.start_kill();
+                    }
+                },
+            )
             .await
-            .map_err(|e| {
-                HandlerError::Load(format!(
-                    "cannot start Python interpreter {:?}: {e}",
-                    self.ctx.python
-                ))
-            })?;
+            .map_err(|e| cannot(e.to_string()))?
+            .map_err(|e| cannot(e.to_string()))?;
         let group = GroupKill::new(child.id());
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -498,6 +529,7 @@ impl PythonHandler {
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
             _retire: retire,
+            _boost: None,
         })
     }
 
@@ -529,6 +561,7 @@ impl PythonHandler {
             stderr_task: log_stderr(self.ctx.name.clone(), stderr),
             exited: None,
             _retire: retire,
+            _boost: None,
         })
     }
 

@@ -1083,8 +1083,13 @@ def note_home_withheld(err):
 
 def set_priority(nice, idle):
     """The worker's CPU priority (never above the fork server's: the host starts a worker that
-    needs more from scratch); a failure is logged and the worker keeps the fork server's."""
+    needs more from scratch; but raised while a collect waits for the hook, which the host
+    lowers again); a failure is logged and the worker keeps the fork server's."""
     try:
+        # Raised by the host (a collect waits for this hook): out of SCHED_IDLE first, or the
+        # nice value cannot be raised; the host lowers the worker again once it is ready.
+        if not idle and hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         if isinstance(nice, int) and os.getpriority(os.PRIO_PROCESS, 0) != nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         if idle and hasattr(os, "SCHED_IDLE"):

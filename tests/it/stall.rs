@@ -1,0 +1,322 @@
+//! One hook's files that stall delay only that hook (issue 47, rows 1 and 4): hooks whose
+//! files sit on a FUSE mount whose every operation blocks (`stallfs.py`, mfusepy), beside healthy
+//! hooks on local disk. No runtime thread and no thread other hooks need may wait on the mount.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::util::{Hooks, Serve, parse_response, poll, set_mode};
+
+/// The Python with mfusepy, as `build.rs` looks it up.
+fn fuse_python() -> PathBuf {
+    std::env::var_os("HERMES_FUSE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuse-venv/bin/python")
+        })
+}
+
+/// A read-only mirror of a directory on a FUSE mount that blocks while stalled.
+struct StallFs {
+    child: Child,
+    mount: PathBuf,
+    flag: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl StallFs {
+    /// Mounts a mirror of `source` and waits until it answers.
+    fn mount(source: &Path) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        let flag = dir.path().join("stalled");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/stallfs.py");
+        let child = Command::new(fuse_python())
+            .arg(script)
+            .arg(source)
+            .arg(&mount)
+            .arg(&flag)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start stallfs.py (mfusepy: .ci/run installs it in target/fuse-venv)");
+        let fs = Self {
+            child,
+            mount,
+            flag,
+            _dir: dir,
+        };
+        let first = std::fs::read_dir(source).unwrap().next().unwrap().unwrap();
+        poll(Duration::from_secs(20), "the FUSE mount", || {
+            fs.mount.join(first.file_name()).exists().then_some(())
+        });
+        fs
+    }
+
+    fn stall(&self) {
+        std::fs::write(&self.flag, "").unwrap();
+    }
+
+    fn release(&self) {
+        let _ = std::fs::remove_file(&self.flag);
+    }
+
+    /// Ends the stall when dropped: declared after the service, it is dropped before it, so a
+    /// failing test's service is never killed while its threads wait on the mount.
+    fn released_on_drop(&self) -> Release {
+        Release(self.flag.clone())
+    }
+}
+
+/// See [`StallFs::released_on_drop`].
+struct Release(PathBuf);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl Drop for StallFs {
+    fn drop(&mut self) {
+        self.release();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+/// One request with a 5 s deadline (a service whose runtime threads hang never answers):
+/// status (0 without an answer), body, time taken.
+fn quick(addr: &str, method: &str, path: &str, body: &Value) -> (u16, Value, Duration) {
+    let started = Instant::now();
+    let body = if body.is_null() {
+        Vec::new()
+    } else {
+        serde_json::to_vec(body).unwrap()
+    };
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return (0, Value::Null, started.elapsed());
+    }
+    let (status, _, b) = parse_response(&raw);
+    (
+        status,
+        serde_json::from_slice(&b).unwrap_or(Value::Null),
+        started.elapsed(),
+    )
+}
+
+/// GET `path` within [`quick`]'s deadline (`null` without an answer).
+fn get(serve: &Serve, path: &str) -> Value {
+    quick(&serve.addr, "GET", path, &Value::Null).1
+}
+
+/// A hook directory in `root` with `files` (the handler made executable when named `handler`).
+fn hook_in(root: &Path, name: &str, files: &[(&str, &str)]) {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, content) in files {
+        std::fs::write(dir.join(file), content).unwrap();
+        if *file == "handler" {
+            set_mode(&dir.join(file), 0o755);
+        }
+    }
+}
+
+const DENY_SH: &str = "#!/bin/sh\ncat >/dev/null\necho '{\"decision\": \"deny\"}'\n";
+
+/// Issue 47, row 1: two executable hooks whose files are on a FUSE mount that stalls, and a
+/// healthy executable hook `ok` on local disk. One `agent:step` after the stall used to block
+/// both runtime threads in the check before the start (`RunFiles::rescan_cached` and the spawn
+/// ran on the runtime thread): `/healthz`, an emit and a collect on `ok` all timed out. The
+/// checks and starts now run on each hook's own starter thread.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn exec_hooks_whose_files_stall_delay_only_themselves() {
+    let hooks = Hooks::new();
+    hooks.exec("ok", r#"["agent:step", "command:run"]"#, DENY_SH);
+    let source = tempfile::tempdir().unwrap();
+    for name in ["stall-a", "stall-b"] {
+        let yaml = format!("name: {name}\nevents: [\"agent:step\"]\ntimeout: 30\n");
+        hook_in(
+            source.path(),
+            name,
+            &[("HOOK.yaml", &yaml), ("handler", DENY_SH)],
+        );
+    }
+    let fs = StallFs::mount(source.path());
+    let mount = fs.mount.display().to_string();
+    let serve = Serve::start(&hooks, &["--hooks-dir", &mount]);
+    let _release = fs.released_on_drop();
+    let v = get(&serve, "/v1/hooks");
+    let loaded: Vec<&str> = v["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["name"].as_str())
+        .collect();
+    assert!(
+        loaded.contains(&"stall-a") && loaded.contains(&"stall-b"),
+        "{v}"
+    );
+    // Each runs once while its files answer.
+    let (s, _, _) = quick(
+        &serve.addr,
+        "POST",
+        "/v1/events",
+        &json!({"event": "agent:step"}),
+    );
+    assert_eq!(s, 202);
+    poll(Duration::from_secs(20), "the first events", || {
+        let v = get(&serve, "/v1/hooks");
+        v["hooks"]
+            .as_array()?
+            .iter()
+            .all(|h| h["counters"]["ok"].as_u64() == Some(1))
+            .then_some(())
+    });
+    fs.stall();
+    let (s, _, _) = quick(
+        &serve.addr,
+        "POST",
+        "/v1/events",
+        &json!({"event": "agent:step"}),
+    );
+    assert_eq!(s, 202);
+    // The stalled hooks' starts wait on the mount (busy: in their call, checking their files).
+    poll(Duration::from_secs(10), "the stalled hooks' starts", || {
+        let v = get(&serve, "/v1/hooks");
+        v["hooks"]
+            .as_array()?
+            .iter()
+            .filter(|h| h["name"] != "ok")
+            .all(|h| h["status"] == "busy")
+            .then_some(())
+    });
+    for _ in 0..3 {
+        let (s, _, took) = quick(&serve.addr, "GET", "/healthz", &Value::Null);
+        assert_eq!(s, 200, "/healthz answers ({took:?})");
+        assert!(took < Duration::from_secs(2), "/healthz took {took:?}");
+        let (s, _, took) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/events",
+            &json!({"event": "agent:step"}),
+        );
+        assert_eq!(s, 202, "an emit is taken ({took:?})");
+        assert!(took < Duration::from_secs(2), "an emit took {took:?}");
+        let (s, v, took) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/collect",
+            &json!({"event": "command:run"}),
+        );
+        assert_eq!(s, 200, "a collect on ok answers ({took:?}): {v}");
+        assert_eq!(
+            v["results"],
+            json!([{"hook": "ok", "result": {"decision": "deny"}}]),
+            "{v}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "a collect on ok took {took:?}"
+        );
+    }
+    fs.release();
+}
+
+/// Issue 47, row 4: ten Python hooks whose files are on a FUSE mount that stalls and a healthy
+/// Python hook `h`; a reload, the ten crash, then `h` crashes. The check before each restart ran
+/// on the runtime's 8-thread blocking pool without a deadline: the stalled checks took every
+/// thread, `h` stayed `restarting` and its collect timed out. Each check now runs on its hook's
+/// own starter thread, within a deadline: `h` restarts and answers.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_check_does_not_starve_other_hooks_restarts() {
+    let crash_or_deny = "import os\n\ndef handle(event, context):\n    if event == 'agent:crash':\n        os._exit(3)\n    return {'decision': 'deny'}\n";
+    let hooks = Hooks::new();
+    hooks.python("h", r#"["agent:crash", "command:run"]"#, crash_or_deny);
+    let source = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        let name = format!("stalled-{i}");
+        let yaml = format!("name: {name}\nevents: [\"agent:crash\"]\n");
+        hook_in(
+            source.path(),
+            &name,
+            &[("HOOK.yaml", &yaml), ("handler.py", crash_or_deny)],
+        );
+    }
+    let fs = StallFs::mount(source.path());
+    let mount = fs.mount.display().to_string();
+    let serve = Serve::start(&hooks, &["--hooks-dir", &mount]);
+    let _release = fs.released_on_drop();
+    let v = get(&serve, "/v1/hooks");
+    assert_eq!(v["hooks"].as_array().map(Vec::len), Some(11), "{v}");
+    fs.stall();
+    // A reload now scans the stalled mount: it may never finish; nothing below waits for it.
+    let addr = serve.addr.clone();
+    std::thread::spawn(move || quick(&addr, "POST", "/v1/reload", &json!({})));
+    // All eleven crash; the next event restarts each (after its backoff): the ten stalled
+    // hooks' checks wait on the mount, h crashes once more.
+    for _ in 0..2 {
+        let (s, v, took) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/events",
+            &json!({"event": "agent:crash"}),
+        );
+        assert_eq!(s, 202, "{v} after {took:?}");
+    }
+    poll(
+        Duration::from_secs(20),
+        "the stalled hooks' restarts",
+        || {
+            let v = get(&serve, "/v1/hooks");
+            let restarting = v["hooks"]
+                .as_array()?
+                .iter()
+                .filter(|h| h["name"] != "h" && h["status"] == "restarting")
+                .count();
+            (restarting == 10).then_some(())
+        },
+    );
+    // h restarts for a collect and answers while the ten still wait on their files.
+    let started = Instant::now();
+    let (s, v, took) = quick(
+        &serve.addr,
+        "POST",
+        "/v1/collect",
+        &json!({"event": "command:run", "timeout_ms": 8000}),
+    );
+    assert_eq!(s, 200, "{v} after {took:?}");
+    assert_eq!(
+        v["results"],
+        json!([{"hook": "h", "result": {"decision": "deny"}}]),
+        "h answers after {:?}: {v}",
+        started.elapsed()
+    );
+    fs.release();
+}
