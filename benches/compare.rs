@@ -34,7 +34,7 @@ fn http_emits(addr: &str, count: usize) -> Vec<f64> {
     let mut reader = BufReader::new(sock.try_clone().expect("clone"));
     let body = br#"{"event": "agent:start", "context": {"platform": "telegram", "user_id": "42", "message": "hello"}}"#;
     let req = format!(
-        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     let mut out = Vec::with_capacity(count);
@@ -242,7 +242,7 @@ fn unix_ready(sock: &std::path::Path) -> bool {
     let Ok(mut s) = std::os::unix::net::UnixStream::connect(sock) else {
         return false;
     };
-    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .is_err()
     {
         return false;

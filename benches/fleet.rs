@@ -45,7 +45,7 @@ fn spawn(args: &[&str], home: &Path) -> Proc {
 fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");

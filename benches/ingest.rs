@@ -23,7 +23,7 @@ fn hammer(addr: &str, path: &str, body: &[u8]) -> u64 {
     sock.set_nodelay(true).expect("nodelay");
     let mut reader = BufReader::new(sock.try_clone().expect("clone"));
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     let mut req = head.into_bytes();

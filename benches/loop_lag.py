@@ -274,7 +274,7 @@ def ready(sock_path: str) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(2)
             s.connect(sock_path)
-            s.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            s.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             return s.recv(64).startswith(b"HTTP/1.1 200")
     except OSError:
         return False

@@ -18,7 +18,7 @@ fn collect(addr: &str, event: &str) -> serde_json::Value {
     let body = format!("{{\"event\": \"{event}\", \"timeout_ms\": 2000}}");
     let mut s = TcpStream::connect(addr).expect("connect");
     let req = format!(
-        "POST /v1/collect HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/collect HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");

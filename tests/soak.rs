@@ -155,7 +155,7 @@ fn try_http(addr: &str, method: &str, path: &str, body: &[u8]) -> Option<(u16, V
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: soak\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).ok()?;
@@ -655,7 +655,7 @@ fn chaos_soak_keeps_every_promise() {
                     }
                     4 => raw_send(
                         &addr,
-                        b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"ev",
+                        b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"ev",
                         true,
                     ),
                     5 => {
@@ -679,7 +679,7 @@ fn chaos_soak_keeps_every_promise() {
                     }
                     _ => {
                         let long = format!(
-                            "GET /v1/hooks/{} HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                            "GET /v1/hooks/{} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
                             "a".repeat(10_000),
                             "b".repeat(100_000)
                         );

@@ -534,7 +534,7 @@ fn a_client_leaving_mid_body_is_not_a_413() {
     let mut s = std::net::TcpStream::connect(&serve.addr).unwrap();
     s.set_read_timeout(Some(T)).unwrap();
     s.write_all(
-        b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"event\": ",
+        b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"event\": ",
     )
     .unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
