@@ -48,10 +48,14 @@ pub enum DashboardCommand {
 /// Runs `dashboard install|uninstall` against `$HERMES_HOME`; prints what was done.
 pub fn dashboard(command: DashboardCommand) -> i32 {
     let home = crate::layout::hermes_home();
-    let result = match command {
+    print_lines(match command {
         DashboardCommand::Install => install(&home),
         DashboardCommand::Uninstall => uninstall(&home),
-    };
+    })
+}
+
+/// The exit code of an install or uninstall: its lines printed (0), or its error (1).
+pub(crate) fn print_lines(result: Result<Vec<String>, String>) -> i32 {
     match result {
         Ok(lines) => {
             for l in lines {

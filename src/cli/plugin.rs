@@ -12,7 +12,6 @@ use clap::Subcommand;
 use crate::cli::dashboard::{
     PLUGIN, add_enabled, list_of, parse, read_config, remove_enabled, write_checked,
 };
-use crate::cli::exit::fail;
 
 /// `plugin install` or `plugin uninstall`.
 #[derive(Debug, Subcommand)]
@@ -26,19 +25,10 @@ pub enum PluginCommand {
 /// Runs `plugin install|uninstall` against `$HERMES_HOME`; prints what was done.
 pub fn plugin(command: PluginCommand) -> i32 {
     let home = crate::layout::hermes_home();
-    let result = match command {
+    crate::cli::dashboard::print_lines(match command {
         PluginCommand::Install => install(&home),
         PluginCommand::Uninstall => uninstall(&home),
-    };
-    match result {
-        Ok(lines) => {
-            for l in lines {
-                println!("{l}");
-            }
-            0
-        }
-        Err(e) => fail(e),
-    }
+    })
 }
 
 /// Adds the plugin to `plugins.enabled`; returns what it did, a line each.

@@ -39,11 +39,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 
 from playwright.sync_api import sync_playwright
+
+import procs
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -65,14 +66,7 @@ def say(msg):
 
 
 def wait_for(what, probe, timeout=DEADLINE_S, every=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(every)
+    return procs.wait_for(what, probe, timeout, every)
 
 
 def write_hook(root, name, yaml, handler=None):

@@ -46,9 +46,15 @@ fn gateway_venv() -> PathBuf {
               or set HERMES_AGENT_VENV, then touch build.rs"
 )]
 fn the_real_gateway_emits_the_same_events_through_the_service_as_in_process() {
+    run_module("test_real_gateway", 4);
+}
+
+/// Runs `tests/real_gateway/MODULE.py` with unittest on the gateway's venv and the binary under
+/// test; every one of its `tests` tests must run and pass.
+fn run_module(module: &str, tests: usize) {
     let venv = gateway_venv();
     let out = Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_real_gateway"])
+        .args(["-m", "unittest", "-v", module])
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real_gateway"))
         .env("HERMES_AGENT_VENV", &venv)
         .env("HERMES_HOOKS_BIN", bin())
@@ -56,8 +62,8 @@ fn the_real_gateway_emits_the_same_events_through_the_service_as_in_process() {
         .output()
         .expect("run python3");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "real-gateway tests failed:\n{stderr}");
-    assert!(stderr.contains("Ran 4 tests"), "{stderr}");
+    assert!(out.status.success(), "{module} failed:\n{stderr}");
+    assert!(stderr.contains(&format!("Ran {tests} tests")), "{stderr}");
     assert!(!stderr.contains("skipped"), "tests were skipped:\n{stderr}");
 }
 
@@ -74,17 +80,5 @@ fn the_real_gateway_emits_the_same_events_through_the_service_as_in_process() {
               or set HERMES_AGENT_VENV, then touch build.rs"
 )]
 fn the_agent_events_reach_hooks_in_chat_and_in_the_gateway() {
-    let venv = gateway_venv();
-    let out = Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_agent_hooks"])
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real_gateway"))
-        .env("HERMES_AGENT_VENV", &venv)
-        .env("HERMES_HOOKS_BIN", bin())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("run python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "agent-hook tests failed:\n{stderr}");
-    assert!(stderr.contains("Ran 5 tests"), "{stderr}");
-    assert!(!stderr.contains("skipped"), "tests were skipped:\n{stderr}");
+    run_module("test_agent_hooks", 5);
 }
