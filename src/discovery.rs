@@ -345,6 +345,19 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
+    // The agent's events reach the service only (the Hermes plugin asks it): a hook run inside
+    // the gateway never sees them (issue 49).
+    if placement.in_gateway()
+        && let Some(e) = crate::events::AGENT_EVENTS
+            .iter()
+            .find(|e| patterns.matches(e.name).is_some())
+    {
+        manifest.warnings.push(format!(
+            "`events:` takes the agent's `{}`, but the hook runs inside the gateway, which the \
+             agent's events never reach: set `runs: service` to receive them",
+            e.name
+        ));
+    }
 
     let (fingerprint, sha256) = fingerprint(&text, handler_path.as_deref(), dir, &files);
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)

@@ -542,3 +542,32 @@ fn consent_carries_over_under_explicit_trust_and_config_edits_are_seen() {
         "revoked stays revoked"
     );
 }
+
+/// Issue 49: the agent's events reach the service only, so a hook that runs inside the gateway
+/// and asks for one is told so by `check` (a warning naming the event and `runs: service`).
+#[test]
+fn a_gateway_placed_hook_asking_for_agent_events_is_warned() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "ingw",
+        &[
+            (
+                "HOOK.yaml",
+                "name: ingw\nevents: [\"pre_tool_call\", \"agent:start\"]\nruns: gateway\n",
+            ),
+            (
+                "handler.py",
+                "def handle(event, context):\n    return None\n",
+            ),
+        ],
+    );
+    let (_, said) = run(
+        &hooks,
+        &["check", "--hooks-dir", &hooks.root().display().to_string()],
+    );
+    assert!(
+        said.contains("takes the agent's `pre_tool_call`, but the hook runs inside the gateway")
+            && said.contains("runs: service"),
+        "{said}"
+    );
+}
