@@ -57,7 +57,7 @@ pub fn install(home: &Path) -> Result<Vec<String>, String> {
     }
     out.push(
         "Hermes loads it from the hermes-hooks client installed in its Python environment \
-         (`pip install hermes-hooks` there); restart `hermes gateway run`, and `hermes chat` \
+         (the wheel from `maturin build --release`, or `pip install ./clients/python`, there); restart `hermes gateway run`, and `hermes chat` \
          picks it up on its next start"
             .to_string(),
     );
