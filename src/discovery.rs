@@ -345,19 +345,9 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
-    // The agent's events reach the service only (the Hermes plugin asks it): a hook run inside
-    // the gateway never sees them (issue 49).
-    if placement.in_gateway()
-        && let Some(e) = crate::events::AGENT_EVENTS
-            .iter()
-            .find(|e| patterns.matches(e.name).is_some())
-    {
-        manifest.warnings.push(format!(
-            "`events:` takes the agent's `{}`, but the hook runs inside the gateway, which the \
-             agent's events never reach: set `runs: service` to receive them",
-            e.name
-        ));
-    }
+    manifest
+        .warnings
+        .extend(agent_events_in_gateway(&placement, &patterns));
 
     let (fingerprint, sha256) = fingerprint(&text, handler_path.as_deref(), dir, &files);
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)
@@ -380,6 +370,25 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         placement,
         sha256,
     })
+}
+
+/// The agent's events reach the service only (the Hermes plugin asks it): a hook run inside
+/// the gateway whose `events:` take one never sees it (issue 49). The warning, if so.
+fn agent_events_in_gateway(
+    placement: &crate::placement::Placement,
+    patterns: &PatternSet,
+) -> Option<String> {
+    if !placement.in_gateway() {
+        return None;
+    }
+    let e = crate::events::AGENT_EVENTS
+        .iter()
+        .find(|e| patterns.matches(e.name).is_some())?;
+    Some(format!(
+        "`events:` takes the agent's `{}`, but the hook runs inside the gateway, which the \
+         agent's events never reach: set `runs: service` to receive them",
+        e.name
+    ))
 }
 
 /// Reads and parses HOOK.yaml: its text and the manifest, or why not.
