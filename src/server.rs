@@ -178,13 +178,20 @@ fn route_table() -> Vec<(&'static str, &'static str, MethodRouter<AppState>)> {
     ]
 }
 
-/// Whether `path` is one of the routes that take a POST (a `{param}` matches one segment).
+/// Whether `path` is one of the routes that take a POST (a `{param}` matches one segment). The
+/// patterns are split once: the router's table is not built again for every request.
 fn post_route(path: &str) -> bool {
+    static POSTS: std::sync::OnceLock<Vec<Vec<&'static str>>> = std::sync::OnceLock::new();
+    let posts = POSTS.get_or_init(|| {
+        routes()
+            .into_iter()
+            .filter(|(method, _)| *method == "POST")
+            .map(|(_, route)| route.split('/').collect())
+            .collect()
+    });
     let given: Vec<&str> = path.split('/').collect();
-    routes().iter().any(|(method, route)| {
-        let want: Vec<&str> = route.split('/').collect();
-        *method == "POST"
-            && want.len() == given.len()
+    posts.iter().any(|want| {
+        want.len() == given.len()
             && want
                 .iter()
                 .zip(&given)
@@ -318,8 +325,9 @@ async fn guard(
     ) {
         return refusal(r);
     }
-    let route = g::route_of(req.uri().path());
-    if let Some(peer) = peer.filter(|_| g::is_control(req.method(), &route)) {
+    // Only a POST can be a control request: other requests build no route name.
+    let route = takes_post.then(|| g::route_of(req.uri().path()));
+    if let (Some(peer), Some(route)) = (peer, route.filter(|r| g::is_control(req.method(), r))) {
         let checked = tokio::task::spawn_blocking(move || g::control_caller(&peer, &route)).await;
         match checked {
             Ok(Ok(())) => {}

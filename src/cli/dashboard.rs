@@ -67,12 +67,9 @@ pub(crate) fn print_lines(result: Result<Vec<String>, String>) -> i32 {
     }
 }
 
-fn plugin_dir(home: &Path) -> PathBuf {
-    home.join("plugins").join(PLUGIN)
-}
-
-/// Writes the plugin and enables it; returns what it did, a line each.
-pub fn install(home: &Path) -> Result<Vec<String>, String> {
+/// `$HERMES_HOME/config.yaml` and its text, unless it lists the plugin under
+/// `plugins.disabled` (the operator's choice, which install does not override).
+pub(crate) fn config_allowing(home: &Path) -> Result<(PathBuf, String), String> {
     let config = home.join("config.yaml");
     let text = read_config(&config)?;
     if list_of(&parse(&config, &text)?, "disabled").contains(&PLUGIN.to_string()) {
@@ -81,6 +78,30 @@ pub fn install(home: &Path) -> Result<Vec<String>, String> {
             config.display()
         ));
     }
+    Ok((config, text))
+}
+
+/// Adds the plugin to `plugins.enabled` of `config` (whose text is `text`); says what it did.
+pub(crate) fn enable_in_config(config: &Path, text: &str) -> Result<String, String> {
+    Ok(match add_enabled(text) {
+        None => format!(
+            "{PLUGIN} was already in plugins.enabled of {}",
+            config.display()
+        ),
+        Some(new) => {
+            write_checked(config, text, &new, true)?;
+            format!("added {PLUGIN} to plugins.enabled of {}", config.display())
+        }
+    })
+}
+
+fn plugin_dir(home: &Path) -> PathBuf {
+    home.join("plugins").join(PLUGIN)
+}
+
+/// Writes the plugin and enables it; returns what it did, a line each.
+pub fn install(home: &Path) -> Result<Vec<String>, String> {
+    let (config, text) = config_allowing(home)?;
     let dir = plugin_dir(home);
     for (rel, content) in FILES {
         let path = dir.join(rel);
@@ -90,21 +111,11 @@ pub fn install(home: &Path) -> Result<Vec<String>, String> {
         }
         crate::atomic::write(&path, content.as_bytes(), 0o644).map_err(|e| e.to_string())?;
     }
-    let mut out = vec![format!("wrote the Hooks tab into {}", dir.display())];
-    match add_enabled(&text) {
-        None => out.push(format!(
-            "{PLUGIN} was already in plugins.enabled of {}",
-            config.display()
-        )),
-        Some(new) => {
-            write_checked(&config, &text, &new, true)?;
-            out.push(format!(
-                "added {PLUGIN} to plugins.enabled of {}",
-                config.display()
-            ));
-        }
-    }
-    out.push("restart `hermes dashboard` to see the Hooks tab".to_string());
+    let out = vec![
+        format!("wrote the Hooks tab into {}", dir.display()),
+        enable_in_config(&config, &text)?,
+        "restart `hermes dashboard` to see the Hooks tab".to_string(),
+    ];
     Ok(out)
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use clap::Subcommand;
 
 use crate::cli::dashboard::{
-    PLUGIN, add_enabled, list_of, parse, read_config, remove_enabled, write_checked,
+    PLUGIN, config_allowing, enable_in_config, read_config, remove_enabled, write_checked,
 };
 
 /// `plugin install` or `plugin uninstall`.
@@ -33,28 +33,8 @@ pub fn plugin(command: PluginCommand) -> i32 {
 
 /// Adds the plugin to `plugins.enabled`; returns what it did, a line each.
 pub fn install(home: &Path) -> Result<Vec<String>, String> {
-    let config = home.join("config.yaml");
-    let text = read_config(&config)?;
-    if list_of(&parse(&config, &text)?, "disabled").contains(&PLUGIN.to_string()) {
-        return Err(format!(
-            "{PLUGIN} is in plugins.disabled of {}: remove it there (or run `hermes plugins enable {PLUGIN}`), then install again",
-            config.display()
-        ));
-    }
-    let mut out = Vec::new();
-    match add_enabled(&text) {
-        None => out.push(format!(
-            "{PLUGIN} was already in plugins.enabled of {}",
-            config.display()
-        )),
-        Some(new) => {
-            write_checked(&config, &text, &new, true)?;
-            out.push(format!(
-                "added {PLUGIN} to plugins.enabled of {}",
-                config.display()
-            ));
-        }
-    }
+    let (config, text) = config_allowing(home)?;
+    let mut out = vec![enable_in_config(&config, &text)?];
     out.push(
         "Hermes loads it from the hermes-hooks client installed in its Python environment \
          (the wheel from `maturin build --release`, or `pip install ./clients/python`, there); restart `hermes gateway run`, and `hermes chat` \

@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import http.client
-import signal
 import socket
 import subprocess
 import sys
@@ -116,13 +115,7 @@ class Run:
         return p
 
     def stop(self, p):
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+        procs.stop(p)
 
     def close(self):
         for p in reversed(self.procs):
