@@ -222,8 +222,24 @@ fn peer_pidfd(fd: RawFd) -> Option<OwnedFd> {
 }
 
 /// The inode of the TCP socket whose local end is `local` and remote end `remote`, in this
-/// network namespace.
+/// network namespace. A service on a dual-stack socket (`[::]`) sees an IPv4 client as
+/// `::ffff:a.b.c.d`, while the client's own socket may be an IPv4 one: both forms are looked up.
 fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+    let v4 = |a: SocketAddr| match a {
+        SocketAddr::V6(v6) => v6
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddr::new(ip.into(), v6.port())),
+        SocketAddr::V4(_) => None,
+    };
+    let mapped = v4(local).zip(v4(remote));
+    std::iter::once((local, remote))
+        .chain(mapped)
+        .find_map(|(l, r)| inode_in_table(l, r))
+}
+
+/// [`socket_inode`] in the table of the addresses' family.
+fn inode_in_table(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
     let table = match local {
         SocketAddr::V4(_) => "/proc/net/tcp",
         SocketAddr::V6(_) => "/proc/net/tcp6",
@@ -306,6 +322,22 @@ mod tests {
         assert_eq!(proc_addr(a), "0100007F:2253");
         let b: SocketAddr = "[::1]:80".parse().unwrap();
         assert_eq!(proc_addr(b), "00000000000000000000000001000000:0050");
+    }
+
+    /// Issue 46 row 3's neighbour: a service on a dual-stack socket sees an IPv4 client as
+    /// `::ffff:127.0.0.1`; the client's socket, an IPv4 one, is still found (else a hook would
+    /// pass as "another machine").
+    #[test]
+    fn an_ipv4_client_of_a_dual_stack_listener_is_found_by_its_socket() {
+        let l = std::net::TcpListener::bind("[::]:0").expect("this machine binds [::]");
+        let port = l.local_addr().unwrap().port();
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (s, remote) = l.accept().unwrap();
+        assert!(matches!(remote, SocketAddr::V6(_)), "{remote}");
+        let local = s.local_addr().unwrap();
+        let inode = socket_inode(remote, local).expect("the client's IPv4 socket");
+        assert_eq!(owner_of_socket(inode), Some(std::process::id() as i32));
+        drop(c);
     }
 
     #[test]
