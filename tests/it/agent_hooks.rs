@@ -571,3 +571,37 @@ fn a_gateway_placed_hook_asking_for_agent_events_is_warned() {
         "{said}"
     );
 }
+
+/// Issue 49, bad input: a config.yaml that is not YAML, an entry without a command and an event
+/// Hermes does not have are each named by `check` (file, key, why), and the hooks of the hook
+/// roots still load.
+#[test]
+fn a_broken_hooks_block_is_named_and_loses_nothing() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "fine",
+        "[\"agent:start\"]",
+        "def handle(event, context):\n    return None\n",
+    );
+    let config = hooks.home().join("config.yaml");
+    let root = hooks.root().display().to_string();
+    std::fs::write(&config, "hooks:\n  pre_tool_call: [\n").unwrap();
+    let (_, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    assert!(
+        said.contains("config.yaml is not YAML") && said.contains("unclosed bracket"),
+        "{said}"
+    );
+    assert!(said.contains("1 hook(s) ok"), "{said}");
+    std::fs::write(
+        &config,
+        "hooks:\n  pre_tool_call:\n    - {matcher: x}\n  not_an_event:\n    - {command: a.sh}\n",
+    )
+    .unwrap();
+    let (_, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    assert!(
+        said.contains("hooks.pre_tool_call[0] has no command; skipped")
+            && said.contains("hooks.not_an_event: not an event of Hermes's agent, skipped"),
+        "{said}"
+    );
+    assert!(said.contains("1 hook(s) ok"), "{said}");
+}
