@@ -192,6 +192,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
                     event: event.clone(),
                     context: std::sync::Arc::new(context().into()),
                     reply: None,
+                    gate: None,
                 });
             }
             while stats.ok.load(Ordering::Relaxed) < done {

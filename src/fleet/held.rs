@@ -34,6 +34,9 @@ use tokio::sync::Notify;
 /// One held message.
 struct Slot {
     msg: Arc<Message>,
+    /// The consumer's delivery sequence of this delivery (the broker's ack floor is kept in
+    /// it: [`Held::flush`]).
+    dseq: u64,
     /// Which holding of the sequence this is.
     id: u64,
     /// Its events not yet finished or handed back.
@@ -63,6 +66,10 @@ pub struct Held {
     pub finished: Notify,
     /// No acknowledgement while set ([`Held::pause`]).
     paused: std::sync::atomic::AtomicBool,
+    /// An ordered hook's lease bound ([`Held::set_gate`]): nothing is sent past it.
+    gate: Mutex<Option<Arc<crate::start_gate::StartGate>>>,
+    /// The delivery sequence of the last cumulative acknowledgement sent ([`Held::flush`]).
+    acked_dseq: std::sync::atomic::AtomicU64,
 }
 
 impl Held {
@@ -74,7 +81,26 @@ impl Held {
             next: Default::default(),
             finished: Notify::new(),
             paused: Default::default(),
+            gate: Mutex::new(None),
+            acked_dseq: Default::default(),
         }
+    }
+
+    /// Sends nothing for these events (acknowledgement, progress, hand-back) once `gate`'s
+    /// bound passed (issue 48: the lease, and with it these deliveries, may be another
+    /// worker's); `None`: no bound (not a lease holder's events).
+    pub fn set_gate(&self, gate: Option<Arc<crate::start_gate::StartGate>>) {
+        if let Ok(mut g) = self.gate.lock() {
+            *g = gate;
+        }
+    }
+
+    /// Whether anything may be sent for these events now ([`Held::set_gate`]).
+    pub fn may_send(&self) -> bool {
+        self.gate
+            .lock()
+            .map(|g| g.as_ref().is_none_or(|g| g.within_bound()))
+            .unwrap_or(false)
     }
 
     /// Holds back every acknowledgement (`true`) until called with `false`, which flushes what
@@ -101,8 +127,10 @@ impl Held {
     /// sequence); returns the holding's id, which [`Held::finish`] and [`Held::give_back`] take.
     pub fn hold(&self, seq: u64, msg: Arc<Message>, events: usize) -> u64 {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dseq = msg.info().map_or(0, |i| i.consumer_sequence);
         if let Ok(mut s) = self.slots.lock() {
             let slot = Slot {
+                dseq,
                 msg,
                 id,
                 left: events.max(1),
@@ -158,6 +186,7 @@ impl Held {
         match then {
             Then::Nothing => {}
             Then::Flush => self.finished.notify_one(),
+            Then::Ack if !self.may_send() => {}
             Then::Ack => {
                 // Boxed: the publish's future would otherwise be part of every event's.
                 if let Err(e) = Box::pin(msg.ack_with(kind)).await {
@@ -190,7 +219,7 @@ impl Held {
             },
             Err(_) => false,
         };
-        if nak {
+        if nak && self.may_send() {
             let _ = msg.ack_with(AckKind::Nak(delay)).await;
         }
     }
@@ -218,7 +247,9 @@ impl Held {
         };
         match msg {
             Some(m) if nak => {
-                let _ = m.ack_with(AckKind::Nak(None)).await;
+                if self.may_send() {
+                    let _ = m.ack_with(AckKind::Nak(None)).await;
+                }
                 true
             }
             Some(_) => true,
@@ -238,33 +269,38 @@ impl Held {
             .is_ok_and(|s| s.get(&seq).is_some_and(|slot| slot.id == id && !slot.back))
     }
 
-    /// `All`: acknowledges the highest sequence up to which every held event is finished, and
-    /// forgets those events. Returns how many it acknowledged.
+    /// `All`: acknowledges the highest sequence up to which every held event is finished and
+    /// whose acknowledgement keeps every later held event's hand-back valid ([`ack_point`]),
+    /// and forgets those events. Returns how many it acknowledged.
     pub async fn flush(&self) -> usize {
-        if !self.ack_all || self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+        if !self.ack_all
+            || self.paused.load(std::sync::atomic::Ordering::SeqCst)
+            || !self.may_send()
+        {
             return 0;
         }
         let (last, n) = {
             let Ok(mut s) = self.slots.lock() else {
                 return 0;
             };
+            let acked = self.acked_dseq.load(std::sync::atomic::Ordering::SeqCst);
+            let Some(n) = ack_point(&s, acked) else {
+                return 0;
+            };
             let mut last = None;
-            let mut n = 0;
-            while let Some(entry) = s.first_entry() {
-                if !entry.get().done {
-                    break;
-                }
-                last = Some(entry.remove().msg);
-                n += 1;
+            for _ in 0..n {
+                last = s.pop_first().map(|(_, slot)| slot);
             }
             (last, n)
         };
-        if let Some(msg) = last
-            && let Err(e) = msg.ack().await
-        {
-            tracing::warn!(
-                "fleet: acknowledgement of {n} event(s) not sent ({e}); they will come again"
-            );
+        if let Some(slot) = last {
+            self.acked_dseq
+                .fetch_max(slot.dseq, std::sync::atomic::Ordering::SeqCst);
+            if let Err(e) = slot.msg.ack().await {
+                tracing::warn!(
+                    "fleet: acknowledgement of {n} event(s) not sent ({e}); they will come again"
+                );
+            }
         }
         n
     }
@@ -274,6 +310,9 @@ impl Held {
     /// while a lower one is handed back or still runs, and without signals the broker would
     /// deliver it again after the ack wait (issue 34).
     pub async fn progress(&self) {
+        if !self.may_send() {
+            return;
+        }
         let msgs: Vec<Arc<Message>> = match self.slots.lock() {
             Ok(s) => s
                 .values()
@@ -309,6 +348,38 @@ impl Held {
             self.leave(seq, id, true).await;
         }
     }
+}
+
+/// How many of the first held messages (stream order) one cumulative acknowledgement settles
+/// now, `None` for none (issue 48 row 2). The broker keeps its ack floor as a delivery sequence:
+/// a cumulative acknowledgement sent through a delivery with sequence `d` is ignored unless `d`
+/// is above the floor, and then raises the floor to `d`, after which a hand-back (`Nak`) of any
+/// delivery at or below `d` is ignored too (it comes back only when its ack wait runs out). A
+/// message delivered again (a hand-over's, a dead holder's) has a newer delivery sequence than
+/// later messages delivered before it. So the acknowledgement goes through the latest finished
+/// message of the finished prefix whose delivery sequence is above the last one sent (`acked`)
+/// and below every later held message's that may still be handed back (finished ones
+/// included: they are acknowledged later, through a delivery of their own or a later one).
+fn ack_point(slots: &BTreeMap<u64, Slot>, acked: u64) -> Option<usize> {
+    let prefix: Vec<u64> = slots
+        .values()
+        .take_while(|s| s.done)
+        .map(|s| s.dseq)
+        .collect();
+    let mut below = slots
+        .values()
+        .skip(prefix.len())
+        .filter(|s| !s.back)
+        .map(|s| s.dseq)
+        .min()
+        .unwrap_or(u64::MAX);
+    for (i, &d) in prefix.iter().enumerate().rev() {
+        if d < below && d > acked {
+            return Some(i + 1);
+        }
+        below = below.min(d);
+    }
+    None
 }
 
 /// Flushes `held` when events finish (at most every `every`, so a burst is one

@@ -12,12 +12,21 @@
 //! the lease while it still runs events it started keeps a second key, `<key>.finishing`, until
 //! they are done ([`Finishing`]): the next holder waits for those events as long as it is there.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use tokio::sync::watch;
 
 use super::FleetConfig;
+use crate::start_gate::{StartGate, monotonic_ns};
+
+/// How much of the lease's time to live the holder gives up as a margin: it starts nothing
+/// (and acknowledges nothing) later than its last renewal's sending plus the time to live less
+/// this ([`StartGate`]).
+pub fn gate_margin(ttl: Duration) -> Duration {
+    (ttl / 5).max(Duration::from_millis(100))
+}
 
 /// The lease bucket, created when missing with `ttl` as its `max_age`.
 pub async fn bucket(
@@ -160,9 +169,11 @@ pub async fn read_note(store: &kv::Store, key: &str) -> Option<bytes::Bytes> {
     store.get(note_key(key)).await.ok().flatten()
 }
 
-/// A held lease: renewed in the background until dropped or lost.
+/// A held lease: renewed in the background until dropped or lost. Its [`StartGate`] says, on
+/// the monotonic clock, until when it is surely still this worker's (issue 48).
 pub struct Lease {
     lost: watch::Receiver<bool>,
+    gate: Arc<StartGate>,
     renew: tokio::task::JoinHandle<()>,
     store: kv::Store,
     key: String,
@@ -180,23 +191,58 @@ impl Lease {
     ) -> Result<Option<Lease>, String> {
         // A holder that released the lease left a delete marker (it lives the bucket's
         // `max_age`); no entry at all: the key ran out (or the hook was never pulled).
-        let vanished = matches!(store.entry(key).await, Ok(None));
+        let entry = store.entry(key).await.ok().flatten();
+        let mut vanished = entry.is_none();
+        let margin = gate_margin(ttl);
+        let sent = monotonic_ns();
         let revision = match store.create(key, holder.to_string().into()).await {
             Ok(r) => r,
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                // Still this worker's own key (it stood down after waking past its bound, or
+                // restarted with the same id before the key ran out): taken back at once by
+                // compare-and-set, as if it had vanished (what it had started may not be done).
+                let Some(own) = entry.filter(|e| {
+                    e.operation == kv::Operation::Put && e.value.as_ref() == holder.as_bytes()
+                }) else {
+                    return Ok(None);
+                };
+                vanished = true;
+                match store
+                    .update(key, holder.to_string().into(), own.revision)
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                }
+            }
             Err(e) => return Err(format!("lease {key}: {e}")),
         };
+        let gate = Arc::new(StartGate::new(StartGate::bound(sent, ttl, margin)));
         let (tx, lost) = watch::channel(false);
         let (store2, key2, holder) = (store.clone(), key.to_string(), holder.to_string());
+        let gate2 = gate.clone();
         let renew = tokio::spawn(async move {
             let mut revision = revision;
             let every = ttl / 4;
             loop {
                 tokio::time::sleep(every).await;
+                if !gate2.within_bound() {
+                    // Woken past the bound (stopped, starved): another worker may hold the
+                    // lease; this one stands down before it looks again.
+                    tracing::warn!(key = %key2, "fleet: lease not renewed in time (this worker was paused or starved); it stops pulling the hook and hands back what it holds");
+                    gate2.shut();
+                    let _ = tx.send(true);
+                    return;
+                }
+                let sent = monotonic_ns();
                 match store2.update(&key2, holder.clone().into(), revision).await {
-                    Ok(r) => revision = r,
+                    Ok(r) => {
+                        revision = r;
+                        gate2.extend(StartGate::bound(sent, ttl, margin));
+                    }
                     Err(e) => {
                         tracing::warn!(key = %key2, "fleet: lease lost ({e}); this worker stops pulling the hook");
+                        gate2.shut();
                         let _ = tx.send(true);
                         return;
                     }
@@ -205,6 +251,7 @@ impl Lease {
         });
         Ok(Some(Lease {
             lost,
+            gate,
             renew,
             store: store.clone(),
             key: key.to_string(),
@@ -219,18 +266,32 @@ impl Lease {
         self.vanished
     }
 
-    /// Resolves when the lease is lost (not renewed in time).
+    /// This holding's bound on starting work.
+    pub fn gate(&self) -> Arc<StartGate> {
+        self.gate.clone()
+    }
+
+    /// Resolves when the lease is lost (not renewed in time) or its gate shut (its bound
+    /// passed, or a process refused a call past it).
     pub async fn lost(&mut self) {
-        while !*self.lost.borrow() {
-            if self.lost.changed().await.is_err() {
-                return;
+        let gate = self.gate.clone();
+        let lost = async {
+            while !*self.lost.borrow() {
+                if self.lost.changed().await.is_err() {
+                    return;
+                }
             }
+        };
+        tokio::select! {
+            _ = lost => {}
+            _ = gate.closed() => {}
         }
     }
 
     /// Gives the lease up at once (clean stop): the next worker takes over without waiting.
     pub async fn release(self) {
         self.renew.abort();
+        self.gate.shut();
         let _ = tokio::time::timeout(Duration::from_secs(1), self.store.delete(&self.key)).await;
     }
 }
@@ -238,5 +299,6 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.renew.abort();
+        self.gate.shut();
     }
 }

@@ -35,6 +35,9 @@ pub struct Call {
     pub event: Arc<str>,
     /// Event context (its JSON text is made once for every hook the event went to).
     pub context: Arc<super::context::Context>,
+    /// A fleet lease holder's bound on starting it ([`crate::start_gate`]): a Python worker is
+    /// told it and refuses the call past it.
+    pub gate: Option<Arc<crate::start_gate::StartGate>>,
 }
 
 /// What a hook's worker ([`crate::hook`]) and its handler share, for one version of the hook:
@@ -140,6 +143,10 @@ pub enum HandlerError {
     /// event goes back to the front of the hook's queue for the new version.
     #[error("not started")]
     NotStarted,
+    /// The call was not started because its start-by bound had passed when its turn came (a
+    /// fleet lease holder's, [`crate::start_gate`]): the lease may be another worker's now.
+    #[error("not started: its fleet lease's start-by bound had passed")]
+    Expired,
     /// The call was not started because the hook's files changed since this version was loaded
     /// (a process may start only from the files it was loaded with): the event waits for the
     /// version being loaded from the new files.

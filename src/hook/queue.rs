@@ -18,6 +18,20 @@ pub struct CallOutcome {
     pub result: Result<Option<Value>, String>,
     /// Time spent in the handler (zero when it never ran).
     pub duration: Duration,
+    /// Never started because its start gate was shut ([`Job::gate`]): the lease that let it
+    /// start may be another worker's now, and the event is that worker's to run.
+    pub not_started: bool,
+}
+
+impl CallOutcome {
+    /// An outcome with no result from a hook (`why`), the handler never having run.
+    pub fn failed(why: impl Into<String>) -> Self {
+        Self {
+            result: Err(why.into()),
+            duration: Duration::ZERO,
+            not_started: false,
+        }
+    }
 }
 
 /// One event waiting in a hook's queue.
@@ -28,6 +42,9 @@ pub struct Job {
     pub context: Arc<crate::handler::context::Context>,
     /// Where the outcome goes, for `emit_collect`; `None` for fire-and-forget.
     pub reply: Option<oneshot::Sender<CallOutcome>>,
+    /// A fleet lease holder's bound on starting it (issue 48): once shut, the job is never
+    /// started and its waiter is told so ([`Job::refuse`]).
+    pub gate: Option<Arc<crate::start_gate::StartGate>>,
 }
 
 impl Job {
@@ -40,13 +57,34 @@ impl Job {
     /// Reports that the job will never run.
     pub fn fail(self, why: &str) {
         if let Some(reply) = self.reply {
+            let _ = reply.send(CallOutcome::failed(why));
+        }
+    }
+
+    /// Whether its start gate is shut (it must not start: [`Job::refuse`]).
+    pub fn gate_shut(&self) -> bool {
+        self.gate.as_ref().is_some_and(|g| !g.open())
+    }
+
+    /// Reports that the job was not started because its start gate is shut (and shuts it, so
+    /// that nothing after it starts either).
+    pub fn refuse(self) {
+        if let Some(g) = &self.gate {
+            g.shut();
+        }
+        if let Some(reply) = self.reply {
             let _ = reply.send(CallOutcome {
-                result: Err(why.to_string()),
+                result: Err(GATE_SHUT.to_string()),
                 duration: Duration::ZERO,
+                not_started: true,
             });
         }
     }
 }
+
+/// What a job refused by its start gate reports.
+pub const GATE_SHUT: &str =
+    "not started: the fleet lease that let it start may be another worker's now";
 
 /// What happened to a pushed job.
 pub enum Pushed {
@@ -69,6 +107,11 @@ impl QueueState {
     fn pop_live(&mut self, dropped: &AtomicU64) -> Option<Job> {
         loop {
             let job = self.jobs.pop_front()?;
+            if job.gate_shut() {
+                // Not dropped: the fleet worker hands it to whoever holds the lease now.
+                job.refuse();
+                continue;
+            }
             if !job.abandoned() {
                 return Some(job);
             }

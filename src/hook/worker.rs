@@ -93,6 +93,7 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
         .map(|j| Call {
             event: j.event.clone(),
             context: j.context.clone(),
+            gate: j.gate.clone(),
         })
         .collect();
     // Shared between the report and the feed (a handler with slots takes further jobs).
@@ -113,6 +114,9 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             };
             match &result {
                 Err(HandlerError::NotStarted) => return not_started.push(job),
+                // The Python worker found the call's start-by bound passed: neither it nor
+                // anything after it under that gate starts.
+                Err(HandlerError::Expired) => return job.refuse(),
                 Err(HandlerError::Changed(why)) => {
                     changed = Some(why.clone());
                     return not_started.push(job);
@@ -171,6 +175,7 @@ impl QueueFeed<'_> {
         let call = Call {
             event: job.event.clone(),
             context: job.context.clone(),
+            gate: job.gate.clone(),
         };
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.push(Some(job));
@@ -300,7 +305,11 @@ fn finish(hook: &LoadedHook, job: Job, result: HandlerResult, duration: Duration
         }
     };
     if let Some(reply) = job.reply {
-        let _ = reply.send(CallOutcome { result, duration });
+        let _ = reply.send(CallOutcome {
+            result,
+            duration,
+            not_started: false,
+        });
     }
 }
 

@@ -409,6 +409,7 @@ impl Host {
                 event: event.clone(),
                 context: context.clone(),
                 reply: None,
+                gate: None,
             };
             if hook.enqueue(job) {
                 queued += 1;
@@ -477,6 +478,7 @@ impl Host {
                         event: name.clone(),
                         context: context.clone(),
                         reply: None,
+                        gate: None,
                     },
                 ));
             }
@@ -516,7 +518,7 @@ impl Host {
     ) -> Result<Vec<HookOutcome>, EmitError> {
         if let Some(name) = only {
             let context = Context::new(check_event(event, context)?);
-            let o = self.call_one(event, context, timeout, name).await?;
+            let o = self.call_one(event, context, timeout, name, None).await?;
             return Ok(o
                 .map(|o| hook_outcome(name.to_string(), o))
                 .into_iter()
@@ -539,6 +541,7 @@ impl Host {
                         event: event.clone(),
                         context: context.clone(),
                         reply: Some(tx),
+                        gate: None,
                     };
                     let boost = hook.signals().boost.boost();
                     hook.enqueue(job);
@@ -563,6 +566,7 @@ impl Host {
         context: Context,
         timeout: Duration,
         hook: &str,
+        gate: Option<Arc<crate::start_gate::StartGate>>,
     ) -> Result<Option<CallOutcome>, EmitError> {
         validate_event_name(event)?;
         self.let_in()?;
@@ -581,6 +585,7 @@ impl Host {
                 event: Arc::from(event),
                 context: Arc::new(context),
                 reply: Some(tx),
+                gate,
             });
             (rx, boost)
         };
@@ -1242,16 +1247,12 @@ fn outcome_within(
     waited: Result<Result<CallOutcome, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
     timeout: Duration,
 ) -> CallOutcome {
-    let result = match waited {
-        Ok(Ok(o)) => return o,
-        Ok(Err(_)) => Err("the hook stopped before handling the event".into()),
-        Err(_) => Err(format!(
+    match waited {
+        Ok(Ok(o)) => o,
+        Ok(Err(_)) => CallOutcome::failed("the hook stopped before handling the event"),
+        Err(_) => CallOutcome::failed(format!(
             "no result within the deadline of {}",
             crate::time::fmt_duration(timeout)
         )),
-    };
-    CallOutcome {
-        result,
-        duration: Duration::ZERO,
     }
 }

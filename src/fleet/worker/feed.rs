@@ -32,7 +32,8 @@ impl Run {
                 .make_contiguous()
                 .sort_by_key(|d| (d.hseq, d.index));
         }
-        if self.catch_up.is_some() || self.handing.is_some() {
+        if self.catch_up.is_some() || self.handing.is_some() || !self.may_start() {
+            // (A shut lease bound: the pull loop stands down.)
             return;
         }
         let window = self.s.window.max(1) as usize;
@@ -160,6 +161,11 @@ impl Run {
     /// hook's local queue before this returns (so events enter it in stream order); the rest
     /// runs in `running`.
     pub(super) async fn start(&mut self, mut d: Delivery) {
+        if !self.may_start() {
+            // The lease's bound is shut (a retry delivered meanwhile): handed back while that
+            // is still safe, else left to its ack wait.
+            return d.give_back(None).await;
+        }
         if self.s.ordered() && d.delivered > self.s.max_deliver && d.hseq > self.orphans {
             // Past its deliveries by the broker's count only: hand-overs and messages left to
             // the ack wait cost deliveries no handler call made; no holder that vanished had it.
@@ -215,9 +221,18 @@ impl Run {
         // One future per event: the handler call, then what follows it.
         let redo = self.redo_tx.clone();
         let started = (d.hseq > 0).then(|| Started::new(&counters, d.key));
+        let gate = self.gate.clone();
         let mut call: InFlight = Box::pin(async move {
             let _started = started;
-            let outcome = sh.host.call_one(&d.env.event, ctx, wait, &s.name).await;
+            let outcome = sh
+                .host
+                .call_one(&d.env.event, ctx, wait, &s.name, gate)
+                .await;
+            if matches!(&outcome, Ok(Some(o)) if o.not_started) {
+                // Refused by the lease's bound (issue 48): not run here; handed back while the
+                // lease is surely still this worker's, else left to its ack wait.
+                return d.give_back(None).await;
+            }
             if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
                 // Dropped by the old name's hook: the same delivery runs under the new name.
                 if let Err(e) = redo.send(d).await {

@@ -126,6 +126,9 @@ impl Run {
                 d.held.give_back(d.hseq, d.slot, &d.msg, None).await;
             }
         }
+        // What ran and could not be acknowledged before without making a hand-back above
+        // invalid (the broker's ack floor, [`crate::fleet::held`]) is acknowledged now.
+        self.main.flush().await;
         if let Some(first) = first {
             self.released(first, self.top.max(first));
         }

@@ -79,6 +79,9 @@ pub(super) struct Run {
     /// is inflated by hand-overs and messages left to the ack wait, none of which ran it
     /// (issue 34).
     pub(super) orphans: u64,
+    /// An ordered hook's lease bound ([`crate::start_gate`], issue 48): no event starts, and
+    /// nothing is acknowledged or handed back, once it says the lease may be another worker's.
+    pub(super) gate: Option<Arc<crate::start_gate::StartGate>>,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -201,7 +204,21 @@ impl Run {
             recheck: None,
             draining: false,
             orphans: 0,
+            gate: None,
         }
+    }
+
+    /// This holding's lease bound (`None`: not a lease holder), for what starts and what is
+    /// sent from now on.
+    pub(super) fn set_gate(&mut self, gate: Option<Arc<crate::start_gate::StartGate>>) {
+        self.main.set_gate(gate.clone());
+        self.retry.set_gate(gate.clone());
+        self.gate = gate;
+    }
+
+    /// Whether events may start now (no lease bound, or one still open).
+    pub(super) fn may_start(&self) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.open())
     }
 
     /// Gives back the retries this worker holds until their time (standing by: whoever pulls
@@ -239,6 +256,11 @@ impl Run {
                 self.release_backlog().await;
                 start_by = None;
             }
+            if !self.may_start() {
+                // The lease's bound is shut: nothing more starts here, the rest of a bundle
+                // part-way through included (handed back while that is safe).
+                self.give_back_backlog().await;
+            }
             self.feed().await;
             if self.handing.is_some() {
                 // The feed stopped at an event for another version: it and the rest go back now
@@ -273,6 +295,18 @@ impl Run {
         self.main.flush().await;
     }
 
+    /// Hands back every message the backlog holds (once each; nothing if the lease's bound
+    /// passed: [`crate::fleet::held::Held::may_send`]).
+    async fn give_back_backlog(&mut self) {
+        let mut last = None;
+        for d in std::mem::take(&mut self.backlog) {
+            if last != Some((d.hseq, d.slot)) {
+                last = Some((d.hseq, d.slot));
+                d.held.give_back(d.hseq, d.slot, &d.msg, None).await;
+            }
+        }
+    }
+
     /// The lease was lost (another worker may hold it now): starts nothing more, finishes what
     /// runs (the rest of a bundle partly started too), acknowledges it, and forgets what was
     /// handed back or left (it goes to whoever holds the lease next: that worker waits for it,
@@ -298,6 +332,7 @@ impl Run {
         }
         self.forget_retries().await;
         self.main.forget();
+        self.set_gate(None);
     }
 
     /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`); the
@@ -394,11 +429,16 @@ impl Run {
                     return Ended::Stop;
                 }
                 _ = lost => {
-                    // Another worker may take over: hand back what no handler started.
-                    if let Some((a, b)) = give_back(&mut messages).await {
-                        self.released(a, b);
+                    tracing::warn!(hook = %self.s.name, "fleet: the ordered hook's lease is lost or past its bound (this worker was paused, starved or cut off); it starts nothing more, hands back what it safely can and stands down");
+                    // Another worker may take over: hand back what no handler started, unless
+                    // past the lease's bound (another worker may hold those deliveries now:
+                    // nothing is sent for them, they come back with their ack wait).
+                    if self.main.may_send() {
+                        if let Some((a, b)) = give_back(&mut messages).await {
+                            self.released(a, b);
+                        }
+                        give_back(&mut retried).await;
                     }
-                    give_back(&mut retried).await;
                     *lease = None;
                     return Ended::Again;
                 }
@@ -563,6 +603,7 @@ pub(super) async fn consume(
             let vanished = lease.as_ref().is_some_and(|l| l.vanished());
             r.catch_up = Some(CatchUp::new(bucket, vanished));
             r.main.pause(true);
+            r.set_gate(lease.as_ref().map(|l| l.gate()));
         }
         let mut handed_over = false;
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {

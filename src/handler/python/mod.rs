@@ -160,6 +160,9 @@ pub struct PythonHandler {
     next_id: u64,
     backoff: Duration,
     restart_at: Option<Instant>,
+    /// How long a call takes here, averaged (ns): a fleet lease holder's calls are written
+    /// ahead only as far as they will surely start within their bound ([`crate::start_gate`]).
+    call_ns: u64,
     /// The answer line being read, kept between answers so reading one allocates nothing.
     line: Vec<u8>,
 }
@@ -308,6 +311,7 @@ impl PythonHandler {
             runner,
             worker: None,
             next_id: 0,
+            call_ns: 1_000_000,
             backoff: FIRST_BACKOFF,
             restart_at: None,
             line: Vec::new(),

@@ -1,8 +1,10 @@
 //! The pipe protocol between the service and a Python worker (`runner.py`), as pure functions:
-//! requests are JSON lines `{"id", "event", "context"}` written in pipelined batches; the worker
+//! requests are JSON lines `{"id", "event", "context"}` (a fleet lease holder's calls also carry
+//! `"start_by"` and `"epoch"`, [`crate::start_gate`]) written in pipelined batches; the worker
 //! first sends a handshake line (`{"ready": true}` or `{"error": ...}`), then one answer line per
 //! request, in order (`{"id", "ok": true, "result"}` or `{"id", "ok": false, "error"}`, or
-//! `{"id", "ok": false, "skipped": true}` once a newer version took over). Pure, so
+//! `{"id", "ok": false, "skipped": true}` once a newer version took over, with `"expired": true`
+//! for a call past its `start_by`). Pure, so
 //! the protocol is unit-tested here and fuzzed (`tests/it/fuzz.rs`).
 
 use serde_json::Value;
@@ -44,6 +46,17 @@ pub fn encode_requests(calls: &[Call], first_id: u64) -> Result<(Vec<u8>, usize)
         let _ = serde_json::to_writer(&mut buf, &*call.event);
         buf.extend_from_slice(b",\"context\":");
         buf.extend_from_slice(context.as_bytes());
+        if let Some(g) = &call.gate {
+            // A fleet lease holder's bound (issue 48): the worker starts the call only before
+            // it, and once it refused one, no later call of the epoch.
+            use std::io::Write;
+            let _ = write!(
+                buf,
+                ",\"start_by\":{},\"epoch\":{}",
+                g.start_by(),
+                g.epoch()
+            );
+        }
         buf.extend_from_slice(b"}\n");
         n += 1;
     }
@@ -100,6 +113,9 @@ fn null_answer_id(line: &[u8]) -> Option<u64> {
 /// the call started, so it goes to that version).
 pub(super) fn answer_result(answer: &Value) -> HandlerResult {
     if answer.get("skipped") == Some(&Value::Bool(true)) {
+        if answer.get("expired") == Some(&Value::Bool(true)) {
+            return Err(HandlerError::Expired);
+        }
         return Err(HandlerError::NotStarted);
     }
     if answer.get("ok") == Some(&Value::Bool(true)) {
@@ -156,7 +172,23 @@ mod tests {
         Call {
             event: Arc::from(event),
             context: Arc::new(json!({"k": 1}).into()),
+            gate: None,
         }
+    }
+
+    #[test]
+    fn a_gated_call_carries_its_bound_and_an_expired_skip_is_told_apart() {
+        let gate = Arc::new(crate::start_gate::StartGate::new(123));
+        let mut c = call("a:b");
+        c.gate = Some(gate.clone());
+        let (buf, _) = encode_requests(&[c], 1).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(buf.trim_ascii_end()).unwrap();
+        assert_eq!(v["start_by"], 123);
+        assert_eq!(v["epoch"], gate.epoch());
+        let expired = json!({"id": 1, "ok": false, "skipped": true, "expired": true});
+        assert_eq!(answer_result(&expired), Err(HandlerError::Expired));
+        let skipped = json!({"id": 1, "ok": false, "skipped": true});
+        assert_eq!(answer_result(&skipped), Err(HandlerError::NotStarted));
     }
 
     #[test]

@@ -28,6 +28,10 @@ one has never started.
 A newer version of the hook took over (the host sends SIGUSR2): the call in progress finishes, and
 every request after it is answered {"id": 8, "ok": false, "skipped": true} without being started
 (the host gives those events to the new version).
+A fleet lease holder's request also carries "start_by" (CLOCK_MONOTONIC ns, time.monotonic_ns())
+and "epoch": once its turn comes past start_by, it and every later request of the same epoch are
+answered {"id": 9, "ok": false, "skipped": true, "expired": true} without being started (a worker
+stopped with SIGSTOP must not run, on waking, calls whose lease may be another worker's now).
 Only this file writes to the protocol descriptors: fd 1 and fd 0 are re-pointed at stderr and
 /dev/null, so a handler's print() (or a child process it starts) becomes a log line on stderr and can
 neither corrupt the replies nor swallow requests. Tasks and threads a handler starts keep running
@@ -556,6 +560,23 @@ def parse_request(line):
     return json.loads(line)  # bytes: UTF-8 (an invalid sequence is a ValueError too)
 
 
+#: The epoch of the fleet lease holding whose start-by bound passed (see the module comment).
+_expired_epoch = None
+
+
+def past_start_by(req, start_by):
+    """Whether a request may no longer start: its start-by bound passed, or an earlier request of
+    its epoch's did (the calls behind it keep their order: none of them starts either)."""
+    global _expired_epoch
+    epoch = req.get("epoch")
+    if epoch is not None and epoch == _expired_epoch:
+        return True
+    if not isinstance(start_by, int) or time.monotonic_ns() >= start_by:
+        _expired_epoch = epoch
+        return True
+    return False
+
+
 def answer(handle, hook_name, line):
     """Handle one request line: sends exactly one reply, now or, when ``handle`` returned an
     awaitable, from the coroutine returned (the caller awaits it before the next request)."""
@@ -572,6 +593,9 @@ def answer(handle, hook_name, line):
     context = req.get("context")
     if context is None:
         context = {}
+    start_by = req.get("start_by")
+    if start_by is not None and past_start_by(req, start_by):
+        return send({"id": req_id, "ok": False, "skipped": True, "expired": True})
     try:
         result = handle(event, context)
     except KeyboardInterrupt:

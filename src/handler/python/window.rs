@@ -92,7 +92,8 @@ impl PythonHandler {
                 None => break,
             }
         }
-        if todo.is_empty() {
+        let room = self.gated_room(todo, room, idx.len());
+        if todo.is_empty() || room == 0 {
             return true;
         }
         // A call that cannot be encoded stays first in `todo`: the next window reports it.
@@ -105,6 +106,23 @@ impl PythonHandler {
         true
     }
 
+    /// How many of `room` calls may be written behind `outstanding` unanswered ones when the
+    /// first of `todo` carries a fleet lease's start-by bound (issue 48): as many as will
+    /// surely start within a third of the time left to it at this worker's average pace (at
+    /// least one when none is outstanding), so a holder's bound is not missed by calls that
+    /// only waited in the pipe (the worker refuses those, and the holder stands down).
+    fn gated_room(&self, todo: &Todo, room: usize, outstanding: usize) -> usize {
+        let Some(gate) = todo.front().and_then(|(_, c)| c.gate.as_ref()) else {
+            return room;
+        };
+        let left = gate
+            .start_by()
+            .saturating_sub(crate::start_gate::monotonic_ns());
+        let fit = (left / 3 / self.call_ns.max(50_000)) as usize;
+        let floor = usize::from(outstanding == 0);
+        room.min(fit.saturating_sub(outstanding).max(floor))
+    }
+
     /// Runs one window: the first calls of `todo`, and more as answers come (see the module
     /// comment). Every call taken off `todo` is reported.
     async fn run_window(&mut self, todo: &mut Todo, feed: &mut dyn Feed, report: &mut Report<'_>) {
@@ -113,7 +131,8 @@ impl PythonHandler {
         } else {
             1
         };
-        let (request, mut idx, first_id) = match self.take_encoded(todo, depth) {
+        let first = self.gated_room(todo, depth, 0);
+        let (request, mut idx, first_id) = match self.take_encoded(todo, first) {
             Ok(r) => r,
             Err(e) => {
                 if let Some((i, _)) = todo.pop_front() {
@@ -150,7 +169,11 @@ impl PythonHandler {
                 Ok(Ok(result)) => {
                     report(idx[k], result);
                     self.backoff = FIRST_BACKOFF;
-                    answered_at = Instant::now();
+                    let now = Instant::now();
+                    // An average over about the last 16 calls.
+                    let took = (now - answered_at).as_nanos().min(u64::MAX as u128) as u64;
+                    self.call_ns = self.call_ns - self.call_ns / 16 + took / 16;
+                    answered_at = now;
                     k += 1;
                 }
                 Ok(Err(None)) => {

@@ -1,0 +1,174 @@
+//! When work may still start under a lease (issue 48): a fleet worker holding an ordered hook's
+//! lease hands each event to the host with a [`StartGate`], and nothing starts it, acknowledges
+//! it or hands it back once the gate says the lease may be another worker's.
+//!
+//! The bound is the system's monotonic clock (`CLOCK_MONOTONIC`, which goes on while a process
+//! is stopped with SIGSTOP or starved of CPU): the lease is this worker's at least until the
+//! moment its last successful renewal was *sent* plus the lease's time to live (the broker wrote
+//! it later and expires it no sooner), less a margin. A worker that wakes past that bound
+//! cannot tell whether another worker took over while it slept, so the gate shuts for good on
+//! the first look past it, whatever the next renewal says: the holder stands down, and only
+//! then looks at the lease again (with a new gate).
+//!
+//! The same clock is read by Python's `time.monotonic_ns()`: a Python worker is told each
+//! call's bound (`start_by`, with the gate's `epoch`) and refuses to start a call past it, and
+//! every later call of that epoch ([`crate::handler`]'s runner), since a process stopped with
+//! the service has calls in its pipe that it would otherwise run on waking.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Nanoseconds on `CLOCK_MONOTONIC` (the clock Python's `time.monotonic_ns()` reads on Linux).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Where [`StartGate`] epochs come from (one per lease holding in this process).
+static EPOCHS: AtomicU64 = AtomicU64::new(1);
+
+/// One lease holding's bound on starting work (see the module comment).
+#[derive(Debug)]
+pub struct StartGate {
+    /// Until when (monotonic ns) the lease is surely this worker's.
+    until: AtomicU64,
+    /// Shut for good (lease lost, a look past the bound, a process that refused a call).
+    shut: AtomicBool,
+    /// Told to Python workers with each call: their refusal holds for every later call of it.
+    epoch: u64,
+    /// Wakes whoever waits for the gate to shut.
+    shut_notify: tokio::sync::Notify,
+}
+
+impl StartGate {
+    /// A gate open until `until_ns` (monotonic ns, [`monotonic_ns`]).
+    pub fn new(until_ns: u64) -> Self {
+        Self {
+            until: AtomicU64::new(until_ns),
+            shut: AtomicBool::new(false),
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
+            shut_notify: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The bound after a renewal sent at `sent_ns` for a lease living `ttl`, less `margin`.
+    pub fn bound(sent_ns: u64, ttl: Duration, margin: Duration) -> u64 {
+        let live = ttl.saturating_sub(margin).as_nanos() as u64;
+        sent_ns.saturating_add(live)
+    }
+
+    /// A renewal succeeded: the bound moves to `until_ns` (never back, never once shut).
+    pub fn extend(&self, until_ns: u64) {
+        if !self.is_shut() {
+            self.until.fetch_max(until_ns, Ordering::SeqCst);
+        }
+    }
+
+    /// Shuts the gate for good.
+    pub fn shut(&self) {
+        if !self.shut.swap(true, Ordering::SeqCst) {
+            self.shut_notify.notify_waiters();
+        }
+    }
+
+    /// Whether the gate was shut.
+    pub fn is_shut(&self) -> bool {
+        self.shut.load(Ordering::SeqCst)
+    }
+
+    /// Whether work may start now: not shut and within the bound. A look past the bound shuts
+    /// the gate (a renewal that lands later does not open it again).
+    pub fn open(&self) -> bool {
+        if self.is_shut() {
+            return false;
+        }
+        if monotonic_ns() >= self.until.load(Ordering::SeqCst) {
+            self.shut();
+            return false;
+        }
+        true
+    }
+
+    /// Whether the lease is surely still this worker's (within the bound), shut or not: what
+    /// it delivered may still be acknowledged or handed back (no other worker can hold those
+    /// deliveries yet).
+    pub fn within_bound(&self) -> bool {
+        monotonic_ns() < self.until.load(Ordering::SeqCst)
+    }
+
+    /// The bound a Python worker is told with each call (monotonic ns).
+    pub fn start_by(&self) -> u64 {
+        self.until.load(Ordering::SeqCst)
+    }
+
+    /// This holding's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Resolves once the gate is shut, or its bound passed (which shuts it).
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.shut_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.open() {
+                return;
+            }
+            let left = self
+                .until
+                .load(Ordering::SeqCst)
+                .saturating_sub(monotonic_ns());
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(Duration::from_nanos(left)) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_shuts_for_good_once_looked_at_past_its_bound() {
+        let now = monotonic_ns();
+        let g = StartGate::new(now + 60_000_000_000);
+        assert!(g.open() && g.within_bound());
+        let past = StartGate::new(now.saturating_sub(1));
+        assert!(!past.open());
+        past.extend(now + 60_000_000_000);
+        assert!(!past.open(), "a renewal after the look does not reopen it");
+        assert!(past.is_shut());
+        g.shut();
+        assert!(!g.open() && g.within_bound());
+        assert_ne!(g.epoch(), past.epoch());
+    }
+
+    #[test]
+    fn the_bound_is_the_renewal_sent_plus_the_ttl_less_the_margin() {
+        let b = StartGate::bound(1_000, Duration::from_secs(5), Duration::from_secs(1));
+        assert_eq!(b, 1_000 + 4_000_000_000);
+        assert_eq!(
+            StartGate::bound(7, Duration::from_secs(1), Duration::from_secs(2)),
+            7
+        );
+    }
+
+    #[tokio::test]
+    async fn closed_resolves_when_the_bound_passes() {
+        let g = StartGate::new(monotonic_ns() + 30_000_000);
+        tokio::time::timeout(Duration::from_secs(5), g.closed())
+            .await
+            .expect("closed by its bound");
+        assert!(g.is_shut());
+    }
+}

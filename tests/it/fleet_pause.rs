@@ -1,0 +1,145 @@
+//! Issue 48 row 1: an ordered hook's lease holder frozen with SIGSTOP while it has events in
+//! flight (its local queue, its Python worker's pipe, a bundle part-way), long enough for the
+//! other worker to take the lease over and run, then continued. On d69d285 the old holder, on
+//! waking, started hundreds of events the new holder had already run (two holders of one
+//! ordered hook at once, every repeat with `delivered` = 1). Now a holder starts nothing and
+//! acknowledges nothing past its lease's bound on the monotonic clock ([`StartGate`]), and a
+//! Python worker stopped with it refuses, on waking, the calls in its pipe past that bound.
+//! On nats-server 2.9 and 2.10+; the whole process tree frozen, and the worker alone (its
+//! Python worker keeps running the calls it has, up to the bound).
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::fleet::{
+    NatsServer, assert_duplicates_are_redeliveries, edge_serving, first_ns, nats_servers,
+    post_batch, recording_hook, records, wait_for_all, wait_records, worker,
+};
+use crate::util::{Hooks, child_pids, poll, signal};
+
+/// `pid` and every process below it.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        out.extend(child_pids(out[i]));
+        i += 1;
+    }
+    out
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_lease_holder_woken_from_sigstop_starts_nothing_the_new_holder_runs() {
+    for bin in nats_servers() {
+        for whole_tree in [true, false] {
+            pause_on(bin.clone(), whole_tree);
+        }
+    }
+}
+
+fn pause_on(bin: PathBuf, whole_tree: bool) {
+    let what = format!(
+        "{} ({})",
+        bin.display(),
+        if whole_tree {
+            "process tree"
+        } else {
+            "worker alone"
+        }
+    );
+    let nats = NatsServer::start_bin(bin, &[], "");
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "frozen", r#"["agent:step"]"#, "");
+    // `--ack-wait 2`: the lease lives 2 s.
+    let a = worker(&hooks, &nats, "wa");
+    let b = worker(&hooks, &nats, "wb");
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["frozen"], &["wa", "wb"]);
+    let n = 1500u64;
+    for chunk in 0..3 {
+        let (status, v) = post_batch(
+            &edge,
+            chunk * n / 3..(chunk + 1) * n / 3,
+            json!({"pause": 0.004}),
+        );
+        assert_eq!(status, 202, "{v}");
+    }
+    let first = wait_records(&hooks, "frozen", 100, 60);
+    let holder = first[0]["w"].as_str().unwrap_or_default().to_string();
+    let victim = if holder == "wa" { &a } else { &b };
+    let pids = if whole_tree {
+        tree(victim.child.id())
+    } else {
+        vec![victim.child.id()]
+    };
+    for p in &pids {
+        signal(*p, libc::SIGSTOP);
+    }
+    let stopped = now();
+    // Frozen until the other worker took the lease over and ran a good part of what is left.
+    let taken = poll(Duration::from_secs(30), "the standby to take over", || {
+        let other: Vec<Value> = records(&hooks, "frozen")
+            .into_iter()
+            .filter(|r| r["w"] != holder.as_str())
+            .collect();
+        (other.len() >= 150).then_some(other)
+    });
+    for p in &pids {
+        signal(*p, libc::SIGCONT);
+    }
+    let woke = now();
+    let recs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for_all(&hooks, "frozen", n, Duration::from_secs(60))
+    })) {
+        Ok(r) => r,
+        Err(e) => {
+            for (w, s) in [("wa", &a), ("wb", &b)] {
+                for l in s.log().lines().filter(|l| l.contains("fleet")) {
+                    eprintln!("{w}: {l}");
+                }
+            }
+            std::panic::resume_unwind(e)
+        }
+    };
+    let took_over = taken
+        .iter()
+        .filter_map(|r| r["t"].as_f64())
+        .fold(f64::MAX, f64::min);
+    let late: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["w"] == holder.as_str() && r["t"].as_f64().unwrap_or(0.0) >= took_over)
+        .collect();
+    eprintln!(
+        "{what}: frozen {:.1} s, the other worker took over {:.1} s after the stop; {} handlings, {} by the old holder after that",
+        woke - stopped,
+        took_over - stopped,
+        recs.len(),
+        late.len()
+    );
+    assert!(
+        late.is_empty(),
+        "{what}: the old holder started {} events after the new holder took over (two holders at once), first {}",
+        late.len(),
+        late[0]
+    );
+    let firsts = first_ns(&recs);
+    let mut sorted = firsts.clone();
+    sorted.sort_unstable();
+    assert_eq!(firsts, sorted, "{what}: first handlings in stream order");
+    let repeats = assert_duplicates_are_redeliveries(&recs);
+    eprintln!("{what}: {repeats} repeats, each a redelivery (delivered > 1)");
+    let log = victim.log();
+    assert!(
+        log.contains("lease is lost or past its bound"),
+        "{what}: the old holder says it stood down: {log}"
+    );
+}
