@@ -42,7 +42,7 @@ pub struct StartGate {
     /// Shut for good (lease lost, a look past the bound, a process that refused a call).
     shut: AtomicBool,
     /// Told to Python workers with each call: their refusal holds for every later call of it.
-    epoch: u64,
+    epoch: AtomicU64,
     /// Wakes whoever waits for the gate to shut.
     shut_notify: tokio::sync::Notify,
 }
@@ -53,7 +53,7 @@ impl StartGate {
         Self {
             until: AtomicU64::new(until_ns),
             shut: AtomicBool::new(false),
-            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
+            epoch: AtomicU64::new(EPOCHS.fetch_add(1, Ordering::Relaxed)),
             shut_notify: tokio::sync::Notify::new(),
         }
     }
@@ -108,9 +108,17 @@ impl StartGate {
         self.until.load(Ordering::SeqCst)
     }
 
-    /// This holding's epoch.
+    /// The epoch calls are written with now.
     pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// A new epoch for the calls written from now on: a Python worker refused calls of the
+    /// current one that only waited in its pipe past their bound (the lease is still this
+    /// worker's), and they are written again behind the refused rest.
+    pub fn next_epoch(&self) {
         self.epoch
+            .store(EPOCHS.fetch_add(1, Ordering::Relaxed), Ordering::SeqCst);
     }
 
     /// Resolves once the gate is shut, or its bound passed (which shuts it).

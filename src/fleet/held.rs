@@ -284,7 +284,9 @@ impl Held {
                 return 0;
             };
             let acked = self.acked_dseq.load(std::sync::atomic::Ordering::SeqCst);
-            let Some(n) = ack_point(&s, acked) else {
+            let marks: Vec<(bool, bool, u64)> =
+                s.values().map(|x| (x.done, x.back, x.dseq)).collect();
+            let Some(n) = ack_point(&marks, acked) else {
                 return 0;
             };
             let mut last = None;
@@ -360,17 +362,18 @@ impl Held {
 /// message of the finished prefix whose delivery sequence is above the last one sent (`acked`)
 /// and below every later held message's that may still be handed back (finished ones
 /// included: they are acknowledged later, through a delivery of their own or a later one).
-fn ack_point(slots: &BTreeMap<u64, Slot>, acked: u64) -> Option<usize> {
+///
+/// `slots`: each held message's (finished, handed back, delivery sequence), in stream order.
+fn ack_point(slots: &[(bool, bool, u64)], acked: u64) -> Option<usize> {
     let prefix: Vec<u64> = slots
-        .values()
-        .take_while(|s| s.done)
-        .map(|s| s.dseq)
+        .iter()
+        .take_while(|(done, _, _)| *done)
+        .map(|&(_, _, d)| d)
         .collect();
-    let mut below = slots
-        .values()
-        .skip(prefix.len())
-        .filter(|s| !s.back)
-        .map(|s| s.dseq)
+    let mut below = slots[prefix.len()..]
+        .iter()
+        .filter(|(_, back, _)| !back)
+        .map(|&(_, _, d)| d)
         .min()
         .unwrap_or(u64::MAX);
     for (i, &d) in prefix.iter().enumerate().rev() {
@@ -396,5 +399,40 @@ pub async fn tend(held: Arc<Held>, every: std::time::Duration, progress: std::ti
             }
             _ = tick.tick() => held.progress().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ack_point;
+
+    /// Issue 48 row 2's broker trace: stream 211 delivered again (delivery 223) after 212-214
+    /// (deliveries 219-221). An acknowledgement through 223 would raise the broker's ack floor
+    /// above 219-221 and their hand-back would be ignored: it waits until they are handed
+    /// back or finished, then goes through.
+    #[test]
+    fn no_acknowledgement_passes_a_delivery_that_may_still_be_handed_back() {
+        let (done, open, back) = ((true, false), (false, false), (false, true));
+        let at = |(d, b): (bool, bool), dseq| (d, b, dseq);
+        let held = [at(done, 223), at(open, 219), at(open, 220), at(open, 221)];
+        assert_eq!(ack_point(&held, 200), None);
+        // Handed back (nak sent): the acknowledgement may pass them now.
+        let held = [at(done, 223), at(back, 219), at(back, 220), at(back, 221)];
+        assert_eq!(ack_point(&held, 200), Some(1));
+        // Finished in the meantime: one acknowledgement through the last.
+        let held = [at(done, 223), at(done, 219), at(done, 220), at(done, 221)];
+        assert_eq!(ack_point(&held, 200), Some(4));
+        // In order (the common case): the whole finished prefix at once.
+        let held = [at(done, 10), at(done, 11), at(open, 12), at(done, 13)];
+        assert_eq!(ack_point(&held, 9), Some(2));
+        // Never through a delivery at or below the last acknowledgement's (the broker would
+        // ignore it), never past an unfinished lower one.
+        let held = [at(done, 12), at(open, 30)];
+        assert_eq!(ack_point(&held, 12), None);
+        let held = [at(done, 40), at(done, 39), at(open, 38)];
+        assert_eq!(ack_point(&held, 20), None);
+        let held = [at(done, 36), at(done, 35), at(open, 38)];
+        assert_eq!(ack_point(&held, 20), Some(2));
+        assert_eq!(ack_point(&[], 0), None);
     }
 }

@@ -22,6 +22,7 @@ pub mod envelope;
 pub mod held;
 pub mod identity;
 pub mod lease;
+pub mod repeats;
 pub mod replayed;
 pub mod retry;
 pub mod status;

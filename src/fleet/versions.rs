@@ -372,7 +372,15 @@ pub async fn update_consumer(
         // acknowledged come again as first deliveries.
         Err((Some(10012), _)) => {
             let floor = info["ack_floor"]["stream_seq"].as_u64().unwrap_or(0);
+            // What the old consumer delivered above its floor comes again as first deliveries:
+            // the new one says how far that goes ([`super::repeats`]).
+            let top = info["delivered"]["stream_seq"].as_u64().unwrap_or(0);
             if let Value::Object(c) = &mut config {
+                let old = c.get("description").and_then(Value::as_str);
+                let base = super::repeats::unmarked(old).unwrap_or("").to_string();
+                let top = if top > floor { top } else { 0 };
+                let description = super::repeats::marked(&base, old, top);
+                c.insert("description".into(), description.into());
                 c.remove("opt_start_time");
                 c.insert("deliver_policy".into(), "by_start_sequence".into());
                 c.insert("opt_start_seq".into(), (floor + 1).into());

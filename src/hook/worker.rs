@@ -114,9 +114,19 @@ async fn run_jobs(hook: &LoadedHook, handler: &mut dyn Handler, jobs: Vec<Job>) 
             };
             match &result {
                 Err(HandlerError::NotStarted) => return not_started.push(job),
-                // The Python worker found the call's start-by bound passed: neither it nor
-                // anything after it under that gate starts.
-                Err(HandlerError::Expired) => return job.refuse(),
+                // The Python worker found the call's start-by bound passed (told when it was
+                // written): refused for good when the lease's bound passed here too; else it
+                // only waited in the pipe too long, and goes back in order, to be written
+                // again under a new epoch (the worker refuses the rest of the old one).
+                Err(HandlerError::Expired) => {
+                    if job.gate_shut() {
+                        return job.refuse();
+                    }
+                    if let Some(g) = &job.gate {
+                        g.next_epoch();
+                    }
+                    return not_started.push(job);
+                }
                 Err(HandlerError::Changed(why)) => {
                     changed = Some(why.clone());
                     return not_started.push(job);

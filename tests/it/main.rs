@@ -26,6 +26,8 @@ mod fleet_held;
 #[cfg(feature = "fleet")]
 mod fleet_pause;
 #[cfg(feature = "fleet")]
+mod fleet_repeats;
+#[cfg(feature = "fleet")]
 mod fleet_roll;
 #[cfg(feature = "fleet")]
 mod fleet_tp;

@@ -105,7 +105,8 @@ pub(super) async fn ensure_consumer(
             if have.ack_wait != config.ack_wait
                 || have.max_deliver != config.max_deliver
                 || have.max_ack_pending != config.max_ack_pending
-                || have.description != config.description
+                || crate::fleet::repeats::unmarked(have.description.as_deref())
+                    != config.description.as_deref()
                 || crate::fleet::identity::of_config(have) != filters
             {
                 tracing::info!(hook = %s.name, "fleet: updating consumer {name} (ack wait, retries, concurrency, name or patterns changed)");
@@ -116,7 +117,10 @@ pub(super) async fn ensure_consumer(
                     "ack_wait": config.ack_wait.as_nanos() as u64,
                     "max_deliver": config.max_deliver,
                     "max_ack_pending": config.max_ack_pending,
-                    "description": config.description,
+                    // The mark of a consumer made again before stays ([`crate::fleet::repeats`]).
+                    "description": config.description.as_deref().map(|d| {
+                        crate::fleet::repeats::marked(d, have.description.as_deref(), 0)
+                    }),
                 });
                 match crate::fleet::versions::update_consumer(
                     &sh.js,

@@ -197,7 +197,13 @@ impl Run {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return d.finish(AckKind::Ack).await;
         }
-        let Some(ctx) = d.env.handler_context(d.delivered, d.seq) else {
+        // Delivered before the consumer was made again: a repeat, shown as one.
+        let shown = if d.delivered <= 1 && d.hseq > 0 && d.hseq <= self.repeats_to {
+            2
+        } else {
+            d.delivered
+        };
+        let Some(ctx) = d.env.handler_context(shown, d.seq) else {
             tracing::warn!(hook = %s.name, seq = d.seq, "fleet: event in the stream whose context is not a JSON object; dropping it");
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return d.finish(AckKind::Term).await;

@@ -82,6 +82,10 @@ pub(super) struct Run {
     /// An ordered hook's lease bound ([`crate::start_gate`], issue 48): no event starts, and
     /// nothing is acknowledged or handed back, once it says the lease may be another worker's.
     pub(super) gate: Option<Arc<crate::start_gate::StartGate>>,
+    /// The highest stream sequence delivered before the hook's consumer was made again: an
+    /// event up to it is shown to its handler as delivered at least twice
+    /// ([`crate::fleet::repeats`], issue 48 row 3).
+    pub(super) repeats_to: u64,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -205,6 +209,7 @@ impl Run {
             draining: false,
             orphans: 0,
             gate: None,
+            repeats_to: 0,
         }
     }
 
@@ -589,6 +594,9 @@ pub(super) async fn consume(
                 renamed.clone(),
             )
         });
+        r.repeats_to = crate::fleet::repeats::delivered_before(
+            consumer.cached_info().config.description.as_deref(),
+        );
         if s.ordered() && lease.is_none() {
             match take_lease(&sh, &s, &mut leases, &mut stop).await {
                 Some(l) => lease = Some(l),

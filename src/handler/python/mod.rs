@@ -163,6 +163,9 @@ pub struct PythonHandler {
     /// How long a call takes here, averaged (ns): a fleet lease holder's calls are written
     /// ahead only as far as they will surely start within their bound ([`crate::start_gate`]).
     call_ns: u64,
+    /// The worker refused a call past its start-by bound in this batch: nothing more is written
+    /// (the refused calls go back to the queue's front, to be written again in order).
+    expired: bool,
     /// The answer line being read, kept between answers so reading one allocates nothing.
     line: Vec<u8>,
 }
@@ -312,6 +315,7 @@ impl PythonHandler {
             worker: None,
             next_id: 0,
             call_ns: 1_000_000,
+            expired: false,
             backoff: FIRST_BACKOFF,
             restart_at: None,
             line: Vec::new(),

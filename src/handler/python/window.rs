@@ -40,10 +40,12 @@ impl PythonHandler {
     ) {
         let mut todo: Todo = calls.into_iter().enumerate().collect();
         let mut first = true;
+        self.expired = false;
         while !todo.is_empty() {
             // A newer version is ready: the rest is its. Or the worker died in an earlier
-            // window: the rest waits for the restart (and its backoff) in the queue.
-            if !first && (self.ctx.signals.superseded() || self.worker.is_none()) {
+            // window: the rest waits for the restart (and its backoff) in the queue. Or it
+            // refused a call past its start-by bound: the rest goes back behind that call.
+            if !first && (self.ctx.signals.superseded() || self.worker.is_none() || self.expired) {
                 for (i, _) in todo.drain(..) {
                     report(i, Err(HandlerError::NotStarted));
                 }
@@ -157,6 +159,7 @@ impl PythonHandler {
         let mut k = 0;
         while k < idx.len() {
             if let Some(tx) = &more
+                && !self.expired
                 && idx.len() - k <= depth / 2
                 && !self.refill(todo, feed, depth - (idx.len() - k), &mut idx, tx)
             {
@@ -167,12 +170,18 @@ impl PythonHandler {
             let read = tokio::time::timeout_at(deadline.into(), self.read_answer(id)).await;
             match read {
                 Ok(Ok(result)) => {
+                    self.expired |= result == Err(HandlerError::Expired);
                     report(idx[k], result);
                     self.backoff = FIRST_BACKOFF;
                     let now = Instant::now();
                     // An average over about the last 16 calls.
+                    // Up at once, down slowly: the pipe is sized for the slow calls.
                     let took = (now - answered_at).as_nanos().min(u64::MAX as u128) as u64;
-                    self.call_ns = self.call_ns - self.call_ns / 16 + took / 16;
+                    self.call_ns = if took > self.call_ns {
+                        took
+                    } else {
+                        self.call_ns - self.call_ns / 16 + took / 16
+                    };
                     answered_at = now;
                     k += 1;
                 }
