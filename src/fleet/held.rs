@@ -336,6 +336,23 @@ impl Held {
         }
     }
 
+    /// Hands back (nak) every held message not finished, whatever the gate says, and returns
+    /// how many: after a broker restart, when no pull request of this worker is open there.
+    pub async fn hand_back_unfinished(&self) -> usize {
+        let msgs: Vec<Arc<Message>> = match self.slots.lock() {
+            Ok(s) => s
+                .values()
+                .filter(|slot| !slot.done)
+                .map(|slot| slot.msg.clone())
+                .collect(),
+            Err(_) => return 0,
+        };
+        for m in &msgs {
+            let _ = m.ack_with(AckKind::Nak(None)).await;
+        }
+        msgs.len()
+    }
+
     /// Hands back every held message not finished (stopping: another worker takes them now).
     pub async fn give_back_all(&self) {
         let held: Vec<(u64, u64)> = match self.slots.lock() {

@@ -174,6 +174,9 @@ pub async fn read_note(store: &kv::Store, key: &str) -> Option<bytes::Bytes> {
 pub struct Lease {
     lost: watch::Receiver<bool>,
     gate: Arc<StartGate>,
+    /// The renewal found the bucket gone: the broker restarted (the bucket lives in memory),
+    /// and with it every pull request this worker had open.
+    bucket_gone: Arc<std::sync::atomic::AtomicBool>,
     renew: tokio::task::JoinHandle<()>,
     store: kv::Store,
     key: String,
@@ -195,7 +198,13 @@ impl Lease {
         let mut vanished = entry.is_none();
         let margin = gate_margin(ttl);
         let sent = monotonic_ns();
-        let revision = match store.create(key, holder.to_string().into()).await {
+        // Bounded: on nats-server 2.9 a write to a bucket a broker restart emptied (it lives in
+        // memory) is not refused but times out after 10 s; the caller makes the bucket again.
+        let quick = (ttl / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
+        let created = tokio::time::timeout(quick, store.create(key, holder.to_string().into()))
+            .await
+            .map_err(|_| format!("lease {key}: no answer within {quick:?} (bucket gone?)"))?;
+        let revision = match created {
             Ok(r) => r,
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                 // Still this worker's own key (it stood down after waking past its bound, or
@@ -207,12 +216,10 @@ impl Lease {
                     return Ok(None);
                 };
                 vanished = true;
-                match store
-                    .update(key, holder.to_string().into(), own.revision)
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None),
+                let update = store.update(key, holder.to_string().into(), own.revision);
+                match tokio::time::timeout(quick, update).await {
+                    Ok(Ok(r)) => r,
+                    _ => return Ok(None),
                 }
             }
             Err(e) => return Err(format!("lease {key}: {e}")),
@@ -221,6 +228,8 @@ impl Lease {
         let (tx, lost) = watch::channel(false);
         let (store2, key2, holder) = (store.clone(), key.to_string(), holder.to_string());
         let gate2 = gate.clone();
+        let bucket_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gone = bucket_gone.clone();
         let renew = tokio::spawn(async move {
             let mut revision = revision;
             let every = ttl / 4;
@@ -242,6 +251,10 @@ impl Lease {
                     }
                     Err(e) => {
                         tracing::warn!(key = %key2, "fleet: lease lost ({e}); this worker stops pulling the hook");
+                        // async-nats's words for a write no stream takes.
+                        if e.to_string().contains("no stream") {
+                            gone.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
                         gate2.shut();
                         let _ = tx.send(true);
                         return;
@@ -252,6 +265,7 @@ impl Lease {
         Ok(Some(Lease {
             lost,
             gate,
+            bucket_gone,
             renew,
             store: store.clone(),
             key: key.to_string(),
@@ -264,6 +278,12 @@ impl Lease {
     /// been started by a holder that never finished it.
     pub fn vanished(&self) -> bool {
         self.vanished
+    }
+
+    /// Whether the lease was lost because its bucket is gone (a broker restart): the pull
+    /// requests this worker had open went with it, so what it holds can be handed back at once.
+    pub fn bucket_gone(&self) -> bool {
+        self.bucket_gone.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// This holding's bound on starting work.

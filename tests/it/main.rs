@@ -28,6 +28,8 @@ mod fleet_pause;
 #[cfg(feature = "fleet")]
 mod fleet_repeats;
 #[cfg(feature = "fleet")]
+mod fleet_restart;
+#[cfg(feature = "fleet")]
 mod fleet_roll;
 #[cfg(feature = "fleet")]
 mod fleet_tp;

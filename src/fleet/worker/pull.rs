@@ -86,6 +86,9 @@ pub(super) struct Run {
     /// event up to it is shown to its handler as delivered at least twice
     /// ([`crate::fleet::repeats`], issue 48 row 3).
     pub(super) repeats_to: u64,
+    /// The lease was lost to a broker restart ([`crate::fleet::lease::Lease::bucket_gone`]):
+    /// the stand-down hands back what it holds at once rather than to the ack wait.
+    pub(super) broker_restarted: bool,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -210,6 +213,7 @@ impl Run {
             orphans: 0,
             gate: None,
             repeats_to: 0,
+            broker_restarted: false,
         }
     }
 
@@ -330,6 +334,15 @@ impl Run {
             )
         });
         self.drain(Some(tokio::time::Instant::now())).await;
+        if std::mem::take(&mut self.broker_restarted) {
+            // The broker restarted: no pull request of this worker is open there any more, so
+            // what it holds unfinished goes back now (nats-server 2.9 would otherwise keep it
+            // until its ack wait: the hook stalled that long after every restart). Also past
+            // the lease's bound: none of these ran here, and a worker that took the lease
+            // meanwhile only gets them sooner.
+            let n = self.main.hand_back_unfinished().await;
+            tracing::info!(hook = %self.s.name, events = n, "fleet: the broker restarted: what was delivered here and not run goes back at once");
+        }
         // The next holder reads it once what this worker left is back ([`Run::check_caught_up`]).
         self.leave_release_note(leases).await;
         if let Some(f) = finishing {
@@ -444,6 +457,7 @@ impl Run {
                         }
                         give_back(&mut retried).await;
                     }
+                    self.broker_restarted = lease.as_ref().is_some_and(|l| l.bucket_gone());
                     *lease = None;
                     return Ended::Again;
                 }
@@ -614,6 +628,7 @@ pub(super) async fn consume(
             r.set_gate(lease.as_ref().map(|l| l.gate()));
         }
         let mut handed_over = false;
+        let held = lease.is_some();
         match r.session(&consumer, &retries, &mut lease, &mut stop).await {
             Ended::Stop => break 'outer,
             Ended::HandOver => {
@@ -628,6 +643,11 @@ pub(super) async fn consume(
         // `finishing` key that would hold the next holder's catch-up.
         if s.ordered() && lease.is_none() && !handed_over {
             r.stand_down(&leases).await;
+            if held {
+                // Lost: the bucket may be gone with a broker restart (it lives in memory); it
+                // is made again before the next try (issue 48: 2.9 otherwise stalled 10 s).
+                leases = None;
+            }
         }
         if std::mem::take(&mut r.pulled) {
             pause = Duration::from_millis(100);
