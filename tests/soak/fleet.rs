@@ -432,10 +432,12 @@ fn fleet_soak_every_202_is_handled_dead_lettered_or_reported() {
 }
 
 /// Issue 34, phase **lease kills**: an ordered hook fed in bundles (the client's batches of 10)
-/// while the worker holding its lease is SIGKILLed again and again (and restarted). Every event
+/// while the worker holding its lease is SIGKILLed again and again (and restarted), or (issue
+/// 48) frozen with SIGSTOP, process tree and all, past its lease and continued. Every event
 /// that got a 202 is handled or dead-lettered, a second handling only where the broker
-/// redelivered, and the first handlings keep the client's order (one client, numbered events:
-/// publish order) across every take-over.
+/// redelivered, the first handlings keep the client's order (one client, numbered events:
+/// publish order) across every take-over, and a holder woken from a freeze starts nothing once
+/// another worker took over.
 #[test]
 #[ignore = "fleet soak, lease kills: run with --ignored (HERMES_SOAK_FLEET_SECS, default 20)"]
 fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
@@ -452,6 +454,8 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
     let (_edge_addr, stop, load) = start_load(&front);
     let mut rng = Rng::new(seed ^ 0x1ea5e);
     let mut kills = 0u64;
+    // (worker, frozen at, continued at), in epoch seconds.
+    let mut freezes: Vec<(String, f64, f64)> = Vec::new();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
     while Instant::now() < deadline {
@@ -468,6 +472,25 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
         let Some(i) = IDS.iter().position(|id| *id == holder) else {
             continue;
         };
+        if rng.below(2) == 0 {
+            // Frozen past its lease (2 s), then continued.
+            let mut tree = vec![workers[i].child.id()];
+            let mut k = 0;
+            while k < tree.len() {
+                tree.extend(super::children(tree[k]));
+                k += 1;
+            }
+            for p in &tree {
+                signal(*p, libc::SIGSTOP);
+            }
+            let at = epoch_secs();
+            std::thread::sleep(Duration::from_millis(2500 + rng.below(1500)));
+            for p in &tree {
+                signal(*p, libc::SIGCONT);
+            }
+            freezes.push((holder, at, epoch_secs()));
+            continue;
+        }
         workers[i].sigkill();
         workers[i] = worker(&hooks, &url, IDS[i]);
         kills += 1;
@@ -518,11 +541,28 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
         .filter(|(_, (times, redelivered))| times - 1 > *redelivered)
         .map(|(n, _)| *n)
         .collect();
+    // Two holders at once: a frozen holder that, once continued, started an event after another
+    // worker took over (until a second after it woke: it stands down by then).
+    let t = |r: &Value| r["t"].as_f64().unwrap_or(0.0);
+    let two_holders: Vec<&Value> = freezes
+        .iter()
+        .flat_map(|(w, at, woke)| {
+            let took_over = recs
+                .iter()
+                .filter(|r| r["w"] != w.as_str() && t(r) > *at)
+                .map(t)
+                .fold(f64::MAX, f64::min);
+            recs.iter()
+                .filter(move |r| r["w"] == w.as_str() && t(r) >= took_over && t(r) <= woke + 1.0)
+        })
+        .collect();
     tear_down(front, workers, broker, &hooks);
     let figures = json!({
         "seed": seed,
         "duration_s": started.elapsed().as_secs_f64(),
         "lease_holder_kills": kills,
+        "lease_holder_freezes": freezes.len(),
+        "started_by_a_woken_holder_after_the_take_over": two_holders.len(),
         "events_accepted_202": want.len(),
         "handled_unique": handled.len(),
         "handlings": recs.len(),
@@ -534,7 +574,15 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
     eprintln!("{}", serde_json::to_string_pretty(&figures).unwrap());
     super::report("fleet_lease_kills", &figures);
     assert!(!want.is_empty(), "nothing was accepted");
-    assert!(kills > 0, "no lease holder was killed");
+    assert!(
+        kills + freezes.len() as u64 > 0,
+        "no lease holder was killed or frozen"
+    );
+    assert!(
+        two_holders.is_empty(),
+        "a holder woken from SIGSTOP started events after another took over: {:?}",
+        &two_holders[..two_holders.len().min(5)]
+    );
     assert!(
         unreported.is_empty(),
         "202 events neither handled nor dead-lettered: {} of {}, first {:?} ({figures})",
@@ -555,16 +603,17 @@ fn fleet_soak_lease_kills_keep_order_and_lose_nothing() {
 }
 
 /// A hook `name` on `soak:*` that appends each event's number, delivery, stream sequence, worker
-/// and time to `out` as a JSON line; `before` is Python run first in `handle` (indented).
+/// and start time to `out` as a JSON line; `before` is Python run first in `handle` (indented).
 fn soak_recorder(hooks: &Hooks, name: &str, out: &std::path::Path, before: &str) {
     let yaml = format!("name: {name}\nevents: [\"soak:*\"]\ntimeout: 30\n");
     let handler = format!(
         r#"import json, os, time
 
 def handle(event, context):
+    started = time.time()
     fleet = context.get("_fleet", {{}})
 {before}    rec = {{"n": context.get("n"), "d": fleet.get("delivered"), "seq": fleet.get("stream_seq"),
-            "w": os.environ.get("SOAK_WORKER"), "t": time.time()}}
+            "w": os.environ.get("SOAK_WORKER"), "t": started}}
     with open({out:?}, "a") as f:
         f.write(json.dumps(rec) + "\n")
 "#,
