@@ -1377,8 +1377,11 @@ def zygote_main():
     priority = os.environ.pop(PRIORITY_ENV, "").split()
     setup_logging()
     warm_up()
-    global _interpreter_dirs
-    _interpreter_dirs = interpreter_dirs()  # once, not in every confined worker
+    if sys.flags.isolated:
+        # The confined fork server (`-I`): found once, not in every confined worker. Not in the
+        # default one: `sysconfig` and its data would sit in every worker's memory (issue 47).
+        global _interpreter_dirs
+        _interpreter_dirs = interpreter_dirs()
     gc.collect()
     global _ballast
     _ballast = fill_pool_holes()
