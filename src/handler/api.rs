@@ -426,21 +426,21 @@ impl HandlerContext {
 }
 
 impl HandlerContext {
-    /// Checks the hook's tree before a process starts ([`crate::trust::prestart`]) on the hook's
-    /// own starter thread, within [`super::starter::CHECK_DEADLINE`]: a tree that stalls refuses
-    /// this start and delays no other hook's.
+    /// Checks the hook's tree before a process starts ([`crate::trust::prestart`]) on the
+    /// service's threads for hooks' files ([`crate::file_lanes`], one check per hook at a time),
+    /// within [`super::starter::CHECK_DEADLINE`]: a tree that stalls refuses this start and
+    /// delays no other hook's.
     pub async fn check_files(&self) -> Result<(), HandlerError> {
         let (files, hook) = (self.files.clone(), self.name.clone());
-        self.starter
-            .run(
-                "the check of the hook's files",
-                Some(super::starter::CHECK_DEADLINE),
-                move || crate::trust::prestart::check_blocking(&files, &hook),
-                |_| {},
-            )
-            .await
-            .map_err(|e| HandlerError::Load(format!("not started: {e}")))?
-            .map_err(HandlerError::from)
+        crate::file_lanes::run(
+            &self.dir.to_string_lossy(),
+            "the check of the hook's files",
+            super::starter::CHECK_DEADLINE,
+            move || crate::trust::prestart::check_blocking(&files, &hook),
+        )
+        .await
+        .map_err(|e| HandlerError::Load(format!("not started: {e}")))?
+        .map_err(HandlerError::from)
     }
 
     /// The environment a process of this hook gets on top of the service's, read now:

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
+use crate::discovery::{HookSpec, SkipCode, Skipped};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::context::Context;
 use crate::handler::{self, HandlerContext};
@@ -23,6 +23,7 @@ use crate::registry::Registry;
 mod info;
 mod plan;
 mod revoked;
+mod scan;
 
 use plan::{Plan, Version};
 
@@ -780,33 +781,52 @@ impl Host {
         report
     }
 
-    /// Reload phase 1: scans the roots (off the runtime) and applies each kind's settings.
+    /// Reload phase 1: scans the roots and applies each kind's settings. `$HERMES_HOME`'s
+    /// files (config.yaml's hooks, the approvals, `.env`) are read on a blocking thread; the
+    /// roots and each hook directory on the threads for hooks' files, bounded per hook
+    /// ([`scan`]): a hook whose files stall keeps its running version and delays no other.
     async fn scan(&self) -> Option<crate::discovery::Discovery> {
         let roots = self.inner.config.roots.clone();
         let (trust, home) = (
             self.inner.config.trust,
             self.inner.config.hermes_home.clone(),
         );
-        let scan = move || {
+        let home_files = move || {
             // The shell hooks of config.yaml (issue 49) are written out as hooks first.
             let mut roots = roots;
             let explicit = trust.mode == crate::trust::policy::TrustMode::Explicit;
             roots.extend(crate::config_hooks::sync(&home, explicit));
-            let mut found = discover_with(&roots, &trust.gate(&home));
-            let env_stamp = crate::dotenv::stamp(&home);
-            for spec in &mut found.hooks {
-                handler::prepare(spec);
-                crate::dotenv::fold_into(spec, env_stamp);
-            }
-            found
+            (roots, trust.gate(&home), crate::dotenv::stamp(&home))
         };
-        match tokio::task::spawn_blocking(scan).await {
-            Ok(d) => Some(d),
+        let (roots, gate, env_stamp) = match tokio::task::spawn_blocking(home_files).await {
+            Ok(read) => read,
             Err(e) => {
                 tracing::error!("hook discovery failed: {e}");
-                None
+                return None;
+            }
+        };
+        let mut found = scan::scan(roots, gate, env_stamp).await;
+        // The running hooks of a root whose listing did not answer keep running.
+        let running = self.inner.registry.load();
+        for h in &running.hooks {
+            if found.stalled_roots.contains(&h.spec.root)
+                && !found.hooks.iter().any(|s| s.dir == h.spec.dir)
+            {
+                found.skipped.push(Skipped {
+                    dir: h.spec.dir.clone(),
+                    name: h.spec.name.clone(),
+                    file: h.spec.manifest_path.clone(),
+                    code: SkipCode::Unreadable,
+                    reason: format!(
+                        "its hooks directory {} did not answer within {}",
+                        h.spec.root.display(),
+                        crate::time::fmt_duration(scan::SCAN_DEADLINE)
+                    ),
+                    events: h.spec.manifest.events.clone(),
+                });
             }
         }
+        Some(found)
     }
 
     /// Reload phase 2: starts the handlers of new and changed hooks concurrently (Python workers

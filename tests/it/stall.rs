@@ -320,3 +320,82 @@ fn a_stalled_check_does_not_starve_other_hooks_restarts() {
     );
     fs.release();
 }
+
+/// Issue 47, the reload half of row 4 (the gap left after it): a hooks directory on a FUSE mount
+/// that stalls (a root of its own, and a hook linked into the healthy root), beside a healthy
+/// executable hook `ok`. The reload's scan ran on one blocking thread without a deadline: once
+/// the mount stalled, a reload never finished and `ok`'s edited handler never loaded. Each
+/// root's listing and each hook directory's read now run within a deadline, one per hook at a
+/// time: the reload finishes, `ok`'s new version answers and the stalled hooks keep running.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_hook_directory_does_not_hold_up_other_hooks_reload() {
+    let hooks = Hooks::new();
+    let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
+    let source = tempfile::tempdir().unwrap();
+    for name in ["far", "linked"] {
+        let yaml = format!("name: {name}\nevents: [\"agent:step\"]\n");
+        hook_in(
+            source.path(),
+            name,
+            &[("HOOK.yaml", &yaml), ("handler", DENY_SH)],
+        );
+    }
+    let fs = StallFs::mount(source.path());
+    std::os::unix::fs::symlink(fs.mount.join("linked"), hooks.root().join("linked")).unwrap();
+    let mount = fs.mount.display().to_string();
+    let serve = Serve::start(&hooks, &["--hooks-dir", &mount]);
+    let _release = fs.released_on_drop();
+    let names = |v: &Value| -> Vec<String> {
+        v["hooks"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|h| h["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut loaded = names(&get(&serve, "/v1/hooks"));
+    loaded.sort();
+    assert_eq!(loaded, ["far", "linked", "ok"]);
+    fs.stall();
+    // ok's handler now allows; a reload (it may take the scan's deadline) picks it up.
+    std::fs::write(
+        ok.join("handler"),
+        "#!/bin/sh\ncat >/dev/null\necho '{\"decision\": \"allow\"}'\n",
+    )
+    .unwrap();
+    let addr = serve.addr.clone();
+    std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let req = format!(
+            "POST /v1/reload HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let _ = s.write_all(req.as_bytes());
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    poll(Duration::from_secs(30), "ok's new version", || {
+        let (s, v, _) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/collect",
+            &json!({"event": "command:run"}),
+        );
+        (s == 200 && v["results"] == json!([{"hook": "ok", "result": {"decision": "allow"}}]))
+            .then_some(())
+    });
+    let mut loaded = names(&get(&serve, "/v1/hooks"));
+    loaded.sort();
+    assert_eq!(
+        loaded,
+        ["far", "linked", "ok"],
+        "the stalled hooks keep running"
+    );
+    let (s, _, took) = quick(&serve.addr, "GET", "/healthz", &Value::Null);
+    assert_eq!(s, 200, "/healthz answers ({took:?})");
+    fs.release();
+}
