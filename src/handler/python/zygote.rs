@@ -128,10 +128,25 @@ fn pool() -> &'static Mutex<HashMap<String, Arc<Zygote>>> {
     POOL.get_or_init(Default::default)
 }
 
-/// Serialises zygote start-ups (many hooks loading at once share one).
-fn start_lock() -> &'static tokio::sync::Mutex<()> {
-    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
-    LOCK.get_or_init(Default::default)
+/// Serialises the start-ups of one fork server (many hooks loading at once share one); each
+/// fork server has its own, so the confined one starts beside the default one instead of after
+/// it (issue 46's start-up cost), and an interpreter whose files stall holds up only its own.
+fn start_lock(key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(key.to_string())
+        .or_default()
+        .clone()
+}
+
+/// The fork servers whose process start has not returned yet (its interpreter's files stall):
+/// no second start of the same one is tried meanwhile, so each holds at most one thread.
+fn spawning() -> &'static Mutex<std::collections::HashSet<String>> {
+    static SPAWNING: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    SPAWNING.get_or_init(Default::default)
 }
 
 /// Pid of the live zygote for `python`, if one runs (tests and `list`).
@@ -311,17 +326,13 @@ async fn get_or_start(
     if let Some(z) = live(key) {
         return Ok(z);
     }
-    let _guard = start_lock().lock().await;
+    let lock = start_lock(key);
+    let _guard = lock.lock().await;
     if let Some(z) = live(key) {
         return Ok(z);
     }
-    let (python_owned, runner) = (python.to_string(), runner.to_path_buf());
     let (ready_tx, ready_rx) = oneshot::channel();
-    let zygote = tokio::task::spawn_blocking(move || {
-        start(&python_owned, &runner, priority, confined, ready_tx)
-    })
-    .await
-    .map_err(|e| format!("starting the fork server failed: {e}"))??;
+    let zygote = start_on_own_thread(key, python, runner, priority, confined, ready_tx).await?;
     match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
@@ -342,6 +353,69 @@ async fn get_or_start(
         .unwrap_or_else(|e| e.into_inner())
         .insert(key.to_string(), zygote.clone());
     Ok(zygote)
+}
+
+/// [`start`] on a thread of its own, made by the service's thread maker (so it has the
+/// service's starting priority, which the fork server inherits), not on the spawner thread every
+/// hook shares: an interpreter on a file system that stalls (a `python:` inside a hook's tree)
+/// blocks its own start only, which is given up after [`ZYGOTE_START_TIMEOUT`] (issue 47).
+async fn start_on_own_thread(
+    key: &str,
+    python: &str,
+    runner: &Path,
+    priority: Resolved,
+    confined: bool,
+    ready: oneshot::Sender<()>,
+) -> Result<Arc<Zygote>, String> {
+    if !spawning()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key.to_string())
+    {
+        return Err(format!(
+            "the last start of the fork server for {python:?} has not returned (its files do not answer?)"
+        ));
+    }
+    let (python_owned, runner, key_owned) =
+        (python.to_string(), runner.to_path_buf(), key.to_string());
+    let (tx, rx) = oneshot::channel();
+    let made = crate::priority::thread_at_base(move || {
+        std::thread::Builder::new()
+            .name("hermes-fork-start".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let started = start(&python_owned, &runner, priority, confined, ready);
+                spawning()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key_owned);
+                if let Err(Ok(z)) = tx.send(started) {
+                    // Nobody waits any more: stop it (EOF on its socket; its reader reaps it).
+                    // SAFETY: shutdown(2) on a socket this process owns.
+                    unsafe {
+                        libc::shutdown(z.ctl.as_raw_fd(), libc::SHUT_RDWR);
+                    }
+                }
+            })
+            .map(|_| ())
+    })
+    .await;
+    if let Err(e) = made {
+        spawning()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        return Err(format!(
+            "cannot start a thread to start the fork server: {e}"
+        ));
+    }
+    match tokio::time::timeout(ZYGOTE_START_TIMEOUT, rx).await {
+        Ok(Ok(started)) => started,
+        Ok(Err(_)) => Err("starting the fork server failed: its thread ended".into()),
+        Err(_) => Err(format!(
+            "the fork server for {python:?} did not start within {ZYGOTE_START_TIMEOUT:?} (its files do not answer?)"
+        )),
+    }
 }
 
 fn kill_pid(pid: u32) {
@@ -395,7 +469,9 @@ fn start(
     if let Some(dir) = runner.parent() {
         cmd.current_dir(dir);
     }
-    let mut child = crate::priority::spawn_at_base(move || cmd.spawn())
+    // On its own thread at the service's starting priority (`start_on_own_thread`).
+    let mut child = cmd
+        .spawn()
         .map_err(|e| format!("cannot start Python interpreter {python:?}: {e}"))?;
     let zygote = Arc::new(Zygote {
         python: python.to_string(),
