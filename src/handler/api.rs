@@ -374,15 +374,7 @@ impl HandlerContext {
             dir: spec.dir.clone(),
             cwd,
             handler_path: spec.handler_path.clone(),
-            python: match spec.manifest.python.as_deref() {
-                // A relative path names a file of the hook, as trust checks it: resolved
-                // against the hook directory, not the working directory of whoever starts it.
-                Some(p) if p.contains('/') && !std::path::Path::new(p).is_absolute() => {
-                    spec.dir.join(p).display().to_string()
-                }
-                Some(p) => p.to_string(),
-                None => default_python.to_string(),
-            },
+            python: python_of(spec, default_python),
             python_why: crate::interpreter::for_hook(
                 spec.manifest.python.as_deref(),
                 default_python,
@@ -422,6 +414,19 @@ impl HandlerContext {
             );
         }
         self
+    }
+}
+
+/// The interpreter `spec`'s Python processes run: its `python:`, else `default_python`.
+pub fn python_of(spec: &HookSpec, default_python: &str) -> String {
+    match spec.manifest.python.as_deref() {
+        // A relative path names a file of the hook, as trust checks it: resolved against the
+        // hook directory, not the working directory of whoever starts it.
+        Some(p) if p.contains('/') && !std::path::Path::new(p).is_absolute() => {
+            spec.dir.join(p).display().to_string()
+        }
+        Some(p) => p.to_string(),
+        None => default_python.to_string(),
     }
 }
 

@@ -805,7 +805,7 @@ impl Host {
                 return None;
             }
         };
-        let mut found = scan::scan(roots, gate, env_stamp).await;
+        let mut found = scan::scan(roots, gate, env_stamp, self.confined_fork_server_ahead()).await;
         // The running hooks of a root whose listing did not answer keep running.
         let running = self.inner.registry.load();
         for h in &running.hooks {
@@ -1181,6 +1181,45 @@ impl Host {
             config.sandbox_default == crate::sandbox::DefaultSandbox::Strict,
         )
         .await;
+    }
+
+    /// What the scan calls with each hook it finds: the first confined Python hook of an
+    /// interpreter starts that interpreter's confined fork server at once, beside the default
+    /// one started as the service started, instead of after the scan when its first worker
+    /// asks (issue 46: a strict hook's start-up waited for it).
+    fn confined_fork_server_ahead(&self) -> scan::OnFound {
+        let host = self.clone();
+        let asked = std::sync::Mutex::new(std::collections::HashSet::<String>::new());
+        Arc::new(move |spec: &HookSpec| {
+            let config = &host.inner.config;
+            let confined = spec.kind == crate::discovery::HandlerKind::Python
+                && !spec.placement.in_gateway()
+                && crate::sandbox::effective(
+                    spec.manifest.sandbox.as_ref(),
+                    config.sandbox_default,
+                )
+                .grants
+                .is_some()
+                && handler::python::zygote::needs_fresh_process(&spec.manifest.env).is_none();
+            if !confined {
+                return;
+            }
+            let python = handler::python_of(spec, &config.python);
+            let first = asked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(python.clone());
+            if first {
+                let (runtime_dir, priority) = (
+                    config.runtime_dir.clone(),
+                    config.worker_priority.resolved(),
+                );
+                tokio::spawn(async move {
+                    handler::python::prestart_fork_server(&python, &runtime_dir, priority, true)
+                        .await;
+                });
+            }
+        })
     }
 
     /// After the first load: stops the fork server [`Host::prestart_fork_server`] started if no

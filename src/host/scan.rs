@@ -15,9 +15,18 @@ use crate::trust::policy::Gate;
 /// How long the listing of one root, or the read of one hook directory, may take.
 pub(crate) const SCAN_DEADLINE: Duration = crate::handler::starter::CHECK_DEADLINE;
 
+/// Called with each hook as soon as its directory is read, before the scan is over (the host
+/// starts the fork server it will need then: issue 46's start-up cost).
+pub(crate) type OnFound = Arc<dyn Fn(&HookSpec) + Send + Sync>;
+
 /// Scans `roots` as [`crate::discovery::discover_with`] does, each root's listing and each hook
 /// directory's read bounded (see the module comment); `env_stamp` is folded into each hook.
-pub(crate) async fn scan(roots: Vec<PathBuf>, gate: Gate, env_stamp: u64) -> Discovery {
+pub(crate) async fn scan(
+    roots: Vec<PathBuf>,
+    gate: Gate,
+    env_stamp: u64,
+    on_found: OnFound,
+) -> Discovery {
     let gate = Arc::new(gate);
     let mut stalled_roots = Vec::new();
     let mut reads = Vec::new();
@@ -44,8 +53,14 @@ pub(crate) async fn scan(roots: Vec<PathBuf>, gate: Gate, env_stamp: u64) -> Dis
     }
     let mut set = tokio::task::JoinSet::new();
     for (i, (root, dir)) in reads.into_iter().enumerate() {
-        let gate = gate.clone();
-        set.spawn(async move { (i, read_dir(root, dir, gate, env_stamp).await) });
+        let (gate, on_found) = (gate.clone(), on_found.clone());
+        set.spawn(async move {
+            let load = read_dir(root, dir, gate, env_stamp).await;
+            if let Some(Ok(spec)) = &load {
+                on_found(spec);
+            }
+            (i, load)
+        });
     }
     let mut loads: Vec<Option<Result<HookSpec, Box<Skipped>>>> = Vec::new();
     while let Some(done) = set.join_next().await {
