@@ -722,6 +722,9 @@ impl Host {
         let Some(discovery) = self.scan().await else {
             return LoadReport::default();
         };
+        if !self.inner.ready.load(Ordering::Relaxed) {
+            self.stop_unneeded_fork_server(&discovery.hooks);
+        }
         let old = self.inner.registry.load_full();
         let running: Vec<Version<'_>> = old.hooks.iter().map(|h| Version::of(&h.spec)).collect();
         let found: Vec<Version<'_>> = discovery.hooks.iter().map(Version::of).collect();
@@ -1220,6 +1223,26 @@ impl Host {
                 });
             }
         })
+    }
+
+    /// The first load, once its scan is done: when none of `found` forks its workers from the
+    /// fork server [`Host::prestart_fork_server`] started (every Python hook confined, or none),
+    /// stops it at once, even while it starts: a CPU for the fork server the hooks do need.
+    fn stop_unneeded_fork_server(&self, found: &[HookSpec]) {
+        let config = &self.inner.config;
+        let ahead_confined = config.sandbox_default == crate::sandbox::DefaultSandbox::Strict;
+        let needed = found.iter().any(|spec| {
+            spec.kind == crate::discovery::HandlerKind::Python
+                && !spec.placement.in_gateway()
+                && handler::python_of(spec, &config.python) == config.python
+                && crate::sandbox::effective(spec.manifest.sandbox.as_ref(), config.sandbox_default)
+                    .grants
+                    .is_some()
+                    == ahead_confined
+        });
+        if !needed {
+            handler::python::zygote::stop_unneeded(&config.python, ahead_confined);
+        }
     }
 
     /// After the first load: stops the fork server [`Host::prestart_fork_server`] started if no

@@ -277,6 +277,41 @@ pub(crate) async fn prestart(
         .map(|_| ())
 }
 
+/// The fork servers started but not ready yet, by pool key: their pids.
+fn not_ready() -> &'static Mutex<HashMap<String, u32>> {
+    static NOT_READY: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
+    NOT_READY.get_or_init(Default::default)
+}
+
+/// Fork servers killed on purpose ([`stop_unneeded`]): their exit is no warning.
+fn stopped_on_purpose() -> &'static Mutex<std::collections::HashSet<u32>> {
+    static STOPPED: OnceLock<Mutex<std::collections::HashSet<u32>>> = OnceLock::new();
+    STOPPED.get_or_init(Default::default)
+}
+
+fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Stops the fork server of `python` started ahead when the first scan found no hook that needs
+/// it, even while it is still starting (it would take a CPU from the fork server the hooks do
+/// need: issue 46's start-up of strict hooks); else as [`stop_if_unused`]. The caller holds
+/// the reload lock: no worker is asked of it meanwhile.
+pub(crate) fn stop_unneeded(python: &str, confined: bool) {
+    let key = pool_key(python, confined);
+    if let Some(pid) = lock_map(not_ready()).remove(&key) {
+        tracing::debug!(
+            python,
+            pid,
+            "python fork server started ahead and not needed by any hook: stopped"
+        );
+        lock_map(stopped_on_purpose()).insert(pid);
+        kill_pid(pid);
+        return;
+    }
+    stop_if_unused(python, confined);
+}
+
 /// Stops the fork server of `python` when it never forked a worker (it was started ahead and no
 /// hook turned out to need it); returns whether it did. The caller makes sure no fork request
 /// can start meanwhile (the host holds its reload lock).
@@ -333,7 +368,10 @@ async fn get_or_start(
     }
     let (ready_tx, ready_rx) = oneshot::channel();
     let zygote = start_on_own_thread(key, python, runner, priority, confined, ready_tx).await?;
-    match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
+    lock_map(not_ready()).insert(key.to_string(), zygote.pid);
+    let ready = tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await;
+    lock_map(not_ready()).remove(key);
+    match ready {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
             return Err(format!(
@@ -513,7 +551,9 @@ fn start(
             let status = child.wait();
             z.reaped.store(true, Ordering::SeqCst);
             z.exit_notify.notify_waiters();
+            let meant = lock_map(stopped_on_purpose()).remove(&z.pid);
             match status {
+                Ok(_) if meant => tracing::debug!(python = %z.python, pid = z.pid, "python fork server stopped"),
                 Ok(s) if s.success() => tracing::info!(python = %z.python, pid = z.pid, "python fork server exited"),
                 Ok(s) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server exited ({s}); the next worker starts a new one"),
                 Err(e) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server: cannot collect its exit status: {e}"),
