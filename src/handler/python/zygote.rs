@@ -277,9 +277,20 @@ pub(crate) async fn prestart(
         .map(|_| ())
 }
 
-/// The fork servers started but not ready yet, by pool key: their pids.
-fn not_ready() -> &'static Mutex<HashMap<String, u32>> {
-    static NOT_READY: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
+/// Where the start of a fork server that is not ready yet is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Starting {
+    /// Its process is being started.
+    Spawning,
+    /// Its process is being started, and [`stop_unneeded`] asked to stop it.
+    Unwanted,
+    /// Its process runs (this pid) and imports.
+    Running(u32),
+}
+
+/// The fork servers started but not ready yet, by pool key.
+fn not_ready() -> &'static Mutex<HashMap<String, Starting>> {
+    static NOT_READY: OnceLock<Mutex<HashMap<String, Starting>>> = OnceLock::new();
     NOT_READY.get_or_init(Default::default)
 }
 
@@ -299,15 +310,27 @@ fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// the reload lock: no worker is asked of it meanwhile.
 pub(crate) fn stop_unneeded(python: &str, confined: bool) {
     let key = pool_key(python, confined);
-    if let Some(pid) = lock_map(not_ready()).remove(&key) {
-        tracing::debug!(
-            python,
-            pid,
-            "python fork server started ahead and not needed by any hook: stopped"
-        );
-        lock_map(stopped_on_purpose()).insert(pid);
-        kill_pid(pid);
-        return;
+    {
+        let mut starting = lock_map(not_ready());
+        match starting.get(&key).copied() {
+            Some(Starting::Running(pid)) => {
+                starting.remove(&key);
+                tracing::debug!(
+                    python,
+                    pid,
+                    "python fork server started ahead and not needed by any hook: stopped"
+                );
+                lock_map(stopped_on_purpose()).insert(pid);
+                kill_pid(pid);
+                return;
+            }
+            Some(Starting::Spawning | Starting::Unwanted) => {
+                // Stopped as soon as its process runs (`get_or_start`).
+                starting.insert(key, Starting::Unwanted);
+                return;
+            }
+            None => {}
+        }
     }
     stop_if_unused(python, confined);
 }
@@ -367,8 +390,33 @@ async fn get_or_start(
         return Ok(z);
     }
     let (ready_tx, ready_rx) = oneshot::channel();
-    let zygote = start_on_own_thread(key, python, runner, priority, confined, ready_tx).await?;
-    lock_map(not_ready()).insert(key.to_string(), zygote.pid);
+    lock_map(not_ready()).insert(key.to_string(), Starting::Spawning);
+    let started = start_on_own_thread(key, python, runner, priority, confined, ready_tx).await;
+    let zygote = {
+        let mut starting = lock_map(not_ready());
+        let unwanted = starting.get(key) == Some(&Starting::Unwanted);
+        match started {
+            Ok(z) if unwanted => {
+                starting.remove(key);
+                lock_map(stopped_on_purpose()).insert(z.pid);
+                kill_pid(z.pid);
+                tracing::debug!(
+                    python,
+                    pid = z.pid,
+                    "python fork server started ahead and not needed by any hook: stopped"
+                );
+                return Err("stopped: no hook needs it".into());
+            }
+            Ok(z) => {
+                starting.insert(key.to_string(), Starting::Running(z.pid));
+                z
+            }
+            Err(e) => {
+                starting.remove(key);
+                return Err(e);
+            }
+        }
+    };
     let ready = tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await;
     lock_map(not_ready()).remove(key);
     match ready {
