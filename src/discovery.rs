@@ -141,6 +141,9 @@ pub struct Discovery {
     pub hooks: Vec<HookSpec>,
     /// Directories that did not load.
     pub skipped: Vec<Skipped>,
+    /// Roots whose listing did not answer in time (the service's bounded scan): their running
+    /// hooks keep running.
+    pub stalled_roots: Vec<PathBuf>,
 }
 
 /// Scans `roots` in order. Missing roots load nothing; entries that are not directories, and
@@ -152,10 +155,16 @@ pub fn discover(roots: &[PathBuf]) -> Discovery {
 
 /// [`discover`] under a trust gate (permission checks, explicit approvals).
 pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
+    assemble(walk(roots).map(|(root, dir)| load_dir_with(root, &dir, gate)))
+}
+
+/// The [`Discovery`] of each hook directory's load, in discovery order: the first hook of a
+/// name loads, a later one is shadowed; directories without HOOK.yaml are not hooks.
+pub fn assemble(loads: impl Iterator<Item = Result<HookSpec, Box<Skipped>>>) -> Discovery {
     let mut out = Discovery::default();
     let mut by_name: HashMap<String, PathBuf> = HashMap::new();
-    for (root, dir) in walk(roots) {
-        match load_dir_with(root, &dir, gate) {
+    for load in loads {
+        match load {
             Ok(mut spec) => {
                 if let Some(first) = by_name.get(&spec.name) {
                     out.skipped.push(Skipped {
@@ -168,11 +177,11 @@ pub fn discover_with(roots: &[PathBuf], gate: &Gate) -> Discovery {
                             spec.name,
                             first.display()
                         ),
-                        dir,
+                        dir: spec.dir.clone(),
                     });
                     continue;
                 }
-                by_name.insert(spec.name.clone(), dir.clone());
+                by_name.insert(spec.name.clone(), spec.dir.clone());
                 spec.order = out.hooks.len();
                 out.hooks.push(spec);
             }

@@ -50,6 +50,25 @@ pub fn hook_dirs(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// [`hook_dirs`] without a `stat` of any entry (a hook directory that is a mount point which
+/// stalls must not stall the listing of its root, issue 47): every entry the listing itself
+/// says is a directory or a link (or does not say), in order; the caller checks each one
+/// ([`Path::is_dir`]) where its stall is that hook's own. `None` when the root cannot be read.
+pub fn hook_dir_candidates(root: &Path) -> Option<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(root).ok()?;
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            // d_type from the listing; a file system that gives none is asked per entry.
+            e.file_type().map_or(true, |t| t.is_dir() || t.is_symlink())
+        })
+        .map(|e| e.path())
+        .filter(|p| !is_hidden(p))
+        .collect();
+    dirs.sort();
+    Some(dirs)
+}
+
 fn is_hidden(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())

@@ -71,6 +71,7 @@ pub(crate) mod diff;
 pub(crate) mod discovery;
 pub(crate) mod dotenv;
 pub mod events;
+pub(crate) mod file_lanes;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
 pub(crate) mod handler;

@@ -381,15 +381,7 @@ impl HandlerContext {
             dir: spec.dir.clone(),
             cwd,
             handler_path: spec.handler_path.clone(),
-            python: match spec.manifest.python.as_deref() {
-                // A relative path names a file of the hook, as trust checks it: resolved
-                // against the hook directory, not the working directory of whoever starts it.
-                Some(p) if p.contains('/') && !std::path::Path::new(p).is_absolute() => {
-                    spec.dir.join(p).display().to_string()
-                }
-                Some(p) => p.to_string(),
-                None => default_python.to_string(),
-            },
+            python: python_of(spec, default_python),
             python_why: crate::interpreter::for_hook(
                 spec.manifest.python.as_deref(),
                 default_python,
@@ -432,22 +424,35 @@ impl HandlerContext {
     }
 }
 
+/// The interpreter `spec`'s Python processes run: its `python:`, else `default_python`.
+pub fn python_of(spec: &HookSpec, default_python: &str) -> String {
+    match spec.manifest.python.as_deref() {
+        // A relative path names a file of the hook, as trust checks it: resolved against the
+        // hook directory, not the working directory of whoever starts it.
+        Some(p) if p.contains('/') && !std::path::Path::new(p).is_absolute() => {
+            spec.dir.join(p).display().to_string()
+        }
+        Some(p) => p.to_string(),
+        None => default_python.to_string(),
+    }
+}
+
 impl HandlerContext {
-    /// Checks the hook's tree before a process starts ([`crate::trust::prestart`]) on the hook's
-    /// own starter thread, within [`super::starter::CHECK_DEADLINE`]: a tree that stalls refuses
-    /// this start and delays no other hook's.
+    /// Checks the hook's tree before a process starts ([`crate::trust::prestart`]) on the
+    /// service's threads for hooks' files ([`crate::file_lanes`], one check per hook at a time),
+    /// within [`super::starter::CHECK_DEADLINE`]: a tree that stalls refuses this start and
+    /// delays no other hook's.
     pub async fn check_files(&self) -> Result<(), HandlerError> {
         let (files, hook) = (self.files.clone(), self.name.clone());
-        self.starter
-            .run(
-                "the check of the hook's files",
-                Some(super::starter::CHECK_DEADLINE),
-                move || crate::trust::prestart::check_blocking(&files, &hook),
-                |_| {},
-            )
-            .await
-            .map_err(|e| HandlerError::Load(format!("not started: {e}")))?
-            .map_err(HandlerError::from)
+        crate::file_lanes::run(
+            &self.dir.to_string_lossy(),
+            "the check of the hook's files",
+            super::starter::CHECK_DEADLINE,
+            move || crate::trust::prestart::check_blocking(&files, &hook),
+        )
+        .await
+        .map_err(|e| HandlerError::Load(format!("not started: {e}")))?
+        .map_err(HandlerError::from)
     }
 
     /// The environment a process of this hook gets on top of the service's, read now:

@@ -1,6 +1,7 @@
-//! A hook's own starter threads (issue 47): the checks of its files before a process starts
-//! (listings, `stat`s, hashing), the opening of its handler file and its process starts run
-//! there, never on the runtime's threads nor on threads other hooks share (the blocking pool,
+//! A hook's own starter threads (issue 47): an executable's checks of its files before a process
+//! starts (listings, `stat`s, hashing) with the start itself, the opening of its handler file and
+//! every process start of the hook run there (the checks before a forked Python worker or a
+//! library load, which start nothing, run on the shared `crate::file_lanes`), never on the runtime's threads nor on threads other hooks share (the blocking pool,
 //! the service's spawner thread). A hook whose files stall (a network or FUSE mount that stops
 //! answering) or whose tree is huge delays only itself: `/healthz`, other hooks' events and
 //! collects go on.

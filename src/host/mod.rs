@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use crate::discovery::{HookSpec, SkipCode, Skipped, discover_with};
+use crate::discovery::{HookSpec, SkipCode, Skipped};
 use crate::events::{EventNameError, validate_event_name};
 use crate::handler::context::Context;
 use crate::handler::{self, HandlerContext};
@@ -23,6 +23,7 @@ use crate::registry::Registry;
 mod info;
 mod plan;
 mod revoked;
+mod scan;
 
 use plan::{Plan, Version};
 
@@ -726,6 +727,9 @@ impl Host {
         let Some(discovery) = self.scan().await else {
             return LoadReport::default();
         };
+        if !self.inner.ready.load(Ordering::Relaxed) {
+            self.stop_unneeded_fork_server(&discovery.hooks);
+        }
         let old = self.inner.registry.load_full();
         let running: Vec<Version<'_>> = old.hooks.iter().map(|h| Version::of(&h.spec)).collect();
         let found: Vec<Version<'_>> = discovery.hooks.iter().map(Version::of).collect();
@@ -785,33 +789,52 @@ impl Host {
         report
     }
 
-    /// Reload phase 1: scans the roots (off the runtime) and applies each kind's settings.
+    /// Reload phase 1: scans the roots and applies each kind's settings. `$HERMES_HOME`'s
+    /// files (config.yaml's hooks, the approvals, `.env`) are read on a blocking thread; the
+    /// roots and each hook directory on the threads for hooks' files, bounded per hook
+    /// ([`scan`]): a hook whose files stall keeps its running version and delays no other.
     async fn scan(&self) -> Option<crate::discovery::Discovery> {
         let roots = self.inner.config.roots.clone();
         let (trust, home) = (
             self.inner.config.trust,
             self.inner.config.hermes_home.clone(),
         );
-        let scan = move || {
+        let home_files = move || {
             // The shell hooks of config.yaml (issue 49) are written out as hooks first.
             let mut roots = roots;
             let explicit = trust.mode == crate::trust::policy::TrustMode::Explicit;
             roots.extend(crate::config_hooks::sync(&home, explicit));
-            let mut found = discover_with(&roots, &trust.gate(&home));
-            let env_stamp = crate::dotenv::stamp(&home);
-            for spec in &mut found.hooks {
-                handler::prepare(spec);
-                crate::dotenv::fold_into(spec, env_stamp);
-            }
-            found
+            (roots, trust.gate(&home), crate::dotenv::stamp(&home))
         };
-        match tokio::task::spawn_blocking(scan).await {
-            Ok(d) => Some(d),
+        let (roots, gate, env_stamp) = match tokio::task::spawn_blocking(home_files).await {
+            Ok(read) => read,
             Err(e) => {
                 tracing::error!("hook discovery failed: {e}");
-                None
+                return None;
+            }
+        };
+        let mut found = scan::scan(roots, gate, env_stamp, self.confined_fork_server_ahead()).await;
+        // The running hooks of a root whose listing did not answer keep running.
+        let running = self.inner.registry.load();
+        for h in &running.hooks {
+            if found.stalled_roots.contains(&h.spec.root)
+                && !found.hooks.iter().any(|s| s.dir == h.spec.dir)
+            {
+                found.skipped.push(Skipped {
+                    dir: h.spec.dir.clone(),
+                    name: h.spec.name.clone(),
+                    file: h.spec.manifest_path.clone(),
+                    code: SkipCode::Unreadable,
+                    reason: format!(
+                        "its hooks directory {} did not answer within {}",
+                        h.spec.root.display(),
+                        crate::time::fmt_duration(scan::SCAN_DEADLINE)
+                    ),
+                    events: h.spec.manifest.events.clone(),
+                });
             }
         }
+        Some(found)
     }
 
     /// Reload phase 2: starts the handlers of new and changed hooks concurrently (Python workers
@@ -1166,6 +1189,65 @@ impl Host {
             config.sandbox_default == crate::sandbox::DefaultSandbox::Strict,
         )
         .await;
+    }
+
+    /// What the scan calls with each hook it finds: the first confined Python hook of an
+    /// interpreter starts that interpreter's confined fork server at once, beside the default
+    /// one started as the service started, instead of after the scan when its first worker
+    /// asks (issue 46: a strict hook's start-up waited for it).
+    fn confined_fork_server_ahead(&self) -> scan::OnFound {
+        let host = self.clone();
+        let asked = std::sync::Mutex::new(std::collections::HashSet::<String>::new());
+        Arc::new(move |spec: &HookSpec| {
+            let config = &host.inner.config;
+            let confined = spec.kind == crate::discovery::HandlerKind::Python
+                && !spec.placement.in_gateway()
+                && crate::sandbox::effective(
+                    spec.manifest.sandbox.as_ref(),
+                    config.sandbox_default,
+                )
+                .grants
+                .is_some()
+                && handler::python::zygote::needs_fresh_process(&spec.manifest.env).is_none();
+            if !confined {
+                return;
+            }
+            let python = handler::python_of(spec, &config.python);
+            let first = asked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(python.clone());
+            if first {
+                let (runtime_dir, priority) = (
+                    config.runtime_dir.clone(),
+                    config.worker_priority.resolved(),
+                );
+                tokio::spawn(async move {
+                    handler::python::prestart_fork_server(&python, &runtime_dir, priority, true)
+                        .await;
+                });
+            }
+        })
+    }
+
+    /// The first load, once its scan is done: when none of `found` forks its workers from the
+    /// fork server [`Host::prestart_fork_server`] started (every Python hook confined, or none),
+    /// stops it at once, even while it starts: a CPU for the fork server the hooks do need.
+    fn stop_unneeded_fork_server(&self, found: &[HookSpec]) {
+        let config = &self.inner.config;
+        let ahead_confined = config.sandbox_default == crate::sandbox::DefaultSandbox::Strict;
+        let needed = found.iter().any(|spec| {
+            spec.kind == crate::discovery::HandlerKind::Python
+                && !spec.placement.in_gateway()
+                && handler::python_of(spec, &config.python) == config.python
+                && crate::sandbox::effective(spec.manifest.sandbox.as_ref(), config.sandbox_default)
+                    .grants
+                    .is_some()
+                    == ahead_confined
+        });
+        if !needed {
+            handler::python::zygote::stop_unneeded(&config.python, ahead_confined);
+        }
     }
 
     /// After the first load: stops the fork server [`Host::prestart_fork_server`] started if no

@@ -32,6 +32,16 @@ struct StallFs {
 impl StallFs {
     /// Mounts a mirror of `source` and waits until it answers.
     fn mount(source: &Path) -> Self {
+        Self::mount_with(source, &[])
+    }
+
+    /// [`StallFs::mount`] whose stall blocks only the opening and reading of files (`reads`):
+    /// names and attributes answer, as a `stat`-keyed check sees them.
+    fn mount_reads(source: &Path) -> Self {
+        Self::mount_with(source, &["reads"])
+    }
+
+    fn mount_with(source: &Path, mode: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mount = dir.path().join("mnt");
         std::fs::create_dir(&mount).unwrap();
@@ -42,6 +52,7 @@ impl StallFs {
             .arg(source)
             .arg(&mount)
             .arg(&flag)
+            .args(mode)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -312,6 +323,213 @@ fn a_stalled_check_does_not_starve_other_hooks_restarts() {
         &json!({"event": "command:run", "timeout_ms": 8000}),
     );
     assert_eq!(s, 200, "{v} after {took:?}");
+    assert_eq!(
+        v["results"],
+        json!([{"hook": "h", "result": {"decision": "deny"}}]),
+        "h answers after {:?}: {v}",
+        started.elapsed()
+    );
+    fs.release();
+}
+
+/// Issue 47, the reload half of row 4 (the gap left after it): a hooks directory on a FUSE mount
+/// that stalls (a root of its own, and a hook linked into the healthy root), beside a healthy
+/// executable hook `ok`. The reload's scan ran on one blocking thread without a deadline: once
+/// the mount stalled, a reload never finished and `ok`'s edited handler never loaded. Each
+/// root's listing and each hook directory's read now run within a deadline, one per hook at a
+/// time: the reload finishes, `ok`'s new version answers and the stalled hooks keep running.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_hook_directory_does_not_hold_up_other_hooks_reload() {
+    let hooks = Hooks::new();
+    let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
+    let source = tempfile::tempdir().unwrap();
+    for name in ["far", "linked"] {
+        let yaml = format!("name: {name}\nevents: [\"agent:step\"]\n");
+        hook_in(
+            source.path(),
+            name,
+            &[("HOOK.yaml", &yaml), ("handler", DENY_SH)],
+        );
+    }
+    let fs = StallFs::mount(source.path());
+    std::os::unix::fs::symlink(fs.mount.join("linked"), hooks.root().join("linked")).unwrap();
+    let mount = fs.mount.display().to_string();
+    let serve = Serve::start(&hooks, &["--hooks-dir", &mount]);
+    let _release = fs.released_on_drop();
+    let names = |v: &Value| -> Vec<String> {
+        v["hooks"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|h| h["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut loaded = names(&get(&serve, "/v1/hooks"));
+    loaded.sort();
+    assert_eq!(loaded, ["far", "linked", "ok"]);
+    fs.stall();
+    // ok's handler now allows; a reload (it may take the scan's deadline) picks it up.
+    std::fs::write(
+        ok.join("handler"),
+        "#!/bin/sh\ncat >/dev/null\necho '{\"decision\": \"allow\"}'\n",
+    )
+    .unwrap();
+    let addr = serve.addr.clone();
+    std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let req = format!(
+            "POST /v1/reload HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let _ = s.write_all(req.as_bytes());
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    poll(Duration::from_secs(30), "ok's new version", || {
+        let (s, v, _) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/collect",
+            &json!({"event": "command:run"}),
+        );
+        (s == 200 && v["results"] == json!([{"hook": "ok", "result": {"decision": "allow"}}]))
+            .then_some(())
+    });
+    let mut loaded = names(&get(&serve, "/v1/hooks"));
+    loaded.sort();
+    assert_eq!(
+        loaded,
+        ["far", "linked", "ok"],
+        "the stalled hooks keep running"
+    );
+    let (s, _, took) = quick(&serve.addr, "GET", "/healthz", &Value::Null);
+    assert_eq!(s, 200, "/healthz answers ({took:?})");
+    fs.release();
+}
+
+/// The real interpreter behind `python3` (not pyenv's shim script).
+fn real_python() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Children of `pid` that are still the service's own binary: a process start that has not
+/// reached its `exec` yet (here: waiting on the stalled mount).
+fn starts_in_exec(pid: u32) -> usize {
+    let own = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    crate::util::child_pids(pid)
+        .into_iter()
+        .filter(|c| std::fs::read_link(format!("/proc/{c}/exe")).ok() == own)
+        .count()
+}
+
+/// The fork servers (`runner.py --zygote`) the service `pid` runs.
+fn fork_servers(pid: u32) -> Vec<u32> {
+    crate::util::child_pids(pid)
+        .into_iter()
+        .filter(|c| {
+            std::fs::read(format!("/proc/{c}/cmdline"))
+                .is_ok_and(|b| String::from_utf8_lossy(&b).contains("--zygote"))
+        })
+        .collect()
+}
+
+/// Issue 47, the fork server half of row 4 (the gap left after it): a Python hook `s` whose
+/// `python:` is on a FUSE mount that stalls, and a healthy Python hook `h` on the default
+/// interpreter. Both fork servers are killed once the mount stalls, `s` restarts first (its fork
+/// server's start waits on the mount), then `h` crashes and a collect waits for it. Fork servers
+/// were started on the one spawner thread, one at a time under one lock: `h`'s waited behind
+/// `s`'s for ever and the collect timed out. Each fork server now starts on a thread of its own,
+/// under its own lock, within a deadline: `h` restarts and answers.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_interpreter_does_not_hold_up_other_hooks_fork_servers() {
+    let crash_or_deny = "import os\n\ndef handle(event, context):\n    if event.startswith('agent:'):\n        os._exit(3)\n    return {'decision': 'deny'}\n";
+    let source = tempfile::tempdir().unwrap();
+    // A script on the mount that runs the real interpreter: starting it reads the script.
+    let py = source.path().join("py");
+    std::fs::write(&py, format!("#!/bin/sh\nexec {} \"$@\"\n", real_python())).unwrap();
+    set_mode(&py, 0o755);
+    // Only reads stall: the check before s's start (by `stat`) passes, its interpreter's
+    // start (which reads the program) waits.
+    let fs = StallFs::mount_reads(source.path());
+    let hooks = Hooks::new();
+    hooks.python("h", r#"["agent:h", "command:run"]"#, crash_or_deny);
+    let s = hooks.python("s", r#"["agent:s"]"#, crash_or_deny);
+    std::fs::write(
+        s.join("HOOK.yaml"),
+        format!(
+            "events: [\"agent:s\"]\npython: {}\n",
+            fs.mount.join("py").display()
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &[]);
+    let _release = fs.released_on_drop();
+    let pid = serve.child.id();
+    let v = get(&serve, "/v1/hooks");
+    assert_eq!(v["hooks"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(
+        fork_servers(pid).len(),
+        2,
+        "one fork server per interpreter"
+    );
+    fs.stall();
+    for z in fork_servers(pid) {
+        crate::util::signal(z, libc::SIGKILL);
+    }
+    poll(Duration::from_secs(10), "the fork servers' exits", || {
+        fork_servers(pid).is_empty().then_some(())
+    });
+    // s crashes, and restarts on its next event: its fork server's start waits on the mount.
+    for _ in 0..2 {
+        let (st, v, took) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/events",
+            &json!({"event": "agent:s"}),
+        );
+        assert_eq!(st, 202, "{v} after {took:?}");
+    }
+    poll(
+        Duration::from_secs(20),
+        "s's start waiting on the mount",
+        || {
+            let _ = quick(
+                &serve.addr,
+                "POST",
+                "/v1/events",
+                &json!({"event": "agent:s"}),
+            );
+            (starts_in_exec(pid) > 0).then_some(())
+        },
+    );
+    // h crashes; a collect restarts it, which needs its fork server again.
+    let (st, _, _) = quick(
+        &serve.addr,
+        "POST",
+        "/v1/events",
+        &json!({"event": "agent:h"}),
+    );
+    assert_eq!(st, 202);
+    let started = Instant::now();
+    let (st, v, took) = quick(
+        &serve.addr,
+        "POST",
+        "/v1/collect",
+        &json!({"event": "command:run", "timeout_ms": 4000}),
+    );
+    assert_eq!(st, 200, "{v} after {took:?}");
     assert_eq!(
         v["results"],
         json!([{"hook": "h", "result": {"decision": "deny"}}]),

@@ -2,7 +2,10 @@
 SOURCE at MOUNT whose every operation blocks while the file FLAG exists, as a network or FUSE
 mount that stops answering does. Needs mfusepy (pip) and /dev/fuse.
 
-Usage: stallfs.py SOURCE MOUNT FLAG   (runs in the foreground until unmounted or killed)
+Usage: stallfs.py SOURCE MOUNT FLAG [reads]   (runs in the foreground until unmounted or killed)
+
+With ``reads``, only opening and reading files block (names and attributes still answer, as a
+``stat``-based check sees them): what a process start that reads its program then waits on.
 """
 
 import errno
@@ -16,16 +19,18 @@ import mfusepy as fuse
 class Stalling(fuse.Operations):
     use_ns = True
 
-    def __init__(self, source, flag):
+    def __init__(self, source, flag, reads_only=False):
         self.source = source
         self.flag = flag
+        self.reads_only = reads_only
 
     def _wait(self):
         while os.path.exists(self.flag):
             time.sleep(0.05)
 
-    def _real(self, path):
-        self._wait()
+    def _real(self, path, read=False):
+        if read or not self.reads_only:
+            self._wait()
         return os.path.join(self.source, path.lstrip("/"))
 
     def getattr(self, path, fh=None):
@@ -52,7 +57,7 @@ class Stalling(fuse.Operations):
     def open(self, path, flags):
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise fuse.FuseOSError(errno.EROFS)
-        return os.open(self._real(path), os.O_RDONLY)
+        return os.open(self._real(path, read=True), os.O_RDONLY)
 
     def read(self, path, size, offset, fh):
         self._wait()
@@ -70,9 +75,10 @@ class Stalling(fuse.Operations):
 
 def main():
     source, mount, flag = (os.path.abspath(p) for p in sys.argv[1:4])
+    reads_only = sys.argv[4:5] == ["reads"]
     # No caching of names or attributes by the kernel: once stalled, every lookup waits.
     fuse.FUSE(
-        Stalling(source, flag),
+        Stalling(source, flag, reads_only),
         mount,
         foreground=True,
         nothreads=False,

@@ -968,22 +968,39 @@ def threads_now():
         return threading.active_count()
 
 
+#: ``landlock_api()`` once made (by the confined fork server before it forks: importing
+#: ``ctypes`` and making its structures took ~3.5 ms of every confined worker's start, issue 46).
+_landlock_api = None
+
+
+def landlock_api():
+    """``ctypes``, the C library and the Landlock structures, made once per process."""
+    global _landlock_api
+    if _landlock_api is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+
+        class Attr(ctypes.Structure):
+            _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64),
+                        ("scoped", ctypes.c_uint64)]
+
+        class Beneath(ctypes.Structure):
+            _pack_ = 1
+            _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+        class Port(ctypes.Structure):
+            _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+        _landlock_api = (ctypes, libc, Attr, Beneath, Port)
+    return _landlock_api
+
+
 def landlock_restrict(rules):
     """no_new_privs, then the Landlock ruleset of ``rules`` enforced on this process."""
-    import ctypes
     import stat
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-
-    class Attr(ctypes.Structure):
-        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
-
-    class Beneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
-
-    class Port(ctypes.Structure):
-        _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+    ctypes, libc, Attr, Beneath, Port = landlock_api()
 
     def check(r, what):
         if r < 0:
@@ -1040,8 +1057,8 @@ def apply_sandbox(policy, hook_dir):
         if policy.get("abi", 0) > 0:
             landlock_restrict(policy["rules"])
         else:
-            import ctypes
-            if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) != 0:
+            ctypes, libc = landlock_api()[:2]
+            if libc.prctl(38, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
         if not policy.get("best_effort"):
@@ -1401,8 +1418,12 @@ def zygote_main():
     priority = os.environ.pop(PRIORITY_ENV, "").split()
     setup_logging()
     warm_up()
-    global _interpreter_dirs
-    _interpreter_dirs = interpreter_dirs()  # once, not in every confined worker
+    if sys.flags.isolated:
+        # The confined fork server (`-I`): found once, not in every confined worker. Not in the
+        # default one: `sysconfig` and its data would sit in every worker's memory (issue 47).
+        global _interpreter_dirs
+        _interpreter_dirs = interpreter_dirs()
+        landlock_api()
     gc.collect()
     global _ballast
     _ballast = fill_pool_holes()

@@ -128,10 +128,25 @@ fn pool() -> &'static Mutex<HashMap<String, Arc<Zygote>>> {
     POOL.get_or_init(Default::default)
 }
 
-/// Serialises zygote start-ups (many hooks loading at once share one).
-fn start_lock() -> &'static tokio::sync::Mutex<()> {
-    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
-    LOCK.get_or_init(Default::default)
+/// Serialises the start-ups of one fork server (many hooks loading at once share one); each
+/// fork server has its own, so the confined one starts beside the default one instead of after
+/// it (issue 46's start-up cost), and an interpreter whose files stall holds up only its own.
+fn start_lock(key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(key.to_string())
+        .or_default()
+        .clone()
+}
+
+/// The fork servers whose process start has not returned yet (its interpreter's files stall):
+/// no second start of the same one is tried meanwhile, so each holds at most one thread.
+fn spawning() -> &'static Mutex<std::collections::HashSet<String>> {
+    static SPAWNING: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    SPAWNING.get_or_init(Default::default)
 }
 
 /// Pid of the live zygote for `python`, if one runs (tests and `list`).
@@ -262,6 +277,64 @@ pub(crate) async fn prestart(
         .map(|_| ())
 }
 
+/// Where the start of a fork server that is not ready yet is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Starting {
+    /// Its process is being started.
+    Spawning,
+    /// Its process is being started, and [`stop_unneeded`] asked to stop it.
+    Unwanted,
+    /// Its process runs (this pid) and imports.
+    Running(u32),
+}
+
+/// The fork servers started but not ready yet, by pool key.
+fn not_ready() -> &'static Mutex<HashMap<String, Starting>> {
+    static NOT_READY: OnceLock<Mutex<HashMap<String, Starting>>> = OnceLock::new();
+    NOT_READY.get_or_init(Default::default)
+}
+
+/// Fork servers killed on purpose ([`stop_unneeded`]): their exit is no warning.
+fn stopped_on_purpose() -> &'static Mutex<std::collections::HashSet<u32>> {
+    static STOPPED: OnceLock<Mutex<std::collections::HashSet<u32>>> = OnceLock::new();
+    STOPPED.get_or_init(Default::default)
+}
+
+fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Stops the fork server of `python` started ahead when the first scan found no hook that needs
+/// it, even while it is still starting (it would take a CPU from the fork server the hooks do
+/// need: issue 46's start-up of strict hooks); else as [`stop_if_unused`]. The caller holds
+/// the reload lock: no worker is asked of it meanwhile.
+pub(crate) fn stop_unneeded(python: &str, confined: bool) {
+    let key = pool_key(python, confined);
+    {
+        let mut starting = lock_map(not_ready());
+        match starting.get(&key).copied() {
+            Some(Starting::Running(pid)) => {
+                starting.remove(&key);
+                tracing::debug!(
+                    python,
+                    pid,
+                    "python fork server started ahead and not needed by any hook: stopped"
+                );
+                lock_map(stopped_on_purpose()).insert(pid);
+                kill_pid(pid);
+                return;
+            }
+            Some(Starting::Spawning | Starting::Unwanted) => {
+                // Stopped as soon as its process runs (`get_or_start`).
+                starting.insert(key, Starting::Unwanted);
+                return;
+            }
+            None => {}
+        }
+    }
+    stop_if_unused(python, confined);
+}
+
 /// Stops the fork server of `python` when it never forked a worker (it was started ahead and no
 /// hook turned out to need it); returns whether it did. The caller makes sure no fork request
 /// can start meanwhile (the host holds its reload lock).
@@ -311,18 +384,42 @@ async fn get_or_start(
     if let Some(z) = live(key) {
         return Ok(z);
     }
-    let _guard = start_lock().lock().await;
+    let lock = start_lock(key);
+    let _guard = lock.lock().await;
     if let Some(z) = live(key) {
         return Ok(z);
     }
-    let (python_owned, runner) = (python.to_string(), runner.to_path_buf());
     let (ready_tx, ready_rx) = oneshot::channel();
-    let zygote = tokio::task::spawn_blocking(move || {
-        start(&python_owned, &runner, priority, confined, ready_tx)
-    })
-    .await
-    .map_err(|e| format!("starting the fork server failed: {e}"))??;
-    match tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await {
+    lock_map(not_ready()).insert(key.to_string(), Starting::Spawning);
+    let started = start_on_own_thread(key, python, runner, priority, confined, ready_tx).await;
+    let zygote = {
+        let mut starting = lock_map(not_ready());
+        let unwanted = starting.get(key) == Some(&Starting::Unwanted);
+        match started {
+            Ok(z) if unwanted => {
+                starting.remove(key);
+                lock_map(stopped_on_purpose()).insert(z.pid);
+                kill_pid(z.pid);
+                tracing::debug!(
+                    python,
+                    pid = z.pid,
+                    "python fork server started ahead and not needed by any hook: stopped"
+                );
+                return Err("stopped: no hook needs it".into());
+            }
+            Ok(z) => {
+                starting.insert(key.to_string(), Starting::Running(z.pid));
+                z
+            }
+            Err(e) => {
+                starting.remove(key);
+                return Err(e);
+            }
+        }
+    };
+    let ready = tokio::time::timeout(ZYGOTE_START_TIMEOUT, ready_rx).await;
+    lock_map(not_ready()).remove(key);
+    match ready {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
             return Err(format!(
@@ -342,6 +439,69 @@ async fn get_or_start(
         .unwrap_or_else(|e| e.into_inner())
         .insert(key.to_string(), zygote.clone());
     Ok(zygote)
+}
+
+/// [`start`] on a thread of its own, made by the service's thread maker (so it has the
+/// service's starting priority, which the fork server inherits), not on the spawner thread every
+/// hook shares: an interpreter on a file system that stalls (a `python:` inside a hook's tree)
+/// blocks its own start only, which is given up after [`ZYGOTE_START_TIMEOUT`] (issue 47).
+async fn start_on_own_thread(
+    key: &str,
+    python: &str,
+    runner: &Path,
+    priority: Resolved,
+    confined: bool,
+    ready: oneshot::Sender<()>,
+) -> Result<Arc<Zygote>, String> {
+    if !spawning()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key.to_string())
+    {
+        return Err(format!(
+            "the last start of the fork server for {python:?} has not returned (its files do not answer?)"
+        ));
+    }
+    let (python_owned, runner, key_owned) =
+        (python.to_string(), runner.to_path_buf(), key.to_string());
+    let (tx, rx) = oneshot::channel();
+    let made = crate::priority::thread_at_base(move || {
+        std::thread::Builder::new()
+            .name("hermes-fork-start".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let started = start(&python_owned, &runner, priority, confined, ready);
+                spawning()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key_owned);
+                if let Err(Ok(z)) = tx.send(started) {
+                    // Nobody waits any more: stop it (EOF on its socket; its reader reaps it).
+                    // SAFETY: shutdown(2) on a socket this process owns.
+                    unsafe {
+                        libc::shutdown(z.ctl.as_raw_fd(), libc::SHUT_RDWR);
+                    }
+                }
+            })
+            .map(|_| ())
+    })
+    .await;
+    if let Err(e) = made {
+        spawning()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        return Err(format!(
+            "cannot start a thread to start the fork server: {e}"
+        ));
+    }
+    match tokio::time::timeout(ZYGOTE_START_TIMEOUT, rx).await {
+        Ok(Ok(started)) => started,
+        Ok(Err(_)) => Err("starting the fork server failed: its thread ended".into()),
+        Err(_) => Err(format!(
+            "the fork server for {python:?} did not start within {ZYGOTE_START_TIMEOUT:?} (its files do not answer?)"
+        )),
+    }
 }
 
 fn kill_pid(pid: u32) {
@@ -395,7 +555,9 @@ fn start(
     if let Some(dir) = runner.parent() {
         cmd.current_dir(dir);
     }
-    let mut child = crate::priority::spawn_at_base(move || cmd.spawn())
+    // On its own thread at the service's starting priority (`start_on_own_thread`).
+    let mut child = cmd
+        .spawn()
         .map_err(|e| format!("cannot start Python interpreter {python:?}: {e}"))?;
     let zygote = Arc::new(Zygote {
         python: python.to_string(),
@@ -437,7 +599,9 @@ fn start(
             let status = child.wait();
             z.reaped.store(true, Ordering::SeqCst);
             z.exit_notify.notify_waiters();
+            let meant = lock_map(stopped_on_purpose()).remove(&z.pid);
             match status {
+                Ok(_) if meant => tracing::debug!(python = %z.python, pid = z.pid, "python fork server stopped"),
                 Ok(s) if s.success() => tracing::info!(python = %z.python, pid = z.pid, "python fork server exited"),
                 Ok(s) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server exited ({s}); the next worker starts a new one"),
                 Err(e) => tracing::warn!(python = %z.python, pid = z.pid, "python fork server: cannot collect its exit status: {e}"),

@@ -1,0 +1,120 @@
+//! The reload scan, bounded per hook (issue 47): the roots are listed and each hook directory
+//! is read (HOOK.yaml, the trust checks and hashes of its tree) on the service's threads for
+//! hooks' files ([`crate::file_lanes`]), each within [`SCAN_DEADLINE`]. A directory whose files
+//! stall is reported as not answering (its running version keeps running) and the reload goes
+//! on with every other hook; its thread stays that hook's own, and the next reload's read of the
+//! same directory waits behind it (within its own deadline) instead of taking another thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::discovery::{Discovery, HookSpec, SkipCode, Skipped};
+use crate::trust::policy::Gate;
+
+/// How long the listing of one root, or the read of one hook directory, may take.
+pub(crate) const SCAN_DEADLINE: Duration = crate::handler::starter::CHECK_DEADLINE;
+
+/// Called with each hook as soon as its directory is read, before the scan is over (the host
+/// starts the fork server it will need then: issue 46's start-up cost).
+pub(crate) type OnFound = Arc<dyn Fn(&HookSpec) + Send + Sync>;
+
+/// Scans `roots` as [`crate::discovery::discover_with`] does, each root's listing and each hook
+/// directory's read bounded (see the module comment); `env_stamp` is folded into each hook.
+pub(crate) async fn scan(
+    roots: Vec<PathBuf>,
+    gate: Gate,
+    env_stamp: u64,
+    on_found: OnFound,
+) -> Discovery {
+    let gate = Arc::new(gate);
+    let mut stalled_roots = Vec::new();
+    let mut reads = Vec::new();
+    for root in roots {
+        let key = root.to_string_lossy().into_owned();
+        let r = root.clone();
+        let listed = crate::file_lanes::run(
+            &format!("root:{key}"),
+            "the listing of a hooks directory",
+            SCAN_DEADLINE,
+            move || crate::layout::hook_dir_candidates(&r),
+        )
+        .await;
+        match listed {
+            Ok(Some(dirs)) => {
+                reads.extend(dirs.into_iter().map(|d| (root.clone(), d)));
+            }
+            Ok(None) => {} // a missing root loads nothing
+            Err(e) => {
+                tracing::warn!(root = %root.display(), "{e}: the hooks running from it keep running");
+                stalled_roots.push(root);
+            }
+        }
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for (i, (root, dir)) in reads.into_iter().enumerate() {
+        let (gate, on_found) = (gate.clone(), on_found.clone());
+        set.spawn(async move {
+            let load = read_dir(root, dir, gate, env_stamp).await;
+            if let Some(Ok(spec)) = &load {
+                on_found(spec);
+            }
+            (i, load)
+        });
+    }
+    let mut loads: Vec<Option<Result<HookSpec, Box<Skipped>>>> = Vec::new();
+    while let Some(done) = set.join_next().await {
+        let Ok((i, load)) = done else { continue };
+        if loads.len() <= i {
+            loads.resize_with(i + 1, || None);
+        }
+        loads[i] = load;
+    }
+    let mut found = crate::discovery::assemble(loads.into_iter().flatten());
+    found.stalled_roots = stalled_roots;
+    found
+}
+
+/// One hook directory's load (`None`: not a directory), bounded.
+async fn read_dir(
+    root: PathBuf,
+    dir: PathBuf,
+    gate: Arc<Gate>,
+    env_stamp: u64,
+) -> Option<Result<HookSpec, Box<Skipped>>> {
+    let d = dir.clone();
+    let read = crate::file_lanes::run(
+        &dir.to_string_lossy(),
+        "the scan of the hook's files",
+        SCAN_DEADLINE,
+        move || {
+            if !d.is_dir() {
+                return None;
+            }
+            let mut load = crate::discovery::load_dir_with(&root, &d, &gate);
+            if let Ok(spec) = &mut load {
+                crate::handler::prepare(spec);
+                crate::dotenv::fold_into(spec, env_stamp);
+            }
+            Some(load)
+        },
+    )
+    .await;
+    match read {
+        Ok(load) => load,
+        Err(e) => Some(Err(Box::new(not_answering(&dir, e.to_string())))),
+    }
+}
+
+/// A hook directory that did not answer: kept as it runs ([`SkipCode::Unreadable`] keeps the
+/// last good version).
+fn not_answering(dir: &Path, why: String) -> Skipped {
+    Skipped {
+        dir: dir.to_path_buf(),
+        name: crate::layout::dir_name(dir),
+        file: dir.join("HOOK.yaml"),
+        code: SkipCode::Unreadable,
+        reason: why,
+        events: Vec::new(),
+    }
+}
