@@ -95,6 +95,12 @@ pub struct FleetArgs {
     /// in case the hook comes back or other workers still serve it.
     #[arg(long, value_name = "SECS", default_value_t = 600.0)]
     pub consumer_grace: f64,
+    /// Seconds a stopping worker keeps running a version of an ordered or concurrent hook that
+    /// no other live worker runs while another version is live (a rolling update): events only
+    /// it matches that were in the stream when the stop began run, rather than being
+    /// dead-lettered. 0: stop at once.
+    #[arg(long, value_name = "SECS", default_value_t = crate::fleet::worker::RETIRE_DRAIN.as_secs_f64())]
+    pub retire_drain: f64,
     /// How often a worker publishes its status for the fleet view, ms.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub status_interval_ms: u64,
@@ -109,6 +115,7 @@ const WORKER_ONLY: &[&str] = &[
     "ack_wait",
     "retry_backoff_ms",
     "status_interval_ms",
+    "retire_drain",
 ];
 /// Options only an edge uses, hidden from `worker --help`.
 const EDGE_ONLY: &[&str] = &["gateway_id", "fleet_buffer", "fleet_bundle"];
@@ -225,6 +232,7 @@ impl FleetArgs {
                 retry_backoff: Duration::from_millis(self.retry_backoff_ms.max(1)),
                 status_interval: Duration::from_millis(self.status_interval_ms.max(50)),
                 consumer_grace: Duration::from_secs_f64(self.consumer_grace.clamp(0.0, 1e7)),
+                retire_drain: Duration::from_secs_f64(self.retire_drain.clamp(0.0, 3600.0)),
                 ..Default::default()
             };
             if let Some(id) = &self.worker_id {

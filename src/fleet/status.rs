@@ -96,6 +96,11 @@ pub struct WorkerStatus {
     /// in an older worker's status.
     #[serde(default)]
     pub bundles: bool,
+    /// The hooks (by identity) whose version this worker is retiring as it stops: each still
+    /// runs the events up to this stream sequence (what was in the stream when the retirement
+    /// began) that no other version matches, for up to `--retire-drain` (issue 48).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub retiring: BTreeMap<String, u64>,
 }
 
 struct Entry {
@@ -477,6 +482,7 @@ mod tests {
             hooks,
             patterns: BTreeMap::new(),
             bundles: true,
+            retiring: BTreeMap::new(),
         }
     }
 

@@ -30,6 +30,19 @@ struct Peer {
     interval: Duration,
     /// Identity -> (patterns, compiled).
     hooks: BTreeMap<String, (Vec<String>, Arc<PatternSet>)>,
+    /// Identity -> (the highest stream sequence it still runs, since when): its versions
+    /// being retired by a worker that stops ([`WorkerStatus::retiring`]).
+    retiring: BTreeMap<String, (u64, SystemTime)>,
+}
+
+impl Peer {
+    /// Until when its version of `key` was live for new events: the start of its retirement
+    /// if it is being retired, else `at`.
+    fn live_until(&self, key: &str, at: SystemTime) -> SystemTime {
+        self.retiring
+            .get(key)
+            .map_or(at, |(_, since)| (*since).min(at))
+    }
 }
 
 /// Retired versions kept per hook (the most recently seen).
@@ -101,15 +114,29 @@ impl Versions {
         } else {
             BTreeMap::new()
         };
-        // The versions this worker ran until now and no longer does.
-        if let Some(before) = peers.get(&status.worker) {
+        // The versions this worker ran until now and no longer does (one it was retiring was
+        // live for new events until its retirement began).
+        let now = SystemTime::now();
+        let before = peers.get(&status.worker);
+        if let Some(before) = before {
             let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
             for (key, (p, _)) in &before.hooks {
                 if hooks.get(key).is_none_or(|(now, _)| now != p) {
-                    retire(&mut retired, key, p, &status.worker, SystemTime::now());
+                    let until = before.live_until(key, now);
+                    retire(&mut retired, key, p, &status.worker, until);
                 }
             }
         }
+        let retiring = status
+            .retiring
+            .iter()
+            .map(|(key, bound)| {
+                let since = before
+                    .and_then(|b| b.retiring.get(key))
+                    .map_or(now, |(_, since)| *since);
+                (key.clone(), (*bound, since))
+            })
+            .collect();
         if !status.running {
             peers.remove(&status.worker);
             return;
@@ -121,6 +148,7 @@ impl Versions {
                 seen_at: SystemTime::now(),
                 interval: Duration::from_millis(status.interval_ms),
                 hooks,
+                retiring,
             },
         );
     }
@@ -133,7 +161,8 @@ impl Versions {
                 // Gone without a word (killed): live until its next status was due at most.
                 let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
                 for (key, (patterns, _)) in &p.hooks {
-                    retire(&mut retired, key, patterns, worker, p.seen_at + p.interval);
+                    let until = p.live_until(key, p.seen_at + p.interval);
+                    retire(&mut retired, key, patterns, worker, until);
                 }
             }
             alive
@@ -229,15 +258,29 @@ impl Versions {
         v
     }
 
-    /// Whether another live worker's version of hook `key` matches `event`.
-    pub fn other_matches(&self, key: &str, event: &str) -> bool {
+    /// Whether another live worker's version of hook `key` matches `event` at stream sequence
+    /// `seq` (a version being retired runs only what was in the stream when its retirement
+    /// began; `None`: whatever the sequence).
+    pub fn other_matches(&self, key: &str, event: &str, seq: Option<u64>) -> bool {
         self.live(|peers| {
             peers.iter().any(|p| {
                 p.hooks
                     .get(key)
                     .is_some_and(|(_, set)| set.matches(event).is_some())
+                    && p.retiring
+                        .get(key)
+                        .is_none_or(|(bound, _)| seq.is_none_or(|s| s <= *bound))
             })
         })
+    }
+
+    /// Whether this worker, stopping, must drain its version `mine` of hook `key` before it
+    /// goes ([`super::worker`]'s retirement): another live worker runs another version of the
+    /// hook (a rolling update) and none runs this one, so events only it matches would be
+    /// dead-lettered.
+    pub fn sole_version(&self, key: &str, mine: &[String]) -> bool {
+        let others = self.others(key);
+        !others.is_empty() && !others.iter().any(|o| o.as_slice() == mine)
     }
 
     /// The pattern lists of hook `key` on the other live workers (distinct, sorted).

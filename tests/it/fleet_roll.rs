@@ -103,10 +103,20 @@ struct RollPair {
 }
 
 fn roll_pair(nats: &NatsServer, one_events: &str, two_events: &str) -> RollPair {
+    roll_pair_with(nats, one_events, two_events, &[])
+}
+
+/// [`roll_pair`] with `w1_extra` options for `w1`.
+fn roll_pair_with(
+    nats: &NatsServer,
+    one_events: &str,
+    two_events: &str,
+    w1_extra: &[&str],
+) -> RollPair {
     let (one, two) = (Hooks::new(), Hooks::new());
     recording_hook(&one, "roll", one_events, "");
     recording_hook(&two, "roll", two_events, "");
-    let w1 = worker_with(&one, nats, "w1", OPTS);
+    let w1 = worker_with(&one, nats, "w1", &[OPTS, w1_extra].concat());
     let mut w2 = worker_with(&two, nats, "w2", OPTS);
     let edge = edge(&one, &nats.url(), &[]);
     wait_for_fleet(&edge, "roll", &["w1", "w2"]);
@@ -633,4 +643,203 @@ fn ping_pong_on(bin: PathBuf) {
         bin.display()
     );
     assert!(dead_ns(&nats, "roll").is_empty(), "nothing dead-lettered");
+}
+
+/// Posts `runs` (event name, count) in order as batches, each event pausing `pause` seconds in
+/// its handler; the events are numbered on from `names`' length, and their names added to it.
+fn post_paused_runs(
+    edge: &Serve,
+    names: &mut Vec<&'static str>,
+    runs: &[(&'static str, usize)],
+    pause: f64,
+) {
+    for (name, len) in runs {
+        let from = names.len() as u64;
+        let events: Vec<Value> = (from..from + *len as u64)
+            .map(|i| json!({"event": name, "context": {"n": i, "pause": pause}}))
+            .collect();
+        let (status, v) = edge.post("/v1/events/batch", &json!({"events": events}));
+        assert_eq!(status, 202, "{v}");
+        names.extend(std::iter::repeat_n(*name, *len));
+    }
+}
+
+/// Issue 48 row 2, the retiring version: a rolling update by restart swaps a pattern of an
+/// ordered hook (`roll:b` out, `roll:c` in). `w2` runs the new version and stands by; `w1`, the
+/// last with the old one, holds the lease and is stopped (SIGTERM) while events of both names
+/// wait in the stream. Before it goes, `w1` runs every `roll:b` that was in the stream (only its
+/// version matches them), handing the lease to `w2` for the `roll:c` ones and taking it back:
+/// nothing is dead-lettered (d69d285 stopped at once, and `w2` dead-lettered every `roll:b` left
+/// with "no live version"), each event runs once, in stream order, with no pause of an ack
+/// wait, and `w1` exits once that is done, well within the default `--retire-drain` (30 s).
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_version_retired_by_its_workers_stop_first_runs_what_only_it_matches() {
+    for bin in nats_servers() {
+        retire_on(bin);
+    }
+}
+
+fn retire_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let RollPair {
+        one,
+        two,
+        mut w1,
+        w2: _w2,
+        edge,
+    } = roll_pair(&nats, r#"["roll:a", "roll:b"]"#, r#"["roll:a", "roll:c"]"#);
+    let runs = [
+        ("roll:b", 20),
+        ("roll:c", 8),
+        ("roll:b", 20),
+        ("roll:a", 5),
+        ("roll:c", 8),
+        ("roll:b", 10),
+    ];
+    let mut names = Vec::new();
+    post_paused_runs(&edge, &mut names, &runs, 0.03);
+    let n = names.len() as u64;
+    // Published and stored (the edge's 202 waits for the broker) before the stop begins.
+    let stopping = std::time::Instant::now();
+    w1.begin_stop();
+    let code = w1.wait_exit(Duration::from_secs(45));
+    let stopped = stopping.elapsed().as_secs_f64();
+    assert_eq!(code, Some(0), "{}: w1 stopped cleanly", bin.display());
+    let all = poll(Duration::from_secs(60), "every event handled", || {
+        let r: Vec<Value> = starts(&[&one, &two], "roll")
+            .into_iter()
+            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
+            .collect();
+        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
+        let dead = dead_ns(&nats, "roll");
+        (have.len() as u64 + dead.len() as u64 >= n).then_some(r)
+    });
+    let dead = dead_ns(&nats, "roll");
+    assert!(
+        dead.is_empty(),
+        "{}: nothing dead-lettered, got {:?}",
+        bin.display(),
+        dead.keys().collect::<Vec<_>>()
+    );
+    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert_eq!(
+        ns,
+        (0..n).collect::<Vec<_>>(),
+        "{}: each event once, in stream order",
+        bin.display()
+    );
+    for r in &all {
+        match names[r["n"].as_u64().unwrap_or(0) as usize] {
+            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on the old version: {r}"),
+            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on the new version: {r}"),
+            _ => {}
+        }
+    }
+    let gap = longest_gap(&all);
+    eprintln!(
+        "{}: the retiring version ran what only it matched; w1 stopped after {stopped:.1} s, longest pause between starts {gap:.2} s (ack wait 5 s)",
+        bin.display()
+    );
+    assert!(
+        gap < 2.0,
+        "{}: a pause of {gap:.2} s between two starts: a hand-over waited for the ack wait",
+        bin.display()
+    );
+    assert!(
+        w1.log()
+            .contains("what the retired version had to run is settled"),
+        "w1 drained before it stopped"
+    );
+}
+
+/// Issue 48 row 2, the deadline: as above with `--retire-drain 2` (and a 1 s stop drain) on
+/// `w1` and `roll:b` events that take 0.5 s each (20 s in all): `w1` stops 2 s into its
+/// retirement, says so, and every
+/// `roll:b` it did not run is dead-lettered by `w2` with a reason naming the old version; none
+/// is skipped, none runs on the new version, and the rest runs once, in stream order.
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_retiring_version_past_its_deadline_leaves_dead_letters_not_gaps() {
+    for bin in nats_servers() {
+        retire_deadline_on(bin);
+    }
+}
+
+fn retire_deadline_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin, &[], "");
+    let RollPair {
+        one,
+        two,
+        mut w1,
+        w2: _w2,
+        edge,
+    } = roll_pair_with(
+        &nats,
+        r#"["roll:a", "roll:b"]"#,
+        r#"["roll:a", "roll:c"]"#,
+        &["--retire-drain", "2", "--drain-timeout", "1"],
+    );
+    let mut names = Vec::new();
+    post_paused_runs(&edge, &mut names, &[("roll:b", 40)], 0.5);
+    post_paused_runs(&edge, &mut names, &[("roll:c", 5)], 0.0);
+    let stopping = std::time::Instant::now();
+    w1.begin_stop();
+    assert_eq!(
+        w1.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "w1 stopped cleanly"
+    );
+    let stopped = stopping.elapsed().as_secs_f64();
+    assert!(
+        w1.log().contains(
+            "did not settle what the stream held when the stop began within --retire-drain"
+        ),
+        "w1 said its deadline passed"
+    );
+    let (ran, dead) = poll(
+        Duration::from_secs(60),
+        "every roll:b run or dead-lettered",
+        || {
+            let ran: Vec<Value> = starts(&[&one, &two], "roll")
+                .into_iter()
+                .filter(|r| r["probe"].is_null())
+                .collect();
+            let dead = dead_ns(&nats, "roll");
+            let have: HashSet<u64> = ran
+                .iter()
+                .filter_map(|r| r["n"].as_u64())
+                .chain(dead.keys().copied())
+                .collect();
+            (have.len() >= 40).then_some((ran, dead))
+        },
+    );
+    eprintln!(
+        "w1 stopped {stopped:.1} s after SIGTERM; {} ran, {} dead-lettered",
+        ran.len(),
+        dead.len()
+    );
+    assert!(
+        !dead.is_empty(),
+        "the deadline left roll:b events to dead-letter"
+    );
+    for (i, letter) in &dead {
+        assert!(*i < 40, "only roll:b dead: {letter}");
+        let why = letter["error"].as_str().unwrap_or("");
+        assert!(
+            why.contains("matched it when it was accepted") && why.contains("roll:b"),
+            "the reason names the retired version: {why}"
+        );
+    }
+    for r in &ran {
+        if r["event"] == "roll:b" {
+            assert_eq!(r["w"], "w1", "roll:b only on the old version: {r}");
+            assert!(
+                !dead.contains_key(&r["n"].as_u64().unwrap_or(u64::MAX)),
+                "ran and dead: {r}"
+            );
+        }
+    }
+    let (_, v) = edge.get("/v1/hooks/roll");
+    assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
 }

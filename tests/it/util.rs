@@ -340,8 +340,19 @@ impl Serve {
 
     /// Sends SIGTERM and waits for exit, returning the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
+        self.begin_stop();
+        self.wait_exit(Duration::from_secs(20))
+    }
+
+    /// Sends SIGTERM and returns at once (the service stops in its own time: [`Serve::wait_exit`]).
+    pub fn begin_stop(&self) {
         signal(self.child.id(), libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
+    }
+
+    /// Waits up to `within` for the process to exit, returning its exit code; past that it is
+    /// killed (`None`).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
         loop {
             if let Ok(Some(st)) = self.child.try_wait() {
                 return st.code();

@@ -81,7 +81,7 @@ pub(super) async fn settle_other(
                     sh.versions
                         .wait_known(accepted(&d), sh.opts.status_interval)
                         .await;
-                    if sh.versions.other_matches(&s.key, &d.env.event) {
+                    if sh.versions.other_matches(&s.key, &d.env.event, Some(d.seq)) {
                         return for_another_version(sh, s, counters, d).await;
                     }
                     if let Some(why) = sh.versions.matched_when(&s.key, &d.env.event, accepted(&d))

@@ -65,6 +65,10 @@ impl Run {
                     self.backlog.push_front(d);
                     return;
                 }
+                Route::Nowhere => {
+                    self.retired_skip(d).await;
+                    continue;
+                }
             }
             self.start(d).await;
         }
@@ -156,6 +160,14 @@ impl Run {
         }
     }
 
+    /// An event that entered the stream after this worker began to retire its version, which
+    /// alone matches it: no version runs it, as for any event no live version matched when it
+    /// was accepted (acknowledged, counted `skipped`).
+    async fn retired_skip(&mut self, d: Delivery) {
+        self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        d.settled(&self.counters).await;
+    }
+
     /// Runs one event: settles it at once when it needs no handler (finished here before, for
     /// another hook, unreadable), dead-letters it past its last delivery, else puts it in the
     /// hook's local queue before this returns (so events enter it in stream order); the rest
@@ -165,6 +177,22 @@ impl Run {
             // The lease's bound is shut (a retry delivered meanwhile): handed back while that
             // is still safe, else left to its ack wait.
             return d.give_back(None).await;
+        }
+        if self.past_retirement(d.seq) {
+            // Retiring this version (its worker stops): what entered the stream since is not
+            // its to run (an ordered hook's route decided before this).
+            if self
+                .sh
+                .versions
+                .other_matches(&self.s.key, &d.env.event, Some(d.seq))
+            {
+                let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+                self.running.push(Box::pin(async move {
+                    for_another_version(&sh, &s, &counters, d).await;
+                }));
+                return;
+            }
+            return self.retired_skip(d).await;
         }
         if self.s.ordered() && d.delivered > self.s.max_deliver && d.hseq > self.orphans {
             // Past its deliveries by the broker's count only: hand-overs and messages left to

@@ -28,6 +28,9 @@ pub(super) enum Route {
     Here,
     Elsewhere,
     Unsure,
+    /// Only this worker's version matches it, and this worker is retiring that version
+    /// ([`Run::past_retirement`]): no version runs it (acknowledged, counted `skipped`).
+    Nowhere,
 }
 
 /// Most hand-over ranges remembered (the oldest go first).
@@ -67,14 +70,19 @@ impl Run {
         let Some(h) = snap.get(&self.s.name) else {
             return Route::Here;
         };
-        if h.spec.patterns.matches(&d.env.event).is_some() {
+        let mine = h.spec.patterns.matches(&d.env.event).is_some();
+        let retired = self.past_retirement(d.seq);
+        if mine && !retired {
             self.unsure = None;
             return Route::Here;
         }
         let versions = &self.sh.versions;
-        if versions.other_matches(&self.s.key, &d.env.event) {
+        if versions.other_matches(&self.s.key, &d.env.event, Some(d.seq)) {
             self.unsure = None;
             return Route::Elsewhere;
+        }
+        if mine {
+            return Route::Nowhere;
         }
         let since = *self.unsure.get_or_insert_with(std::time::Instant::now);
         if self.draining

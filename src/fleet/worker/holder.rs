@@ -42,7 +42,7 @@ pub(super) async fn hand_over(
         {
             return true;
         }
-        if head.is_some_and(|e| !sh.versions.other_matches(&s.key, e))
+        if head.is_some_and(|e| !sh.versions.other_matches(&s.key, e, None))
             || tokio::time::Instant::now() >= until
         {
             return true;

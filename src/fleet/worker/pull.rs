@@ -89,6 +89,9 @@ pub(super) struct Run {
     /// The lease was lost to a broker restart ([`crate::fleet::lease::Lease::bucket_gone`]):
     /// the stand-down hands back what it holds at once rather than to the ack wait.
     pub(super) broker_restarted: bool,
+    /// Set when this worker, stopping, retires the hook's version ([`HookTask::retiring`]): the
+    /// highest stream sequence it still runs (0: not retiring).
+    pub(super) retiring: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A new lease holder waiting for what the previous one left pending (issue 34): the broker
@@ -167,6 +170,7 @@ impl Run {
         counters: Arc<Counters>,
         ack_all: bool,
         rename: watch::Receiver<String>,
+        retiring: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
         let progress = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
@@ -214,7 +218,16 @@ impl Run {
             gate: None,
             repeats_to: 0,
             broker_restarted: false,
+            retiring,
         }
+    }
+
+    /// Whether the event at stream sequence `seq` entered the stream after this worker began
+    /// to retire its version of the hook (it stops during a rolling update): its version runs
+    /// only what was there before.
+    pub(super) fn past_retirement(&self, seq: u64) -> bool {
+        let bound = self.retiring.load(std::sync::atomic::Ordering::Relaxed);
+        bound > 0 && seq > bound
     }
 
     /// This holding's lease bound (`None`: not a lease holder), for what starts and what is
@@ -556,7 +569,11 @@ pub(super) async fn consume(
     s: Settings,
     counters: Arc<Counters>,
     slot: Arc<Mutex<Option<jetstream::consumer::PullConsumer>>>,
-    (mut stop, renamed): (watch::Receiver<bool>, watch::Receiver<String>),
+    (mut stop, renamed, retiring): (
+        watch::Receiver<bool>,
+        watch::Receiver<String>,
+        Arc<std::sync::atomic::AtomicU64>,
+    ),
 ) {
     let mut run: Option<Run> = None;
     let mut pause = Duration::from_millis(100);
@@ -606,6 +623,7 @@ pub(super) async fn consume(
                 counters.clone(),
                 ack_all,
                 renamed.clone(),
+                retiring.clone(),
             )
         });
         r.repeats_to = crate::fleet::repeats::delivered_before(

@@ -15,6 +15,9 @@ use crate::fleet::status::FleetCounters;
 use crate::fleet::versions::Versions;
 use crate::host::Host;
 
+/// [`WorkerOptions::retire_drain`] by default.
+pub const RETIRE_DRAIN: Duration = Duration::from_secs(30);
+
 /// Settings of a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -29,6 +32,10 @@ pub struct WorkerOptions {
     /// How long a removed hook's consumer is kept (a hook coming back, or other workers still
     /// serving it) before it is deleted.
     pub consumer_grace: Duration,
+    /// How long a stopping worker keeps running a version of a hook that no other live worker
+    /// runs while another version is live (a rolling update), so that events only it matches
+    /// run rather than being dead-lettered (zero: not at all).
+    pub retire_drain: Duration,
 }
 
 impl Default for WorkerOptions {
@@ -39,6 +46,7 @@ impl Default for WorkerOptions {
             retry_backoff: Duration::from_secs(1),
             status_interval: Duration::from_secs(2),
             consumer_grace: Duration::from_secs(600),
+            retire_drain: RETIRE_DRAIN,
         }
     }
 }
@@ -259,6 +267,9 @@ pub(super) struct HookTask {
     pub(super) counters: Arc<Counters>,
     /// The hook's name, for a rename that keeps its identity ([`Run::renamed`]).
     pub(super) rename: watch::Sender<String>,
+    /// Set when this worker, stopping, retires the hook's version: the highest stream
+    /// sequence it still runs (0: not retiring; [`super::tasks`]).
+    pub(super) retiring: Arc<AtomicU64>,
 }
 
 pub(super) struct Shared {

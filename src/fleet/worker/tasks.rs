@@ -78,17 +78,17 @@ impl Worker {
     }
 
     /// Stops taking events, lets the events in flight finish for up to `drain` (they are
-    /// acknowledged; what is left comes back to another worker after the ack wait).
+    /// acknowledged; what is left comes back to another worker after the ack wait). During a
+    /// rolling update a version of a hook that only this worker runs first runs, for up to
+    /// [`WorkerOptions::retire_drain`], what was in the stream when the stop began ([`retire`]).
     pub async fn stop(self, drain: Duration) {
         if let Ok(mut by) = self.shared.stop_by.lock() {
             *by = Some(tokio::time::Instant::now() + drain);
         }
         let _ = self.stop.send(true);
         let mut task = self.task;
-        if tokio::time::timeout(drain + Duration::from_secs(1), &mut task)
-            .await
-            .is_err()
-        {
+        let most = drain + self.shared.opts.retire_drain + Duration::from_secs(1);
+        if tokio::time::timeout(most, &mut task).await.is_err() {
             task.abort();
         }
     }
@@ -133,17 +133,19 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                     apply(&sh, &stream, &snap, &mut tasks, &mut seen, started);
                     // Announced before any consumer changes: the other versions' workers then
                     // hand back what only this one matches.
-                    publish_status(&sh, &tasks, true).await;
+                    publish_status(&sh, &tasks, None).await;
                 }
             }
             _ = status.tick() => {
                 // Other versions of the hooks come and go: filters follow.
                 apply(&sh, &stream, &sh.host.snapshot(), &mut tasks, &mut seen, started);
-                publish_status(&sh, &tasks, true).await
+                publish_status(&sh, &tasks, None).await
             }
         }
     }
-    // Stop pulling everywhere, then wait for the events in flight.
+    // A version only this worker runs drains first (a rolling update), then every hook stops
+    // pulling and the events in flight finish.
+    retire(&sh, &stream, &tasks).await;
     for t in tasks.values() {
         let _ = t.stop.send(true);
         t.collect.abort();
@@ -153,7 +155,7 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
     // Bounded: with the broker down neither completes.
     let bye = async {
-        publish_status(&sh, &HashMap::new(), false).await;
+        publish_status(&sh, &HashMap::new(), Some(&Default::default())).await;
         let _ = sh.client.flush().await;
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), bye).await;
@@ -241,6 +243,7 @@ pub(super) fn apply(
         let name = settings.name.clone();
         let (stop, stop_rx) = watch::channel(false);
         let (rename, renamed) = watch::channel(name.clone());
+        let retiring = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let consumer = Arc::new(Mutex::new(None));
         let counters = sh
             .counters
@@ -253,7 +256,7 @@ pub(super) fn apply(
             settings.clone(),
             counters.clone(),
             consumer.clone(),
-            (stop_rx, renamed),
+            (stop_rx, renamed, retiring.clone()),
         ));
         let collect = tokio::spawn(crate::fleet::collect::serve(
             sh.client.clone(),
@@ -272,6 +275,7 @@ pub(super) fn apply(
                 consumer,
                 counters,
                 rename,
+                retiring,
             },
         );
     }
@@ -321,10 +325,21 @@ pub(super) fn settings(
     }
 }
 
-pub(super) async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask>, running: bool) {
+/// Publishes this worker's status: running with every hook task (`retiring` `None`), running
+/// with only the versions it retires as it stops (`retiring`: identity -> the highest stream
+/// sequence each still runs; empty: the last status, not running).
+pub(super) async fn publish_status(
+    sh: &Shared,
+    tasks: &HashMap<String, HookTask>,
+    retiring: Option<&std::collections::BTreeMap<String, u64>>,
+) {
+    let running = retiring.is_none_or(|r| !r.is_empty());
     let mut hooks = Vec::new();
     let mut patterns = std::collections::BTreeMap::new();
     for (key, t) in tasks {
+        if retiring.is_some_and(|r| !r.contains_key(key)) {
+            continue;
+        }
         let name = &t.settings.name;
         let Some(info) = sh.host.hook(name) else {
             continue;
@@ -362,6 +377,7 @@ pub(super) async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask
         hooks,
         patterns,
         bundles: true,
+        retiring: retiring.cloned().unwrap_or_default(),
     };
     let body = serde_json::to_vec(&status).unwrap_or_default();
     if let Err(e) = sh
@@ -370,5 +386,124 @@ pub(super) async fn publish_status(sh: &Shared, tasks: &HashMap<String, HookTask
         .await
     {
         tracing::debug!("fleet: status not published: {e}");
+    }
+}
+
+/// Stopping during a rolling update (issue 48): each hook whose version no other live worker
+/// runs while another version of it is live (events only it matches would be dead-lettered)
+/// keeps running until everything that was in the stream when the stop began is settled, by
+/// this version or another, or for at most [`WorkerOptions::retire_drain`]; meanwhile this
+/// worker's status names those versions and that bound, so other versions hand them only those
+/// events and what enters the stream later is theirs alone. Every other hook stops at once.
+/// What only a retired version matched and did not run by the deadline is dead-lettered by the
+/// other versions, never skipped.
+async fn retire(
+    sh: &Arc<Shared>,
+    stream: &jetstream::stream::Stream,
+    tasks: &HashMap<String, HookTask>,
+) {
+    let most = sh.opts.retire_drain;
+    let mut keys: Vec<&String> = if most.is_zero() {
+        Vec::new()
+    } else {
+        tasks
+            .iter()
+            .filter(|(key, t)| {
+                sh.host
+                    .hook(&t.settings.name)
+                    .is_some_and(|i| sh.versions.sole_version(key, &i.events))
+            })
+            .map(|(key, _)| key)
+            .collect()
+    };
+    let stop_now = |t: &HookTask| {
+        let _ = t.stop.send(true);
+        t.collect.abort();
+    };
+    for (key, t) in tasks {
+        if !keys.contains(&key) {
+            stop_now(t);
+        }
+    }
+    if keys.is_empty() {
+        return;
+    }
+    let last = async { stream.clone().info().await.map(|i| i.state.last_sequence) };
+    let bound = match tokio::time::timeout(Duration::from_secs(2), last).await {
+        Ok(Ok(b)) if b > 0 => b,
+        _ => return,
+    };
+    let began = tokio::time::Instant::now();
+    // The stop's own drain, given again to each hook when its retirement ends.
+    let drain = sh
+        .stop_by
+        .lock()
+        .ok()
+        .and_then(|by| *by)
+        .map_or(Duration::ZERO, |by| by.saturating_duration_since(began));
+    let mut retiring = std::collections::BTreeMap::new();
+    for key in &keys {
+        tasks[*key].retiring.store(bound, Ordering::Relaxed);
+        retiring.insert((*key).clone(), bound);
+    }
+    tracing::info!(hooks = ?keys, "fleet: stopping during a rolling update: no other live worker runs this worker's version of these hooks; it runs what the stream held (up to sequence {bound}) and only it matches, for up to {}, before it stops", crate::time::fmt_duration(most));
+    publish_status(sh, tasks, Some(&retiring)).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut status = tokio::time::interval(sh.opts.status_interval);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = status.tick() => {
+                publish_status(sh, tasks, Some(&retiring)).await;
+                continue;
+            }
+        }
+        let mut done = Vec::new();
+        for key in &keys {
+            let t = &tasks[*key];
+            if t.consume.is_finished() || drained(t, bound).await {
+                tracing::info!(hook = %t.settings.name, "fleet: what the retired version had to run is settled ({}); it stops", crate::time::fmt_duration(began.elapsed()));
+                done.push(*key);
+            }
+        }
+        let late = began.elapsed() >= most;
+        if late {
+            let names: Vec<&str> = keys
+                .iter()
+                .map(|k| tasks[*k].settings.name.as_str())
+                .collect();
+            tracing::warn!(hooks = ?names, "fleet: the retired versions did not settle what the stream held when the stop began within --retire-drain ({}): what only they match and did not run is dead-lettered by the other versions", crate::time::fmt_duration(most));
+            done = keys.clone();
+        }
+        if done.is_empty() {
+            continue;
+        }
+        for key in done {
+            if let Ok(mut by) = sh.stop_by.lock() {
+                *by = Some(tokio::time::Instant::now() + drain);
+            }
+            stop_now(&tasks[key]);
+            keys.retain(|k| *k != key);
+            retiring.remove(key);
+        }
+        if keys.is_empty() {
+            return;
+        }
+        publish_status(sh, tasks, Some(&retiring)).await;
+    }
+}
+
+/// Whether a retiring hook's consumer settled everything up to stream sequence `bound`: its
+/// acknowledgement floor passed it, or nothing is pending or waiting for an acknowledgement.
+async fn drained(t: &HookTask, bound: u64) -> bool {
+    let consumer = t.consumer.lock().ok().and_then(|g| g.clone());
+    let Some(consumer) = consumer else {
+        return false;
+    };
+    match tokio::time::timeout(Duration::from_secs(1), consumer.get_info()).await {
+        Ok(Ok(i)) => {
+            i.ack_floor.stream_sequence >= bound || (i.num_pending == 0 && i.num_ack_pending == 0)
+        }
+        _ => false,
     }
 }
