@@ -497,6 +497,65 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
+    fn status(
+        worker: &str,
+        running: bool,
+        patterns: &[&str],
+        retiring: Option<u64>,
+    ) -> WorkerStatus {
+        WorkerStatus {
+            worker: worker.into(),
+            host: "h".into(),
+            pid: 1,
+            interval_ms: 1000,
+            time: String::new(),
+            running,
+            hooks: Vec::new(),
+            patterns: BTreeMap::from([("k".to_string(), s(patterns))]),
+            bundles: true,
+            retiring: retiring
+                .map(|b| BTreeMap::from([("k".to_string(), b)]))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Issue 48 row 2: a version its worker retires (stopping during a rolling update) matches
+    /// only events up to its bound; once gone, it counts as live until its retirement began, so
+    /// an event accepted after that which only it matched is not a dead letter.
+    #[test]
+    fn a_retiring_version_runs_only_what_was_in_the_stream_and_is_gone_from_its_start() {
+        let v = Versions::default();
+        v.update("me", status("old", true, &["roll:b"], None));
+        assert!(v.other_matches("k", "roll:b", Some(500)));
+        assert!(v.sole_version("k", &s(&["roll:c"])));
+        assert!(
+            !v.sole_version("k", &s(&["roll:b"])),
+            "another worker runs it too"
+        );
+        v.update("me", status("old", true, &["roll:b"], Some(100)));
+        assert!(v.other_matches("k", "roll:b", Some(100)));
+        assert!(
+            !v.other_matches("k", "roll:b", Some(101)),
+            "entered after the stop"
+        );
+        assert!(v.other_matches("k", "roll:b", None));
+        let began = SystemTime::now();
+        std::thread::sleep(Duration::from_millis(20));
+        v.update("me", status("old", true, &["roll:b"], Some(100)));
+        let after = SystemTime::now();
+        v.update("me", status("old", false, &[], None));
+        assert!(!v.other_matches("k", "roll:b", Some(1)));
+        assert!(
+            v.matched_when("k", "roll:b", began - Duration::from_millis(1))
+                .is_some(),
+            "accepted before the retirement: a dead letter"
+        );
+        assert!(
+            v.matched_when("k", "roll:b", after).is_none(),
+            "accepted after the retirement began: no version matched it"
+        );
+    }
+
     #[test]
     fn filters_cover_every_version_without_overlap() {
         let c = super::super::FleetConfig::new("nats://h:1");
