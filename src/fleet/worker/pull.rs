@@ -676,9 +676,19 @@ pub(super) async fn consume(
         }
         pause = (pause * 2).min(Duration::from_secs(1));
     }
+    stopped(&sh, run, lease, &leases).await;
+}
+
+/// The hook's consume task stops: what was delivered runs until shortly before the service's
+/// drain timeout (what has not started then is left to the ack wait: another worker gets it),
+/// retries waiting for their time go back, then the lease (if held) is released.
+async fn stopped(
+    sh: &Shared,
+    run: Option<Run>,
+    lease: Option<crate::fleet::lease::Lease>,
+    leases: &Option<(async_nats::jetstream::kv::Store, Duration)>,
+) {
     if let Some(mut r) = run {
-        // Stopping: what was delivered runs until shortly before the service's drain timeout;
-        // what has not started then is left to the ack wait (another worker gets it).
         let stop_by = sh.stop_by.lock().ok().and_then(|by| *by);
         r.drain(stop_by.map(|t| t.checked_sub(STOP_MARGIN).unwrap_or(t)))
             .await;
@@ -686,7 +696,7 @@ pub(super) async fn consume(
         r.waiting.abort_all();
         r.retry.give_back_all().await;
         if lease.is_some() {
-            r.leave_release_note(&leases).await;
+            r.leave_release_note(leases).await;
         }
     }
     // Only now (every event this worker held is settled) may the next worker start.
