@@ -351,19 +351,12 @@ impl ServeArgs {
         }
     }
 
-    /// The priority of the service's own runtime threads. A fleet worker's and a fleet edge's
-    /// default to the normal class (at `--service-nice`): a worker's renew ordered hooks' leases
-    /// and send the progress signals of held events, deadlines the broker keeps that a busy CPU
-    /// must not starve under `SCHED_IDLE` (its hook processes keep their default); an edge runs
-    /// no hook, and its threads carry the gateway's events to the broker, each accept waiting
-    /// for the broker's acknowledgement: under `SCHED_IDLE` a worker on the same machine took
-    /// their CPU and publishing slowed threefold in some runs (issue 48).
+    /// The priority of the service's own runtime threads (`worker`: a fleet worker's, which
+    /// default to the normal class: they renew ordered hooks' leases and send the progress
+    /// signals of held events, deadlines the broker keeps that a busy CPU must not starve under
+    /// `SCHED_IDLE`; its hook processes keep their default).
     pub fn service_threads(&self, worker: bool) -> crate::priority::ServiceThreads {
-        #[cfg(feature = "fleet")]
-        let fleet = worker || self.fleet.conn.fleet.is_some();
-        #[cfg(not(feature = "fleet"))]
-        let fleet = worker;
-        let default = if fleet {
+        let default = if worker {
             crate::priority::Sched::Normal
         } else {
             crate::priority::default_sched()

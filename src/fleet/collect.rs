@@ -261,10 +261,7 @@ async fn run(host: &Host, hook: &str, req: CollectRequest) -> CollectReply {
             ..Default::default()
         };
     };
-    match host
-        .call_one(&env.event, ctx, timeout, (hook, true), None)
-        .await
-    {
+    match host.call_one(&env.event, ctx, timeout, hook, None).await {
         Ok(Some(o)) => CollectReply {
             duration_ms: (!o.duration.is_zero()).then_some(o.duration.as_secs_f64() * 1000.0),
             result: o.result.clone().ok().flatten(),

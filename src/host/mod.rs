@@ -519,9 +519,7 @@ impl Host {
     ) -> Result<Vec<HookOutcome>, EmitError> {
         if let Some(name) = only {
             let context = Context::new(check_event(event, context)?);
-            let o = self
-                .call_one(event, context, timeout, (name, true), None)
-                .await?;
+            let o = self.call_one(event, context, timeout, name, None).await?;
             return Ok(o
                 .map(|o| hook_outcome(name.to_string(), o))
                 .into_iter()
@@ -563,21 +561,17 @@ impl Host {
     /// [`Host::emit_collect_only`] for the one hook named `hook`, as a fleet worker calls it for
     /// each event: `None` when no hook of that name is loaded or it does not match `event`. The
     /// context is a JSON object (a fleet worker's comes as the stream's text, checked there).
-    /// `waited_for`: a decision someone waits for (a fleet collect) raises the service's
-    /// threads and the hook's processes while it runs, as a local collect does; an event from
-    /// the stream is background work like a local emit (a worker beside the gateway and its
-    /// edge on one machine must not take their CPU: issue 48's slow publishing).
     pub async fn call_one(
         &self,
         event: &str,
         context: Context,
         timeout: Duration,
-        (hook, waited_for): (&str, bool),
+        hook: &str,
         gate: Option<Arc<crate::start_gate::StartGate>>,
     ) -> Result<Option<CallOutcome>, EmitError> {
         validate_event_name(event)?;
         self.let_in()?;
-        let _service = waited_for.then(crate::priority::boost_service);
+        let _service = crate::priority::boost_service();
         let (rx, _boost) = {
             let reg = self.inner.registry.load();
             let found = reg
@@ -587,7 +581,7 @@ impl Host {
                 .find(|h| h.spec.name == hook);
             let Some(h) = found else { return Ok(None) };
             let (tx, rx) = oneshot::channel();
-            let boost = waited_for.then(|| h.signals().boost.boost());
+            let boost = h.signals().boost.boost();
             h.enqueue(Job {
                 event: Arc::from(event),
                 context: Arc::new(context),

@@ -260,7 +260,7 @@ impl Run {
             let _started = started;
             let outcome = sh
                 .host
-                .call_one(&d.env.event, ctx, wait, (&s.name, false), gate)
+                .call_one(&d.env.event, ctx, wait, &s.name, gate)
                 .await;
             if matches!(&outcome, Ok(Some(o)) if o.not_started) {
                 // Refused by the lease's bound (issue 48): not run here; handed back while the
