@@ -99,7 +99,7 @@ pub mod server;
 pub mod service;
 pub(crate) mod set_enabled;
 pub(crate) mod sink;
-pub(crate) mod start_gate;
+pub mod start_gate;
 #[cfg(test)]
 mod testing;
 pub(crate) mod text;

@@ -12,7 +12,7 @@
 //!
 //! The same clock is read by Python's `time.monotonic_ns()`: a Python worker is told each
 //! call's bound (`start_by`, with the gate's `epoch`) and refuses to start a call past it, and
-//! every later call of that epoch ([`crate::handler`]'s runner), since a process stopped with
+//! every later call of that epoch (the Python handler's runner), since a process stopped with
 //! the service has calls in its pipe that it would otherwise run on waking.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
