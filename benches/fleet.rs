@@ -279,7 +279,10 @@ fn run_load(edge: &str, total: usize, done: impl Fn() -> u64) -> f64 {
     if std::env::var_os("FLEET_BENCH_POSTING").is_some() {
         // How long the accepts took (each 202 waits for the broker to store the events):
         // issue 48's slow rounds were the edge's publishing taking 3x longer.
-        println!("  posting {total} events took {:.2} s", start.elapsed().as_secs_f64());
+        println!(
+            "  posting {total} events took {:.2} s",
+            start.elapsed().as_secs_f64()
+        );
     }
     // Asked every 5 ms: at most 0.5 % of a 1 s run (every 2 ms was 500 HTTP requests a second
     // for the measured service to answer on its own threads).

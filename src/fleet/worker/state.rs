@@ -286,6 +286,9 @@ pub(super) struct Shared {
     pub(super) multi: std::sync::atomic::AtomicBool,
     /// Stopping: when the service stops waiting for the events in flight.
     pub(super) stop_by: Mutex<Option<tokio::time::Instant>>,
+    /// Stopping with versions to retire ([`super::tasks`]): the latest the retirement and the
+    /// drain after it may end (the stop waits for the worker that long, not longer).
+    pub(super) retire_until: Mutex<Option<tokio::time::Instant>>,
 }
 
 pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);

@@ -49,6 +49,7 @@ impl Worker {
             versions: Versions::default(),
             multi: Default::default(),
             stop_by: Mutex::new(None),
+            retire_until: Mutex::new(None),
         });
         tokio::spawn(crate::fleet::versions::follow(
             shared.client.clone(),
@@ -87,9 +88,22 @@ impl Worker {
         }
         let _ = self.stop.send(true);
         let mut task = self.task;
-        let most = drain + self.shared.opts.retire_drain + Duration::from_secs(1);
-        if tokio::time::timeout(most, &mut task).await.is_err() {
-            task.abort();
+        // Until the drain timeout, or the end of a retirement the stop began (it moves the
+        // deadline), and a second more.
+        let until = |sh: &Shared| {
+            let by = sh.stop_by.lock().ok().and_then(|b| *b);
+            let retire = sh.retire_until.lock().ok().and_then(|b| *b);
+            by.max(retire).unwrap_or_else(tokio::time::Instant::now) + Duration::from_secs(1)
+        };
+        loop {
+            let deadline = until(&self.shared);
+            if tokio::time::timeout_at(deadline, &mut task).await.is_ok() {
+                return;
+            }
+            if until(&self.shared) <= deadline {
+                task.abort();
+                return;
+            }
         }
     }
 }
@@ -441,6 +455,9 @@ async fn retire(
         .ok()
         .and_then(|by| *by)
         .map_or(Duration::ZERO, |by| by.saturating_duration_since(began));
+    if let Ok(mut until) = sh.retire_until.lock() {
+        *until = Some(began + most + drain);
+    }
     let mut retiring = std::collections::BTreeMap::new();
     for key in &keys {
         tasks[*key].retiring.store(bound, Ordering::Relaxed);
