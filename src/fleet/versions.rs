@@ -67,6 +67,9 @@ pub struct Versions {
     own: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
     /// Identity -> retired versions, most recently seen last.
     retired: Arc<Mutex<HashMap<String, Vec<Retired>>>>,
+    /// Identity -> when this worker began to retire its own version of it (a held change,
+    /// [`Versions::retiring_own`]): live for new events until then.
+    own_retiring: Arc<Mutex<HashMap<String, SystemTime>>>,
 }
 
 /// Records `patterns` of hook `key`, run by `worker`, as live until `seen`.
@@ -175,12 +178,21 @@ impl Versions {
     pub fn set_own(&self, me: &str, now: BTreeMap<String, Vec<String>>) {
         let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
         for (key, p) in own.iter() {
             if now.get(key) != Some(p) {
-                retire(&mut retired, key, p, me, SystemTime::now());
+                let until = since.remove(key).unwrap_or_else(SystemTime::now);
+                retire(&mut retired, key, p, me, until);
             }
         }
         *own = now;
+    }
+
+    /// This worker began to retire its own version of hook `key` (a change held until it ran
+    /// what only it matches): once replaced, it counts as live for new events until now.
+    pub fn retiring_own(&self, key: &str) {
+        let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
+        since.entry(key.to_string()).or_insert_with(SystemTime::now);
     }
 
     /// Whether every live worker's versions are known as of `accepted` (its last status came

@@ -140,6 +140,9 @@ impl LoadReport {
     }
 }
 
+/// See [`Host::set_change_hold`]: `(running, found)`, true to keep the running version.
+pub type ChangeHold = Arc<dyn Fn(&HookSpec, &HookSpec) -> bool + Send + Sync>;
+
 /// What a shutdown left behind.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ShutdownReport {
@@ -179,6 +182,9 @@ struct Inner {
     sink: std::sync::OnceLock<Arc<dyn EventSink>>,
     /// What a fleet worker adds to `/metrics` (its per-hook fleet counters).
     worker_status: std::sync::OnceLock<StatusSource>,
+    /// Set by a fleet worker: whether a changed hook keeps its running version for now
+    /// ([`Host::set_change_hold`]).
+    change_hold: std::sync::OnceLock<ChangeHold>,
     /// Versions taken out of the registry (removed or superseded) whose worker may still run:
     /// shutdown waits for them too. Finished ones are pruned at each reload.
     retired: std::sync::Mutex<Vec<Arc<LoadedHook>>>,
@@ -303,6 +309,7 @@ impl Host {
                 notices,
                 sink: std::sync::OnceLock::new(),
                 worker_status: std::sync::OnceLock::new(),
+                change_hold: std::sync::OnceLock::new(),
                 retired: std::sync::Mutex::new(Vec::new()),
                 ledger: std::sync::Mutex::new(Ledger::default()),
                 reloader: std::sync::OnceLock::new(),
@@ -607,6 +614,14 @@ impl Host {
         self.inner.worker_status.set(source).is_ok()
     }
 
+    /// Whether a hook changed on disk keeps its running version for now: `hold(running, found)`
+    /// true keeps `running` (the reload treats the hook as unchanged) until a later reload that
+    /// `hold` lets through. A fleet worker sets it so that a version a rolling update retires
+    /// first runs what only it matches in the stream (issue 48). Set once.
+    pub fn set_change_hold(&self, hold: ChangeHold) -> bool {
+        self.inner.change_hold.set(hold).is_ok()
+    }
+
     /// The fleet worker's counters (`None` unless this host is a fleet worker).
     pub fn worker_status(&self) -> Option<Value> {
         self.inner.worker_status.get().map(|f| f())
@@ -731,6 +746,8 @@ impl Host {
             self.stop_unneeded_fork_server(&discovery.hooks);
         }
         let old = self.inner.registry.load_full();
+        let mut discovery = discovery;
+        self.hold_changes(&old, &mut discovery.hooks);
         let running: Vec<Version<'_>> = old.hooks.iter().map(|h| Version::of(&h.spec)).collect();
         let found: Vec<Version<'_>> = discovery.hooks.iter().map(Version::of).collect();
         let plan = Plan::new(&running, &found, self.inner.config.gateway_hooks_only);
@@ -787,6 +804,26 @@ impl Host {
         report.skipped = skipped;
         report.generation = generation;
         report
+    }
+
+    /// Reload phase 1b: a changed hook the change hold keeps ([`Host::set_change_hold`]) is
+    /// found as its running version, so the plan keeps it as it runs.
+    fn hold_changes(&self, old: &Registry, found: &mut [HookSpec]) {
+        let Some(hold) = self.inner.change_hold.get() else {
+            return;
+        };
+        for spec in found.iter_mut() {
+            let running = old
+                .hooks
+                .iter()
+                .find(|h| h.spec.name == spec.name && h.spec.dir == spec.dir);
+            if let Some(h) = running
+                && h.spec.fingerprint != spec.fingerprint
+                && hold(&h.spec, spec)
+            {
+                *spec = h.spec.clone();
+            }
+        }
     }
 
     /// Reload phase 1: scans the roots and applies each kind's settings. `$HERMES_HOME`'s

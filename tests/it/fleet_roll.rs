@@ -258,9 +258,10 @@ fn swap_on_broker(hooks: &Hooks, worker: &Serve, hook: &str, events: &str) {
 /// Issue 34 item 6: an ordered hook's patterns swapped from `[swap:a, swap:b]` to
 /// `[swap:a, swap:c]` by a rolling update: one worker updated while the other still runs the
 /// old version and events of all three names flow, then the other. Every `swap:b` event
-/// accepted before the old version went away ran on the old version or was dead-lettered with
-/// a reason naming that version; none was counted skipped (the old code skipped them after its
-/// stall), and the events that ran started in stream order.
+/// accepted before the old version went away ran on the old version: the reload on the last
+/// worker with it is held until that version ran what the stream held (issue 48 row 2; d69d285
+/// dead-lettered the rest, and the code before issue 34 skipped them); none was counted
+/// skipped, and the events that ran started in stream order.
 #[test]
 #[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_pattern_swapped_in_a_rolling_update_runs_or_dead_letters_what_the_old_version_matched() {
@@ -280,10 +281,24 @@ fn swap_on(bin: PathBuf) {
     let edge = edge(&h1, &nats.url(), &[]);
     wait_for_fleet(&edge, "swap", &["w1", "w2"]);
     swap_on_broker(&h2, &w2, "swap", r#"["swap:a", "swap:c"]"#);
-    let cycle = ["swap:a", "swap:b", "swap:c", "swap:b", "swap:b", "swap:c"];
-    let n = 60u64;
+    // Runs of one name: each change between `swap:b` and `swap:c` is a hand-over of the lease
+    // between the versions (about 1.3 s); these fit the default --retire-drain (30 s).
+    let runs = [
+        ("swap:a", 5),
+        ("swap:b", 12),
+        ("swap:c", 8),
+        ("swap:b", 10),
+        ("swap:a", 5),
+        ("swap:c", 10),
+        ("swap:b", 10),
+    ];
+    let names: Vec<&str> = runs
+        .iter()
+        .flat_map(|(name, len)| std::iter::repeat_n(*name, *len))
+        .collect();
+    let n = names.len() as u64;
     let events: Vec<Value> = (0..n)
-        .map(|i| json!({"n": i, "event": cycle[i as usize % cycle.len()]}))
+        .map(|i| json!({"n": i, "event": names[i as usize]}))
         .collect();
     for e in &events {
         post_one(
@@ -330,17 +345,18 @@ fn swap_on(bin: PathBuf) {
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(ns, sorted, "each ran once, in stream order");
-    for (i, letter) in &dead {
-        assert_eq!(
-            events[*i as usize]["event"], "swap:b",
-            "only swap:b dead: {letter}"
-        );
-        let why = letter["error"].as_str().unwrap_or("");
-        assert!(
-            why.contains("matched it when it was accepted") && why.contains("swap:b"),
-            "the reason names the gone version: {why}"
-        );
-    }
+    // Issue 48 row 2: the reload on w1 is held until its old version ran every swap:b that
+    // was in the stream (d69d285 dead-lettered those it had not reached).
+    assert!(
+        dead.is_empty(),
+        "nothing dead-lettered: {:?}",
+        dead.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        w1.log()
+            .contains("what the old version had to run is settled"),
+        "w1's change waited for its old version"
+    );
     for r in &ran {
         if r["event"] == "swap:b" {
             assert!(
@@ -762,11 +778,13 @@ fn retire_on(bin: PathBuf) {
 #[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_retiring_version_past_its_deadline_leaves_dead_letters_not_gaps() {
     for bin in nats_servers() {
-        retire_deadline_on(bin);
+        retire_deadline_on(bin.clone(), false);
+        retire_deadline_on(bin, true);
     }
 }
 
-fn retire_deadline_on(bin: PathBuf) {
+/// `by_reload`: the old version retires by a reload of an edited HOOK.yaml, not a stop.
+fn retire_deadline_on(bin: PathBuf, by_reload: bool) {
     let nats = NatsServer::start_bin(bin, &[], "");
     let RollPair {
         one,
@@ -784,19 +802,31 @@ fn retire_deadline_on(bin: PathBuf) {
     post_paused_runs(&edge, &mut names, &[("roll:b", 40)], 0.5);
     post_paused_runs(&edge, &mut names, &[("roll:c", 5)], 0.0);
     let stopping = std::time::Instant::now();
-    w1.begin_stop();
-    assert_eq!(
-        w1.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "w1 stopped cleanly"
-    );
+    if by_reload {
+        let yaml = one.root().join("roll").join("HOOK.yaml");
+        let text = std::fs::read_to_string(&yaml).unwrap();
+        let line = text.lines().find(|l| l.starts_with("events:")).unwrap();
+        std::fs::write(&yaml, text.replace(line, r#"events: ["roll:a", "roll:c"]"#)).unwrap();
+        let said =
+            "did not settle what the stream held when the change was made within --retire-drain";
+        poll(Duration::from_secs(30), "w1 past its deadline", || {
+            w1.log().contains(said).then_some(())
+        });
+    } else {
+        w1.begin_stop();
+        assert_eq!(
+            w1.wait_exit(Duration::from_secs(30)),
+            Some(0),
+            "w1 stopped cleanly"
+        );
+        assert!(
+            w1.log().contains(
+                "did not settle what the stream held when the stop began within --retire-drain"
+            ),
+            "w1 said its deadline passed"
+        );
+    }
     let stopped = stopping.elapsed().as_secs_f64();
-    assert!(
-        w1.log().contains(
-            "did not settle what the stream held when the stop began within --retire-drain"
-        ),
-        "w1 said its deadline passed"
-    );
     let (ran, dead) = poll(
         Duration::from_secs(60),
         "every roll:b run or dead-lettered",
@@ -815,7 +845,12 @@ fn retire_deadline_on(bin: PathBuf) {
         },
     );
     eprintln!(
-        "w1 stopped {stopped:.1} s after SIGTERM; {} ran, {} dead-lettered",
+        "w1 {} {stopped:.1} s after the update began; {} ran, {} dead-lettered",
+        if by_reload {
+            "took the change"
+        } else {
+            "stopped"
+        },
         ran.len(),
         dead.len()
     );

@@ -15,6 +15,20 @@ use crate::fleet::status::FleetCounters;
 use crate::fleet::versions::Versions;
 use crate::host::Host;
 
+/// A hook's change held back ([`Shared::holds`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Hold {
+    /// Asked for by the reload; the drain begins at the worker's next look.
+    Pending,
+    /// Running what the stream held up to `bound` (a stream sequence), since `began`.
+    Draining {
+        bound: u64,
+        began: tokio::time::Instant,
+    },
+    /// Done (or past the deadline): the next reload takes the change.
+    Released,
+}
+
 /// [`WorkerOptions::retire_drain`] by default.
 pub const RETIRE_DRAIN: Duration = Duration::from_secs(30);
 
@@ -289,6 +303,9 @@ pub(super) struct Shared {
     /// Stopping with versions to retire ([`super::tasks`]): the latest the retirement and the
     /// drain after it may end (the stop waits for the worker that long, not longer).
     pub(super) retire_until: Mutex<Option<tokio::time::Instant>>,
+    /// Hooks (by identity) whose change on disk the host holds while their running version
+    /// runs what only it matches ([`super::tasks`], issue 48).
+    pub(super) holds: Mutex<HashMap<String, Hold>>,
 }
 
 pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);

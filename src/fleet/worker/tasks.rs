@@ -50,6 +50,7 @@ impl Worker {
             multi: Default::default(),
             stop_by: Mutex::new(None),
             retire_until: Mutex::new(None),
+            holds: Mutex::new(HashMap::new()),
         });
         tokio::spawn(crate::fleet::versions::follow(
             shared.client.clone(),
@@ -57,6 +58,9 @@ impl Worker {
             shared.opts.id.clone(),
             shared.versions.clone(),
         ));
+        shared
+            .host
+            .set_change_hold(change_hold(Arc::downgrade(&shared)));
         let (stop, stop_rx) = watch::channel(false);
         let metrics = Arc::downgrade(&shared);
         shared.host.set_worker_status(Arc::new(move || {
@@ -141,6 +145,7 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         tokio::select! {
             _ = stop.changed() => break,
             _ = reconcile.tick() => {
+                drain_holds(&sh, &stream, &tasks).await;
                 let snap = sh.host.snapshot();
                 if snap.generation != generation {
                     generation = snap.generation;
@@ -391,7 +396,22 @@ pub(super) async fn publish_status(
         hooks,
         patterns,
         bundles: true,
-        retiring: retiring.cloned().unwrap_or_default(),
+        retiring: match retiring {
+            Some(r) => r.clone(),
+            // Changes held while their old version drains.
+            None => sh
+                .holds
+                .lock()
+                .map(|h| {
+                    h.iter()
+                        .filter_map(|(key, hold)| match hold {
+                            Hold::Draining { bound, .. } => Some((key.clone(), *bound)),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        },
     };
     let body = serde_json::to_vec(&status).unwrap_or_default();
     if let Err(e) = sh
@@ -522,5 +542,101 @@ async fn drained(t: &HookTask, bound: u64) -> bool {
             i.ack_floor.stream_sequence >= bound || (i.num_pending == 0 && i.num_ack_pending == 0)
         }
         _ => false,
+    }
+}
+
+/// The host's change hold of a worker ([`Host::set_change_hold`]): a hook changed on disk keeps
+/// its running version while that version is the last live one to match some of its patterns
+/// (the change drops them and no other live version has them: a rolling update by reload), so
+/// that it first runs what only it matches among the events already in the stream
+/// ([`drain_holds`]); then the change goes through.
+fn change_hold(sh: std::sync::Weak<Shared>) -> crate::host::ChangeHold {
+    Arc::new(move |running, found| {
+        let Some(sh) = sh.upgrade() else {
+            return false;
+        };
+        let key = crate::fleet::identity::of(running);
+        if sh.opts.retire_drain.is_zero() || crate::fleet::identity::of(found) != key {
+            return false;
+        }
+        let Ok(mut holds) = sh.holds.lock() else {
+            return false;
+        };
+        match holds.get(&key) {
+            Some(Hold::Released) => {
+                holds.remove(&key);
+                return false;
+            }
+            Some(_) => return true,
+            None => {}
+        }
+        let (old, new) = (running.patterns.patterns(), found.patterns.patterns());
+        let others = sh.versions.others(&key);
+        let dropped = old
+            .iter()
+            .any(|p| !new.contains(p) && !others.iter().any(|o| o.contains(p)));
+        if dropped {
+            tracing::info!(hook = %running.name, "fleet: the change of this hook drops patterns no other live version has: its running version first runs what only it matches in the stream (up to --retire-drain, {}), then the change loads", crate::time::fmt_duration(sh.opts.retire_drain));
+            holds.insert(key, Hold::Pending);
+        }
+        dropped
+    })
+}
+
+/// The changes held back ([`change_hold`]): each starts its drain (the stream's last sequence
+/// as its bound, announced in the status), and once what the stream held then is settled, or
+/// after `--retire-drain`, is released and the hooks reloaded.
+async fn drain_holds(
+    sh: &Arc<Shared>,
+    stream: &jetstream::stream::Stream,
+    tasks: &HashMap<String, HookTask>,
+) {
+    let holds: Vec<(String, Hold)> = match sh.holds.lock() {
+        Ok(h) => h.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        Err(_) => return,
+    };
+    let mut released = false;
+    for (key, hold) in holds {
+        let next = match (hold, tasks.get(&key)) {
+            (Hold::Released, _) => continue,
+            (_, None) => Hold::Released,
+            (Hold::Pending, Some(t)) => {
+                let last = async { stream.clone().info().await.map(|i| i.state.last_sequence) };
+                let Ok(Ok(bound)) = tokio::time::timeout(Duration::from_secs(2), last).await else {
+                    continue;
+                };
+                t.retiring.store(bound.max(1), Ordering::Relaxed);
+                sh.versions.retiring_own(&key);
+                Hold::Draining {
+                    bound: bound.max(1),
+                    began: tokio::time::Instant::now(),
+                }
+            }
+            (Hold::Draining { bound, began }, Some(t)) => {
+                if began.elapsed() >= sh.opts.retire_drain {
+                    tracing::warn!(hook = %t.settings.name, "fleet: the old version did not settle what the stream held when the change was made within --retire-drain ({}): the change loads; what only the old version matched and did not run is dead-lettered", crate::time::fmt_duration(sh.opts.retire_drain));
+                } else if drained(t, bound).await {
+                    tracing::info!(hook = %t.settings.name, "fleet: what the old version had to run is settled ({}); the change loads", crate::time::fmt_duration(began.elapsed()));
+                } else {
+                    continue;
+                }
+                t.retiring.store(0, Ordering::Relaxed);
+                Hold::Released
+            }
+        };
+        released |= next == Hold::Released;
+        let announce = matches!(next, Hold::Draining { .. });
+        if let Ok(mut h) = sh.holds.lock() {
+            h.insert(key, next);
+        }
+        if announce {
+            publish_status(sh, tasks, None).await;
+        }
+    }
+    if released {
+        let host = sh.host.clone();
+        tokio::spawn(async move {
+            host.reload().await;
+        });
     }
 }
