@@ -59,10 +59,12 @@
 //! hook's lease holder stops at it and hands the lease and what it holds over, in order
 //! ([`handover`]); an event no live version matches but one that was live when it was accepted
 //! did is dead-lettered, never skipped. A worker that stops while it is the last to run its
-//! version of a hook and another version is live (a rolling update by restart) first runs,
-//! for up to `--retire-drain`, what only its version matches among the events that were in the
-//! stream when the stop began (`tasks.rs`, `retire`; its status names the version and that
-//! bound, so the other versions hand it only those and treat later ones as theirs alone).
+//! version of a hook and another version is live (a rolling update by restart), or whose edit
+//! of the hook drops patterns no other live version has (the host holds the change:
+//! `Host::set_change_hold`), first runs, for up to `--retire-drain`, what only its version
+//! matches among the events that were in the stream when the stop or edit began (`tasks.rs`,
+//! `retire` and `drain_holds`; its status names the version and that bound, so the other
+//! versions hand it only those and treat later ones as theirs alone).
 
 mod ack;
 mod consumer;
