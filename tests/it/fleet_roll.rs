@@ -592,45 +592,11 @@ fn ping_pong_on(bin: PathBuf) {
         ("roll:c", 3),
     ];
     let mut names = Vec::new();
-    let mut n = 0u64;
     for _ in 0..3 {
-        for (name, len) in cycle {
-            let events: Vec<Value> = (n..n + len as u64)
-                .map(|i| json!({"event": name, "context": {"n": i, "pause": 0.03}}))
-                .collect();
-            let (status, v) = edge.post("/v1/events/batch", &json!({"events": events}));
-            assert_eq!(status, 202, "{v}");
-            names.extend(std::iter::repeat_n(name, len));
-            n += len as u64;
-        }
+        post_paused_runs(&edge, &mut names, &cycle, 0.03);
     }
-    let all = poll(Duration::from_secs(120), "every event handled", || {
-        let r: Vec<Value> = starts(&[&one, &two], "roll")
-            .into_iter()
-            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
-            .collect();
-        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
-        (have.len() as u64 == n).then_some(r)
-    });
-    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
-    assert_eq!(
-        ns,
-        (0..n).collect::<Vec<_>>(),
-        "{}: each event once, in stream order",
-        bin.display()
-    );
-    let mut hand_overs = 0;
-    for (i, r) in all.iter().enumerate() {
-        let name = names[r["n"].as_u64().unwrap_or(0) as usize];
-        match name {
-            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on w1: {r}"),
-            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on w2: {r}"),
-            _ => {}
-        }
-        if i > 0 && all[i - 1]["w"] != r["w"] {
-            hand_overs += 1;
-        }
-    }
+    let all = ran_once_in_order(&bin, &nats, [&one, &two], &names, Duration::from_secs(120));
+    let hand_overs = all.windows(2).filter(|w| w[0]["w"] != w[1]["w"]).count();
     let gap = longest_gap(&all);
     eprintln!(
         "{}: {hand_overs} hand-overs between two live versions, longest pause between starts {gap:.2} s (ack wait 5 s)",
@@ -642,7 +608,50 @@ fn ping_pong_on(bin: PathBuf) {
         "{}: a pause of {gap:.2} s between two starts: a hand-over waited for the ack wait",
         bin.display()
     );
-    assert!(dead_ns(&nats, "roll").is_empty(), "nothing dead-lettered");
+}
+
+/// Waits until every one of the events `names` (numbered from 0, posted to `roll`, `roll:b`
+/// matched only by `w1`'s version in `one`, `roll:c` only by `w2`'s in `two`) ran or was
+/// dead-lettered; asserts none was dead-lettered, each ran once, in stream order, on the version
+/// that matches it. Returns the handlings in the order they started.
+fn ran_once_in_order(
+    bin: &std::path::Path,
+    nats: &NatsServer,
+    [one, two]: [&Hooks; 2],
+    names: &[&str],
+    within: Duration,
+) -> Vec<Value> {
+    let n = names.len() as u64;
+    let all = poll(within, "every event handled", || {
+        let r: Vec<Value> = starts(&[one, two], "roll")
+            .into_iter()
+            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
+            .collect();
+        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
+        (have.len() + dead_ns(nats, "roll").len() >= names.len()).then_some(r)
+    });
+    let dead = dead_ns(nats, "roll");
+    assert!(
+        dead.is_empty(),
+        "{}: nothing dead-lettered, got {:?}",
+        bin.display(),
+        dead.keys().collect::<Vec<_>>()
+    );
+    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert_eq!(
+        ns,
+        (0..n).collect::<Vec<_>>(),
+        "{}: each event once, in stream order",
+        bin.display()
+    );
+    for r in &all {
+        match names[r["n"].as_u64().unwrap_or(0) as usize] {
+            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on w1's version: {r}"),
+            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on w2's version: {r}"),
+            _ => {}
+        }
+    }
+    all
 }
 
 /// Posts `runs` (event name, count) in order as batches, each event pausing `pause` seconds in
@@ -699,43 +708,13 @@ fn retire_on(bin: PathBuf) {
     ];
     let mut names = Vec::new();
     post_paused_runs(&edge, &mut names, &runs, 0.03);
-    let n = names.len() as u64;
     // Published and stored (the edge's 202 waits for the broker) before the stop begins.
     let stopping = std::time::Instant::now();
     w1.begin_stop();
     let code = w1.wait_exit(Duration::from_secs(45));
     let stopped = stopping.elapsed().as_secs_f64();
     assert_eq!(code, Some(0), "{}: w1 stopped cleanly", bin.display());
-    let all = poll(Duration::from_secs(60), "every event handled", || {
-        let r: Vec<Value> = starts(&[&one, &two], "roll")
-            .into_iter()
-            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
-            .collect();
-        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
-        let dead = dead_ns(&nats, "roll");
-        (have.len() as u64 + dead.len() as u64 >= n).then_some(r)
-    });
-    let dead = dead_ns(&nats, "roll");
-    assert!(
-        dead.is_empty(),
-        "{}: nothing dead-lettered, got {:?}",
-        bin.display(),
-        dead.keys().collect::<Vec<_>>()
-    );
-    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
-    assert_eq!(
-        ns,
-        (0..n).collect::<Vec<_>>(),
-        "{}: each event once, in stream order",
-        bin.display()
-    );
-    for r in &all {
-        match names[r["n"].as_u64().unwrap_or(0) as usize] {
-            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on the old version: {r}"),
-            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on the new version: {r}"),
-            _ => {}
-        }
-    }
+    let all = ran_once_in_order(&bin, &nats, [&one, &two], &names, Duration::from_secs(60));
     let gap = longest_gap(&all);
     eprintln!(
         "{}: the retiring version ran what only it matched; w1 stopped after {stopped:.1} s, longest pause between starts {gap:.2} s (ack wait 5 s)",
