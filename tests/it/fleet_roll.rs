@@ -103,19 +103,19 @@ struct RollPair {
 }
 
 fn roll_pair(nats: &NatsServer, one_events: &str, two_events: &str) -> RollPair {
-    roll_pair_with(nats, one_events, two_events, &[])
+    roll_pair_with(nats, one_events, two_events, ("", &[]))
 }
 
-/// [`roll_pair`] with `w1_extra` options for `w1`.
+/// [`roll_pair`] with `yaml` added to both versions' HOOK.yaml and `w1_extra` options for `w1`.
 fn roll_pair_with(
     nats: &NatsServer,
     one_events: &str,
     two_events: &str,
-    w1_extra: &[&str],
+    (yaml, w1_extra): (&str, &[&str]),
 ) -> RollPair {
     let (one, two) = (Hooks::new(), Hooks::new());
-    recording_hook(&one, "roll", one_events, "");
-    recording_hook(&two, "roll", two_events, "");
+    recording_hook(&one, "roll", one_events, yaml);
+    recording_hook(&two, "roll", two_events, yaml);
     let w1 = worker_with(&one, nats, "w1", &[OPTS, w1_extra].concat());
     let mut w2 = worker_with(&two, nats, "w2", OPTS);
     let edge = edge(&one, &nats.url(), &[]);
@@ -732,7 +732,7 @@ fn retire_on(bin: PathBuf) {
     );
 }
 
-/// Issue 48 row 2, the deadline: as above with `--retire-drain 2` (and a 1 s stop drain) on
+/// Issue 48 row 2, the deadline: as above with `--retire-drain 2` (a 3 s stop drain, one event in flight) on
 /// `w1` and `roll:b` events that take 0.5 s each (20 s in all): `w1` stops 2 s into its
 /// retirement, says so, and every
 /// `roll:b` it did not run is dead-lettered by `w2` with a reason naming the old version; none
@@ -757,7 +757,12 @@ fn retire_deadline_on(bin: PathBuf) {
         &nats,
         r#"["roll:a", "roll:b"]"#,
         r#"["roll:a", "roll:c"]"#,
-        &["--retire-drain", "2", "--drain-timeout", "1"],
+        // One event in flight at a time (a window of 1), which the 3 s stop drain lets finish
+        // and acknowledge: the stop itself leaves nothing half-done to run again.
+        (
+            "queue: {capacity: 2}\n",
+            &["--retire-drain", "2", "--drain-timeout", "3"],
+        ),
     );
     let mut names = Vec::new();
     post_paused_runs(&edge, &mut names, &[("roll:b", 40)], 0.5);
