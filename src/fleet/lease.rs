@@ -195,7 +195,7 @@ impl Lease {
         // A holder that released the lease left a delete marker (it lives the bucket's
         // `max_age`); no entry at all: the key ran out (or the hook was never pulled).
         let entry = store.entry(key).await.ok().flatten();
-        let mut vanished = entry.is_none();
+        let vanished = entry.is_none();
         let margin = gate_margin(ttl);
         let sent = monotonic_ns();
         // Bounded: on nats-server 2.9 a write to a bucket a broker restart emptied (it lives in
@@ -206,22 +206,10 @@ impl Lease {
             .map_err(|_| format!("lease {key}: no answer within {quick:?} (bucket gone?)"))?;
         let revision = match created {
             Ok(r) => r,
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
-                // Still this worker's own key (it stood down after waking past its bound, or
-                // restarted with the same id before the key ran out): taken back at once by
-                // compare-and-set, as if it had vanished (what it had started may not be done).
-                let Some(own) = entry.filter(|e| {
-                    e.operation == kv::Operation::Put && e.value.as_ref() == holder.as_bytes()
-                }) else {
-                    return Ok(None);
-                };
-                vanished = true;
-                let update = store.update(key, holder.to_string().into(), own.revision);
-                match tokio::time::timeout(quick, update).await {
-                    Ok(Ok(r)) => r,
-                    _ => return Ok(None),
-                }
-            }
+            // Held, also when it still names this worker: the holding a reload replaces may
+            // still finish its events in this process (taking it back would make two holders),
+            // and a worker restarted with the same id waits for its old key to run out.
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
             Err(e) => return Err(format!("lease {key}: {e}")),
         };
         let gate = Arc::new(StartGate::new(StartGate::bound(sent, ttl, margin)));

@@ -9,7 +9,7 @@
 //! Python worker keeps running the calls it has, up to the bound).
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -17,7 +17,7 @@ use crate::fleet::{
     NatsServer, assert_duplicates_are_redeliveries, edge_serving, first_ns, nats_servers,
     post_batch, recording_hook, records, wait_for_all, wait_records, worker,
 };
-use crate::util::{Hooks, child_pids, poll, signal};
+use crate::util::{Hooks, child_pids, epoch_secs, poll, signal};
 
 /// `pid` and every process below it.
 fn tree(pid: u32) -> Vec<u32> {
@@ -28,13 +28,6 @@ fn tree(pid: u32) -> Vec<u32> {
         i += 1;
     }
     out
-}
-
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 #[test]
@@ -84,7 +77,7 @@ fn pause_on(bin: PathBuf, whole_tree: bool) {
     for p in &pids {
         signal(*p, libc::SIGSTOP);
     }
-    let stopped = now();
+    let stopped = epoch_secs();
     // Frozen until the other worker took the lease over and ran a good part of what is left.
     let taken = poll(Duration::from_secs(30), "the standby to take over", || {
         let other: Vec<Value> = records(&hooks, "frozen")
@@ -96,7 +89,7 @@ fn pause_on(bin: PathBuf, whole_tree: bool) {
     for p in &pids {
         signal(*p, libc::SIGCONT);
     }
-    let woke = now();
+    let woke = epoch_secs();
     let recs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_for_all(&hooks, "frozen", n, Duration::from_secs(60))
     })) {

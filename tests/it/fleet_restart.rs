@@ -7,7 +7,7 @@
 //! must run again within 2 s of the broker being back, on either server.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -15,14 +15,7 @@ use crate::fleet::{
     NatsServer, edge_serving, nats_servers, post_batch, recording_hook, records, wait_for_all,
     wait_records, worker,
 };
-use crate::util::{Hooks, poll};
-
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+use crate::util::{Hooks, epoch_secs, poll};
 
 #[test]
 #[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
@@ -47,7 +40,7 @@ fn restart_on(bin: PathBuf) {
     nats.kill();
     std::thread::sleep(Duration::from_secs(3));
     nats.restart();
-    let back = now();
+    let back = epoch_secs();
     let (status, v) = post_batch(&edge, 300..600, json!({"pause": 0.01}));
     assert_eq!(status, 202, "{v}");
     let first = poll(Duration::from_secs(60), "a start after the restart", || {

@@ -103,19 +103,19 @@ struct RollPair {
 }
 
 fn roll_pair(nats: &NatsServer, one_events: &str, two_events: &str) -> RollPair {
-    roll_pair_with(nats, one_events, two_events, &[])
+    roll_pair_with(nats, one_events, two_events, ("", &[]))
 }
 
-/// [`roll_pair`] with `w1_extra` options for `w1`.
+/// [`roll_pair`] with `yaml` added to both versions' HOOK.yaml and `w1_extra` options for `w1`.
 fn roll_pair_with(
     nats: &NatsServer,
     one_events: &str,
     two_events: &str,
-    w1_extra: &[&str],
+    (yaml, w1_extra): (&str, &[&str]),
 ) -> RollPair {
     let (one, two) = (Hooks::new(), Hooks::new());
-    recording_hook(&one, "roll", one_events, "");
-    recording_hook(&two, "roll", two_events, "");
+    recording_hook(&one, "roll", one_events, yaml);
+    recording_hook(&two, "roll", two_events, yaml);
     let w1 = worker_with(&one, nats, "w1", &[OPTS, w1_extra].concat());
     let mut w2 = worker_with(&two, nats, "w2", OPTS);
     let edge = edge(&one, &nats.url(), &[]);
@@ -608,45 +608,11 @@ fn ping_pong_on(bin: PathBuf) {
         ("roll:c", 3),
     ];
     let mut names = Vec::new();
-    let mut n = 0u64;
     for _ in 0..3 {
-        for (name, len) in cycle {
-            let events: Vec<Value> = (n..n + len as u64)
-                .map(|i| json!({"event": name, "context": {"n": i, "pause": 0.03}}))
-                .collect();
-            let (status, v) = edge.post("/v1/events/batch", &json!({"events": events}));
-            assert_eq!(status, 202, "{v}");
-            names.extend(std::iter::repeat_n(name, len));
-            n += len as u64;
-        }
+        post_paused_runs(&edge, &mut names, &cycle, 0.03);
     }
-    let all = poll(Duration::from_secs(120), "every event handled", || {
-        let r: Vec<Value> = starts(&[&one, &two], "roll")
-            .into_iter()
-            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
-            .collect();
-        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
-        (have.len() as u64 == n).then_some(r)
-    });
-    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
-    assert_eq!(
-        ns,
-        (0..n).collect::<Vec<_>>(),
-        "{}: each event once, in stream order",
-        bin.display()
-    );
-    let mut hand_overs = 0;
-    for (i, r) in all.iter().enumerate() {
-        let name = names[r["n"].as_u64().unwrap_or(0) as usize];
-        match name {
-            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on w1: {r}"),
-            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on w2: {r}"),
-            _ => {}
-        }
-        if i > 0 && all[i - 1]["w"] != r["w"] {
-            hand_overs += 1;
-        }
-    }
+    let all = ran_once_in_order(&bin, &nats, [&one, &two], &names, Duration::from_secs(120));
+    let hand_overs = all.windows(2).filter(|w| w[0]["w"] != w[1]["w"]).count();
     let gap = longest_gap(&all);
     eprintln!(
         "{}: {hand_overs} hand-overs between two live versions, longest pause between starts {gap:.2} s (ack wait 5 s)",
@@ -658,7 +624,50 @@ fn ping_pong_on(bin: PathBuf) {
         "{}: a pause of {gap:.2} s between two starts: a hand-over waited for the ack wait",
         bin.display()
     );
-    assert!(dead_ns(&nats, "roll").is_empty(), "nothing dead-lettered");
+}
+
+/// Waits until every one of the events `names` (numbered from 0, posted to `roll`, `roll:b`
+/// matched only by `w1`'s version in `one`, `roll:c` only by `w2`'s in `two`) ran or was
+/// dead-lettered; asserts none was dead-lettered, each ran once, in stream order, on the version
+/// that matches it. Returns the handlings in the order they started.
+fn ran_once_in_order(
+    bin: &std::path::Path,
+    nats: &NatsServer,
+    [one, two]: [&Hooks; 2],
+    names: &[&str],
+    within: Duration,
+) -> Vec<Value> {
+    let n = names.len() as u64;
+    let all = poll(within, "every event handled", || {
+        let r: Vec<Value> = starts(&[one, two], "roll")
+            .into_iter()
+            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
+            .collect();
+        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
+        (have.len() + dead_ns(nats, "roll").len() >= names.len()).then_some(r)
+    });
+    let dead = dead_ns(nats, "roll");
+    assert!(
+        dead.is_empty(),
+        "{}: nothing dead-lettered, got {:?}",
+        bin.display(),
+        dead.keys().collect::<Vec<_>>()
+    );
+    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert_eq!(
+        ns,
+        (0..n).collect::<Vec<_>>(),
+        "{}: each event once, in stream order",
+        bin.display()
+    );
+    for r in &all {
+        match names[r["n"].as_u64().unwrap_or(0) as usize] {
+            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on w1's version: {r}"),
+            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on w2's version: {r}"),
+            _ => {}
+        }
+    }
+    all
 }
 
 /// Posts `runs` (event name, count) in order as batches, each event pausing `pause` seconds in
@@ -715,43 +724,13 @@ fn retire_on(bin: PathBuf) {
     ];
     let mut names = Vec::new();
     post_paused_runs(&edge, &mut names, &runs, 0.03);
-    let n = names.len() as u64;
     // Published and stored (the edge's 202 waits for the broker) before the stop begins.
     let stopping = std::time::Instant::now();
     w1.begin_stop();
     let code = w1.wait_exit(Duration::from_secs(45));
     let stopped = stopping.elapsed().as_secs_f64();
     assert_eq!(code, Some(0), "{}: w1 stopped cleanly", bin.display());
-    let all = poll(Duration::from_secs(60), "every event handled", || {
-        let r: Vec<Value> = starts(&[&one, &two], "roll")
-            .into_iter()
-            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
-            .collect();
-        let have: HashSet<u64> = r.iter().filter_map(|r| r["n"].as_u64()).collect();
-        let dead = dead_ns(&nats, "roll");
-        (have.len() as u64 + dead.len() as u64 >= n).then_some(r)
-    });
-    let dead = dead_ns(&nats, "roll");
-    assert!(
-        dead.is_empty(),
-        "{}: nothing dead-lettered, got {:?}",
-        bin.display(),
-        dead.keys().collect::<Vec<_>>()
-    );
-    let ns: Vec<u64> = all.iter().filter_map(|r| r["n"].as_u64()).collect();
-    assert_eq!(
-        ns,
-        (0..n).collect::<Vec<_>>(),
-        "{}: each event once, in stream order",
-        bin.display()
-    );
-    for r in &all {
-        match names[r["n"].as_u64().unwrap_or(0) as usize] {
-            "roll:b" => assert_eq!(r["w"], "w1", "roll:b only on the old version: {r}"),
-            "roll:c" => assert_eq!(r["w"], "w2", "roll:c only on the new version: {r}"),
-            _ => {}
-        }
-    }
+    let all = ran_once_in_order(&bin, &nats, [&one, &two], &names, Duration::from_secs(60));
     let gap = longest_gap(&all);
     eprintln!(
         "{}: the retiring version ran what only it matched; w1 stopped after {stopped:.1} s, longest pause between starts {gap:.2} s (ack wait 5 s)",
@@ -769,7 +748,7 @@ fn retire_on(bin: PathBuf) {
     );
 }
 
-/// Issue 48 row 2, the deadline: as above with `--retire-drain 2` (and a 1 s stop drain) on
+/// Issue 48 row 2, the deadline: as above with `--retire-drain 2` (a 3 s stop drain, one event in flight) on
 /// `w1` and `roll:b` events that take 0.5 s each (20 s in all): `w1` stops 2 s into its
 /// retirement, says so, and every
 /// `roll:b` it did not run is dead-lettered by `w2` with a reason naming the old version; none
@@ -796,7 +775,12 @@ fn retire_deadline_on(bin: PathBuf, by_reload: bool) {
         &nats,
         r#"["roll:a", "roll:b"]"#,
         r#"["roll:a", "roll:c"]"#,
-        &["--retire-drain", "2", "--drain-timeout", "1"],
+        // One event in flight at a time (a window of 1), which the 3 s stop drain lets finish
+        // and acknowledge: the stop itself leaves nothing half-done to run again.
+        (
+            "queue: {capacity: 2}\n",
+            &["--retire-drain", "2", "--drain-timeout", "3"],
+        ),
     );
     let mut names = Vec::new();
     post_paused_runs(&edge, &mut names, &[("roll:b", 40)], 0.5);

@@ -12,15 +12,20 @@ use crate::util::{Hooks, Serve, bin, http, poll};
 const T: Duration = Duration::from_secs(30);
 
 /// `serve` on the default socket ($HERMES_HOME/hooks.sock); returns the child once ready.
-fn serve_on_socket(hooks: &Hooks) -> std::process::Child {
-    let child = Command::new(bin())
+/// `serve` on `hooks` (its socket in their `HERMES_HOME`), not waited for.
+fn spawn_serve(hooks: &Hooks) -> std::process::Child {
+    Command::new(bin())
         .args(["serve", "--hooks-dir"])
         .arg(hooks.root())
         .env("HERMES_HOME", hooks.home())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+fn serve_on_socket(hooks: &Hooks) -> std::process::Child {
+    let child = spawn_serve(hooks);
     let sock = hooks.home().join("hooks.sock");
     poll(T, "the socket to answer", || {
         let o = emit_cli(hooks, &["agent:none"]);
@@ -303,14 +308,7 @@ fn emit_collect_during_the_first_load_waits_for_it() {
         "import time\ntime.sleep(2)\ndef handle(e, c):\n    return {'decision': 'deny'}\n";
     hooks.python("slow-guard", "[command:x]", slow_import);
     let sock = hooks.home().join("hooks.sock");
-    let mut serve = Command::new(bin())
-        .args(["serve", "--hooks-dir"])
-        .arg(hooks.root())
-        .env("HERMES_HOME", hooks.home())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut serve = spawn_serve(&hooks);
     poll(T, "the socket", || sock.exists().then_some(()));
     let out = Command::new(bin())
         .args(["emit", "command:x", "--collect", "--socket"])

@@ -103,6 +103,30 @@ impl Drop for StallFs {
         let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
     }
 }
+/// Emits `event` and asserts it is taken (202).
+fn emit_202(serve: &Serve, event: &str) {
+    let (s, v, took) = quick(&serve.addr, "POST", "/v1/events", &json!({"event": event}));
+    assert_eq!(s, 202, "{v} after {took:?}");
+}
+
+/// Collects `command:run` (with `timeout_ms` when given) and asserts the one answer is `hook`'s
+/// `decision`; returns how long the collect took.
+fn assert_decides(serve: &Serve, timeout_ms: Option<u64>, hook: &str, decision: &str) -> Duration {
+    let mut body = json!({"event": "command:run"});
+    if let Some(ms) = timeout_ms {
+        body["timeout_ms"] = json!(ms);
+    }
+    let started = Instant::now();
+    let (s, v, took) = quick(&serve.addr, "POST", "/v1/collect", &body);
+    assert_eq!(s, 200, "a collect on {hook} answers ({took:?}): {v}");
+    assert_eq!(
+        v["results"],
+        json!([{"hook": hook, "result": {"decision": decision}}]),
+        "{hook} answers after {:?}: {v}",
+        started.elapsed()
+    );
+    took
+}
 
 /// One request with a 5 s deadline (a service whose runtime threads hang never answers):
 /// status (0 without an answer), body, time taken.
@@ -191,13 +215,7 @@ fn exec_hooks_whose_files_stall_delay_only_themselves() {
         "{v}"
     );
     // Each runs once while its files answer.
-    let (s, _, _) = quick(
-        &serve.addr,
-        "POST",
-        "/v1/events",
-        &json!({"event": "agent:step"}),
-    );
-    assert_eq!(s, 202);
+    emit_202(&serve, "agent:step");
     poll(Duration::from_secs(20), "the first events", || {
         let v = get(&serve, "/v1/hooks");
         v["hooks"]
@@ -207,13 +225,7 @@ fn exec_hooks_whose_files_stall_delay_only_themselves() {
             .then_some(())
     });
     fs.stall();
-    let (s, _, _) = quick(
-        &serve.addr,
-        "POST",
-        "/v1/events",
-        &json!({"event": "agent:step"}),
-    );
-    assert_eq!(s, 202);
+    emit_202(&serve, "agent:step");
     // The stalled hooks' starts wait on the mount (busy: in their call, checking their files).
     poll(Duration::from_secs(10), "the stalled hooks' starts", || {
         let v = get(&serve, "/v1/hooks");
@@ -236,18 +248,7 @@ fn exec_hooks_whose_files_stall_delay_only_themselves() {
         );
         assert_eq!(s, 202, "an emit is taken ({took:?})");
         assert!(took < Duration::from_secs(2), "an emit took {took:?}");
-        let (s, v, took) = quick(
-            &serve.addr,
-            "POST",
-            "/v1/collect",
-            &json!({"event": "command:run"}),
-        );
-        assert_eq!(s, 200, "a collect on ok answers ({took:?}): {v}");
-        assert_eq!(
-            v["results"],
-            json!([{"hook": "ok", "result": {"decision": "deny"}}]),
-            "{v}"
-        );
+        let took = assert_decides(&serve, None, "ok", "deny");
         assert!(
             took < Duration::from_secs(2),
             "a collect on ok took {took:?}"
@@ -292,15 +293,8 @@ fn a_stalled_check_does_not_starve_other_hooks_restarts() {
     std::thread::spawn(move || quick(&addr, "POST", "/v1/reload", &json!({})));
     // All eleven crash; the next event restarts each (after its backoff): the ten stalled
     // hooks' checks wait on the mount, h crashes once more.
-    for _ in 0..2 {
-        let (s, v, took) = quick(
-            &serve.addr,
-            "POST",
-            "/v1/events",
-            &json!({"event": "agent:crash"}),
-        );
-        assert_eq!(s, 202, "{v} after {took:?}");
-    }
+    emit_202(&serve, "agent:crash");
+    emit_202(&serve, "agent:crash");
     poll(
         Duration::from_secs(20),
         "the stalled hooks' restarts",
@@ -315,20 +309,7 @@ fn a_stalled_check_does_not_starve_other_hooks_restarts() {
         },
     );
     // h restarts for a collect and answers while the ten still wait on their files.
-    let started = Instant::now();
-    let (s, v, took) = quick(
-        &serve.addr,
-        "POST",
-        "/v1/collect",
-        &json!({"event": "command:run", "timeout_ms": 8000}),
-    );
-    assert_eq!(s, 200, "{v} after {took:?}");
-    assert_eq!(
-        v["results"],
-        json!([{"hook": "h", "result": {"decision": "deny"}}]),
-        "h answers after {:?}: {v}",
-        started.elapsed()
-    );
+    assert_decides(&serve, Some(8000), "h", "deny");
     fs.release();
 }
 
@@ -492,15 +473,8 @@ fn a_stalled_interpreter_does_not_hold_up_other_hooks_fork_servers() {
         fork_servers(pid).is_empty().then_some(())
     });
     // s crashes, and restarts on its next event: its fork server's start waits on the mount.
-    for _ in 0..2 {
-        let (st, v, took) = quick(
-            &serve.addr,
-            "POST",
-            "/v1/events",
-            &json!({"event": "agent:s"}),
-        );
-        assert_eq!(st, 202, "{v} after {took:?}");
-    }
+    emit_202(&serve, "agent:s");
+    emit_202(&serve, "agent:s");
     poll(
         Duration::from_secs(20),
         "s's start waiting on the mount",
@@ -515,26 +489,7 @@ fn a_stalled_interpreter_does_not_hold_up_other_hooks_fork_servers() {
         },
     );
     // h crashes; a collect restarts it, which needs its fork server again.
-    let (st, _, _) = quick(
-        &serve.addr,
-        "POST",
-        "/v1/events",
-        &json!({"event": "agent:h"}),
-    );
-    assert_eq!(st, 202);
-    let started = Instant::now();
-    let (st, v, took) = quick(
-        &serve.addr,
-        "POST",
-        "/v1/collect",
-        &json!({"event": "command:run", "timeout_ms": 4000}),
-    );
-    assert_eq!(st, 200, "{v} after {took:?}");
-    assert_eq!(
-        v["results"],
-        json!([{"hook": "h", "result": {"decision": "deny"}}]),
-        "h answers after {:?}: {v}",
-        started.elapsed()
-    );
+    emit_202(&serve, "agent:h");
+    assert_decides(&serve, Some(4000), "h", "deny");
     fs.release();
 }

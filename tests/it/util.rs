@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -614,4 +614,12 @@ pub fn read_spans(path: &Path) -> Vec<(u64, u128, u128)> {
             )
         })
         .collect()
+}
+
+/// Seconds since the Unix epoch (the clock the recording hooks stamp their `t` with).
+pub fn epoch_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }

@@ -503,12 +503,13 @@ async fn retire(
                 done.push(*key);
             }
         }
-        let late = began.elapsed() >= most;
-        if late {
-            let names: Vec<&str> = keys
-                .iter()
-                .map(|k| tasks[*k].settings.name.as_str())
-                .collect();
+        let left: Vec<&str> = keys
+            .iter()
+            .filter(|k| !done.contains(k))
+            .map(|k| tasks[*k].settings.name.as_str())
+            .collect();
+        if began.elapsed() >= most && !left.is_empty() {
+            let names = left;
             tracing::warn!(hooks = ?names, "fleet: the retired versions did not settle what the stream held when the stop began within --retire-drain ({}): what only they match and did not run is dead-lettered by the other versions", crate::time::fmt_duration(most));
             done = keys.clone();
         }
