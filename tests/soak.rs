@@ -15,7 +15,8 @@
 //!   "lease kills" and "changes" phases of issue 34 (an ordered hook's lease holder SIGKILLed
 //!   again and again; hooks renamed and their patterns widened, swapped and narrowed on two
 //!   workers in turn while events flow: on the nats-server on `PATH`, and on the 2.10+ build of
-//!   `HERMES_NATS_SERVER_NEW` too when it names one);
+//!   `HERMES_NATS_SERVER_NEW` too when it names one; its workers' `--retire-drain` is
+//!   `HERMES_SOAK_RETIRE_DRAIN`, default 3 s);
 //! - the busy-CPU phase ([`busy`], `HERMES_SOAK_BUSY_SECS`, default 20): a busy loop in the
 //!   service's session on its CPU, every collect answered with every verdict (issue 33).
 //!

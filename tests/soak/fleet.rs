@@ -142,6 +142,11 @@ impl Broker {
 const IDS: [&str; 2] = ["wa", "wb"];
 
 fn worker(hooks: &Hooks, url: &str, id: &str) -> Serve {
+    worker_with(hooks, url, id, &[])
+}
+
+/// [`worker`] with `extra` arguments.
+fn worker_with(hooks: &Hooks, url: &str, id: &str, extra: &[&str]) -> Serve {
     let mut cmd = Command::new(bin());
     cmd.arg("worker")
         .args(["--fleet", url, "--hooks-dir"])
@@ -149,6 +154,7 @@ fn worker(hooks: &Hooks, url: &str, id: &str) -> Serve {
         .args(["--listen", "127.0.0.1:0", "--worker-id", id])
         .args(["--ack-wait", "2", "--retry-backoff-ms", "50"])
         .args(["--status-interval-ms", "100"])
+        .args(extra)
         .env("SOAK_WORKER", id);
     Serve::spawn(cmd, hooks)
 }

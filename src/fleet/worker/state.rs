@@ -20,9 +20,11 @@ use crate::host::Host;
 pub(super) enum Hold {
     /// Asked for by the reload; the drain begins at the worker's next look.
     Pending,
-    /// Running what the stream held up to `bound` (a stream sequence), since `began`.
+    /// Running what the stream held up to `bound` (a stream sequence), since `began`, when the
+    /// consumer's acknowledgement floor was at `from` (for the log: how far the drain got).
     Draining {
         bound: u64,
+        from: u64,
         began: tokio::time::Instant,
     },
     /// Done (or past the deadline): the next reload takes the change.

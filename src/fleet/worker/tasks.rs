@@ -546,6 +546,15 @@ async fn drained(t: &HookTask, bound: u64) -> bool {
     }
 }
 
+/// A hook's consumer's acknowledgement floor (a stream sequence), when the broker answers.
+async fn ack_floor(t: &HookTask) -> Option<u64> {
+    let consumer = t.consumer.lock().ok().and_then(|g| g.clone())?;
+    match tokio::time::timeout(Duration::from_secs(1), consumer.get_info()).await {
+        Ok(Ok(i)) => Some(i.ack_floor.stream_sequence),
+        _ => None,
+    }
+}
+
 /// The host's change hold of a worker ([`Host::set_change_hold`]): a hook changed on disk keeps
 /// its running version while that version is the last live one to match some of its patterns
 /// (the change drops them and no other live version has them: a rolling update by reload), so
@@ -610,14 +619,18 @@ async fn drain_holds(
                 sh.versions.retiring_own(&key);
                 Hold::Draining {
                     bound: bound.max(1),
+                    from: ack_floor(t).await.unwrap_or(0),
                     began: tokio::time::Instant::now(),
                 }
             }
-            (Hold::Draining { bound, began }, Some(t)) => {
+            (Hold::Draining { bound, from, began }, Some(t)) => {
                 if began.elapsed() >= sh.opts.retire_drain {
-                    tracing::warn!(hook = %t.settings.name, "fleet: the old version did not settle what the stream held when the change was made within --retire-drain ({}): the change loads; what only the old version matched and did not run is dead-lettered", crate::time::fmt_duration(sh.opts.retire_drain));
+                    // How far it got: with the events of two versions interleaved, each change
+                    // of version in the stream is a hand-over of the lease (about 1.3 s).
+                    let floor = ack_floor(t).await.map_or("?".into(), |f| f.to_string());
+                    tracing::warn!(hook = %t.settings.name, "fleet: the old version did not settle what the stream held when the change was made within --retire-drain ({}; settled up to sequence {floor} of {bound}, from {from}): the change loads; what only the old version matched and did not run is dead-lettered", crate::time::fmt_duration(sh.opts.retire_drain));
                 } else if drained(t, bound).await {
-                    tracing::info!(hook = %t.settings.name, "fleet: what the old version had to run is settled ({}); the change loads", crate::time::fmt_duration(began.elapsed()));
+                    tracing::info!(hook = %t.settings.name, "fleet: what the old version had to run is settled ({}, sequences {from} to {bound}); the change loads", crate::time::fmt_duration(began.elapsed()));
                 } else {
                     continue;
                 }
