@@ -727,7 +727,10 @@ fn main() {
     for ack_wait in [2u64, 5] {
         for (when, after) in [
             ("as it starts", Duration::ZERO),
-            ("after 1.1 x ack wait", Duration::from_millis(ack_wait * 1100)),
+            (
+                "after 1.1 x ack wait",
+                Duration::from_millis(ack_wait * 1100),
+            ),
         ] {
             let fsub = d.join(format!("fo-{ack_wait}-{}", after.as_millis()));
             std::fs::create_dir_all(&fsub).expect("mkdir");
