@@ -1241,8 +1241,8 @@ class Zygote:
                 service_cache = os.environ.get(PYCACHE_ENV)
                 env = req.get("env") or {}
                 # What this interpreter started with needs no applying again: a confined
-                # worker's env repeats the fork server's LANG, and setting the locale again
-                # (importing `locale`) took ~0.1 ms of each one's start (issue 46).
+                # worker's env repeats the fork server's LANG, which would import `locale` and
+                # set it again in every confined worker (issue 46).
                 changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
                 os.environ.update(env)
                 if service_cache:  # the service's, whatever a hook's env says
