@@ -431,8 +431,10 @@ fn latency(dir: &Path, fleet: Option<&str>, n: usize) -> (f64, f64) {
 
 const SLOW_PY: &str = "import time, os\n\ndef handle(event, context):\n    if context['_fleet']['delivered'] == 1:\n        open(os.environ['BENCH_OUT'] + '.started.' + os.environ['BENCH_WORKER'], 'w').close()\n        time.sleep(600)\n    open(os.environ['BENCH_OUT'] + '.done', 'w').close()\n";
 
-/// Two workers; a slow event; SIGKILL to the worker running it; time until the other finished it.
-fn failover(dir: &Path, ack_wait: &str) -> f64 {
+/// Two workers; a slow event; SIGKILL to the worker running it `after` it started (right away:
+/// the worst case, the broker's ack wait began with the delivery; later, progress signals every
+/// third of it restarted it); time until the other finished it.
+fn failover(dir: &Path, ack_wait: &str, after: Duration) -> f64 {
     let nats = Nats::start();
     let url = nats.url();
     let out = dir.join("failover");
@@ -478,6 +480,7 @@ fn failover(dir: &Path, ack_wait: &str) -> f64 {
         started(0).exists() || started(1).exists()
     });
     let victim = if started(0).exists() { 0 } else { 1 };
+    std::thread::sleep(after); // the scenario: the event has run this long when its worker dies
     let t = Instant::now();
     // SAFETY: as above.
     unsafe { libc::kill(ws[victim].child.id() as i32, libc::SIGKILL) };
@@ -721,10 +724,21 @@ fn main() {
     println!(
         "\nend-to-end latency, Python hook, {n} sequential events (ms): local p50 {lp50:.2} p99 {lp99:.2}; fleet p50 {fp50:.2} p99 {fp99:.2}"
     );
-    for ack_wait in ["2", "5"] {
-        let fsub = d.join(format!("fo-{ack_wait}"));
-        std::fs::create_dir_all(&fsub).expect("mkdir");
-        let s = failover(&fsub, ack_wait);
-        println!("failover of the in-flight event after SIGKILL, --ack-wait {ack_wait}: {s:.2} s");
+    for ack_wait in [2u64, 5] {
+        for (when, after) in [
+            ("as it starts", Duration::ZERO),
+            (
+                "after 1.1 x ack wait",
+                Duration::from_millis(ack_wait * 1100),
+            ),
+        ] {
+            let fsub = d.join(format!("fo-{ack_wait}-{}", after.as_millis()));
+            std::fs::create_dir_all(&fsub).expect("mkdir");
+            let s = failover(&fsub, &ack_wait.to_string(), after);
+            println!(
+                "failover of the in-flight event after SIGKILL {when}, --ack-wait {ack_wait}: {s:.2} s ({:.2} x)",
+                s / ack_wait as f64
+            );
+        }
     }
 }

@@ -30,16 +30,29 @@ impl Service {
 
     /// Runs `hermes-hooks ARGS --listen 127.0.0.1:0 --drain-timeout 0` (a `serve` or a fleet
     /// `worker`) with `HERMES_HOME=home` and waits until its hooks are loaded.
+    ///
+    /// With `HERMES_BENCH_SESSIONS` set, each in a session of its own, as separate services (or a
+    /// driver that starts each with a new session) run: with the scheduler's autogroups each
+    /// then gets its own share of the CPUs, whatever its processes' priorities.
     pub fn spawn(args: &[&str], home: &Path) -> Self {
-        let mut child = Command::new(bin())
-            .args(args)
+        let mut cmd = Command::new(bin());
+        cmd.args(args)
             .args(["--listen", "127.0.0.1:0", "--drain-timeout", "0"])
             .env("HERMES_HOME", home)
             .env("HERMES_HOOKS_LOG", "info")
             .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn hermes-hooks");
+            .stdout(Stdio::null());
+        if std::env::var_os("HERMES_BENCH_SESSIONS").is_some() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setsid(2) is async-signal-safe and touches no memory of ours.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn hermes-hooks");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

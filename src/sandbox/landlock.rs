@@ -187,9 +187,7 @@ pub fn build(rules: &Rules) -> std::io::Result<Ruleset> {
     let ruleset = Ruleset {
         fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
     };
-    for (path, rights) in &rules.paths {
-        add_path(&ruleset, path, *rights, false)?;
-    }
+    add_paths(&ruleset, &rules.paths)?;
     for (path, rights) in &rules.grants {
         add_path(&ruleset, path, *rights, true)?;
     }
@@ -213,6 +211,15 @@ pub fn build(rules: &Rules) -> std::io::Result<Ruleset> {
         }
     }
     Ok(ruleset)
+}
+
+/// Adds `paths` (their links followed: system paths, not the hook's) to a ruleset not yet
+/// enforced; one that does not exist is left out.
+pub fn add_paths(ruleset: &Ruleset, paths: &[(PathBuf, u64)]) -> std::io::Result<()> {
+    for (path, rights) in paths {
+        add_path(ruleset, path, *rights, false)?;
+    }
+    Ok(())
 }
 
 fn add_path(ruleset: &Ruleset, path: &Path, rights: u64, pinned: bool) -> std::io::Result<()> {

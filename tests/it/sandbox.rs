@@ -38,6 +38,8 @@ def run(context):
         return os.environ[arg]
     if op == "spawn":
         return subprocess.run([arg], capture_output=True).returncode
+    if op == "pid":
+        return os.getpid()
     raise ValueError(op)
 "#;
 
@@ -203,6 +205,18 @@ fn assert_confined(w: &World, serve: &Serve, hook: &str, python: bool) {
         Ok(json!(hook))
     );
     if python {
+        // The ruleset the service built for the worker (handed over with the fork request) is
+        // closed once enforced: the hook holds no descriptor of it.
+        let pid = call(serve, hook, "pid", "").unwrap();
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+        let open: Vec<String> = fds
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .map(|l| l.display().to_string())
+            .collect();
+        assert!(
+            !open.iter().any(|l| l.contains("landlock")),
+            "{hook} holds a ruleset: {open:?}"
+        );
         logged(serve, &format!("sandbox: denied reading {secret}"));
         logged(
             serve,

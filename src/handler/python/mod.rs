@@ -428,7 +428,7 @@ impl PythonHandler {
                 ),
                 fork_server: self.ctx.default_priority.resolved(),
             },
-            self.ctx.sandbox.is_some(),
+            self.ctx.sandbox.as_ref(),
         )
         .await;
         match forked {

@@ -797,6 +797,8 @@ def run_worker(hook_dir, handler_path, hook_name):
     early = lines[1:]  # requests sent right behind the hello
     files = hello_files(lines[0])
     policy = sandbox_of_hello(lines[0])
+    if policy is None and _ruleset_fd is not None:
+        os.close(take_ruleset_fd())
     if policy is not None:
         refusal = apply_sandbox(policy, hook_dir)
         if refusal is not None:
@@ -968,6 +970,19 @@ def threads_now():
         return threading.active_count()
 
 
+#: The descriptor of the Landlock ruleset the service built for this worker (the hook's rules and
+#: the fork server's interpreter directories, each grant opened without following a link), handed
+#: over with the fork request and moved to descriptor 3; None when the worker builds its own.
+_ruleset_fd = None
+
+
+def take_ruleset_fd():
+    """The service's ruleset descriptor, at most once (closed by the caller)."""
+    global _ruleset_fd
+    fd, _ruleset_fd = _ruleset_fd, None
+    return fd
+
+
 #: ``landlock_api()`` once made (by the confined fork server before it forks: importing
 #: ``ctypes`` and making its structures took ~3.5 ms of every confined worker's start, issue 46).
 _landlock_api = None
@@ -997,15 +1012,26 @@ def landlock_api():
     return _landlock_api
 
 
+def _check(r, what):
+    if r < 0:
+        err = landlock_api()[0].get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+def restrict_with(fd):
+    """no_new_privs, then the ruleset ``fd`` enforced on this process."""
+    ctypes, libc = landlock_api()[:2]
+    _check(libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(libc.syscall(ctypes.c_long(446), ctypes.c_int(fd), ctypes.c_uint(0)),
+           "landlock_restrict_self")
+
+
 def landlock_restrict(rules):
-    """no_new_privs, then the Landlock ruleset of ``rules`` enforced on this process."""
+    """The Landlock ruleset of ``rules`` built here (the service sent none), then enforced."""
     import stat
     ctypes, libc, Attr, Beneath, Port = landlock_api()
-
-    def check(r, what):
-        if r < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+    check = _check
 
     attr = Attr(rules["handled_fs"], rules["handled_net"], rules["scoped"])
     size = 24 if rules["scoped"] else (16 if rules["handled_net"] else 8)
@@ -1032,10 +1058,7 @@ def landlock_restrict(rules):
             rule = Port(rights, port)
             check(libc.syscall(ctypes.c_long(445), ctypes.c_int(fd), ctypes.c_uint(2),
                                ctypes.byref(rule), ctypes.c_uint(0)), "landlock_add_rule port %s" % port)
-        check(libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                         ctypes.c_ulong(0)), "prctl(PR_SET_NO_NEW_PRIVS)")
-        check(libc.syscall(ctypes.c_long(446), ctypes.c_int(fd), ctypes.c_uint(0)),
-              "landlock_restrict_self")
+        restrict_with(fd)
     finally:
         os.close(fd)
 
@@ -1053,8 +1076,11 @@ def apply_sandbox(policy, hook_dir):
     if threads_now() != 1:
         return ("%d threads run before the sandbox, which would not hold for them (nothing may "
                 "start a thread before the hook is confined)" % threads_now())
+    built = take_ruleset_fd()
     try:
-        if policy.get("abi", 0) > 0:
+        if policy.get("abi", 0) > 0 and built is not None:
+            restrict_with(built)
+        elif policy.get("abi", 0) > 0:
             landlock_restrict(policy["rules"])
         else:
             ctypes, libc = landlock_api()[:2]
@@ -1064,6 +1090,9 @@ def apply_sandbox(policy, hook_dir):
         if not policy.get("best_effort"):
             return "the sandbox could not be applied: %s" % describe(exc)
         sys.stderr.write("hermes-hooks: sandbox applied in part: %s\n" % describe(exc))
+    finally:
+        if built is not None:
+            os.close(built)
     _sandbox = policy
     sys.addaudithook(_audit)
     return None
@@ -1178,7 +1207,9 @@ class Zygote:
             self.children.discard(pid)
             self.tell({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
-    def spawn(self, req):
+    def spawn(self, req, ruleset=None):
+        """Forks the worker of ``req``; ``ruleset``: the descriptor of its Landlock ruleset."""
+        global _ruleset_fd
         req_id = req.get("spawn")
         pipes = [os.pipe() for _ in range(3)]
         sys.stderr.flush()  # the worker keeps this object (on its own fd 2): nothing of ours in it
@@ -1189,6 +1220,8 @@ class Zygote:
                 os.close(r)
                 os.close(w)
             self.tell({"spawned": req_id, "error": "fork failed: %s" % describe(exc)})
+            if ruleset is not None:
+                os.close(ruleset)
             return
         if pid == 0:
             code = 70
@@ -1199,13 +1232,22 @@ class Zygote:
                 os.dup2(pipes[0][0], 0)
                 os.dup2(pipes[1][1], 1)
                 os.dup2(pipes[2][1], 2)
-                os.closerange(3, 1 << 16)  # the control socket, the other pipes' ends
+                if ruleset is not None:
+                    os.dup2(ruleset, 3, inheritable=False)
+                    _ruleset_fd = 3
+                # The control socket, the other pipes' ends (and the ruleset's first number).
+                os.closerange(3 if ruleset is None else 4, 1 << 16)
                 set_priority(req.get("nice"), req.get("idle"))
                 service_cache = os.environ.get(PYCACHE_ENV)
-                os.environ.update(req.get("env") or {})
+                env = req.get("env") or {}
+                # What this interpreter started with needs no applying again: a confined
+                # worker's env repeats the fork server's LANG, which would import `locale` and
+                # set it again in every confined worker (issue 46).
+                changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+                os.environ.update(env)
                 if service_cache:  # the service's, whatever a hook's env says
                     os.environ[PYCACHE_ENV] = service_cache
-                apply_process_env(req.get("env") or {})
+                apply_process_env(changed)
                 os.chdir(req.get("cwd") or req["dir"])
                 sys.argv = [sys.argv[0], req["dir"], req["handler"], req["name"]]
                 run_worker(req["dir"], req["handler"], req["name"])
@@ -1220,6 +1262,8 @@ class Zygote:
             os.setpgid(pid, pid)  # also here, so the group exists before the host can signal it
         except OSError:
             pass
+        if ruleset is not None:
+            os.close(ruleset)
         ends = [pipes[0][1], pipes[1][0], pipes[2][0]]
         for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
             os.close(fd)
@@ -1246,16 +1290,20 @@ class Zygote:
                     pass
             self.reap()
             if self.ctl in ready:
-                msg = self.ctl.recv(1 << 20)
-                if not msg:
+                # A spawn request may carry one descriptor: the worker's Landlock ruleset.
+                msg, fds, _, _ = socket.recv_fds(self.ctl, 1 << 20, 1)
+                if not msg and not fds:
                     return
                 try:
                     req = json.loads(msg)
                 except ValueError as exc:
                     sys.stderr.write("hermes-hooks zygote: bad request: %s\n" % exc)
-                    continue
+                    req = None
                 if isinstance(req, dict) and "spawn" in req:
-                    self.spawn(req)
+                    self.spawn(req, fds[0] if fds else None)
+                    fds = fds[1:]
+                for fd in fds:
+                    os.close(fd)
 
     def finish(self):
         """The host is gone: kill the workers (after ZYGOTE_EXIT_GRACE) and reap them."""
@@ -1412,18 +1460,20 @@ def zygote_main():
     os.dup2(2, 1)
     os.close(devnull)
     sys.stdout = sys.stderr
+    if sys.flags.isolated:
+        # The confined fork server (`-I`): found once, not in every confined worker. Not in the
+        # default one: `sysconfig` and its data would sit in every worker's memory (issue 47).
+        # Before the service's bytecode cache is set, like the runner's own imports: from the
+        # interpreter's cache, not compiled again into a new HERMES_HOME's (~10 ms, issue 46).
+        global _interpreter_dirs
+        _interpreter_dirs = interpreter_dirs()
+        landlock_api()
     use_service_pycache()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     zygote = Zygote(ctl)
     priority = os.environ.pop(PRIORITY_ENV, "").split()
     setup_logging()
     warm_up()
-    if sys.flags.isolated:
-        # The confined fork server (`-I`): found once, not in every confined worker. Not in the
-        # default one: `sysconfig` and its data would sit in every worker's memory (issue 47).
-        global _interpreter_dirs
-        _interpreter_dirs = interpreter_dirs()
-        landlock_api()
     gc.collect()
     global _ballast
     _ballast = fill_pool_holes()
@@ -1432,7 +1482,10 @@ def zygote_main():
         # Started at the service's own priority (its start is what a first load waits for); the
         # workers start from the fork server's.
         set_priority(int(priority[0]), priority[1] == "1")
-    zygote.tell({"zygote": "ready", "pid": os.getpid(), "python": platform.python_version()})
+    ready = {"zygote": "ready", "pid": os.getpid(), "python": platform.python_version()}
+    if _interpreter_dirs is not None:
+        ready["dirs"] = _interpreter_dirs  # the service adds them to each worker's ruleset
+    zygote.tell(ready)
     try:
         zygote.serve()
     finally:

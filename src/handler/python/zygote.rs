@@ -111,6 +111,9 @@ pub struct Zygote {
     pending: Mutex<HashMap<u64, oneshot::Sender<Result<Forked, String>>>>,
     exits: Mutex<HashMap<i32, i32>>,
     exit_notify: Notify,
+    /// The confined fork server's interpreter directories (its ready message), which every
+    /// confined worker may read: part of the ruleset the service builds for it.
+    dirs: std::sync::OnceLock<Vec<PathBuf>>,
 }
 
 impl std::fmt::Debug for Zygote {
@@ -180,9 +183,16 @@ pub async fn fork_worker(
     name: &str,
     env: &std::collections::BTreeMap<String, String>,
     priorities: Priorities,
-    confined: bool,
+    sandbox: Option<&Arc<crate::sandbox::Policy>>,
 ) -> Result<Forked, String> {
-    let zygote = get_or_start(python, runner, priorities.fork_server, confined).await?;
+    // The hook's part of the ruleset is built while the fork server starts (a first load waits
+    // for it anyway), its interpreter's directories added once it said them.
+    let hook_part = sandbox.and_then(hook_ruleset);
+    let zygote = get_or_start(python, runner, priorities.fork_server, sandbox.is_some()).await?;
+    let ruleset = match hook_part {
+        Some(part) => with_interpreter_dirs(part, &zygote, name).await,
+        None => None,
+    };
     let id = zygote.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
     zygote
@@ -200,7 +210,9 @@ pub async fn fork_worker(
         "nice": priorities.worker.nice,
         "idle": priorities.worker.idle,
     });
-    let sent = send_packet(&zygote.ctl, request.to_string().as_bytes()).await;
+    let ruleset_fd = ruleset.as_ref().map(|r| r.raw());
+    let sent = send_packet(&zygote.ctl, request.to_string().as_bytes(), ruleset_fd).await;
+    drop(ruleset); // the fork server holds its own copy now
     if let Err(e) = sent {
         zygote
             .pending
@@ -569,6 +581,7 @@ fn start(
         pending: Mutex::new(HashMap::new()),
         exits: Mutex::new(HashMap::new()),
         exit_notify: Notify::new(),
+        dirs: std::sync::OnceLock::new(),
     });
     if let Some(stderr) = child.stderr.take() {
         let python = python.to_string();
@@ -627,6 +640,10 @@ fn read_loop(z: &Arc<Zygote>, mut ready: Option<oneshot::Sender<()>>) {
             continue;
         };
         if msg.get("zygote").is_some() {
+            if let Some(dirs) = msg.get("dirs").and_then(Value::as_array) {
+                let dirs = dirs.iter().filter_map(Value::as_str).map(PathBuf::from);
+                let _ = z.dirs.set(dirs.collect());
+            }
             if let Some(tx) = ready.take() {
                 let _ = tx.send(());
             }
@@ -742,27 +759,112 @@ fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Sends one packet without blocking the runtime (retries briefly while the buffer is full).
-async fn send_packet(fd: &OwnedFd, data: &[u8]) -> std::io::Result<()> {
-    loop {
-        // SAFETY: `data` is valid for `len` bytes for the duration of the call.
-        let n = unsafe {
-            libc::send(
-                fd.as_raw_fd(),
-                data.as_ptr().cast(),
-                data.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            return Ok(());
+/// A ruleset being built on a blocking thread, and the rights of a read-only grant in it.
+type Building = tokio::task::JoinHandle<std::io::Result<(crate::sandbox::landlock::Ruleset, u64)>>;
+
+/// The Landlock ruleset of a confined worker is built by the service (issue 46: building it in
+/// every worker, after the fork, took ~0.35 ms of each confined worker's start): first the
+/// hook's rules, each grant opened without following a link as the runner would (`None` without
+/// Landlock: the runner says what it enforces instead)...
+fn hook_ruleset(policy: &Arc<crate::sandbox::Policy>) -> Option<Building> {
+    use crate::sandbox::landlock;
+    let abi = landlock::abi();
+    if abi <= 0 {
+        return None;
+    }
+    let policy = policy.clone();
+    Some(tokio::task::spawn_blocking(move || {
+        let rules = policy.rules(abi, &[]);
+        landlock::build(&rules).map(|r| (r, rules.read_rights))
+    }))
+}
+
+/// ...then the fork server's interpreter directories, read-only. `None` (the runner builds the
+/// ruleset itself and says why it cannot) when the fork server did not say its directories, or
+/// building fails or takes longer than a second (a grant on a filesystem that does not answer).
+async fn with_interpreter_dirs(
+    part: Building,
+    zygote: &Zygote,
+    hook: &str,
+) -> Option<crate::sandbox::landlock::Ruleset> {
+    let dirs = zygote.dirs.get()?.clone();
+    let finish = async {
+        let (ruleset, read) = part
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || {
+            let dirs: Vec<(PathBuf, u64)> = dirs.into_iter().map(|d| (d, read)).collect();
+            crate::sandbox::landlock::add_paths(&ruleset, &dirs).map(|()| ruleset)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(1), finish).await {
+        Ok(Ok(ruleset)) => Some(ruleset),
+        Ok(Err(e)) => {
+            tracing::debug!(hook, "the worker builds its own sandbox: {e}");
+            None
         }
-        let e = std::io::Error::last_os_error();
+        Err(_) => {
+            tracing::debug!(
+                hook,
+                "the worker builds its own sandbox: building it took over 1s"
+            );
+            None
+        }
+    }
+}
+
+/// Sends one packet, with `with_fd` as its one descriptor, without blocking the runtime (retries
+/// briefly while the buffer is full).
+async fn send_packet(fd: &OwnedFd, data: &[u8], with_fd: Option<RawFd>) -> std::io::Result<()> {
+    loop {
+        let e = match try_send(fd.as_raw_fd(), data, with_fd) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
         match e.kind() {
             std::io::ErrorKind::WouldBlock => tokio::time::sleep(Duration::from_millis(1)).await,
             std::io::ErrorKind::Interrupted => {}
             _ => return Err(e),
         }
+    }
+}
+
+/// One non-blocking `sendmsg` of `data` and `with_fd` (`SCM_RIGHTS`).
+fn try_send(fd: RawFd, data: &[u8], with_fd: Option<RawFd>) -> std::io::Result<()> {
+    // Room for one descriptor's control message.
+    let mut cmsg = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: a zeroed msghdr is a valid empty header; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(passed) = with_fd {
+        // SAFETY: `cmsg` has room for CMSG_SPACE(one descriptor) (24 of its 32 bytes), aligned
+        // for cmsghdr; the libc macros compute the header and data positions.
+        unsafe {
+            let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), passed);
+        }
+    }
+    // SAFETY: `msg` points at live buffers of the stated sizes.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n >= 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
