@@ -195,6 +195,13 @@ impl Versions {
         since.entry(key.to_string()).or_insert_with(SystemTime::now);
     }
 
+    /// This worker's retirement of its version of `key` was called off (the held change was
+    /// reverted): the version stays live.
+    pub fn not_retiring_own(&self, key: &str) {
+        let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
+        since.remove(key);
+    }
+
     /// Whether every live worker's versions are known as of `accepted` (its last status came
     /// later): an event accepted after that may be for a version not heard of yet.
     pub fn known_at(&self, accepted: SystemTime) -> bool {

@@ -140,7 +140,8 @@ impl LoadReport {
     }
 }
 
-/// See [`Host::set_change_hold`]: `(running, found)`, true to keep the running version.
+/// See [`Host::set_change_hold`]: `(running, found)`, true to keep the running version (asked
+/// of unchanged hooks too: `found` then has `running`'s fingerprint).
 pub type ChangeHold = Arc<dyn Fn(&HookSpec, &HookSpec) -> bool + Send + Sync>;
 
 /// What a shutdown left behind.
@@ -807,7 +808,9 @@ impl Host {
     }
 
     /// Reload phase 1b: a changed hook the change hold keeps ([`Host::set_change_hold`]) is
-    /// found as its running version, so the plan keeps it as it runs.
+    /// found as its running version, so the plan keeps it as it runs. The hold is asked of
+    /// every hook found running, changed or not (one whose change was reverted while held is
+    /// released).
     fn hold_changes(&self, old: &Registry, found: &mut [HookSpec]) {
         let Some(hold) = self.inner.change_hold.get() else {
             return;
@@ -817,8 +820,8 @@ impl Host {
                 .hooks
                 .iter()
                 .find(|h| h.spec.name == spec.name && h.spec.dir == spec.dir);
+            // Asked of unchanged hooks too: a change reverted while it was held ends its hold.
             if let Some(h) = running
-                && h.spec.fingerprint != spec.fingerprint
                 && hold(&h.spec, spec)
             {
                 *spec = h.spec.clone();

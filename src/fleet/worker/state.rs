@@ -29,6 +29,9 @@ pub(super) enum Hold {
     },
     /// Done (or past the deadline): the next reload takes the change.
     Released,
+    /// The change was reverted (or the hook removed) while held: nothing to load; the worker
+    /// ends the drain's announcement at its next look.
+    Cancelled,
 }
 
 /// [`WorkerOptions::retire_drain`] by default.

@@ -572,10 +572,29 @@ fn change_hold(sh: std::sync::Weak<Shared>) -> crate::host::ChangeHold {
         let Ok(mut holds) = sh.holds.lock() else {
             return false;
         };
+        if running.fingerprint == found.fingerprint {
+            // Unchanged, or a held change reverted: a hold still draining ends.
+            match holds.get(&key) {
+                Some(Hold::Released) => {
+                    holds.remove(&key);
+                }
+                Some(Hold::Pending | Hold::Draining { .. }) => {
+                    tracing::info!(hook = %running.name, "fleet: the held change of this hook was reverted; its version stays and its drain ends");
+                    holds.insert(key, Hold::Cancelled);
+                }
+                _ => {}
+            }
+            return false;
+        }
         match holds.get(&key) {
             Some(Hold::Released) => {
                 holds.remove(&key);
                 return false;
+            }
+            Some(Hold::Cancelled) => {
+                // Reverted, then changed again before the worker's next look: weighed afresh.
+                sh.versions.not_retiring_own(&key);
+                holds.remove(&key);
             }
             Some(_) => return true,
             None => {}
@@ -609,7 +628,20 @@ async fn drain_holds(
     for (key, hold) in holds {
         let next = match (hold, tasks.get(&key)) {
             (Hold::Released, _) => continue,
-            (_, None) => Hold::Released,
+            (Hold::Cancelled, t) | (Hold::Pending | Hold::Draining { .. }, t @ None) => {
+                // Reverted, or the hook is gone: no change to load; the bound is taken back.
+                if let Some(t) = t {
+                    t.retiring.store(0, Ordering::Relaxed);
+                }
+                sh.versions.not_retiring_own(&key);
+                if let Ok(mut h) = sh.holds.lock()
+                    && h.get(&key) == Some(&hold)
+                {
+                    h.remove(&key);
+                }
+                publish_status(sh, tasks, None).await;
+                continue;
+            }
             (Hold::Pending, Some(t)) => {
                 let last = async { stream.clone().info().await.map(|i| i.state.last_sequence) };
                 let Ok(Ok(bound)) = tokio::time::timeout(Duration::from_secs(2), last).await else {
