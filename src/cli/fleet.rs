@@ -84,8 +84,8 @@ pub struct FleetArgs {
     /// Worker id in the fleet view (default: HOST-PID).
     #[arg(long, value_name = "NAME")]
     pub worker_id: Option<String>,
-    /// Seconds the broker waits for a worker's acknowledgement before giving the event to
-    /// another worker (how fast a dead worker's event fails over).
+    /// The longest, in seconds, an event of a worker that died waits before another worker
+    /// runs it (the broker's ack wait is a tenth shorter, at most 1 s, for that start).
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     pub ack_wait: f64,
     /// Delay before the first retry of a failed event, ms (doubles per delivery, at most 60 s).

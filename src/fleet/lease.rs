@@ -60,12 +60,36 @@ pub async fn bucket(
         .get_key_value(&name)
         .await
         .map_err(|e| format!("cannot open the lease bucket {name}: {e}"))?;
+    shorten_older(js, &name, ttl).await;
     let ttl = store
         .status()
         .await
         .map(|s| s.max_age())
         .map_err(|e| format!("cannot read the lease bucket {name}: {e}"))?;
     Ok((store, ttl))
+}
+
+/// A bucket made by a release before the lease's time to live became the broker's wait (an
+/// `--ack-wait` less a margin, `WorkerOptions::broker_wait`) has the `--ack-wait` itself as its
+/// `max_age`: shortened to `ttl`, so failover fits in the ack wait after an upgrade too. Only
+/// that case: a bucket made by a worker with another `--ack-wait` is left as it was made, as
+/// workers would otherwise take it from each other back and forth.
+async fn shorten_older(js: &jetstream::Context, name: &str, ttl: Duration) {
+    let Ok(mut stream) = js.get_stream(format!("KV_{name}")).await else {
+        return;
+    };
+    let Ok(info) = stream.info().await else {
+        return;
+    };
+    let mut config = info.config.clone();
+    if config.max_age <= ttl || crate::fleet::worker::broker_wait(config.max_age) != ttl {
+        return;
+    }
+    tracing::info!(bucket = %name, from = ?config.max_age, to = ?ttl, "fleet: shortening the lease bucket's time to live to the broker's wait (made by an older release)");
+    config.max_age = ttl;
+    if let Err(e) = js.update_stream(&config).await {
+        tracing::warn!(bucket = %name, "fleet: cannot shorten the lease bucket's time to live ({e}); failover may take up to its old time to live");
+    }
 }
 
 /// How long until the lease on `key`, held by another worker, runs out unless renewed (its

@@ -2166,8 +2166,8 @@ pub(crate) fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -
 }
 
 /// Issue 34 item 7: an ordered hook's holder SIGKILLed while it runs an event: the standby takes
-/// the lease when it runs out and resumes as soon as the dead holder's events are back, about
-/// one ack wait (2 s here) after the kill, not the ack wait plus a fixed wait for a pending
+/// the lease when it runs out and resumes as soon as the dead holder's events are back, within
+/// one ack wait (2 s here) of the kill, not the ack wait plus a fixed wait for a pending
 /// count of 0 that nobody pulls to bring about (2 x ack wait + 1 s more).
 #[test]
 #[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
@@ -2197,8 +2197,11 @@ fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
     // "t" is when the handler started.
     let after = resumed["t"].as_f64().unwrap() - killed;
     eprintln!("failover of an ordered hook, --ack-wait 2: {after:.2} s");
+    // The broker's wait and the lease are 1.8 s here, so the standby starts within the ack wait
+    // on a quiet machine (benches/fleet.rs: 0.91x at worst); a loaded CI machine's pull and
+    // start may add a little.
     assert!(
-        after < 4.0,
+        after < 2.4,
         "the standby resumed {after:.2} s after the kill (ack wait 2 s)"
     );
     wait_for_all(&hooks, "quick", 30, Duration::from_secs(60));

@@ -74,7 +74,7 @@ pub(super) async fn ensure_consumer(
         } else {
             jetstream::consumer::AckPolicy::Explicit
         },
-        ack_wait: sh.opts.ack_wait,
+        ack_wait: sh.opts.broker_wait(),
         // One more than allowed: the extra one is the dead letter of a worker killed during
         // the last allowed delivery. An ordered hook's has none: a hand-over to another version
         // costs the messages it gives back a delivery that is no attempt, and the worker counts

@@ -100,7 +100,7 @@ pub(super) async fn take_lease(
     loop {
         let mut wait = Duration::from_millis(500);
         if leases.is_none() {
-            match crate::fleet::lease::bucket(&sh.cfg, &sh.js, sh.opts.ack_wait).await {
+            match crate::fleet::lease::bucket(&sh.cfg, &sh.js, sh.opts.broker_wait()).await {
                 Ok(b) => *leases = Some(b),
                 Err(e) => tracing::warn!(hook = %s.name, "fleet: {e}; retrying"),
             }

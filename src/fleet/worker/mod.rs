@@ -77,5 +77,5 @@ mod state;
 mod tasks;
 mod triage;
 
-pub use state::{RETIRE_DRAIN, WorkerOptions};
+pub use state::{RETIRE_DRAIN, WorkerOptions, broker_wait};
 pub use tasks::Worker;

@@ -173,7 +173,7 @@ impl Run {
         retiring: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
-        let progress = (sh.opts.ack_wait / 3).max(Duration::from_millis(100));
+        let progress = (sh.opts.broker_wait() / 3).max(Duration::from_millis(30));
         let tend = |h: &Arc<Held>| {
             AbortOnDrop(tokio::spawn(crate::fleet::held::tend(
                 h.clone(),
@@ -587,7 +587,7 @@ pub(super) async fn consume(
                 &stream,
                 &sh.cfg,
                 &s.key,
-                sh.opts.ack_wait,
+                sh.opts.broker_wait(),
                 s.since,
             )
             .await?;

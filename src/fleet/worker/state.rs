@@ -42,7 +42,9 @@ pub const RETIRE_DRAIN: Duration = Duration::from_secs(30);
 pub struct WorkerOptions {
     /// Worker id in the fleet view.
     pub id: String,
-    /// Time the broker waits for an acknowledgement before redelivering (failover time).
+    /// The longest an event held by a worker that died waits before another worker runs it
+    /// (failover time). The broker's own ack wait and the lease's time to live are a margin
+    /// shorter ([`WorkerOptions::broker_wait`]), so the next worker's pull and start fit in it.
     pub ack_wait: Duration,
     /// Delay before the first retry; doubles per delivery, at most a minute.
     pub retry_backoff: Duration,
@@ -55,6 +57,22 @@ pub struct WorkerOptions {
     /// runs while another version is live (a rolling update), so that events only it matches
     /// run rather than being dead-lettered (zero: not at all).
     pub retire_drain: Duration,
+}
+
+impl WorkerOptions {
+    /// The broker's ack wait and the ordered hooks' lease time to live: `ack_wait` less a
+    /// tenth (at most a second) for the next worker to take over within `ack_wait`. An event
+    /// comes back at most this long after its holder's last sign of life, and the lease runs
+    /// out at most this long after its last renewal; what follows (the next worker's pull
+    /// and its handler's start, 40-90 ms measured) fits in the margin.
+    pub fn broker_wait(&self) -> Duration {
+        broker_wait(self.ack_wait)
+    }
+}
+
+/// [`WorkerOptions::broker_wait`] for an `--ack-wait`.
+pub fn broker_wait(ack_wait: Duration) -> Duration {
+    ack_wait - (ack_wait / 10).min(Duration::from_secs(1))
 }
 
 impl Default for WorkerOptions {
