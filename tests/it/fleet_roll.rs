@@ -862,3 +862,73 @@ fn retire_deadline_on(bin: PathBuf, by_reload: bool) {
     let (_, v) = edge.get("/v1/hooks/roll");
     assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
 }
+
+/// Issue 48 row 2, a reload in place reverted while held: `w1`, the last worker with `roll:b`,
+/// has its HOOK.yaml edited to drop it while `roll:b` events wait, which holds the change; the
+/// edit is then undone. The hold ends ("reverted"): the version stays and runs its events as
+/// before. A second edit dropping `roll:b` is held again and drains what only it matched (the
+/// first hold's state, left behind by the revert, let the second change load at once and its
+/// `roll:b` events were dead-lettered). Every event runs once, in stream order, none dead.
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_held_change_reverted_ends_its_hold_and_the_next_change_is_held_again() {
+    for bin in nats_servers() {
+        revert_on(bin);
+    }
+}
+
+fn revert_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let RollPair {
+        one,
+        two,
+        w1,
+        w2: _w2,
+        edge,
+    } = roll_pair_with(
+        &nats,
+        r#"["roll:a", "roll:b"]"#,
+        r#"["roll:a", "roll:c"]"#,
+        ("queue: {capacity: 2}\n", &["--retire-drain", "120"]),
+    );
+    let yaml = one.root().join("roll").join("HOOK.yaml");
+    let original = std::fs::read_to_string(&yaml).unwrap();
+    let line = original.lines().find(|l| l.starts_with("events:")).unwrap();
+    let edited = original.replace(line, r#"events: ["roll:a", "roll:c"]"#);
+    let held = "drops patterns no other live version has";
+    let mut names = Vec::new();
+    post_paused_runs(&edge, &mut names, &[("roll:b", 20)], 0.3);
+    std::fs::write(&yaml, &edited).unwrap();
+    poll(Duration::from_secs(30), "the change held", || {
+        (w1.log().matches(held).count() == 1).then_some(())
+    });
+    std::fs::write(&yaml, &original).unwrap();
+    poll(
+        Duration::from_secs(30),
+        "the hold ended by the revert",
+        || w1.log().contains("was reverted").then_some(()),
+    );
+    // The version is live again: more of its events are accepted and run.
+    post_paused_runs(&edge, &mut names, &[("roll:b", 5), ("roll:a", 3)], 0.0);
+    let first = names.len();
+    poll(Duration::from_secs(60), "the first events handled", || {
+        let ran: HashSet<u64> = starts(&[&one, &two], "roll")
+            .iter()
+            .filter_map(|r| r["n"].as_u64())
+            .collect();
+        (ran.len() >= first).then_some(())
+    });
+    post_paused_runs(&edge, &mut names, &[("roll:b", 12)], 0.3);
+    std::fs::write(&yaml, &edited).unwrap();
+    poll(Duration::from_secs(30), "the second change held", || {
+        (w1.log().matches(held).count() == 2).then_some(())
+    });
+    post_paused_runs(&edge, &mut names, &[("roll:c", 4)], 0.0);
+    ran_once_in_order(&bin, &nats, [&one, &two], &names, Duration::from_secs(90));
+    poll(Duration::from_secs(30), "the second change loaded", || {
+        let (_, v) = w1.get("/v1/hooks/roll");
+        (v["events"] == json!(["roll:a", "roll:c"])).then_some(())
+    });
+    let (_, v) = edge.get("/v1/hooks/roll");
+    assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
+}
