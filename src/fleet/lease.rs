@@ -21,6 +21,13 @@ use tokio::sync::watch;
 use super::FleetConfig;
 use crate::start_gate::{StartGate, monotonic_ns};
 
+/// The broker's ack wait and an ordered hook's lease time to live for an `--ack-wait`: less a
+/// tenth (at most a second), so that the next worker's pull and start fit within `--ack-wait`
+/// (`WorkerOptions::broker_wait`).
+pub fn broker_wait(ack_wait: Duration) -> Duration {
+    ack_wait - (ack_wait / 10).min(Duration::from_secs(1))
+}
+
 /// How much of the lease's time to live the holder gives up as a margin: it starts nothing
 /// (and acknowledges nothing) later than its last renewal's sending plus the time to live less
 /// this ([`StartGate`]).
@@ -82,7 +89,7 @@ async fn shorten_older(js: &jetstream::Context, name: &str, ttl: Duration) {
         return;
     };
     let mut config = info.config.clone();
-    if config.max_age <= ttl || crate::fleet::worker::broker_wait(config.max_age) != ttl {
+    if config.max_age <= ttl || broker_wait(config.max_age) != ttl {
         return;
     }
     tracing::info!(bucket = %name, from = ?config.max_age, to = ?ttl, "fleet: shortening the lease bucket's time to live to the broker's wait (made by an older release)");

@@ -14,6 +14,7 @@
 //! whose envelope names their hook; stream `HERMES_EVENTS`), dead letters `hermes.dead.<hook>` (stream
 //! `HERMES_DEAD`), collect requests `hermes.collect.<hook>` (cancels `hermes.cancel.<hook>`), worker status `hermes.status.<id>`.
 
+pub mod attempts;
 pub mod collect;
 pub mod dead;
 pub mod discards;
@@ -144,6 +145,12 @@ impl FleetConfig {
     /// Name of the key-value bucket of the ordered hooks' leases.
     pub fn lease_bucket(&self) -> String {
         format!("{}_LEASES", token(&self.prefix).to_uppercase())
+    }
+
+    /// The key-value bucket of what ordered hooks' holders may have started on an event's last
+    /// allowed delivery ([`attempts`]).
+    pub fn attempts_bucket(&self) -> String {
+        format!("{}_ATTEMPTS", token(&self.prefix).to_uppercase())
     }
 
     /// Every subject of the event stream (the filter of each hook's consumer).

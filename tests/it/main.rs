@@ -24,6 +24,8 @@ mod fleet;
 #[cfg(feature = "fleet")]
 mod fleet_held;
 #[cfg(feature = "fleet")]
+mod fleet_killed;
+#[cfg(feature = "fleet")]
 mod fleet_pause;
 #[cfg(feature = "fleet")]
 mod fleet_repeats;

@@ -48,6 +48,10 @@ impl Run {
                 // it waits for that call (then it is done, or runs), never runs beside it.
                 return;
             }
+            if self.backlog.front().is_some_and(|d| self.marks_full(d)) {
+                // On its last allowed delivery: no further ahead than a mark reaches.
+                return;
+            }
             let Some(d) = self.backlog.pop_front() else {
                 return;
             };
@@ -121,9 +125,11 @@ impl Run {
             return;
         };
         if c.vanished {
-            // What the vanished holder had pending is all here now (or given up on).
+            // What the vanished holder had pending is all here now (or given up on): which of
+            // it may have started there on a last allowed delivery.
             let top = self.backlog.iter().map(|d| d.hseq).max().unwrap_or(0);
-            self.orphans = self.orphans.max(top);
+            self.vanished_to = self.vanished_to.max(top);
+            self.read_marks(top).await;
         }
         self.catch_up = None;
         self.backlog
@@ -194,12 +200,7 @@ impl Run {
             }
             return self.retired_skip(d).await;
         }
-        if self.s.ordered() && d.delivered > self.s.max_deliver && d.hseq > self.orphans {
-            // Past its deliveries by the broker's count only: hand-overs and messages left to
-            // the ack wait cost deliveries no handler call made; no holder that vanished had it.
-            // Its consumer has no broker-side limit: it runs, as its last allowed attempt.
-            d.delivered = self.s.max_deliver;
-        }
+        let shown = self.count_attempts(&mut d);
         let (s, counters) = (&self.s, &self.counters);
         if !d.held.current(d.hseq, d.slot) {
             // Its message was handed back (for another of its events) or delivered again
@@ -225,12 +226,6 @@ impl Run {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return d.finish(AckKind::Ack).await;
         }
-        // Delivered before the consumer was made again: a repeat, shown as one.
-        let shown = if d.delivered <= 1 && d.hseq > 0 && d.hseq <= self.repeats_to {
-            2
-        } else {
-            d.delivered
-        };
         let Some(ctx) = d.env.handler_context(shown, d.seq) else {
             tracing::warn!(hook = %s.name, seq = d.seq, "fleet: event in the stream whose context is not a JSON object; dropping it");
             counters.skipped.fetch_add(1, Ordering::Relaxed);
@@ -255,9 +250,17 @@ impl Run {
         // One future per event: the handler call, then what follows it.
         let redo = self.redo_tx.clone();
         let started = (d.hseq > 0).then(|| Started::new(&counters, d.key));
+        // On its last allowed delivery it is marked before it can start: a holder that
+        // vanishes meanwhile is known to have maybe started it, and only it ([`super::marks`]).
+        let unfinished = if d.delivered >= s.max_deliver {
+            self.mark_attempt(&d).await
+        } else {
+            None
+        };
         let gate = self.gate.clone();
         let mut call: InFlight = Box::pin(async move {
             let _started = started;
+            let _unfinished = unfinished;
             let outcome = sh
                 .host
                 .call_one(&d.env.event, ctx, wait, &s.name, gate)

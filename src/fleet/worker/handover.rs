@@ -45,10 +45,14 @@ pub(super) struct Note {
     /// Stream sequence ranges (first, last) whose messages hand-overs gave back, one delivery
     /// each.
     pub(super) handed: Vec<(u64, u64)>,
-    /// [`Run::orphans`]: the next holder keeps it (an event a vanished holder may have
-    /// started stays a "killed?" dead letter across hand-overs).
+    /// The highest stream sequence of [`Note::orphan_spans`], for a worker of a release before
+    /// them (which dead-letters everything up to it past its deliveries).
     #[serde(default)]
     pub(super) orphans: u64,
+    /// [`Run::orphans`]: the next holder keeps them (an event a vanished holder may have
+    /// started stays a "killed?" dead letter across hand-overs).
+    #[serde(default)]
+    pub(super) orphan_spans: Vec<crate::fleet::attempts::Span>,
 }
 
 impl Run {
@@ -142,7 +146,7 @@ impl Run {
         }
         self.end_release();
         note.handed = self.handed.clone();
-        note.orphans = self.orphans;
+        (note.orphans, note.orphan_spans) = self.orphans_for_note();
         // Empty: handing over for a retry (the event is not known here).
         (note, self.handing.take().filter(|e| !e.is_empty()))
     }
@@ -161,7 +165,7 @@ impl Run {
         self.inherited.clear();
         self.inherit_done(note.done);
         self.join_handed(note.handed);
-        self.orphans = self.orphans.max(note.orphans);
+        self.orphans_from_note(note.orphans, note.orphan_spans);
     }
 
     /// Marks the done keys of a note done here (a delivery of one again is settled without
@@ -214,7 +218,23 @@ impl Run {
             d.delivered = (d.delivered - more).max(1);
         }
         self.join_handed(new);
-        self.orphans = self.orphans.max(note.orphans);
+        self.orphans_from_note(note.orphans, note.orphan_spans);
+    }
+
+    /// [`Note::orphans`] and [`Note::orphan_spans`] of this holder's [`Run::orphans`].
+    fn orphans_for_note(&self) -> (u64, Vec<crate::fleet::attempts::Span>) {
+        let top = self.orphans.iter().map(|(_, b)| b.0).max().unwrap_or(0);
+        (top, self.orphans.clone())
+    }
+
+    /// Takes on a note's spans; a note of a release before them names only the highest
+    /// stream sequence, and everything up to it counts.
+    fn orphans_from_note(&mut self, top: u64, spans: Vec<crate::fleet::attempts::Span>) {
+        if spans.is_empty() && top > 0 {
+            self.add_orphans(vec![((0, 0), (top, usize::MAX))]);
+        } else {
+            self.add_orphans(spans);
+        }
     }
 }
 
@@ -268,10 +288,12 @@ impl Run {
     ) {
         self.end_release();
         let Some((store, _)) = leases else { return };
+        let (orphans, orphan_spans) = self.orphans_for_note();
         let note = Note {
             done: self.note_done(Vec::new()),
             handed: self.handed.clone(),
-            orphans: self.orphans,
+            orphans,
+            orphan_spans,
         };
         let body = serde_json::to_vec(&note).unwrap_or_default();
         let key = crate::fleet::consumer_name(&self.s.key);
@@ -291,6 +313,7 @@ impl Run {
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> bool {
         let (note, head) = self.hand_back().await;
+        self.clear_marks().await;
         self.forget_retries().await;
         self.main.forget();
         if let Some((store, _)) = leases {

@@ -72,10 +72,11 @@ mod deliver;
 mod feed;
 mod handover;
 mod holder;
+mod marks;
 mod pull;
 mod state;
 mod tasks;
 mod triage;
 
-pub use state::{RETIRE_DRAIN, WorkerOptions, broker_wait};
+pub use state::{RETIRE_DRAIN, WorkerOptions};
 pub use tasks::Worker;

@@ -73,12 +73,19 @@ pub(super) struct Run {
     pub(super) recheck: Option<tokio::time::Instant>,
     /// In [`Run::drain`]: no more waiting to know versions.
     pub(super) draining: bool,
-    /// Ordered: the highest stream sequence a holder that vanished (its lease ran out, not
-    /// released) may have started and not finished (0: none). Only an event up to it that is
-    /// past its deliveries is dead-lettered as "killed?" unrun; the broker's count of any other
-    /// is inflated by hand-overs and messages left to the ack wait, none of which ran it
-    /// (issue 34).
-    pub(super) orphans: u64,
+    /// Ordered: the spans of events a holder that vanished (its lease ran out, not released)
+    /// may have started on their last allowed delivery and not finished, from its marks
+    /// ([`crate::fleet::attempts`]). Only an event in one that is past its deliveries is
+    /// dead-lettered as "killed?" unrun; the broker's count of any other is inflated by
+    /// hand-overs, messages left to the ack wait and holders that vanished before starting
+    /// it, none of which ran it (issues 34 and 48).
+    pub(super) orphans: Vec<crate::fleet::attempts::Span>,
+    /// Ordered: this holder's marks of what it starts on a last allowed delivery.
+    pub(super) marks: super::state::Marks,
+    /// Ordered: the highest stream sequence a holder that vanished left pending here: an
+    /// event up to it may have run there (finished, not acknowledged), so it is shown to its
+    /// handler as delivered at least twice.
+    pub(super) vanished_to: u64,
     /// An ordered hook's lease bound ([`crate::start_gate`], issue 48): no event starts, and
     /// nothing is acknowledged or handed back, once it says the lease may be another worker's.
     pub(super) gate: Option<Arc<crate::start_gate::StartGate>>,
@@ -89,6 +96,10 @@ pub(super) struct Run {
     /// The lease was lost to a broker restart ([`crate::fleet::lease::Lease::bucket_gone`]):
     /// the stand-down hands back what it holds at once rather than to the ack wait.
     pub(super) broker_restarted: bool,
+    /// The id of the broker this worker was connected to when it took the lease: another one
+    /// at the lease's loss is a broker restart too (the renewal's error that says the bucket
+    /// is gone may come after the lease's bound closed).
+    pub(super) leased_on: Option<String>,
     /// Set when this worker, stopping, retires the hook's version ([`HookTask::retiring`]): the
     /// highest stream sequence it still runs (0: not retiring).
     pub(super) retiring: Arc<std::sync::atomic::AtomicU64>,
@@ -214,10 +225,13 @@ impl Run {
             unsure: None,
             recheck: None,
             draining: false,
-            orphans: 0,
+            orphans: Vec::new(),
+            marks: Default::default(),
+            vanished_to: 0,
             gate: None,
             repeats_to: 0,
             broker_restarted: false,
+            leased_on: None,
             retiring,
         }
     }
@@ -317,6 +331,14 @@ impl Run {
         self.main.flush().await;
     }
 
+    /// Whether the broker this worker is connected to is not the one it took the lease on (a
+    /// restart gives a server a new id).
+    fn broker_changed(&self) -> bool {
+        self.leased_on
+            .as_deref()
+            .is_some_and(|id| id != self.sh.client.server_info().server_id)
+    }
+
     /// Hands back every message the backlog holds (once each; nothing if the lease's bound
     /// passed: [`crate::fleet::held::Held::may_send`]).
     async fn give_back_backlog(&mut self) {
@@ -347,7 +369,7 @@ impl Run {
             )
         });
         self.drain(Some(tokio::time::Instant::now())).await;
-        if std::mem::take(&mut self.broker_restarted) {
+        if std::mem::take(&mut self.broker_restarted) || self.broker_changed() {
             // The broker restarted: no pull request of this worker is open there any more, so
             // what it holds unfinished goes back now (nats-server 2.9 would otherwise keep it
             // until its ack wait: the hook stalled that long after every restart). Also past
@@ -358,6 +380,7 @@ impl Run {
         }
         // The next holder reads it once what this worker left is back ([`Run::check_caught_up`]).
         self.leave_release_note(leases).await;
+        self.clear_marks().await;
         if let Some(f) = finishing {
             f.end().await;
         }
@@ -470,7 +493,8 @@ impl Run {
                         }
                         give_back(&mut retried).await;
                     }
-                    self.broker_restarted = lease.as_ref().is_some_and(|l| l.bucket_gone());
+                    self.broker_restarted = lease.as_ref().is_some_and(|l| l.bucket_gone())
+                        || self.broker_changed();
                     *lease = None;
                     return Ended::Again;
                 }
@@ -642,6 +666,7 @@ pub(super) async fn consume(
                 .map(|(store, _)| (store.clone(), crate::fleet::consumer_name(&s.key)));
             let vanished = lease.as_ref().is_some_and(|l| l.vanished());
             r.catch_up = Some(CatchUp::new(bucket, vanished));
+            r.leased_on = Some(sh.client.server_info().server_id);
             r.main.pause(true);
             r.set_gate(lease.as_ref().map(|l| l.gate()));
         }
@@ -698,6 +723,7 @@ async fn stopped(
         if lease.is_some() {
             r.leave_release_note(leases).await;
         }
+        r.clear_marks().await;
     }
     // Only now (every event this worker held is settled) may the next worker start.
     if let Some(l) = lease {

@@ -66,13 +66,8 @@ impl WorkerOptions {
     /// out at most this long after its last renewal; what follows (the next worker's pull
     /// and its handler's start, 40-90 ms measured) fits in the margin.
     pub fn broker_wait(&self) -> Duration {
-        broker_wait(self.ack_wait)
+        crate::fleet::lease::broker_wait(self.ack_wait)
     }
-}
-
-/// [`WorkerOptions::broker_wait`] for an `--ack-wait`.
-pub fn broker_wait(ack_wait: Duration) -> Duration {
-    ack_wait - (ack_wait / 10).min(Duration::from_secs(1))
 }
 
 impl Default for WorkerOptions {
@@ -362,5 +357,35 @@ mod tests {
         let before = r.young.len();
         r.insert((n, n.wrapping_mul(31)));
         assert_eq!(r.young.len(), before);
+    }
+}
+
+/// An ordered hook's holder's marks of what it starts on a last allowed delivery
+/// (`marks.rs`).
+#[derive(Default)]
+pub(super) struct Marks {
+    pub(super) store: Option<async_nats::jetstream::kv::Store>,
+    /// The span last written (`None`: none is in the bucket).
+    pub(super) span: Option<crate::fleet::attempts::Span>,
+    /// Events started here on their last allowed delivery and not finished.
+    pub(super) unfinished: Arc<Mutex<std::collections::BTreeSet<crate::fleet::attempts::Pos>>>,
+    /// How many events the next mark reaches over, and when the last was written.
+    pub(super) ahead: usize,
+    pub(super) written: Option<std::time::Instant>,
+    /// The bucket could not be written (said once).
+    pub(super) warned: bool,
+}
+
+/// Keeps an event among those started and not finished while its call lives.
+pub(super) struct Unfinished {
+    pub(super) set: Arc<Mutex<std::collections::BTreeSet<crate::fleet::attempts::Pos>>>,
+    pub(super) pos: crate::fleet::attempts::Pos,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.set.lock() {
+            s.remove(&self.pos);
+        }
     }
 }

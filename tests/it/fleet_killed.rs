@@ -1,0 +1,117 @@
+//! Issue 48, found after its rows: an ordered hook's holder that vanishes (SIGKILLed, or
+//! starved past its lease) leaves its pending events to the next holder past their allowed
+//! deliveries by the broker's count. Only the event it may have started on its last allowed
+//! delivery is dead-lettered unrun ("killed?"); the others run. Before, every event it left
+//! pending was dead-lettered: with `retries: 0` and a bundle of 40, all 40 (100 of 100 in a
+//! probe), 36 of which had never started anywhere. On nats-server 2.9 and 2.10+.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::fleet::{
+    FAST, NatsServer, dead_cmd, edge_serving, nats_servers, post_batch, recording_hook, records,
+    wait_records, worker_with,
+};
+use crate::util::{Hooks, poll, read_jsonl};
+
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_killed_holder_leaves_dead_letters_only_where_it_may_have_started() {
+    for bin in nats_servers() {
+        killed_on(bin);
+    }
+}
+
+fn killed_on(bin: PathBuf) {
+    let what = bin.display().to_string();
+    let nats = NatsServer::start_bin(bin, &[], "");
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "kq", r#"["agent:step"]"#, "retries: 0\n");
+    let mut workers = [
+        Some(worker_with(&hooks, &nats, "wa", FAST)),
+        Some(worker_with(&hooks, &nats, "wb", FAST)),
+    ];
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["kq"], &["wa", "wb"]);
+    // One request: one bundle of 40 events, each 0.1 s in its handler.
+    let n = 40u64;
+    let (status, v) = post_batch(&edge, 0..n, json!({"pause": 0.1}));
+    assert_eq!(status, 202, "{v}");
+    let first = wait_records(&hooks, "kq", 4, 60);
+    let holder = first[0]["w"].as_str().unwrap_or_default().to_string();
+    // Killed in the middle of event 4 (its handler wrote that it started).
+    poll(Duration::from_secs(30), "event 4 started", || {
+        read_jsonl(&hooks.out().join("kq.paused"))
+            .iter()
+            .any(|r| r["n"] == 4)
+            .then_some(())
+    });
+    let victim = usize::from(holder != "wa");
+    if let Some(mut w) = workers[victim].take() {
+        w.sigkill();
+    }
+    // What the holder finished before it died (in stream order from 0).
+    let ran_there: HashSet<u64> = records(&hooks, "kq")
+        .iter()
+        .filter(|r| r["w"] == holder.as_str())
+        .filter_map(|r| r["n"].as_u64())
+        .collect();
+    let k = ran_there.len() as u64;
+    assert_eq!(
+        ran_there,
+        (0..k).collect::<HashSet<_>>(),
+        "{what}: in order"
+    );
+    let (ran, dead) = poll(Duration::from_secs(90), "every event run or dead", || {
+        let ran: Vec<Value> = records(&hooks, "kq")
+            .into_iter()
+            .filter(|r| r["w"] != holder.as_str())
+            .collect();
+        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kq"]);
+        let dead: Vec<Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let mut have: HashSet<u64> = ran_there.clone();
+        have.extend(ran.iter().filter_map(|r| r["n"].as_u64()));
+        have.extend(
+            dead.iter()
+                .filter_map(|d| d["envelope"]["context"]["n"].as_u64()),
+        );
+        (have.len() as u64 >= n).then_some((ran, dead))
+    });
+    let dead_ns: Vec<u64> = dead
+        .iter()
+        .filter_map(|d| d["envelope"]["context"]["n"].as_u64())
+        .collect();
+    eprintln!(
+        "{what}: the holder finished {k} before its SIGKILL; dead-lettered {dead_ns:?}; {} run by the other",
+        ran.len()
+    );
+    // The event it ran when it died, and only it.
+    assert_eq!(k, 4, "{what}: killed during event 4");
+    assert_eq!(dead_ns, [4], "{what}: one dead letter, the event it ran");
+    let why = dead[0]["error"].as_str().unwrap_or_default();
+    assert!(why.contains("killed?"), "{what}: {why}");
+    let mut again: Vec<u64> = ran.iter().filter_map(|r| r["n"].as_u64()).collect();
+    again.sort_unstable();
+    let rest: Vec<u64> = (0..n).filter(|i| !dead_ns.contains(i)).collect();
+    let mut after: Vec<u64> = again.iter().copied().filter(|i| *i > k).collect();
+    after.dedup();
+    assert_eq!(
+        after,
+        rest.iter().copied().filter(|i| *i > k).collect::<Vec<_>>(),
+        "{what}: every event it had not started ran on the other worker, once"
+    );
+    for r in &ran {
+        let m = r["n"].as_u64().unwrap_or(u64::MAX);
+        if ran_there.contains(&m) {
+            assert!(
+                r["d"].as_i64().unwrap_or(0) >= 2,
+                "{what}: an event the dead holder ran, run again, is shown as a repeat: {r}"
+            );
+        }
+    }
+}
