@@ -13,6 +13,9 @@
 //! - `triage.rs`: what to do with a delivered message: settle it or hold its events in the backlog.
 //! - `handover.rs`: an ordered hook's hand-over to another version of it: stop at the event,
 //!   give it and the rest back, leave a note for the next holder.
+//! - `marks.rs`: an ordered hook's holder's marks of what it may start on an event's last
+//!   allowed delivery, and a new holder's reading of them: which events a holder that vanished
+//!   may have started ([`crate::fleet::attempts`]).
 //! - `feed.rs`: the backlog into the hook's local queue, a new lease holder's catch-up, each
 //!   event's handler call.
 //! - `tasks.rs`: the worker's start and stop, the hook tasks matched to the registry, its status.
