@@ -9,7 +9,8 @@
 //! (unless FLEET_BENCH_THROUGHPUT_ONLY is set) end-to-end latency p50/p99 and the failover time
 //! of an event whose worker is SIGKILLed mid-handler. FLEET_BENCH_CPU prints the CPU time per
 //! event of nats-server, the edge and the worker of each fleet run (and of nats-server alone);
-//! FLEET_BENCH_POSTING how long each run's posting took (the accepts, until the last 202).
+//! FLEET_BENCH_POSTING how long each run's posting took (the accepts, until the last 202);
+//! FLEET_BENCH_RETRIES sets the measured hook's `retries:`.
 
 mod common;
 
@@ -210,10 +211,15 @@ fn hook_root_with(
     }
     let hook = root.join("h");
     std::fs::create_dir_all(&hook).expect("mkdir");
+    // FLEET_BENCH_RETRIES=N: the measured hook's `retries:` (0: every event is on its last
+    // allowed delivery, so an ordered hook's holder marks what it may start, issue 48).
+    let retries = std::env::var("FLEET_BENCH_RETRIES")
+        .map(|r| format!("retries: {r}\n"))
+        .unwrap_or_default();
     std::fs::write(
         hook.join("HOOK.yaml"),
         format!(
-            "events: [\"bench:*\"]\nqueue: {{capacity: 1000000}}\nconcurrency: {concurrency}\n"
+            "events: [\"bench:*\"]\nqueue: {{capacity: 1000000}}\nconcurrency: {concurrency}\n{retries}"
         ),
     )
     .expect("write HOOK.yaml");
