@@ -35,6 +35,16 @@ impl Run {
         if let Ok(mut s) = m.unfinished.lock() {
             s.insert(pos);
         }
+        // The sequences between the hook's events: 0 within a bundle, 1 or more between
+        // events alone (other hooks' events between). A jump after a quiet spell counts at
+        // most twice the average and one more.
+        let step = match m.last {
+            Some(l) if pos.0 > l.0 => (pos.0 - l.0) as f64,
+            Some(_) => 0.0,
+            None => 1.0,
+        };
+        m.gap = m.gap * 0.9 + step.min(m.gap * 2.0 + 1.0) * 0.1;
+        m.last = Some(pos);
         let guard = Unfinished {
             set: m.unfinished.clone(),
             pos,
@@ -50,12 +60,21 @@ impl Run {
             }
             _ => 1,
         };
+        // As far as the backlog holds, or, when events come alone faster than the backlog
+        // fills (each is started as it arrives), as far in the stream as that many of the
+        // hook's events reach on average.
+        let reach = (m.gap * m.ahead.saturating_sub(1) as f64) as u64;
+        let ahead = if reach > 0 {
+            (pos.0 + reach, usize::MAX)
+        } else {
+            pos
+        };
         let to = self
             .backlog
             .iter()
             .take(m.ahead.saturating_sub(1))
             .map(|d| (d.hseq, d.index))
-            .fold(pos, Pos::max);
+            .fold(ahead, Pos::max);
         let from = m
             .unfinished
             .lock()

@@ -372,6 +372,10 @@ pub(super) struct Marks {
     /// How many events the next mark reaches over, and when the last was written.
     pub(super) ahead: usize,
     pub(super) written: Option<std::time::Instant>,
+    /// The last such event's position, and the stream sequences between two of the hook's
+    /// events on average (a mark reaches past what the backlog holds by that much).
+    pub(super) last: Option<crate::fleet::attempts::Pos>,
+    pub(super) gap: f64,
     /// The bucket could not be written (said once).
     pub(super) warned: bool,
 }
