@@ -43,24 +43,11 @@ struct Mark {
 /// The bucket, created when missing.
 pub async fn bucket(cfg: &FleetConfig, js: &jetstream::Context) -> Result<kv::Store, String> {
     let name = cfg.attempts_bucket();
-    let config = jetstream::stream::Config {
-        name: format!("KV_{name}"),
-        description: Some(
-            "hermes-hooks: what each ordered hook's holder may have started on a last delivery"
-                .into(),
-        ),
-        subjects: vec![format!("$KV.{name}.>")],
-        max_messages_per_subject: 1,
-        max_bytes: -1,
-        max_message_size: -1,
-        storage: jetstream::stream::StorageType::Memory,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        num_replicas: cfg.replicas.max(1),
-        discard: jetstream::stream::DiscardPolicy::New,
-        ..Default::default()
-    };
+    let config = super::lease::memory_bucket(
+        cfg,
+        &name,
+        "hermes-hooks: what each ordered hook's holder may have started on a last delivery",
+    );
     let made = async {
         js.get_or_create_stream(config)
             .await

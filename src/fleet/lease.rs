@@ -35,23 +35,21 @@ pub fn gate_margin(ttl: Duration) -> Duration {
     (ttl / 5).max(Duration::from_millis(100))
 }
 
-/// The lease bucket, created when missing with `ttl` as its `max_age`.
-pub async fn bucket(
+/// The stream of the key-value bucket `name`, in the broker's memory, one value per key. Made
+/// here as a key-value bucket's is: async-nats's own `create_key_value` first reads the account
+/// info, which it cannot parse from a 2.9 server.
+pub fn memory_bucket(
     cfg: &FleetConfig,
-    js: &jetstream::Context,
-    ttl: Duration,
-) -> Result<(kv::Store, Duration), String> {
-    let name = cfg.lease_bucket();
-    // The bucket's stream made here, as a key-value bucket's is made: async-nats's own
-    // create_key_value first reads the account info, which it cannot parse from a 2.9 server.
-    let config = jetstream::stream::Config {
+    name: &str,
+    description: &str,
+) -> jetstream::stream::Config {
+    jetstream::stream::Config {
         name: format!("KV_{name}"),
-        description: Some("hermes-hooks: which worker pulls each ordered hook".into()),
+        description: Some(description.into()),
         subjects: vec![format!("$KV.{name}.>")],
         max_messages_per_subject: 1,
         max_bytes: -1,
         max_message_size: -1,
-        max_age: ttl.max(Duration::from_secs(1)),
         storage: jetstream::stream::StorageType::Memory,
         allow_rollup: true,
         deny_delete: true,
@@ -59,6 +57,23 @@ pub async fn bucket(
         num_replicas: cfg.replicas.max(1),
         discard: jetstream::stream::DiscardPolicy::New,
         ..Default::default()
+    }
+}
+
+/// The lease bucket, created when missing with `ttl` as its `max_age`.
+pub async fn bucket(
+    cfg: &FleetConfig,
+    js: &jetstream::Context,
+    ttl: Duration,
+) -> Result<(kv::Store, Duration), String> {
+    let name = cfg.lease_bucket();
+    let config = jetstream::stream::Config {
+        max_age: ttl.max(Duration::from_secs(1)),
+        ..memory_bucket(
+            cfg,
+            &name,
+            "hermes-hooks: which worker pulls each ordered hook",
+        )
     };
     js.get_or_create_stream(config)
         .await
