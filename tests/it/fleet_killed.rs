@@ -7,15 +7,16 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::fleet::{
-    FAST, NatsServer, dead_cmd, edge_serving, nats_servers, post_batch, recording_hook, records,
-    wait_records, worker_with,
+    FAST, NatsServer, dead_cmd, edge, edge_serving, nats_servers, post_batch, recording_hook,
+    records, wait_for_all, wait_for_fleet, wait_records, worker_with,
 };
-use crate::util::{Hooks, poll, read_jsonl};
+use crate::util::{Hooks, Serve, bin, poll, read_jsonl};
 
 #[test]
 #[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
@@ -114,4 +115,49 @@ fn killed_on(bin: PathBuf) {
             );
         }
     }
+}
+
+/// The marks' bucket refused: the worker's user may not make it nor write to it. The holder
+/// says once that it cannot mark what it starts and runs every event of a `retries: 0` ordered
+/// hook at its pace: the bucket is not asked again for each start (that cost each a 2 s wait).
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_holder_whose_marks_are_refused_says_so_once_and_runs_every_event() {
+    let Some(nats) = NatsServer::start_with(
+        &[],
+        r#"authorization {
+  users = [
+    {user: edge, password: edge-pw}
+    {user: worker, password: worker-pw, permissions: {publish: {deny: ["$JS.API.STREAM.CREATE.KV_HERMES_ATTEMPTS", "$KV.HERMES_ATTEMPTS.>"]}}}
+  ]
+}
+"#,
+    ) else {
+        return;
+    };
+    let url = |user: &str| format!("nats://{user}:{user}-pw@127.0.0.1:{}", nats.port);
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "kr", r#"["agent:step"]"#, "retries: 0\n");
+    let mut cmd = Command::new(bin());
+    cmd.arg("worker")
+        .args(["--fleet", &url("worker")])
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0", "--worker-id", "wa"])
+        .args(FAST)
+        .env("TEST_WORKER", "wa");
+    let w = Serve::spawn(cmd, &hooks);
+    let edge = edge(&hooks, &url("edge"), &["--fleet-bundle", "1"]);
+    wait_for_fleet(&edge, "kr", &["wa"]);
+    let began = Instant::now();
+    let (status, v) = post_batch(&edge, 0..100, json!({}));
+    assert_eq!(status, 202, "{v}");
+    wait_for_all(&hooks, "kr", 100, Duration::from_secs(60));
+    let took = began.elapsed();
+    let said = "cannot say which event starts on its last allowed delivery";
+    assert_eq!(w.log().matches(said).count(), 1, "said once: {}", w.log());
+    assert!(
+        took < Duration::from_secs(20),
+        "100 events, one per message, took {took:?}"
+    );
 }

@@ -18,6 +18,9 @@ const AHEAD: Duration = Duration::from_millis(2);
 /// at most, beside what it finished and had not acknowledged).
 const MOST: usize = 64;
 
+/// How long a holder goes without marks after the bucket could not be made or opened.
+const RETRY_BUCKET: Duration = Duration::from_secs(30);
+
 /// The most spans a holder keeps from holders that vanished (the oldest go first).
 const SPANS: usize = 16;
 
@@ -83,9 +86,13 @@ impl Run {
             .unwrap_or(pos)
             .min(pos);
         if m.store.is_none() {
+            if m.failed.is_some_and(|t| t.elapsed() < RETRY_BUCKET) {
+                return Some(guard);
+            }
             match crate::fleet::attempts::bucket(&self.sh.cfg, &self.sh.js).await {
                 Ok(s) => self.marks.store = Some(s),
                 Err(e) => {
+                    self.marks.failed = Some(std::time::Instant::now());
                     self.mark_failed(&e);
                     return Some(guard);
                 }

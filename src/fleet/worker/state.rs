@@ -378,6 +378,9 @@ pub(super) struct Marks {
     pub(super) gap: f64,
     /// The bucket could not be written (said once).
     pub(super) warned: bool,
+    /// When the bucket last could not be made or opened: not tried again for a while (a
+    /// broker that refuses it would otherwise cost every such start a round trip).
+    pub(super) failed: Option<std::time::Instant>,
 }
 
 /// Keeps an event among those started and not finished while its call lives.
