@@ -75,14 +75,15 @@ pub async fn bucket(
             "hermes-hooks: which worker pulls each ordered hook",
         )
     };
-    js.get_or_create_stream(config)
+    let stream = js
+        .get_or_create_stream(config)
         .await
         .map_err(|e| format!("cannot create the lease bucket {name}: {e}"))?;
     let store = js
         .get_key_value(&name)
         .await
         .map_err(|e| format!("cannot open the lease bucket {name}: {e}"))?;
-    shorten_older(js, &name, ttl).await;
+    shorten_older(js, &stream.cached_info().config, ttl).await;
     let ttl = store
         .status()
         .await
@@ -96,21 +97,17 @@ pub async fn bucket(
 /// `max_age`: shortened to `ttl`, so failover fits in the ack wait after an upgrade too. Only
 /// that case: a bucket made by a worker with another `--ack-wait` is left as it was made, as
 /// workers would otherwise take it from each other back and forth.
-async fn shorten_older(js: &jetstream::Context, name: &str, ttl: Duration) {
-    let Ok(mut stream) = js.get_stream(format!("KV_{name}")).await else {
-        return;
-    };
-    let Ok(info) = stream.info().await else {
-        return;
-    };
-    let mut config = info.config.clone();
-    if config.max_age <= ttl || broker_wait(config.max_age) != ttl {
+async fn shorten_older(js: &jetstream::Context, made: &jetstream::stream::Config, ttl: Duration) {
+    if made.max_age <= ttl || broker_wait(made.max_age) != ttl {
         return;
     }
-    tracing::info!(bucket = %name, from = ?config.max_age, to = ?ttl, "fleet: shortening the lease bucket's time to live to the broker's wait (made by an older release)");
-    config.max_age = ttl;
+    tracing::info!(bucket = %made.name, from = ?made.max_age, to = ?ttl, "fleet: shortening the lease bucket's time to live to the broker's wait (made by an older release)");
+    let config = jetstream::stream::Config {
+        max_age: ttl,
+        ..made.clone()
+    };
     if let Err(e) = js.update_stream(&config).await {
-        tracing::warn!(bucket = %name, "fleet: cannot shorten the lease bucket's time to live ({e}); failover may take up to its old time to live");
+        tracing::warn!(bucket = %made.name, "fleet: cannot shorten the lease bucket's time to live ({e}); failover may take up to its old time to live");
     }
 }
 

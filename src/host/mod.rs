@@ -815,16 +815,20 @@ impl Host {
         let Some(hold) = self.inner.change_hold.get() else {
             return;
         };
+        let running: std::collections::HashMap<(&str, &std::path::Path), &HookSpec> = old
+            .hooks
+            .iter()
+            .map(|h| ((h.spec.name.as_str(), h.spec.dir.as_path()), &h.spec))
+            .collect();
         for spec in found.iter_mut() {
-            let running = old
-                .hooks
-                .iter()
-                .find(|h| h.spec.name == spec.name && h.spec.dir == spec.dir);
+            let running = running
+                .get(&(spec.name.as_str(), spec.dir.as_path()))
+                .copied();
             // Asked of unchanged hooks too: a change reverted while it was held ends its hold.
             if let Some(h) = running
-                && hold(&h.spec, spec)
+                && hold(h, spec)
             {
-                *spec = h.spec.clone();
+                *spec = h.clone();
             }
         }
     }
