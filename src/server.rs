@@ -727,9 +727,10 @@ async fn post_reload(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // The body says nothing, but it must be empty or a JSON object (as documented).
+    // The body says nothing, but it must be empty (no bytes at all) or a JSON object (as
+    // documented): whitespace alone is not JSON, and is refused like any other bad body.
     let bytes = read_body(&headers, body, 64 * 1024).await?;
-    if !bytes.iter().all(u8::is_ascii_whitespace) {
+    if !bytes.is_empty() {
         read_object(&bytes)?;
     }
     if state.host.is_draining() {
@@ -784,10 +785,11 @@ fn read_object(bytes: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError>
     }
 }
 
-/// The optional `{"reviewed": DIGEST}` body of enable/disable (empty: none).
+/// The optional `{"reviewed": DIGEST}` body of enable/disable (no bytes at all: none;
+/// whitespace alone is not JSON and is refused).
 async fn reviewed_digest(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiError> {
     let bytes = read_body(headers, body, 64 * 1024).await?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
+    if bytes.is_empty() {
         return Ok(None);
     }
     let m = read_object(&bytes)?;
