@@ -334,32 +334,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recent_keeps_at_least_half_its_size_of_the_latest_keys() {
-        let mut r = Recent::default();
-        let n = RECENT as u64 * 2 + 17;
-        for seq in 1..=n {
-            r.insert((seq, seq.wrapping_mul(31)));
-        }
-        // The latest RECENT / 2 are always there; the oldest are gone.
-        for seq in n - RECENT as u64 / 2 + 1..=n {
-            assert!(r.contains(&(seq, seq.wrapping_mul(31))), "{seq} forgotten");
-        }
-        assert!(!r.contains(&(1, 31)));
-        assert!(r.young.len() + r.old.len() <= RECENT);
-        // The same sequence with another id (a broker that lost its store) is not done.
-        assert!(!r.contains(&(n, 0)));
-        // Inserting a known key again changes nothing.
-        let before = r.young.len();
-        r.insert((n, n.wrapping_mul(31)));
-        assert_eq!(r.young.len(), before);
-    }
-}
-
 /// An ordered hook's holder's marks of what it starts on a last allowed delivery
 /// (`marks.rs`).
 #[derive(Default)]
@@ -394,5 +368,31 @@ impl Drop for Unfinished {
         if let Ok(mut s) = self.set.lock() {
             s.remove(&self.pos);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_keeps_at_least_half_its_size_of_the_latest_keys() {
+        let mut r = Recent::default();
+        let n = RECENT as u64 * 2 + 17;
+        for seq in 1..=n {
+            r.insert((seq, seq.wrapping_mul(31)));
+        }
+        // The latest RECENT / 2 are always there; the oldest are gone.
+        for seq in n - RECENT as u64 / 2 + 1..=n {
+            assert!(r.contains(&(seq, seq.wrapping_mul(31))), "{seq} forgotten");
+        }
+        assert!(!r.contains(&(1, 31)));
+        assert!(r.young.len() + r.old.len() <= RECENT);
+        // The same sequence with another id (a broker that lost its store) is not done.
+        assert!(!r.contains(&(n, 0)));
+        // Inserting a known key again changes nothing.
+        let before = r.young.len();
+        r.insert((n, n.wrapping_mul(31)));
+        assert_eq!(r.young.len(), before);
     }
 }
