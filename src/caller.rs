@@ -1,29 +1,30 @@
 //! Who is on the other end of an API connection, and whether it is one of this service's own
-//! hook processes (issue 46). A hook may emit events like any client, but it may not change
-//! what the service runs: enable, disable, approve, reload and dead-letter replay are refused
-//! to it (`server.rs`), whatever its sandbox. A confined hook cannot write the approvals file or
-//! its HOOK.yaml, but nothing in the kernel stops it from connecting to `hooks.sock`.
+//! hook processes (issues 46, 57). A confined hook never gets here: the kernel keeps it from
+//! making a Unix socket (`sandbox/seccomp.rs`) and from the service's TCP port (`connect:`
+//! grants of it are refused). What is left to tell apart is an unconfined hook's process,
+//! which runs as the operator and can do what the operator can: it is refused what changes what
+//! runs and the agent's events while it is recognisable, which is a courtesy, not a boundary
+//! (README, "What a hook can reach").
 //!
 //! The process is found by the kernel's word, not by anything the caller sends:
 //! - on the Unix socket, the peer credentials taken when the connection was accepted
 //!   (`SO_PEERCRED`, and `SO_PEERPIDFD` so that a pid reused after the caller exited is not
 //!   mistaken for it);
 //! - on TCP, the socket of the client's end in this network namespace's `/proc/net/tcp{,6}`
-//!   (the address and port the service sees as remote are that socket's local ones), then the
-//!   process holding that socket (`/proc/PID/fd`).
+//!   (the address and port the service sees as remote are that socket's local ones), its owner's
+//!   uid there, then the process holding that socket (`/proc/PID/fd`), once per connection.
 //!
 //! A process is a hook process when this service is among its ancestors (every hook process
-//! the service starts is its descendant until its parent exits), or when it runs with
-//! `no_new_privs` while the service does not: every confined hook process has that flag
-//! (Landlock needs it), cannot drop it, and hands it down, so a confined hook's orphan
-//! re-parented to init is still recognised. An unconfined hook's orphan is not (it can edit the
-//! approvals file anyway: `sandbox: none` is no boundary; docs/hook-authors.md).
+//! the service starts is its descendant until its parent exits). No flag is read as a sign of
+//! a hook: `no_new_privs` was (every confined hook has it), but the service may have it too (a
+//! systemd unit's `NoNewPrivileges=yes`), and so may the agent (issue 57 row 2).
 //!
 //! Everything here reads `/proc`: callers run it off the runtime threads (`spawn_blocking`).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 /// The peer of one accepted connection, as the kernel told it at accept time.
 #[derive(Debug, Clone)]
@@ -42,6 +43,25 @@ pub enum Peer {
         local: SocketAddr,
         /// The client's end.
         remote: SocketAddr,
+        /// Its socket's owner, looked up once per connection ([`Peer::tcp_owner`]).
+        owner: Arc<OnceLock<TcpOwner>>,
+        /// The process holding that socket, looked up once per connection when asked for
+        /// (scanning `/proc/*/fd` costs more than a table read).
+        holder: Arc<OnceLock<Option<i32>>>,
+    },
+}
+
+/// The local process behind a TCP connection, as `/proc` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpOwner {
+    /// The client's socket is not in this network namespace: another machine (or namespace).
+    Remote,
+    /// A socket of this machine: the uid that made it, and its inode.
+    Local {
+        /// The socket's uid (`/proc/net/tcp`).
+        uid: u32,
+        /// The socket's inode, to find the process holding it.
+        inode: u64,
     },
 }
 
@@ -55,6 +75,71 @@ impl Peer {
             pid: peer_pid(fd),
             pidfd: peer_pidfd(fd).map(Arc::new),
         }
+    }
+
+    /// The peer of an accepted TCP connection (nothing read yet).
+    pub fn of_tcp(local: SocketAddr, remote: SocketAddr) -> Self {
+        Peer::Tcp {
+            local,
+            remote,
+            owner: Arc::default(),
+            holder: Arc::default(),
+        }
+    }
+
+    /// A TCP peer's owner (looked up on the first call, then kept for the connection); `None`
+    /// on a Unix socket. Blocking: reads `/proc`.
+    pub fn tcp_owner(&self) -> Option<TcpOwner> {
+        let Peer::Tcp {
+            local,
+            remote,
+            owner,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        Some(*owner.get_or_init(|| match socket_entry(*remote, *local) {
+            None => TcpOwner::Remote,
+            Some((inode, uid)) => TcpOwner::Local { uid, inode },
+        }))
+    }
+
+    /// Whether [`Peer::tcp_owner`] is known without reading `/proc` (looked up already, or
+    /// not a TCP peer).
+    pub fn tcp_owner_known(&self) -> bool {
+        match self {
+            Peer::Tcp { owner, .. } => owner.get().is_some(),
+            Peer::Unix { .. } => true,
+        }
+    }
+
+    /// The pid of the process on the other end, when this machine can tell (a TCP peer's
+    /// lookup is kept for the connection). Blocking: reads `/proc`.
+    fn pid(&self) -> Option<i32> {
+        match self {
+            Peer::Unix { pid, .. } => *pid,
+            Peer::Tcp { holder, .. } => match self.tcp_owner()? {
+                TcpOwner::Remote => None,
+                TcpOwner::Local { inode, .. } => *holder.get_or_init(|| owner_of_socket(inode)),
+            },
+        }
+    }
+
+    /// Whether the process that connected over the Unix socket has exited since (its pid may
+    /// now name another); `false` on TCP, where no pidfd is held.
+    fn gone(&self) -> bool {
+        matches!(self, Peer::Unix { pidfd: Some(fd), .. } if !alive(fd.as_raw_fd()))
+    }
+
+    /// The working directory of the process on the other end, read from the kernel
+    /// (`/proc/PID/cwd`); `None` when it cannot be known (another machine, a process gone).
+    /// Blocking: reads `/proc`.
+    pub fn cwd(&self) -> Option<PathBuf> {
+        let pid = self.pid()?;
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        // Read again after: the pid still named the caller throughout.
+        (!self.gone()).then_some(cwd)
     }
 }
 
@@ -98,16 +183,14 @@ pub fn judge(peer: &Peer) -> Verdict {
             }
             verdict
         }
-        Peer::Tcp { local, remote } => match socket_inode(*remote, *local) {
+        Peer::Tcp { .. } => match (peer.tcp_owner(), peer.pid()) {
             // Not a socket of this network namespace: a client on another machine (or in
             // another namespace), which no hook of this service is.
-            None => Verdict::Outside,
-            Some(inode) => match owner_of_socket(inode) {
-                Some(pid) => judge_pid(pid),
-                // The socket exists here but no process we can see holds it: it was passed to
-                // or kept by a process of another user, or closed meanwhile.
-                None => Verdict::Gone,
-            },
+            (None | Some(TcpOwner::Remote), _) => Verdict::Outside,
+            (Some(TcpOwner::Local { .. }), Some(pid)) => judge_pid(pid),
+            // The socket exists here but no process we can see holds it: it was passed to or
+            // kept by a process of another user, or closed meanwhile.
+            (Some(TcpOwner::Local { .. }), None) => Verdict::Gone,
         },
     }
 }
@@ -127,12 +210,6 @@ pub fn judge_pid(pid: i32) -> Verdict {
             Some(p) if p > 1 => at = p,
             _ => break,
         }
-    }
-    if no_new_privs(pid) == Some(true) && no_new_privs(me as i32) == Some(false) {
-        return Verdict::Hook(caller(
-            pid,
-            "it runs with no_new_privs, as every confined hook process does, and the service does not",
-        ));
     }
     if parent_of(pid).is_none() {
         return Verdict::Gone;
@@ -156,15 +233,6 @@ fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 1..];
     after.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// `NoNewPrivs:` of `/proc/PID/status`.
-fn no_new_privs(pid: i32) -> Option<bool> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NoNewPrivs:"))
-        .map(|v| v.trim() == "1")
 }
 
 /// Whether the process behind `pidfd` still runs (signal 0 through the pidfd).
@@ -221,10 +289,10 @@ fn peer_pidfd(fd: RawFd) -> Option<OwnedFd> {
     (rc == 0 && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) })
 }
 
-/// The inode of the TCP socket whose local end is `local` and remote end `remote`, in this
-/// network namespace. A service on a dual-stack socket (`[::]`) sees an IPv4 client as
+/// The inode and uid of the TCP socket whose local end is `local` and remote end `remote`, in
+/// this network namespace. A service on a dual-stack socket (`[::]`) sees an IPv4 client as
 /// `::ffff:a.b.c.d`, while the client's own socket may be an IPv4 one: both forms are looked up.
-fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+fn socket_entry(local: SocketAddr, remote: SocketAddr) -> Option<(u64, u32)> {
     let v4 = |a: SocketAddr| match a {
         SocketAddr::V6(v6) => v6
             .ip()
@@ -238,8 +306,8 @@ fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
         .find_map(|(l, r)| inode_in_table(l, r))
 }
 
-/// [`socket_inode`] in the table of the addresses' family.
-fn inode_in_table(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+/// [`socket_entry`] in the table of the addresses' family.
+fn inode_in_table(local: SocketAddr, remote: SocketAddr) -> Option<(u64, u32)> {
     let table = match local {
         SocketAddr::V4(_) => "/proc/net/tcp",
         SocketAddr::V6(_) => "/proc/net/tcp6",
@@ -249,7 +317,7 @@ fn inode_in_table(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
     text.lines().skip(1).find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
         (f.len() > 9 && f[1] == want_local && f[2] == want_remote)
-            .then(|| f[9].parse().ok())
+            .then(|| Some((f[9].parse().ok()?, f[7].parse().ok()?)))
             .flatten()
     })
 }
@@ -335,7 +403,9 @@ mod tests {
         let (s, remote) = l.accept().unwrap();
         assert!(matches!(remote, SocketAddr::V6(_)), "{remote}");
         let local = s.local_addr().unwrap();
-        let inode = socket_inode(remote, local).expect("the client's IPv4 socket");
+        let (inode, uid) = socket_entry(remote, local).expect("the client's IPv4 socket");
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(uid, unsafe { libc::geteuid() });
         assert_eq!(owner_of_socket(inode), Some(std::process::id() as i32));
         drop(c);
     }
@@ -345,15 +415,12 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (_s, remote) = l.accept().unwrap();
-        let inode = socket_inode(remote, l.local_addr().unwrap()).expect("in /proc/net/tcp");
+        let (inode, _) = socket_entry(remote, l.local_addr().unwrap()).expect("in /proc/net/tcp");
         // The client is this very process: found, and not a hook of itself.
         let me = std::process::id() as i32;
         assert_eq!(owner_of_socket(inode), Some(me));
         assert_eq!(
-            judge(&Peer::Tcp {
-                local: l.local_addr().unwrap(),
-                remote
-            }),
+            judge(&Peer::of_tcp(l.local_addr().unwrap(), remote)),
             Verdict::Outside
         );
         drop(c);

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 /// The directory under `$HERMES_HOME` holding the hooks made from config.yaml.
-pub const ROOT_DIR: &str = "config-hooks";
+pub const ROOT_DIR: &str = crate::hook_name::CONFIG_ROOT_DIR;
 /// 0.19.0's default `timeout`, in seconds.
 pub const DEFAULT_TIMEOUT: u64 = 60;
 /// 0.19.0's largest `timeout`, in seconds.
@@ -69,8 +69,25 @@ impl ShellEntry {
         h.update(self.matcher.as_deref().unwrap_or("").as_bytes());
         h.update([0]);
         h.update(self.command.as_bytes());
-        format!("shell-{}-{}", self.event, &hex::encode(h.finalize())[..10])
+        format!(
+            "{}{}-{}",
+            crate::hook_name::CONFIG_PREFIX,
+            self.event,
+            &hex::encode(h.finalize())[..10]
+        )
     }
+}
+
+/// `roots` and, when it exists, the folder of the hooks made from config.yaml: where `enable`,
+/// `disable` and the review look a hook up by name, from the CLI and the API alike (issue 57
+/// row 11: the API looked in `roots` only). Blocking: one `stat`.
+pub fn roots_with_made(hermes_home: &Path, roots: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = roots.to_vec();
+    let made = hermes_home.join(ROOT_DIR);
+    if !out.contains(&made) && made.is_dir() {
+        out.push(made);
+    }
+    out
 }
 
 /// The `hooks:` block of a config.yaml, read.
@@ -390,11 +407,22 @@ fn approve_consented(home: &Path, dir: &Path) -> Result<(), String> {
         dir: dir.to_path_buf(),
         approved_at: crate::time::now(),
     };
-    a::TrustFile::update(&a::trust_file(home), |t| {
-        t.hooks.insert(name, approval);
-        Ok(())
+    let given = a::TrustFile::update(&a::trust_file(home), |t| {
+        if t.revoked.contains_key(&name) {
+            return Ok(false);
+        }
+        t.hooks.insert(name.clone(), approval);
+        Ok(true)
     })
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    if given {
+        Ok(())
+    } else {
+        Err(format!(
+            "its approval was revoked (`disable {name}`): the allowlist does not give it again; \
+             `hermes-hooks enable {name} --trust explicit` does"
+        ))
+    }
 }
 
 /// Writes the hook directories; returns the names of those it made (not there before).

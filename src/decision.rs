@@ -43,7 +43,7 @@ pub fn unanswerable(reg: &Registry, event: &str) -> Vec<Unanswerable> {
         .filter_map(|s| {
             let state = match s.code {
                 SkipCode::Shadowed => return None,
-                SkipCode::Disabled => "disabled",
+                SkipCode::Disabled | SkipCode::Revoked => "disabled",
                 SkipCode::NotApproved | SkipCode::Permissions | SkipCode::HandlerOutside => {
                     "refused"
                 }

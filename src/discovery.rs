@@ -56,6 +56,9 @@ pub enum SkipCode {
     Permissions,
     /// Not approved in `--trust explicit` mode.
     NotApproved,
+    /// Its approval was revoked by the operator (`disable` under `--trust explicit`): off by
+    /// choice, like `enabled: false` (the agent plugin keeps Hermes's own runner off it too).
+    Revoked,
 }
 
 /// A directory that did not become a loaded hook, and why.
@@ -91,7 +94,7 @@ impl SkipCode {
 impl Skipped {
     /// True for deliberate skips (`enabled: false`) that are not problems.
     pub fn is_problem(&self) -> bool {
-        !matches!(self.code, SkipCode::Disabled)
+        !matches!(self.code, SkipCode::Disabled | SkipCode::Revoked)
     }
 }
 
@@ -230,7 +233,10 @@ pub struct Located {
 /// [`hook_name`]; the first match wins, as on a name clash). Directories without a readable
 /// HOOK.yaml are passed over; nothing else is checked.
 pub fn locate(roots: &[PathBuf], name: &str) -> Option<Located> {
-    walk(roots).find_map(|(_, dir)| {
+    walk(roots).find_map(|(root, dir)| {
+        if crate::hook_name::borrowed(root, name).is_some() {
+            return None;
+        }
         let manifest_path = dir.join("HOOK.yaml");
         let text = std::fs::read_to_string(&manifest_path).ok()?;
         let manifest = parse_manifest(&text).map_err(|e| e.to_string());
@@ -293,6 +299,9 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         .map_err(|(code, reason)| skip(&name, &manifest_path, code, reason))?;
     name = hook_name(dir, Some(&manifest));
     events.replace(manifest.events.clone());
+    if let Some(reason) = crate::hook_name::borrowed(root, &name) {
+        return Err(skip(&name, &manifest_path, SkipCode::BadField, reason));
+    }
     if manifest.name.is_none()
         && let Err(reason) = crate::manifest::validate_name(&name)
     {
@@ -362,7 +371,12 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)
         .map_err(|r| {
             let file = handler_path.as_deref().unwrap_or(&manifest_path);
-            skip(&name, file, SkipCode::NotApproved, r)
+            let code = if gate.revoked(&name) {
+                SkipCode::Revoked
+            } else {
+                SkipCode::NotApproved
+            };
+            skip(&name, file, code, r)
         })?;
     Ok(HookSpec {
         name,

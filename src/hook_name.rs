@@ -31,6 +31,30 @@ pub fn validate(name: &str) -> Result<(), String> {
     Err(format!("{why}: {WHAT_TO_WRITE}"))
 }
 
+/// The folder of the hooks the service makes from config.yaml's shell hooks
+/// (`$HERMES_HOME/config-hooks`, `config_hooks.rs`).
+pub const CONFIG_ROOT_DIR: &str = "config-hooks";
+
+/// The names of those hooks: `shell-EVENT-DIGEST`.
+pub const CONFIG_PREFIX: &str = "shell-";
+
+/// Why a hook under `root` may not be called `name`: a name of config.yaml's shell hooks
+/// belongs to them (issue 57 row 5: a HOOK.yaml saying `name: shell-pre_tool_call-…` shadowed
+/// the operator's gate, and `enable` approved the impostor). One rule, applied where hooks are
+/// loaded and where they are looked up by name.
+pub fn borrowed(root: &Path, name: &str) -> Option<String> {
+    let made = root
+        .file_name()
+        .is_some_and(|n| n == std::ffi::OsStr::new(CONFIG_ROOT_DIR));
+    (name.starts_with(CONFIG_PREFIX) && !made).then(|| {
+        format!(
+            "the name {name:?} is reserved: names starting with `{CONFIG_PREFIX}` belong to the \
+             hooks made from config.yaml's `hooks:` block (under $HERMES_HOME/{CONFIG_ROOT_DIR}); \
+             give this hook another `name:`"
+        )
+    })
+}
+
 /// `base/name`: the only way a path is made from a hook name (state directories, hook
 /// directories of a root, staging, sources). Refuses a name [`validate`] refuses, so no name
 /// can reach outside `base`.

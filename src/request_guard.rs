@@ -7,27 +7,40 @@
 //!   `Sec-Fetch-Site` of another site are refused, and every POST needs a JSON `Content-Type`
 //!   (which no simple request can send). The Unix socket is out of a browser's reach.
 //! - **Not a hook, for what changes what runs.** Enable, disable (approve and revoke under
-//!   `--trust explicit`), reload and dead-letter replay are refused to the service's own hook
-//!   processes ([`crate::caller`]).
+//!   `--trust explicit`), the review an approval is given on, reload and dead-letter replay are
+//!   refused to the service's own hook processes ([`crate::caller`]), and so are the agent's
+//!   events ([`agent_sender`]): a hook does not speak for the agent (issue 57).
+//! - **Not another user, over TCP without a token.** The Unix socket is the operator's alone
+//!   (mode 0600); a TCP port is open to every local user, so without a token a local client
+//!   whose socket another uid made (root aside) is refused (issue 57 row 1).
+//! - **Where the agent stands.** A config.yaml command runs where Hermes would run it: the
+//!   agent's own working directory. That is read from the kernel for the process that sent the
+//!   event and written into the context as `cwd`, over whatever the sender wrote
+//!   ([`stamp_cwd`]): nothing a sender writes decides where a command runs.
 
 use axum::http::{HeaderMap, Method, StatusCode, header};
 
-use crate::caller::{Peer, Verdict};
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::caller::{Peer, TcpOwner, Verdict};
 
 /// Why a request was refused: status, machine code, message.
 pub(crate) type Refusal = (StatusCode, &'static str, String);
 
-/// Whether `(method, route)` changes what the service runs: refused to hook processes. `route`
-/// is the router's pattern (`/v1/hooks/{name}/enable`).
+/// Whether `(method, route)` changes what the service runs, or shows what an approval is given
+/// on: refused to hook processes. `route` is the router's pattern (`/v1/hooks/{name}/enable`).
 pub(crate) fn is_control(method: &Method, route: &str) -> bool {
-    method == Method::POST
+    (method == Method::POST
         && matches!(
             route,
             "/v1/reload"
                 | "/v1/hooks/{name}/enable"
                 | "/v1/hooks/{name}/disable"
                 | "/v1/dead/replay"
-        )
+        ))
+        || (method == Method::GET && route == "/v1/hooks/{name}/review")
 }
 
 /// The router's pattern for a control route's `path` (`/v1/hooks/x/enable` ->
@@ -35,11 +48,102 @@ pub(crate) fn is_control(method: &Method, route: &str) -> bool {
 pub(crate) fn route_of(path: &str) -> String {
     let parts: Vec<&str> = path.split('/').collect();
     match parts.as_slice() {
-        ["", "v1", "hooks", name, action @ ("enable" | "disable")] if !name.is_empty() => {
+        [
+            "",
+            "v1",
+            "hooks",
+            name,
+            action @ ("enable" | "disable" | "review"),
+        ] if !name.is_empty() => {
             format!("/v1/hooks/{{name}}/{action}")
         }
         _ => path.to_string(),
     }
+}
+
+/// Refuses a local TCP client whose socket another user made (root aside), for a service
+/// without a token. Blocking on a connection's first request (reads `/proc`), then kept.
+pub(crate) fn same_user(peer: &Peer) -> Result<(), Refusal> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    match peer.tcp_owner() {
+        Some(TcpOwner::Local { uid, .. }) if uid != me && uid != 0 => Err((
+            StatusCode::FORBIDDEN,
+            "another_user",
+            format!(
+                "this connection comes from uid {uid}, not the service's user ({me}): without a \
+                 token the service's TCP port answers its own user only (start it with \
+                 --token-file to let other users in with the token, or use its Unix socket)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// May `peer` send the agent's events? Not when it is one of the service's hook processes (a
+/// hook does not speak for the agent). When it may: its working directory, read from the kernel
+/// (`None` when this machine cannot tell: another machine). Blocking: reads `/proc`.
+pub(crate) fn agent_sender(peer: &Peer, event: &str) -> Result<Option<PathBuf>, Refusal> {
+    match crate::caller::judge(peer) {
+        Verdict::Hook(c) => Err(hook_refused(
+            &c,
+            &format!("the agent's event {event}"),
+            "only the agent (its plugin) and the operator send the agent's events; a hook may \
+             send gateway events",
+        )),
+        Verdict::Gone => Err(gone(event)),
+        Verdict::Outside => Ok(peer.cwd()),
+    }
+}
+
+/// The agent's own working directory `cwd` written into `context` as `cwd` (a context that is
+/// not an object is left alone); without one (another machine), any `cwd` the sender wrote is
+/// removed: the command then runs in the hook's own directory.
+pub(crate) fn stamp_cwd(context: &mut Value, cwd: Option<&std::path::Path>) {
+    let Value::Object(map) = context else {
+        return;
+    };
+    match cwd {
+        Some(dir) => {
+            map.insert(
+                "cwd".to_string(),
+                Value::String(dir.to_string_lossy().into_owned()),
+            );
+        }
+        None => {
+            map.remove("cwd");
+        }
+    }
+}
+
+/// 403 `hook_caller` for `what` from the hook process `c`, logged once here.
+fn hook_refused(c: &crate::caller::HookCaller, what: &str, rule: &str) -> Refusal {
+    tracing::warn!(
+        pid = c.pid,
+        command = %c.command,
+        "refused {what} from a hook process ({})",
+        c.why
+    );
+    (
+        StatusCode::FORBIDDEN,
+        "hook_caller",
+        format!(
+            "{what} comes from pid {} ({}), one of this service's hook processes ({}): {rule}",
+            c.pid, c.command, c.why
+        ),
+    )
+}
+
+fn gone(what: &str) -> Refusal {
+    (
+        StatusCode::FORBIDDEN,
+        "hook_caller",
+        format!(
+            "{what}: the process that opened this connection is gone or cannot be identified, \
+             so it cannot be told from a hook process; send the request from a process that \
+             stays until the answer"
+        ),
+    )
 }
 
 /// The browser rules above, for a request that came over TCP (`tcp`); `token_set`: the service
@@ -146,36 +250,16 @@ fn local_host(host: &str) -> bool {
 }
 
 /// Refuses a control request from one of the service's hook processes (blocking: reads /proc).
-pub(crate) fn control_caller(peer: &Peer, route: &str) -> Result<(), Refusal> {
+pub(crate) fn control_caller(peer: &Peer, method: &Method, route: &str) -> Result<(), Refusal> {
     match crate::caller::judge(peer) {
         Verdict::Outside => Ok(()),
-        Verdict::Hook(c) => {
-            tracing::warn!(
-                pid = c.pid,
-                command = %c.command,
-                "refused POST {route} from a hook process ({})",
-                c.why
-            );
-            Err((
-                StatusCode::FORBIDDEN,
-                "hook_caller",
-                format!(
-                    "POST {route} comes from pid {} ({}), one of this service's hook processes \
-                     ({}): hooks may not enable, disable, approve, reload or replay; run that \
-                     from a shell, the dashboard or the gateway",
-                    c.pid, c.command, c.why
-                ),
-            ))
-        }
-        Verdict::Gone => Err((
-            StatusCode::FORBIDDEN,
-            "hook_caller",
-            format!(
-                "POST {route}: the process that opened this connection is gone or cannot be \
-                 identified, so it cannot be told from a hook process; send the request from a \
-                 process that stays until the answer"
-            ),
+        Verdict::Hook(c) => Err(hook_refused(
+            &c,
+            &format!("{method} {route}"),
+            "hooks may not review, enable, disable, approve, reload or replay; run that from a \
+             shell, the dashboard or the gateway",
         )),
+        Verdict::Gone => Err(gone(&format!("{method} {route}"))),
     }
 }
 

@@ -250,7 +250,7 @@ impl
     fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
         let remote = *stream.remote_addr();
         let local = stream.io().local_addr().unwrap_or(remote);
-        crate::caller::Peer::Tcp { local, remote }
+        crate::caller::Peer::of_tcp(local, remote)
     }
 }
 
@@ -325,10 +325,32 @@ async fn guard(
     ) {
         return refusal(r);
     }
-    // Only a POST can be a control request: other requests build no route name.
-    let route = takes_post.then(|| g::route_of(req.uri().path()));
-    if let (Some(peer), Some(route)) = (peer, route.filter(|r| g::is_control(req.method(), r))) {
-        let checked = tokio::task::spawn_blocking(move || g::control_caller(&peer, &route)).await;
+    let route = g::route_of(req.uri().path());
+    let control = g::is_control(req.method(), &route);
+    // Over TCP without a token, a local client of another user is refused (issue 57 row 1):
+    // looked up once per connection, on the first request.
+    let foreign = tcp && state.config.token.is_none();
+    if let Some(peer) = &peer
+        && foreign
+        && !control
+        && peer.tcp_owner_known()
+    {
+        // Known for this connection: no /proc read, no thread hop.
+        if let Err(r) = g::same_user(peer) {
+            return refusal(r);
+        }
+    } else if let Some(peer) = peer.filter(|_| control || foreign) {
+        let method = req.method().clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            if foreign {
+                g::same_user(&peer)?;
+            }
+            if control {
+                g::control_caller(&peer, &method, &route)?;
+            }
+            Ok(())
+        })
+        .await;
         match checked {
             Ok(Ok(())) => {}
             Ok(Err(r)) => return refusal(r),
@@ -471,11 +493,51 @@ fn require_ready(host: &Host) -> Result<(), ApiError> {
     ))
 }
 
+/// The peer of a request, when it came through a listener.
+fn peer_of(req: &Request) -> Option<crate::caller::Peer> {
+    req.extensions()
+        .get::<axum::extract::ConnectInfo<crate::caller::Peer>>()
+        .map(|c| c.0.clone())
+}
+
+/// Who sent the agent's event `event`, held to [`crate::request_guard::agent_sender`]: its
+/// working directory, for the context's `cwd` (issue 57). Without a peer (the router driven
+/// in-process by an embedder), the embedder is the sender: this process's own directory.
+async fn agent_origin(
+    peer: Option<crate::caller::Peer>,
+    event: &str,
+) -> Result<Option<std::path::PathBuf>, ApiError> {
+    let event = event.to_string();
+    let checked = tokio::task::spawn_blocking(move || match peer {
+        Some(peer) => crate::request_guard::agent_sender(&peer, &event),
+        None => Ok(std::env::current_dir().ok()),
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    checked.map_err(|(status, code, message)| ApiError::new(status, code, message))
+}
+
+/// `context` of `event` as the service passes it on: an agent event's `cwd` is where its sender
+/// stands, whatever the context said.
+async fn stamped(
+    peer: Option<crate::caller::Peer>,
+    event: &str,
+    mut context: Value,
+) -> Result<Value, ApiError> {
+    if crate::events::agent_event(event).is_some() {
+        let cwd = agent_origin(peer, event).await?;
+        crate::request_guard::stamp_cwd(&mut context, cwd.as_deref());
+    }
+    Ok(context)
+}
+
 async fn post_event(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
     require_ready(&state.host)?;
+    let peer = peer_of(&req);
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
+    let context = stamped(peer, &event, context).await?;
     let id = id_of(obj.remove("id"), "")?;
     let accepted = state.host.accept(&event, context, id).await?;
     Ok(accepted_response(accepted.queued, accepted.state()))
@@ -536,6 +598,7 @@ struct BatchItem {
 
 async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
     require_ready(&state.host)?;
+    let peer = peer_of(&req);
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, BATCH_BODY_LIMIT).await?;
     let (events, ids): (Vec<(String, Context)>, Vec<Option<String>>) = match batch_fast_path(&bytes)
@@ -561,6 +624,7 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
             ),
         ));
     }
+    let events = stamped_batch(peer, events).await?;
     let accepted = state
         .host
         .accept_batch(events, ids)
@@ -573,6 +637,34 @@ async fn post_batch(State(state): State<AppState>, req: Request) -> Result<Respo
             err
         })?;
     Ok(accepted_response(&accepted.queued, accepted.state()))
+}
+
+/// [`stamped`] for a batch: the sender is looked up once, and only when the batch holds one
+/// of the agent's events.
+async fn stamped_batch(
+    peer: Option<crate::caller::Peer>,
+    mut events: Vec<(String, Context)>,
+) -> Result<Vec<(String, Context)>, ApiError> {
+    let Some(first) = events
+        .iter()
+        .find(|(e, _)| crate::events::agent_event(e).is_some())
+    else {
+        return Ok(events);
+    };
+    let cwd = agent_origin(peer, &first.0.clone()).await?;
+    for (event, context) in &mut events {
+        if crate::events::agent_event(event).is_none() {
+            continue;
+        }
+        let text = context
+            .json()
+            .map_err(|e| ApiError::bad_request(format!("{event}: context: {e}")))?;
+        let mut value: Value = serde_json::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("{event}: context: {e}")))?;
+        crate::request_guard::stamp_cwd(&mut value, cwd.as_deref());
+        *context = Context::new(value);
+    }
+    Ok(events)
 }
 
 /// An event name and its context.
@@ -631,9 +723,11 @@ fn batch_slow_path(bytes: &[u8]) -> Result<Vec<(EventItem, Option<String>)>, Api
 
 async fn post_collect(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
     require_ready(&state.host)?;
+    let peer = peer_of(&req);
     let (parts, body) = req.into_parts();
     let mut obj = read_json(&parts.headers, body, BODY_LIMIT).await?;
     let (event, context) = event_of(&mut obj, "")?;
+    let context = stamped(peer, &event, context).await?;
     let timeout_ms = match obj.remove("timeout_ms") {
         None | Some(Value::Null) => state
             .host

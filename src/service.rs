@@ -181,6 +181,12 @@ pub async fn run(
     // The real service (which owns the signals) also reaps its hooks' orphans as PID 1.
     let _reaper = config.signals.then(crate::reaper::start).flatten();
     let address = listener.address();
+    if let Listener::Tcp(l) = &listener
+        && let Ok(a) = l.local_addr()
+    {
+        // Before any hook loads: a confined hook may not be granted this port (issue 57).
+        crate::sandbox::policy::note_service_port(a.port());
+    }
     let router = server::app(host.clone(), config.api.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server_stop = {

@@ -39,6 +39,7 @@ pub fn set_enabled_reviewed(
     on: bool,
     reviewed: Option<&str>,
 ) -> Result<String, TrustError> {
+    let roots = &crate::config_hooks::roots_with_made(hermes_home, roots);
     match (policy.mode, on) {
         (TrustMode::Explicit, true) => approve(roots, hermes_home, policy, name, reviewed),
         (TrustMode::Explicit, false) => revoke(hermes_home, name),
@@ -127,17 +128,155 @@ fn approved_store(hermes_home: &Path) -> PathBuf {
     hermes_home.join("hooks-approved")
 }
 
-/// The text of a file, or why not.
-fn text_of(path: &Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+/// The text of the file `rel` of the hook directory `dir`, or why not. Opened beneath `dir`
+/// by the kernel's rule (`openat2` with `RESOLVE_BENEATH`): a link that leads out of the hook
+/// directory is not followed, whatever its text (issue 57 row 3: `leak.txt -> ../../.env`
+/// showed `$HERMES_HOME/.env` to whoever asked for the review).
+fn text_of(dir: &Path, rel: &str) -> Result<String, String> {
+    use std::io::Read;
+    let mut file = open_beneath(dir, rel).map_err(|e| match e.raw_os_error() {
+        Some(libc::EXDEV) | Some(libc::ELOOP) => {
+            "a symbolic link out of the hook directory: not followed, not shown".to_string()
+        }
+        _ => format!("cannot read it: {e}"),
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_string());
+    }
     if meta.len() > SHOWN_BYTES {
         return Err(format!("{} bytes: too large to show here", meta.len()));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut bytes = Vec::new();
+    file.by_ref()
+        .take(SHOWN_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
     if bytes.contains(&0) {
         return Err("binary".to_string());
     }
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
+}
+
+/// `rel` opened for reading beneath `dir`: no `..`, absolute link or link chain may leave it,
+/// and no `/proc` magic link is followed.
+fn open_beneath(dir: &Path, rel: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    /// `struct open_how`.
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_BENEATH: u64 = 0x08;
+    let top = std::fs::File::open(dir)?;
+    let rel =
+        std::ffi::CString::new(rel).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: openat2 reads the path and `how` (both alive for the call) and returns a new
+    // descriptor that nothing else owns.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            top.as_raw_fd(),
+            rel.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: see above.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd as i32) })
+}
+
+/// `text` as a review shows it, with what would otherwise hide code made visible (issue 57
+/// row 9): a carriage return not followed by a line feed ends a line for Python (and a
+/// browser draws it as a space), so it is shown as `␍` and a line break; a bidirectional
+/// control character (which reorders what is drawn) as `<U+XXXX>`. The note says so.
+fn visible(text: &str) -> (String, Option<String>) {
+    let (mut out, mut crs, mut bidi) = (String::with_capacity(text.len()), 0, 0);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\r' if chars.peek() != Some(&'\n') => {
+                crs += 1;
+                out.push_str("\u{240D}\n");
+            }
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' => {
+                bidi += 1;
+                out.push_str(&format!("<U+{:04X}>", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    let mut notes = Vec::new();
+    if crs > 0 {
+        notes.push(format!(
+            "{crs} carriage return(s) not followed by a line feed, shown as \u{240D} and a line \
+             break: Python reads each as the end of a line"
+        ));
+    }
+    if bidi > 0 {
+        notes.push(format!(
+            "{bidi} bidirectional control character(s), shown as <U+XXXX>: they reorder what \
+             an editor or a browser draws"
+        ));
+    }
+    (out, (!notes.is_empty()).then(|| notes.join("; ")))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A review's settings as shown: the value of an `env.` setting whose name says it is a
+/// secret (`…TOKEN`, `…PASSWORD`, `…KEY`, …) is shown by its length and the start of its
+/// SHA-256, never its text (the digest still covers the value; issue 57 row 3).
+fn shown_settings(
+    settings: std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    settings
+        .into_iter()
+        .map(|(k, v)| {
+            let secret = k.strip_prefix("env.").is_some_and(|name| {
+                let name = name.to_ascii_uppercase();
+                [
+                    "TOKEN",
+                    "SECRET",
+                    "PASSWORD",
+                    "PASSWD",
+                    "KEY",
+                    "CREDENTIAL",
+                    "AUTH",
+                    "COOKIE",
+                ]
+                .iter()
+                .any(|w| name.contains(w))
+            });
+            if secret {
+                let sha = sha256_hex(v.as_bytes());
+                let shown = format!(
+                    "(secret: {} characters, sha256 {})",
+                    v.chars().count(),
+                    &sha[..12]
+                );
+                (k, shown)
+            } else {
+                (k, v)
+            }
+        })
+        .collect()
 }
 
 /// Keeps the texts of the files just approved in [`approved_store`] (best effort: a review
@@ -156,7 +295,11 @@ fn keep_approved(
         if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) || kept.exists() {
             continue;
         }
-        if let Ok(text) = text_of(&dir.join(path)) {
+        // Kept only when what was read is what was approved: a hook that rewrites its file
+        // between the approval's hash and this read cannot plant an "approved" text.
+        if let Ok(text) = text_of(dir, path)
+            && sha256_hex(text.as_bytes()) == *sha
+        {
             let _ = crate::atomic::write(&kept, text.as_bytes(), 0o600);
         }
     }
@@ -179,14 +322,19 @@ fn review_code(
                 Some(t) if t == sha => "unchanged",
                 Some(_) => "changed",
             };
-            let (text, note) = match text_of(&dir.join(path)) {
-                Ok(t) => (Some(t), None),
+            let (text, note) = match text_of(dir, path) {
+                Ok(t) => {
+                    let (shown, hidden) = visible(&t);
+                    (Some(shown), hidden)
+                }
                 Err(why) => (None, Some(why)),
             };
             let diff = match (status, then, &text) {
                 ("changed", Some(t), Some(new)) => std::fs::read_to_string(store.join(t))
                     .ok()
-                    .and_then(|old| crate::diff::unified(&old, new)),
+                    // A kept text is used only when it still hashes to what was approved.
+                    .filter(|old| sha256_hex(old.as_bytes()) == *t)
+                    .and_then(|old| crate::diff::unified(&visible(&old).0, new)),
                 _ => None,
             };
             ReviewFile {
@@ -310,6 +458,7 @@ pub fn review(
     policy: &TrustPolicy,
     name: &str,
 ) -> Result<Review, TrustError> {
+    let roots = &crate::config_hooks::roots_with_made(hermes_home, roots);
     let p = prepare(roots, policy, name)?;
     let approvals = TrustFile::load(&trust_file(hermes_home))?;
     let recorded = approvals.hooks.get(name).and_then(|a| a.files.as_ref());
@@ -335,7 +484,7 @@ pub fn review(
             || "not set in HOOK.yaml: the service's --sandbox-default applies".to_string(),
             crate::trust::approvals::sandbox_text,
         ),
-        settings: covered_settings(&p.manifest),
+        settings: shown_settings(covered_settings(&p.manifest)),
         code,
     })
 }
@@ -380,6 +529,7 @@ fn approve(
         approved_at: crate::time::now(),
     };
     let previous = TrustFile::update(&file, |approvals| {
+        approvals.revoked.remove(name);
         Ok(approvals
             .hooks
             .insert(name.to_string(), approval)
@@ -416,7 +566,12 @@ fn approve(
 
 fn revoke(hermes_home: &Path, name: &str) -> Result<String, TrustError> {
     let file = trust_file(hermes_home);
-    let removed = TrustFile::update(&file, |approvals| Ok(approvals.hooks.remove(name)))?;
+    let removed = TrustFile::update(&file, |approvals| {
+        approvals
+            .revoked
+            .insert(name.to_string(), crate::time::now());
+        Ok(approvals.hooks.remove(name))
+    })?;
     if removed.is_none() {
         return Ok(format!(
             "{name} was not approved in {}; nothing to revoke",

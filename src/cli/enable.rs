@@ -9,13 +9,14 @@ pub fn set_enabled(roots: &RootArgs, name: &str, on: bool) -> i32 {
         Ok(c) => c,
         Err(e) => return crate::cli::common::usage(e),
     };
-    // The hooks made of config.yaml's shell hooks (issue 49) are found too.
-    let mut roots = config.roots.clone();
-    let made = config.hermes_home.join(crate::config_hooks::ROOT_DIR);
-    if made.is_dir() && !roots.contains(&made) {
-        roots.push(made);
-    }
-    match crate::set_enabled::set_enabled(&roots, &config.hermes_home, &config.trust, name, on) {
+    // The hooks made of config.yaml's shell hooks (issue 49) are found too (set_enabled.rs).
+    match crate::set_enabled::set_enabled(
+        &config.roots,
+        &config.hermes_home,
+        &config.trust,
+        name,
+        on,
+    ) {
         Ok(msg) => {
             println!("{msg}");
             0

@@ -4,11 +4,15 @@ Written by the service (`src/config_hooks.rs`) into `$HERMES_HOME/config-hooks/<
 entry it runs is `entry.json` beside it. It does for one entry what hermes-agent 0.19.0's own
 shell-hook runner does (the behaviour described in docs/hook-authors.md, "Agent events"):
 the `matcher` of a tool event must match the whole tool name, the command is split like a shell
-line (no shell) and run with the event's context as JSON on stdin, in the context's `cwd`, for
-at most `timeout` seconds; its stdout is read as JSON: a block (either shape) for
+line (no shell) and run with the event's context as JSON on stdin, in the agent's working
+directory, for at most `timeout` seconds; its stdout is read as JSON: a block (either shape) for
 `pre_tool_call`, a continue for `pre_verify`, `{"context": ...}` for every other event. A
 non-zero exit is logged and its stdout still counts; a timeout or a command that cannot start
 gives no answer.
+
+The working directory is the context's `cwd`, which the service writes itself (issue 57): the
+directory of the process that sent the event, read from the kernel, over whatever the sender
+wrote; without one (a sender on another machine) the command runs in this hook's directory.
 """
 
 import json

@@ -199,5 +199,6 @@ pub fn for_runner(policy: &crate::sandbox::Policy) -> serde_json::Value {
         "env": policy.env,
         "best_effort": policy.best_effort,
         "where": policy.where_declared(),
+        "seccomp": crate::sandbox::seccomp::program(),
     })
 }

@@ -133,6 +133,7 @@ fn keeps_last_good(code: SkipCode) -> bool {
             | SkipCode::LoadFailed
             | SkipCode::Permissions
             | SkipCode::NotApproved
+            | SkipCode::Revoked
             | SkipCode::HandlerOutside
     )
 }

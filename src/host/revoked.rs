@@ -17,7 +17,10 @@ pub fn refusal(skipped: &[Skipped], dir: &Path) -> Option<String> {
             s.dir == dir
                 && matches!(
                     s.code,
-                    SkipCode::NotApproved | SkipCode::Permissions | SkipCode::HandlerOutside
+                    SkipCode::NotApproved
+                        | SkipCode::Revoked
+                        | SkipCode::Permissions
+                        | SkipCode::HandlerOutside
                 )
         })
         .map(|s| format!("not started: the hook was refused ({})", s.reason))

@@ -267,8 +267,9 @@ fn add_path(ruleset: &Ruleset, path: &Path, rights: u64, pinned: bool) -> std::i
     Ok(())
 }
 
-/// Confines the calling process: `no_new_privs`, then the ruleset. Only system calls, no
-/// allocation: safe between fork and exec.
+/// Confines the calling process: `no_new_privs`, then the ruleset, then the filter that keeps
+/// it from making a Unix socket ([`super::seccomp`]). Only system calls, no allocation: safe
+/// between fork and exec.
 pub fn restrict_self(ruleset: RawFd) -> std::io::Result<()> {
     // SAFETY: prctl and a raw system call on a descriptor the process holds; both are
     // async-signal-safe and touch no memory of ours.
@@ -280,5 +281,5 @@ pub fn restrict_self(ruleset: RawFd) -> std::io::Result<()> {
             return Err(std::io::Error::last_os_error());
         }
     }
-    Ok(())
+    super::seccomp::install()
 }

@@ -228,6 +228,7 @@ pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
     refused = refused.or_else(|| outside_anchor(grants, &read, &write));
     refused = refused.or_else(|| hook_interpreter(w, &write));
     refused = refused.or_else(|| steering_refusal(&w.own_env, &grants.env));
+    refused = refused.or_else(|| service_port(&grants.connect));
     let mut env: Vec<String> = DEFAULT_ENV.iter().map(|s| s.to_string()).collect();
     env.extend(w.own_env.iter().cloned());
     env.extend(grants.env.iter().cloned());
@@ -244,6 +245,36 @@ pub fn resolve(sandbox: &Sandbox, w: &Where) -> Option<Policy> {
         line: sandbox.line,
         refused,
     })
+}
+
+/// The TCP ports this process's API listens on (issue 57): a `connect:` grant of one of them
+/// would let a confined hook reach the service, which the kernel otherwise keeps it from
+/// (Landlock filters TCP by port only, whatever host the grant names; `seccomp.rs` refuses it
+/// every Unix socket).
+static SERVICE_PORTS: std::sync::RwLock<Vec<u16>> = std::sync::RwLock::new(Vec::new());
+
+/// Records a TCP port the service's API listens on (before hooks load: `service::run`).
+pub fn note_service_port(port: u16) {
+    if let Ok(mut ports) = SERVICE_PORTS.write()
+        && !ports.contains(&port)
+    {
+        ports.push(port);
+    }
+}
+
+/// Why `connect` is refused: a grant of a port the service's API listens on.
+fn service_port(connect: &[super::decl::Connect]) -> Option<String> {
+    let ports = SERVICE_PORTS.read().ok()?;
+    let c = connect.iter().find(|c| ports.contains(&c.port))?;
+    Some(format!(
+        "`connect:` grants port {} ({}), which is this service's own API listener: a confined \
+         hook may not reach the service (Landlock filters TCP by port, not host, so the grant \
+         would reach 127.0.0.1:{} too); grant another port, or run the service's API on \
+         another port",
+        c.port,
+        c.host.as_deref().unwrap_or("any host"),
+        c.port
+    ))
 }
 
 /// Variables of the service no hook receives, confined or not: the control API's token and

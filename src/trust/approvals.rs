@@ -64,6 +64,12 @@ pub struct TrustFile {
     /// Approvals by hook name.
     #[serde(default)]
     pub hooks: BTreeMap<String, Approval>,
+    /// Approvals revoked by the operator (`disable` under `--trust explicit`), by hook name,
+    /// with when: an approval the service would give by itself (a config.yaml entry on the
+    /// allowlist, whose hook directory is made again when the entry comes back) is not given to
+    /// these (issue 57 row 8). Only the operator's own `enable` takes a name off.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub revoked: BTreeMap<String, String>,
 }
 
 fn one() -> u32 {
@@ -112,6 +118,7 @@ impl TrustFile {
         Self {
             version: 1,
             hooks: BTreeMap::new(),
+            revoked: BTreeMap::new(),
         }
     }
 

@@ -84,6 +84,11 @@ impl Gate {
         Ok(())
     }
 
+    /// In explicit mode, whether the operator revoked `name`'s approval (and gave none since).
+    pub fn revoked(&self, name: &str) -> bool {
+        matches!(&self.approvals, Some(Ok(t)) if t.revoked.contains_key(name) && !t.hooks.contains_key(name))
+    }
+
     /// In explicit mode, checks that `name` is approved with the current hash.
     pub fn check_approved(
         &self,
@@ -100,6 +105,12 @@ impl Gate {
             .as_ref()
             .map_err(|e| format!("not approved: {e}"))?;
         let Some(approval) = approvals.hooks.get(name) else {
+            if let Some(when) = approvals.revoked.get(name) {
+                return Err(format!(
+                    "its approval was revoked ({when}, `disable {name}`): it stays off until \
+                     `hermes-hooks enable {name} --trust explicit`"
+                ));
+            }
             return Err(format!(
                 "not approved (--trust explicit): review the hook, then run `hermes-hooks enable {name} --trust explicit`"
             ));

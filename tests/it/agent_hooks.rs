@@ -41,7 +41,9 @@ fn script(hooks: &Hooks, name: &str, body: &str) -> String {
 /// Issue 49, "Shell hooks from config.yaml": an entry with consent runs as a hook of the
 /// service; its matcher (a full match of the tool name) and 0.19.0's two block shapes and
 /// `{"context": ...}` are honoured; an observer's command runs once per event, with the
-/// context on stdin and in the context's `cwd`; an entry without consent is not hosted. On the
+/// context on stdin, in the working directory of the process that sent the event (the
+/// agent's, as Hermes runs it; issue 57 row 1: never the `cwd` the context says, which the
+/// service overwrites with the sender's); an entry without consent is not hosted. On the
 /// old code (d69d285) config.yaml was not read at all: no hook, no result.
 #[test]
 fn config_yaml_shell_hooks_run_as_hooks() {
@@ -152,9 +154,13 @@ fn config_yaml_shell_hooks_run_as_hooks() {
     let text = std::fs::read_to_string(&seen).unwrap();
     assert_eq!(text, lines);
     let got: Value = serde_json::from_str(text.trim()).unwrap();
+    // The sender is this test process: its directory, whatever the context said.
+    let here = std::env::current_dir().unwrap();
+    let mut expected = call.clone();
+    expected["cwd"] = json!(here.display().to_string());
     assert_eq!(
-        got, call,
-        "the context reaches the command on stdin as sent"
+        got, expected,
+        "the context reaches the command on stdin as sent, with the sender's own cwd"
     );
     let ran_in = poll(
         Duration::from_secs(20),
@@ -167,7 +173,8 @@ fn config_yaml_shell_hooks_run_as_hooks() {
     );
     assert_eq!(
         ran_in.trim(),
-        std::fs::canonicalize(&cwd).unwrap().display().to_string()
+        std::fs::canonicalize(&here).unwrap().display().to_string(),
+        "the command ran where the sender stands, not in the context's {cwd}"
     );
 }
 

@@ -339,8 +339,9 @@ def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]],
     command) is not in ``agent.shell_hooks._registered`` yet (that is how a second registration
     by the gateway is avoided), and plugins are loaded before shell hooks, in ``hermes chat``
     and in ``hermes gateway run``. An entry the service does not list (no consent yet, the
-    service unreachable) stays Hermes's; one the service lists as disabled (an operator turned
-    it off here: `disable`, the dashboard) is handed over too, so that it does not run at all.
+    service unreachable) stays Hermes's; one the service lists as disabled or revoked (an
+    operator turned it off here: `disable`, the dashboard, under either trust mode) is handed
+    over too, so that it does not run at all.
     Returns the commands handed over."""
     try:
         from agent import shell_hooks  # type: ignore
@@ -408,7 +409,10 @@ def register(ctx: Any) -> None:
             _bridge = AgentBridge(registry, _config_fail_closed())
             if not registry._hooks_from_disk:  # the service's own list: what it hosts
                 sync_config_hooks(registry)
-                off = [s.get("name") for s in registry.skipped if s.get("code") == "disabled"]
+                # Off by the operator's choice: `enabled: false`, or an approval revoked under
+                # --trust explicit (`disable`, the dashboard): Hermes must not run it either.
+                off = [s.get("name") for s in registry.skipped
+                       if s.get("code") in ("disabled", "revoked")]
                 taken = hand_over_shell_hooks(registry.loaded_hooks, off)
                 if taken:
                     log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))

@@ -1063,6 +1063,28 @@ def landlock_restrict(rules):
         os.close(fd)
 
 
+def install_filter(program):
+    """The service's seccomp filter (``src/sandbox/seccomp.rs``: no Unix socket, so no way to
+    the service), installed on this process as sent: ``[[code, jt, jf, k], ...]``. After
+    no_new_privs; it holds for every process this one starts."""
+    if not program:
+        return
+    ctypes, libc = landlock_api()[:2]
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+    insns = (Insn * len(program))(*[Insn(*i) for i in program])
+    prog = Prog(len(program), insns)
+    # PR_SET_SECCOMP (22), SECCOMP_MODE_FILTER (2)
+    _check(libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(prog), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)), "prctl(PR_SET_SECCOMP)")
+
+
 def apply_sandbox(policy, hook_dir):
     """Confine this worker to ``policy`` (see above); a reason when it cannot, else None."""
     global _sandbox, _hook_root
@@ -1086,6 +1108,7 @@ def apply_sandbox(policy, hook_dir):
             ctypes, libc = landlock_api()[:2]
             if libc.prctl(38, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        install_filter(policy.get("seccomp"))
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
         if not policy.get("best_effort"):
             return "the sandbox could not be applied: %s" % describe(exc)

@@ -359,7 +359,7 @@
     if (!props.skipped.length) return h("p", { className: "hh-muted" }, "Every hook directory loaded.");
     return h("ul", { className: "hh-list" }, props.skipped.map(function (s) {
       var name = s.name || s.dir;
-      var canApprove = s.code === "not_approved" && s.name;
+      var canApprove = (s.code === "not_approved" || s.code === "revoked") && s.name;
       var canEnable = s.code === "disabled" && s.name;
       var review = props.review && props.review.name === s.name ? props.review : null;
       return h("li", { key: s.dir, "data-skipped": name },
