@@ -21,7 +21,7 @@ use crate::util::{Hooks, Serve, bin, http, parse_response, poll, set_mode};
 const T: Duration = Duration::from_secs(30);
 
 /// One request over a Unix socket.
-fn unix_http(sock: &Path, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+pub(crate) fn unix_http(sock: &Path, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     let mut s = UnixStream::connect(sock).expect("connect to the socket");
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let req = format!(
@@ -38,15 +38,29 @@ fn unix_http(sock: &Path, method: &str, path: &str, body: &[u8]) -> (u16, Value)
 
 /// `serve` on `$HERMES_HOME/hooks.sock` (the default: what a gateway autostarts), under
 /// `--trust explicit`; killed and reaped on drop.
-struct Service {
-    child: Child,
-    sock: PathBuf,
+pub(crate) struct Service {
+    pub(crate) child: Child,
+    pub(crate) sock: PathBuf,
 }
 
 impl Service {
-    fn unix(hooks: &Hooks) -> Self {
+    pub(crate) fn unix(hooks: &Hooks) -> Self {
+        Self::unix_under(hooks, &[])
+    }
+
+    /// [`Service::unix`] started through `wrapper` (e.g. `setpriv --no-new-privs`), as a
+    /// systemd unit or a supervisor would start it.
+    pub(crate) fn unix_under(hooks: &Hooks, wrapper: &[&str]) -> Self {
         let sock = hooks.home().join("hooks.sock");
-        let child = Command::new(bin())
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        let child = cmd
             .args(["serve", "--trust", "explicit", "--hooks-dir"])
             .arg(hooks.root())
             .arg("--socket")
@@ -64,11 +78,11 @@ impl Service {
         s
     }
 
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         unix_http(&self.sock, "POST", path, &serde_json::to_vec(body).unwrap())
     }
 
-    fn hooks(&self) -> Vec<String> {
+    pub(crate) fn hooks(&self) -> Vec<String> {
         let (_, v) = unix_http(&self.sock, "GET", "/v1/hooks", b"");
         v["hooks"]
             .as_array()
@@ -90,7 +104,7 @@ impl Drop for Service {
 
 /// Python: POSTs each of `context["paths"]` to the service at `context["sock"]` (a Unix
 /// socket) or `context["tcp"]` (`host:port`), and answers `{path: [status, code]}`.
-const ATTACK_PY: &str = r#"import json, socket
+pub(crate) const ATTACK_PY: &str = r#"import json, socket
 
 def post(context, path):
     if "sock" in context:
@@ -129,7 +143,7 @@ def attack(context):
     return out
 "#;
 
-const CONTROL: [&str; 4] = [
+pub(crate) const CONTROL: [&str; 4] = [
     "/v1/hooks/payload/enable",
     "/v1/hooks/policy/disable",
     "/v1/reload",
@@ -138,7 +152,7 @@ const CONTROL: [&str; 4] = [
 
 /// The victims: `payload` (unapproved, unconfined: what the attacker wants run) and `policy`
 /// (approved, denies every `message:pre_route`: what the attacker wants gone).
-fn victims(hooks: &Hooks) {
+pub(crate) fn victims(hooks: &Hooks) {
     hooks.add(
         "payload",
         &[
@@ -162,7 +176,7 @@ fn victims(hooks: &Hooks) {
 
 /// How an attack was stopped.
 #[derive(Clone, Copy)]
-enum Stopped {
+pub(crate) enum Stopped {
     /// The service answered 403 `hook_caller` (an unconfined hook's own process).
     Api,
     /// The kernel refused the hook a Unix socket (EACCES): it never reached the service
@@ -172,7 +186,7 @@ enum Stopped {
 
 /// Every control route refused as `how` says, and nothing changed: `payload` is not approved or
 /// loaded, `policy` still denies.
-fn assert_nothing_changed(svc: &Service, hooks: &Hooks, answer: &Value, how: Stopped) {
+pub(crate) fn assert_nothing_changed(svc: &Service, hooks: &Hooks, answer: &Value, how: Stopped) {
     for path in CONTROL {
         match how {
             Stopped::Api => assert_eq!(
@@ -610,7 +624,7 @@ fn concurrent_enables_and_disables_lose_nothing() {
 }
 
 /// The system's Python for a `#!` line (a version manager's shim is a script of its own).
-fn system_python() -> &'static str {
+pub(crate) fn system_python() -> &'static str {
     ["/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3"]
         .into_iter()
         .find(|p| Path::new(p).exists())

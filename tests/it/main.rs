@@ -41,6 +41,7 @@ mod handover;
 mod hardening;
 mod hostile;
 mod hostile_api;
+mod hostile_boundary;
 mod http;
 mod lease;
 mod lifecycle;
