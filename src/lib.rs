@@ -49,7 +49,8 @@
 //!   `$HERMES_HOME`), `atomic` (atomic file writes), `time` (RFC 3339 timestamps),
 //!   `text` (error texts capped, URLs redacted), `diff` (a line diff for reviews), `proof` (the service's proof that it
 //!   knows the API token, `POST /v1/proof`), `caller` (whether an API connection comes from
-//!   one of the service's own hook processes).
+//!   one of the service's own hook processes), `connections` (how many API connections, from
+//!   whom, for how long; the open-file limit).
 //!
 //! # The path of an event
 //! receive (`POST /v1/events` or [`Host::emit`]) -> validate the name and context ->
@@ -66,6 +67,7 @@ pub(crate) mod caller;
 pub mod cli;
 pub(crate) mod client;
 pub mod config_hooks;
+pub mod connections;
 pub(crate) mod decision;
 pub(crate) mod diff;
 pub(crate) mod discovery;

@@ -212,6 +212,7 @@ pub(crate) fn routes() -> Vec<(&'static str, &'static str)> {
 pub const OPENAPI: &str = include_str!("../docs/openapi.json");
 
 /// Serves `app` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+/// Its connections are capped and timed out ([`crate::connections`]).
 pub async fn serve<L>(
     listener: L,
     router: Router,
@@ -219,12 +220,14 @@ pub async fn serve<L>(
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener,
+    L::Io: crate::connections::CallerOf + Sync,
     L::Addr: std::fmt::Debug,
-    crate::caller::Peer:
-        for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
+    crate::caller::Peer: for<'a> axum::extract::connect_info::Connected<
+            axum::serve::IncomingStream<'a, crate::connections::Guarded<L>>,
+        >,
 {
     axum::serve(
-        listener,
+        crate::connections::Guarded::new(listener),
         router.into_make_service_with_connect_info::<crate::caller::Peer>(),
     )
     .with_graceful_shutdown(shutdown)
@@ -232,24 +235,31 @@ where
 }
 
 // Who connected, as the kernel says at accept time (crate::caller), for the request guard.
+type Guarded<L> = crate::connections::Guarded<L>;
+
 impl
     axum::extract::connect_info::Connected<
-        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
+        axum::serve::IncomingStream<'_, Guarded<tokio::net::UnixListener>>,
     > for crate::caller::Peer
 {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+    fn connect_info(
+        stream: axum::serve::IncomingStream<'_, Guarded<tokio::net::UnixListener>>,
+    ) -> Self {
         use std::os::fd::AsRawFd;
-        crate::caller::Peer::of_unix(stream.io().as_raw_fd())
+        crate::caller::Peer::of_unix(stream.io().get_ref().as_raw_fd())
     }
 }
 
 impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
-    for crate::caller::Peer
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, Guarded<tokio::net::TcpListener>>,
+    > for crate::caller::Peer
 {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+    fn connect_info(
+        stream: axum::serve::IncomingStream<'_, Guarded<tokio::net::TcpListener>>,
+    ) -> Self {
         let remote = *stream.remote_addr();
-        let local = stream.io().local_addr().unwrap_or(remote);
+        let local = stream.io().get_ref().local_addr().unwrap_or(remote);
         crate::caller::Peer::of_tcp(local, remote)
     }
 }

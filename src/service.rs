@@ -181,6 +181,8 @@ pub async fn run(
     // The real service (which owns the signals) also reaps its hooks' orphans as PID 1.
     let _reaper = config.signals.then(crate::reaper::start).flatten();
     let address = listener.address();
+    // Connections are capped against it (crate::connections; issue 57 row 6).
+    crate::connections::raise_open_files();
     if let Listener::Tcp(l) = &listener
         && let Ok(a) = l.local_addr()
     {

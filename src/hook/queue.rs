@@ -48,6 +48,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// Someone waits for this job's outcome (a collect still within its deadline).
+    pub fn awaited(&self) -> bool {
+        self.reply.as_ref().is_some_and(|r| !r.is_closed())
+    }
+
     /// Whoever waited for this job's outcome has gone (a collect whose deadline passed, or
     /// whose caller went away): running it would be work for nobody.
     pub fn abandoned(&self) -> bool {
@@ -190,9 +195,15 @@ impl HookQueue {
         let outcome = if st.jobs.len() >= self.capacity() {
             match self.overflow() {
                 Overflow::DropNewest => return Pushed::Refused(job),
-                Overflow::DropOldest => match st.jobs.pop_front() {
-                    Some(old) => Pushed::DroppedOldest(old),
-                    None => Pushed::Queued,
+                // The oldest job nobody waits for makes room: a decision someone waits for
+                // (a collect) is never dropped for another caller's events (issue 57 row 6).
+                // When every queued job is awaited, the new one is refused instead.
+                Overflow::DropOldest => match st.jobs.iter().position(|j| !j.awaited()) {
+                    Some(i) => match st.jobs.remove(i) {
+                        Some(old) => Pushed::DroppedOldest(old),
+                        None => Pushed::Queued,
+                    },
+                    None => return Pushed::Refused(job),
                 },
             }
         } else {
@@ -331,5 +342,49 @@ fn give_memory_back() {
     // SAFETY: malloc_trim only releases free memory held by the allocator.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(awaited: bool) -> (Job, Option<oneshot::Receiver<CallOutcome>>) {
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            event: Arc::from("e"),
+            context: Arc::new(crate::handler::context::Context::new(serde_json::json!({}))),
+            reply: awaited.then_some(tx),
+            gate: None,
+        };
+        (job, awaited.then_some(rx))
+    }
+
+    /// Issue 57 row 6: a flood of events on a `drop_oldest` queue never drops a decision someone
+    /// waits for; when only decisions are queued, the newcomer is refused instead.
+    #[test]
+    fn drop_oldest_never_drops_an_awaited_job() {
+        let q = HookQueue::new(2, Overflow::DropOldest, Arc::new(HookStats::default()));
+        let (decision, _wait) = job(true);
+        assert!(matches!(q.push(decision), Pushed::Queued));
+        let (event, _) = job(false);
+        assert!(matches!(q.push(event), Pushed::Queued));
+        for _ in 0..10 {
+            let (event, _) = job(false);
+            match q.push(event) {
+                Pushed::DroppedOldest(old) => assert!(old.reply.is_none(), "a decision dropped"),
+                _ => panic!("an event was not queued in place of the oldest event"),
+            }
+        }
+        let (second, _wait2) = job(true);
+        assert!(matches!(q.push(second), Pushed::DroppedOldest(_)));
+        let (third, _) = job(true);
+        assert!(
+            matches!(q.push(third), Pushed::Refused(_)),
+            "two decisions queued, full"
+        );
+        let (late, _) = job(false);
+        assert!(matches!(q.push(late), Pushed::Refused(_)));
+        assert!(q.try_pop().is_some_and(|j| j.awaited()));
     }
 }

@@ -704,3 +704,112 @@ fn row10_an_unconfined_hooks_orphan_runs_as_the_operator_and_readme_says_so() {
         "README's sandbox section does not name this test beside its sentence"
     );
 }
+
+/// Row 6 (medium): a caller looped `POST /v1/events/batch` with 2,000 `pre_tool_call` events, or
+/// held 1,200 idle connections to `hooks.sock`. On f1c304d every collect answered `dropped: the
+/// hook's queue was full (drop_oldest)`, and with the connections the service sat at its 1,024
+/// open-file limit and every request hung (the plugin then failed open). Now a decision someone
+/// waits for is never dropped for another caller's events, the service raises its open-file
+/// limit to the hard limit, and one caller holds at most 512 connections: the agent still gets
+/// its decision. (A confined hook cannot do either: it cannot reach the socket at all.)
+#[test]
+fn row6_a_flood_of_events_or_connections_does_not_drown_a_decision() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "gate",
+        &[
+            (
+                "HOOK.yaml",
+                "name: gate\nevents: [\"pre_tool_call\"]\nqueue: {capacity: 64, overflow: drop_oldest}\n",
+            ),
+            (
+                "handler.py",
+                "import time\n\ndef handle(event, context):\n    time.sleep(0.002)\n    return {\"action\": \"block\", \"message\": \"gated\"}\n",
+            ),
+        ],
+    );
+    crate::util::approve(&hooks, "gate");
+    // A soft limit of 1,024 open files, as a login shell or a plain systemd unit gives.
+    let svc = Service::unix_under(&hooks, &["prlimit", "--nofile=1024:8192", "--"]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", svc.child.id())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    assert_eq!(
+        open_files.get(3),
+        Some(&"8192"),
+        "the soft limit was not raised to the hard one: {limits}"
+    );
+
+    // The flood: batches of pre_tool_call events while the agent asks for a decision.
+    let sock = svc.sock.clone();
+    let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flood = {
+        let flooding = flooding.clone();
+        std::thread::spawn(move || {
+            let batch = json!({"events": (0..500).map(|_| json!({"event": "pre_tool_call", "context": {"tool_name": "x"}})).collect::<Vec<_>>()});
+            let body = serde_json::to_vec(&batch).unwrap();
+            while flooding.load(std::sync::atomic::Ordering::Relaxed) {
+                let (code, _) = unix_http(&sock, "POST", "/v1/events/batch", &body);
+                assert_eq!(code, 202);
+            }
+        })
+    };
+    for _ in 0..5 {
+        let (code, v) = svc.post(
+            "/v1/collect",
+            &json!({"event": "pre_tool_call", "context": {"tool_name": "terminal"}, "timeout_ms": 10000}),
+        );
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(
+            v["results"][0]["result"]["action"],
+            json!("block"),
+            "the decision was drowned: {v}"
+        );
+    }
+    flooding.store(false, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+
+    // 1,200 idle connections from this process: the first 512 are held, the rest closed at
+    // once, and another process still gets an answer.
+    let mut held = Vec::new();
+    for _ in 0..1200 {
+        held.push(std::os::unix::net::UnixStream::connect(&svc.sock).expect("connect"));
+    }
+    let closed = held
+        .iter()
+        .filter(|s| {
+            use std::io::Read;
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            matches!((&**s).read(&mut b), Ok(0))
+        })
+        .count();
+    assert!(
+        closed >= 1200 - 512,
+        "only {closed} of 1200 connections were refused"
+    );
+    let script = format!(
+        "import json, sys, time\n{REQUEST_PY}\nt = time.time()\nr = request({{'sock': sys.argv[1]}}, 'POST', '/v1/collect', {{'event': 'pre_tool_call', 'context': {{'tool_name': 'terminal'}}}})\nprint(json.dumps([r, time.time() - t]))\n"
+    );
+    let out = Command::new(system_python())
+        .args(["-c", &script])
+        .arg(&svc.sock)
+        .output()
+        .expect("python runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer: Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("{text} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(answer[0][0], json!(200), "{answer}");
+    assert_eq!(
+        answer[0][1]["results"][0]["result"]["action"],
+        json!("block"),
+        "{answer}"
+    );
+    assert!(answer[1].as_f64().unwrap() < 5.0, "{answer}");
+    drop(held);
+}

@@ -167,10 +167,17 @@ def reload() -> Dict[str, Any]:
 
 @router.post("/hooks/{name}/enable")
 def enable(name: str, body: Dict[str, Any] = Body(default={})) -> Dict[str, Any]:
-    """``hermes-hooks enable NAME``: approve (``reviewed``: the digest the operator was shown)."""
+    """``hermes-hooks enable NAME``: approve (``reviewed``: the digest the operator was shown).
+    The digest is required here (issue 57 row 4): the dashboard's session token is in the page it
+    serves to anyone on this machine who can reach its port (a confined hook granted that port,
+    another user), so an enable says exactly what it enables, as shown by ``GET
+    /review/{name}``."""
     reviewed = body.get("reviewed") if isinstance(body, dict) else None
-    if reviewed is not None and not isinstance(reviewed, str):
-        raise HTTPException(status_code=400, detail="`reviewed` must be a string")
+    if not isinstance(reviewed, str) or not reviewed:
+        raise HTTPException(
+            status_code=400,
+            detail="`reviewed` is required: the digest of GET /review/{name}, which the tab shows "
+                   "before Approve (an enable says exactly what it enables)")
     return _action("/v1/hooks/%s/enable" % _name(name), {"reviewed": reviewed})
 
 

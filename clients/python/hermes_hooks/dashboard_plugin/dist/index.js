@@ -572,6 +572,12 @@
     }
 
     function act(verb, name) {
+      if (verb === "enable") {
+        // An enable carries the digest of what it enables (the backend refuses one without).
+        return done(get("/review/" + encodeURIComponent(name)).then(function (r) {
+          return post("/hooks/" + encodeURIComponent(name) + "/enable", { reviewed: r.digest });
+        }), "enable " + name);
+      }
       return done(post("/hooks/" + encodeURIComponent(name) + "/" + verb), verb + " " + name);
     }
 
