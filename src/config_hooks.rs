@@ -404,6 +404,7 @@ fn approve_consented(home: &Path, dir: &Path) -> Result<(), String> {
         files: Some(files.files),
         kind: kind.as_str().to_string(),
         handler: handler.display().to_string(),
+        events: Some(manifest.events.clone()),
         dir: dir.to_path_buf(),
         approved_at: crate::time::now(),
     };

@@ -363,6 +363,25 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
+    // A sandbox HOOK.yaml asks for cannot hold in the gateway's own process: refused rather
+    // than run unconfined under a sandbox it declares (issue 57, suspected case).
+    if placement.in_gateway()
+        && let Some(sandbox) = manifest.sandbox.as_ref().filter(|s| s.grants.is_some())
+    {
+        return Err(skip(
+            &name,
+            &manifest_path,
+            SkipCode::BadField,
+            format!(
+                "`sandbox: {}` cannot hold: the hook runs inside the gateway's own process ({}), \
+                 where no sandbox applies and the hook is the gateway; remove `runs: gateway` \
+                 (or its imports of the gateway's modules) to run it confined in the service, \
+                 or write `sandbox: none`",
+                sandbox.mode(),
+                placement.why
+            ),
+        ));
+    }
     manifest
         .warnings
         .extend(agent_events_in_gateway(&placement, &patterns));

@@ -441,6 +441,10 @@ impl Prepared {
         h.update(self.sha256.as_bytes());
         h.update(b"\0");
         h.update(settings_hash(&self.manifest).as_bytes());
+        for event in &self.manifest.events {
+            h.update(b"\0event\0");
+            h.update(event.as_bytes());
+        }
         for (path, sha) in &self.files.files {
             h.update(b"\0");
             h.update(path.as_bytes());
@@ -484,7 +488,12 @@ pub fn review(
             || "not set in HOOK.yaml: the service's --sandbox-default applies".to_string(),
             crate::trust::approvals::sandbox_text,
         ),
-        settings: shown_settings(covered_settings(&p.manifest)),
+        settings: {
+            let mut shown = shown_settings(covered_settings(&p.manifest));
+            // Covered by the approval and its digest too (the events whose answers count).
+            shown.insert("events".to_string(), p.manifest.events.join(", "));
+            shown
+        },
         code,
     })
 }
@@ -525,6 +534,7 @@ fn approve(
         files: Some(files.files.clone()),
         kind: kind.as_str().to_string(),
         handler: handler_text,
+        events: Some(manifest.events.clone()),
         dir: hook.dir.clone(),
         approved_at: crate::time::now(),
     };

@@ -47,6 +47,12 @@ pub struct Approval {
     /// The handler file or URL that was approved, for people reading the file.
     #[serde(default)]
     pub handler: String,
+    /// `events:` of HOOK.yaml at approval time: an approved observer re-pointed at an event
+    /// whose answer Hermes reads (`pre_llm_call`, `transform_*`, `pre_tool_call`) needs
+    /// approving again (issue 57, suspected case). Absent in approvals written before it
+    /// existed: then enough only while the hook takes none of the agent's deciding events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<String>>,
     /// The hook directory at approval time.
     #[serde(default)]
     pub dir: PathBuf,
@@ -371,6 +377,7 @@ mod tests {
                 files: None,
                 kind: "exec".into(),
                 handler: "h".into(),
+                events: None,
                 dir: PathBuf::from("/x"),
                 approved_at: String::new(),
             },

@@ -159,6 +159,7 @@ impl Gate {
                 ));
             }
         }
+        check_events(name, approval.events.as_deref(), &manifest.events)?;
         match &approval.files {
             Some(approved) if *approved != files.files => Err(format!(
                 "its files changed since it was approved ({}): review them, then run \
@@ -180,6 +181,38 @@ impl Gate {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
+        }
+    }
+}
+
+/// The approval's `events:` against HOOK.yaml's now: equal, or (an approval from before events
+/// were recorded) none of the agent's deciding events taken (issue 57, suspected case: an
+/// approved observer re-pointed at `pre_llm_call` would inject text without a review).
+fn check_events(name: &str, approved: Option<&[String]>, now: &[String]) -> Result<(), String> {
+    match approved {
+        Some(then) if then == now => Ok(()),
+        Some(then) => Err(format!(
+            "its `events:` changed since it was approved ({} -> {}): review them, then run \
+             `hermes-hooks enable {name} --trust explicit` to approve it again",
+            then.join(", "),
+            now.join(", ")
+        )),
+        None => {
+            let set = crate::pattern::PatternSet::new(now).map_err(|e| e.to_string())?;
+            let deciding: Vec<&str> = crate::events::AGENT_EVENTS
+                .iter()
+                .filter(|e| e.decides && set.matches(e.name).is_some())
+                .map(|e| e.name)
+                .collect();
+            if deciding.is_empty() {
+                return Ok(());
+            }
+            Err(format!(
+                "the approval predates the approval of `events:`, and the hook takes events whose \
+                 answer the agent reads ({}): review it, then run `hermes-hooks enable {name} \
+                 --trust explicit` to approve it again",
+                deciding.join(", ")
+            ))
         }
     }
 }

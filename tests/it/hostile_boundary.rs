@@ -813,3 +813,130 @@ fn row6_a_flood_of_events_or_connections_does_not_drown_a_decision() {
     assert!(answer[1].as_f64().unwrap() < 5.0, "{answer}");
     drop(held);
 }
+
+/// Suspected in issue 57: `events:` was not covered by an approval, so an approved observer
+/// re-pointed at `pre_llm_call` (whose answer the agent reads into the model's context) ran
+/// without a new review. Now the approval records `events:` and the review's digest covers it:
+/// the re-pointed hook is refused until approved again, saying what changed.
+#[test]
+fn suspected_a_hook_repointed_at_another_event_needs_approving_again() {
+    let hooks = Hooks::new();
+    let dir = hooks.python(
+        "observer",
+        "[\"agent:start\"]",
+        "def handle(event, context):\n    return {\"context\": \"injected\"}\n",
+    );
+    crate::util::approve(&hooks, "observer");
+    let svc = Service::unix(&hooks);
+    assert!(svc.hooks().contains(&"observer".to_string()));
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: observer\nevents: [\"pre_llm_call\"]\n",
+    )
+    .unwrap();
+    let (code, report) = svc.post("/v1/reload", &json!({}));
+    assert_eq!(code, 200, "{report}");
+    assert!(!svc.hooks().contains(&"observer".to_string()), "{report}");
+    let (_, listed) = unix_http(&svc.sock, "GET", "/v1/hooks", b"");
+    let why = listed["skipped"].to_string();
+    assert!(
+        why.contains("`events:` changed since it was approved (agent:start -> pre_llm_call)"),
+        "{listed}"
+    );
+    let (code, v) = svc.post(
+        "/v1/collect",
+        &json!({"event": "pre_llm_call", "context": {}}),
+    );
+    assert_eq!(code, 200);
+    assert_eq!(v["results"], json!([]), "the re-pointed hook answered: {v}");
+    let (_, review) = unix_http(&svc.sock, "GET", "/v1/hooks/observer/review", b"");
+    assert_eq!(
+        review["settings"]["events"],
+        json!("pre_llm_call"),
+        "{review}"
+    );
+}
+
+/// Suspected in issue 57: a `runs: gateway` hook runs in the gateway's own process, outside
+/// every check of the service; one that declared `sandbox: strict` loaded and ran unconfined
+/// (`check`: "0 problem(s)"). Now a declared sandbox with a gateway placement is refused,
+/// saying why and what to write.
+#[test]
+fn suspected_a_gateway_hook_cannot_declare_a_sandbox_it_would_not_get() {
+    let hooks = Hooks::new();
+    hooks.add(
+        "ingw",
+        &[
+            (
+                "HOOK.yaml",
+                "name: ingw\nevents: [\"agent:start\"]\nruns: gateway\nsandbox: strict\n",
+            ),
+            (
+                "handler.py",
+                "def handle(event, context):\n    return None\n",
+            ),
+        ],
+    );
+    let out = Command::new(crate::util::bin())
+        .args(["check", "--hooks-dir"])
+        .arg(hooks.root())
+        .env("HERMES_HOME", hooks.home())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "`sandbox: strict` cannot hold: the hook runs inside the gateway's own process"
+        ),
+        "{text}"
+    );
+}
+
+/// Suspected in issue 57: the text kept at approval (`hooks-approved/<sha>`, the "before" of a
+/// review's diff) was never checked again, so whoever could write there (or race a write into
+/// the hook's file during the approval) could show the operator a wrong "approved" text. Now a
+/// kept text is used only when it still hashes to what was approved.
+#[test]
+fn suspected_a_forged_approved_text_is_not_shown_as_the_approved_code() {
+    let hooks = Hooks::new();
+    let dir = hooks.python(
+        "diffed",
+        "[\"x:*\"]",
+        "def handle(event, context):\n    return None\n",
+    );
+    crate::util::approve(&hooks, "diffed");
+    let store = hooks.home().join("hooks-approved");
+    for entry in std::fs::read_dir(&store).unwrap().flatten() {
+        std::fs::write(
+            entry.path(),
+            "def handle(event, context):\n    harmless()\n    return None\n",
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        dir.join("handler.py"),
+        "def handle(event, context):\n    steal()\n    return None\n",
+    )
+    .unwrap();
+    let svc = Service::unix(&hooks);
+    let (code, review) = unix_http(&svc.sock, "GET", "/v1/hooks/diffed/review", b"");
+    assert_eq!(code, 200, "{review}");
+    let file = review["code"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "handler.py")
+        .cloned()
+        .unwrap();
+    assert_eq!(file["status"], json!("changed"), "{file}");
+    let diff = file["diff"].as_str().unwrap_or_default();
+    assert!(
+        !diff.contains("harmless()"),
+        "the forged text was shown as the approved one: {diff}"
+    );
+}
