@@ -271,6 +271,26 @@ pub fn resolve_handler(
     Ok((kind, Some(path)))
 }
 
+/// Why a hook placed in the gateway cannot have the sandbox its HOOK.yaml asks for: it would
+/// run inside the gateway's own process, unconfined under a sandbox it declares (issue 57,
+/// suspected case). Refused rather than run so.
+fn sandbox_in_gateway(
+    manifest: &Manifest,
+    placement: &crate::placement::Placement,
+) -> Option<String> {
+    let sandbox = manifest.sandbox.as_ref().filter(|s| s.grants.is_some())?;
+    placement.in_gateway().then(|| {
+        format!(
+            "`sandbox: {}` cannot hold: the hook runs inside the gateway's own process ({}), \
+             where no sandbox applies and the hook is the gateway; remove `runs: gateway` (or \
+             its imports of the gateway's modules) to run it confined in the service, or write \
+             `sandbox: none`",
+            sandbox.mode(),
+            placement.why
+        )
+    })
+}
+
 /// Loads one hook directory under a trust gate.
 pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, Box<Skipped>> {
     let manifest_path = dir.join("HOOK.yaml");
@@ -299,18 +319,16 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         .map_err(|(code, reason)| skip(&name, &manifest_path, code, reason))?;
     name = hook_name(dir, Some(&manifest));
     events.replace(manifest.events.clone());
-    if let Some(reason) = crate::hook_name::borrowed(root, &name) {
+    let misnamed = crate::hook_name::borrowed(root, &name).or_else(|| {
+        let bad = manifest
+            .name
+            .is_none()
+            .then(|| crate::manifest::validate_name(&name).err());
+        bad.flatten()
+            .map(|reason| format!("the directory name {reason}; set `name:` in HOOK.yaml"))
+    });
+    if let Some(reason) = misnamed {
         return Err(skip(&name, &manifest_path, SkipCode::BadField, reason));
-    }
-    if manifest.name.is_none()
-        && let Err(reason) = crate::manifest::validate_name(&name)
-    {
-        return Err(skip(
-            &name,
-            &manifest_path,
-            SkipCode::BadField,
-            format!("the directory name {reason}; set `name:` in HOOK.yaml"),
-        ));
     }
     let patterns = PatternSet::new(&manifest.events)
         .map_err(|e| skip(&name, &manifest_path, SkipCode::BadPattern, e.to_string()))?;
@@ -363,24 +381,8 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
         None => crate::placement::decide(manifest.runs, false, dir, &manifest_path),
     }
     .map_err(|r| skip(&name, &manifest_path, SkipCode::BadField, r))?;
-    // A sandbox HOOK.yaml asks for cannot hold in the gateway's own process: refused rather
-    // than run unconfined under a sandbox it declares (issue 57, suspected case).
-    if placement.in_gateway()
-        && let Some(sandbox) = manifest.sandbox.as_ref().filter(|s| s.grants.is_some())
-    {
-        return Err(skip(
-            &name,
-            &manifest_path,
-            SkipCode::BadField,
-            format!(
-                "`sandbox: {}` cannot hold: the hook runs inside the gateway's own process ({}), \
-                 where no sandbox applies and the hook is the gateway; remove `runs: gateway` \
-                 (or its imports of the gateway's modules) to run it confined in the service, \
-                 or write `sandbox: none`",
-                sandbox.mode(),
-                placement.why
-            ),
-        ));
+    if let Some(reason) = sandbox_in_gateway(&manifest, &placement) {
+        return Err(skip(&name, &manifest_path, SkipCode::BadField, reason));
     }
     manifest
         .warnings
@@ -390,11 +392,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
     gate.check_approved(&name, kind, handler_path.as_deref(), &manifest, &files)
         .map_err(|r| {
             let file = handler_path.as_deref().unwrap_or(&manifest_path);
-            let code = if gate.revoked(&name) {
-                SkipCode::Revoked
-            } else {
-                SkipCode::NotApproved
-            };
+            let code = [SkipCode::NotApproved, SkipCode::Revoked][gate.revoked(&name) as usize];
             skip(&name, file, code, r)
         })?;
     Ok(HookSpec {

@@ -35,8 +35,26 @@ pub fn validate(name: &str) -> Result<(), String> {
 /// (`$HERMES_HOME/config-hooks`, `config_hooks.rs`).
 pub const CONFIG_ROOT_DIR: &str = "config-hooks";
 
-/// The names of those hooks: `shell-EVENT-DIGEST`.
+/// The names of those hooks: `shell-EVENT-DIGEST` (DIGEST: 10 lowercase hex digits).
 pub const CONFIG_PREFIX: &str = "shell-";
+
+/// Whether `name` has the shape of a config.yaml hook's name: `shell-`, an event, `-` and ten
+/// lowercase hex digits (`shell-logger` has not: a hook may be called that).
+pub fn config_shaped(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(CONFIG_PREFIX) else {
+        return false;
+    };
+    match rest.rsplit_once('-') {
+        Some((event, digest)) => {
+            !event.is_empty()
+                && digest.len() == 10
+                && digest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }
+        None => false,
+    }
+}
 
 /// Why a hook under `root` may not be called `name`: a name of config.yaml's shell hooks
 /// belongs to them (issue 57 row 5: a HOOK.yaml saying `name: shell-pre_tool_call-…` shadowed
@@ -46,11 +64,11 @@ pub fn borrowed(root: &Path, name: &str) -> Option<String> {
     let made = root
         .file_name()
         .is_some_and(|n| n == std::ffi::OsStr::new(CONFIG_ROOT_DIR));
-    (name.starts_with(CONFIG_PREFIX) && !made).then(|| {
+    (config_shaped(name) && !made).then(|| {
         format!(
-            "the name {name:?} is reserved: names starting with `{CONFIG_PREFIX}` belong to the \
-             hooks made from config.yaml's `hooks:` block (under $HERMES_HOME/{CONFIG_ROOT_DIR}); \
-             give this hook another `name:`"
+            "the name {name:?} is reserved: names of the shape `{CONFIG_PREFIX}EVENT-DIGEST` \
+             belong to the hooks made from config.yaml's `hooks:` block (under \
+             $HERMES_HOME/{CONFIG_ROOT_DIR}); give this hook another `name:`"
         )
     })
 }
@@ -66,6 +84,23 @@ pub fn path_under(base: &Path, name: &str) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_shape_of_a_config_hooks_name_is_reserved() {
+        let made = Path::new("/h/config-hooks");
+        let other = Path::new("/h/hooks");
+        let name = "shell-pre_tool_call-0f431b51fb";
+        assert!(borrowed(other, name).is_some());
+        assert!(borrowed(made, name).is_none());
+        for free in [
+            "shell-logger",
+            "shell-x-0F431B51FB",
+            "shell--0f431b51fb",
+            "shell-x-0f43",
+        ] {
+            assert!(borrowed(other, free).is_none(), "{free}");
+        }
+    }
 
     #[test]
     fn one_safe_component_only() {

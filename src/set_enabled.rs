@@ -577,9 +577,13 @@ fn approve(
 fn revoke(hermes_home: &Path, name: &str) -> Result<String, TrustError> {
     let file = trust_file(hermes_home);
     let removed = TrustFile::update(&file, |approvals| {
-        approvals
-            .revoked
-            .insert(name.to_string(), crate::time::now());
+        // Remembered for the hooks the service would approve by itself again (config.yaml's,
+        // from the allowlist, when their directory is made again): issue 57 row 8.
+        if crate::hook_name::config_shaped(name) {
+            approvals
+                .revoked
+                .insert(name.to_string(), crate::time::now());
+        }
         Ok(approvals.hooks.remove(name))
     })?;
     if removed.is_none() {
