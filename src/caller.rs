@@ -79,10 +79,15 @@ impl Peer {
 
     /// The peer of an accepted TCP connection (nothing read yet).
     pub fn of_tcp(local: SocketAddr, remote: SocketAddr) -> Self {
+        Self::of_tcp_known(local, remote, None)
+    }
+
+    /// [`Peer::of_tcp`] with its owner already looked up (by the listener, at accept).
+    pub fn of_tcp_known(local: SocketAddr, remote: SocketAddr, owner: Option<TcpOwner>) -> Self {
         Peer::Tcp {
             local,
             remote,
-            owner: Arc::default(),
+            owner: Arc::new(owner.map(OnceLock::from).unwrap_or_default()),
             holder: Arc::default(),
         }
     }
@@ -301,9 +306,13 @@ fn socket_entry(local: SocketAddr, remote: SocketAddr) -> Option<(u64, u32)> {
         SocketAddr::V4(_) => None,
     };
     let mapped = v4(local).zip(v4(remote));
-    std::iter::once((local, remote))
-        .chain(mapped)
-        .find_map(|(l, r)| inode_in_table(l, r))
+    std::iter::once((local, remote)).chain(mapped).find_map(
+        |(l, r)| match crate::sock_diag::lookup(l, r) {
+            Ok(found) => found,
+            // No sock_diag here: the table, which formats every socket.
+            Err(_) => inode_in_table(l, r),
+        },
+    )
 }
 
 /// [`socket_entry`] in the table of the addresses' family.

@@ -94,9 +94,10 @@ pub enum Caller {
 
 /// An accepted stream that can say who is on its other end.
 pub trait CallerOf {
-    /// Who is behind this stream. Blocking when [`CallerOf::reads_proc`] (loopback TCP reads
-    /// `/proc/net/tcp`): then called on a blocking thread.
-    fn caller(&self) -> Caller;
+    /// Who is behind this stream, and for TCP its socket's owner (kept for the request guard).
+    /// Blocking when [`CallerOf::reads_proc`] (loopback TCP asks the kernel, `sock_diag.rs`):
+    /// then called on a blocking thread.
+    fn caller(&self) -> (Caller, Option<crate::caller::TcpOwner>);
 
     /// Whether [`CallerOf::caller`] reads `/proc`.
     fn reads_proc(&self) -> bool {
@@ -105,9 +106,10 @@ pub trait CallerOf {
 }
 
 impl CallerOf for tokio::net::UnixStream {
-    fn caller(&self) -> Caller {
+    fn caller(&self) -> (Caller, Option<crate::caller::TcpOwner>) {
         use std::os::fd::AsRawFd;
-        crate::caller::peer_pid(self.as_raw_fd()).map_or(Caller::Unknown, Caller::Pid)
+        let pid = crate::caller::peer_pid(self.as_raw_fd());
+        (pid.map_or(Caller::Unknown, Caller::Pid), None)
     }
 }
 
@@ -117,16 +119,17 @@ impl CallerOf for tokio::net::TcpStream {
             .is_ok_and(|a| a.ip().is_loopback() || is_mapped_loopback(a.ip()))
     }
 
-    fn caller(&self) -> Caller {
+    fn caller(&self) -> (Caller, Option<crate::caller::TcpOwner>) {
         let (Ok(local), Ok(remote)) = (self.local_addr(), self.peer_addr()) else {
-            return Caller::Unknown;
+            return (Caller::Unknown, None);
         };
         if !remote.ip().is_loopback() && !is_mapped_loopback(remote.ip()) {
-            return Caller::Addr(remote.ip());
+            return (Caller::Addr(remote.ip()), None);
         }
-        match crate::caller::Peer::of_tcp(local, remote).tcp_owner() {
-            Some(crate::caller::TcpOwner::Local { uid, .. }) => Caller::Uid(uid),
-            _ => Caller::Addr(remote.ip()),
+        let owner = crate::caller::Peer::of_tcp(local, remote).tcp_owner();
+        match owner {
+            Some(crate::caller::TcpOwner::Local { uid, .. }) => (Caller::Uid(uid), owner),
+            _ => (Caller::Addr(remote.ip()), owner),
         }
     }
 }
@@ -260,24 +263,28 @@ where
         loop {
             let (io, addr) = self.inner.accept().await;
             // Loopback TCP's caller is looked up off the runtime's threads (it reads /proc).
-            let (io, caller) = if io.reads_proc() {
+            let (io, (caller, owner)) = if io.reads_proc() {
                 let io = Arc::new(io);
-                let caller = {
+                let found = {
                     let io = io.clone();
                     tokio::task::spawn_blocking(move || io.caller())
                         .await
-                        .unwrap_or(Caller::Unknown)
+                        .unwrap_or((Caller::Unknown, None))
                 };
                 let Some(io) = Arc::into_inner(io) else {
                     continue; // cannot happen: the blocking task ended and dropped its clone
                 };
-                (io, caller)
+                (io, found)
             } else {
-                let caller = io.caller();
-                (io, caller)
+                let found = io.caller();
+                (io, found)
             };
             match self.slots.take(caller.clone()) {
-                Ok(slot) => return (GuardedIo::new(io, slot), addr),
+                Ok(slot) => {
+                    let mut io = GuardedIo::new(io, slot);
+                    io.owner = owner;
+                    return (io, addr);
+                }
                 Err(why) => {
                     self.slots.warn(&caller, why);
                     drop(io);
@@ -303,6 +310,8 @@ pub struct GuardedIo<S> {
     /// A request has started (bytes read) and its answer is not written yet: no silence timer,
     /// only [`REQUEST_LIMIT`].
     answering: bool,
+    /// A TCP connection's socket owner, looked up at accept (handed to the request guard).
+    owner: Option<crate::caller::TcpOwner>,
 }
 
 impl<S> GuardedIo<S> {
@@ -314,7 +323,13 @@ impl<S> GuardedIo<S> {
             deadline: Box::pin(tokio::time::sleep(first_byte)),
             between,
             answering: false,
+            owner: None,
         }
+    }
+
+    /// A TCP connection's socket owner, when the listener looked it up.
+    pub fn owner(&self) -> Option<crate::caller::TcpOwner> {
+        self.owner
     }
 
     /// The stream inside.

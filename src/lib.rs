@@ -50,7 +50,8 @@
 //!   `text` (error texts capped, URLs redacted), `diff` (a line diff for reviews), `proof` (the service's proof that it
 //!   knows the API token, `POST /v1/proof`), `caller` (whether an API connection comes from
 //!   one of the service's own hook processes), `connections` (how many API connections, from
-//!   whom, for how long; the open-file limit).
+//!   whom, for how long; the open-file limit), `sock_diag` (one TCP socket's uid and inode, from
+//!   the kernel's netlink lookup).
 //!
 //! # The path of an event
 //! receive (`POST /v1/events` or [`Host::emit`]) -> validate the name and context ->
@@ -101,6 +102,7 @@ pub mod server;
 pub mod service;
 pub(crate) mod set_enabled;
 pub(crate) mod sink;
+pub(crate) mod sock_diag;
 pub mod start_gate;
 #[cfg(test)]
 mod testing;

@@ -260,7 +260,7 @@ impl
     ) -> Self {
         let remote = *stream.remote_addr();
         let local = stream.io().get_ref().local_addr().unwrap_or(remote);
-        crate::caller::Peer::of_tcp(local, remote)
+        crate::caller::Peer::of_tcp_known(local, remote, stream.io().owner())
     }
 }
 
