@@ -30,7 +30,9 @@ Enabling: the wheel declares this module in the ``hermes_agent.plugins`` entry-p
 or ``$HERMES_HOOKS_FAIL_CLOSED`` (comma-separated). A deciding event fails **open** by default:
 when the service cannot be reached, or a matching hook errs, times out or is not running, the
 others' answers count and Hermes goes on. Listed in ``fail_closed``, ``pre_tool_call`` then
-blocks the call and ``pre_gateway_dispatch`` skips the message, with a message saying why.
+blocks the call and ``pre_gateway_dispatch`` skips the message, with a message saying why,
+whenever a matching hook gave no decision, whatever the other hooks answered (an approve, a
+rewrite or an allow from one hook does not outvote another that could not answer).
 
 Standard library only. Never raises into Hermes.
 """
@@ -162,6 +164,18 @@ def decide(event: str, answers: List[Tuple[str, Any]]) -> Any:
     return None
 
 
+def is_closing(event: str, answer: Any) -> bool:
+    """Whether ``answer`` (of :func:`decide`) already closes ``event``: a ``pre_tool_call``
+    block, a ``pre_gateway_dispatch`` skip."""
+    if not isinstance(answer, dict):
+        return False
+    if event == "pre_tool_call":
+        return answer.get("action") == "block"
+    if event == "pre_gateway_dispatch":
+        return answer.get("action") == "skip"
+    return False
+
+
 def closed_answer(event: str, why: str) -> Any:
     """What a fail-closed ``event`` answers when a decision is missing."""
     text = "hermes-hooks: no decision (%s); failing closed" % why
@@ -245,15 +259,17 @@ class AgentBridge:
             log.warning("hermes-hooks: hook %s gave no decision on %s: %s",
                         err.get("hook"), event, err.get("error") or err.get("state"))
         answer = decide(event, answers)
-        if event in self.fail_closed:
-            if answer is not None and not (event == "pre_gateway_dispatch"
-                                           and answer.get("action") == "allow"):
+        if event in self.fail_closed and (failure is not None or missing):
+            # A matching hook that erred, timed out or is not running (or a service that did
+            # not answer) closes the event whatever the others said: another hook's approve
+            # (or rewrite, or allow) must not open a gate a failing hook may have shut (issue
+            # 58 row 3). Another hook's own block (skip) is kept: it closes too, and says why.
+            if is_closing(event, answer):
                 return answer
             if failure is not None:
                 return closed_answer(event, failure)
-            if missing:
-                return closed_answer(event, "hook %s: %s" % (
-                    missing[0].get("hook"), missing[0].get("error") or missing[0].get("state")))
+            return closed_answer(event, "hook %s: %s" % (
+                missing[0].get("hook"), missing[0].get("error") or missing[0].get("state")))
         return answer
 
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:

@@ -59,5 +59,89 @@ class Row2ErrorIsNotAnswered(unittest.TestCase):
         self.assertNotIn("error", ctx)
 
 
+class _PluginCase(unittest.TestCase):
+    """A temporary home, hook root and socket; ``bridge`` starts the real service over them and
+    registers the plugin's callbacks on a fake Hermes context (as ``test_agent_plugin``)."""
+
+    def setUp(self) -> None:
+        from test_client import Service  # the same process helper as the client's tests
+        self.Service = Service
+        self.tmp = tempfile.mkdtemp(prefix="hh-i58-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.home = os.path.join(self.tmp, "home")
+        self.hooks_dir = os.path.join(self.tmp, "hooks")
+        os.mkdir(self.home, 0o700)
+        os.mkdir(self.hooks_dir, 0o755)
+        self.sock = os.path.join(self.tmp, "hooks.sock")
+        env = mock.patch.dict(os.environ, {"HERMES_HOME": self.home})
+        env.start()
+        self.addCleanup(env.stop)
+
+    def hook(self, name: str, events: list, body: str, timeout: int = 5) -> None:
+        d = os.path.join(self.hooks_dir, name)
+        os.mkdir(d, 0o755)
+        for file_name, text in (
+                ("HOOK.yaml", "events: %s\ntimeout: %d\n" % (json.dumps(events), timeout)),
+                ("handler.py", "import json, time\ndef handle(event, context):\n%s\n"
+                 % "\n".join("    " + line for line in body.splitlines()))):
+            path = os.path.join(d, file_name)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(path, 0o644)
+
+    def bridge(self, fail_closed=()):
+        from hermes_hooks import HookRegistry
+        from hermes_hooks.agent_plugin import AgentBridge
+        from test_agent_plugin import FakeCtx
+        self.service = self.Service(self.tmp, self.home, self.hooks_dir,
+                                    ["--socket", self.sock], self.sock)
+        self.addCleanup(lambda: self.service.stop())
+        registry = HookRegistry(address=self.sock, autostart=False)
+        self.addCleanup(registry.close, 0)
+        registry.discover_and_load()
+        bridge = AgentBridge(registry, fail_closed)
+        self.addCleanup(bridge.close)
+        ctx = FakeCtx()
+        bridge.attach(ctx.register_hook)
+        return bridge, ctx
+
+
+@unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: these cases drive the real service")
+class Row3FailClosedIsNotOutvoted(_PluginCase):
+    """Row 3: ``fail_closed: [pre_tool_call]``, hook ``a`` raises, hook ``b`` approves: the
+    bridge returned b's approve (Hermes then goes to its approval prompt, which a stored
+    "always" rule answers yes). A matching hook that errs closes the event."""
+
+    def test_an_erring_hook_blocks_whatever_another_answered(self) -> None:
+        self.hook("a-raises", ["pre_tool_call"], "raise RuntimeError('gate broken')")
+        self.hook("b-approves", ["pre_tool_call"], "return {'action': 'approve', 'message': 'ok'}")
+        self.hook("c-rewrites", ["pre_gateway_dispatch"], "return {'action': 'rewrite', 'text': 't'}")
+        self.hook("d-raises", ["pre_gateway_dispatch"], "raise RuntimeError('dispatch gate broken')")
+        bridge, ctx = self.bridge(fail_closed=["pre_tool_call", "pre_gateway_dispatch"])
+        answer = ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={"command": "ls"},
+                                               session_id="s")
+        self.assertEqual(answer["action"], "block", answer)
+        self.assertIn("a-raises", answer["message"])
+        answer = ctx.hooks["pre_gateway_dispatch"][0](event="m", gateway="g", session_store=None)
+        self.assertEqual(answer["action"], "skip", answer)
+        self.assertIn("d-raises", answer["reason"])
+
+    def test_without_fail_closed_the_others_answer_counts(self) -> None:
+        """The documented fail-open behaviour stays: the approve of the hook that answered."""
+        self.hook("a-raises", ["pre_tool_call"], "raise RuntimeError('gate broken')")
+        self.hook("b-approves", ["pre_tool_call"], "return {'action': 'approve', 'message': 'ok'}")
+        bridge, ctx = self.bridge()
+        with mock.patch("sys.stderr", io.StringIO()):
+            answer = ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={}, session_id="s")
+        self.assertEqual(answer, {"action": "approve", "message": "ok"})
+
+    def test_a_block_from_another_hook_is_kept(self) -> None:
+        self.hook("a-raises", ["pre_tool_call"], "raise RuntimeError('gate broken')")
+        self.hook("b-blocks", ["pre_tool_call"], "return {'action': 'block', 'message': 'no'}")
+        bridge, ctx = self.bridge(fail_closed=["pre_tool_call"])
+        answer = ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={}, session_id="s")
+        self.assertEqual(answer, {"action": "block", "message": "no"})
+
+
 if __name__ == "__main__":
     unittest.main()
