@@ -76,6 +76,11 @@ _TOP_LEVEL = frozenset(("tool_name", "args", "session_id", "parent_session_id"))
 #: Seconds the plugin waits for the service's answer beyond its longest budget (301 s).
 _ANSWER_BOUND = 305.0
 
+#: Idle decision connections kept at most (0.19.0 runs up to 8 tools of a batch at once), and
+#: how long one is kept unused: well under the service's 60 s cut of an idle connection.
+POOL_IDLE_MAX = 8
+POOL_IDLE_SECONDS = 15.0
+
 
 def context(event: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """The context of one call: the object 0.19.0 gives a shell hook on stdin."""
@@ -212,11 +217,13 @@ class AgentBridge:
 
     def __init__(self, registry: HookRegistry, fail_closed: Iterable[str] = ()) -> None:
         self.registry = registry
-        #: Each calling thread's keep-alive connection for collects (Hermes runs tools, and so
-        #: their decisions, on several threads at once).
-        self._local = threading.local()
-        self._conns = []  # type: List[Any]  # every thread's, for close()
-        self._conns_lock = threading.Lock()
+        #: Keep-alive connections for collects, shared by Hermes's threads (it runs tools, and
+        #: so their decisions, on several at once, and starts new threads per tool batch, for
+        #: its async bridge and for subagents): a few kept idle for a short while, none per
+        #: thread (issue 58 row 4).
+        self.pool = _transport.KeepAlivePool(registry._address, _ANSWER_BOUND,
+                                             max_idle=POOL_IDLE_MAX,
+                                             idle_seconds=POOL_IDLE_SECONDS)
         self._collect_headers = dict(registry._headers, **{
             "Content-Type": "application/json", "Accept": "application/json"})
         self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
@@ -308,29 +315,17 @@ class AgentBridge:
         return (data if isinstance(data, dict) else {}), None
 
     def _post(self, body: bytes) -> Tuple[int, bytes]:
-        """``POST /v1/collect`` on this thread's keep-alive connection. A connection found
-        closed when reused (the service restarted, or dropped it while idle) is replaced once;
-        a fresh one that fails raises."""
-        conn = getattr(self._local, "conn", None)
-        reused = conn is not None and conn.sock is not None
-        if conn is None:
-            conn = self._local.conn = _transport.KeepAliveConnection(self.registry._address,
-                                                                     _ANSWER_BOUND)
-            with self._conns_lock:
-                self._conns.append(conn)
-        try:
-            return conn.request("POST", "/v1/collect", body, self._collect_headers)
-        except ConnectionError:
-            if not reused:
-                raise
-            return conn.request("POST", "/v1/collect", body, self._collect_headers)
+        """``POST /v1/collect`` on a pooled keep-alive connection. The collect is sent a second
+        time only when it certainly never reached the service (a kept-alive connection found
+        closed before a byte was written, or a first write that took none: see
+        ``_transport.KeepAlivePool``); a failure after that may follow a decision the service
+        already ran, and is the caller's failure (fail open, or closed), never a resend (issue
+        58 row 6)."""
+        return self.pool.request("POST", "/v1/collect", body, self._collect_headers)
 
     def close(self) -> None:
         """Closes the decision connections (a call after it opens a new one)."""
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.close()
+        self.pool.close()
 
     def attach(self, register_hook: Callable[[str, Callable[..., Any]], None]) -> List[str]:
         """Registers a callback for each subscribed event; returns their names."""

@@ -13,15 +13,18 @@ import io
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import threading
+import time
 import unittest
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hermes_hooks import _outcome  # noqa: E402
+from hermes_hooks import _outcome, agent_plugin  # noqa: E402
 
 BIN = os.environ.get("HERMES_HOOKS_BIN")
 
@@ -141,6 +144,214 @@ class Row3FailClosedIsNotOutvoted(_PluginCase):
         bridge, ctx = self.bridge(fail_closed=["pre_tool_call"])
         answer = ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={}, session_id="s")
         self.assertEqual(answer, {"action": "block", "message": "no"})
+
+
+def _socket_fds() -> int:
+    """This process's open sockets (every connection the plugin holds is one)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + fd).startswith("socket:"):
+                count += 1
+        except OSError:
+            pass  # closed while listed
+    return count
+
+
+def _eventually(predicate, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.02)  # polling against the deadline above
+
+
+@unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: these cases drive the real service")
+@unittest.skipUnless(os.path.isdir("/proc/self/fd"), "counts descriptors in /proc/self/fd")
+class Row4ConnectionsAreBounded(_PluginCase):
+    """Row 4: 300 ``pre_tool_call`` calls, each on a short-lived thread, left 300 connections
+    open in the agent (and on the service), some still open after 75 s idle: the bridge kept
+    one per thread forever. Now they share a few, closed after a short idle time."""
+
+    def test_short_lived_threads_leave_no_connections(self) -> None:
+        self.hook("gate", ["pre_tool_call"], "return None")
+        with mock.patch.object(agent_plugin, "POOL_IDLE_SECONDS", 1.0, create=True):
+            bridge, ctx = self.bridge()
+        call = ctx.hooks["pre_tool_call"][0]
+        self.assertIsNone(call(tool_name="terminal", args={}, session_id="s"))
+        before = _socket_fds()
+        answers = []
+        for i in range(300):
+            t = threading.Thread(target=lambda: answers.append(
+                call(tool_name="terminal", args={"i": 1}, session_id="s")))
+            t.start()
+            t.join()
+        self.assertEqual(answers, [None] * 300)
+        self.assertLessEqual(_socket_fds(), before + 1, "a connection per thread")
+        # Idle: the kept connections close by themselves, well before the service's 60 s cut.
+        _eventually(lambda: _socket_fds() <= before - 1, "the idle connection to close", 10)
+
+    def test_threads_at_once_share_a_bounded_pool(self) -> None:
+        """Many threads deciding at once each get a connection; afterwards at most the pool's
+        bound stays open, and every answer is right (the pool is thread-safe)."""
+        self.hook("gate", ["pre_tool_call"],
+                  "time.sleep(0.01)\n"
+                  "return {'action': 'block', 'message': str(context['tool_input']['i'])}")
+        bridge, ctx = self.bridge()
+        call = ctx.hooks["pre_tool_call"][0]
+        before = _socket_fds()
+        answers = {}
+        barrier = threading.Barrier(24)
+
+        def run(i: int) -> None:
+            barrier.wait()
+            for j in range(5):
+                answer = call(tool_name="terminal", args={"i": i * 100 + j}, session_id="s")
+                answers[(i, j)] = answer["message"]
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(answers, {(i, j): str(i * 100 + j) for i in range(24) for j in range(5)})
+        self.assertLessEqual(_socket_fds(), before + getattr(agent_plugin, "POOL_IDLE_MAX", 8))
+
+
+class _OneShotServer:
+    """A scripted service on a Unix socket that records each request (its connection number and
+    body) and answers by ``script``: ``script(n)`` for the n-th request (from 1) says what to do
+    after reading it: ``"answer"`` (keep-alive), ``"answer-then-close"`` or ``"cut"`` (close
+    without answering, as a service that dies or drops the connection after reading)."""
+
+    ANSWER = json.dumps({"results": [{"hook": "gate", "result": {"action": "block",
+                                                                  "message": "scripted"}}],
+                         "errors": []}).encode()
+
+    def __init__(self, path: str, script) -> None:
+        self.path = path
+        self.script = script
+        self.requests = []  # type: list
+        self.connections = 0
+        self.closed = threading.Event()  # set when the server closed a connection itself
+        self.lock = threading.Lock()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stop(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+                number = self.connections
+            threading.Thread(target=self._serve, args=(conn, number), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        rfile = conn.makefile("rb")
+        try:
+            while True:
+                head = rfile.readline()
+                if not head:
+                    return
+                length = 0
+                while True:
+                    line = rfile.readline()
+                    if line in (b"\r\n", b""):
+                        break
+                    key, _, value = line.decode("latin-1").partition(":")
+                    if key.strip().lower() == "content-length":
+                        length = int(value)
+                body = rfile.read(length)
+                with self.lock:
+                    self.requests.append((number, json.loads(body.decode())))
+                    what = self.script(len(self.requests))
+                if what == "cut":
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(self.ANSWER), self.ANSWER))
+                if what == "answer-then-close":
+                    return
+        finally:
+            rfile.close()
+            conn.close()
+            self.closed.set()
+
+
+class Row6NoResendAfterSending(unittest.TestCase):
+    """Row 6: after a ``ConnectionError`` on a reused connection the plugin sent the collect
+    again, though the service may have read it and run the hooks: a decision could run twice.
+    Now a collect is sent again only when it certainly did not leave (see
+    ``_transport.KeepAlivePool``)."""
+
+    def setUp(self) -> None:
+        from hermes_hooks import HookRegistry
+        self.tmp = tempfile.mkdtemp(prefix="hh-i58-6-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.sock = os.path.join(self.tmp, "s.sock")
+        self.registry = HookRegistry(address=self.sock, autostart=False)
+        self.addCleanup(self.registry.close, 0)
+
+    def serve(self, script) -> "_OneShotServer":
+        server = _OneShotServer(self.sock, script)
+        self.addCleanup(server.stop)
+        return server
+
+    def bridge(self, fail_closed=()):
+        from hermes_hooks.agent_plugin import AgentBridge
+        bridge = AgentBridge(self.registry, fail_closed)
+        self.addCleanup(bridge.close)
+        return bridge.callback("pre_tool_call")
+
+    def test_a_collect_cut_after_it_was_read_is_not_sent_again(self) -> None:
+        server = self.serve(lambda n: "cut" if n == 2 else "answer")
+        call = self.bridge()
+        self.assertEqual(call(tool_name="t", args={"n": 1})["message"], "scripted")
+        with mock.patch("sys.stderr", io.StringIO()):
+            self.assertIsNone(call(tool_name="t", args={"n": 2}), "fails open, once")
+        self.assertEqual([body["context"]["tool_input"]["n"] for _, body in server.requests],
+                         [1, 2], "the second collect was sent twice")
+        # Fail closed: the same cut blocks, still without a second copy.
+        call = self.bridge(["pre_tool_call"])
+        self.assertEqual(call(tool_name="t", args={"n": 3})["message"], "scripted")
+        server.script = lambda n: "cut"
+        self.assertEqual(call(tool_name="t", args={"n": 4})["action"], "block")
+        self.assertEqual([body["context"]["tool_input"]["n"] for _, body in server.requests],
+                         [1, 2, 3, 4])
+
+    def test_a_connection_closed_while_idle_is_replaced_before_sending(self) -> None:
+        """The case that may be retried: the service closed the kept-alive connection while it
+        was idle; the plugin sees it before writing, and the collect goes once, on a new one."""
+        server = self.serve(lambda n: "answer-then-close" if n == 1 else "answer")
+        call = self.bridge()
+        self.assertEqual(call(tool_name="t", args={"n": 1})["message"], "scripted")
+        server.closed.wait(10)
+        self.assertEqual(call(tool_name="t", args={"n": 2})["message"], "scripted")
+        self.assertEqual(server.requests, [(1, mock.ANY), (2, mock.ANY)])
+
+    def test_a_first_write_that_took_nothing_is_sent_on_a_new_connection(self) -> None:
+        """Closed so late that the idle check misses it: the first write fails with no byte
+        taken (EPIPE on a Unix socket), which is still certain not to have arrived."""
+        from hermes_hooks import _transport
+        server = self.serve(lambda n: "answer-then-close" if n == 1 else "answer")
+        call = self.bridge()
+        self.assertEqual(call(tool_name="t", args={"n": 1})["message"], "scripted")
+        server.closed.wait(10)
+        with mock.patch.object(_transport.KeepAliveConnection, "idle_closed",
+                               lambda self: False):
+            self.assertEqual(call(tool_name="t", args={"n": 2})["message"], "scripted")
+        self.assertEqual([(c, b["context"]["tool_input"]["n"]) for c, b in server.requests],
+                         [(1, 1), (2, 2)])
 
 
 if __name__ == "__main__":
