@@ -37,10 +37,12 @@ rewrite or an allow from one hook does not outvote another that could not answer
 Standard library only. Never raises into Hermes.
 """
 
+import collections
 import hashlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -212,6 +214,82 @@ def _config_fail_closed() -> List[str]:
     return [n for n in names if n]
 
 
+def _hook_cause(err: Dict[str, Any]) -> str:
+    """Why a hook gave no decision, from its entry in a collect's ``errors``."""
+    why = str(err.get("error") or "").strip()
+    if err.get("timed_out"):
+        head = "timed out"
+    elif err.get("state"):
+        head = "not running (%s)" % err.get("state")
+    else:
+        head = "failed"
+    return "%s: %s" % (head, why) if why else head
+
+
+def _cause_kind(cause: str) -> str:
+    """The part of a cause that names its kind (what a repeat is compared by): up to the first
+    ": ", so that "failed: KeyError: 'x'" and "failed: KeyError: 'y'" are one cause, while a
+    hook that times out after it failed is said again."""
+    return cause.split(": ", 1)[0].strip()
+
+
+def to_terminal(line: str) -> None:
+    """Shows ``line`` to the person at Hermes's terminal. Inside ``hermes chat``'s interactive
+    screen (prompt_toolkit running) it goes through the CLI's own printer, ``cli._cprint``, which
+    prints above the input area from any thread (a bare write would be swallowed there); else
+    to ``sys.stderr``, where Hermes writes its own warnings (``hermes -z`` silences it, as it
+    silences Hermes's). Never raises."""
+    try:
+        cli = sys.modules.get("cli")
+        printer = getattr(cli, "_cprint", None)
+        app_module = sys.modules.get("prompt_toolkit.application")
+        app = app_module.get_app_or_none() if app_module is not None else None
+        if callable(printer) and app is not None and getattr(app, "_is_running", False):
+            printer(line)
+            return
+    except Exception:
+        pass
+    try:
+        stream = sys.stderr
+        if stream is not None:
+            stream.write(line + "\n")
+            stream.flush()
+    except Exception:
+        pass
+
+
+class FailOpenNotices:
+    """One line in the terminal when a decision fails open, once per session for each (hook,
+    kind of cause), however many calls fail the same way (issue 58 row 7: before, only WARNING
+    lines in ``logs/agent.log`` said so, one per call). Thread-safe; remembers at most ``limit``
+    (session, hook, cause) keys, forgetting the oldest."""
+
+    def __init__(self, limit: int = 4096, write: Optional[Callable[[str], None]] = None) -> None:
+        self._lock = threading.Lock()
+        self._seen = collections.OrderedDict()  # type: collections.OrderedDict
+        self._limit = limit
+        self._write = write or to_terminal
+
+    def failed_open(self, session: str, event: str, hook: str, cause: str) -> bool:
+        """Says that ``hook`` gave ``event`` no decision because of ``cause`` and Hermes went
+        on without it, unless this session was told already. Returns whether it said it."""
+        key = (session, hook, _cause_kind(cause))
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen[key] = True
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+        cause = " ".join(cause.split())
+        if len(cause) > 300:
+            cause = cause[:297] + "..."
+        who = ("hooks %s" if ", " in hook else "hook %s") % hook if hook else "its hooks"
+        self._write("hermes-hooks: %s: %s gave no decision (%s); Hermes went on without it "
+                    "(fail open). Said once per session; every call is in logs/agent.log."
+                    % (event, who, cause))
+        return True
+
+
 class AgentBridge:
     """The callbacks of one Hermes process, over one ``HookRegistry``."""
 
@@ -227,6 +305,8 @@ class AgentBridge:
         self._collect_headers = dict(registry._headers, **{
             "Content-Type": "application/json", "Accept": "application/json"})
         self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
+        #: What has been said in the terminal about decisions that failed open.
+        self.notices = FailOpenNotices()
         for n in fail_closed:
             if n not in CLOSABLE:
                 log.warning("hermes-hooks: fail_closed lists %r; only %s can fail closed",
@@ -246,6 +326,8 @@ class AgentBridge:
                     log.warning("hermes-hooks: %s failed: %r", event, exc)
                     if event in self.fail_closed:
                         return closed_answer(event, repr(exc))
+                    self.notices.failed_open(str(kwargs.get("session_id") or ""), event,
+                                             "", "the plugin failed: %r" % (exc,))
                     return None
             fn = deciding
         else:
@@ -258,7 +340,8 @@ class AgentBridge:
 
     def decide(self, event: str, kwargs: Dict[str, Any]) -> Any:
         """Ask the service (``POST /v1/collect``) and read the answers by 0.19.0's rules."""
-        data, failure = self.collect(event, context(event, kwargs))
+        ctx = context(event, kwargs)
+        data, failure = self.collect(event, ctx)
         answers = [(str(r.get("hook")), r.get("result")) for r in data.get("results") or []
                    if isinstance(r, dict) and r.get("result") is not None]
         missing = [e for e in data.get("errors") or [] if isinstance(e, dict)]
@@ -277,7 +360,25 @@ class AgentBridge:
                 return closed_answer(event, failure)
             return closed_answer(event, "hook %s: %s" % (
                 missing[0].get("hook"), missing[0].get("error") or missing[0].get("state")))
+        if event not in self.fail_closed:
+            session = str(ctx.get("session_id") or "")
+            if failure is not None:
+                self.notices.failed_open(session, event, self._gates(event), failure)
+            for err in missing:
+                if err.get("state") != "disabled":  # turned off by the operator, on purpose
+                    self.notices.failed_open(session, event, str(err.get("hook")),
+                                             _hook_cause(err))
         return answer
+
+    def _gates(self, event: str) -> str:
+        """The hooks of the service's list whose ``events:`` match ``event``, by name."""
+        try:
+            names = [str(h.get("name")) for h in self.registry.loaded_hooks
+                     if isinstance(h, dict) and h.get("enabled", True) is not False
+                     and subscribed([h], (event,))]
+        except Exception:
+            names = []
+        return ", ".join(names)
 
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
         """``POST /v1/collect`` on a fresh connection (Hermes calls from its own threads; no

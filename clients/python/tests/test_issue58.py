@@ -354,5 +354,101 @@ class Row6NoResendAfterSending(unittest.TestCase):
                          [(1, 1), (2, 2)])
 
 
+class _AsHermesLogs:
+    """Logging as under Hermes: the root logger has handlers (its log files), so a WARNING
+    reaches no terminal (without one, Python's last-resort handler would print it)."""
+
+    def __enter__(self):
+        import logging
+        self.records = []  # type: list
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append  # type: ignore[assignment]
+        logging.getLogger().addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import logging
+        logging.getLogger().removeHandler(self.handler)
+
+
+def _fail_open_lines(text: str) -> list:
+    return [line for line in text.splitlines() if "fail open" in line]
+
+
+@unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: these cases drive the real service")
+class Row7FailOpenIsSaidInTheTerminal(_PluginCase):
+    """Row 7: a gate that failed open (service down, hook failing) said so only in WARNING lines
+    of ``logs/agent.log``. Now one line in the terminal per session, naming the hook and the
+    cause, not one per call."""
+
+    def test_a_failing_hook_is_said_once_per_session(self) -> None:
+        self.hook("gate", ["pre_tool_call"], "raise KeyError(context['tool_input']['n'])")
+        self.hook("ctx", ["pre_llm_call"], "time.sleep(3)", timeout=1)
+        bridge, ctx = self.bridge()
+        stderr = io.StringIO()
+        with _AsHermesLogs() as logs, mock.patch("sys.stderr", stderr):
+            for n in range(20):
+                self.assertIsNone(ctx.hooks["pre_tool_call"][0](
+                    tool_name="terminal", args={"n": n}, session_id="s1"))
+            lines = _fail_open_lines(stderr.getvalue())
+            self.assertEqual(len(lines), 1, stderr.getvalue())
+            self.assertIn("pre_tool_call", lines[0])
+            self.assertIn("hook gate", lines[0])
+            self.assertIn("KeyError", lines[0])
+            self.assertEqual(len(logs.records), 20, "each call is still logged")
+            # Another session is told again; a hook timing out is its own line.
+            ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={"n": 0}, session_id="s2")
+            ctx.hooks["pre_llm_call"][0](session_id="s2", user_message="hi")
+            ctx.hooks["pre_llm_call"][0](session_id="s2", user_message="hi")
+        lines = _fail_open_lines(stderr.getvalue())
+        self.assertEqual(len(lines), 3, stderr.getvalue())
+        self.assertIn("hook ctx", lines[2])
+        self.assertIn("timed out", lines[2])
+
+    def test_a_service_that_is_gone_is_said_once(self) -> None:
+        self.hook("gate", ["pre_tool_call"], "return None")
+        bridge, ctx = self.bridge()
+        self.service.stop()
+        stderr = io.StringIO()
+        with _AsHermesLogs(), mock.patch("sys.stderr", stderr):
+            for n in range(10):
+                self.assertIsNone(ctx.hooks["pre_tool_call"][0](
+                    tool_name="terminal", args={}, session_id="s1"))
+        lines = _fail_open_lines(stderr.getvalue())
+        self.assertEqual(len(lines), 1, stderr.getvalue())
+        self.assertIn("hook gate", lines[0])
+        self.assertIn("unreachable", lines[0])
+
+    def test_failing_closed_is_no_fail_open_line(self) -> None:
+        self.hook("gate", ["pre_tool_call"], "raise KeyError('x')")
+        bridge, ctx = self.bridge(fail_closed=["pre_tool_call"])
+        stderr = io.StringIO()
+        with _AsHermesLogs(), mock.patch("sys.stderr", stderr):
+            answer = ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={}, session_id="s")
+        self.assertEqual(answer["action"], "block")
+        self.assertEqual(_fail_open_lines(stderr.getvalue()), [])
+
+    def test_inside_the_interactive_cli_it_goes_through_hermes_printer(self) -> None:
+        """``hermes chat``'s screen (prompt_toolkit running): the CLI's own ``_cprint``, which
+        prints above the input area (a fake of Hermes's ``cli`` module and of prompt_toolkit's
+        ``get_app_or_none``)."""
+        import types
+        self.hook("gate", ["pre_tool_call"], "raise KeyError('x')")
+        bridge, ctx = self.bridge()
+        printed = []
+        cli = types.ModuleType("cli")
+        cli._cprint = printed.append  # type: ignore[attr-defined]
+        app = types.SimpleNamespace(_is_running=True)
+        pt_app = types.ModuleType("prompt_toolkit.application")
+        pt_app.get_app_or_none = lambda: app  # type: ignore[attr-defined]
+        stderr = io.StringIO()
+        with _AsHermesLogs(), mock.patch("sys.stderr", stderr), \
+                mock.patch.dict(sys.modules, {"cli": cli, "prompt_toolkit.application": pt_app}):
+            for _ in range(3):
+                ctx.hooks["pre_tool_call"][0](tool_name="terminal", args={}, session_id="s")
+        self.assertEqual(len(_fail_open_lines("\n".join(printed))), 1, printed)
+        self.assertEqual(stderr.getvalue(), "")
+
+
 if __name__ == "__main__":
     unittest.main()
