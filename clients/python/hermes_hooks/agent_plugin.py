@@ -381,8 +381,9 @@ class AgentBridge:
         return ", ".join(names)
 
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
-        """``POST /v1/collect`` on a fresh connection (Hermes calls from its own threads; no
-        event loop is assumed). Returns the service's answer and why it failed, if it did."""
+        """``POST /v1/collect``, blocking, on a pooled connection (Hermes calls from its own
+        threads; no event loop is assumed). Returns the service's answer and why it failed, if
+        it did."""
         try:
             body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
                               default=str, allow_nan=False).encode("utf-8")
