@@ -278,6 +278,8 @@ class _OneShotServer:
                     what = self.script(len(self.requests))
                 if what == "cut":
                     return
+                if what == "slow":
+                    time.sleep(0.2)  # many requests in flight at once, on as many connections
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n%s" % (len(self.ANSWER), self.ANSWER))
                 if what == "answer-then-close":
@@ -286,6 +288,43 @@ class _OneShotServer:
             rfile.close()
             conn.close()
             self.closed.set()
+
+
+class PoolWithoutTheService(unittest.TestCase):
+    """Row 4's pool on its own (it runs without the service binary too): connections in use at
+    once are what the callers need, at most ``max_idle`` stay, and those close once idle."""
+
+    def test_bound_and_idle_close(self) -> None:
+        from hermes_hooks import _transport
+        tmp = tempfile.mkdtemp(prefix="hh-i58-pool-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        path = os.path.join(tmp, "s.sock")
+        server = _OneShotServer(path, lambda n: "slow")
+        self.addCleanup(server.stop)
+        pool = _transport.KeepAlivePool(_transport.parse_address(path), 10.0, max_idle=3,
+                                        idle_seconds=0.5)
+        self.addCleanup(pool.close)
+        barrier = threading.Barrier(10)
+        statuses = []
+
+        def run() -> None:
+            barrier.wait()
+            statuses.append(pool.request("POST", "/v1/collect", b"{}", {})[0])
+
+        threads = [threading.Thread(target=run) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(statuses, [200] * 10)
+        self.assertGreater(server.connections, 3, "the requests were in flight at once")
+        self.assertEqual(pool.opened, server.connections)
+        self.assertEqual(pool.idle_count(), 3)
+        # Reused, not reopened; then closed by the reaper when idle.
+        pool.request("POST", "/v1/collect", b"{}", {})
+        self.assertEqual(pool.opened, server.connections)
+        _eventually(lambda: pool.idle_count() == 0, "the idle connections to close", 10)
+        _eventually(lambda: server.closed.is_set(), "the server to see them closed", 10)
 
 
 class Row6NoResendAfterSending(unittest.TestCase):
