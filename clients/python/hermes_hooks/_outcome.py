@@ -7,7 +7,9 @@ that frame is there. Here a hook runs off that path (in the service, or on an in
 own thread), where no such frame exists, and such a hook took every run for answered. So the
 client does that walk once, in ``emit``, while the gateway's frame is still its caller's, and
 adds the outcome to the context: ``outcome`` (``"answered"``, ``"failed"``, ``"interrupted"``),
-``failed``, ``interrupted`` and, when the run has one, ``error`` (at most 500 characters). A
+``failed``, ``interrupted`` and, when the run has one, ``error`` (at most 500 characters). A run
+is ``"failed"`` whenever 0.19.0 would not count it as completed (see :func:`completed`): an
+``error`` set, or ``partial``, or ``completed: False``, fails it even with ``failed`` false. A
 context that already has an ``outcome`` is left as it is; without an ``agent_result`` within
 a few frames (a gateway of another shape) nothing is added.
 """
@@ -39,6 +41,20 @@ def _agent_result(depth: int) -> Optional[Dict[str, Any]]:
     return None
 
 
+def completed(result: Dict[str, Any]) -> bool:
+    """Whether a run completed, as hermes-agent 0.19.0 itself decides it before it clears a
+    session's restart-recovery marker (``gateway/run.py``, ``_should_clear_resume_pending_after_
+    turn``): not when the run was interrupted, failed, stopped part-way (``partial``), carries an
+    ``error`` or says ``completed: False``. ``failed`` alone is not enough: the gateway's result
+    for a turn with a final response has no ``failed`` key at all, so a provider's HTTP 400 shows
+    there only as ``error`` (issue 58 row 2)."""
+    if result.get("interrupted"):
+        return False
+    if result.get("failed") or result.get("partial") or result.get("error"):
+        return False
+    return result.get("completed") is not False
+
+
 def with_outcome(context: Dict[str, Any], depth: int) -> Dict[str, Any]:
     """``context`` with the run's outcome added (a new dict), or ``context`` itself when it has
     one already or no ``agent_result`` is found ``depth`` frames above the caller and up."""
@@ -48,8 +64,7 @@ def with_outcome(context: Dict[str, Any], depth: int) -> Dict[str, Any]:
     if result is None:
         return context
     interrupted = bool(result.get("interrupted"))
-    failed = bool(result.get("failed")) or (bool(result.get("partial"))
-                                             and bool(result.get("error")))
+    failed = not interrupted and not completed(result)
     added = dict(context)
     added["outcome"] = "interrupted" if interrupted else "failed" if failed else "answered"
     added["failed"] = failed

@@ -13,7 +13,10 @@ import hmac
 import http.client
 import json
 import os
+import select
 import socket
+import threading
+import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -236,6 +239,22 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.peer_uid = _trusted.peer_uid(sock)
 
 
+class NotSent(ConnectionError):
+    """A request that certainly did not reach the service: no byte of it was written (see
+    :meth:`KeepAliveConnection.request`). Sending it again, on another connection, cannot run
+    anything twice."""
+
+
+def _readable_now(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read (data, end of file or an error) at once."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
 class KeepAliveConnection:
     """A minimal HTTP/1.1 client connection for the sender thread's batch requests.
 
@@ -285,10 +304,32 @@ class KeepAliveConnection:
                 except OSError:
                     pass
 
+    def idle_closed(self) -> bool:
+        """Whether this connection, open and idle between requests, can no longer carry one: on
+        an idle HTTP/1.1 connection nothing may be readable, so anything that is (the service's
+        end of file after it closed the connection, a reset, stray bytes) means it is done."""
+        sock = self.sock
+        if sock is None:
+            return True
+        try:
+            return _readable_now(sock)
+        except (OSError, ValueError):
+            return True
+
     def request(self, method: str, path: str, body: bytes, headers: Dict[str, str]
                 ) -> Tuple[int, bytes]:
         """Send a request and read the answer; raises ``OSError`` (``ConnectionError`` for a
-        connection closed by the service) and leaves the connection closed on any failure."""
+        connection closed by the service) and leaves the connection closed on any failure.
+
+        Raises :class:`NotSent` only when the request certainly did not reach the service: the
+        connection was reused and found closed before anything was written (:meth:`idle_closed`),
+        or the first write of the request failed with no byte taken by the kernel. Any other
+        failure (a later write, or reading the answer) may come after the service got the whole
+        request and acted on it: it is raised as it is, and must not be sent again."""
+        if self.sock is not None and self.idle_closed():
+            self.close()
+            raise NotSent("the service closed the kept-alive connection to %s while it was idle"
+                          % self.address)
         if self.sock is None:
             self.connect()
             token = needs_proof(self.address, headers)
@@ -302,10 +343,10 @@ class KeepAliveConnection:
         try:
             assert self.sock is not None
             if len(body) < 65536:
-                self.sock.sendall(data + body)
+                self._send(data + body)
             else:
-                self.sock.sendall(data)
-                self.sock.sendall(body)
+                self._send(data)
+                self._send(body, started=True)
             status, answer_headers, answer = _read_response_sync(self._rfile)
             check_protocol(answer_headers, self.address)
         except BaseException:
@@ -315,6 +356,21 @@ class KeepAliveConnection:
             self.close()
         return status, answer
 
+
+    def _send(self, data: bytes, started: bool = False) -> None:
+        """``sendall`` that tells a failure before the first byte was taken (:class:`NotSent`)
+        from one after (the error itself). ``started``: part of the request is out already."""
+        assert self.sock is not None
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            try:
+                written += self.sock.send(view[written:])
+            except OSError as exc:
+                if written or started:
+                    raise
+                raise NotSent("the service at %s took no byte of the request: %s"
+                              % (self.address, exc)) from exc
 
     def _prove(self, token: str) -> None:
         """The proof, first on a new TCP connection (see :func:`check_proof`)."""
@@ -328,6 +384,114 @@ class KeepAliveConnection:
         except BaseException:
             self.close()
             raise
+
+
+class KeepAlivePool:
+    """Keep-alive connections to one address, shared by any number of threads.
+
+    A thread takes a connection for one request (:meth:`request`) and gives it back; idle
+    connections wait on a stack, the most recently used first. At most ``max_idle`` wait (one
+    given back beyond that closes the oldest), and each closes after ``idle_seconds`` unused,
+    well before the service cuts it (60 s after an answer; ``src/connections.rs``), by a reaper
+    thread that runs only while some connection is idle. So threads that come and go (Hermes
+    starts new ones per tool batch, for its async bridge and for subagents) leave no connection
+    behind: open connections are those in use plus at most ``max_idle``.
+
+    Sending again (issue 58 row 6): a request is sent a second time only when it certainly did
+    not reach the service, :class:`NotSent` from the connection: a kept-alive connection found
+    closed before anything was written, or a first write that took no byte. Then it goes out on
+    the next idle connection or a new one. Any other failure, once a byte of the request may have
+    reached the service (a later write, reading the answer, a connection cut before the answer),
+    is raised: the service may have run the hooks already, and a decision must not run twice.
+    A new connection that fails before sending (the service is not there) raises too.
+    """
+
+    def __init__(self, address: Address, timeout: float, max_idle: int = 8,
+                 idle_seconds: float = 15.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.max_idle = max_idle
+        self.idle_seconds = idle_seconds
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = []  # type: List[Tuple[KeepAliveConnection, float]]  # oldest first
+        self._generation = 0  # close() moves it on: connections out then are not kept
+        self._reaper = None  # type: Optional[threading.Thread]
+        #: Connections opened so far (for tests and diagnostics).
+        self.opened = 0
+
+    def idle_count(self) -> int:
+        with self._cond:
+            return len(self._idle)
+
+    def request(self, method: str, path: str, body: bytes, headers: Dict[str, str]
+                ) -> Tuple[int, bytes]:
+        """One request on a pooled connection (see the class's rule on sending again)."""
+        for _ in range(self.max_idle + 2):
+            conn, generation = self._take()
+            reused = conn.sock is not None
+            try:
+                answer = conn.request(method, path, body, headers)
+            except NotSent:
+                conn.close()
+                if reused:
+                    continue  # it never left: the next idle connection, or a new one
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            self._give_back(conn, generation)
+            return answer
+        raise NotSent("no connection to %s could carry the request" % self.address)
+
+    def close(self) -> None:
+        """Closes the idle connections; those in use close when given back. The pool stays
+        usable (a request after it opens a new connection)."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._generation += 1
+            self._cond.notify_all()
+        for conn, _ in idle:
+            conn.close()
+
+    def _take(self) -> Tuple[KeepAliveConnection, int]:
+        with self._cond:
+            generation = self._generation
+            if self._idle:
+                return self._idle.pop()[0], generation
+            self.opened += 1
+        return KeepAliveConnection(self.address, self.timeout), generation
+
+    def _give_back(self, conn: KeepAliveConnection, generation: int) -> None:
+        surplus = []
+        with self._cond:
+            if conn.sock is None or generation != self._generation:
+                surplus.append(conn)
+            else:
+                self._idle.append((conn, time.monotonic()))
+                while len(self._idle) > self.max_idle:
+                    surplus.append(self._idle.pop(0)[0])
+                if self._reaper is None:
+                    self._reaper = threading.Thread(target=self._reap, daemon=True,
+                                                    name="hermes-hooks-pool-reaper")
+                    self._reaper.start()
+        for extra in surplus:
+            extra.close()
+
+    def _reap(self) -> None:
+        """Closes connections idle for ``idle_seconds``; ends when none is idle."""
+        while True:
+            expired = []
+            with self._cond:
+                if not self._idle:
+                    self._reaper = None
+                    return
+                now = time.monotonic()
+                while self._idle and now - self._idle[0][1] >= self.idle_seconds:
+                    expired.append(self._idle.pop(0)[0])
+                if not expired and self._idle:
+                    self._cond.wait(self._idle[0][1] + self.idle_seconds - now)
+            for conn in expired:
+                conn.close()
 
 
 def _read_response_sync(rfile: Any) -> Tuple[int, Dict[str, str], bytes]:

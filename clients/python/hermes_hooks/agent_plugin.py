@@ -30,15 +30,19 @@ Enabling: the wheel declares this module in the ``hermes_agent.plugins`` entry-p
 or ``$HERMES_HOOKS_FAIL_CLOSED`` (comma-separated). A deciding event fails **open** by default:
 when the service cannot be reached, or a matching hook errs, times out or is not running, the
 others' answers count and Hermes goes on. Listed in ``fail_closed``, ``pre_tool_call`` then
-blocks the call and ``pre_gateway_dispatch`` skips the message, with a message saying why.
+blocks the call and ``pre_gateway_dispatch`` skips the message, with a message saying why,
+whenever a matching hook gave no decision, whatever the other hooks answered (an approve, a
+rewrite or an allow from one hook does not outvote another that could not answer).
 
 Standard library only. Never raises into Hermes.
 """
 
+import collections
 import hashlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -73,6 +77,11 @@ _TOP_LEVEL = frozenset(("tool_name", "args", "session_id", "parent_session_id"))
 
 #: Seconds the plugin waits for the service's answer beyond its longest budget (301 s).
 _ANSWER_BOUND = 305.0
+
+#: Idle decision connections kept at most (0.19.0 runs up to 8 tools of a batch at once), and
+#: how long one is kept unused: well under the service's 60 s cut of an idle connection.
+POOL_IDLE_MAX = 8
+POOL_IDLE_SECONDS = 15.0
 
 
 def context(event: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
@@ -162,6 +171,18 @@ def decide(event: str, answers: List[Tuple[str, Any]]) -> Any:
     return None
 
 
+def is_closing(event: str, answer: Any) -> bool:
+    """Whether ``answer`` (of :func:`decide`) already closes ``event``: a ``pre_tool_call``
+    block, a ``pre_gateway_dispatch`` skip."""
+    if not isinstance(answer, dict):
+        return False
+    if event == "pre_tool_call":
+        return answer.get("action") == "block"
+    if event == "pre_gateway_dispatch":
+        return answer.get("action") == "skip"
+    return False
+
+
 def closed_answer(event: str, why: str) -> Any:
     """What a fail-closed ``event`` answers when a decision is missing."""
     text = "hermes-hooks: no decision (%s); failing closed" % why
@@ -193,19 +214,99 @@ def _config_fail_closed() -> List[str]:
     return [n for n in names if n]
 
 
+def _hook_cause(err: Dict[str, Any]) -> str:
+    """Why a hook gave no decision, from its entry in a collect's ``errors``."""
+    why = str(err.get("error") or "").strip()
+    if err.get("timed_out"):
+        head = "timed out"
+    elif err.get("state"):
+        head = "not running (%s)" % err.get("state")
+    else:
+        head = "failed"
+    return "%s: %s" % (head, why) if why else head
+
+
+def _cause_kind(cause: str) -> str:
+    """The part of a cause that names its kind (what a repeat is compared by): up to the first
+    ": ", so that "failed: KeyError: 'x'" and "failed: KeyError: 'y'" are one cause, while a
+    hook that times out after it failed is said again."""
+    return cause.split(": ", 1)[0].strip()
+
+
+def to_terminal(line: str) -> None:
+    """Shows ``line`` to the person at Hermes's terminal. Inside ``hermes chat``'s interactive
+    screen (prompt_toolkit running) it goes through the CLI's own printer, ``cli._cprint``, which
+    prints above the input area from any thread (a bare write would be swallowed there); else
+    to ``sys.stderr``, where Hermes writes its own warnings (``hermes -z`` silences it, as it
+    silences Hermes's). Never raises."""
+    try:
+        cli = sys.modules.get("cli")
+        printer = getattr(cli, "_cprint", None)
+        app_module = sys.modules.get("prompt_toolkit.application")
+        app = app_module.get_app_or_none() if app_module is not None else None
+        if callable(printer) and app is not None and getattr(app, "_is_running", False):
+            printer(line)
+            return
+    except Exception:
+        pass
+    try:
+        stream = sys.stderr
+        if stream is not None:
+            stream.write(line + "\n")
+            stream.flush()
+    except Exception:
+        pass
+
+
+class FailOpenNotices:
+    """One line in the terminal when a decision fails open, once per session for each (hook,
+    kind of cause), however many calls fail the same way (issue 58 row 7: before, only WARNING
+    lines in ``logs/agent.log`` said so, one per call). Thread-safe; remembers at most ``limit``
+    (session, hook, cause) keys, forgetting the oldest."""
+
+    def __init__(self, limit: int = 4096, write: Optional[Callable[[str], None]] = None) -> None:
+        self._lock = threading.Lock()
+        self._seen = collections.OrderedDict()  # type: collections.OrderedDict
+        self._limit = limit
+        self._write = write or to_terminal
+
+    def failed_open(self, session: str, event: str, hook: str, cause: str) -> bool:
+        """Says that ``hook`` gave ``event`` no decision because of ``cause`` and Hermes went
+        on without it, unless this session was told already. Returns whether it said it."""
+        key = (session, hook, _cause_kind(cause))
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen[key] = True
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+        cause = " ".join(cause.split())
+        if len(cause) > 300:
+            cause = cause[:297] + "..."
+        who = ("hooks %s" if ", " in hook else "hook %s") % hook if hook else "its hooks"
+        self._write("hermes-hooks: %s: %s gave no decision (%s); Hermes went on without it "
+                    "(fail open). Said once per session; every call is in logs/agent.log."
+                    % (event, who, cause))
+        return True
+
+
 class AgentBridge:
     """The callbacks of one Hermes process, over one ``HookRegistry``."""
 
     def __init__(self, registry: HookRegistry, fail_closed: Iterable[str] = ()) -> None:
         self.registry = registry
-        #: Each calling thread's keep-alive connection for collects (Hermes runs tools, and so
-        #: their decisions, on several threads at once).
-        self._local = threading.local()
-        self._conns = []  # type: List[Any]  # every thread's, for close()
-        self._conns_lock = threading.Lock()
+        #: Keep-alive connections for collects, shared by Hermes's threads (it runs tools, and
+        #: so their decisions, on several at once, and starts new threads per tool batch, for
+        #: its async bridge and for subagents): a few kept idle for a short while, none per
+        #: thread (issue 58 row 4).
+        self.pool = _transport.KeepAlivePool(registry._address, _ANSWER_BOUND,
+                                             max_idle=POOL_IDLE_MAX,
+                                             idle_seconds=POOL_IDLE_SECONDS)
         self._collect_headers = dict(registry._headers, **{
             "Content-Type": "application/json", "Accept": "application/json"})
         self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
+        #: What has been said in the terminal about decisions that failed open.
+        self.notices = FailOpenNotices()
         for n in fail_closed:
             if n not in CLOSABLE:
                 log.warning("hermes-hooks: fail_closed lists %r; only %s can fail closed",
@@ -225,6 +326,8 @@ class AgentBridge:
                     log.warning("hermes-hooks: %s failed: %r", event, exc)
                     if event in self.fail_closed:
                         return closed_answer(event, repr(exc))
+                    self.notices.failed_open(str(kwargs.get("session_id") or ""), event,
+                                             "", "the plugin failed: %r" % (exc,))
                     return None
             fn = deciding
         else:
@@ -237,7 +340,8 @@ class AgentBridge:
 
     def decide(self, event: str, kwargs: Dict[str, Any]) -> Any:
         """Ask the service (``POST /v1/collect``) and read the answers by 0.19.0's rules."""
-        data, failure = self.collect(event, context(event, kwargs))
+        ctx = context(event, kwargs)
+        data, failure = self.collect(event, ctx)
         answers = [(str(r.get("hook")), r.get("result")) for r in data.get("results") or []
                    if isinstance(r, dict) and r.get("result") is not None]
         missing = [e for e in data.get("errors") or [] if isinstance(e, dict)]
@@ -245,20 +349,41 @@ class AgentBridge:
             log.warning("hermes-hooks: hook %s gave no decision on %s: %s",
                         err.get("hook"), event, err.get("error") or err.get("state"))
         answer = decide(event, answers)
-        if event in self.fail_closed:
-            if answer is not None and not (event == "pre_gateway_dispatch"
-                                           and answer.get("action") == "allow"):
+        if event in self.fail_closed and (failure is not None or missing):
+            # A matching hook that erred, timed out or is not running (or a service that did
+            # not answer) closes the event whatever the others said: another hook's approve
+            # (or rewrite, or allow) must not open a gate a failing hook may have shut (issue
+            # 58 row 3). Another hook's own block (skip) is kept: it closes too, and says why.
+            if is_closing(event, answer):
                 return answer
             if failure is not None:
                 return closed_answer(event, failure)
-            if missing:
-                return closed_answer(event, "hook %s: %s" % (
-                    missing[0].get("hook"), missing[0].get("error") or missing[0].get("state")))
+            return closed_answer(event, "hook %s: %s" % (
+                missing[0].get("hook"), missing[0].get("error") or missing[0].get("state")))
+        if event not in self.fail_closed:
+            session = str(ctx.get("session_id") or "")
+            if failure is not None:
+                self.notices.failed_open(session, event, self._gates(event), failure)
+            for err in missing:
+                if err.get("state") != "disabled":  # turned off by the operator, on purpose
+                    self.notices.failed_open(session, event, str(err.get("hook")),
+                                             _hook_cause(err))
         return answer
 
+    def _gates(self, event: str) -> str:
+        """The hooks of the service's list whose ``events:`` match ``event``, by name."""
+        try:
+            names = [str(h.get("name")) for h in self.registry.loaded_hooks
+                     if isinstance(h, dict) and h.get("enabled", True) is not False
+                     and subscribed([h], (event,))]
+        except Exception:
+            names = []
+        return ", ".join(names)
+
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
-        """``POST /v1/collect`` on a fresh connection (Hermes calls from its own threads; no
-        event loop is assumed). Returns the service's answer and why it failed, if it did."""
+        """``POST /v1/collect``, blocking, on a pooled connection (Hermes calls from its own
+        threads; no event loop is assumed). Returns the service's answer and why it failed, if
+        it did."""
         try:
             body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
                               default=str, allow_nan=False).encode("utf-8")
@@ -292,29 +417,17 @@ class AgentBridge:
         return (data if isinstance(data, dict) else {}), None
 
     def _post(self, body: bytes) -> Tuple[int, bytes]:
-        """``POST /v1/collect`` on this thread's keep-alive connection. A connection found
-        closed when reused (the service restarted, or dropped it while idle) is replaced once;
-        a fresh one that fails raises."""
-        conn = getattr(self._local, "conn", None)
-        reused = conn is not None and conn.sock is not None
-        if conn is None:
-            conn = self._local.conn = _transport.KeepAliveConnection(self.registry._address,
-                                                                     _ANSWER_BOUND)
-            with self._conns_lock:
-                self._conns.append(conn)
-        try:
-            return conn.request("POST", "/v1/collect", body, self._collect_headers)
-        except ConnectionError:
-            if not reused:
-                raise
-            return conn.request("POST", "/v1/collect", body, self._collect_headers)
+        """``POST /v1/collect`` on a pooled keep-alive connection. The collect is sent a second
+        time only when it certainly never reached the service (a kept-alive connection found
+        closed before a byte was written, or a first write that took none: see
+        ``_transport.KeepAlivePool``); a failure after that may follow a decision the service
+        already ran, and is the caller's failure (fail open, or closed), never a resend (issue
+        58 row 6)."""
+        return self.pool.request("POST", "/v1/collect", body, self._collect_headers)
 
     def close(self) -> None:
         """Closes the decision connections (a call after it opens a new one)."""
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.close()
+        self.pool.close()
 
     def attach(self, register_hook: Callable[[str, Callable[..., Any]], None]) -> List[str]:
         """Registers a callback for each subscribed event; returns their names."""
