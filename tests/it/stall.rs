@@ -569,7 +569,6 @@ fn a_stalled_hook_directory_at_start_delays_only_itself() {
     let source = hook_source("far");
     let fs = StallFs::mount_at(source.path(), &hooks.root().join("far"));
     fs.stall();
-    let _release = fs.released_on_drop();
     let mut cmd = Command::new(crate::util::bin());
     cmd.arg("serve")
         .arg("--hooks-dir")
@@ -577,6 +576,7 @@ fn a_stalled_hook_directory_at_start_delays_only_itself() {
         .args(["--listen", "127.0.0.1:0"]);
     let started = Instant::now();
     let serve = Serve::spawn_listening(cmd, &hooks);
+    let _release = fs.released_on_drop();
     poll(Duration::from_secs(25), "/readyz during the stall", || {
         (quick(&serve.addr, "GET", "/readyz", &Value::Null).0 == 200).then_some(())
     });
@@ -616,13 +616,13 @@ fn a_stalled_hooks_dir_at_start_listens_and_loads_once_it_answers() {
     );
     let fs = StallFs::mount(source.path());
     fs.stall();
-    let _release = fs.released_on_drop();
     let mut cmd = Command::new(crate::util::bin());
     cmd.arg("serve")
         .arg("--hooks-dir")
         .arg(&fs.mount)
         .args(["--listen", "127.0.0.1:0"]);
     let serve = Serve::spawn_listening(cmd, &hooks);
+    let _release = fs.released_on_drop();
     let (s, _, took) = quick(&serve.addr, "GET", "/healthz", &Value::Null);
     assert_eq!(s, 200, "/healthz answers ({took:?})");
     let started = Instant::now();
