@@ -437,3 +437,31 @@ fn a_running_call_keeps_the_budget_of_the_version_that_runs_it() {
     );
     let _ = slow.join();
 }
+
+/// Issue 59, row 6: a Python hook that writes `state.json` beside its handler at every call (a
+/// published hook does: "data, state and log files are fine"). Every reload after such a write
+/// started a new worker, and its module state was lost (a call counter went 1, 2, then 1
+/// again). Data a handler writes is not part of its version: the worker and its state stay; a
+/// change to a file that runs still loads a new version.
+#[test]
+fn a_hook_writing_state_beside_its_handler_keeps_its_worker_across_reloads() {
+    let hooks = Hooks::new();
+    let code = "import json, os\n\nCALLS = 0\n\ndef handle(event, context):\n    global CALLS\n    CALLS += 1\n    with open(os.path.join(os.path.dirname(__file__), 'state.json'), 'w') as f:\n        json.dump({'calls': CALLS}, f)\n    return CALLS\n";
+    let dir = hooks.python("counter", r#"["command:run"]"#, code);
+    let serve = Serve::start(&hooks, &[]);
+    let calls = |serve: &Serve| results(serve, "command:run");
+    assert_eq!(calls(&serve), [("counter".to_string(), json!(1))]);
+    assert_eq!(calls(&serve), [("counter".to_string(), json!(2))]);
+    let (s, v) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        calls(&serve),
+        [("counter".to_string(), json!(3))],
+        "the worker and its module state are kept"
+    );
+    // A helper module that runs still makes a new version.
+    std::fs::write(dir.join("helper.py"), "X = 1\n").unwrap();
+    let (s, v) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(calls(&serve), [("counter".to_string(), json!(1))]);
+}
