@@ -195,17 +195,7 @@ pub async fn run(
     let (server_task, socket, accepts) = start_server(listener, router, server_stop);
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
     let fork_server = tokio::spawn(fork_server_ahead(host.clone(), loaded_rx));
-    // The watches are armed off the start path (issue 59): the first load waits for them only
-    // until each root and hook directory answered or passed its arming deadline, so that a change
-    // made while loading is seen; one that answers later is watched and rescanned then.
-    let watch = match start_watch(&host, config.watch) {
-        Some((handle, armed)) => {
-            let bound = crate::watch::ARM_DEADLINE + Duration::from_secs(1);
-            let _ = tokio::time::timeout(bound, armed.wait()).await;
-            Some(handle)
-        }
-        None => None,
-    };
+    let watch = start_watch(&host, config.watch).await;
 
     tracing::info!(roots = ?host.config().roots, "loading hooks");
     // The first load runs as its own task, so signals are handled while it runs.
@@ -371,24 +361,26 @@ pub(crate) fn report_failed_start(
 }
 
 /// Watches the roots (with `enabled`); a watcher that cannot start is logged and the service
-/// goes on. Never waits on a hook's files ([`crate::watch::spawn`]).
-fn start_watch(
-    host: &Host,
-    enabled: bool,
-) -> Option<(crate::watch::WatchHandle, crate::watch::Armed)> {
-    if enabled {
-        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
-                None
-            }
-        }
-    } else {
+/// goes on. The watches are armed off the start path (issue 59): this waits for them only until
+/// each root and hook directory answered or passed its arming deadline, so that a change made
+/// while the first load runs is seen; one that answers later is watched and rescanned then.
+async fn start_watch(host: &Host, enabled: bool) -> Option<crate::watch::WatchHandle> {
+    if !enabled {
         tracing::info!(
             "not watching the hook roots (--no-watch): reload with POST /v1/reload or SIGHUP"
         );
-        None
+        return None;
+    }
+    match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE) {
+        Ok((handle, armed)) => {
+            let bound = crate::watch::ARM_DEADLINE + Duration::from_secs(1);
+            let _ = tokio::time::timeout(bound, armed.wait()).await;
+            Some(handle)
+        }
+        Err(e) => {
+            tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
+            None
+        }
     }
 }
 
