@@ -1,8 +1,8 @@
 //! The reload scan, bounded per hook (issue 47): the roots are listed and each hook directory
 //! is read (HOOK.yaml, the trust checks and hashes of its tree) on the service's threads for
 //! hooks' files ([`crate::file_lanes`]). The roots are listed concurrently, each within
-//! [`LIST_DEADLINE`] (one directory's listing), and each hook directory is read within
-//! [`SCAN_DEADLINE`]. A root or a directory whose files stall is reported as not answering (the
+//! [`LIST_DEADLINE`] (one directory's listing); each hook directory is first looked at (itself
+//! and its HOOK.yaml) within [`LIST_DEADLINE`], then read within [`SCAN_DEADLINE`]. A root or a directory whose files stall is reported as not answering (the
 //! hooks running from it keep running) and the reload goes on with every other hook; its thread
 //! stays its own, and while that read still waits, the next reload does not wait on it again
 //! (it is reported at once): a stalled root costs the hooks under it and nothing else, and a
@@ -100,9 +100,30 @@ async fn read_dir(
     gate: Arc<Gate>,
     env_stamp: u64,
 ) -> Option<Result<HookSpec, Box<Skipped>>> {
+    let key = dir.to_string_lossy().into_owned();
+    // First the directory and its HOOK.yaml, within the listing's deadline: a mount that does
+    // not answer costs the reload that, not the whole scan deadline that a tree that answers
+    // gets for its hashes (a healthy hook's hand-over waits for this reload: issue 59).
+    let d = dir.clone();
+    let probe = bounded(
+        &key,
+        "a look at the hook directory",
+        LIST_DEADLINE,
+        move || {
+            let is_dir = d.is_dir();
+            let _ = d.join("HOOK.yaml").symlink_metadata();
+            is_dir
+        },
+    )
+    .await;
+    match probe {
+        Ok(false) => return None,
+        Ok(true) => {}
+        Err(e) => return Some(Err(Box::new(not_answering(&dir, e)))),
+    }
     let d = dir.clone();
     let read = bounded(
-        &dir.to_string_lossy(),
+        &key,
         "the scan of the hook's files",
         SCAN_DEADLINE,
         move || {
@@ -138,15 +159,17 @@ fn not_answering(dir: &Path, why: String) -> Skipped {
 }
 
 /// [`crate::file_lanes::run`], refused at once while the last job of `key` still runs past
-/// `deadline` (its file system still does not answer: waiting again would only spend the
-/// reload's time).
+/// `deadline` and [`SCAN_DEADLINE`] (its file system still does not answer: waiting again would
+/// only spend the reload's time; a hook directory's key is also that of the check before its
+/// process starts, which may take up to [`SCAN_DEADLINE`] on a large tree).
 async fn bounded<T: Send + 'static>(
     key: &str,
     what: &'static str,
     deadline: Duration,
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, String> {
-    if let Some(waited) = crate::file_lanes::running_for(key).filter(|w| *w >= deadline) {
+    let stuck = deadline.max(SCAN_DEADLINE);
+    if let Some(waited) = crate::file_lanes::running_for(key).filter(|w| *w >= stuck) {
         return Err(format!(
             "{what} still does not answer (its last one has waited {})",
             crate::time::fmt_duration(waited)

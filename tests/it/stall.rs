@@ -632,6 +632,7 @@ fn a_stalled_hooks_dir_at_start_listens_and_loads_once_it_answers() {
         (s == 200).then_some(v)
     });
     assert_eq!(ready["hooks"], 0, "{ready} after {:?}", started.elapsed());
+    eprintln!("ready after {:?} with the stalled root", started.elapsed());
     fs.release();
     poll(
         Duration::from_secs(20),
@@ -723,8 +724,34 @@ fn a_stalled_root_does_not_spend_another_hooks_hand_over() {
     std::fs::write(ok.join("handler"), ALLOW_SH).unwrap();
     // At once: the running version sees its files changed and hands its events over.
     let took = assert_decides(&serve, Some(8000), "ok", "allow");
-    assert!(took < Duration::from_secs(8), "the collect took {took:?}");
+    eprintln!("ok's first collect after the edit took {took:?}");
     let took = assert_decides(&serve, None, "ok", "allow");
     eprintln!("the next collect took {took:?}");
+    fs.release();
+}
+
+/// Issue 59, row 4 with the stall in a hook directory beside `ok` (a mount inside its root) that
+/// stalls while the service runs: the reload's first look at that directory is bounded by the
+/// listing's deadline (3 s), not the scan's (10 s, as long as the hand-over waits), so `ok`'s
+/// edit is still answered by its new version.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_hook_directory_does_not_spend_a_neighbours_hand_over() {
+    let hooks = Hooks::new();
+    let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
+    let source = hook_source("far");
+    let fs = StallFs::mount_at(source.path(), &hooks.root().join("far"));
+    let serve = Serve::start(&hooks, &[]);
+    let _release = fs.released_on_drop();
+    assert_eq!(hook_names(&serve), ["far", "ok"]);
+    assert_decides(&serve, None, "ok", "deny");
+    fs.stall();
+    std::fs::write(ok.join("handler"), ALLOW_SH).unwrap();
+    let took = assert_decides(&serve, Some(8000), "ok", "allow");
+    eprintln!("ok's first collect after the edit took {took:?}");
+    assert_eq!(hook_names(&serve), ["far", "ok"], "far keeps running");
     fs.release();
 }
