@@ -631,6 +631,9 @@ impl Watcher {
         let mut burst = Burst::default();
         loop {
             let due = burst.due(debounce);
+            // A re-arming under way (a root or directory that appeared) answers first, within
+            // its deadline: what is made in it after the rescan is then seen.
+            let arming = self.arms.values().any(|a| *a == Arm::Running);
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             tokio::select! {
                 r = readable.readable() => {
@@ -655,7 +658,7 @@ impl Watcher {
                     }
                     self.first_over();
                 }
-                _ = tokio::time::sleep_until(due.unwrap_or(far)), if due.is_some() => {
+                _ = tokio::time::sleep_until(due.unwrap_or(far)), if due.is_some() && !arming => {
                     let changes = std::mem::take(&mut burst).changes;
                     if self.host.is_draining() {
                         return;
