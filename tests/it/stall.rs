@@ -1,6 +1,7 @@
-//! One hook's files that stall delay only that hook (issue 47, rows 1 and 4): hooks whose
-//! files sit on a FUSE mount whose every operation blocks (`stallfs.py`, mfusepy), beside healthy
-//! hooks on local disk. No runtime thread and no thread other hooks need may wait on the mount.
+//! One hook's files that stall delay only that hook (issue 47, rows 1 and 4; issue 59, rows 1-4:
+//! start-up, readiness, the watcher and reloads): hooks whose files sit on a FUSE mount whose
+//! every operation blocks (`stallfs.py`, mfusepy), beside healthy hooks on local disk. No runtime
+//! thread and no thread other hooks need may wait on the mount.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
