@@ -5,7 +5,8 @@
 //! after 6 s (its own `timeout: 30`) was waited for. Here a collect without `timeout_ms` waits as
 //! long as the matching hooks' own timeouts allow: for each hook its `timeout` once per event
 //! ahead of this one (queued, taken by a worker and written ahead to a Python window, or
-//! running: issue 47) plus this one, and a second for the answer to travel; the longest of
+//! running: issue 47; a call taken by the version a reload replaced keeps that version's
+//! `timeout`: issue 59) plus this one, and a second for the answer to travel; the longest of
 //! these, at most [`MAX_WAIT`]. A caller may still pass a shorter deadline.
 
 use std::time::Duration;
@@ -70,11 +71,8 @@ pub fn collect_budget(reg: &Registry, event: &str) -> Option<Duration> {
     reg.matching(event)
         .into_iter()
         .map(|hook| {
-            let ahead = u32::try_from(hook.ahead()).unwrap_or(u32::MAX);
-            hook.spec
-                .manifest
-                .timeout
-                .saturating_mul(ahead.saturating_add(1))
+            hook.ahead_budget()
+                .saturating_add(hook.spec.manifest.timeout)
                 .saturating_add(ANSWER_GRACE)
         })
         .max()

@@ -109,6 +109,13 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long the job of `key` that runs now has been running (`None`: none runs). A caller may
+/// refuse at once to queue behind one that already ran past its own deadline (a file system
+/// that still does not answer) rather than wait that deadline again.
+pub fn running_for(key: &str) -> Option<Duration> {
+    lock(&pool().state).running.get(key).map(Instant::elapsed)
+}
+
 /// Runs `job` on a pool thread, after the jobs of `key` queued before it, and waits at most
 /// `deadline` for its answer (see the module comment).
 pub async fn run<T: Send + 'static>(

@@ -304,8 +304,16 @@ fn set_thread(tid: i32, at: Resolved) {
     }
 }
 
-/// Sets every thread of process `pid` to `at` (its class and nice value).
-fn set_process(pid: u32, at: Resolved) {
+/// Sets every thread of `process` to `at` (its class and nice value), while it is the process
+/// that was recorded.
+fn set_process(process: ProcessId, at: Resolved) {
+    // The pid may have been reused since the process was recorded (a Python worker forked and
+    // reaped by its fork server): only the process started at the recorded time is changed,
+    // checked again right before each thread (issue 59).
+    if !process.is_alive() {
+        return;
+    }
+    let pid = process.pid;
     let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -313,8 +321,44 @@ fn set_process(pid: u32, at: Resolved) {
         })
         .unwrap_or_default();
     for tid in tids {
+        if !process.is_alive() {
+            return;
+        }
         set_thread(tid, at);
     }
+}
+
+/// A process as long as it lives: its pid and its start time (clock ticks after boot,
+/// `/proc/PID/stat`'s 22nd field). Another process given the same pid later has another start
+/// time, so a boost never reaches an unrelated process through a reused pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcessId {
+    pid: u32,
+    started: u64,
+}
+
+impl ProcessId {
+    /// The process `pid` is now (`None`: it is gone).
+    pub(crate) fn of(pid: u32) -> Option<Self> {
+        Some(Self {
+            pid,
+            started: start_time(pid)?,
+        })
+    }
+
+    /// Whether the process still runs under its pid (not another one given the same pid).
+    fn is_alive(&self) -> bool {
+        start_time(self.pid) == Some(self.started)
+    }
+}
+
+/// `pid`'s start time from `/proc/PID/stat` (`None`: no such process).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses: the
+    // fields after its last `)` start at the 3rd, so the 22nd is the 20th of them.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Whether this process may take a thread out of `SCHED_IDLE` again (`CAP_SYS_NICE`, or a
@@ -503,7 +547,7 @@ pub struct BoostCell {
 struct CellState {
     boosts: usize,
     /// The running processes and the priority each was started with, by entry id.
-    processes: Vec<(u64, u32, Resolved)>,
+    processes: Vec<(u64, ProcessId, Resolved)>,
     next_id: u64,
 }
 
@@ -514,9 +558,12 @@ impl BoostCell {
         let mut st = lock(&self.state);
         st.next_id += 1;
         let id = st.next_id;
-        st.processes.push((id, pid, at));
-        if st.boosts > 0 && at.idle {
-            set_process(pid, boosted());
+        // A process gone already is not recorded: nothing of it is left to raise.
+        if let Some(process) = ProcessId::of(pid) {
+            st.processes.push((id, process, at));
+            if st.boosts > 0 && at.idle {
+                set_process(process, boosted());
+            }
         }
         BoostEntry(self.clone(), id)
     }
@@ -535,9 +582,9 @@ impl BoostCell {
         let mut st = lock(&self.state);
         st.boosts += 1;
         if st.boosts == 1 {
-            for (_, pid, at) in &st.processes {
+            for (_, process, at) in &st.processes {
                 if at.idle {
-                    set_process(*pid, boosted());
+                    set_process(*process, boosted());
                 }
             }
         }
@@ -566,9 +613,9 @@ impl Drop for ProcessBoost {
         let mut st = lock(&self.0.state);
         st.boosts = st.boosts.saturating_sub(1);
         if st.boosts == 0 {
-            for (_, pid, at) in &st.processes {
+            for (_, process, at) in &st.processes {
                 if at.idle {
-                    set_process(*pid, *at);
+                    set_process(*process, *at);
                 }
             }
         }
@@ -694,6 +741,17 @@ pub(crate) fn check_nice(n: i64) -> Result<i32, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_process_is_named_by_its_pid_and_start_time() {
+        let me = super::ProcessId::of(std::process::id()).expect("this process");
+        assert!(me.is_alive());
+        let reused = super::ProcessId {
+            started: me.started + 1,
+            ..me
+        };
+        assert!(!reused.is_alive(), "another start time is another process");
+    }
+
     use super::*;
 
     #[test]

@@ -368,22 +368,27 @@ pub(crate) fn report_failed_start(
     notices.finish("host_stop", json!({"error": error, "exit_code": 1}));
 }
 
-/// Watches the roots (with `enabled`), before the first load so that a change made while
-/// loading is not missed; a watcher that cannot start is logged and the service goes on.
+/// Watches the roots (with `enabled`); a watcher that cannot start is logged and the service
+/// goes on. The watches are armed off the start path (issue 59): this waits for them only until
+/// each root and hook directory answered or passed its arming deadline, so that a change made
+/// while the first load runs is seen; one that answers later is watched and rescanned then.
 async fn start_watch(host: &Host, enabled: bool) -> Option<crate::watch::WatchHandle> {
-    if enabled {
-        match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE).await {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
-                None
-            }
-        }
-    } else {
+    if !enabled {
         tracing::info!(
             "not watching the hook roots (--no-watch): reload with POST /v1/reload or SIGHUP"
         );
-        None
+        return None;
+    }
+    match crate::watch::spawn(host.clone(), crate::watch::DEBOUNCE) {
+        Ok((handle, armed)) => {
+            let bound = crate::watch::ARM_DEADLINE + Duration::from_secs(1);
+            let _ = tokio::time::timeout(bound, armed.wait()).await;
+            Some(handle)
+        }
+        Err(e) => {
+            tracing::error!("{e}; hooks reload only on POST /v1/reload or SIGHUP");
+            None
+        }
     }
 }
 

@@ -1,36 +1,46 @@
 //! Hot reload: watches the hook roots and rescans (via [`Host::reload`]) when something in them
 //! changes.
 //!
-//! notify's callback runs on notify's own thread and only forwards a wake-up into a bounded
-//! channel; the watcher task debounces (a burst of changes gives one rescan: it waits until the
-//! roots have been quiet for the debounce period, at most one second in all), re-arms watches on
-//! roots that appeared or were recreated, then reloads. Roots that do not exist yet are watched
-//! through their nearest existing ancestor so that their creation is seen. A kernel queue
-//! overflow (a `Rescan` event) is just another reason to rescan.
+//! One inotify instance (raw system calls, no watcher thread of its own): its events are read on
+//! the watcher task without blocking (the descriptor is non-blocking, polled by the runtime);
+//! every watch is added on the threads for hooks' files ([`crate::file_lanes`]), one job per root
+//! (its own watch and its listing) and one per hook directory (a watch on each directory of its
+//! tree), each within [`ARM_DEADLINE`]. A root or a hook directory that does not answer (a mount
+//! that stalls) is reported once and watched as soon as its job returns: then it is rescanned,
+//! since its changes while it did not answer were not seen. Nothing the watcher does waits on a
+//! hook's files on a runtime thread, or on a thread another root or hook needs (issue 59).
+//!
+//! The watcher task debounces (a burst of changes gives one rescan: it waits until the roots
+//! have been quiet for the debounce period, at most one second in all), re-arms the watches of
+//! roots and hook directories that appeared, were recreated or gained a directory, then
+//! reloads. Roots that do not exist yet are watched through their nearest existing ancestor so
+//! that their creation is seen. A kernel queue overflow is just another reason to rescan.
 //!
 //! `$HERMES_HOME/.env` and `.op.env` are watched too: a Python hook's worker took its environment
-//! from them when it started ([`crate::dotenv`]).
+//! from them when it started ([`crate::dotenv`]); so are `config.yaml` and its allowlist.
 //!
 //! A chmod, chown or touch of a root or of a directory above one (`$HERMES_HOME`) that leaves its
-//! mode and owner as they were is not a change ([`same_dir_attributes`]): the real gateway
-//! re-applies 0700 to `$HERMES_HOME` and `$HERMES_HOME/hooks` as it runs (each such chmod was a
-//! rescan and a re-armed watch: issue 36).
+//! mode and owner as they were is not a change: the real gateway re-applies 0700 to
+//! `$HERMES_HOME` and `$HERMES_HOME/hooks` as it runs (each such chmod was a rescan: issue 36).
 //!
 //! Only changes that can matter wake it ([`matters`]): HOOK.yaml, files that can run (`.py`,
 //! `.sh`, libraries, executables), directories, and entries directly in a root (hook directories
 //! appearing, disappearing, renamed). A hook writing a log or state file into its own directory
 //! does not cause a rescan, nor does anything in a root's directory that has no HOOK.yaml (not a
-//! hook, as upstream: `_disabled/`, `logs/`). Arming the recursive watches walks whole trees, so it runs on a
-//! blocking thread, never on the runtime's workers.
+//! hook, as upstream: `_disabled/`, `logs/`). The few checks that need a file's attributes run on
+//! the threads for hooks' files within a deadline; without an answer the change counts.
 
 use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use notify::event::ModifyKind;
-use notify::{EventKind, RecursiveMode, Watcher as _};
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::host::Host;
@@ -39,6 +49,22 @@ use crate::host::Host;
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Longest a burst can postpone a rescan.
 const MAX_DELAY: Duration = Duration::from_secs(1);
+/// How long arming the watch of one root or one hook directory, or a look at one changed file's
+/// attributes, may take before it is reported as not answering.
+pub const ARM_DEADLINE: Duration = Duration::from_secs(2);
+/// Most directories watched in one hook directory's tree.
+const MAX_DIRS_PER_HOOK: usize = 4096;
+/// What every watch reports (never reads or opens).
+const MASK: u32 = libc::IN_CREATE
+    | libc::IN_DELETE
+    | libc::IN_MODIFY
+    | libc::IN_CLOSE_WRITE
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_ATTRIB
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF
+    | libc::IN_ONLYDIR;
 
 /// A watch that could not be set up.
 #[derive(Debug, Error)]
@@ -51,28 +77,145 @@ pub enum WatchError {
         /// The path.
         path: PathBuf,
     },
-    /// Any other notify error.
+    /// Any other error of the system calls.
     #[error("cannot watch {path}: {source}")]
-    Notify {
+    Io {
         /// The path.
         path: PathBuf,
         /// The error.
-        source: notify::Error,
+        source: std::io::Error,
     },
 }
 
-fn watch_error(path: &Path, e: notify::Error) -> WatchError {
-    let too_many = matches!(e.kind, notify::ErrorKind::MaxFilesWatch)
-        || matches!(&e.kind, notify::ErrorKind::Io(io) if matches!(io.raw_os_error(), Some(28) | Some(24)));
-    if too_many {
+fn watch_error(path: &Path, e: std::io::Error) -> WatchError {
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EMFILE)) {
         WatchError::TooManyWatches {
             path: path.to_path_buf(),
         }
     } else {
-        WatchError::Notify {
+        WatchError::Io {
             path: path.to_path_buf(),
             source: e,
         }
+    }
+}
+
+/// The inotify instance, shared by the reader (the watcher task) and the arming jobs.
+struct Inotify {
+    fd: OwnedFd,
+    /// Watch descriptor -> the directory it watches (filled by the jobs that add them, also
+    /// when their caller stopped waiting).
+    dirs: Mutex<HashMap<i32, PathBuf>>,
+}
+
+impl Inotify {
+    fn new() -> std::io::Result<Self> {
+        // SAFETY: a plain system call; the descriptor it returns is owned here.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self {
+            // SAFETY: `fd` was just returned open and is not owned elsewhere.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            dirs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Watches the directory `path` (may wait on its file system: only on a file lane).
+    fn add(&self, path: &Path) -> Result<(), WatchError> {
+        let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| {
+            watch_error(
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+            )
+        })?;
+        // SAFETY: a valid descriptor and a NUL-terminated path.
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), MASK) };
+        if wd < 0 {
+            return Err(watch_error(path, std::io::Error::last_os_error()));
+        }
+        self.dirs_lock().insert(wd, path.to_path_buf());
+        Ok(())
+    }
+
+    fn dirs_lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, PathBuf>> {
+        self.dirs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The descriptor the runtime polls.
+struct Readable(Arc<Inotify>);
+
+impl AsRawFd for Readable {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.fd.as_raw_fd()
+    }
+}
+
+/// One event: the path it names and its mask (`None` path: the kernel queue overflowed).
+#[derive(Debug)]
+struct Raw {
+    path: Option<PathBuf>,
+    mask: u32,
+}
+
+/// Reads the events queued now (never blocks: the descriptor is non-blocking).
+fn read_events(ino: &Inotify, out: &mut Vec<Raw>) -> std::io::Result<()> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        // SAFETY: reads into a buffer of the length given.
+        let n = unsafe { libc::read(ino.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::WouldBlock {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        parse_events(&buf[..n as usize], ino, out);
+    }
+}
+
+/// The `struct inotify_event`s of `buf`.
+fn parse_events(buf: &[u8], ino: &Inotify, out: &mut Vec<Raw>) {
+    const HEAD: usize = 16;
+    let word = |at: usize| -> [u8; 4] {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&buf[at..at + 4]);
+        w
+    };
+    let mut at = 0;
+    while at + HEAD <= buf.len() {
+        let wd = i32::from_ne_bytes(word(at));
+        let mask = u32::from_ne_bytes(word(at + 4));
+        let len = u32::from_ne_bytes(word(at + 12)) as usize;
+        let end = (at + HEAD + len).min(buf.len());
+        let name = &buf[at + HEAD..end];
+        let name = &name[..name.iter().position(|b| *b == 0).unwrap_or(name.len())];
+        at = end;
+        if mask & libc::IN_Q_OVERFLOW != 0 {
+            out.push(Raw { path: None, mask });
+            continue;
+        }
+        let mut dirs = ino.dirs_lock();
+        let Some(dir) = dirs.get(&wd).cloned() else {
+            continue;
+        };
+        if mask & libc::IN_IGNORED != 0 {
+            dirs.remove(&wd);
+        }
+        drop(dirs);
+        let path = if name.is_empty() {
+            dir
+        } else {
+            dir.join(std::ffi::OsStr::from_bytes(name))
+        };
+        out.push(Raw {
+            path: Some(path),
+            mask,
+        });
     }
 }
 
@@ -84,6 +227,17 @@ pub struct WatchHandle {
 impl Drop for WatchHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Resolves once the first arming of every root and hook directory answered or passed its
+/// deadline (see [`spawn`]).
+pub struct Armed(oneshot::Receiver<()>);
+
+impl Armed {
+    /// Waits for it (returns at once when the watcher is gone).
+    pub async fn wait(self) {
+        let _ = self.0.await;
     }
 }
 
@@ -105,263 +259,553 @@ fn perms(path: &Path) -> Option<Perms> {
     Some((m.mode(), m.uid(), m.gid()))
 }
 
-/// The mode and owner of every root and every directory above one, as first seen.
-fn dir_attributes(roots: &[PathBuf]) -> HashMap<PathBuf, Perms> {
-    roots
-        .iter()
-        .flat_map(|r| r.ancestors())
-        .filter_map(|d| Some((d.to_path_buf(), perms(d)?)))
-        .collect()
+/// What a change at a path is, as far as the names tell (no file system call).
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Cannot matter.
+    No,
+    /// Matters.
+    Yes,
+    /// Matters when the file is executable (asked within a deadline).
+    IfExecutable,
 }
 
-/// True for a metadata-only change (`kind`) of a root or a directory above one that left its
-/// mode, owner and group as `seen` has them (then nothing a hook loads or may load changed);
-/// a real change is recorded in `seen` and counts.
-fn same_dir_attributes(
-    kind: &EventKind,
+/// Whether a change at `path` (`is_dir`: it is a directory; `gone`: it was removed or moved
+/// away) can change what loads or runs (see the module comment). `hooks` says which of the
+/// roots' directories have a HOOK.yaml, as their arming found.
+fn matters(
     path: &Path,
+    is_dir: bool,
+    gone: bool,
     roots: &[PathBuf],
-    seen: &std::sync::Mutex<HashMap<PathBuf, Perms>>,
-) -> bool {
-    if !matches!(kind, EventKind::Modify(ModifyKind::Metadata(_)))
-        || !roots.iter().any(|r| r.starts_with(path))
-    {
-        return false;
-    }
-    let Some(now) = perms(path) else {
-        return false;
-    };
-    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-    seen.insert(path.to_path_buf(), now) == Some(now)
-}
-
-/// True when a change at `path` can change what loads or runs (see the module comment).
-fn matters(path: &Path, roots: &[PathBuf]) -> bool {
-    if ignorable(path) || outside_any_hook(path, roots) {
-        return false;
+    hooks: &HashMap<PathBuf, bool>,
+) -> Verdict {
+    if ignorable(path) || outside_any_hook(path, roots, hooks) {
+        return Verdict::No;
     }
     if roots
         .iter()
         .any(|r| path == r || path.parent() == Some(r.as_path()) || r.starts_with(path))
     {
-        return true;
+        return Verdict::Yes;
     }
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    if name == "HOOK.yaml" || name == "handler" || name.starts_with("handler.") {
-        return true;
+    if name == "HOOK.yaml" || name == "handler" || name.starts_with("handler.") || is_dir {
+        return Verdict::Yes;
     }
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase())
         .unwrap_or_default();
     if matches!(ext.as_str(), "py" | "pyw" | "pth" | "sh" | "so" | "dylib") {
-        return true;
+        return Verdict::Yes;
     }
-    use std::os::unix::fs::PermissionsExt;
-    // What is gone cannot be told apart: a removed directory is seen through its parent's
-    // change, a removed helper through the check before the next start.
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir() || m.permissions().mode() & 0o111 != 0)
+    // What is gone cannot be told apart: a removed helper is seen through the check before the
+    // next start.
+    if gone {
+        Verdict::No
+    } else {
+        Verdict::IfExecutable
+    }
 }
 
-/// True for a path in (or being) a directory of a root that exists and has no HOOK.yaml: not a
-/// hook (`_disabled/`, `logs/`, `.git/`), so never a reason to rescan, as upstream ignores it. A
-/// directory that is gone may have been a hook: that still matters.
-fn outside_any_hook(path: &Path, roots: &[PathBuf]) -> bool {
-    roots.iter().any(|r| {
-        let Ok(rest) = path.strip_prefix(r) else {
-            return false;
-        };
-        let Some(top) = rest.components().next() else {
-            return false;
-        };
-        let dir = r.join(top);
-        // A HOOK.yaml appearing is what turns a directory into a hook.
-        if rest
-            .components()
-            .nth(1)
-            .is_some_and(|c| c.as_os_str() == "HOOK.yaml")
-            && rest.components().count() == 2
-        {
-            return false;
-        }
-        dir.is_dir() && !dir.join("HOOK.yaml").exists()
+/// The directory of a root that `path` is in (or is), with its root.
+fn top_dir<'a>(path: &Path, roots: &'a [PathBuf]) -> Option<(&'a PathBuf, PathBuf)> {
+    roots.iter().find_map(|r| {
+        let rest = path.strip_prefix(r).ok()?;
+        let top = rest.components().next()?;
+        Some((r, r.join(top)))
     })
 }
 
-struct Roots {
-    watcher: notify::RecommendedWatcher,
-    /// Root -> whether it currently has a recursive watch.
-    watched: HashMap<PathBuf, bool>,
-    /// Ancestors watched non-recursively to see roots appear.
-    ancestors: Vec<PathBuf>,
+/// True for a path in (or being) a directory of a root that its arming found without a
+/// HOOK.yaml: not a hook (`_disabled/`, `logs/`, `.git/`), so never a reason to rescan, as
+/// upstream ignores it. A directory not armed yet may be a hook: that still matters.
+fn outside_any_hook(path: &Path, roots: &[PathBuf], hooks: &HashMap<PathBuf, bool>) -> bool {
+    let Some((_, dir)) = top_dir(path, roots) else {
+        return false;
+    };
+    // A HOOK.yaml appearing is what turns a directory into a hook.
+    if path.parent() == Some(dir.as_path()) && path.file_name().is_some_and(|n| n == "HOOK.yaml") {
+        return false;
+    }
+    hooks.get(&dir) == Some(&false)
 }
 
-impl Roots {
-    /// Arms a recursive watch on every existing root (again, when `force` names it) and an
-    /// ancestor watch for missing ones.
-    fn arm(&mut self, force: &[PathBuf]) {
-        let roots: Vec<PathBuf> = self.watched.keys().cloned().collect();
-        for root in roots {
-            let exists = root.is_dir();
-            let was = self.watched.get(&root).copied().unwrap_or(false);
-            if exists && (!was || force.contains(&root)) {
-                let _ = self.watcher.unwatch(&root);
-                match self.watcher.watch(&root, RecursiveMode::Recursive) {
-                    Ok(()) => {
-                        self.watched.insert(root.clone(), true);
-                        tracing::debug!(root = %root.display(), "watching");
-                    }
-                    Err(e) => tracing::error!("{}", watch_error(&root, e)),
-                }
-            } else if !exists {
-                self.watched.insert(root.clone(), false);
-                let mut up = root.parent();
-                while let Some(a) = up {
-                    if a.is_dir() {
-                        if !self.ancestors.iter().any(|x| x == a) {
-                            match self.watcher.watch(a, RecursiveMode::NonRecursive) {
-                                Ok(()) => self.ancestors.push(a.to_path_buf()),
-                                Err(e) => tracing::error!("{}", watch_error(a, e)),
-                            }
-                        }
-                        break;
-                    }
-                    up = a.parent();
-                }
+/// What an arming job found.
+enum Found {
+    /// A root: its directories (`None`: it does not exist, its nearest ancestor is watched),
+    /// and the attributes of it and the directories above it.
+    Root {
+        dirs: Option<Vec<PathBuf>>,
+        perms: Vec<(PathBuf, Perms)>,
+    },
+    /// A hook directory: whether it has a HOOK.yaml.
+    Dir { hook: bool },
+    /// `$HERMES_HOME`.
+    Home,
+}
+
+/// An arming job's answer, or its caller's giving up on it.
+enum Answer {
+    Done {
+        key: PathBuf,
+        found: Found,
+        error: Option<WatchError>,
+    },
+    TimedOut {
+        key: PathBuf,
+    },
+}
+
+/// Where an arming stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    /// Its job runs, within its deadline.
+    Running,
+    /// Its job passed its deadline and still runs: reported, watched when it returns.
+    Stalled,
+    /// Armed (or failed with an error, logged).
+    Done,
+}
+
+/// Arms one root: its watch and its listing, or the watch of its nearest existing ancestor.
+fn arm_root(ino: &Inotify, root: &Path) -> (Found, Option<WatchError>) {
+    let perms_seen = root
+        .ancestors()
+        .filter_map(|d| Some((d.to_path_buf(), perms(d)?)))
+        .collect();
+    let mut error = None;
+    let dirs = if root.is_dir() {
+        error = ino.add(root).err();
+        crate::layout::hook_dir_candidates(root)
+    } else {
+        if let Some(a) = root.ancestors().skip(1).find(|a| a.is_dir()) {
+            error = ino.add(a).err();
+        }
+        None
+    };
+    (
+        Found::Root {
+            dirs,
+            perms: perms_seen,
+        },
+        error,
+    )
+}
+
+/// Arms one hook directory: a watch on each directory of its tree (not hidden ones nor
+/// `__pycache__`; at most [`MAX_DIRS_PER_HOOK`]).
+fn arm_dir(ino: &Inotify, dir: &Path) -> (Found, Option<WatchError>) {
+    let mut stack = vec![dir.to_path_buf()];
+    let mut count = 0;
+    let mut error = None;
+    while let Some(d) = stack.pop() {
+        if count >= MAX_DIRS_PER_HOOK {
+            tracing::warn!(
+                dir = %dir.display(),
+                "more than {MAX_DIRS_PER_HOOK} directories: the rest is not watched (seen at the next reload)"
+            );
+            break;
+        }
+        count += 1;
+        if let Err(e) = ino.add(&d) {
+            // Not a directory (a file beside the hooks), or gone: nothing to watch.
+            if matches!(&e, WatchError::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ENOENT)))
+            {
+                continue;
+            }
+            error.get_or_insert(e);
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) && !ignorable(&e.path()) {
+                stack.push(e.path());
             }
         }
     }
+    let hook = dir.join("HOOK.yaml").exists();
+    (Found::Dir { hook }, error)
 }
 
-/// A wake-up from notify: which paths changed, and whether the kernel asked for a rescan.
-struct Change {
-    paths: Vec<PathBuf>,
+/// The watcher task's state.
+struct Watcher {
+    host: Host,
+    ino: Arc<Inotify>,
+    roots: Vec<PathBuf>,
+    home: PathBuf,
+    /// Each root's, hook directory's and the home's arming.
+    arms: HashMap<PathBuf, Arm>,
+    /// Whether each directory of a root has a HOOK.yaml, as its arming found.
+    hooks: HashMap<PathBuf, bool>,
+    /// The mode and owner of every root and every directory above one, as last seen.
+    seen: HashMap<PathBuf, Perms>,
+    answers_tx: mpsc::Sender<Answer>,
+    /// Told once the first arming is over.
+    first: Option<oneshot::Sender<()>>,
 }
 
-/// Starts watching `host`'s roots; changes trigger a debounced reload.
-pub async fn spawn(host: Host, debounce: Duration) -> Result<WatchHandle, WatchError> {
-    let (tx, rx) = mpsc::channel::<Change>(256);
-    let root_list = host.config().roots.clone();
-    let home = host.config().hermes_home.clone();
-    let env_home = home.clone();
-    let seen_attributes = std::sync::Mutex::new(dir_attributes(&root_list));
-    let mut watcher =
-        notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
-            Ok(event) => {
-                if matches!(event.kind, EventKind::Access(_)) {
-                    return;
-                }
-                let rescan = event.need_rescan();
-                let kind = event.kind;
-                let paths: Vec<PathBuf> = event
-                    .paths
-                    .into_iter()
-                    .filter(|p| !same_dir_attributes(&kind, p, &root_list, &seen_attributes))
-                    .filter(|p| {
-                        // The home's own watch reports its other entries (the cache, logs):
-                        // only its .env files count there.
-                        let in_roots = root_list
-                            .iter()
-                            .any(|r| p.starts_with(r) || r.starts_with(p));
-                        rescan
-                            || (in_roots && matters(p, &root_list))
-                            || crate::dotenv::is_env_file(p, &env_home)
-                            || crate::config_hooks::is_config_file(p, &env_home)
-                    })
-                    .collect();
-                if paths.is_empty() && !rescan {
-                    return;
-                }
-                // A full channel already holds a pending rescan: nothing is lost by dropping.
-                let _ = tx.try_send(Change { paths });
-            }
-            Err(e) => {
-                tracing::warn!("file watcher error: {e}; rescanning");
-                let _ = tx.try_send(Change { paths: Vec::new() });
-            }
-        })
-        .map_err(|e| watch_error(Path::new("."), e))?;
+/// Starts watching `host`'s roots; changes trigger a debounced reload. Returns at once: the
+/// watches are armed on the threads for hooks' files, and [`Armed`] resolves when the first
+/// arming of each root and hook directory answered or passed [`ARM_DEADLINE`]; one that answers
+/// later is rescanned then.
+pub fn spawn(host: Host, debounce: Duration) -> Result<(WatchHandle, Armed), WatchError> {
+    let ino = Arc::new(Inotify::new().map_err(|e| watch_error(Path::new("inotify"), e))?);
+    // SAFETY: `Readable` holds the instance (and its open descriptor) for as long as the
+    // `AsyncFd` lives, and always names that descriptor.
+    let readable = unsafe {
+        AsyncFd::register_with_interest(Readable(ino.clone()), tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| watch_error(Path::new("inotify"), e.into()))?;
+    let (answers_tx, answers) = mpsc::channel(256);
+    let (first_tx, first_rx) = oneshot::channel();
+    let mut w = Watcher {
+        roots: host.config().roots.clone(),
+        home: host.config().hermes_home.clone(),
+        host,
+        ino,
+        arms: HashMap::new(),
+        hooks: HashMap::new(),
+        seen: HashMap::new(),
+        answers_tx,
+        first: Some(first_tx),
+    };
     // `$HERMES_HOME/.env` is part of a Python hook's environment, and `config.yaml` and
     // `shell-hooks-allowlist.json` say which shell hooks are hosted (issue 49): their changes
     // reload (one directory, not recursive; a home inside a watched root is covered already).
-    if home.is_dir()
-        && !host.config().roots.iter().any(|r| home.starts_with(r))
-        && let Err(e) = watcher.watch(&home, RecursiveMode::NonRecursive)
-    {
-        tracing::warn!(
-            "{}; changes to its .env are seen at the next reload",
-            watch_error(&home, e)
-        );
+    if !w.roots.iter().any(|r| w.home.starts_with(r)) {
+        w.start_arm(w.home.clone());
     }
-    let roots = Roots {
-        watcher,
-        watched: host
-            .config()
-            .roots
-            .iter()
-            .map(|r| (r.clone(), false))
-            .collect(),
-        ancestors: Vec::new(),
-    };
-    let roots = arm_off_runtime(roots, Vec::new()).await.ok_or_else(|| {
-        watch_error(
-            Path::new("."),
-            notify::Error::generic("arming the watches did not finish"),
-        )
-    })?;
-    let task = tokio::spawn(run(host, roots, rx, debounce));
-    Ok(WatchHandle { task })
+    for root in w.roots.clone() {
+        w.start_arm(root);
+    }
+    let task = tokio::spawn(w.run(readable, answers, debounce));
+    Ok((WatchHandle { task }, Armed(first_rx)))
 }
 
-/// [`Roots::arm`] on a blocking thread: a recursive watch walks the whole tree.
-/// `None` when the runtime is shutting down (or arming panicked).
-async fn arm_off_runtime(mut roots: Roots, force: Vec<PathBuf>) -> Option<Roots> {
-    tokio::task::spawn_blocking(move || {
-        roots.arm(&force);
-        roots
-    })
-    .await
-    .ok()
-}
-
-async fn run(host: Host, mut roots: Roots, mut rx: mpsc::Receiver<Change>, debounce: Duration) {
-    while let Some(first) = rx.recv().await {
-        let started = Instant::now();
-        let mut touched: Vec<PathBuf> = first.paths;
-        loop {
-            let left = MAX_DELAY.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                break;
+impl Watcher {
+    /// Starts arming `key` (a root, a hook directory or the home) unless its arming runs.
+    fn start_arm(&mut self, key: PathBuf) {
+        if matches!(self.arms.get(&key), Some(Arm::Running | Arm::Stalled)) {
+            return;
+        }
+        self.arms.insert(key.clone(), Arm::Running);
+        let (ino, tx) = (self.ino.clone(), self.answers_tx.clone());
+        let kind = if self.roots.contains(&key) {
+            0
+        } else if key == self.home {
+            1
+        } else {
+            2
+        };
+        let k = key.clone();
+        let late = self.answers_tx.clone();
+        tokio::spawn(async move {
+            let job = move || {
+                let (found, error) = match kind {
+                    0 => arm_root(&ino, &k),
+                    1 => match ino.add(&k) {
+                        Ok(()) => (Found::Home, None),
+                        Err(e) => (Found::Home, Some(e)),
+                    },
+                    _ => arm_dir(&ino, &k),
+                };
+                // A lane thread, not a runtime's: it may block for room.
+                let _ = tx.blocking_send(Answer::Done {
+                    key: k,
+                    found,
+                    error,
+                });
+            };
+            let lane = format!("watch:{}", key.display());
+            let what = "arming the watch of a hooks directory";
+            if crate::file_lanes::run(&lane, what, ARM_DEADLINE, job)
+                .await
+                .is_err()
+            {
+                let _ = late.send(Answer::TimedOut { key }).await;
             }
-            match tokio::time::timeout(debounce.min(left), rx.recv()).await {
-                Ok(Some(c)) => touched.extend(c.paths),
-                Ok(None) => return,
-                Err(_) => break,
+        });
+    }
+
+    /// Takes an arming's answer; returns the path to rescan when it answered late.
+    fn answered(&mut self, answer: Answer) -> Option<PathBuf> {
+        let (key, found, error) = match answer {
+            Answer::TimedOut { key } => {
+                if self.arms.get(&key) == Some(&Arm::Running) {
+                    self.arms.insert(key.clone(), Arm::Stalled);
+                    tracing::warn!(
+                        path = %key.display(),
+                        "not watching {}: it did not answer within {} (a file system that does not answer?); it is watched and rescanned once it answers",
+                        key.display(),
+                        crate::time::fmt_duration(ARM_DEADLINE)
+                    );
+                }
+                return None;
+            }
+            Answer::Done { key, found, error } => (key, found, error),
+        };
+        let late = self.arms.insert(key.clone(), Arm::Done) == Some(Arm::Stalled);
+        if late {
+            tracing::info!(path = %key.display(), "{} answers again: watching it", key.display());
+        }
+        if let Some(e) = error {
+            tracing::error!(
+                "{e}; its changes are seen at the next reload (POST /v1/reload or SIGHUP)"
+            );
+        }
+        match found {
+            Found::Root { dirs, perms } => {
+                self.seen.extend(perms);
+                for d in dirs.unwrap_or_default() {
+                    if !self.arms.contains_key(&d) {
+                        self.start_arm(d);
+                    }
+                }
+            }
+            Found::Dir { hook } => {
+                self.hooks.insert(key.clone(), hook);
+            }
+            Found::Home => {}
+        }
+        late.then_some(key)
+    }
+
+    /// Sends the first arming's signal once no arming runs within its deadline.
+    fn first_over(&mut self) {
+        if self.first.is_some() && !self.arms.values().any(|a| *a == Arm::Running) {
+            let _ = self.first.take().map(|tx| tx.send(()));
+        }
+    }
+}
+
+/// A burst of changes being debounced.
+#[derive(Default)]
+struct Burst {
+    /// When its first change came (`None`: no change waits).
+    started: Option<Instant>,
+    /// When its last change came.
+    last: Option<Instant>,
+    /// How many changes it holds.
+    changes: usize,
+}
+
+impl Burst {
+    fn add(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let now = Instant::now();
+        self.started.get_or_insert(now);
+        self.last = Some(now);
+        self.changes += n;
+    }
+
+    /// When the rescan is due: quiet for `debounce`, at most [`MAX_DELAY`] after the first.
+    fn due(&self, debounce: Duration) -> Option<tokio::time::Instant> {
+        let (first, last) = (self.started?, self.last?);
+        Some(tokio::time::Instant::from_std(
+            (last + debounce).min(first + MAX_DELAY),
+        ))
+    }
+}
+
+/// The bits of an entry appearing, and of one going.
+const APPEARED: u32 = libc::IN_CREATE | libc::IN_MOVED_TO;
+const WENT: u32 = libc::IN_DELETE | libc::IN_MOVED_FROM;
+const SELF_GONE: u32 = libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_IGNORED;
+
+impl Watcher {
+    async fn run(
+        mut self,
+        readable: AsyncFd<Readable>,
+        mut answers: mpsc::Receiver<Answer>,
+        debounce: Duration,
+    ) {
+        let mut burst = Burst::default();
+        loop {
+            let due = burst.due(debounce);
+            // A re-arming under way (a root or directory that appeared) answers first, within
+            // its deadline: what is made in it after the rescan is then seen.
+            let arming = self.arms.values().any(|a| *a == Arm::Running);
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                r = readable.readable() => {
+                    let Ok(mut guard) = r else {
+                        tracing::error!("the file watcher failed: hooks reload only on POST /v1/reload or SIGHUP");
+                        return;
+                    };
+                    let mut raw = Vec::new();
+                    let read = read_events(&self.ino, &mut raw);
+                    guard.clear_ready();
+                    if let Err(e) = read {
+                        tracing::warn!("file watcher error: {e}; rescanning");
+                        burst.add(1);
+                    }
+                    let n = self.classify(raw).await;
+                    burst.add(n);
+                }
+                Some(a) = answers.recv() => {
+                    if let Some(p) = self.answered(a) {
+                        tracing::debug!(path = %p.display(), "armed late: rescanning");
+                        burst.add(1);
+                    }
+                    self.first_over();
+                }
+                _ = tokio::time::sleep_until(due.unwrap_or(far)), if due.is_some() && !arming => {
+                    let changes = std::mem::take(&mut burst).changes;
+                    if self.host.is_draining() {
+                        return;
+                    }
+                    let report = self.host.reload().await;
+                    tracing::info!(
+                        changes,
+                        started = ?report.started,
+                        stopped = ?report.stopped,
+                        problems = report.skipped.iter().filter(|s| s.is_problem()).count(),
+                        "hooks reloaded after a change on disk"
+                    );
+                }
             }
         }
-        // A root that was itself removed, created or renamed needs its watch re-armed.
-        let force: Vec<PathBuf> = roots
-            .watched
-            .keys()
-            .filter(|r| touched.iter().any(|p| p == *r))
-            .cloned()
-            .collect();
-        let Some(armed) = arm_off_runtime(roots, force).await else {
+    }
+
+    /// How many of `raw` can change what loads or runs; re-arms what they name as needed.
+    async fn classify(&mut self, raw: Vec<Raw>) -> usize {
+        let mut n = 0;
+        for ev in raw {
+            let Some(path) = ev.path else {
+                tracing::warn!("the kernel's queue of file events overflowed: rescanning");
+                let keys: Vec<PathBuf> = self.arms.keys().cloned().collect();
+                keys.into_iter().for_each(|k| self.start_arm(k));
+                n += 1;
+                continue;
+            };
+            self.rearm_for(&path, ev.mask);
+            if self.same_attributes(&path, ev.mask).await {
+                continue;
+            }
+            let home_file = crate::dotenv::is_env_file(&path, &self.home)
+                || crate::config_hooks::is_config_file(&path, &self.home);
+            let in_roots = self
+                .roots
+                .iter()
+                .any(|r| path.starts_with(r) || r.starts_with(&path));
+            if home_file {
+                n += 1;
+                continue;
+            }
+            if !in_roots {
+                continue;
+            }
+            let is_dir = ev.mask & (libc::IN_ISDIR | SELF_GONE) != 0;
+            let gone = ev.mask & WENT != 0;
+            match matters(&path, is_dir, gone, &self.roots, &self.hooks) {
+                Verdict::No => {}
+                Verdict::Yes => n += 1,
+                Verdict::IfExecutable => {
+                    if self.executable(&path).await != Some(false) {
+                        n += 1;
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Re-arms the root or hook directory a change at `path` (`mask`) concerns: a root (or a
+    /// directory above one) that appeared or went, an entry of a root (a hook directory
+    /// appearing, going, renamed), a directory made inside a hook directory, its HOOK.yaml.
+    fn rearm_for(&mut self, path: &Path, mask: u32) {
+        let moved = mask & (APPEARED | WENT | SELF_GONE) != 0;
+        for r in self.roots.clone() {
+            if r.starts_with(path) && moved {
+                self.start_arm(r);
+            }
+        }
+        let Some((root, top)) = top_dir(path, &self.roots) else {
             return;
         };
-        roots = armed;
-        if host.is_draining() {
-            return;
+        let root = root.clone();
+        if path == top && moved {
+            // A hook directory appeared, went or was renamed: the root's listing arms what is
+            // there now.
+            self.arms.remove(&top);
+            self.hooks.remove(&top);
+            self.start_arm(root);
+        } else if path != top
+            && ((mask & libc::IN_ISDIR != 0 && mask & APPEARED != 0)
+                || (path.parent() == Some(top.as_path())
+                    && path.file_name().is_some_and(|n| n == "HOOK.yaml")))
+        {
+            self.start_arm(top);
         }
-        let report = host.reload().await;
-        tracing::info!(
-            started = ?report.started,
-            stopped = ?report.stopped,
-            problems = report.skipped.iter().filter(|s| s.is_problem()).count(),
-            "hooks reloaded after a change on disk"
-        );
+    }
+
+    /// True for an attribute change of a root or a directory above one that left its mode,
+    /// owner and group as they were seen (then nothing a hook loads or may load changed); a
+    /// real change is recorded and counts. Asked within [`ARM_DEADLINE`].
+    async fn same_attributes(&mut self, path: &Path, mask: u32) -> bool {
+        if mask & libc::IN_ATTRIB == 0 || !self.roots.iter().any(|r| r.starts_with(path)) {
+            return false;
+        }
+        let p = path.to_path_buf();
+        let lane = format!("watch:attributes:{}", path.display());
+        let what = "a look at a hooks directory's attributes";
+        let Ok(Some(now)) =
+            crate::file_lanes::run(&lane, what, ARM_DEADLINE, move || perms(&p)).await
+        else {
+            return false;
+        };
+        self.seen.insert(path.to_path_buf(), now) == Some(now)
+    }
+
+    /// Whether the file `path` is executable (`None`: it did not answer within
+    /// [`ARM_DEADLINE`], or is gone).
+    async fn executable(&self, path: &Path) -> Option<bool> {
+        use std::os::unix::fs::PermissionsExt;
+        let key = top_dir(path, &self.roots).map_or_else(|| path.to_path_buf(), |(_, t)| t);
+        let lane = format!("watch:attributes:{}", key.display());
+        let p = path.to_path_buf();
+        let what = "a look at a changed file's mode";
+        crate::file_lanes::run(&lane, what, ARM_DEADLINE, move || {
+            std::fs::symlink_metadata(&p)
+                .ok()
+                .map(|m| m.permissions().mode() & 0o111 != 0)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_matters_is_told_by_names_and_the_armed_hooks() {
+        let roots = vec![PathBuf::from("/r")];
+        let mut hooks = HashMap::new();
+        hooks.insert(PathBuf::from("/r/h"), true);
+        hooks.insert(PathBuf::from("/r/logs"), false);
+        let m = |p: &str, dir: bool, gone: bool| matters(Path::new(p), dir, gone, &roots, &hooks);
+        assert_eq!(m("/r/h/HOOK.yaml", false, false), Verdict::Yes);
+        assert_eq!(m("/r/h/handler.py", false, false), Verdict::Yes);
+        assert_eq!(m("/r/h/lib.sh", false, true), Verdict::Yes);
+        assert_eq!(m("/r/h/sub", true, false), Verdict::Yes);
+        assert_eq!(m("/r/h/state.json", false, false), Verdict::IfExecutable);
+        assert_eq!(m("/r/h/state.json", false, true), Verdict::No);
+        assert_eq!(m("/r/h/__pycache__/x.pyc", false, false), Verdict::No);
+        assert_eq!(m("/r/logs/x.py", false, false), Verdict::No);
+        assert_eq!(m("/r/logs/HOOK.yaml", false, false), Verdict::Yes);
+        assert_eq!(m("/r/new", true, false), Verdict::Yes);
+        assert_eq!(m("/r", true, false), Verdict::Yes);
     }
 }

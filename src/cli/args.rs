@@ -2,6 +2,7 @@
 //! the common options describe. No command's work happens here.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
@@ -82,7 +83,17 @@ impl RootArgs {
     /// missing: it is created by `new` and watched by `serve`.)
     pub fn checked_config(&self) -> Result<HostConfig, String> {
         for dir in &self.hooks_dir {
-            match std::fs::metadata(dir) {
+            let Some(meta) = metadata_within(dir, ROOT_STAT_DEADLINE) else {
+                // A mount that does not answer: the service listens, and loads the root once it
+                // answers (issue 59); no thread the service needs waits on it.
+                tracing::warn!(
+                    "--hooks-dir {}: did not answer within {} (a file system that does not answer?): its hooks load once it answers",
+                    dir.display(),
+                    crate::time::fmt_duration(ROOT_STAT_DEADLINE)
+                );
+                continue;
+            };
+            match meta {
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => {
                     return Err(format!(
@@ -107,6 +118,29 @@ impl RootArgs {
         }
         Ok(self.config())
     }
+}
+
+/// How long the start of a command waits for a hook root's attributes.
+pub const ROOT_STAT_DEADLINE: Duration = Duration::from_secs(1);
+
+/// `path`'s attributes, asked on a thread of its own (`None`: no answer within `deadline`; the
+/// thread is left to the file system that does not answer).
+pub fn metadata_within(
+    path: &std::path::Path,
+    deadline: Duration,
+) -> Option<std::io::Result<std::fs::Metadata>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let p = path.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("hermes-root-stat".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let _ = tx.send(std::fs::metadata(&p));
+        });
+    if let Err(e) = spawned {
+        return Some(Err(e));
+    }
+    rx.recv_timeout(deadline).ok()
 }
 
 /// The commands.

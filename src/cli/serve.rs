@@ -53,11 +53,26 @@ pub async fn serve(args: ServeArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return crate::cli::common::usage(e),
     };
-    for root in config.roots.iter().filter(|r| !r.is_dir()) {
-        tracing::warn!(
-            "hook root {} does not exist (yet): no hooks from it until it is created",
-            root.display()
-        );
+    // The roots given were checked above (within a deadline); the default one may be missing.
+    let given = |r: &std::path::PathBuf| {
+        args.roots
+            .hooks_dir
+            .iter()
+            .any(|d| std::path::absolute(d).is_ok_and(|d| d == *r))
+    };
+    for root in config.roots.iter().filter(|r| !given(r)) {
+        match crate::cli::args::metadata_within(root, crate::cli::args::ROOT_STAT_DEADLINE) {
+            Some(Ok(m)) if m.is_dir() => {}
+            Some(_) => tracing::warn!(
+                "hook root {} does not exist (yet): no hooks from it until it is created",
+                root.display()
+            ),
+            None => tracing::warn!(
+                "hook root {} did not answer within {}: its hooks load once it answers",
+                root.display(),
+                crate::time::fmt_duration(crate::cli::args::ROOT_STAT_DEADLINE)
+            ),
+        }
     }
     config.worker_priority = crate::priority::Priority {
         nice: args.worker_nice,

@@ -266,8 +266,14 @@ impl LoadedHook {
         let old = self.in_flight.swap(n, Ordering::SeqCst);
         if n >= old {
             self.stats.in_flight.fetch_add(n - old, Ordering::SeqCst);
+            self.stats
+                .in_flight_ms
+                .fetch_add(self.timeout_ms() * (n - old) as u64, Ordering::SeqCst);
         } else {
             self.stats.in_flight.fetch_sub(old - n, Ordering::SeqCst);
+            self.stats
+                .in_flight_ms
+                .fetch_sub(self.timeout_ms() * (old - n) as u64, Ordering::SeqCst);
         }
         old
     }
@@ -276,6 +282,9 @@ impl LoadedHook {
     pub(super) fn took_one(&self) {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.stats.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.stats
+            .in_flight_ms
+            .fetch_add(self.timeout_ms(), Ordering::SeqCst);
     }
 
     /// One taken job settled.
@@ -286,13 +295,34 @@ impl LoadedHook {
             .is_ok()
         {
             self.stats.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.stats
+                .in_flight_ms
+                .fetch_sub(self.timeout_ms(), Ordering::SeqCst);
         }
+    }
+
+    /// This version's `timeout:` in milliseconds.
+    fn timeout_ms(&self) -> u64 {
+        u64::try_from(self.spec.manifest.timeout.as_millis()).unwrap_or(u64::MAX / 1024)
     }
 
     /// Events ahead of one queued now: those queued, plus those the workers of every version
     /// have taken and not settled (the running calls, a Python window written ahead).
     pub fn ahead(&self) -> usize {
         self.queue.len() + self.stats.in_flight()
+    }
+
+    /// How long the events ahead of one queued now may take: this version's `timeout:` for each
+    /// queued one, and for each taken one the `timeout:` of the version that took it (a call
+    /// running under the previous version keeps its budget after a reload).
+    pub fn ahead_budget(&self) -> std::time::Duration {
+        let queued = u32::try_from(self.queue.len()).unwrap_or(u32::MAX);
+        let taken = self.stats.in_flight_ms.load(Ordering::SeqCst);
+        self.spec
+            .manifest
+            .timeout
+            .saturating_mul(queued)
+            .saturating_add(std::time::Duration::from_millis(taken))
     }
 
     /// Events waiting to run, as `/v1/hooks` shows the queue depth: those queued, plus those

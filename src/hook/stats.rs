@@ -83,6 +83,10 @@ pub struct HookStats {
     /// Events the workers of every version have taken from the queue and not settled (running,
     /// or written ahead to a Python worker's window): work a collect waits behind (issue 47).
     pub(super) in_flight: AtomicUsize,
+    /// The sum, over those events, of the `timeout:` (in ms) of the version that took each: a
+    /// running call keeps the budget of the version that runs it, also once a reload loaded a
+    /// version with another timeout (issue 59 row 5).
+    pub(super) in_flight_ms: AtomicU64,
     /// The last error, when, and `ok` at that moment (later successes supersede it).
     last_error: Mutex<Option<(SystemTime, String, u64)>>,
     /// The last hour by minute (issue 50): counters as the host's ticker saw them, and

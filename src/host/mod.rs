@@ -872,7 +872,7 @@ impl Host {
                     reason: format!(
                         "its hooks directory {} did not answer within {}",
                         h.spec.root.display(),
-                        crate::time::fmt_duration(scan::SCAN_DEADLINE)
+                        crate::time::fmt_duration(scan::LIST_DEADLINE)
                     ),
                     events: h.spec.manifest.events.clone(),
                 });

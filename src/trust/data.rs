@@ -1,5 +1,5 @@
-//! Which paths of a hook's tree are data, not code: the defaults ([`DEFAULT_DATA`]) plus what
-//! HOOK.yaml's `data:` declares. An approval covers every other file of the tree, whatever its
+//! Which paths of a hook's tree are data, not code: the defaults ([`DEFAULT_DATA`], and
+//! [`DEFAULT_STATE`] for files that cannot run) plus what HOOK.yaml's `data:` declares. An approval covers every other file of the tree, whatever its
 //! name or mode, so a sourced `lib.bash` or an `fmt.awk` is covered without guessing what runs.
 //!
 //! Pattern syntax (a small part of gitignore's): a pattern ending in `/` names directories (and
@@ -10,6 +10,26 @@
 /// Data by default: bytecode caches (Python never reads a hook's own: [`crate::handler`] points
 /// it at a cache the service owns) and log files.
 pub const DEFAULT_DATA: &[&str] = &["__pycache__/", "*.log"];
+
+/// Data by its type unless it can run (a file with a run bit is code whatever its name): what
+/// handlers write beside themselves at run time (state, databases, caches). Not part of a hook's
+/// version nor of what an approval covers, so a hook that writes `state.json` into its own
+/// directory keeps its worker across reloads (issue 59); a file a handler sources or imports is
+/// named otherwise (`.py`, `.sh`, `.bash`, any other name) and stays covered.
+pub const DEFAULT_STATE: &[&str] = &[
+    "*.json",
+    "*.jsonl",
+    "*.db",
+    "*.sqlite",
+    "*.sqlite3",
+    "*.db-journal",
+    "*.db-wal",
+    "*.db-shm",
+    "*.pid",
+    "*.tmp",
+    "*.state",
+    "*.csv",
+];
 
 pub use crate::manifest::invalid_data_pattern as invalid;
 
@@ -31,6 +51,14 @@ impl DataRules {
     /// directory (then nothing under it is looked at).
     pub fn is_data(&self, rel: &str, is_dir: bool) -> bool {
         self.patterns.iter().any(|p| matches(p, rel, is_dir))
+    }
+
+    /// Whether the file `rel` is data: [`DataRules::is_data`], or named as data by its type
+    /// ([`DEFAULT_STATE`]) and not `executable`. The one rule for which files make a hook's
+    /// version (its fingerprint, the record checked before each start, an approval's cover).
+    pub fn is_data_file(&self, rel: &str, executable: bool) -> bool {
+        self.is_data(rel, false)
+            || (!executable && DEFAULT_STATE.iter().any(|p| matches(p, rel, false)))
     }
 
     /// The patterns, defaults first (for `check`).
@@ -94,6 +122,11 @@ mod tests {
         assert!(!r.is_data("state", false));
         assert!(r.is_data("cache/a.json", false));
         assert!(!r.is_data("other/cache/a.json", false));
+        assert!(r.is_data_file("other/cache/a.json", false));
+        assert!(r.is_data_file("state.json", false));
+        assert!(!r.is_data_file("state.json", true), "what can run is code");
+        assert!(!r.is_data_file("lib.bash", false));
+        assert!(!r.is_data_file("helper.py", false));
         assert!(r.is_data("x.db", false));
         assert!(!r.is_data("lib.bash", false));
         assert!(!r.is_data("helper.pyc", false));

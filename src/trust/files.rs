@@ -6,7 +6,8 @@
 //! owned by another user (unless `--insecure-permissions`; the rule is [`crate::trust::modes`]';
 //! data files a hook writes are not checked, directories and code are), and a `python:`
 //! interpreter with the same problem; (2) records the SHA-256 of every file of the tree except its
-//! data ([`crate::trust::data`]: `__pycache__/`, `*.log` and what HOOK.yaml's `data:` declares)
+//! data ([`crate::trust::data`]: `__pycache__/`, `*.log`, state files that cannot run such as
+//! `*.json` and `*.db`, and what HOOK.yaml's `data:` declares)
 //! and HOOK.yaml itself (whose settings that change what runs are hashed by
 //! [`crate::trust::approvals::settings_hash`]). Whatever its name or mode, a file a handler may
 //! source, read as a program or import is covered by the hash; the mode check is kept to what can
@@ -222,7 +223,14 @@ impl RunFiles {
                     lmeta
                 };
                 let rel = self.rel(&path);
-                let data = in_data || self.data.is_data(&rel, meta.is_dir());
+                let data = in_data
+                    || if meta.is_dir() {
+                        self.data.is_data(&rel, true)
+                    } else {
+                        use std::os::unix::fs::PermissionsExt;
+                        self.data
+                            .is_data_file(&rel, meta.permissions().mode() & 0o111 != 0)
+                    };
                 if self.check_permissions
                     && let Some(reason) = entry_problem(&self.dir, &path, &meta)
                 {

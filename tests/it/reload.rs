@@ -387,3 +387,81 @@ fn a_chmod_of_the_home_or_root_to_the_same_mode_is_no_reload() {
         || (reloads(&serve) >= 2).then_some(()),
     );
 }
+
+/// Issue 59, row 5: a hook with `timeout: 20` runs an event that takes 6 s; a reload loads its
+/// edit to `timeout: 2`; a collect without `timeout_ms` then waits behind the running call. Its
+/// default budget took the new version's timeout for the old version's call (2 s each, 5 s in
+/// all): "no result within the deadline of 5s", no deny. A call keeps the budget of the version
+/// that runs it: the collect gets the deny.
+#[test]
+fn a_running_call_keeps_the_budget_of_the_version_that_runs_it() {
+    let hooks = Hooks::new();
+    let code = "import time\n\ndef handle(event, context):\n    if event == 'command:slow':\n        time.sleep(6)\n    return {'decision': 'deny'}\n";
+    let dir = hooks.python("slow", r#"["command:*"]"#, code);
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: slow\nevents: [\"command:*\"]\ntimeout: 20\n",
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &["--no-watch"]);
+    let addr = serve.addr.clone();
+    let slow = std::thread::spawn(move || {
+        let body = json!({"event": "command:slow"}).to_string();
+        crate::util::http(
+            &addr,
+            "POST",
+            "/v1/collect",
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    });
+    poll(T, "the slow call running", || {
+        let (_, v) = serve.get("/v1/hooks");
+        (v["hooks"][0]["queue"]["in_flight"] == 1).then_some(())
+    });
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: slow\nevents: [\"command:*\"]\ntimeout: 2\n",
+    )
+    .unwrap();
+    let (s, v) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{v}");
+    let started = Instant::now();
+    let (s, v) = serve.post("/v1/collect", &json!({"event": "command:run"}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["results"],
+        json!([{"hook": "slow", "result": {"decision": "deny"}}]),
+        "after {:?}: {v}",
+        started.elapsed()
+    );
+    let _ = slow.join();
+}
+
+/// Issue 59, row 6: a Python hook that writes `state.json` beside its handler at every call (a
+/// published hook does: "data, state and log files are fine"). Every reload after such a write
+/// started a new worker, and its module state was lost (a call counter went 1, 2, then 1
+/// again). Data a handler writes is not part of its version: the worker and its state stay; a
+/// change to a file that runs still loads a new version.
+#[test]
+fn a_hook_writing_state_beside_its_handler_keeps_its_worker_across_reloads() {
+    let hooks = Hooks::new();
+    let code = "import json, os\n\nCALLS = 0\n\ndef handle(event, context):\n    global CALLS\n    CALLS += 1\n    with open(os.path.join(os.path.dirname(__file__), 'state.json'), 'w') as f:\n        json.dump({'calls': CALLS}, f)\n    return CALLS\n";
+    let dir = hooks.python("counter", r#"["command:run"]"#, code);
+    let serve = Serve::start(&hooks, &[]);
+    let calls = |serve: &Serve| results(serve, "command:run");
+    assert_eq!(calls(&serve), [("counter".to_string(), json!(1))]);
+    assert_eq!(calls(&serve), [("counter".to_string(), json!(2))]);
+    let (s, v) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        calls(&serve),
+        [("counter".to_string(), json!(3))],
+        "the worker and its module state are kept"
+    );
+    // A helper module that runs still makes a new version.
+    std::fs::write(dir.join("helper.py"), "X = 1\n").unwrap();
+    let (s, v) = serve.post("/v1/reload", &json!({}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(calls(&serve), [("counter".to_string(), json!(1))]);
+}

@@ -1,6 +1,7 @@
-//! One hook's files that stall delay only that hook (issue 47, rows 1 and 4): hooks whose
-//! files sit on a FUSE mount whose every operation blocks (`stallfs.py`, mfusepy), beside healthy
-//! hooks on local disk. No runtime thread and no thread other hooks need may wait on the mount.
+//! One hook's files that stall delay only that hook (issue 47, rows 1 and 4; issue 59, rows 1-4:
+//! start-up, readiness, the watcher and reloads): hooks whose files sit on a FUSE mount whose
+//! every operation blocks (`stallfs.py`, mfusepy), beside healthy hooks on local disk. No runtime
+//! thread and no thread other hooks need may wait on the mount.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -26,7 +27,8 @@ struct StallFs {
     child: Child,
     mount: PathBuf,
     flag: PathBuf,
-    _dir: tempfile::TempDir,
+    _flag_dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl StallFs {
@@ -41,10 +43,24 @@ impl StallFs {
         Self::mount_with(source, &["reads"])
     }
 
+    /// [`StallFs::mount`] at `mount` (an empty directory made here: a hook directory inside a
+    /// root that is itself a mount).
+    fn mount_at(source: &Path, mount: &Path) -> Self {
+        std::fs::create_dir(mount).unwrap();
+        Self::mount_on(source, mount.to_path_buf(), &[])
+    }
+
     fn mount_with(source: &Path, mode: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mount = dir.path().join("mnt");
         std::fs::create_dir(&mount).unwrap();
+        let mut fs = Self::mount_on(source, mount, mode);
+        fs._dir = Some(dir);
+        fs
+    }
+
+    fn mount_on(source: &Path, mount: PathBuf, mode: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         let flag = dir.path().join("stalled");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/stallfs.py");
         let child = Command::new(fuse_python())
@@ -62,7 +78,8 @@ impl StallFs {
             child,
             mount,
             flag,
-            _dir: dir,
+            _flag_dir: dir,
+            _dir: None,
         };
         let first = std::fs::read_dir(source).unwrap().next().unwrap().unwrap();
         poll(Duration::from_secs(20), "the FUSE mount", || {
@@ -491,5 +508,251 @@ fn a_stalled_interpreter_does_not_hold_up_other_hooks_fork_servers() {
     // h crashes; a collect restarts it, which needs its fork server again.
     emit_202(&serve, "agent:h");
     assert_decides(&serve, Some(4000), "h", "deny");
+    fs.release();
+}
+
+const ALLOW_SH: &str = "#!/bin/sh\ncat >/dev/null\necho '{\"decision\": \"allow\"}'\n";
+
+/// The names of the hooks `/v1/hooks` lists (empty without an answer).
+fn hook_names(serve: &Serve) -> Vec<String> {
+    let v = get(serve, "/v1/hooks");
+    let mut names: Vec<String> = v["hooks"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|h| h["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Polls until a collect on `command:run` gets `decision` from `hook`.
+fn poll_decides(serve: &Serve, within: Duration, hook: &str, decision: &str) {
+    poll(within, &format!("{hook}'s {decision}"), || {
+        let (s, v, _) = quick(
+            &serve.addr,
+            "POST",
+            "/v1/collect",
+            &json!({"event": "command:run", "timeout_ms": 3000}),
+        );
+        (s == 200 && v["results"] == json!([{"hook": hook, "result": {"decision": decision}}]))
+            .then_some(())
+    });
+}
+
+/// A source directory holding one executable hook `name` (its files at the top: to be mounted
+/// as a hook directory).
+fn hook_source(name: &str) -> tempfile::TempDir {
+    let source = tempfile::tempdir().unwrap();
+    let yaml = format!("name: {name}\nevents: [\"agent:step\"]\n");
+    std::fs::write(source.path().join("HOOK.yaml"), yaml).unwrap();
+    std::fs::write(source.path().join("handler"), DENY_SH).unwrap();
+    set_mode(&source.path().join("handler"), 0o755);
+    source
+}
+
+/// Issue 59, row 1: a hook directory that is a FUSE mount stalled before the start, inside a
+/// healthy root beside a healthy hook `ok`. The watcher's recursive watch walked into the mount
+/// before the first load (notify's thread blocked in `getattr`): `/readyz` and collects answered
+/// 503 for the whole stall. The watches are now armed per hook directory on the threads for
+/// hooks' files, each within a deadline: the service gets ready with `ok`, `ok`'s edit is seen
+/// by the watcher during the stall, and the stalled hook loads once its mount answers.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_hook_directory_at_start_delays_only_itself() {
+    let hooks = Hooks::new();
+    let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
+    let source = hook_source("far");
+    let fs = StallFs::mount_at(source.path(), &hooks.root().join("far"));
+    fs.stall();
+    let mut cmd = Command::new(crate::util::bin());
+    cmd.arg("serve")
+        .arg("--hooks-dir")
+        .arg(hooks.root())
+        .args(["--listen", "127.0.0.1:0"]);
+    let started = Instant::now();
+    let serve = Serve::spawn_listening(cmd, &hooks);
+    let _release = fs.released_on_drop();
+    poll(Duration::from_secs(25), "/readyz during the stall", || {
+        (quick(&serve.addr, "GET", "/readyz", &Value::Null).0 == 200).then_some(())
+    });
+    let ready = started.elapsed();
+    assert_decides(&serve, None, "ok", "deny");
+    assert_eq!(hook_names(&serve), ["ok"]);
+    // The watcher sees ok's edit while the mount still stalls.
+    std::fs::write(ok.join("handler"), ALLOW_SH).unwrap();
+    poll_decides(&serve, Duration::from_secs(15), "ok", "allow");
+    fs.release();
+    poll(
+        Duration::from_secs(20),
+        "far, once its mount answers",
+        || (hook_names(&serve) == ["far", "ok"]).then_some(()),
+    );
+    eprintln!("ready after {ready:?} with a stalled hook directory");
+}
+
+/// Issue 59, row 2: the only `--hooks-dir` is a FUSE mount stalled before the start. The
+/// process never listened (blocked in `stat` checking the argument). It now listens, answers
+/// `/healthz` and `/readyz` (ready, with nothing loaded), and loads the root once it answers.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_hooks_dir_at_start_listens_and_loads_once_it_answers() {
+    let hooks = Hooks::new();
+    let source = tempfile::tempdir().unwrap();
+    hook_in(
+        source.path(),
+        "far",
+        &[
+            ("HOOK.yaml", "name: far\nevents: [\"command:run\"]\n"),
+            ("handler", DENY_SH),
+        ],
+    );
+    let fs = StallFs::mount(source.path());
+    fs.stall();
+    let mut cmd = Command::new(crate::util::bin());
+    cmd.arg("serve")
+        .arg("--hooks-dir")
+        .arg(&fs.mount)
+        .args(["--listen", "127.0.0.1:0"]);
+    let serve = Serve::spawn_listening(cmd, &hooks);
+    let _release = fs.released_on_drop();
+    let (s, _, took) = quick(&serve.addr, "GET", "/healthz", &Value::Null);
+    assert_eq!(s, 200, "/healthz answers ({took:?})");
+    let started = Instant::now();
+    let ready = poll(Duration::from_secs(15), "/readyz during the stall", || {
+        let (s, v, _) = quick(&serve.addr, "GET", "/readyz", &Value::Null);
+        assert!(s == 200 || s == 503, "{s} {v}");
+        (s == 200).then_some(v)
+    });
+    assert_eq!(ready["hooks"], 0, "{ready} after {:?}", started.elapsed());
+    eprintln!("ready after {:?} with the stalled root", started.elapsed());
+    fs.release();
+    poll(
+        Duration::from_secs(20),
+        "far, once the root answers",
+        || (hook_names(&serve) == ["far"]).then_some(()),
+    );
+    assert_decides(&serve, None, "far", "deny");
+}
+
+/// Issue 59, row 3: a root on a FUSE mount stalls while the service runs; a healthy Python
+/// hook's edit was never picked up by the watcher (its task waited on the mount's root in
+/// `Roots::arm`, on a blocking thread without a deadline). The watcher now never waits on a
+/// root: the edit loads, and the stalled root's hook keeps running.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_root_that_stalls_while_running_does_not_stop_the_watcher() {
+    let hooks = Hooks::new();
+    let h = hooks.python(
+        "h",
+        r#"["command:run"]"#,
+        "def handle(event, context):\n    return {'decision': 'deny'}\n",
+    );
+    let source = tempfile::tempdir().unwrap();
+    hook_in(
+        source.path(),
+        "far",
+        &[
+            ("HOOK.yaml", "name: far\nevents: [\"agent:step\"]\n"),
+            ("handler", DENY_SH),
+        ],
+    );
+    let fs = StallFs::mount(source.path());
+    let mount = fs.mount.display().to_string();
+    let serve = Serve::start(&hooks, &["--hooks-dir", &mount]);
+    let _release = fs.released_on_drop();
+    assert_eq!(hook_names(&serve), ["far", "h"]);
+    fs.stall();
+    std::fs::write(
+        h.join("handler.py"),
+        "def handle(event, context):\n    return {'decision': 'allow'}\n",
+    )
+    .unwrap();
+    let started = Instant::now();
+    poll_decides(&serve, Duration::from_secs(20), "h", "allow");
+    eprintln!("h's edit answered after {:?}", started.elapsed());
+    // Once more: the watcher's next reload does not wait on the stalled root again.
+    std::fs::write(
+        h.join("handler.py"),
+        "def handle(event, context):\n    return {'decision': 'deny'}\n",
+    )
+    .unwrap();
+    poll_decides(&serve, Duration::from_secs(10), "h", "deny");
+    assert_eq!(hook_names(&serve), ["far", "h"], "far keeps running");
+    fs.release();
+}
+
+/// Issue 59, row 4: one root stalled, a healthy executable hook `ok` edited from deny to allow
+/// while a decision waits. The reload scan waited the whole scan deadline (10 s) on the stalled
+/// root, as long as the hand-over of `ok`'s queue waits for its new version: the collect timed
+/// out, the next failed "no new version loaded within 10s". The roots are now listed
+/// concurrently within a listing deadline, and a root still stalled is not waited on again: the
+/// collect gets the new version's allow.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_root_does_not_spend_another_hooks_hand_over() {
+    let hooks = Hooks::new();
+    let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
+    let source = tempfile::tempdir().unwrap();
+    hook_in(
+        source.path(),
+        "far",
+        &[
+            ("HOOK.yaml", "name: far\nevents: [\"agent:step\"]\n"),
+            ("handler", DENY_SH),
+        ],
+    );
+    let fs = StallFs::mount(source.path());
+    let mount = fs.mount.display().to_string();
+    let serve = Serve::start(&hooks, &["--hooks-dir", &mount]);
+    let _release = fs.released_on_drop();
+    assert_decides(&serve, None, "ok", "deny");
+    fs.stall();
+    std::fs::write(ok.join("handler"), ALLOW_SH).unwrap();
+    // At once: the running version sees its files changed and hands its events over.
+    let took = assert_decides(&serve, Some(8000), "ok", "allow");
+    eprintln!("ok's first collect after the edit took {took:?}");
+    let took = assert_decides(&serve, None, "ok", "allow");
+    eprintln!("the next collect took {took:?}");
+    fs.release();
+}
+
+/// Issue 59, row 4 with the stall in a hook directory beside `ok` (a mount inside its root) that
+/// stalls while the service runs: the reload's first look at that directory is bounded by the
+/// listing's deadline (3 s), not the scan's (10 s, as long as the hand-over waits), so `ok`'s
+/// edit is still answered by its new version.
+#[test]
+#[cfg_attr(
+    hermes_no_fuse,
+    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
+)]
+fn a_stalled_hook_directory_does_not_spend_a_neighbours_hand_over() {
+    let hooks = Hooks::new();
+    let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
+    let source = hook_source("far");
+    let fs = StallFs::mount_at(source.path(), &hooks.root().join("far"));
+    let serve = Serve::start(&hooks, &[]);
+    let _release = fs.released_on_drop();
+    assert_eq!(hook_names(&serve), ["far", "ok"]);
+    assert_decides(&serve, None, "ok", "deny");
+    fs.stall();
+    std::fs::write(ok.join("handler"), ALLOW_SH).unwrap();
+    let took = assert_decides(&serve, Some(8000), "ok", "allow");
+    eprintln!("ok's first collect after the edit took {took:?}");
+    assert_eq!(hook_names(&serve), ["far", "ok"], "far keeps running");
     fs.release();
 }
