@@ -6,7 +6,8 @@
 //! directory under `$HERMES_HOME/config-hooks/` (written before every scan: [`sync`]): a
 //! `HOOK.yaml` for the entry's event, a Python handler (`config_hooks/handler.py`, a persistent
 //! worker that applies the matcher and runs the command per event, reading its stdout as 0.19.0
-//! does) and `entry.json` (the entry). From there it is a hook like any other: its queue,
+//! does) and `entry.py` (the entry, as Python: code, so the approval and the version cover the
+//! command; a `.json` beside a handler is data, issue 59). From there it is a hook like any other: its queue,
 //! worker, timeout, trust, sandbox (`sandbox:` of the entry, else none: a shell hook runs
 //! programs), metrics, `/v1/hooks` and the dashboard. The Hermes plugin
 //! (`hermes_hooks.agent_plugin`) keeps Hermes's own runner off the entries hosted here, so a
@@ -321,7 +322,7 @@ fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
     [
         ("HOOK.yaml", manifest),
         ("handler.py", HANDLER.to_string()),
-        ("entry.json", format!("{entry:#}\n")),
+        (ENTRY_FILE, entry_module(&entry)),
     ]
 }
 
@@ -426,6 +427,22 @@ fn approve_consented(home: &Path, dir: &Path) -> Result<(), String> {
     }
 }
 
+/// The file holding a hosted entry, beside `handler.py`.
+const ENTRY_FILE: &str = "entry.py";
+/// What an older release wrote instead (data by issue 59's rule, so not covered: removed).
+const OLD_ENTRY_FILE: &str = "entry.json";
+
+/// `entry.py`: the entry as a Python module. Its command is what the hook runs, so it must be
+/// code (covered by the approval, the version and the check before each start), never data.
+/// A JSON string literal is a Python string literal.
+fn entry_module(entry: &Value) -> String {
+    let text = serde_json::to_string(&entry.to_string()).unwrap_or_else(|_| "\"{}\"".into());
+    format!(
+        "\"\"\"The config.yaml entry this hook runs: written by hermes-hooks from config.yaml \
+         (do not edit).\"\"\"\n\nimport json\n\nENTRY = json.loads({text})\n"
+    )
+}
+
 /// Writes the hook directories; returns the names of those it made (not there before).
 fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<Vec<String>> {
     use std::os::unix::fs::DirBuilderExt;
@@ -451,6 +468,7 @@ fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<Vec<String>>
             .recursive(true)
             .mode(0o755)
             .create(&dir)?;
+        let _ = std::fs::remove_file(dir.join(OLD_ENTRY_FILE));
         for (file, mut content) in files(e) {
             let path = dir.join(file);
             if file == "HOOK.yaml" && disabled_here(&path) {
@@ -567,7 +585,7 @@ mod tests {
         assert_eq!(p.unconsented[0].command, "a.sh");
         let root = sync(home.path(), false).unwrap();
         let dir = root.join(p.hosted[0].hook_name());
-        assert!(dir.join("HOOK.yaml").is_file() && dir.join("entry.json").is_file());
+        assert!(dir.join("HOOK.yaml").is_file() && dir.join(ENTRY_FILE).is_file());
         // Disabled by an operator: it stays disabled when written again.
         let manifest = dir.join("HOOK.yaml");
         let text = std::fs::read_to_string(&manifest).unwrap();

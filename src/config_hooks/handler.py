@@ -1,7 +1,7 @@
 """A shell hook of the `hooks:` block of config.yaml, hosted by hermes-hooks (issue 49).
 
 Written by the service (`src/config_hooks.rs`) into `$HERMES_HOME/config-hooks/<name>/`; the
-entry it runs is `entry.json` beside it. It does for one entry what hermes-agent 0.19.0's own
+entry it runs is `entry.py` beside it (code, so its approval covers the command). It does for one entry what hermes-agent 0.19.0's own
 shell-hook runner does (the behaviour described in docs/hook-authors.md, "Agent events"):
 the `matcher` of a tool event must match the whole tool name, the command is split like a shell
 line (no shell) and run with the event's context as JSON on stdin, in the agent's working
@@ -21,9 +21,7 @@ import re
 import shlex
 import subprocess
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(_HERE, "entry.json"), encoding="utf-8") as _f:
-    ENTRY = json.load(_f)
+from entry import ENTRY  # beside this file, written by the service
 
 EVENT = ENTRY["event"]
 COMMAND = ENTRY["command"]
