@@ -12,8 +12,11 @@ use tokio::sync::mpsc;
 
 use crate::handler::Signals;
 
-/// How long the events of a version whose files changed wait for the next version.
-pub(super) const HANDOVER_WAIT: Duration = Duration::from_secs(10);
+/// How long the events of a version whose files changed wait for the next version: longer than
+/// the longest a reload's scan can take (another root's listing within 3 s, another hook
+/// directory's read within 10 s, `host/scan.rs`, which checks the bound), so that another
+/// hook's stalled files never spend this hook's hand-over (issue 59 row 4).
+pub(crate) const HANDOVER_WAIT: Duration = Duration::from_secs(20);
 /// How often the wait looks whether the hook was removed.
 const RECHECK: Duration = Duration::from_millis(100);
 /// How often it asks again for a reload (an edit saved in several writes may load only at the

@@ -19,7 +19,7 @@ use crate::discovery::HookSpec;
 use crate::handler::Signals;
 use crate::notices::Notices;
 
-mod handover;
+pub(crate) mod handover;
 pub mod history;
 mod queue;
 mod stats;

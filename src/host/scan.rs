@@ -22,6 +22,12 @@ pub(crate) const SCAN_DEADLINE: Duration = crate::handler::starter::CHECK_DEADLI
 /// How long the listing of one root may take.
 pub(crate) const LIST_DEADLINE: Duration = Duration::from_secs(3);
 
+// A reload's scan, however other hooks' files stall, ends before a hand-over gives up.
+const _: () = assert!(
+    crate::hook::handover::HANDOVER_WAIT.as_secs()
+        > LIST_DEADLINE.as_secs() + SCAN_DEADLINE.as_secs() + 2
+);
+
 /// Called with each hook as soon as its directory is read, before the scan is over (the host
 /// starts the fork server it will need then: issue 46's start-up cost).
 pub(crate) type OnFound = Arc<dyn Fn(&HookSpec) + Send + Sync>;

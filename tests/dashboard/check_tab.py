@@ -608,6 +608,8 @@ def main():
             browser = pw.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.on("console", lambda m: m.type == "error" and not host_own(m.location.get("url"))
+                    and (m.location.get("url") or "").split("?")[0] not in
+                    {url for _, url in REFUSED_ON_PURPOSE}
                     and errors.append("console: %s (%s)" % (m.text, m.location.get("url"))))
             page.on("pageerror", lambda e: errors.append("page error: %s" % e))
             page.on("response", lambda r: r.status >= 400 and not host_own(r.url)
