@@ -18,8 +18,10 @@ use crate::host::Host;
 /// A hook's change held back ([`Shared::holds`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Hold {
-    /// Asked for by the reload; the drain begins at the worker's next look.
-    Pending,
+    /// Asked for by the reload; the drain begins at the worker's next look. Each hold has its
+    /// own number ([`next_hold`]): a round that computed from one hold never writes over
+    /// another that replaced it meanwhile (a revert, then the same change again).
+    Pending(u64),
     /// Running what the stream held up to `bound` (a stream sequence), since `began`, when the
     /// consumer's acknowledgement floor was at `from` (for the log: how far the drain got).
     Draining {
@@ -32,6 +34,12 @@ pub(super) enum Hold {
     /// The change was reverted (or the hook removed) while held: nothing to load; the worker
     /// ends the drain's announcement at its next look.
     Cancelled,
+}
+
+/// The number of a new [`Hold::Pending`].
+pub(super) fn next_hold() -> u64 {
+    static HOLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    HOLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// [`WorkerOptions::retire_drain`] by default.

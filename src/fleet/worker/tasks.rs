@@ -578,7 +578,7 @@ fn change_hold(sh: std::sync::Weak<Shared>) -> crate::host::ChangeHold {
                 Some(Hold::Released) => {
                     holds.remove(&key);
                 }
-                Some(Hold::Pending | Hold::Draining { .. }) => {
+                Some(Hold::Pending(_) | Hold::Draining { .. }) => {
                     tracing::info!(hook = %running.name, "fleet: the held change of this hook was reverted; its version stays and its drain ends");
                     holds.insert(key, Hold::Cancelled);
                 }
@@ -606,7 +606,7 @@ fn change_hold(sh: std::sync::Weak<Shared>) -> crate::host::ChangeHold {
             .any(|p| !new.contains(p) && !others.iter().any(|o| o.contains(p)));
         if dropped {
             tracing::info!(hook = %running.name, "fleet: the change of this hook drops patterns no other live version has: its running version first runs what only it matches in the stream (up to --retire-drain, {}), then the change loads", crate::time::fmt_duration(sh.opts.retire_drain));
-            holds.insert(key, Hold::Pending);
+            holds.insert(key, Hold::Pending(next_hold()));
         }
         dropped
     })
@@ -628,7 +628,7 @@ async fn drain_holds(
     for (key, hold) in holds {
         let next = match (hold, tasks.get(&key)) {
             (Hold::Released, _) => continue,
-            (Hold::Cancelled, t) | (Hold::Pending | Hold::Draining { .. }, t @ None) => {
+            (Hold::Cancelled, t) | (Hold::Pending(_) | Hold::Draining { .. }, t @ None) => {
                 // Reverted, or the hook is gone: no change to load; the bound is taken back.
                 if let Some(t) = t {
                     t.retiring.store(0, Ordering::Relaxed);
@@ -642,7 +642,7 @@ async fn drain_holds(
                 publish_status(sh, tasks, None).await;
                 continue;
             }
-            (Hold::Pending, Some(t)) => {
+            (Hold::Pending(_), Some(t)) => {
                 let last = async { stream.clone().info().await.map(|i| i.state.last_sequence) };
                 let Ok(Ok(bound)) = tokio::time::timeout(Duration::from_secs(2), last).await else {
                     continue;
@@ -670,11 +670,21 @@ async fn drain_holds(
                 Hold::Released
             }
         };
+        // Written only over the state it was computed from: a revert (or a new edit) handled
+        // during the awaits above stays, and is acted on in the next round (a revert written
+        // over with `Draining` drained and loaded a change that was no longer there).
+        let stored = match sh.holds.lock() {
+            Ok(mut h) if h.get(&key) == Some(&hold) => {
+                h.insert(key, next);
+                true
+            }
+            _ => false,
+        };
+        if !stored {
+            continue;
+        }
         released |= next == Hold::Released;
         let announce = matches!(next, Hold::Draining { .. });
-        if let Ok(mut h) = sh.holds.lock() {
-            h.insert(key, next);
-        }
         if announce {
             publish_status(sh, tasks, None).await;
         }
