@@ -31,6 +31,14 @@ pub fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// Whether work under `gate` may start now: no gate (not fleet work), or one still open. Every
+/// handler kind asks this at the last moment before its handler starts (a process forked, a
+/// library called, a request sent, a Python call begun: the Python runner asks its own copy
+/// of the bound), not only when the job leaves the hook's queue (issue 56 row 8).
+pub fn may_start(gate: Option<&StartGate>) -> bool {
+    gate.is_none_or(StartGate::open)
+}
+
 /// Where [`StartGate`] epochs come from (one per lease holding in this process).
 static EPOCHS: AtomicU64 = AtomicU64::new(1);
 
@@ -67,6 +75,14 @@ impl StartGate {
     /// A renewal succeeded: the bound moves to `until_ns` (never back, never once shut).
     pub fn extend(&self, until_ns: u64) {
         if !self.is_shut() {
+            self.until.fetch_max(until_ns, Ordering::SeqCst);
+        }
+    }
+
+    /// Moves the bound to `until_ns` only while the gate is open (a look past the old bound
+    /// shuts it first): for a bound whose lapse, even unseen, may have let another worker in.
+    pub fn renew(&self, until_ns: u64) {
+        if self.open() {
             self.until.fetch_max(until_ns, Ordering::SeqCst);
         }
     }
@@ -169,6 +185,18 @@ mod tests {
             StartGate::bound(7, Duration::from_secs(1), Duration::from_secs(2)),
             7
         );
+    }
+
+    #[test]
+    fn a_renewal_never_opens_a_bound_that_lapsed_unseen() {
+        let now = monotonic_ns();
+        let lapsed = StartGate::new(now.saturating_sub(1));
+        lapsed.renew(now + 60_000_000_000);
+        assert!(!lapsed.open(), "nobody looked, yet the lapse stands");
+        let live = StartGate::new(now + 60_000_000_000);
+        live.renew(now + 120_000_000_000);
+        assert_eq!(live.start_by(), now + 120_000_000_000);
+        assert!(may_start(None) && may_start(Some(&live)) && !may_start(Some(&lapsed)));
     }
 
     #[tokio::test]

@@ -31,6 +31,8 @@ use std::time::Duration;
 use async_nats::jetstream::{AckKind, Message};
 use tokio::sync::Notify;
 
+use crate::start_gate::{StartGate, monotonic_ns};
+
 /// One held message.
 struct Slot {
     msg: Arc<Message>,
@@ -45,6 +47,10 @@ struct Slot {
     back: bool,
     /// Finished (acknowledged by the next [`Held::flush`]).
     done: bool,
+    /// `Explicit`: until when this delivery is surely this worker's (its ack wait from its
+    /// arrival or the last progress signal, less a margin); its events start only before
+    /// ([`Held::delivery_gate`]).
+    gate: Option<Arc<StartGate>>,
 }
 
 /// What to do after marking one event of a held message.
@@ -70,12 +76,25 @@ pub struct Held {
     gate: Mutex<Option<Arc<crate::start_gate::StartGate>>>,
     /// The delivery sequence of the last cumulative acknowledgement sent ([`Held::flush`]).
     acked_dseq: std::sync::atomic::AtomicU64,
+    /// `Explicit`: the consumer's ack wait and the period of the progress signals, for the
+    /// deliveries' gates ([`Held::delivery_gate`]).
+    deadline: Option<(Duration, Duration)>,
+    /// When the last round of progress signals began (monotonic ns).
+    last_round: std::sync::atomic::AtomicU64,
+    /// `Explicit`: when a round found the one before it older than a delivery's gate allows
+    /// (the worker was stopped or starved): what the pull had buffered by then may have been
+    /// sent on by the broker ([`Held::lapsed_since`]). 0: never.
+    lapsed_at: std::sync::atomic::AtomicU64,
 }
 
 impl Held {
-    /// For a consumer whose acknowledgement policy is `All` (`ack_all`) or `Explicit`.
-    pub fn new(ack_all: bool) -> Self {
+    /// For a consumer whose acknowledgement policy is `All` (`ack_all`) or `Explicit`, whose
+    /// ack wait is `ack_wait`, tended every `progress` ([`tend`]).
+    pub fn new(ack_all: bool, ack_wait: Duration, progress: Duration) -> Self {
         Self {
+            deadline: (!ack_all).then_some((ack_wait, progress)),
+            last_round: std::sync::atomic::AtomicU64::new(monotonic_ns()),
+            lapsed_at: Default::default(),
             ack_all,
             slots: Mutex::new(BTreeMap::new()),
             next: Default::default(),
@@ -136,6 +155,7 @@ impl Held {
                 left: events.max(1),
                 back: false,
                 done: false,
+                gate: self.arrival_gate(),
             };
             s.insert(seq, slot);
         }
@@ -209,10 +229,13 @@ impl Held {
                     slot.left = slot.left.saturating_sub(1);
                     let first = !slot.back;
                     slot.back = true;
+                    // Past its ack wait the broker may have sent it to another worker, which a
+                    // `Nak` would start again: left to the broker (it delivers it on its own).
+                    let lapsed = slot.gate.as_ref().is_some_and(|g| !g.within_bound());
                     if !self.ack_all && slot.left == 0 {
                         s.remove(&seq);
                     }
-                    first
+                    first && !lapsed
                 }
                 None => seq == 0,
                 _ => false,
@@ -255,6 +278,42 @@ impl Held {
             Some(_) => true,
             None => false,
         }
+    }
+
+    /// `Explicit`: the gate of a delivery that arrives now. Its ack wait began when the broker
+    /// sent it, which may be long before it is read here (a worker stopped with SIGSTOP reads
+    /// on waking what the broker sent before): counted from the last round of progress signals
+    /// plus one period at most, which a stopped or starved worker did not have.
+    fn arrival_gate(&self) -> Option<Arc<StartGate>> {
+        let (ack_wait, progress) = self.deadline?;
+        let now = monotonic_ns();
+        let round = self
+            .last_round
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .saturating_add(progress.as_nanos() as u64);
+        Some(Arc::new(StartGate::new(StartGate::bound(
+            now.min(round),
+            ack_wait,
+            delivery_margin(ack_wait),
+        ))))
+    }
+
+    /// `Explicit`: whether a round of progress signals found the worker stopped or starved
+    /// past a delivery's gate after `since` (monotonic ns; the pull session's start): a message
+    /// read from that session's buffer may be one the broker already sent on to another
+    /// worker, so the session ends unread (its messages come back with their ack wait).
+    pub fn lapsed_since(&self, since: u64) -> bool {
+        self.deadline.is_some() && self.lapsed_at.load(std::sync::atomic::Ordering::SeqCst) > since
+    }
+
+    /// `Explicit`: the gate of holding `id` of `seq` (`None`: `All`, whose lease holder's gate
+    /// governs, or not held). Each of its events starts only while the gate is open: a worker
+    /// stopped or starved past its delivery's ack wait starts nothing the broker may have
+    /// delivered to another worker meanwhile (issue 56).
+    pub fn delivery_gate(&self, seq: u64, id: u64) -> Option<Arc<StartGate>> {
+        let slots = self.slots.lock().ok()?;
+        let slot = slots.get(&seq).filter(|slot| slot.id == id)?;
+        slot.gate.clone()
     }
 
     /// Whether holding `id` of `seq` is still the one held and not handed back (an event of a
@@ -315,16 +374,34 @@ impl Held {
         if !self.may_send() {
             return;
         }
-        let msgs: Vec<Arc<Message>> = match self.slots.lock() {
+        let sent = monotonic_ns();
+        let before = self
+            .last_round
+            .swap(sent, std::sync::atomic::Ordering::SeqCst);
+        if let Some((ack_wait, _)) = self.deadline {
+            let kept = ack_wait
+                .saturating_sub(delivery_margin(ack_wait))
+                .as_nanos() as u64;
+            if sent.saturating_sub(before) >= kept {
+                self.lapsed_at
+                    .store(sent, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let msgs: Vec<(Arc<Message>, Option<Arc<StartGate>>)> = match self.slots.lock() {
             Ok(s) => s
                 .values()
                 .filter(|slot| !slot.back)
-                .map(|slot| slot.msg.clone())
+                .map(|slot| (slot.msg.clone(), slot.gate.clone()))
                 .collect(),
             Err(_) => return,
         };
-        for m in msgs {
-            let _ = m.ack_with(AckKind::Progress).await;
+        for (m, gate) in msgs {
+            if m.ack_with(AckKind::Progress).await.is_ok()
+                && let (Some(g), Some((ack_wait, _))) = (gate, self.deadline)
+            {
+                // A delivery whose gate shut stays shut: the broker may have sent it on.
+                g.renew(StartGate::bound(sent, ack_wait, delivery_margin(ack_wait)));
+            }
         }
     }
 
@@ -400,6 +477,12 @@ fn ack_point(slots: &[(bool, bool, u64)], acked: u64) -> Option<usize> {
         below = below.min(d);
     }
     None
+}
+
+/// What a delivery's gate keeps off its ack wait: a quarter of it (the signal's way to the
+/// broker, a late timer), at least 100 ms.
+fn delivery_margin(ack_wait: Duration) -> Duration {
+    (ack_wait / 4).max(Duration::from_millis(100))
 }
 
 /// Flushes `held` when events finish (at most every `every`, so a burst is one

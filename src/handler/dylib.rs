@@ -542,6 +542,10 @@ fn multi_core() -> bool {
 /// Calls the library with one event, its context encoded here (on the library's thread, off the
 /// async runtime) unless another hook of the event already did.
 fn call_with(loaded: &Loaded, call: &Call) -> HandlerResult {
+    // The last moment before the library runs it (issue 56 row 8).
+    if !crate::start_gate::may_start(call.gate.as_deref()) {
+        return Err(HandlerError::Expired);
+    }
     match call.context.json() {
         Ok(context) => loaded.call(&call.event, context.as_bytes()),
         Err(e) => Err(HandlerError::Failed(format!(

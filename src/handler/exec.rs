@@ -23,7 +23,6 @@ use super::api::{
     BoxFuture, Call, Feed, Handler, HandlerContext, HandlerError, HandlerResult, NoFeed, Report,
     call_each,
 };
-use super::context::Context;
 use super::process::{GroupKill, describe_exit};
 use super::spawn::{self, Plan, c_string};
 use super::verified_exec::{NotStarted, VerifiedExec};
@@ -169,7 +168,15 @@ impl ExecHandler {
     }
 
     /// Starts one process of this hook reading `input`, after the checks of its files.
-    async fn start_process(&self, input: Vec<u8>) -> Result<spawn::Spawned, HandlerError> {
+    /// With `gate`, the process starts only while the gate is open, looked at on the starter
+    /// thread just before the fork (the checks before it and the hand-off to that thread take
+    /// time): a fleet worker stopped or starved meanwhile starts nothing another worker may run
+    /// now (issue 56 row 8).
+    async fn start_process(
+        &self,
+        input: Vec<u8>,
+        gate: Option<Arc<crate::start_gate::StartGate>>,
+    ) -> Result<spawn::Spawned, HandlerError> {
         let cannot_run = |e: std::io::Error| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
         };
@@ -193,6 +200,9 @@ impl ExecHandler {
                 None,
                 move || {
                     exe.check_blocking(&files, &hook)?;
+                    if !crate::start_gate::may_start(gate.as_deref()) {
+                        return Err(NotStarted::Expired);
+                    }
                     spawn::spawn(&plan).map_err(NotStarted::Io)
                 },
                 |started| {
@@ -208,7 +218,8 @@ impl ExecHandler {
             .map_err(|e| e.into_error(&self.ctx.name, &self.program))
     }
 
-    async fn run(&self, event: &str, context: &Context) -> HandlerResult {
+    async fn run(&self, call: &Call) -> HandlerResult {
+        let (event, context) = (&*call.event, &*call.context);
         let context = context
             .raw()
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
@@ -221,7 +232,7 @@ impl ExecHandler {
         let mut input = serde_json::to_vec(&payload)
             .map_err(|e| HandlerError::Failed(format!("cannot encode the event: {e}")))?;
         input.push(b'\n');
-        let spawned = self.start_process(input).await?;
+        let spawned = self.start_process(input, call.gate.clone()).await?;
         let cannot_run = |e: std::io::Error| {
             HandlerError::Failed(format!("cannot run {}: {e}", self.program.display()))
         };
@@ -426,7 +437,7 @@ impl Handler for ExecHandler {
                 this.ctx.timeout,
                 this.ctx.concurrency,
                 report,
-                |call| async move { this.run(&call.event, &call.context).await },
+                |call| async move { this.run(&call).await },
             )
             .await;
         })

@@ -42,6 +42,9 @@ pub enum NotStarted {
     Refused(StartRefused, bool),
     /// The process could not be started.
     Io(std::io::Error),
+    /// Its start gate shut while it waited for the start ([`crate::start_gate`]): the fleet
+    /// delivery or lease that let it start may be another worker's now.
+    Expired,
 }
 
 impl VerifiedExec {
@@ -188,6 +191,7 @@ impl NotStarted {
             NotStarted::Io(e) => {
                 HandlerError::Failed(format!("cannot run {}: {e}", program.display()))
             }
+            NotStarted::Expired => HandlerError::Expired,
         }
     }
 }

@@ -552,7 +552,13 @@ impl Handler for WebhookHandler {
                 this.timeout,
                 this.concurrency,
                 report,
-                |call| async move { this.deliver(&call.event, &call.context).await },
+                |call| async move {
+                    // The last moment before the request goes out (issue 56 row 8).
+                    if !crate::start_gate::may_start(call.gate.as_deref()) {
+                        return Err(HandlerError::Expired);
+                    }
+                    this.deliver(&call.event, &call.context).await
+                },
             )
             .await;
         })

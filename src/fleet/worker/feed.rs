@@ -257,7 +257,12 @@ impl Run {
         } else {
             None
         };
-        let gate = self.gate.clone();
+        // An ordered hook's lease, else (`Explicit`) the delivery's own ack wait: checked by the
+        // hook's queue and at the last moment by the handler (issue 56 row 8).
+        let gate = self
+            .gate
+            .clone()
+            .or_else(|| d.held.delivery_gate(d.hseq, d.slot));
         let mut call: InFlight = Box::pin(async move {
             let _started = started;
             let _unfinished = unfinished;

@@ -183,8 +183,12 @@ impl Run {
         rename: watch::Receiver<String>,
         retiring: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
-        let (main, retry) = (Arc::new(Held::new(ack_all)), Arc::new(Held::new(false)));
         let progress = (sh.opts.broker_wait() / 3).max(Duration::from_millis(30));
+        let wait = sh.opts.broker_wait();
+        let (main, retry) = (
+            Arc::new(Held::new(ack_all, wait, progress)),
+            Arc::new(Held::new(false, wait, progress)),
+        );
         let tend = |h: &Arc<Held>| {
             AbortOnDrop(tokio::spawn(crate::fleet::held::tend(
                 h.clone(),
@@ -431,6 +435,7 @@ impl Run {
                 return Ended::Again;
             }
         };
+        let opened = crate::start_gate::monotonic_ns();
         // What an earlier session left in the backlog goes on.
         while self.background.try_join_next().is_some() {}
         self.feed().await;
@@ -505,11 +510,9 @@ impl Run {
             };
             match next {
                 Some(Ok(msg)) => {
-                    let msg = Arc::new(msg);
-                    if source == Source::Retry && !self.hold_until_due(&msg) {
-                        continue;
+                    if let Some(ended) = self.take(msg, source, opened).await {
+                        return ended;
                     }
-                    self.dispatch(msg, source).await;
                 }
                 Some(Err(e)) => {
                     tracing::debug!(hook = %self.s.name, "fleet: pull interrupted: {e}; pulling again");
@@ -522,6 +525,30 @@ impl Run {
             // Calls of an earlier session that finished meanwhile free the window.
             self.feed().await;
         }
+    }
+
+    /// A message the session `opened` (monotonic ns) pulled: dispatched, held until due (a
+    /// retry before its time), or, when the worker was stopped or starved past the ack wait
+    /// since (issue 56), left unread with the rest of the pulls' buffer: it may be another
+    /// worker's now, and the session ends (`Some`) so that a new one pulls afresh.
+    async fn take(
+        &mut self,
+        msg: jetstream::Message,
+        source: Source,
+        opened: u64,
+    ) -> Option<Ended> {
+        // An ordered hook's lease bound governs its deliveries (the lease holder stands down).
+        if !self.s.ordered() && (self.main.lapsed_since(opened) || self.retry.lapsed_since(opened))
+        {
+            tracing::info!(hook = %self.s.name, "fleet: this worker was stopped or starved past the ack wait; what its pulls had buffered is left to the broker and it pulls again");
+            return Some(Ended::Again);
+        }
+        let msg = Arc::new(msg);
+        if source == Source::Retry && !self.hold_until_due(&msg) {
+            return None;
+        }
+        self.dispatch(msg, source).await;
+        None
     }
 
     /// A retry before its time is held (with progress signals) until then: false. True when
