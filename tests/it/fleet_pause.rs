@@ -20,7 +20,7 @@ use crate::fleet::{
 use crate::util::{Hooks, child_pids, epoch_secs, poll, signal};
 
 /// `pid` and every process below it.
-fn tree(pid: u32) -> Vec<u32> {
+pub(crate) fn tree(pid: u32) -> Vec<u32> {
     let mut out = vec![pid];
     let mut i = 0;
     while i < out.len() {
@@ -35,15 +35,29 @@ fn tree(pid: u32) -> Vec<u32> {
 fn a_lease_holder_woken_from_sigstop_starts_nothing_the_new_holder_runs() {
     for bin in nats_servers() {
         for whole_tree in [true, false] {
-            pause_on(bin.clone(), whole_tree);
+            pause_on(bin.clone(), whole_tree, false);
         }
     }
 }
 
-fn pause_on(bin: PathBuf, whole_tree: bool) {
+/// Issue 56 row 8: the same with an ordered **executable** hook and the worker alone stopped.
+/// Its start gate was looked at only when a job left the hook's queue, never again before the
+/// process was forked: the woken holder started events the new holder had run or was running.
+/// Now every handler kind looks at the gate at the last moment (the executable's on its
+/// starter thread, just before the fork).
+#[test]
+#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
+fn a_woken_holder_of_an_executable_hook_forks_nothing_the_new_holder_runs() {
+    for bin in nats_servers() {
+        pause_on(bin, false, true);
+    }
+}
+
+fn pause_on(bin: PathBuf, whole_tree: bool, exec: bool) {
     let what = format!(
-        "{} ({})",
+        "{} ({}{})",
         bin.display(),
+        if exec { "executable, " } else { "" },
         if whole_tree {
             "process tree"
         } else {
@@ -52,12 +66,28 @@ fn pause_on(bin: PathBuf, whole_tree: bool) {
     );
     let nats = NatsServer::start_bin(bin, &[], "");
     let hooks = Hooks::new();
-    recording_hook(&hooks, "frozen", r#"["agent:step"]"#, "");
+    if exec {
+        let dir = hooks.add(
+            "frozen",
+            &[
+                (
+                    "HOOK.yaml",
+                    "name: frozen\nevents: [\"agent:step\"]\ntimeout: 60\n",
+                ),
+                ("handler", &crate::nemesis::exec_handler(&hooks, "frozen")),
+            ],
+        );
+        crate::util::set_mode(&dir.join("handler"), 0o755);
+    } else {
+        recording_hook(&hooks, "frozen", r#"["agent:step"]"#, "");
+    }
     // `--ack-wait 2`: the lease lives 2 s.
     let a = worker(&hooks, &nats, "wa");
     let b = worker(&hooks, &nats, "wb");
     let edge = edge_serving(&hooks, &nats.url(), &[], &["frozen"], &["wa", "wb"]);
-    let n = 1500u64;
+    // A process per event: fewer for the executable.
+    let n = if exec { 300u64 } else { 1500 };
+    let (before, after) = if exec { (30, 60) } else { (100, 150) };
     for chunk in 0..3 {
         let (status, v) = post_batch(
             &edge,
@@ -66,7 +96,7 @@ fn pause_on(bin: PathBuf, whole_tree: bool) {
         );
         assert_eq!(status, 202, "{v}");
     }
-    let first = wait_records(&hooks, "frozen", 100, 60);
+    let first = wait_records(&hooks, "frozen", before, 60);
     let holder = first[0]["w"].as_str().unwrap_or_default().to_string();
     let victim = if holder == "wa" { &a } else { &b };
     let pids = if whole_tree {
@@ -84,7 +114,7 @@ fn pause_on(bin: PathBuf, whole_tree: bool) {
             .into_iter()
             .filter(|r| r["w"] != holder.as_str())
             .collect();
-        (other.len() >= 150).then_some(other)
+        (other.len() >= after).then_some(other)
     });
     for p in &pids {
         signal(*p, libc::SIGCONT);

@@ -47,6 +47,8 @@ mod lease;
 mod lifecycle;
 mod loss;
 mod modules;
+#[cfg(feature = "fleet")]
+mod nemesis;
 mod notices;
 mod openapi;
 mod packages;

@@ -52,14 +52,16 @@ pub async fn poll_async<T>(timeout: Duration, what: &str, mut f: impl FnMut() ->
     }
 }
 
-/// `emit_collect` of `event` on a host where exactly one hook matches: that hook's outcome.
+/// `emit_collect` of `event` on a host where exactly one hook matches: that hook's outcome,
+/// within 30 s (above the hand-over's 20 s bound: a test of a refused restart sees the
+/// refusal, not the deadline).
 pub async fn collect_one(
     host: &hermes_hooks::Host,
     event: &str,
     ctx: Value,
 ) -> Result<Option<Value>, String> {
     let out = host
-        .emit_collect(event, ctx, Duration::from_secs(15))
+        .emit_collect(event, ctx, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(out.len(), 1, "{out:?}");
