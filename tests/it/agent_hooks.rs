@@ -396,9 +396,9 @@ fn operators_plugin_doctor_and_test() {
 
 /// Issue 49: a config.yaml entry may carry this project's `sandbox:`; the command it runs is
 /// held to it (here: it may run programs and read its directory, not write beside it), and
-/// `check` shows it. Listed as ignored on a kernel without Landlock ABI 4 (build.rs).
+/// `check` shows it. Listed as ignored on a kernel without Landlock ABI 4 (crates/testenv).
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn a_config_yaml_entry_runs_in_its_sandbox() {
     let hooks = Hooks::new();
     let dir = hooks.tmp.path().display().to_string();
