@@ -211,6 +211,10 @@ pub enum Command {
         /// Hook roots.
         #[command(flatten)]
         roots: RootArgs,
+        /// Check the shell hooks of config.yaml's `hooks:` block too when a --hooks-dir is given
+        /// (without one they are always checked).
+        #[arg(long)]
+        config_hooks: bool,
     },
     /// Send an event to the running service (its Unix socket by default) and print the answer.
     ///

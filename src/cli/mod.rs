@@ -113,7 +113,10 @@ pub fn main() -> i32 {
                 Some(address) => list::list_live(&address, json).await,
                 None => list::list(roots, json).await,
             },
-            Command::Check { roots } => check::check(roots).await,
+            Command::Check {
+                roots,
+                config_hooks,
+            } => check::check(roots, config_hooks).await,
             Command::Test(args) => test_cmd::test(args).await,
             Command::Emit(args) => emit::emit(args).await,
             Command::New {

@@ -200,7 +200,7 @@ fn auto_accept_and_check() {
             .unwrap();
         }
         let mut cmd = std::process::Command::new(bin());
-        cmd.args(["check", "--hooks-dir"])
+        cmd.args(["check", "--config-hooks", "--hooks-dir"])
             .arg(hooks.root())
             .env("HERMES_HOME", hooks.home())
             .env_remove("HERMES_ACCEPT_HOOKS");
@@ -421,7 +421,7 @@ fn a_config_yaml_entry_runs_in_its_sandbox() {
     )
     .unwrap();
     let root = hooks.root().display().to_string();
-    let (code, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    let (code, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
     assert_eq!(code, 0, "{said}");
     assert!(said.contains("exec:    yes"), "{said}");
     let (code, said) = run(
@@ -593,7 +593,7 @@ fn a_broken_hooks_block_is_named_and_loses_nothing() {
     let config = hooks.home().join("config.yaml");
     let root = hooks.root().display().to_string();
     std::fs::write(&config, "hooks:\n  pre_tool_call: [\n").unwrap();
-    let (_, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    let (_, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
     assert!(
         said.contains("config.yaml is not YAML") && said.contains("unclosed bracket"),
         "{said}"
@@ -604,11 +604,66 @@ fn a_broken_hooks_block_is_named_and_loses_nothing() {
         "hooks:\n  pre_tool_call:\n    - {matcher: x}\n  not_an_event:\n    - {command: a.sh}\n",
     )
     .unwrap();
-    let (_, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    let (_, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
     assert!(
         said.contains("hooks.pre_tool_call[0] has no command; skipped")
             && said.contains("hooks.not_an_event: not an event of Hermes's agent, skipped"),
         "{said}"
     );
     assert!(said.contains("1 hook(s) ok"), "{said}");
+}
+
+/// Issue 60 row 7: `check` knows the commands hermes-agent 0.19.0's gateway emits
+/// (`command:status`, `command:stop`, `command:model`: no "matches no known gateway event"),
+/// says that `command:reset` never fires (0.19.0 emits `/reset` as `command:new`), and checks
+/// only the root it is given: config.yaml's shell hooks (`$HERMES_HOME/config-hooks`) are left
+/// out, and said to be, unless `--config-hooks` asks for them. On 44db861 the three commands
+/// were "custom events" and `check --hooks-dir DIR` counted the config hook as one of DIR's.
+#[test]
+fn check_knows_the_gateways_commands_and_checks_the_root_given() {
+    let hooks = Hooks::new();
+    let code = "def handle(event, ctx):\n    return None\n";
+    hooks.python(
+        "cmds",
+        "[\"command:status\", \"command:stop\", \"command:model\"]",
+        code,
+    );
+    hooks.python("old-reset", "[\"command:reset\"]", code);
+    hooks.python("mine", "[\"command:deploy\"]", code);
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!("hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: {gate}\n"),
+    )
+    .unwrap();
+    let root = hooks.root().display().to_string();
+    let (code, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    assert_eq!(code, 0, "{said}");
+    for known in ["command:status", "command:stop", "command:model"] {
+        assert!(!said.contains(&format!("{known:?} ")), "{said}");
+    }
+    assert!(
+        said.contains("\"command:reset\" never fires: /reset is another name of /new"),
+        "{said}"
+    );
+    assert!(
+        said.contains("\"command:deploy\" is not a built-in command of hermes-agent 0.19.0 (fine for a plugin's command)"),
+        "{said}"
+    );
+    assert!(!said.contains("shell-pre_tool_call-"), "{said}");
+    assert!(
+        said.contains("its 1 shell hook(s) are not checked here (a --hooks-dir was given)"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "3 hook(s) ok, 0 problem(s), 2 warning(s) in {root}\n"
+        )),
+        "{said}"
+    );
+
+    let (code, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("ok      shell-pre_tool_call-"), "{said}");
+    assert!(said.contains("4 hook(s) ok"), "{said}");
 }
