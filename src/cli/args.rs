@@ -187,7 +187,12 @@ pub enum Command {
     /// approval, whether it is hosted, a run on a sample call), as `hermes hooks doctor` checks.
     ///
     /// Example: hermes-hooks doctor
-    Doctor,
+    Doctor {
+        /// Do not run the shell hooks on a sample call (by default each consented one runs once,
+        /// said before it runs: a hook that posts somewhere posts).
+        #[arg(long)]
+        no_run: bool,
+    },
     /// List loaded hooks and why other directories were not loaded.
     ///
     /// Example: hermes-hooks list --hooks-dir hooks-examples --json

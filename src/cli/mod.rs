@@ -130,7 +130,7 @@ pub fn main() -> i32 {
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
             Command::Dashboard { command } => dashboard::dashboard(command),
             Command::Plugin { command } => plugin::plugin(command),
-            Command::Doctor => doctor::doctor().await,
+            Command::Doctor { no_run } => doctor::doctor(no_run).await,
             Command::Install(args) => install::install(args).await,
             Command::Update(args) => update::update(args).await,
             Command::Remove { name, purge, roots } => remove::remove(&roots, &name, purge).await,

@@ -270,11 +270,18 @@ fn hook_yaml_hooks_take_agent_events() {
 }
 
 fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
+    let nobody = hooks.tmp.path().join("nobody.sock");
+    run_at(hooks, args, &nobody.display().to_string())
+}
+
+/// `run`, with the service at `address` (`HERMES_HOOKS_ADDRESS`).
+fn run_at(hooks: &Hooks, args: &[&str], address: &str) -> (i32, String) {
     let out = std::process::Command::new(bin())
         .args(args)
         .env("HERMES_HOME", hooks.home())
-        .env("HERMES_HOOKS_ADDRESS", hooks.tmp.path().join("nobody.sock"))
+        .env("HERMES_HOOKS_ADDRESS", address)
         .env_remove("HERMES_ACCEPT_HOOKS")
+        .env_remove("HERMES_HOOKS_TOKEN")
         .output()
         .unwrap();
     let text =
@@ -666,4 +673,128 @@ fn check_knows_the_gateways_commands_and_checks_the_root_given() {
     assert_eq!(code, 0, "{said}");
     assert!(said.contains("ok      shell-pre_tool_call-"), "{said}");
     assert!(said.contains("4 hook(s) ok"), "{said}");
+}
+
+/// `doctor` against the service at `addr`, its consent from the test's files only.
+fn doctor_at(hooks: &Hooks, addr: &str, extra: &[&str]) -> (i32, String) {
+    let args: Vec<&str> = ["doctor"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    run_at(hooks, &args, &format!("http://{addr}"))
+}
+
+/// config.yaml with one entry, `command` on `event`, and its consent in the allowlist.
+fn allowlisted_entry(hooks: &Hooks, event: &str, command: &str) {
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!("hooks:\n  {event}:\n    - command: {command}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.home().join("shell-hooks-allowlist.json"),
+        json!({"approvals": [{"event": event, "command": command}]}).to_string(),
+    )
+    .unwrap();
+}
+
+/// The name of the hook made from config.yaml's (one) entry on `event`, as `/v1/hooks` lists
+/// it among the hooks or the skipped.
+fn config_hook_name(serve: &Serve, event: &str) -> String {
+    let (_, v) = serve.get("/v1/hooks");
+    ["hooks", "skipped"]
+        .iter()
+        .flat_map(|k| v[*k].as_array().cloned().unwrap_or_default())
+        .filter_map(|h| h["name"].as_str().map(str::to_string))
+        .find(|n| n.starts_with(&format!("shell-{event}-")))
+        .unwrap_or_else(|| panic!("no hook for {event}: {v}"))
+}
+
+/// Issue 60 row 3: under `--trust explicit` a config.yaml hook the service lists as
+/// `not_approved` gets "not approved: run `hermes-hooks enable NAME --trust explicit`" from
+/// `doctor` (on 44db861: "the service does not list it: reload it", and reloading changed
+/// nothing); an allowlisted entry first written while the service ran with `--trust all` is
+/// refused after the switch, and `doctor` says why; once enabled it is hosted.
+#[test]
+fn doctor_under_explicit_trust_says_how_to_approve_a_config_hook() {
+    let hooks = Hooks::new();
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    let config = hooks.home().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!("hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: {gate}\n"),
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &["--trust", "explicit"]);
+    let name = config_hook_name(&serve, "pre_tool_call");
+    let (code, said) = doctor_at(&hooks, &serve.addr, &["--no-run"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&format!(
+            "problem not approved (the service runs with --trust explicit): run `hermes-hooks \
+             enable {name} --trust explicit`"
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("reload it"), "{said}");
+    assert!(!said.contains("written before"), "{said}");
+    drop(serve);
+
+    // Allowlisted, first written under --trust all, then the service switched to explicit.
+    allowlisted_entry(&hooks, "post_tool_call", &gate);
+    let serve = Serve::start(&hooks, &[]);
+    let name = config_hook_name(&serve, "post_tool_call");
+    drop(serve);
+    let serve = Serve::start(&hooks, &["--trust", "explicit"]);
+    let (code, said) = doctor_at(&hooks, &serve.addr, &["--no-run"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&format!(
+            "run `hermes-hooks enable {name} --trust explicit`"
+        )) && said.contains("this one was written before, under --trust all"),
+        "{said}"
+    );
+    let (code, out) = run(&hooks, &["enable", &name, "--trust", "explicit"]);
+    assert_eq!(code, 0, "{out}");
+    poll(Duration::from_secs(30), "the enabled hook hosted", || {
+        serve.post("/v1/reload", &json!({}));
+        let (_, said) = doctor_at(&hooks, &serve.addr, &["--no-run"]);
+        said.contains(&format!("ok      hosted as {name}"))
+            .then_some(())
+    });
+}
+
+/// Issue 60 row 8: `doctor` says before it runs a shell hook on a sample call (a hook that
+/// posts somewhere posts), and `--no-run` runs none (on 44db861 it ran each one unannounced,
+/// with no way not to).
+#[test]
+fn doctor_says_before_it_runs_a_hook_and_no_run_runs_none() {
+    let hooks = Hooks::new();
+    let ran = hooks.out().join("ran");
+    let hook = script(
+        &hooks,
+        "post.sh",
+        &format!("#!/bin/sh\ncat >> {}\n", ran.display()),
+    );
+    allowlisted_entry(&hooks, "pre_llm_call", &hook);
+    // No service: the run does not need one.
+    let nobody = "127.0.0.1:9";
+    let (_, said) = doctor_at(&hooks, nobody, &[]);
+    let announced = said
+        .find("running it once on a sample call of pre_llm_call")
+        .unwrap_or_else(|| panic!("not announced: {said}"));
+    let result = said
+        .find("ran on a sample call (exit 0)")
+        .unwrap_or_else(|| panic!("not run: {said}"));
+    assert!(announced < result, "said after it ran: {said}");
+    assert!(ran.exists(), "{said}");
+    std::fs::remove_file(&ran).unwrap();
+
+    let (_, said) = doctor_at(&hooks, nobody, &["--no-run"]);
+    assert!(
+        said.contains("skip    not run on a sample call (--no-run)"),
+        "{said}"
+    );
+    assert!(!said.contains("running it once"), "{said}");
+    assert!(!ran.exists(), "--no-run ran the hook: {said}");
 }
