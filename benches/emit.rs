@@ -47,6 +47,7 @@ fn fixture(matching: usize, total: usize) -> Fixture {
         gateway_hooks_only: false,
         worker_priority: Default::default(),
         sandbox_default: Default::default(),
+        config_hooks: true,
     };
     let (host, report) = rt.block_on(Host::start(config));
     assert_eq!(report.loaded.len(), total, "{:?}", report.skipped);

@@ -138,6 +138,7 @@ fn rescan_cost() -> (f64, f64) {
         gateway_hooks_only: false,
         worker_priority: Default::default(),
         sandbox_default: Default::default(),
+        config_hooks: true,
     };
     let (host, report) = rt.block_on(hermes_hooks::Host::start(config));
     assert_eq!(report.loaded.len(), 1000, "{:?}", report.skipped.first());

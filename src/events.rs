@@ -88,6 +88,106 @@ pub const KNOWN_EVENTS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// The slash commands hermes-agent 0.19.0's gateway runs, each with the other names it accepts
+/// for it. For a command it knows the gateway emits `command:<name>` under the first name here,
+/// whichever the user typed: `/reset` arrives as `command:new`. A Hermes plugin may add commands
+/// of its own, which get their `command:<name>` too.
+pub const GATEWAY_COMMANDS: &[(&str, &[&str])] = &[
+    ("agents", &["tasks"]),
+    ("approve", &[]),
+    ("background", &["bg", "btw"]),
+    ("blueprint", &["bp"]),
+    ("branch", &["fork"]),
+    ("bundles", &[]),
+    ("codex-runtime", &["codex_runtime"]),
+    ("commands", &[]),
+    ("compress", &["compact"]),
+    ("curator", &[]),
+    ("debug", &[]),
+    ("deny", &[]),
+    ("fast", &[]),
+    ("footer", &[]),
+    ("goal", &[]),
+    ("help", &[]),
+    ("insights", &[]),
+    ("kanban", &[]),
+    ("learn", &[]),
+    ("memory", &[]),
+    ("moa", &[]),
+    ("model", &[]),
+    ("new", &["reset"]),
+    ("personality", &[]),
+    ("platform", &[]),
+    ("profile", &[]),
+    ("queue", &["q"]),
+    ("reasoning", &[]),
+    ("reload-mcp", &["reload_mcp"]),
+    ("reload-skills", &["reload_skills"]),
+    ("restart", &[]),
+    ("resume", &[]),
+    ("retry", &[]),
+    ("rollback", &[]),
+    ("sessions", &[]),
+    ("sethome", &["set-home"]),
+    ("skills", &[]),
+    ("start", &[]),
+    ("status", &[]),
+    ("steer", &[]),
+    ("stop", &[]),
+    ("subgoal", &[]),
+    ("suggestions", &["suggest"]),
+    ("title", &[]),
+    ("topic", &[]),
+    ("topup", &[]),
+    ("undo", &[]),
+    ("update", &[]),
+    ("usage", &[]),
+    ("verbose", &[]),
+    ("version", &["v"]),
+    ("voice", &[]),
+    ("whoami", &[]),
+    ("yolo", &[]),
+];
+
+/// `command:<name>` of every command in [`GATEWAY_COMMANDS`], as the gateway emits them.
+static COMMAND_EVENTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+    GATEWAY_COMMANDS
+        .iter()
+        .map(|(name, _)| format!("command:{name}"))
+        .collect()
+});
+
+/// What `check` says of a `command:NAME` pattern (a plain name, no glob) that no built-in
+/// command of 0.19.0 emits: another name of a built-in one (which arrives under its first
+/// name), or a plugin's command, with the built-in one it may have meant. `None` for any other
+/// pattern.
+pub(crate) fn command_note(pattern: &str) -> Option<String> {
+    let name = pattern.strip_prefix("command:")?;
+    if name.is_empty() || name.contains(['*', '?', '[', '{']) {
+        return None;
+    }
+    if GATEWAY_COMMANDS.iter().any(|(n, _)| *n == name) {
+        return None;
+    }
+    if let Some((canonical, _)) = GATEWAY_COMMANDS.iter().find(|(_, a)| a.contains(&name)) {
+        return Some(format!(
+            "pattern {pattern:?} never fires: /{name} is another name of /{canonical}, which \
+             hermes-agent 0.19.0 emits as \"command:{canonical}\"; write that"
+        ));
+    }
+    let near = GATEWAY_COMMANDS
+        .iter()
+        .map(|(n, _)| (strsim::levenshtein(name, n), *n))
+        .min()
+        .filter(|(d, _)| *d <= (name.len() / 4).clamp(1, 3))
+        .map(|(_, n)| format!("; did you mean \"command:{n}\"?"))
+        .unwrap_or_default();
+    Some(format!(
+        "pattern {pattern:?} is not a built-in command of hermes-agent 0.19.0 (fine for a \
+         plugin's command){near}"
+    ))
+}
+
 /// The agent's events (hermes-agent 0.19.0's `VALID_HOOKS`, named as Hermes names them), which
 /// the client's Hermes plugin forwards (issue 49). Their context is the object 0.19.0 gives a
 /// shell hook on stdin: [`AGENT_CONTEXT_KEYS`].
@@ -205,13 +305,13 @@ const REACTION_KEYS: &[&str] = &[
 ];
 
 /// Sample names standing for every known event, used to test whether a pattern can ever match.
-/// `command:<name>` is represented by a few real commands.
+/// `command:<name>` is represented by every built-in command of 0.19.0 ([`GATEWAY_COMMANDS`]).
 pub(crate) fn known_event_samples() -> impl Iterator<Item = &'static str> {
     KNOWN_EVENTS
         .iter()
         .map(|(name, _)| *name)
         .filter(|n| !n.contains('<'))
-        .chain(["command:reset", "command:new", "command:help", "command:x"])
+        .chain(COMMAND_EVENTS.iter().map(String::as_str))
         .chain(AGENT_EVENTS.iter().map(|e| e.name))
 }
 

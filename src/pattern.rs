@@ -143,7 +143,8 @@ pub fn matches_known_event(pattern: &str) -> bool {
 /// `/v1/hooks` say. `None` for a pattern that matches a known event or is no near miss (a
 /// custom event: only `check` mentions those).
 pub fn misspelt_warning(pattern: &str) -> Option<String> {
-    if matches_known_event(pattern) {
+    // A command's name: a plugin's command, or said by `check` (`events::command_note`).
+    if matches_known_event(pattern) || crate::events::command_note(pattern).is_some() {
         return None;
     }
     crate::events::suggest(pattern)

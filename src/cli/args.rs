@@ -187,7 +187,12 @@ pub enum Command {
     /// approval, whether it is hosted, a run on a sample call), as `hermes hooks doctor` checks.
     ///
     /// Example: hermes-hooks doctor
-    Doctor,
+    Doctor {
+        /// Do not run the shell hooks on a sample call (by default each consented one runs once,
+        /// said before it runs: a hook that posts somewhere posts).
+        #[arg(long)]
+        no_run: bool,
+    },
     /// List loaded hooks and why other directories were not loaded.
     ///
     /// Example: hermes-hooks list --hooks-dir hooks-examples --json
@@ -211,6 +216,10 @@ pub enum Command {
         /// Hook roots.
         #[command(flatten)]
         roots: RootArgs,
+        /// Check the shell hooks of config.yaml's `hooks:` block too when a --hooks-dir is given
+        /// (without one they are always checked).
+        #[arg(long)]
+        config_hooks: bool,
     },
     /// Send an event to the running service (its Unix socket by default) and print the answer.
     ///

@@ -4,11 +4,17 @@
 use std::io::Write;
 
 use crate::cli::args::RootArgs;
-use crate::cli::common::{common_python, describe_roots, with_loaded_hooks};
+use crate::cli::common::{common_python, describe_roots, with_host};
 
-/// Runs `check`; returns the exit code.
-pub async fn check(roots: RootArgs) -> i32 {
-    with_loaded_hooks(roots, async |host, report| {
+/// Runs `check`; returns the exit code. A `--hooks-dir` given is the root checked: config.yaml's
+/// shell hooks only with `--config-hooks` then (issue 60), always without one.
+pub async fn check(roots: RootArgs, config_hooks: bool) -> i32 {
+    let config_hooks = config_hooks || roots.hooks_dir.is_empty();
+    let config = roots.checked_config().map(|mut c| {
+        c.config_hooks = config_hooks;
+        c
+    });
+    with_host(config, async |host, report| {
         let mut out = std::io::stdout().lock();
         let snapshot = host.snapshot();
         let mut warnings = 0;
@@ -76,7 +82,11 @@ pub async fn check(roots: RootArgs) -> i32 {
         }
         let home = host.config().hermes_home.clone();
         let mut lines = tokio::task::block_in_place(|| installed_drift(&home));
-        let (config_warnings, notes) = config_hook_lines(&home);
+        let (config_warnings, notes) = if config_hooks {
+            config_hook_lines(&home)
+        } else {
+            (Vec::new(), config_hooks_left_out(&home))
+        };
         lines.extend(config_warnings);
         for note in notes {
             let _ = writeln!(out, "{note}");
@@ -138,7 +148,10 @@ fn findings(spec: &crate::discovery::HookSpec, out: &mut impl Write) -> (usize, 
     // A misspelt pattern is among the manifest's warnings above (the service says it
     // too); the other patterns no known event matches are custom events.
     for p in spec.patterns.patterns() {
-        if !crate::pattern::matches_known_event(p) && crate::events::suggest(p).is_none() {
+        if let Some(note) = crate::events::command_note(p) {
+            warnings += 1;
+            let _ = writeln!(out, "warning {}: {note}", spec.manifest_path.display());
+        } else if !crate::pattern::matches_known_event(p) && crate::events::suggest(p).is_none() {
             warnings += 1;
             let _ = writeln!(
                 out,
@@ -213,6 +226,22 @@ fn config_hook_lines(hermes_home: &std::path::Path) -> (Vec<(bool, String)>, Vec
         })
         .collect();
     (warnings, notes)
+}
+
+/// The note that config.yaml's shell hooks were not checked (a `--hooks-dir` was given), when
+/// it has any.
+fn config_hooks_left_out(hermes_home: &std::path::Path) -> Vec<String> {
+    let entries = crate::config_hooks::plan(hermes_home)
+        .map(|p| p.hosted.len() + p.unconsented.len())
+        .unwrap_or(0);
+    if entries == 0 {
+        return Vec::new();
+    }
+    vec![format!(
+        "note    {}: its {entries} shell hook(s) are not checked here (a --hooks-dir was given); \
+         add --config-hooks, or run `hermes-hooks check` without --hooks-dir",
+        hermes_home.join("config.yaml").display()
+    )]
 }
 
 fn short(tree: &str) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::cli::args::RootArgs;
-use crate::host::{Host, LoadReport};
+use crate::host::{Host, HostConfig, LoadReport};
 
 pub use crate::cli::exit::{fail, usage};
 
@@ -17,7 +17,15 @@ pub async fn with_loaded_hooks(
     roots: RootArgs,
     f: impl AsyncFnOnce(&Host, &LoadReport) -> i32,
 ) -> i32 {
-    let config = match roots.checked_config() {
+    with_host(roots.checked_config(), f).await
+}
+
+/// [`with_loaded_hooks`] on settings made by the caller (or the usage error to say).
+pub async fn with_host(
+    config: Result<HostConfig, String>,
+    f: impl AsyncFnOnce(&Host, &LoadReport) -> i32,
+) -> i32 {
+    let config = match config {
         Ok(c) => c,
         Err(e) => return usage(e),
     };

@@ -6,9 +6,11 @@
 //! of the `hooks:` block: the script it runs exists and can run (executable when it is the
 //! command itself, readable when an interpreter runs it); consent (the allowlist's record, or
 //! `hooks_auto_accept` / `HERMES_ACCEPT_HOOKS`); the script not changed since it was approved;
-//! the running service hosts it; and, only for an entry with consent (so that no script runs
-//! before anybody approved it), one run on a sample call of its event whose stdout must be
-//! empty or JSON. Exit 1 when anything needs fixing.
+//! the running service hosts it (or why not: under `--trust explicit`, what to run to approve
+//! it); and, only for an entry with consent (so that no script runs before anybody approved
+//! it), one run on a sample call of its event whose stdout must be empty or JSON, said before it
+//! runs (a hook that posts somewhere posts), skipped with `--no-run` (issue 60). Exit 1 when
+//! anything needs fixing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -26,8 +28,15 @@ macro_rules! say {
 }
 use crate::config_hooks::{ShellEntry, plan};
 
-/// Runs `doctor`; returns the exit code.
-pub async fn doctor() -> i32 {
+/// What the running service lists: the names of its hooks, and of what it skipped with the
+/// code and reason (`/v1/hooks`).
+struct Listed {
+    hooks: Vec<String>,
+    skipped: Vec<(String, String, String)>,
+}
+
+/// Runs `doctor`; returns the exit code. `no_run`: no entry is run on a sample call.
+pub async fn doctor(no_run: bool) -> i32 {
     let home = crate::layout::hermes_home();
     let config = home.join("config.yaml");
     let mut problems = 0;
@@ -64,7 +73,21 @@ pub async fn doctor() -> i32 {
     let others = plan.unconsented.iter().map(|e| (e, false));
     for (entry, consented) in accepted.chain(others) {
         say!("[{}] {}", entry.event, entry.command);
-        problems += entry_checks(entry, consented, &allowlist, hosted.as_deref()).await;
+        let (checked, runnable) = entry_checks(entry, consented, &allowlist, hosted.as_ref());
+        problems += checked;
+        if consented && runnable {
+            problems += if no_run {
+                say!("      skip    not run on a sample call (--no-run)");
+                0
+            } else {
+                say!(
+                    "      running it once on a sample call of {} (what it does, it does: \
+                     --no-run skips this)",
+                    entry.event
+                );
+                smoke(entry).await
+            };
+        }
     }
     if plan.hosted.is_empty() && plan.unconsented.is_empty() {
         say!("no shell hooks in the hooks: block of {}", config.display());
@@ -73,8 +96,8 @@ pub async fn doctor() -> i32 {
     i32::from(problems > 0)
 }
 
-/// The names of the hooks the running service lists; `None` (said) when it does not answer.
-async fn hosted_names() -> Option<Vec<String>> {
+/// What the running service lists; `None` (said) when it does not answer.
+async fn hosted_names() -> Option<Listed> {
     let address = default_address();
     let token = std::env::var("HERMES_HOOKS_TOKEN")
         .ok()
@@ -92,14 +115,15 @@ async fn hosted_names() -> Option<Vec<String>> {
         Ok((200, body)) => {
             say!("ok      the service answers at {address}");
             let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            Some(
-                v["hooks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|h| h["name"].as_str().map(str::to_string))
+            let items = |key: &str| v[key].as_array().cloned().unwrap_or_default();
+            let text = |h: &Value, key: &str| h[key].as_str().unwrap_or_default().to_string();
+            Some(Listed {
+                hooks: items("hooks").iter().map(|h| text(h, "name")).collect(),
+                skipped: items("skipped")
+                    .iter()
+                    .map(|h| (text(h, "name"), text(h, "code"), text(h, "reason")))
                     .collect(),
-            )
+            })
         }
         Ok((status, _)) => {
             say!("warning the service at {address} answered {status} to GET /v1/hooks");
@@ -121,13 +145,14 @@ fn allowlist_records(home: &Path) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// The checks of one entry, printed; returns the number of problems.
-async fn entry_checks(
+/// The checks of one entry but its run, printed; returns the number of problems and whether its
+/// script can run.
+fn entry_checks(
     entry: &ShellEntry,
     consented: bool,
     allowlist: &[Value],
-    hosted: Option<&[String]>,
-) -> u32 {
+    hosted: Option<&Listed>,
+) -> (u32, bool) {
     let mut problems = 0;
     let (script, runnable) = script_state(&entry.command);
     if runnable {
@@ -173,22 +198,51 @@ async fn entry_checks(
             say!("      ok      unchanged since it was approved");
         }
     }
-    let name = entry.hook_name();
-    match hosted {
-        Some(names) if names.contains(&name) => say!("      ok      hosted as {name}"),
-        Some(_) if consented => {
-            problems += 1;
+    if let Some(listed) = hosted
+        && consented
+    {
+        problems += hosting(&entry.hook_name(), listed, record.is_some());
+    }
+    (problems, runnable)
+}
+
+/// Whether the service hosts the hook `name` made from a consented entry, and if not why and
+/// what to do, printed; returns the number of problems. `allowlisted`: the entry's consent is
+/// in shell-hooks-allowlist.json.
+fn hosting(name: &str, listed: &Listed, allowlisted: bool) -> u32 {
+    if listed.hooks.iter().any(|h| h == name) {
+        say!("      ok      hosted as {name}");
+        return 0;
+    }
+    let Some((_, code, reason)) = listed.skipped.iter().find(|(n, _, _)| n == name) else {
+        say!(
+            "      problem the service does not list {name}: reload it (`kill -HUP`, or \
+             POST /v1/reload) to read config.yaml again"
+        );
+        return 1;
+    };
+    match code.as_str() {
+        "revoked" => {
             say!(
-                "      problem the service does not list {name}: reload it (`kill -HUP`, or \
-                 POST /v1/reload) to read config.yaml again"
+                "      ok      disabled: its approval was revoked; `hermes-hooks enable {name} \
+                 --trust explicit` switches it back on"
             );
+            return 0;
         }
-        _ => {}
+        "not_approved" => say!(
+            "      problem not approved (the service runs with --trust explicit): run \
+             `hermes-hooks enable {name} --trust explicit`"
+        ),
+        _ => say!("      problem the service skipped {name} ({code}): {reason}"),
     }
-    if consented && runnable {
-        problems += smoke(entry).await;
+    if code == "not_approved" && allowlisted {
+        say!(
+            "              (its consent in shell-hooks-allowlist.json approves it only when the \
+             service first writes its hook under --trust explicit; this one was written before, \
+             under --trust all)"
+        );
     }
-    problems
+    1
 }
 
 /// Whether `now` is later than `approved` by more than the second the record may round away.

@@ -151,8 +151,8 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, view: View) {
     } else if live {
         let _ = writeln!(
             out,
-            "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  ROOT",
-            "NAME", "KIND", "STATUS", "EVENTS", "OK", "FAILED", "DROPPED"
+            "{:<name_w$} {:<8} {:<10} {:<13} {:<events_w$} {:>7} {:>7} {:>7}  ROOT",
+            "NAME", "KIND", "STATUS", "HEALTH", "EVENTS", "OK", "FAILED", "DROPPED"
         );
     } else {
         let _ = writeln!(
@@ -172,10 +172,11 @@ fn print_list(hooks: &[Value], skipped: &[Value], as_json: bool, view: View) {
         let _ = if live {
             writeln!(
                 out,
-                "{:<name_w$} {:<8} {:<10} {:<events_w$} {:>7} {:>7} {:>7}  {}{unsigned}",
+                "{:<name_w$} {:<8} {:<10} {:<13} {:<events_w$} {:>7} {:>7} {:>7}  {}{unsigned}",
                 field(&h["name"]),
                 field(&h["kind"]),
                 field(&h["status"]),
+                field(&h["health"]["state"]),
                 events_of(h),
                 c["ok"].as_u64().unwrap_or(0),
                 c["failed"].as_u64().unwrap_or(0),
@@ -248,6 +249,14 @@ fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
         lines.push(format!(
             "installed from {source} ({})",
             field(&h["package"]["version"])
+        ));
+    }
+    // Why the HEALTH column says what it says, when that is trouble (issue 60 row 10).
+    let health = field(&h["health"]["state"]);
+    if !matches!(health.as_str(), "" | "ok" | "idle") {
+        lines.push(format!(
+            "health {health}: {}",
+            field(&h["health"]["reason"])
         ));
     }
     if let Some(e) = h["last_error"]["message"].as_str() {

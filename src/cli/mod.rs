@@ -113,7 +113,10 @@ pub fn main() -> i32 {
                 Some(address) => list::list_live(&address, json).await,
                 None => list::list(roots, json).await,
             },
-            Command::Check { roots } => check::check(roots).await,
+            Command::Check {
+                roots,
+                config_hooks,
+            } => check::check(roots, config_hooks).await,
             Command::Test(args) => test_cmd::test(args).await,
             Command::Emit(args) => emit::emit(args).await,
             Command::New {
@@ -127,7 +130,7 @@ pub fn main() -> i32 {
             Command::Disable { name, roots } => enable::set_enabled(&roots, &name, false),
             Command::Dashboard { command } => dashboard::dashboard(command),
             Command::Plugin { command } => plugin::plugin(command),
-            Command::Doctor => doctor::doctor().await,
+            Command::Doctor { no_run } => doctor::doctor(no_run).await,
             Command::Install(args) => install::install(args).await,
             Command::Update(args) => update::update(args).await,
             Command::Remove { name, purge, roots } => remove::remove(&roots, &name, purge).await,

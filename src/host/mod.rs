@@ -51,6 +51,9 @@ pub struct HostConfig {
     /// The sandbox of hooks without a `sandbox:` key (`serve --sandbox-default`,
     /// `HERMES_HOOKS_SANDBOX_DEFAULT`).
     pub sandbox_default: crate::sandbox::DefaultSandbox,
+    /// Host the shell hooks of config.yaml's `hooks:` block too (`$HERMES_HOME/config-hooks`,
+    /// issue 49). Off for `check --hooks-dir DIR`, which checks DIR only (issue 60).
+    pub config_hooks: bool,
 }
 
 impl HostConfig {
@@ -80,6 +83,7 @@ impl HostConfig {
             gateway_hooks_only: false,
             worker_priority: crate::priority::Priority::default(),
             sandbox_default: crate::sandbox::DefaultSandbox::from_env(),
+            config_hooks: true,
         }
     }
 }
@@ -839,15 +843,18 @@ impl Host {
     /// ([`scan`]): a hook whose files stall keeps its running version and delays no other.
     async fn scan(&self) -> Option<crate::discovery::Discovery> {
         let roots = self.inner.config.roots.clone();
-        let (trust, home) = (
+        let (trust, home, config_hooks) = (
             self.inner.config.trust,
             self.inner.config.hermes_home.clone(),
+            self.inner.config.config_hooks,
         );
         let home_files = move || {
             // The shell hooks of config.yaml (issue 49) are written out as hooks first.
             let mut roots = roots;
             let explicit = trust.mode == crate::trust::policy::TrustMode::Explicit;
-            roots.extend(crate::config_hooks::sync(&home, explicit));
+            if config_hooks {
+                roots.extend(crate::config_hooks::sync(&home, explicit));
+            }
             (roots, trust.gate(&home), crate::dotenv::stamp(&home))
         };
         let (roots, gate, env_stamp) = match tokio::task::spawn_blocking(home_files).await {

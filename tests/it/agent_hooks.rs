@@ -200,7 +200,7 @@ fn auto_accept_and_check() {
             .unwrap();
         }
         let mut cmd = std::process::Command::new(bin());
-        cmd.args(["check", "--hooks-dir"])
+        cmd.args(["check", "--config-hooks", "--hooks-dir"])
             .arg(hooks.root())
             .env("HERMES_HOME", hooks.home())
             .env_remove("HERMES_ACCEPT_HOOKS");
@@ -270,11 +270,18 @@ fn hook_yaml_hooks_take_agent_events() {
 }
 
 fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
+    let nobody = hooks.tmp.path().join("nobody.sock");
+    run_at(hooks, args, &nobody.display().to_string())
+}
+
+/// `run`, with the service at `address` (`HERMES_HOOKS_ADDRESS`).
+fn run_at(hooks: &Hooks, args: &[&str], address: &str) -> (i32, String) {
     let out = std::process::Command::new(bin())
         .args(args)
         .env("HERMES_HOME", hooks.home())
-        .env("HERMES_HOOKS_ADDRESS", hooks.tmp.path().join("nobody.sock"))
+        .env("HERMES_HOOKS_ADDRESS", address)
         .env_remove("HERMES_ACCEPT_HOOKS")
+        .env_remove("HERMES_HOOKS_TOKEN")
         .output()
         .unwrap();
     let text =
@@ -396,9 +403,9 @@ fn operators_plugin_doctor_and_test() {
 
 /// Issue 49: a config.yaml entry may carry this project's `sandbox:`; the command it runs is
 /// held to it (here: it may run programs and read its directory, not write beside it), and
-/// `check` shows it. Listed as ignored on a kernel without Landlock ABI 4 (build.rs).
+/// `check` shows it. Listed as ignored on a kernel without Landlock ABI 4 (crates/testenv).
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn a_config_yaml_entry_runs_in_its_sandbox() {
     let hooks = Hooks::new();
     let dir = hooks.tmp.path().display().to_string();
@@ -421,7 +428,7 @@ fn a_config_yaml_entry_runs_in_its_sandbox() {
     )
     .unwrap();
     let root = hooks.root().display().to_string();
-    let (code, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    let (code, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
     assert_eq!(code, 0, "{said}");
     assert!(said.contains("exec:    yes"), "{said}");
     let (code, said) = run(
@@ -593,7 +600,7 @@ fn a_broken_hooks_block_is_named_and_loses_nothing() {
     let config = hooks.home().join("config.yaml");
     let root = hooks.root().display().to_string();
     std::fs::write(&config, "hooks:\n  pre_tool_call: [\n").unwrap();
-    let (_, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    let (_, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
     assert!(
         said.contains("config.yaml is not YAML") && said.contains("unclosed bracket"),
         "{said}"
@@ -604,11 +611,190 @@ fn a_broken_hooks_block_is_named_and_loses_nothing() {
         "hooks:\n  pre_tool_call:\n    - {matcher: x}\n  not_an_event:\n    - {command: a.sh}\n",
     )
     .unwrap();
-    let (_, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    let (_, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
     assert!(
         said.contains("hooks.pre_tool_call[0] has no command; skipped")
             && said.contains("hooks.not_an_event: not an event of Hermes's agent, skipped"),
         "{said}"
     );
     assert!(said.contains("1 hook(s) ok"), "{said}");
+}
+
+/// Issue 60 row 7: `check` knows the commands hermes-agent 0.19.0's gateway emits
+/// (`command:status`, `command:stop`, `command:model`: no "matches no known gateway event"),
+/// says that `command:reset` never fires (0.19.0 emits `/reset` as `command:new`), and checks
+/// only the root it is given: config.yaml's shell hooks (`$HERMES_HOME/config-hooks`) are left
+/// out, and said to be, unless `--config-hooks` asks for them. On 44db861 the three commands
+/// were "custom events" and `check --hooks-dir DIR` counted the config hook as one of DIR's.
+#[test]
+fn check_knows_the_gateways_commands_and_checks_the_root_given() {
+    let hooks = Hooks::new();
+    let code = "def handle(event, ctx):\n    return None\n";
+    hooks.python(
+        "cmds",
+        "[\"command:status\", \"command:stop\", \"command:model\"]",
+        code,
+    );
+    hooks.python("old-reset", "[\"command:reset\"]", code);
+    hooks.python("mine", "[\"command:deploy\"]", code);
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!("hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: {gate}\n"),
+    )
+    .unwrap();
+    let root = hooks.root().display().to_string();
+    let (code, said) = run(&hooks, &["check", "--hooks-dir", &root]);
+    assert_eq!(code, 0, "{said}");
+    for known in ["command:status", "command:stop", "command:model"] {
+        assert!(!said.contains(&format!("{known:?} ")), "{said}");
+    }
+    assert!(
+        said.contains("\"command:reset\" never fires: /reset is another name of /new"),
+        "{said}"
+    );
+    assert!(
+        said.contains("\"command:deploy\" is not a built-in command of hermes-agent 0.19.0 (fine for a plugin's command)"),
+        "{said}"
+    );
+    assert!(!said.contains("shell-pre_tool_call-"), "{said}");
+    assert!(
+        said.contains("its 1 shell hook(s) are not checked here (a --hooks-dir was given)"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "3 hook(s) ok, 0 problem(s), 2 warning(s) in {root}\n"
+        )),
+        "{said}"
+    );
+
+    let (code, said) = run(&hooks, &["check", "--config-hooks", "--hooks-dir", &root]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("ok      shell-pre_tool_call-"), "{said}");
+    assert!(said.contains("4 hook(s) ok"), "{said}");
+}
+
+/// `doctor` against the service at `addr`, its consent from the test's files only.
+fn doctor_at(hooks: &Hooks, addr: &str, extra: &[&str]) -> (i32, String) {
+    let args: Vec<&str> = ["doctor"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    run_at(hooks, &args, &format!("http://{addr}"))
+}
+
+/// config.yaml with one entry, `command` on `event`, and its consent in the allowlist.
+fn allowlisted_entry(hooks: &Hooks, event: &str, command: &str) {
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!("hooks:\n  {event}:\n    - command: {command}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.home().join("shell-hooks-allowlist.json"),
+        json!({"approvals": [{"event": event, "command": command}]}).to_string(),
+    )
+    .unwrap();
+}
+
+/// The name of the hook made from config.yaml's (one) entry on `event`, as `/v1/hooks` lists
+/// it among the hooks or the skipped.
+fn config_hook_name(serve: &Serve, event: &str) -> String {
+    let (_, v) = serve.get("/v1/hooks");
+    ["hooks", "skipped"]
+        .iter()
+        .flat_map(|k| v[*k].as_array().cloned().unwrap_or_default())
+        .filter_map(|h| h["name"].as_str().map(str::to_string))
+        .find(|n| n.starts_with(&format!("shell-{event}-")))
+        .unwrap_or_else(|| panic!("no hook for {event}: {v}"))
+}
+
+/// Issue 60 row 3: under `--trust explicit` a config.yaml hook the service lists as
+/// `not_approved` gets "not approved: run `hermes-hooks enable NAME --trust explicit`" from
+/// `doctor` (on 44db861: "the service does not list it: reload it", and reloading changed
+/// nothing); an allowlisted entry first written while the service ran with `--trust all` is
+/// refused after the switch, and `doctor` says why; once enabled it is hosted.
+#[test]
+fn doctor_under_explicit_trust_says_how_to_approve_a_config_hook() {
+    let hooks = Hooks::new();
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    let config = hooks.home().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!("hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: {gate}\n"),
+    )
+    .unwrap();
+    let serve = Serve::start(&hooks, &["--trust", "explicit"]);
+    let name = config_hook_name(&serve, "pre_tool_call");
+    let (code, said) = doctor_at(&hooks, &serve.addr, &["--no-run"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&format!(
+            "problem not approved (the service runs with --trust explicit): run `hermes-hooks \
+             enable {name} --trust explicit`"
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("reload it"), "{said}");
+    assert!(!said.contains("written before"), "{said}");
+    drop(serve);
+
+    // Allowlisted, first written under --trust all, then the service switched to explicit.
+    allowlisted_entry(&hooks, "post_tool_call", &gate);
+    let serve = Serve::start(&hooks, &[]);
+    let name = config_hook_name(&serve, "post_tool_call");
+    drop(serve);
+    let serve = Serve::start(&hooks, &["--trust", "explicit"]);
+    let (code, said) = doctor_at(&hooks, &serve.addr, &["--no-run"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&format!(
+            "run `hermes-hooks enable {name} --trust explicit`"
+        )) && said.contains("this one was written before, under --trust all"),
+        "{said}"
+    );
+    let (code, out) = run(&hooks, &["enable", &name, "--trust", "explicit"]);
+    assert_eq!(code, 0, "{out}");
+    poll(Duration::from_secs(30), "the enabled hook hosted", || {
+        serve.post("/v1/reload", &json!({}));
+        let (_, said) = doctor_at(&hooks, &serve.addr, &["--no-run"]);
+        said.contains(&format!("ok      hosted as {name}"))
+            .then_some(())
+    });
+}
+
+/// Issue 60 row 8: `doctor` says before it runs a shell hook on a sample call (a hook that
+/// posts somewhere posts), and `--no-run` runs none (on 44db861 it ran each one unannounced,
+/// with no way not to).
+#[test]
+fn doctor_says_before_it_runs_a_hook_and_no_run_runs_none() {
+    let hooks = Hooks::new();
+    let ran = hooks.out().join("ran");
+    let hook = script(
+        &hooks,
+        "post.sh",
+        &format!("#!/bin/sh\ncat >> {}\n", ran.display()),
+    );
+    allowlisted_entry(&hooks, "pre_llm_call", &hook);
+    // No service: the run does not need one.
+    let nobody = "127.0.0.1:9";
+    let (_, said) = doctor_at(&hooks, nobody, &[]);
+    let announced = said
+        .find("running it once on a sample call of pre_llm_call")
+        .unwrap_or_else(|| panic!("not announced: {said}"));
+    let result = said
+        .find("ran on a sample call (exit 0)")
+        .unwrap_or_else(|| panic!("not run: {said}"));
+    assert!(announced < result, "said after it ran: {said}");
+    assert!(ran.exists(), "{said}");
+    std::fs::remove_file(&ran).unwrap();
+
+    let (_, said) = doctor_at(&hooks, nobody, &["--no-run"]);
+    assert!(
+        said.contains("skip    not run on a sample call (--no-run)"),
+        "{said}"
+    );
+    assert!(!said.contains("running it once"), "{said}");
+    assert!(!ran.exists(), "--no-run ran the hook: {said}");
 }

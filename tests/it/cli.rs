@@ -407,6 +407,8 @@ fn new_scaffolds_pass_check_and_test_for_every_kind() {
     assert_eq!(o.status.code(), Some(1));
 }
 
+/// `list --live` shows each hook's status, health (issue 60 row 10: the dashboard's health, with
+/// its reason under the row when it is trouble), counters and last error.
 #[test]
 fn list_live_shows_the_running_services_counters() {
     let hooks = Hooks::new();
@@ -434,8 +436,19 @@ fn list_live_shows_the_running_services_counters() {
         .find(|l| l.starts_with("counted"))
         .unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(&cols[1..3], ["python", "ready"], "{row}");
-    assert_eq!(cols[4..7], ["0", "1", "0"], "ok, failed, dropped: {row}");
+    assert_eq!(&cols[1..4], ["python", "ready", "degraded"], "{row}");
+    assert_eq!(cols[5..8], ["0", "1", "0"], "ok, failed, dropped: {row}");
+    assert!(
+        out.lines()
+            .next()
+            .unwrap_or("")
+            .contains(" STATUS     HEALTH "),
+        "{out}"
+    );
+    assert!(
+        out.contains("    health degraded: 1 of 1 calls failed in the last 5 min"),
+        "{out}"
+    );
     let (_, listing) = serve.get("/v1/hooks");
     let time = listing["hooks"][0]["last_error"]["time"]
         .as_str()

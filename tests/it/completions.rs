@@ -122,8 +122,8 @@ fn zsh_completions_are_produced() {
 }
 
 /// Issue 50: without zsh this returned early and counted as passed; it is now listed as ignored.
+#[testenv::needs(zsh)]
 #[test]
-#[cfg_attr(hermes_no_zsh, ignore = "zsh is not installed (apt-get install zsh)")]
 fn zsh_completions_parse_in_zsh() {
     let script = stdout_of(&["completions", "zsh"]);
     let check = shell_with_file("zsh", &["-n"], &script);
@@ -147,11 +147,8 @@ fn fish_completions_are_produced() {
 /// Issue 50: without fish this returned early and counted as passed (it is now listed as
 /// ignored), and fish wrote `~/.config/fish` and `~/.local/share/fish` into the real home: it
 /// now runs with a home of its own, checked to be the only place it wrote.
+#[testenv::needs(fish)]
 #[test]
-#[cfg_attr(
-    hermes_no_fish,
-    ignore = "fish is not installed (apt-get install fish)"
-)]
 fn fish_completions_parse_and_complete_commands_in_fish() {
     let script = stdout_of(&["completions", "fish"]);
     let home = tempfile::tempdir().expect("temp home");
@@ -221,11 +218,8 @@ fn man_page_has_its_sections() {
 
 /// Issue 50: without man or groff this returned early and counted as passed; it is now listed
 /// as ignored.
+#[testenv::needs(man)]
 #[test]
-#[cfg_attr(
-    hermes_no_man,
-    ignore = "man or groff is not installed (apt-get install man-db)"
-)]
 fn man_page_renders() {
     let roff = stdout_of(&["man"]);
     let mut child = Command::new("man")

@@ -30,8 +30,8 @@ fn handled(hooks: &Hooks, name: &str) -> Vec<u64> {
     ns
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_edge_lists_and_replays_dead_letters_through_its_api() {
     let Some(nats) = NatsServer::start() else {
         return;

@@ -16,8 +16,8 @@ use crate::fleet::{fleet_of, records};
 /// 5 s fallback. It now waits for the matching hook's own `timeout:` (120 s here) as the
 /// workers report it, and returns a deny that takes 6 s.
 #[cfg(feature = "fleet")]
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_fleet_collect_waits_for_the_hooks_own_timeout_not_five_seconds() {
     let Some((_nats, hooks, [_w], edge)) = fleet_of("slow-deny", r#"["command:*"]"#, "", ["w1"])
     else {

@@ -156,11 +156,12 @@ fn names(v: &Value, key: &str) -> Vec<String> {
 
 // --- 1. permissions under umask 002 ---
 
-#[test]
-#[cfg_attr(
-    any(hermes_no_private_group, hermes_no_shared_group),
-    ignore = "needs a private primary group and a second group to give files to"
+#[testenv::needs(
+    private_group,
+    shared_group,
+    "needs a private primary group and a second group to give files to"
 )]
+#[test]
 fn a_clone_under_umask_002_loads_every_example_and_a_shared_group_still_refuses() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks-examples");
     let expected: Vec<String> = {
@@ -186,7 +187,7 @@ fn a_clone_under_umask_002_loads_every_example_and_a_shared_group_still_refuses(
         std::fs::metadata(hook.join("HOOK.yaml")).unwrap().mode() & 0o777,
         0o664
     );
-    let private = private_gid().expect("this user's primary group is private (build.rs)");
+    let private = private_gid().expect("this user's primary group is private (crates/testenv)");
     assert_eq!(std::fs::metadata(&hook).unwrap().gid(), private);
 
     let v = list_json(&root, &home);
@@ -197,7 +198,7 @@ fn a_clone_under_umask_002_loads_every_example_and_a_shared_group_still_refuses(
     assert_eq!(code, 0, "{out}");
 
     // The same modes with a group somebody else is in: refused, one command for the tree.
-    let shared = shared_gid().expect("a second group to give files to (build.rs)");
+    let shared = shared_gid().expect("a second group to give files to (crates/testenv)");
     let helper = root.join("agent-logger").join("handler.py");
     chgrp(&helper, shared);
     let v = list_json(&root, &home);

@@ -324,8 +324,8 @@ fn install_all_update_dry_run_and_a_hand_edit_say_what_they_do() {
 /// A strict executable that starts a program got the read denial's hint; it now gets its own,
 /// naming `exec: true`. And a strict Python hook looking for a file under `~` got a bare
 /// FileNotFoundError (HOME is withheld, so `~` is the passwd entry's home): the log now says so.
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn sandbox_denials_of_exec_and_a_withheld_home_say_which_key_helps() {
     let hooks = Hooks::new();
     let dir = hooks.exec(

@@ -40,7 +40,7 @@ fn nats_binary() -> Option<PathBuf> {
 
 impl NatsServer {
     /// Starts one; panics when nats-server is missing. The fleet tests are ignored (with the
-    /// reason) where build.rs found none, so this runs without one only when asked to
+    /// reason) where crates/testenv found none, so this runs without one only when asked to
     /// (`--ignored`), and a test that cannot run then fails rather than passing (issue 50).
     /// Always `Some`: the tests' `let Some(..) else` predates the panic.
     pub fn start() -> Option<Self> {
@@ -491,8 +491,8 @@ pub(crate) fn first_ns(recs: &[Value]) -> Vec<u64> {
         .collect()
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
     let Some((_nats, hooks, [mut a, mut b], edge)) =
         fleet_of("shared", r#"["agent:*"]"#, "concurrency: 4\n", ["wa", "wb"])
@@ -553,8 +553,8 @@ fn two_workers_share_a_hook_and_a_killed_workers_event_goes_to_the_other() {
     );
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn order_per_hook_holds_with_two_workers() {
     let Some((_nats, hooks, [_a, _b], edge)) =
         fleet_of("ordered", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -586,8 +586,8 @@ pub(crate) fn dead_cmd(nats: &NatsServer, args: &[&str]) -> (i32, String) {
     )
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -665,8 +665,8 @@ fn a_poison_event_is_dead_lettered_after_its_retries_and_replay_requeues_it() {
     assert_eq!(fragile["fleet"]["retried"], 2, "{fragile}");
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn collect_goes_through_the_fleet_in_match_order() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -756,8 +756,8 @@ asyncio.run(main())
     assert_eq!(v["flushed"], true, "{v}");
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_edge_killed_after_202_loses_nothing() {
     let Some((_nats, hooks, [_w], mut edge)) =
         fleet_of("keeper", r#"["agent:*"]"#, "concurrency: 8\n", ["wa"])
@@ -778,8 +778,8 @@ fn fleet_state(edge: &Serve) -> Value {
     edge.get("/v1/hooks").1["fleet"].clone()
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -856,8 +856,8 @@ fn broker_down_at_start_the_edge_buffers_refuses_when_full_and_delivers_later() 
     assert_eq!(fleet_state(&edge)["buffered"], 0);
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn broker_killed_and_restarted_under_load_every_202_is_delivered() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -951,8 +951,8 @@ pub(crate) fn assert_duplicates_are_redeliveries(recs: &[Value]) -> usize {
     duplicates
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
     let Some((_nats, hooks, [_w], edge)) = fleet_of("first", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -1000,8 +1000,8 @@ fn a_worker_picks_up_a_hook_added_while_it_runs_and_drops_a_removed_one() {
     );
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_others() {
     let Some((_nats, hooks, [mut a, mut b], edge)) =
         fleet_of("graceful", r#"["agent:*"]"#, "", ["wa", "wb"])
@@ -1048,8 +1048,8 @@ fn a_worker_stopped_with_sigterm_finishes_its_event_and_leaves_the_rest_to_the_o
 
 /// Issue 14: hooks with `runs: gateway` stay in the gateway in fleet mode: the edge lists them
 /// (so the gateway's client imports them) and runs no other hook itself.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_edge_lists_in_gateway_hooks_and_runs_no_service_hook() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1104,8 +1104,8 @@ fn alive(pid: u64) -> bool {
 
 /// Issue 21: an event just under the HTTP body limit but over the broker's `max_payload` is
 /// refused before anything is accepted (413), and the events after it flow.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
     let Some(nats) = NatsServer::start_with(&[], "max_payload: 8192\n") else {
         return;
@@ -1134,8 +1134,8 @@ fn an_event_over_the_brokers_limit_gets_413_and_holds_up_nothing() {
 /// Issue 21: a worker SIGKILLed during an event's only allowed delivery (`retries: 0`): the
 /// event goes to the dead letters (delivered once more, not run), and the handler's process
 /// dies with its worker instead of finishing the event as an orphan.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handler_dies() {
     let Some((nats, hooks, [mut a, mut b], edge)) =
         fleet_of("once", r#"["agent:*"]"#, "retries: 0\n", ["wa", "wb"])
@@ -1171,8 +1171,8 @@ fn a_worker_killed_during_the_last_delivery_dead_letters_the_event_and_its_handl
 
 /// Issue 21: the broker comes back with an empty store and reuses stream sequences; the worker's
 /// "already done" memory must not take the new events for old ones.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_broker_back_with_an_empty_store_loses_nothing() {
     let Some((mut nats, hooks, [_w], edge)) = fleet_of("amnesia", r#"["agent:*"]"#, "", ["wa"])
     else {
@@ -1192,8 +1192,8 @@ fn a_broker_back_with_an_empty_store_loses_nothing() {
 
 /// Issue 21: a Python hook whose events wait in the worker's local queue longer than the ack
 /// wait and the hook's timeout: none is redelivered or dead-lettered while it waits.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_waiting_in_the_local_queue_are_not_redelivered() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1231,8 +1231,8 @@ fn events_waiting_in_the_local_queue_are_not_redelivered() {
 
 /// Issue 21: `nats://user:password@host` logs in with those credentials, and the password shows
 /// nowhere: not in the log, `/v1/hooks` or the token-exempt `/readyz`.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn credentials_in_the_url_are_used_and_never_shown() {
     let Some(nats) = NatsServer::start_with(&["--user", "hooks", "--pass", "s3cr3t-pw"], "") else {
         return;
@@ -1267,8 +1267,8 @@ fn credentials_in_the_url_are_used_and_never_shown() {
 }
 
 /// Issue 21: SIGTERM with the broker down ends within `--drain-timeout` (edge and worker).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn shutdown_with_the_broker_down_is_bounded_by_the_drain_timeout() {
     let Some(mut nats) = NatsServer::start() else {
         return;
@@ -1295,8 +1295,8 @@ fn shutdown_with_the_broker_down_is_bounded_by_the_drain_timeout() {
 
 /// Issue 21: a hook added while events flow sees every event published after it was installed
 /// (its consumer starts at the hook's install time, not when the worker got round to it).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1344,8 +1344,8 @@ fn a_hook_added_while_events_flow_misses_nothing_after_its_install() {
 
 /// Issue 21: the 202 says whether the broker has the event (`stored`), and a client's event id
 /// is the broker's de-duplication id: resent after a lost answer, it is stored and run once.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
     let Some((_nats, hooks, [_w], edge)) = fleet_of("idem", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -1384,8 +1384,8 @@ fn the_202_says_stored_and_a_client_event_id_is_stored_once() {
 
 /// Issue 21: a hook whose only worker died still shows in collect answers (an error naming it)
 /// and in the fleet view, instead of vanishing a few seconds later.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn collect_names_a_hook_whose_worker_is_gone() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1430,8 +1430,8 @@ fn collect_names_a_hook_whose_worker_is_gone() {
 /// the puller is SIGKILLed mid-stream, with most events waiting in its local queue (delivered,
 /// not run), the other worker takes over, every event runs and the order holds (every event's
 /// first handling in publish order): no acknowledgement covered an event that had not run.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
     let Some((nats, hooks, [mut a, mut b], edge)) =
         fleet_of("strict", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -1470,8 +1470,8 @@ fn order_holds_and_acks_cover_only_what_ran_when_the_active_puller_is_killed() {
 
 /// Issue 21: the fleet alert rules in contrib/ use only metrics an edge or a worker exposes, and
 /// the worker's /metrics carries its fleet counters per hook.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
     let Some((_nats, _hooks, [w], edge)) = fleet_of("counted", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -1508,8 +1508,8 @@ fn the_fleet_alert_rules_use_metrics_the_edge_and_workers_expose() {
 /// Issue 21: a removed hook's consumer is deleted after the grace (`--consumer-grace`), and
 /// `dead replay` of its letters then refuses (keeping them) instead of deleting letters nobody
 /// would run.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_removed_hooks_consumer_goes_after_the_grace_and_its_letters_stay() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1581,8 +1581,8 @@ fn logs_in_and_runs_three_events(
     assert!(err.contains("authoriz"), "says the login failed: {err}");
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_nkey_user_logs_in_with_fleet_nkey_and_a_bad_creds_file_is_refused_clearly() {
     let user = nkeys::KeyPair::new_user();
     let conf = format!(
@@ -1643,8 +1643,8 @@ fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, mut nats: Value)
     format!("{signed}.{}", B64.encode(&sig))
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_creds_file_logs_in_to_a_broker_in_operator_mode() {
     let operator = nkeys::KeyPair::new_operator();
     let system = nkeys::KeyPair::new_account();
@@ -1700,8 +1700,8 @@ fn a_creds_file_logs_in_to_a_broker_in_operator_mode() {
     logs_in_and_runs_three_events(&nats, &hooks, "credsed", "--fleet-creds", &creds, &secret);
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_abandoned_collect_is_dropped_on_the_worker_and_never_runs() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1783,8 +1783,8 @@ pub(crate) fn post_one(edge: &Serve, event: &str, ctx: Value) {
     assert_eq!(status, 202, "{v}");
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_hook_renamed_with_an_id_keeps_its_place_and_its_dead_letters_follow_it() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -1884,8 +1884,8 @@ pub(crate) fn nats_servers() -> Vec<PathBuf> {
     v
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_rolling_update_of_a_hook_with_several_patterns_skips_nothing_the_new_version_matches() {
     for bin in nats_servers() {
         rolling_update_on(bin);
@@ -1961,8 +1961,8 @@ fn rolling_update_on(bin: PathBuf) {
     }
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_the_stream_discards_at_its_limits_are_counted_per_hook() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -2028,8 +2028,8 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again() {
     let Some((mut nats, hooks, [w], edge)) = fleet_of("once", r#"["agent:*"]"#, "", ["wa"]) else {
         return;
@@ -2100,8 +2100,8 @@ fn events_a_crashed_broker_replays_are_counted_as_duplicates_and_not_run_again()
 /// arriving between the holder's progress signals make differ from stream order; a standby that
 /// ran and cumulatively acknowledged one that came back early settled the lower ones still on
 /// their way (lost for good). Every event runs, first handlings in stream order.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_killed_lease_holder_loses_no_event_it_held() {
     let Some((_nats, hooks, [a, b], edge)) =
         fleet_of("held", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -2169,8 +2169,8 @@ pub(crate) fn wait_for_all(hooks: &Hooks, hook: &str, n: u64, limit: Duration) -
 /// the lease when it runs out and resumes as soon as the dead holder's events are back, within
 /// one ack wait (2 s here) of the kill, not the ack wait plus a fixed wait for a pending
 /// count of 0 that nobody pulls to bring about (2 x ack wait + 1 s more).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
     let Some((_nats, hooks, [a, b], edge)) =
         fleet_of("quick", r#"["agent:step"]"#, "", ["wa", "wb"])
@@ -2212,8 +2212,8 @@ fn an_ordered_hook_fails_over_within_about_one_ack_wait() {
 /// edit. Every event runs exactly once, on its first delivery, in publish order, and nothing is
 /// dead-lettered (the old code stopped the hook's consumer task: the events its local queue held
 /// were dead-lettered as "stopped before it finished", skipped, or run again).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repeat() {
     let Some(nats) = NatsServer::start() else {
         return;

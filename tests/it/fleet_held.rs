@@ -114,8 +114,8 @@ fn one_failure_handed_back(
 /// comes back and runs; meanwhile they get progress signals, so the broker does not deliver
 /// them again (the old code sent none for finished messages: each came back after the ack wait,
 /// and on the next holder it would have run twice).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn finished_events_behind_a_handed_back_one_are_not_delivered_again() {
     let mut contexts = vec![json!({"n": 0, "poison": true})];
     contexts.extend((1..11).map(|n| json!({"n": n})));
@@ -154,8 +154,8 @@ fn finished_events_behind_a_handed_back_one_are_not_delivered_again() {
 /// the local queue. The second delivery's copies of those wait for the first's calls (then
 /// they are done) instead of entering the queue beside them: each event runs once (the old code
 /// ran the tail of the bundle twice).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_bundle_handed_back_while_its_events_wait_in_the_local_queue_runs_each_once() {
     let contexts: Vec<Value> = (0..30)
         .map(|n| {
@@ -198,8 +198,8 @@ fn a_bundle_handed_back_while_its_events_wait_in_the_local_queue_runs_each_once(
 /// first. It starts nothing and acknowledges nothing until the lower ones are back too: every
 /// event runs, first handlings in stream order. Passes on the code before this branch too (the
 /// catch-up of item 1 waits for the broker's pending count); kept as a guard.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_a_stopped_holder_hands_back_before_lower_ones_are_never_passed() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -253,8 +253,8 @@ fn events_a_stopped_holder_hands_back_before_lower_ones_are_never_passed() {
 /// delivers would stay pending), and it says nothing in the lease bucket. The worker that takes
 /// the lease waits about 2 x ack wait + 1 s for it, warns naming the hook and what is missing,
 /// and runs the others in stream order (the old code waited for ever).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_new_holder_goes_on_without_pending_events_that_never_come_back() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -354,8 +354,8 @@ fn find_n(v: &Value) -> Option<u64> {
 /// no event is delivered again. Under the old default (`SCHED_IDLE` where the service may
 /// leave it, as root) this passed alone but timed out (40 events not handled in 120 s) with
 /// another test loading the other core.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn the_lease_and_progress_signals_hold_with_a_busy_loop_on_the_workers_cpu() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -406,8 +406,8 @@ fn the_lease_and_progress_signals_hold_with_a_busy_loop_on_the_workers_cpu() {
 /// before the fix too). The new holder waits while the old one says it still finishes its
 /// bundle, so events 60-79 never start before event 59 (a new holder that gave up after a fixed
 /// wait started them between the bundle's events: `…27, 28, 61, 29, 62…`).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn order_holds_when_a_broker_restart_moves_the_lease_during_a_long_bundle() {
     let Some(mut nats) = NatsServer::start() else {
         return;

@@ -18,8 +18,8 @@ use crate::fleet::{
 };
 use crate::util::{Hooks, Serve, bin, poll, read_jsonl};
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_killed_holder_leaves_dead_letters_only_where_it_may_have_started() {
     for bin in nats_servers() {
         killed_on(bin);
@@ -120,8 +120,8 @@ fn killed_on(bin: PathBuf) {
 /// The marks' bucket refused: the worker's user may not make it nor write to it. The holder
 /// says once that it cannot mark what it starts and runs every event of a `retries: 0` ordered
 /// hook at its pace: the bucket is not asked again for each start (that cost each a 2 s wait).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_holder_whose_marks_are_refused_says_so_once_and_runs_every_event() {
     let Some(nats) = NatsServer::start_with(
         &[],

@@ -30,8 +30,8 @@ pub(crate) fn tree(pid: u32) -> Vec<u32> {
     out
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_lease_holder_woken_from_sigstop_starts_nothing_the_new_holder_runs() {
     for bin in nats_servers() {
         for whole_tree in [true, false] {

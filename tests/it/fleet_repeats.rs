@@ -16,8 +16,8 @@ use crate::fleet::{
 };
 use crate::util::{Hooks, poll};
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_delivered_again_after_a_rename_and_a_kill_are_shown_as_repeats() {
     for bin in nats_servers() {
         rename_then_kill_on(bin);

@@ -18,8 +18,8 @@ use crate::fleet::{
 };
 use crate::util::{Hooks, epoch_secs, poll};
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_ordered_hook_runs_again_within_2s_of_a_broker_restart() {
     for bin in nats_servers() {
         restart_on(bin);

@@ -142,8 +142,8 @@ fn roll_pair_with(
 /// and the new version takes the lease: each event runs once, in stream order, `roll:b` only on
 /// the new version, with no pause of an ack wait (the old code sent `roll:b` events to the retry
 /// subject: they ran after later ones, and the hook stalled about 12 s at `--ack-wait 5`).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_rolling_update_of_an_ordered_hook_hands_the_lease_over_in_stream_order() {
     for bin in nats_servers() {
         hand_over_on(bin);
@@ -262,8 +262,8 @@ fn swap_on_broker(hooks: &Hooks, worker: &Serve, hook: &str, events: &str) {
 /// worker with it is held until that version ran what the stream held (issue 48 row 2; d69d285
 /// dead-lettered the rest, and the code before issue 34 skipped them); none was counted
 /// skipped, and the events that ran started in stream order.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_pattern_swapped_in_a_rolling_update_runs_or_dead_letters_what_the_old_version_matched() {
     for bin in nats_servers() {
         swap_on(bin);
@@ -445,8 +445,8 @@ struct Stopped {
 /// never ran them). Then the new holder is SIGKILLed while its handler runs an event: that
 /// event, which it may have finished, is dead-lettered as "killed?" at its last delivery and
 /// not run again.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn an_ordered_hooks_events_past_their_deliveries_by_releases_run_and_a_killed_holders_do_not() {
     let Some(st) = stop_the_holder_with_bundles_waiting(0) else {
         return;
@@ -489,8 +489,8 @@ fn an_ordered_hooks_events_past_their_deliveries_by_releases_run_and_a_killed_ho
 /// holder's note says what it gave back, so the next holder does not count that delivery as an
 /// attempt: every event's handler sees `delivered` 1, its first attempt, with its retry still
 /// ahead (the code before it counted the broker's 2: the last allowed attempt, no retry left).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn deliveries_a_stopped_holder_gave_back_are_not_counted_as_attempts() {
     let Some(Stopped { recs, .. }) = stop_the_holder_with_bundles_waiting(1) else {
         return;
@@ -511,8 +511,8 @@ fn deliveries_a_stopped_holder_gave_back_are_not_counted_as_attempts() {
 /// holder's note now names the events it finished last, and the next holder settles those
 /// without running them. (On 2.10+ the consumer is changed in place and the test only checks
 /// each event ran once, in order; CI's default nats-server is Debian's 2.9.)
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn events_the_holder_ran_while_another_worker_remade_the_consumer_run_once() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -580,8 +580,8 @@ fn events_the_holder_ran_while_another_worker_remade_the_consumer_run_once() {
 /// acknowledgement through a message delivered again that made the broker ignore the naks
 /// after it, is pinned by `fleet::held`'s unit test: this run does not bring that interleaving
 /// about by itself, and passes on the old acknowledgement order too.)
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn hand_overs_between_two_live_versions_never_wait_out_an_ack_wait() {
     for bin in nats_servers() {
         ping_pong_on(bin);
@@ -697,8 +697,8 @@ fn post_paused_runs(
 /// nothing is dead-lettered (d69d285 stopped at once, and `w2` dead-lettered every `roll:b` left
 /// with "no live version"), each event runs once, in stream order, with no pause of an ack
 /// wait, and `w1` exits once that is done, well within the default `--retire-drain` (30 s).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_version_retired_by_its_workers_stop_first_runs_what_only_it_matches() {
     for bin in nats_servers() {
         retire_on(bin);
@@ -753,8 +753,8 @@ fn retire_on(bin: PathBuf) {
 /// retirement, says so, and every
 /// `roll:b` it did not run is dead-lettered by `w2` with a reason naming the old version; none
 /// is skipped, none runs on the new version, and the rest runs once, in stream order.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_retiring_version_past_its_deadline_leaves_dead_letters_not_gaps() {
     for bin in nats_servers() {
         retire_deadline_on(bin.clone(), false);
@@ -869,8 +869,8 @@ fn retire_deadline_on(bin: PathBuf, by_reload: bool) {
 /// before. A second edit dropping `roll:b` is held again and drains what only it matched (the
 /// first hold's state, left behind by the revert, let the second change load at once and its
 /// `roll:b` events were dead-lettered). Every event runs once, in stream order, none dead.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_held_change_reverted_ends_its_hold_and_the_next_change_is_held_again() {
     for bin in nats_servers() {
         revert_on(bin);

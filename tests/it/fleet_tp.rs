@@ -23,8 +23,8 @@ fn slow_retry_worker(hooks: &Hooks, nats: &NatsServer, id: &str, backoff_ms: u64
     worker_with(hooks, nats, id, &opts)
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_failing_event_does_not_hold_up_the_next_ones_is_retried_after_its_delay_then_dead() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -112,8 +112,8 @@ pub(crate) fn ack_policy(
     })
 }
 
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_concurrent_hooks_failing_event_is_retried_through_its_retry_subject_too() {
     let Some(nats) = NatsServer::start() else {
         return;
@@ -178,8 +178,8 @@ fn per_message(recs: &[Value]) -> std::collections::BTreeMap<u64, Vec<u64>> {
 /// Events of one name in one request go to the stream as bundles (up to 128 events or 64 KiB
 /// each) and run one by one, in order, once each; while a worker that does not read bundles is
 /// live (its status has no `bundles`), every event goes alone.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
     let Some((nats, hooks, [_w], edge)) =
         crate::fleet::fleet_of("bundled", r#"["agent:step"]"#, "", ["wa"])
@@ -266,8 +266,8 @@ fn a_requests_events_share_stream_messages_unless_a_worker_cannot_read_them() {
 /// goes, the events it had not started included: nothing is handed back to burn a delivery
 /// (with `retries: 0` that was a dead letter for events that never ran) or to come back out of
 /// order. The next worker goes on from there, in order.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_worker_stopped_mid_bundle_runs_what_it_was_delivered_and_order_holds() {
     let Some((nats, hooks, [mut wa], edge)) = crate::fleet::fleet_of(
         "steady",

@@ -212,8 +212,8 @@ fn row1_update_rechecks_the_new_name() {
 /// `/` and dies. On d69d285 the restarted worker was granted `/` (it read the secret and wrote
 /// anywhere). Now the grant is never the link's target: the restart is refused saying which
 /// link to delete, `check` says the same, and nothing outside is readable.
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn row2_a_link_planted_in_the_state_directory_is_not_followed_after_a_restart() {
     let lab = Lab::new();
     lab.python(
@@ -262,8 +262,8 @@ fn row2_a_link_planted_in_the_state_directory_is_not_followed_after_a_restart() 
 
 /// Issue 46 row 2: `check` and `/v1/hooks` show the resolved rule: an operator's link outside
 /// what the hook writes is followed once, and the target is what is shown and granted.
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn row2_check_shows_the_resolved_grant() {
     let lab = Lab::new();
     let real = lab.hooks.tmp.path().join("real-data");
@@ -299,8 +299,8 @@ fn row2_check_shows_the_resolved_grant() {
 /// Issue 46 row 4: `env: {PYTHONPATH: /}` granted the whole filesystem (every import path
 /// entry was granted read). A sandboxed hook may not set a variable that steers the
 /// interpreter or the loader: `check` and the service refuse it, naming the variable.
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn row4_interpreter_steering_variables_in_env_are_refused() {
     let lab = Lab::new();
     for (dir, env) in [
@@ -347,8 +347,8 @@ fn row4_interpreter_steering_variables_in_env_are_refused() {
 /// thread that reads the secret: on d69d285 the thread ran before the sandbox and read it. The
 /// variable is refused; without it the hook's `sitecustomize.py` (and a `.pth`) are never
 /// imported, in a forked worker or one started from scratch.
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn row4_a_sitecustomize_in_the_hook_never_runs_before_the_sandbox() {
     let lab = Lab::new();
     let leak = lab.hooks.out().join("leak.txt");
@@ -436,7 +436,7 @@ fn suspected_the_api_token_never_reaches_a_hook() {
         );
     }
     assert_eq!(call(&serve, "exe", "x", ""), Ok(json!("|")));
-    if cfg!(not(hermes_no_landlock4)) {
+    if testenv::has!(landlock4) {
         assert_eq!(
             call(&serve, "strict", "env", "HERMES_GATEWAY_TOKEN"),
             Ok(json!("<unset>"))
@@ -469,8 +469,8 @@ fn chain_links(dir: &std::path::Path) {
 /// read the file outside. The installer resolves the chain and refuses it; the trust scan
 /// refuses a hook placed by hand with the same links; and a grant under `{hook_dir}` that
 /// resolves outside it is refused by `check` and the service.
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn row8_a_link_chain_leaving_the_tree_is_refused_by_install_and_the_grant() {
     let lab = Lab::new();
     let outside = lab.hooks.tmp.path().join("outside");
@@ -664,7 +664,7 @@ fn row9_two_extension_modules_each_load_their_own_library() {
     }
     let serve = lab.serve(&[]);
     let mut hooks = vec!["twoext", "twofresh"];
-    if cfg!(not(hermes_no_landlock4)) {
+    if testenv::has!(landlock4) {
         hooks.push("twostrict");
     }
     for hook in hooks {

@@ -302,11 +302,8 @@ fn row1_nothing_a_sender_writes_decides_where_a_config_command_runs() {
 /// (uid 1001) posted the same event. On f1c304d: 202, and the command ran as the service's
 /// user. Now a local client of another uid is refused (403 `another_user`) over TCP without a
 /// token; the service's own user still gets in.
+#[testenv::needs(root, "needs root: the client runs as another uid (setpriv)")]
 #[test]
-#[cfg_attr(
-    hermes_no_root,
-    ignore = "needs root: the client runs as another uid (setpriv)"
-)]
 fn row1_another_local_user_is_refused_over_tcp_without_a_token() {
     let hooks = Hooks::new();
     hooks.python(

@@ -287,11 +287,8 @@ fn collects_answer_in_time_with_a_busy_loop_on_the_services_cpu() {
 /// `mktemp -d`, anything under /root): `nobody` could neither run the binary in the checkout's
 /// `target/` nor enter the checkout it was started in. The binary is now copied into the test's
 /// own world-readable temp dir and the service starts there.
+#[testenv::needs(setpriv_root)]
 #[test]
-#[cfg_attr(
-    hermes_no_setpriv_root,
-    ignore = "needs root and /usr/bin/setpriv to run the service as nobody"
-)]
 fn without_cap_sys_nice_the_defaults_are_the_normal_class() {
     let hooks = Hooks::new();
     python_hook(&hooks, "default", "a:x", "");

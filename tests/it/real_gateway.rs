@@ -6,7 +6,7 @@
 //! service binary under test.
 //!
 //! Outside CI, when neither `HERMES_AGENT_VENV` nor `target/hermes-agent-venv` exists at build
-//! time (`cfg(hermes_no_gateway_venv)`, build.rs) the test is listed as ignored with the way to
+//! time (`#[testenv::needs(gateway_venv)]`, crates/testenv) the test is listed as ignored with the way to
 //! make the venv; run with `--ignored` (or under `CI`) it makes it, and fails when it cannot
 //! (issue 50: it used to say so on stderr and count as passed).
 
@@ -39,12 +39,8 @@ fn gateway_venv() -> PathBuf {
     venv
 }
 
+#[testenv::needs(gateway_venv)]
 #[test]
-#[cfg_attr(
-    hermes_no_gateway_venv,
-    ignore = "no gateway venv: run .ci/hermes-agent-venv.sh target/hermes-agent-venv (network) \
-              or set HERMES_AGENT_VENV, then touch build.rs"
-)]
 fn the_real_gateway_emits_the_same_events_through_the_service_as_in_process() {
     run_module("test_real_gateway", 4);
 }
@@ -73,12 +69,8 @@ fn run_module(module: &str, tests: usize) {
 /// observer sleeping 5 s does not lengthen the turn, and a config.yaml shell hook runs once per
 /// event (`tests/real_gateway/test_agent_hooks.py`). On the old code (d69d285) there was no
 /// plugin: nothing blocked, no context.
+#[testenv::needs(gateway_venv)]
 #[test]
-#[cfg_attr(
-    hermes_no_gateway_venv,
-    ignore = "no gateway venv: run .ci/hermes-agent-venv.sh target/hermes-agent-venv (network) \
-              or set HERMES_AGENT_VENV, then touch build.rs"
-)]
 fn the_agent_events_reach_hooks_in_chat_and_in_the_gateway() {
     run_module("test_agent_hooks", 5);
 }

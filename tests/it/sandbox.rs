@@ -5,7 +5,7 @@
 //! allow it; what they declare succeeds. A hot-reloaded hook gets its new rules; `check` and
 //! `/v1/hooks` show what is enforced; `--sandbox-default strict` confines hooks without the key;
 //! a library hook asking for a sandbox is refused. On a kernel without Landlock ABI 4 the tests
-//! that need it are listed as ignored with the reason (`cfg(hermes_no_landlock4)`, build.rs);
+//! that need it are listed as ignored with the reason (`#[testenv::needs(landlock4)]`, crates/testenv);
 //! never under `CI`, where they fail instead.
 
 use std::net::TcpListener;
@@ -253,8 +253,8 @@ fn hermes_hooks_sandbox_env() -> &'static str {
     "HERMES_HOOKS_SANDBOX_DEFAULT"
 }
 
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn strict_python_hooks_forked_and_fresh_and_a_strict_executable_are_held_to_their_grants() {
     let w = World::new();
     w.python("pyfork", "");
@@ -277,8 +277,8 @@ fn strict_python_hooks_forked_and_fresh_and_a_strict_executable_are_held_to_thei
     );
 }
 
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn a_reloaded_hook_gets_its_new_rules_and_the_default_confines_hooks_without_the_key() {
     let w = World::new();
     w.hooks.python(
@@ -348,8 +348,8 @@ fn check(hooks: &Hooks, env_default: Option<&str>) -> (bool, String) {
     )
 }
 
+#[testenv::needs(landlock4)]
 #[test]
-#[cfg_attr(hermes_no_landlock4, ignore = "this kernel has no Landlock ABI >= 4")]
 fn check_shows_each_hooks_permissions_and_a_library_hook_with_a_sandbox_is_refused() {
     let w = World::new();
     w.exec("exe");

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::util::{Hooks, Serve, parse_response, poll, set_mode};
 
-/// The Python with mfusepy, as `build.rs` looks it up.
+/// The Python with mfusepy, as crates/testenv/build.rs looks it up.
 fn fuse_python() -> PathBuf {
     std::env::var_os("HERMES_FUSE_PYTHON")
         .map(PathBuf::from)
@@ -199,11 +199,8 @@ const DENY_SH: &str = "#!/bin/sh\ncat >/dev/null\necho '{\"decision\": \"deny\"}
 /// both runtime threads in the check before the start (`RunFiles::rescan_cached` and the spawn
 /// ran on the runtime thread): `/healthz`, an emit and a collect on `ok` all timed out. The
 /// checks and starts now run on each hook's own starter thread.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn exec_hooks_whose_files_stall_delay_only_themselves() {
     let hooks = Hooks::new();
     hooks.exec("ok", r#"["agent:step", "command:run"]"#, DENY_SH);
@@ -279,11 +276,8 @@ fn exec_hooks_whose_files_stall_delay_only_themselves() {
 /// on the runtime's 8-thread blocking pool without a deadline: the stalled checks took every
 /// thread, `h` stayed `restarting` and its collect timed out. Each check now runs on its hook's
 /// own starter thread, within a deadline: `h` restarts and answers.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_check_does_not_starve_other_hooks_restarts() {
     let crash_or_deny = "import os\n\ndef handle(event, context):\n    if event == 'agent:crash':\n        os._exit(3)\n    return {'decision': 'deny'}\n";
     let hooks = Hooks::new();
@@ -336,11 +330,8 @@ fn a_stalled_check_does_not_starve_other_hooks_restarts() {
 /// the mount stalled, a reload never finished and `ok`'s edited handler never loaded. Each
 /// root's listing and each hook directory's read now run within a deadline, one per hook at a
 /// time: the reload finishes, `ok`'s new version answers and the stalled hooks keep running.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_hook_directory_does_not_hold_up_other_hooks_reload() {
     let hooks = Hooks::new();
     let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
@@ -446,11 +437,8 @@ fn fork_servers(pid: u32) -> Vec<u32> {
 /// were started on the one spawner thread, one at a time under one lock: `h`'s waited behind
 /// `s`'s for ever and the collect timed out. Each fork server now starts on a thread of its own,
 /// under its own lock, within a deadline: `h` restarts and answers.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_interpreter_does_not_hold_up_other_hooks_fork_servers() {
     let crash_or_deny = "import os\n\ndef handle(event, context):\n    if event.startswith('agent:'):\n        os._exit(3)\n    return {'decision': 'deny'}\n";
     let source = tempfile::tempdir().unwrap();
@@ -559,11 +547,8 @@ fn hook_source(name: &str) -> tempfile::TempDir {
 /// 503 for the whole stall. The watches are now armed per hook directory on the threads for
 /// hooks' files, each within a deadline: the service gets ready with `ok`, `ok`'s edit is seen
 /// by the watcher during the stall, and the stalled hook loads once its mount answers.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_hook_directory_at_start_delays_only_itself() {
     let hooks = Hooks::new();
     let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
@@ -599,11 +584,8 @@ fn a_stalled_hook_directory_at_start_delays_only_itself() {
 /// Issue 59, row 2: the only `--hooks-dir` is a FUSE mount stalled before the start. The
 /// process never listened (blocked in `stat` checking the argument). It now listens, answers
 /// `/healthz` and `/readyz` (ready, with nothing loaded), and loads the root once it answers.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_hooks_dir_at_start_listens_and_loads_once_it_answers() {
     let hooks = Hooks::new();
     let source = tempfile::tempdir().unwrap();
@@ -647,11 +629,8 @@ fn a_stalled_hooks_dir_at_start_listens_and_loads_once_it_answers() {
 /// hook's edit was never picked up by the watcher (its task waited on the mount's root in
 /// `Roots::arm`, on a blocking thread without a deadline). The watcher now never waits on a
 /// root: the edit loads, and the stalled root's hook keeps running.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_root_that_stalls_while_running_does_not_stop_the_watcher() {
     let hooks = Hooks::new();
     let h = hooks.python(
@@ -699,11 +678,8 @@ fn a_root_that_stalls_while_running_does_not_stop_the_watcher() {
 /// out, the next failed "no new version loaded within 10s". The roots are now listed
 /// concurrently within a listing deadline, and a root still stalled is not waited on again: the
 /// collect gets the new version's allow.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_root_does_not_spend_another_hooks_hand_over() {
     let hooks = Hooks::new();
     let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);
@@ -735,11 +711,8 @@ fn a_stalled_root_does_not_spend_another_hooks_hand_over() {
 /// stalls while the service runs: the reload's first look at that directory is bounded by the
 /// listing's deadline (3 s), not the scan's (10 s, as long as the hand-over waits), so `ok`'s
 /// edit is still answered by its new version.
+#[testenv::needs(fuse)]
 #[test]
-#[cfg_attr(
-    hermes_no_fuse,
-    ignore = "needs /dev/fuse and mfusepy in target/fuse-venv (.ci/run installs it)"
-)]
 fn a_stalled_hook_directory_does_not_spend_a_neighbours_hand_over() {
     let hooks = Hooks::new();
     let ok = hooks.exec("ok", r#"["command:run"]"#, DENY_SH);

@@ -85,11 +85,8 @@ fn sha256_hex(path: &Path) -> String {
 
 // --- permissions ---
 
+#[testenv::needs(shared_group)]
 #[tokio::test]
-#[cfg_attr(
-    hermes_no_shared_group,
-    ignore = "no group other than this user's private one to give a directory here"
-)]
 async fn group_writable_hook_directory_is_refused() {
     let hooks = Hooks::new();
     let dir = hooks.exec("gw", "[agent:start]", SCRIPT);
@@ -160,8 +157,8 @@ async fn world_writable_handler_and_manifest_are_refused() {
     assert_eq!(code, 0, "{out}");
 }
 
+#[testenv::needs(root, "needs root to chown a file to uid 65534")]
 #[tokio::test]
-#[cfg_attr(hermes_no_root, ignore = "needs root to chown a file to uid 65534")]
 async fn foreign_owner_is_refused() {
     let hooks = Hooks::new();
     let dir = hooks.exec("foreign", "[agent:start]", SCRIPT);

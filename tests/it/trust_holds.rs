@@ -316,11 +316,8 @@ fn orphans_are_reaped(mut cmd: std::process::Command, service_pid: impl Fn(u32) 
 /// orphans its hooks leave behind instead of collecting zombies. Needs `unshare` (root); where
 /// it cannot run, `cargo test` lists it as ignored with the reason (issue 50: it returned early
 /// and counted as passed).
+#[testenv::needs(pid_namespace)]
 #[test]
-#[cfg_attr(
-    hermes_no_pid_namespace,
-    ignore = "`unshare --pid --fork --mount-proc` does not work here (needs root)"
-)]
 fn orphans_of_hooks_are_reaped_when_the_service_is_pid_1() {
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);

@@ -185,6 +185,7 @@ pub fn config(hooks: &Hooks) -> hermes_hooks::HostConfig {
         gateway_hooks_only: false,
         worker_priority: Default::default(),
         sandbox_default: Default::default(),
+        config_hooks: true,
     }
 }
 

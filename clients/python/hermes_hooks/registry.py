@@ -283,6 +283,31 @@ def _hook_entry(raw: Any) -> Dict[str, Any]:
     return entry
 
 
+# The "[hooks] Loaded hook ..." lines this process has printed. The gateway's registry, the
+# agent plugin's and its reload at Hermes's start each take the service's list: the console says
+# each hook once, as the original does (issue 60 row 9: it said each three times).
+_announced = set()  # type: set
+_announced_lock = threading.Lock()
+
+
+def _announce(line: str, hook: Dict[str, Any]) -> None:
+    """Print ``line`` on the console the first time this process sees it, for a hook the
+    original gateway would have loaded: not a shell hook of config.yaml (the service writes
+    those under ``config-hooks``), and one with an event the gateway emits (``ns:name``, or a
+    pattern starting with a wildcard); a hook only on the agent's events (``pre_tool_call``,
+    no colon) is the agent's, which Hermes does not list there."""
+    root = os.path.basename(os.path.normpath(str(hook.get("root") or "")))
+    gateway = any(":" in e or e[:1] in ("*", "?", "[", "{")
+                  for e in hook.get("events") or [] if isinstance(e, str))
+    if root == "config-hooks" or not gateway:
+        return
+    with _announced_lock:
+        if line in _announced:
+            return
+        _announced.add(line)
+    print(line, flush=True)
+
+
 # Registries alive in this process, for the exit flush and the fork reset.
 _live = weakref.WeakSet()  # type: weakref.WeakSet
 
@@ -573,11 +598,11 @@ class HookRegistry:
         self._hooks_from_disk = False
         for hook in hooks:
             # Under the shim (standing in for the gateway's own registry), on the gateway's
-            # console as the original prints it (stdout; its console shows no INFO logs); and
-            # in the log.
+            # console as the original prints it (stdout; its console shows no INFO logs): once
+            # per process and only the gateway's hooks (`_announce`); and in the log.
             line = "[hooks] Loaded hook '%s' for events: %s" % (hook["name"], hook["events"])
             if _autostart.shim_active:
-                print(line, flush=True)
+                _announce(line, hook)
             log.info("%s", line)
         for entry in self.skipped:
             log.warning("[hooks] Skipping %s: %s", entry.get("name") or entry.get("dir"),

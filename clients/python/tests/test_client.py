@@ -8,8 +8,10 @@ return a value for ``emit_collect``. Every wait polls against a deadline.
 """
 
 import asyncio
+import contextlib
 import datetime
 import http.client
+import io
 import json
 import os
 import shutil
@@ -518,6 +520,42 @@ class RejectionTest(ServiceCase):
         self.assertEqual((registry.sent, registry.rejected), (10, 1))
         lines = await self.wait_lines(out, 10)
         self.assertEqual([line["context"]["i"] for line in lines], list(range(10)))
+
+
+class ConsoleTest(ServiceCase):
+    def test_the_shim_says_each_gateway_hook_once_and_no_other(self) -> None:
+        """Issue 60 row 9: under the shim the gateway's console printed each ``[hooks] Loaded
+        hook ...`` line three times (the gateway's registry, the agent plugin's, and the
+        plugin's reload each took the service's list), the agent's hooks and config.yaml's
+        shell hooks among them; the original prints each of its hooks once."""
+        from hermes_hooks import _autostart
+        self.add_result_hook("gw", ["agent:start"], "return None")
+        self.add_result_hook("everything", ["*"], "return None")
+        self.add_result_hook("agent-only", ["pre_tool_call"], "return None")
+        gate = os.path.join(self.tmp, "gate.sh")
+        with open(gate, "w") as f:
+            f.write("#!/bin/sh\ncat >/dev/null\n")
+        os.chmod(gate, 0o755)
+        with open(os.path.join(self.home, "config.yaml"), "w") as f:
+            f.write("hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: %s\n"
+                    % gate)
+        self.start_service()
+        console = io.StringIO()
+        with mock.patch.object(_autostart, "shim_active", True), \
+                contextlib.redirect_stdout(console):
+            gateway = self.registry(address=self.sock, autostart=False)
+            gateway.discover_and_load()
+            plugin = self.registry(address=self.sock, autostart=False)
+            plugin.discover_and_load()
+            plugin._refresh_hooks()
+        names = sorted(h["name"] for h in gateway.loaded_hooks)
+        self.assertEqual(len(names), 4, names)  # the service hosts all four
+        lines = sorted(line for line in console.getvalue().splitlines()
+                       if line.startswith("[hooks] Loaded hook"))
+        self.assertEqual(lines, [
+            "[hooks] Loaded hook 'everything' for events: ['*']",
+            "[hooks] Loaded hook 'gw' for events: ['agent:start']",
+        ], console.getvalue())
 
 
 class LifecycleTest(ServiceCase):

@@ -1,54 +1,41 @@
-//! Build script: facts about the machine for the test summary. A test that cannot run here is
-//! marked `#[cfg_attr(hermes_no_..., ignore = "why, and how to make it run")]`, so `cargo test`
-//! lists it as ignored with its reason instead of counting an early return as passed:
+//! Build script: facts about the test machine, for `#[testenv::needs(...)]` (src/lib.rs). A test
+//! that cannot run here is marked `#[testenv::needs(FACILITY)]`, so `cargo test` lists it as
+//! ignored with its reason instead of counting an early return as passed (issue 50). The facts
+//! reach the macros as `TESTENV_MISSING` (the missing facilities, comma-separated); only this
+//! crate and the test targets that use it are rebuilt when they change, never the service
+//! (issue 60: this used to be the service's own build script).
 //!
-//! - `hermes_no_nats`: no `nats-server` (the fleet tests). Looked up as the tests look the
-//!   broker up: `HERMES_NATS_SERVER` (a file), else `nats-server` on `PATH`, in `/usr/sbin` or
+//! - `nats`: no `nats-server` (the fleet tests). Looked up as the tests look the broker up:
+//!   `HERMES_NATS_SERVER` (a file), else `nats-server` on `PATH`, in `/usr/sbin` or
 //!   `/usr/local/sbin`.
-//! - `hermes_no_zsh`, `hermes_no_fish`: the shell is not on `PATH` (the completion scripts are
-//!   checked by their shells).
-//! - `hermes_no_fuse`: no `/dev/fuse`, or no Python with mfusepy (`HERMES_FUSE_PYTHON`, else
+//! - `zsh`, `fish`: the shell is not on `PATH` (the completion scripts are checked by their
+//!   shells).
+//! - `fuse`: no `/dev/fuse`, or no Python with mfusepy (`HERMES_FUSE_PYTHON`, else
 //!   `target/fuse-venv/bin/python`, which `.ci/run` installs): the tests whose hook files sit on
 //!   a FUSE mount that stalls (issue 47).
-//! - `hermes_no_gateway_venv`: neither `HERMES_AGENT_VENV` nor `target/hermes-agent-venv` (made
-//!   by `.ci/hermes-agent-venv.sh`, which needs the network) exists: the real-gateway test.
+//! - `gateway_venv`: neither `HERMES_AGENT_VENV` nor `target/hermes-agent-venv` (made by
+//!   `.ci/hermes-agent-venv.sh`, which needs the network) exists: the real-gateway test.
+//! - `landlock4`: the kernel has no Landlock ABI >= 4 (the sandbox tests).
 //!
-//! With `CI` set none of those is ever set: `.ci/run` installs what they need, and a missing one
-//! fails its tests. The following are properties of the machine CI cannot install, decided
+//! With `CI` set none of those is ever missing: `.ci/run` installs what they need, and a missing
+//! one fails its tests. The following are properties of the machine CI cannot install, decided
 //! whether or not `CI` is set:
 //!
-//! - `hermes_no_root`: not run as root (a test chowns a hook to another user).
-//! - `hermes_no_setpriv_root`: not run as root or no `setpriv` (a test becomes `nobody`).
-//! - `hermes_no_private_group`, `hermes_no_shared_group`: this user's primary group is not a
-//!   private one (another user has it or it lists members), or there is no other group to give
-//!   files to (as root: another user's primary group; else a supplementary group): the tests of
-//!   group-writable hooks. The same reading of /etc/passwd and /etc/group as
-//!   tests/it/dropin.rs's `private_gid` and `shared_gid`.
-//! - `hermes_no_pid_namespace`: `unshare --pid --fork --mount-proc true` fails here.
-//! - `hermes_no_man`: `man` or `groff` is missing (the man page is rendered).
-//! - `hermes_no_landlock4`: the kernel has no Landlock ABI >= 4 (the sandbox tests); under `CI`
-//!   it is never set (CI machines have it: the tests fail without it).
+//! - `root`: not run as root (a test chowns a hook to another user).
+//! - `setpriv_root`: not run as root or no `setpriv` (a test becomes `nobody`).
+//! - `private_group`, `shared_group`: this user's primary group is not a private one (another
+//!   user has it or it lists members), or there is no other group to give files to (as root:
+//!   another user's primary group; else a supplementary group): the tests of group-writable
+//!   hooks. The same reading of /etc/passwd and /etc/group as tests/it/dropin.rs's `private_gid`
+//!   and `shared_gid`.
+//! - `pid_namespace`: `unshare --pid --fork --mount-proc true` fails here.
+//! - `man`: `man` or `groff` is missing (the man page is rendered).
 //!
-//! The crate itself does not use the cfgs. Decided again when one of the variables below
-//! changes; after installing a program or making the venv without changing them, `touch build.rs`.
+//! Decided again when one of the variables below or /etc/passwd, /etc/group changes; after
+//! installing a program or making a venv without changing them, `touch crates/testenv/build.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-const CFGS: &[&str] = &[
-    "hermes_no_nats",
-    "hermes_no_zsh",
-    "hermes_no_fish",
-    "hermes_no_gateway_venv",
-    "hermes_no_root",
-    "hermes_no_setpriv_root",
-    "hermes_no_private_group",
-    "hermes_no_shared_group",
-    "hermes_no_pid_namespace",
-    "hermes_no_man",
-    "hermes_no_landlock4",
-    "hermes_no_fuse",
-];
 
 fn search_path() -> Vec<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -187,8 +174,9 @@ fn fuse_found() -> bool {
     let python = std::env::var_os("HERMES_FUSE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
+            // The workspace's root: this crate is crates/testenv.
             let dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
-            PathBuf::from(dir).join("target/fuse-venv/bin/python")
+            PathBuf::from(dir).join("../../target/fuse-venv/bin/python")
         });
     Path::new("/dev/fuse").exists()
         && python.is_file()
@@ -199,9 +187,6 @@ fn fuse_found() -> bool {
 }
 
 fn main() {
-    for cfg in CFGS {
-        println!("cargo::rustc-check-cfg=cfg({cfg})");
-    }
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=/etc/passwd");
     println!("cargo::rerun-if-changed=/etc/group");
@@ -219,44 +204,42 @@ fn main() {
     let mut missing: Vec<&str> = Vec::new();
     if !ci {
         if !nats_server_found() {
-            missing.push("hermes_no_nats");
+            missing.push("nats");
         }
         if !on_path("zsh") {
-            missing.push("hermes_no_zsh");
+            missing.push("zsh");
         }
         if !on_path("fish") {
-            missing.push("hermes_no_fish");
+            missing.push("fish");
         }
         if !gateway_venv_found() {
-            missing.push("hermes_no_gateway_venv");
+            missing.push("gateway_venv");
         }
         if landlock_abi() < 4 {
-            missing.push("hermes_no_landlock4");
+            missing.push("landlock4");
         }
         if !fuse_found() {
-            missing.push("hermes_no_fuse");
+            missing.push("fuse");
         }
     }
     let uid = effective_uid();
     if uid != Some(0) {
-        missing.push("hermes_no_root");
+        missing.push("root");
     }
     if uid != Some(0) || !Path::new("/usr/bin/setpriv").exists() {
-        missing.push("hermes_no_setpriv_root");
+        missing.push("setpriv_root");
     }
     if !uid.is_some_and(private_group_here) {
-        missing.push("hermes_no_private_group");
+        missing.push("private_group");
     }
     if !uid.is_some_and(shared_group_here) {
-        missing.push("hermes_no_shared_group");
+        missing.push("shared_group");
     }
     if !runs("unshare", &["--pid", "--fork", "--mount-proc", "true"]) {
-        missing.push("hermes_no_pid_namespace");
+        missing.push("pid_namespace");
     }
     if !(on_path("man") && on_path("groff")) {
-        missing.push("hermes_no_man");
+        missing.push("man");
     }
-    for cfg in missing {
-        println!("cargo::rustc-cfg={cfg}");
-    }
+    println!("cargo::rustc-env=TESTENV_MISSING={}", missing.join(","));
 }
