@@ -45,8 +45,8 @@ fn a_lease_holder_woken_from_sigstop_starts_nothing_the_new_holder_runs() {
 /// process was forked: the woken holder started events the new holder had run or was running.
 /// Now every handler kind looks at the gate at the last moment (the executable's on its
 /// starter thread, just before the fork).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn a_woken_holder_of_an_executable_hook_forks_nothing_the_new_holder_runs() {
     for bin in nats_servers() {
         pause_on(bin, false, true);

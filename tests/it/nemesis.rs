@@ -665,8 +665,8 @@ fn steps() -> usize {
 
 /// Fresh seeds on each server (`HERMES_NEMESIS_RUNS`, default 1), or the one of
 /// `HERMES_NEMESIS_SEED` on `HERMES_NEMESIS_SERVER` (default: each server).
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn nemesis_fresh_seeds() {
     let servers: Vec<PathBuf> = match std::env::var_os("HERMES_NEMESIS_SERVER") {
         Some(p) => vec![PathBuf::from(p)],
@@ -709,8 +709,8 @@ fn nemesis_fresh_seeds() {
 }
 
 /// The seeds of [`REGRESSIONS`], each on its server.
+#[testenv::needs(nats)]
 #[test]
-#[cfg_attr(hermes_no_nats, ignore = "nats-server is not installed")]
 fn nemesis_regression_seeds() {
     let servers = nats_servers();
     let mut failed = Vec::new();
