@@ -254,8 +254,12 @@ fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
     // Why the HEALTH column says what it says, when that is trouble (issue 60 row 10).
     let health = field(&h["health"]["state"]);
     if !matches!(health.as_str(), "" | "ok" | "idle") {
+        let since = h["health"]["since"]
+            .as_str()
+            .map(|t| format!(" (since {t})"))
+            .unwrap_or_default();
         lines.push(format!(
-            "health {health}: {}",
+            "health {health}: {}{since}",
             field(&h["health"]["reason"])
         ));
     }

@@ -222,11 +222,19 @@ pub struct HistoryView {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Health {
     /// `ok`, `idle` (nothing offered in the window), `degraded` (some calls failed or timed
-    /// out, or the worker is restarting), `failing` (half or more of the calls failed),
-    /// `dropping` (events were dropped), `never_matched` (events came, none ever matched).
+    /// out, or the worker is restarting), `failing` (half or more of the calls failed, or the
+    /// last call failed and none has succeeded since, however long ago: issue 60), `dropping`
+    /// (events were dropped), `slow` (the window's p95 is half the hook's timeout or more),
+    /// `never_matched` (events came, none ever matched).
     pub state: &'static str,
     /// Why, in a sentence (empty for `ok`).
     pub reason: String,
+    /// Since when the trouble lasts (RFC 3339): the first of the failed calls none has
+    /// succeeded after, or the first minute of the last hour's latest run of minutes with
+    /// that trouble (minutes without calls neither end nor start it). Absent for `ok`, `idle`
+    /// and `never_matched` (issue 60).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 /// What a hook's worker is doing, as [`health`] needs it.
@@ -239,6 +247,27 @@ pub struct Now<'a> {
     pub capacity: usize,
     /// See `capacity`.
     pub overflow: &'a str,
+    /// The hook's timeout: a call this long fails.
+    pub timeout: Duration,
+    /// When its current run of failed calls began, if its last call failed.
+    pub failing_since: Option<SystemTime>,
+}
+
+/// The start of the trend's latest run of minutes for which `trouble` holds, skipping minutes
+/// in which nothing happened.
+fn trouble_start(trend: &[Minute], trouble: impl Fn(&Minute) -> bool) -> Option<String> {
+    let mut start = None;
+    for m in trend.iter().rev() {
+        let c = &m.counts;
+        if c.accepted == 0 && c.ok == 0 && c.failed == 0 && c.dropped == 0 {
+            continue;
+        }
+        if !trouble(m) {
+            break;
+        }
+        start = Some(m.at.clone());
+    }
+    start
 }
 
 /// The health of a hook whose window is `w`.
@@ -257,9 +286,19 @@ pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
             t.failed
         )
     };
-    let say = |state, reason| Health { state, reason };
+    let say = |state, reason, since| Health {
+        state,
+        reason,
+        since,
+    };
+    let failing_since = now.failing_since.map(crate::time::rfc3339);
+    let failures_since = || {
+        failing_since
+            .clone()
+            .or_else(|| trouble_start(&w.trend, |m| m.counts.failed > 0))
+    };
     if calls >= 2 && t.failed * 2 >= calls {
-        return say("failing", failed_text());
+        return say("failing", failed_text(), failures_since());
     }
     if t.dropped > 0 {
         return say(
@@ -269,13 +308,37 @@ pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
                  does not keep up",
                 t.dropped, t.accepted, now.capacity, now.overflow
             ),
+            trouble_start(&w.trend, |m| m.counts.dropped > 0),
         );
     }
     if matches!(now.status, "restarting" | "stuck") {
-        return say("degraded", format!("the worker is {}", now.status));
+        return say(
+            "degraded",
+            format!("the worker is {}", now.status),
+            failures_since(),
+        );
     }
     if t.failed > 0 {
-        return say("degraded", failed_text());
+        return say("degraded", failed_text(), failures_since());
+    }
+    if failing_since.is_some() {
+        return say(
+            "failing",
+            "its last call failed and none has succeeded since".to_string(),
+            failing_since,
+        );
+    }
+    let timeout_ms = now.timeout.as_secs_f64() * 1000.0;
+    let slow = |p: f64| timeout_ms > 0.0 && p * 2.0 >= timeout_ms;
+    if let Some(p95) = w.p95_ms.filter(|p| slow(*p)) {
+        return say(
+            "slow",
+            format!(
+                "p95 {p95:.0} ms in the last {mins} min, half its {} timeout or more",
+                crate::time::fmt_duration(now.timeout)
+            ),
+            trouble_start(&w.trend, |m| m.p95_ms.is_some_and(slow)),
+        );
     }
     if now.accepted_ever == 0 && t.received >= 10 {
         return say(
@@ -284,12 +347,13 @@ pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
                 "none of the {} events received in the last {mins} min matched its `events:`",
                 t.received
             ),
+            None,
         );
     }
     if t.accepted == 0 {
-        return say("idle", format!("no event in the last {mins} min"));
+        return say("idle", format!("no event in the last {mins} min"), None);
     }
-    say("ok", String::new())
+    say("ok", String::new(), None)
 }
 
 #[cfg(test)]
@@ -335,6 +399,8 @@ mod tests {
             accepted_ever: 190,
             capacity: 1000,
             overflow: "drop_oldest",
+            timeout: Duration::from_secs(60),
+            failing_since: None,
         };
         assert_eq!(health(&v, &now).state, "ok");
     }
@@ -355,6 +421,8 @@ mod tests {
             accepted_ever: 1,
             capacity: 10,
             overflow: "drop_oldest",
+            timeout: Duration::from_secs(60),
+            failing_since: None,
         };
         assert_eq!(health(&view(totals(12, 9, 3, 0)), &now).state, "degraded");
         assert_eq!(health(&view(totals(12, 3, 9, 0)), &now).state, "failing");
@@ -370,5 +438,77 @@ mod tests {
         t.received = 50;
         assert_eq!(health(&view(t), &never).state, "never_matched");
         assert_eq!(health(&view(totals(0, 0, 0, 0)), &now).state, "idle");
+        // Issue 60 row 5: a failure no call has redeemed stays failing once the window
+        // passed; a p95 at half the timeout is slow.
+        let unredeemed = Now {
+            failing_since: Some(at(3, 0)),
+            ..now
+        };
+        let h = health(&view(totals(0, 0, 0, 0)), &unredeemed);
+        assert_eq!(h.state, "failing", "{}", h.reason);
+        assert_eq!(h.since, Some(crate::time::rfc3339(at(3, 0))));
+        let slow = HistoryView {
+            p95_ms: Some(30_000.0),
+            ..view(totals(4, 4, 0, 0))
+        };
+        let h = health(&slow, &now);
+        assert_eq!(h.state, "slow", "{}", h.reason);
+        assert!(h.reason.contains("p95 30000 ms"), "{}", h.reason);
+        let quick = HistoryView {
+            p95_ms: Some(29_000.0),
+            ..view(totals(4, 4, 0, 0))
+        };
+        assert_eq!(health(&quick, &now).state, "ok");
+    }
+
+    #[test]
+    fn the_trouble_starts_at_the_latest_run_of_minutes_with_it() {
+        let minute = |m: u64, t: Totals| Minute {
+            at: crate::time::rfc3339(at(m, 0)),
+            counts: t,
+            p50_ms: None,
+            p95_ms: None,
+        };
+        // Failed at 1, recovered at 2, failed again from 4 on (5 was quiet: no call).
+        let trend = vec![
+            minute(1, totals(2, 0, 2, 0)),
+            minute(2, totals(3, 3, 0, 0)),
+            minute(4, totals(2, 1, 1, 0)),
+            minute(5, totals(0, 0, 0, 0)),
+            minute(6, totals(4, 3, 1, 0)),
+        ];
+        let v = HistoryView {
+            window: totals(6, 4, 2, 0),
+            window_minutes: 5,
+            window_s: 300.0,
+            p50_ms: None,
+            p95_ms: None,
+            p99_ms: None,
+            trend,
+        };
+        let now = Now {
+            status: "ready",
+            accepted_ever: 9,
+            capacity: 10,
+            overflow: "drop_oldest",
+            timeout: Duration::from_secs(60),
+            failing_since: None,
+        };
+        let h = health(&v, &now);
+        assert_eq!(h.state, "degraded", "{}", h.reason);
+        assert_eq!(h.since, Some(crate::time::rfc3339(at(4, 0))));
+        assert_eq!(health(&view_ok(), &now).since, None);
+    }
+
+    fn view_ok() -> HistoryView {
+        HistoryView {
+            window: totals(3, 3, 0, 0),
+            window_minutes: 5,
+            window_s: 300.0,
+            p50_ms: Some(1.0),
+            p95_ms: Some(2.0),
+            p99_ms: Some(2.0),
+            trend: Vec::new(),
+        }
     }
 }

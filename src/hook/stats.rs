@@ -89,6 +89,9 @@ pub struct HookStats {
     pub(super) in_flight_ms: AtomicU64,
     /// The last error, when, and `ok` at that moment (later successes supersede it).
     last_error: Mutex<Option<(SystemTime, String, u64)>>,
+    /// When the first of the calls that failed since the last one that returned ended (none
+    /// while the last call returned): how long the hook has been failing (issue 60).
+    failing_since: Mutex<Option<SystemTime>>,
     /// The last hour by minute (issue 50): counters as the host's ticker saw them, and
     /// handler durations for percentiles.
     pub history: Mutex<super::history::History>,
@@ -170,6 +173,27 @@ impl HookStats {
             dropped: get(&self.dropped),
             undelivered: get(&self.undelivered),
         }
+    }
+
+    /// Counts a call that returned: the hook is no longer failing.
+    pub fn call_ok(&self) {
+        self.ok.fetch_add(1, Ordering::Relaxed);
+        *self.failing_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Counts a call that failed (or an event failed before its call started): the first of a
+    /// run starts the time the hook has been failing.
+    pub fn call_failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.failing_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(SystemTime::now);
+    }
+
+    /// When the hook's current run of failed calls began, if its last call failed.
+    pub fn failing_since(&self) -> Option<SystemTime> {
+        *self.failing_since.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records an error as the hook's last one.

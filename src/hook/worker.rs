@@ -266,7 +266,7 @@ fn fail_waiting(hook: &LoadedHook, jobs: Vec<Job>, why: &str) {
     let msg = crate::text::cap(why.to_string());
     for job in jobs {
         hook.stats.observe(Duration::ZERO);
-        hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+        hook.stats.call_failed();
         job.fail(&msg);
     }
     tracing::warn!(hook = %hook.spec.name, events = n, "{n} waiting event(s) failed: {msg}");
@@ -283,12 +283,12 @@ fn finish(hook: &LoadedHook, job: Job, result: HandlerResult, duration: Duration
     let timeout = hook.spec.manifest.timeout;
     let result = match result {
         Ok(v) => {
-            hook.stats.ok.fetch_add(1, Ordering::Relaxed);
+            hook.stats.call_ok();
             Ok(v)
         }
         Err(e) => {
             let timed_out = matches!(e, HandlerError::TimedOut(_));
-            hook.stats.failed.fetch_add(1, Ordering::Relaxed);
+            hook.stats.call_failed();
             if timed_out {
                 hook.stats.timeouts.fetch_add(1, Ordering::Relaxed);
             }

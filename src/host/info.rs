@@ -55,7 +55,7 @@ pub struct HookInfo {
     /// enforces of it.
     pub sandbox: crate::sandbox::view::Shown,
     /// Its health now, from the last minutes (issue 50): `ok`, `idle`, `degraded`, `failing`,
-    /// `dropping`, `never_matched`, and why.
+    /// `dropping`, `slow`, `never_matched`, and why.
     pub health: crate::hook::history::Health,
     /// Its last minutes and hour: the window's counts and percentiles, the trend by minute.
     pub recent: crate::hook::history::HistoryView,
@@ -167,6 +167,17 @@ impl HookInfo {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .view(std::time::SystemTime::now(), s.totals(received));
+        let health = crate::hook::history::health(
+            &recent,
+            &crate::hook::history::Now {
+                status: s.status().as_str(),
+                accepted_ever: s.accepted.load(Ordering::Relaxed),
+                capacity: h.queue.capacity(),
+                overflow: spec.manifest.overflow.as_str(),
+                timeout: spec.manifest.timeout,
+                failing_since: s.failing_since(),
+            },
+        );
         Self {
             name: spec.name.clone(),
             description: spec.manifest.description.clone(),
@@ -217,15 +228,7 @@ impl HookInfo {
             concurrency: spec.manifest.concurrency,
             durations: Durations::of(s, &recent),
             sandbox: sandbox_view(spec, sandbox_default, hermes_home),
-            health: crate::hook::history::health(
-                &recent,
-                &crate::hook::history::Now {
-                    status: s.status().as_str(),
-                    accepted_ever: s.accepted.load(Ordering::Relaxed),
-                    capacity: h.queue.capacity(),
-                    overflow: spec.manifest.overflow.as_str(),
-                },
-            ),
+            health,
             recent,
         }
     }

@@ -472,6 +472,43 @@ fn list_live_shows_the_running_services_counters() {
     assert!(!out.contains("last error"), "{out}");
 }
 
+/// Issue 60 row 5: a hook that answers, but in more than half its timeout, is `slow` (its
+/// health was `ok` however close to its timeout it ran: only failures counted).
+#[test]
+fn a_hook_answering_in_over_half_its_timeout_is_slow() {
+    let hooks = Hooks::new();
+    hooks.python(
+        "sluggish",
+        "[command:x]",
+        "import time\n\ndef handle(e, c):\n    time.sleep(1.2)\n",
+    );
+    let manifest = hooks.root().join("sluggish/HOOK.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, format!("{text}timeout: 2\n")).unwrap();
+    let serve = crate::util::Serve::start(&hooks, &[]);
+    for _ in 0..2 {
+        let (status, body) = serve.post(
+            "/v1/collect",
+            &serde_json::json!({"event": "command:x", "context": {}}),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["errors"], serde_json::json!([]), "{body}");
+    }
+    let (_, v) = serve.get("/v1/hooks");
+    let health = &v["hooks"][0]["health"];
+    assert_eq!(health["state"], "slow", "{v}");
+    let reason = health["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("half its 2s timeout or more"), "{reason}");
+    let o = run(
+        &hooks,
+        &["list", "--live", &format!("http://{}", serve.addr)],
+    );
+    let out = stdout(&o);
+    assert!(out.contains("    health slow: p95 1"), "{out}");
+    // Since when (issue 60 row 6): the first minute of the run of slow minutes.
+    assert!(out.contains("timeout or more (since 20"), "{out}");
+}
+
 #[test]
 fn emit_and_list_live_report_a_peer_that_hangs_up_or_is_not_http() {
     use std::io::{Read, Write};
