@@ -300,6 +300,16 @@ pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
     if calls >= 2 && t.failed * 2 >= calls {
         return say("failing", failed_text(), failures_since());
     }
+    // The last call failed and none succeeded in the window (or there was none): failing
+    // until a call succeeds, however long ago that failure was.
+    if failing_since.is_some() && t.ok == 0 {
+        let reason = if t.failed > 0 {
+            format!("{}; none has succeeded since", failed_text())
+        } else {
+            "its last call failed and none has succeeded since".to_string()
+        };
+        return say("failing", reason, failing_since);
+    }
     if t.dropped > 0 {
         return say(
             "dropping",
@@ -320,13 +330,6 @@ pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
     }
     if t.failed > 0 {
         return say("degraded", failed_text(), failures_since());
-    }
-    if failing_since.is_some() {
-        return say(
-            "failing",
-            "its last call failed and none has succeeded since".to_string(),
-            failing_since,
-        );
     }
     let timeout_ms = now.timeout.as_secs_f64() * 1000.0;
     let slow = |p: f64| timeout_ms > 0.0 && p * 2.0 >= timeout_ms;
@@ -447,6 +450,17 @@ mod tests {
         let h = health(&view(totals(0, 0, 0, 0)), &unredeemed);
         assert_eq!(h.state, "failing", "{}", h.reason);
         assert_eq!(h.since, Some(crate::time::rfc3339(at(3, 0))));
+        let h = health(&view(totals(1, 0, 1, 0)), &unredeemed);
+        assert_eq!(h.state, "failing", "{}", h.reason);
+        assert!(
+            h.reason.ends_with("none has succeeded since"),
+            "{}",
+            h.reason
+        );
+        assert_eq!(
+            health(&view(totals(10, 9, 1, 0)), &unredeemed).state,
+            "degraded"
+        );
         let slow = HistoryView {
             p95_ms: Some(30_000.0),
             ..view(totals(4, 4, 0, 0))

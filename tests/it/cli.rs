@@ -436,7 +436,8 @@ fn list_live_shows_the_running_services_counters() {
         .find(|l| l.starts_with("counted"))
         .unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(&cols[1..4], ["python", "ready", "degraded"], "{row}");
+    // Its one call failed and none succeeded since: failing (issue 60 row 5), since then.
+    assert_eq!(&cols[1..4], ["python", "ready", "failing"], "{row}");
     assert_eq!(cols[5..8], ["0", "1", "0"], "ok, failed, dropped: {row}");
     assert!(
         out.lines()
@@ -446,7 +447,10 @@ fn list_live_shows_the_running_services_counters() {
         "{out}"
     );
     assert!(
-        out.contains("    health degraded: 1 of 1 calls failed in the last 5 min"),
+        out.contains(
+            "    health failing: 1 of 1 calls failed in the last 5 min; none has succeeded since \
+             (since 20"
+        ),
         "{out}"
     );
     let (_, listing) = serve.get("/v1/hooks");
@@ -470,6 +474,11 @@ fn list_live_shows_the_running_services_counters() {
         "{out}"
     );
     assert!(!out.contains("last error"), "{out}");
+    // Calls succeeded since: no longer failing, degraded while the failure is in the window.
+    assert!(
+        out.contains("    health degraded: 1 of 3 calls failed in the last 5 min (since 20"),
+        "{out}"
+    );
 }
 
 /// Issue 60 row 5: a hook that answers, but in more than half its timeout, is `slow` (its
