@@ -493,6 +493,75 @@ fn disabled_here(manifest: &Path) -> bool {
     })
 }
 
+/// The entry of `$HERMES_HOME/config.yaml` the hook `name` is made from (with consent or not),
+/// if config.yaml still has it: what a review shows instead of the handler written for it.
+pub fn entry_named(home: &Path, name: &str) -> Option<ShellEntry> {
+    let found = read(&home.join("config.yaml")).ok()?;
+    found.entries.into_iter().find(|e| e.hook_name() == name)
+}
+
+/// The arguments `config_hooks/handler.py` runs `command` with: `shlex.split` (POSIX rules:
+/// quotes, backslashes; no comments) of the command after `os.path.expanduser` (a leading `~`
+/// only). `None` when it cannot be split (an unclosed quote), as the handler then runs nothing.
+pub fn command_argv(command: &str) -> Option<Vec<String>> {
+    let expanded = match command.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            let home = std::env::var("HOME").ok().filter(|h| !h.is_empty())?;
+            format!("{}{rest}", home.trim_end_matches('/'))
+        }
+        _ => command.to_string(),
+    };
+    let (mut out, mut word, mut in_word) = (Vec::new(), String::new(), false);
+    let mut chars = expanded.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if in_word {
+                    out.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            '\\' => {
+                word.push(chars.next()?);
+                in_word = true;
+            }
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next()? {
+                        '\'' => break,
+                        c => word.push(c),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next()? {
+                        '"' => break,
+                        '\\' => match chars.next()? {
+                            c @ ('"' | '\\') => word.push(c),
+                            c => {
+                                word.push('\\');
+                                word.push(c);
+                            }
+                        },
+                        c => word.push(c),
+                    }
+                }
+            }
+            c => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        out.push(word);
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -596,5 +665,16 @@ mod tests {
         std::fs::write(home.path().join("shell-hooks-allowlist.json"), "{}").unwrap();
         assert_eq!(sync(home.path(), false), Some(root.clone()));
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_command_is_split_as_shlex_splits_it() {
+        let argv = |c: &str| command_argv(c).unwrap_or_default();
+        assert_eq!(
+            argv(r#"bash  "/a b/gate.sh" 'x y' z\ w "q\"r\n""#),
+            ["bash", "/a b/gate.sh", "x y", "z w", "q\"r\\n"]
+        );
+        assert_eq!(argv(""), Vec::<String>::new());
+        assert_eq!(command_argv("echo 'unclosed"), None);
     }
 }

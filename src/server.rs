@@ -871,7 +871,13 @@ async fn get_review(
     let name = hook_name(name)?;
     let config = state.host.config().clone();
     let review = tokio::task::spawn_blocking(move || {
-        crate::set_enabled::review(&config.roots, &config.hermes_home, &config.trust, &name)
+        crate::set_enabled::review(
+            &config.roots,
+            &config.hermes_home,
+            &config.trust,
+            config.sandbox_default,
+            &name,
+        )
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?

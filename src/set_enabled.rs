@@ -99,7 +99,91 @@ pub struct Review {
     /// since the recorded approval (a diff when the approved text was kept); files the
     /// approval covered that are gone are listed as `removed`.
     pub code: Vec<ReviewFile>,
+    /// A hook made from an entry of config.yaml's `hooks:` block (issue 60 row 2): the command
+    /// it runs and the script that command names. Its files above are the handler hermes-hooks
+    /// wrote for every such entry, with the entry in `entry.py`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_entry: Option<ConfigEntryReview>,
 }
+
+/// The config.yaml entry a hook is made from, as a review shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConfigEntryReview {
+    /// Where it is: `hooks.EVENT[INDEX]` of config.yaml.
+    pub at: String,
+    /// The agent's event it runs on.
+    pub event: String,
+    /// The command line, as written (what the approval covers, through `entry.py`).
+    pub command: String,
+    /// The tool-name regular expression (tool events only).
+    pub matcher: Option<String>,
+    /// Seconds the command may run.
+    pub timeout_s: u64,
+    /// The script the command runs, when it names a text file: the program itself found on
+    /// `PATH` or by its path, else the first argument with a `/` (`bash ~/gate.sh`).
+    pub script: Option<ReviewFile>,
+}
+
+/// What a review shows of the config.yaml entry behind hook `name`, if it is one.
+fn config_entry_review(hermes_home: &Path, name: &str) -> Option<ConfigEntryReview> {
+    if !crate::hook_name::config_shaped(name) {
+        return None;
+    }
+    let e = crate::config_hooks::entry_named(hermes_home, name)?;
+    let argv = crate::config_hooks::command_argv(&e.command).unwrap_or_default();
+    let path_dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    let candidates = argv.iter().enumerate().flat_map(|(i, arg)| {
+        let path = PathBuf::from(arg);
+        if arg.contains('/') {
+            vec![path]
+        } else if i == 0 {
+            path_dirs.iter().map(|d| d.join(arg)).collect()
+        } else {
+            Vec::new()
+        }
+    });
+    let script = candidates
+        .filter(|p| p.is_absolute() && p.is_file())
+        .find_map(|p| script_file(&p));
+    Some(ConfigEntryReview {
+        at: format!("hooks.{}[{}]", e.event, e.index),
+        event: e.event,
+        command: e.command,
+        matcher: e.matcher,
+        timeout_s: e.timeout,
+        script,
+    })
+}
+
+/// A script's text, when `path` is a readable UTF-8 text file of at most [`SHOWN_BYTES`] (a
+/// program such as `bash` is not one).
+fn script_file(path: &Path) -> Option<ReviewFile> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    if file.metadata().ok()?.len() > SHOWN_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(SHOWN_BYTES + 1).read_to_end(&mut bytes).ok()?;
+    let text = String::from_utf8(bytes)
+        .ok()
+        .filter(|t| !t.contains('\0'))?;
+    let (shown, hidden) = visible(&text);
+    Some(ReviewFile {
+        path: path.display().to_string(),
+        sha256: sha256_hex(text.as_bytes()),
+        status: "script",
+        text: Some(shown),
+        note: Some(hidden.map_or_else(String::new, |h| format!("{h}; ")) + SCRIPT_NOTE),
+        diff: None,
+    })
+}
+
+/// What an approval of a config.yaml hook covers of its script.
+const SCRIPT_NOTE: &str = "the approval covers the command, not this file: an edit of the \
+                           script runs without a new approval (as with Hermes's own allowlist)";
 
 /// One file of a [`Review`].
 #[derive(Debug, Clone, serde::Serialize)]
@@ -109,7 +193,7 @@ pub struct ReviewFile {
     /// Its SHA-256 now (empty when `removed`).
     pub sha256: String,
     /// `new` (not in the recorded approval, or no approval), `unchanged`, `changed` or
-    /// `removed`.
+    /// `removed`; `script` for the script of a config.yaml hook's command.
     pub status: &'static str,
     /// Its text, when it is UTF-8 and at most [`SHOWN_BYTES`].
     pub text: Option<String>,
@@ -460,6 +544,7 @@ pub fn review(
     roots: &[PathBuf],
     hermes_home: &Path,
     policy: &TrustPolicy,
+    sandbox_default: crate::sandbox::DefaultSandbox,
     name: &str,
 ) -> Result<Review, TrustError> {
     let roots = &crate::config_hooks::roots_with_made(hermes_home, roots);
@@ -485,7 +570,13 @@ pub fn review(
         digest: p.digest(),
         enabled: p.manifest.enabled,
         sandbox: p.manifest.sandbox.as_ref().map_or_else(
-            || "not set in HOOK.yaml: the service's --sandbox-default applies".to_string(),
+            || {
+                let default = match sandbox_default {
+                    crate::sandbox::DefaultSandbox::None => "none",
+                    crate::sandbox::DefaultSandbox::Strict => "strict",
+                };
+                format!("{default} (not set in HOOK.yaml: the service's --sandbox-default)")
+            },
             crate::trust::approvals::sandbox_text,
         ),
         settings: {
@@ -495,6 +586,7 @@ pub fn review(
             shown
         },
         code,
+        config_entry: config_entry_review(hermes_home, name),
     })
 }
 

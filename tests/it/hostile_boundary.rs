@@ -516,6 +516,85 @@ fn row11_a_config_hook_is_reviewed_and_approved_through_the_api() {
     });
 }
 
+/// Issue 60 row 2: the review of a config hook showed the handler hermes-hooks writes for
+/// every entry (`handler.py`, `entry.py`), not what the operator wrote: now it shows the entry
+/// (its command) and the script the command names, with its text, and says that the approval
+/// covers the command, not the script; the sandbox is said by its value.
+#[test]
+fn issue60_row2_a_config_hooks_review_shows_its_command_and_its_script() {
+    let hooks = Hooks::new();
+    let script = hooks.out().join("gate.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n# the operator's gate\ncat > /dev/null\n",
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: \"sh {}\"\n      matcher: terminal\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let svc = Service::unix(&hooks);
+    let name = shell_name(&hooks.home(), "pre_tool_call");
+    let (code, review) = unix_http(&svc.sock, "GET", &format!("/v1/hooks/{name}/review"), b"");
+    assert_eq!(code, 200, "{review}");
+    let entry = &review["config_entry"];
+    assert_eq!(entry["at"], json!("hooks.pre_tool_call[0]"), "{review}");
+    assert_eq!(
+        entry["command"],
+        json!(format!("sh {}", script.display())),
+        "{review}"
+    );
+    assert_eq!(entry["matcher"], json!("terminal"), "{review}");
+    let shown = &entry["script"];
+    assert_eq!(
+        shown["path"],
+        json!(script.display().to_string()),
+        "{review}"
+    );
+    assert!(
+        shown["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("# the operator's gate"),
+        "{review}"
+    );
+    assert!(
+        shown["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("covers the command, not this file"),
+        "{review}"
+    );
+    assert_eq!(review["sandbox"], json!("none"), "{review}");
+    // A hook of the roots without `sandbox:`: the default by its value.
+    let dir = hooks.root().join("plain");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(
+        dir.join("HOOK.yaml"),
+        "name: plain\nevents: [\"agent:start\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("handler.py"),
+        "def handle(e, c):\n    return None\n",
+    )
+    .unwrap();
+    let (code, review) = unix_http(&svc.sock, "GET", "/v1/hooks/plain/review", b"");
+    assert_eq!(code, 200, "{review}");
+    assert!(
+        review["sandbox"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("none (not set in HOOK.yaml"),
+        "{review}"
+    );
+    assert!(review.get("config_entry").is_none(), "{review}");
+}
+
 /// Row 8 (low): `disable shell-…` (revoke), the entry removed from config.yaml and reloaded,
 /// then the same entry back and reloaded: on f1c304d it was approved again from the allowlist
 /// ("a revoked approval is not given again" said the docs). Now the revocation is kept in
