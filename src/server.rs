@@ -786,7 +786,19 @@ async fn get_hooks(State(state): State<AppState>) -> Response {
         crate::trust::policy::TrustMode::Explicit => "explicit",
         crate::trust::policy::TrustMode::All => "all",
     };
-    let mut body = json!({"hooks": hooks, "skipped": skipped, "ready": ready, "roots": config.roots, "trust": trust});
+    // config.yaml's shell hooks are scanned from a root of their own (issue 60 row 6: the tab's
+    // roots omitted it): listed when a hook loaded or refused lives there.
+    let mut roots = config.roots.clone();
+    let made = config.hermes_home.join(crate::config_hooks::ROOT_DIR);
+    if config.config_hooks
+        && !roots.contains(&made)
+        && (hooks.iter().any(|h| h.root == made)
+            || skipped.iter().any(|s| s.dir.starts_with(&made)))
+    {
+        roots.push(made);
+    }
+    let mut body =
+        json!({"hooks": hooks, "skipped": skipped, "ready": ready, "roots": roots, "trust": trust});
     // Fleet edge: the workers' hooks join the list, and the fleet's own state is added.
     if let Some(Value::Object(extra)) = state.host.sink_status() {
         for (k, v) in extra {
