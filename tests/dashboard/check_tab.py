@@ -14,7 +14,12 @@ browser: the tab is listed, every hook and its state render, the refused hooks s
 reason, the review shows the files and hashes an approval covers, an approve click and a reload
 click take effect on the service (asked through its own API), the page says when the service
 stops, nothing is written to the console as an error, and a phone-width viewport has no
-horizontal overflow. Screenshots go to --out (desktop and phone); --docs-image copies the
+horizontal overflow. Issue 60: the health states slow (`sluggish`), failing after a timeout
+(`sleepy`) and recovering (`recovers`); the summary line, trouble first, since when and what to
+do; no text of the hooks table spilling out of its cell or overlapping another at 1280 and
+390 px, measured from the browser's boxes; readable trend bars; no pill cut off at 390 px; and
+a shell hook of config.yaml (`sh gate.sh`, accepted by `hooks_auto_accept`) reviewed by its
+command and script, approved in the tab, then run. Screenshots go to --out (desktop and phone); --docs-image copies the
 desktop one there.
 
 Then the Fleet section against a real fleet (skipped, with a message, when no nats-server is
@@ -32,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import http.client
 import socket
@@ -51,7 +57,11 @@ DEADLINE_S = 60.0
 LONG_ERROR = ("ValueError: the upstream answered 502 Bad Gateway while delivering the summary; "
               "payload=" + "abcdefghij" * 30 + " (retrying would not help: the token expired at "
               "2026-12-05T00:00:00Z and no refresh token was configured)")
-CONFIG_BEFORE = "# the operator's own settings\nmodel:\n  default: some-model  # kept\nplugins:\n  disabled: [other]\n"
+CONFIG_BEFORE = "# the operator's own settings\nmodel:\n  default: some-model  # kept\n%splugins:\n  disabled: [other]\n"
+#: Issue 60 row 2: a shell hook of config.yaml, accepted by `hooks_auto_accept` (so under
+#: --trust explicit it waits for an approval, given in the tab), running a script of its own.
+CONFIG_HOOKS = "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: %s\n"
+GATE = "#!/bin/sh\n# the tab's gate: keeps what it was given\ncat > %s\n"
 
 
 def host_own(url):
@@ -123,7 +133,20 @@ class Run:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def set_up_config_hook(run):
+    """config.yaml with a shell hook (`sh GATE`) and the operator's own settings."""
+    script = os.path.join(run.tmp, "gate.sh")
+    run.gate_out = os.path.join(run.tmp, "gate.out")
+    with open(script, "w") as f:
+        f.write(GATE % run.gate_out)
+    run.gate_command = "sh %s" % script
+    run.config_before = CONFIG_BEFORE % (CONFIG_HOOKS % json.dumps(run.gate_command))
+    with open(os.path.join(run.home, "config.yaml"), "w") as f:
+        f.write(run.config_before)
+
+
 def set_up_hooks(run):
+    set_up_config_hook(run)
     write_hook(run.roots, "greeter", "name: greeter\ndescription: Says hello\nevents: [\"agent:*\"]\n",
                "def handle(event_type, context):\n    return None\n")
     write_hook(run.roots, "flaky", "name: flaky\ndescription: Fails on purpose\nevents: [\"agent:start\"]\n",
@@ -144,6 +167,9 @@ def set_up_hooks(run):
                "    if len(calls) == 1:\n        raise RuntimeError('first call fails')\n")
     write_hook(run.roots, "sleepy", "name: sleepy\nevents: [\"sleepy:*\"]\ntimeout: 1\n",
                "import time\n\ndef handle(event_type, context):\n    time.sleep(3)\n")
+    # Issue 60 row 5: a hook that answers, but in more than half its timeout, is slow.
+    write_hook(run.roots, "sluggish", "name: sluggish\nevents: [\"sluggish:*\"]\ntimeout: 2\n",
+               "import time\n\ndef handle(event_type, context):\n    time.sleep(1.2)\n")
     write_hook(run.roots, "wordy", "name: wordy\nevents: [\"agent:start\"]\ncolour: blue\n",
                "def handle(event_type, context):\n    raise RuntimeError(%r)\n" % LONG_ERROR)
     write_hook(run.roots, "upgraded", "name: upgraded\nevents: [\"agent:end\"]\n",
@@ -151,8 +177,8 @@ def set_up_hooks(run):
     # Issue 49: a hook on the agent's events shows that family.
     write_hook(run.roots, "toolgate", "name: toolgate\nevents: [\"pre_tool_call\"]\n",
                "def handle(event_type, context):\n    return None\n")
-    for name in ("greeter", "flaky", "slow", "nomatch", "recovers", "sleepy", "wordy", "upgraded",
-                 "toolgate"):
+    for name in ("greeter", "flaky", "slow", "nomatch", "recovers", "sleepy", "sluggish", "wordy",
+                 "upgraded", "toolgate"):
         run.cli("enable", name, "--trust", "explicit")
     with open(os.path.join(pending, "handler.py"), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -167,6 +193,8 @@ def start_service(run):
     for n in range(12):
         run.cli("emit", "slow:tick", "--context", json.dumps({"n": n}))
     run.cli("emit", "sleepy:go")
+    for _ in range(2):
+        run.cli("emit", "sluggish:go")
     wait_for("flaky's failures to be counted", lambda: any(
         h["name"] == "flaky" and h["counters"]["failed"] >= 3 for h in run.live()["hooks"]))
 
@@ -174,11 +202,11 @@ def start_service(run):
 def install_plugin(run):
     config = os.path.join(run.home, "config.yaml")
     with open(config, "w") as f:
-        f.write(CONFIG_BEFORE)
+        f.write(run.config_before)
     say(run.cli("dashboard", "install").stdout.strip())
     with open(config) as f:
         after = f.read()
-    assert after.startswith(CONFIG_BEFORE.replace("  disabled: [other]\n", "")), after
+    assert after.startswith(run.config_before.replace("  disabled: [other]\n", "")), after
     assert "hermes-hooks" in after and "disabled: [other]" in after, after
 
 
@@ -226,10 +254,13 @@ def check_page(run, page, pending_sha):
     page.wait_for_url("**/hooks", timeout=DEADLINE_S * 1000)
     page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
     # Each hook's health at a glance, from its last minutes (issue 50).
+    # Issue 60 row 5: sleepy's one call timed out and none succeeded: failing (it stays so once
+    # the window passes), not degraded; sluggish answers in over half its timeout: slow.
     want = {"greeter": "ok", "flaky": "failing", "slow": "dropping", "nomatch": "never_matched",
-            "recovers": "degraded", "wordy": "failing"}
+            "recovers": "degraded", "wordy": "failing", "sluggish": "slow", "sleepy": "failing"}
     wait_for("every hook's health on the page (%r)" % want, lambda: all(
         health_of(page, n) == st for n, st in want.items()))
+    check_summary(run, page)
     greeter = row_text(page, "tr[data-hook='greeter']")
     assert "healthy" in greeter and "python · service · sandbox none" in greeter, greeter
     assert "none" in greeter, "greeter has no error: %r" % greeter
@@ -240,8 +271,19 @@ def check_page(run, page, pending_sha):
     assert "dropping" in slow and "events dropped in the last 5 min" in slow, slow
     nomatch = row_text(page, "tr[data-hook='nomatch']")
     assert "never matched" in nomatch and "matched its `events:`" in nomatch, nomatch
+    # Issue 60 row 5: events that have not happened are no trouble: a neutral badge, not orange.
+    tone = page.locator("tr[data-hook='nomatch'] .hh-health .hh-badge").first.get_attribute("class")
+    assert "hh-plain" in tone, tone
+    sluggish = row_text(page, "tr[data-hook='sluggish']")
+    assert "slow" in sluggish and "half its 2s timeout or more" in sluggish, sluggish
+    sleepy = row_text(page, "tr[data-hook='sleepy']")
+    assert re.search(r"\b1 event\b(?!s)", sleepy) and "none has succeeded since" in sleepy, sleepy
     recovers = row_text(page, "tr[data-hook='recovers']")
     assert "first call fails" in recovers and "2 ok since" in recovers, "an aged error: %r" % recovers
+    # Recovering (issue 60 row 6): its failure is in the window, its last calls succeeded.
+    todo = page.locator("tr[data-hook='recovers'] [data-todo]")
+    assert todo.get_attribute("data-todo") == "recovering", todo.inner_text()
+    assert "2 calls succeeded since its last error" in todo.inner_text(), todo.inner_text()
     wordy = row_text(page, "tr[data-hook='wordy']")
     assert "1 warning" in wordy, wordy
     assert "gateway events" in greeter, greeter
@@ -253,6 +295,8 @@ def check_page(run, page, pending_sha):
     assert "is a single string, not a list: write `events: [" in broken, broken
     roots = row_text(page, "[data-section='roots']")
     assert run.roots in roots, roots
+    # Issue 60 row 6: config.yaml's shell hooks have a root of their own, listed too.
+    assert os.path.join(run.home, "config-hooks") in roots, roots
     tail = page.locator("[data-section='tail'] li").first
     tail.wait_for(timeout=DEADLINE_S * 1000)
     timeout = page.locator("[data-notice='handler_timeout']").first
@@ -260,6 +304,84 @@ def check_page(run, page, pending_sha):
     assert "timed out" in timeout.inner_text() and "no answer within 1 s" in timeout.inner_text(), \
         timeout.inner_text()
     return pending
+
+
+def check_summary(run, page):
+    """Issue 60 row 6: a summary line, trouble first, since when, and what to do."""
+    summary = page.locator("[data-summary]")
+    wait_for("the summary to count 6 hooks in trouble", lambda: summary.get_attribute("data-trouble") == "6")
+    text = summary.inner_text()
+    assert "1 healthy" in text and "6 in trouble (3 failing, 1 dropping, 1 degraded, 1 slow)" in text, text
+    assert "3 never matched" in text, text
+    rank = {"failing": 0, "dropping": 1, "degraded": 2, "slow": 3, "ok": 4, "never_matched": 5, "idle": 6}
+    order = page.evaluate("""() => Array.from(document.querySelectorAll("table.hh-hooks tr[data-hook]"))
+        .map(r => [r.getAttribute("data-health"), r.getAttribute("data-hook")])""")
+    keys = [(rank.get(st, 7), name) for st, name in order]
+    assert keys == sorted(keys), "not trouble first, then by name: %r" % order
+    flaky = page.locator("tr[data-hook='flaky']")
+    since = flaky.locator("[data-since]").inner_text()
+    assert re.fullmatch(r"since \d\d:\d\d", since), since
+    todo = flaky.locator("[data-todo='failing']").inner_text()
+    assert "Fix its handler" in todo and "disable it" in todo, todo
+    todo = page.locator("tr[data-hook='sluggish'] [data-todo='slow']").inner_text()
+    assert "raise `timeout:` (2 s now)" in todo, todo
+    assert page.locator("tr[data-hook='sluggish'] [data-since]").count() == 1
+
+
+#: Every text of the hooks table, as boxes: each text node's line boxes (clipped by any element
+#: that hides its overflow), the cell it belongs to; what spills out of its cell or overlaps
+#: another text. Measured by the browser, not guessed from the CSS (issue 60 row 4).
+OVERLAPS_JS = """() => {
+  const found = [];
+  const texts = [];
+  for (const tr of document.querySelectorAll("table.hh-hooks tr[data-hook]")) {
+    const walker = document.createTreeWalker(tr, NodeFilter.SHOW_TEXT);
+    let n;
+    while ((n = walker.nextNode())) {
+      if (!n.textContent.trim() || n.parentElement.closest("svg")) continue;
+      const td = n.parentElement.closest("td");
+      const cell = td.getBoundingClientRect();
+      let clip = [-1e9, -1e9, 1e9, 1e9];
+      for (let e = n.parentElement; e && e !== td; e = e.parentElement) {
+        const cs = getComputedStyle(e);
+        if (cs.overflowX !== "visible" || cs.overflowY !== "visible") {
+          const r = e.getBoundingClientRect();
+          clip = [Math.max(clip[0], r.left), Math.max(clip[1], r.top), Math.min(clip[2], r.right), Math.min(clip[3], r.bottom)];
+        }
+      }
+      const range = document.createRange();
+      range.selectNodeContents(n);
+      for (const r of range.getClientRects()) {
+        const box = [Math.max(r.left, clip[0]), Math.max(r.top, clip[1]), Math.min(r.right, clip[2]), Math.min(r.bottom, clip[3])];
+        if (box[2] - box[0] < 0.5 || box[3] - box[1] < 0.5) continue;
+        const what = tr.getAttribute("data-hook") + " / " + (td.getAttribute("data-label") || "actions") + ": " + n.textContent.trim().slice(0, 40);
+        if (box[0] < cell.left - 1 || box[2] > cell.right + 1) {
+          found.push("spills out of its cell (" + Math.round(box[0]) + "-" + Math.round(box[2]) + " px, the cell " +
+            Math.round(cell.left) + "-" + Math.round(cell.right) + "): " + what);
+        }
+        texts.push([box, what, n]);
+      }
+    }
+  }
+  for (let i = 0; i < texts.length; i++) {
+    for (let j = i + 1; j < texts.length; j++) {
+      const [a, wa, na] = texts[i], [b, wb, nb] = texts[j];
+      if (na === nb) continue;
+      const w = Math.min(a[2], b[2]) - Math.max(a[0], b[0]), h = Math.min(a[3], b[3]) - Math.max(a[1], b[1]);
+      if (w > 1 && h > 1) found.push("overlap: " + wa + " | " + wb);
+    }
+  }
+  return [texts.length, found];
+}"""
+
+
+def no_overlap(page, width):
+    """No text of the hooks table spills out of its cell or overlaps another, at `width`."""
+    count, found = page.evaluate(OVERLAPS_JS)
+    assert count > 50, "only %d text boxes measured at %d px" % (count, width)
+    assert not found, "at %d px:\n%s" % (width, "\n".join(found[:20]))
+    say("%d text boxes of the hooks table measured at %d px: none spills out of its cell or overlaps" % (
+        count, width))
 
 
 def check_layout(run, page):
@@ -279,6 +401,11 @@ def check_layout(run, page):
     assert table[0] <= table[1] + 1, "the hooks table scrolls sideways at 1280 px: %r" % table
     height = page.locator("tr[data-hook='wordy']").bounding_box()["height"]
     assert height < 220, "the row with a long error is %d px tall" % height
+    no_overlap(page, 1280)
+    # The last hour reads as bars (issue 60 row 6: sixty 1-2 px lines were not readable).
+    widths = page.evaluate("""() => Array.from(document.querySelectorAll(
+        "tr[data-hook='flaky'] svg.hh-spark rect")).map(r => r.getBoundingClientRect().width)""")
+    assert widths and min(widths) >= 6, "the trend's bars: %r px" % widths
     page.locator("tr[data-hook='wordy'] button[data-action='details']").click()
     detail = page.locator("[data-detail='wordy']")
     detail.wait_for(timeout=DEADLINE_S * 1000)
@@ -391,6 +518,34 @@ def check_approve(run, page, pending_sha):
     page.locator("tr[data-hook='pending']").wait_for(timeout=DEADLINE_S * 1000)
 
 
+def check_config_hook(run, page):
+    """Issue 60 row 2: under --trust explicit, a shell hook of config.yaml is reviewed (its
+    command and the script it runs, not only the handler hermes-hooks wrote) and approved in
+    the tab, and then it runs."""
+    item = page.locator("li[data-skipped^='shell-pre_tool_call-']")
+    item.wait_for(timeout=DEADLINE_S * 1000)
+    name = item.get_attribute("data-skipped")
+    assert "not_approved" in item.inner_text(), item.inner_text()
+    item.locator("button", has_text="Review and approve").click()
+    review = page.locator("[data-review='%s']" % name)
+    review.wait_for(timeout=DEADLINE_S * 1000)
+    command = review.locator("[data-review-command]").inner_text()
+    assert command.strip() == run.gate_command, command
+    script = review.locator("[data-review-script]").inner_text()
+    assert "# the tab's gate" in script and "covers the command, not this file" in script, script
+    text = review.inner_text()
+    assert "hooks.pre_tool_call[0]" in text and "Sandbox: none" in text, text
+    # The generated handler is there, folded: the approval covers it (and entry.py, the command).
+    assert review.locator("[data-review-made] > summary").count() == 1, text
+    page.screenshot(path=os.path.join(run.args.out, "hooks-tab-config-review.png"), full_page=True)
+    review.locator("button", has_text="Approve this command").click()
+    page.locator("tr[data-hook='%s']" % name).wait_for(timeout=DEADLINE_S * 1000)
+    assert "shell hook (config.yaml)" in row_text(page, "tr[data-hook='%s']" % name)
+    run.cli("emit", "pre_tool_call", "--context", json.dumps({"tool_name": "terminal", "tool_input": {}}))
+    wait_for("the approved config hook to run its script", lambda: os.path.exists(run.gate_out)
+             and "terminal" in open(run.gate_out).read())
+
+
 def check_reload(run, page):
     write_hook(run.roots, "late", "name: late\nevents: [\"agent:end\"]\n",
                "def handle(event_type, context):\n    return None\n")
@@ -413,6 +568,14 @@ def check_phone(page, out, docs_dir=None):
     page.locator("tr[data-hook='greeter']").wait_for(timeout=DEADLINE_S * 1000)
     fits(page, "the page")
     assert page.locator("tr[data-hook='greeter']").is_visible()
+    no_overlap(page, 390)
+    # Issue 60 row 6: no pill is cut off at phone width (the service's one in the header was).
+    cut = page.evaluate("""() => Array.from(document.querySelectorAll(".hh-page .hh-badge"))
+        .filter(b => b.scrollWidth > b.clientWidth + 1 || b.getBoundingClientRect().right > window.innerWidth)
+        .map(b => b.innerText)""")
+    assert not cut, "pills cut off at 390 px: %r" % cut
+    heights = [page.locator("tr[data-hook='%s']" % n).bounding_box()["height"] for n in ("greeter", "flaky")]
+    say("cards at 390 px: greeter %d px, flaky %d px tall" % tuple(heights))
     page.locator("tr[data-hook='wordy'] button[data-action='details']").click()
     page.locator("[data-detail='wordy']").wait_for(timeout=DEADLINE_S * 1000)
     fits(page, "the page with a detail open")
@@ -620,6 +783,7 @@ def main():
             check_layout(run, page)
             check_enable_needs_digest(run, page)
             check_approve(run, page, pending_sha)
+            check_config_hook(run, page)
             check_reload(run, page)
             check_disable(run, page)
             check_reload_failed(run, page)

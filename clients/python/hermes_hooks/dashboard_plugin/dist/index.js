@@ -72,13 +72,81 @@
   // A hook's health (the service's `health`, from its last minutes) as a badge's tone.
   function healthTone(state) {
     if (state === "ok") return "ok";
-    if (state === "idle") return "plain";
+    // Events that simply have not happened yet are no trouble (issue 60 row 5).
+    if (state === "idle" || state === "never_matched") return "plain";
     if (state === "failing" || state === "dropping") return "bad";
     return "warn";
   }
 
   var HEALTH_TEXT = { ok: "healthy", idle: "idle", degraded: "degraded", failing: "failing",
-    dropping: "dropping", never_matched: "never matched" };
+    dropping: "dropping", slow: "slow", never_matched: "never matched" };
+
+  // "1 event", "3 events".
+  function plural(n, word) {
+    return n + " " + word + (n === 1 ? "" : "s");
+  }
+
+  // Trouble first (issue 60 row 6): the worst health on top, then by name.
+  var SEVERITY = { failing: 0, dropping: 1, degraded: 2, slow: 3, ok: 4, never_matched: 5, idle: 6 };
+  var TROUBLE = { failing: 1, dropping: 1, degraded: 1, slow: 1 };
+
+  function severity(hk) {
+    var s = hk.recent ? SEVERITY[(hk.health || {}).state] : 7;
+    return s === undefined ? 4 : s;
+  }
+
+  function bySeverity(a, b) {
+    return severity(a) - severity(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+  }
+
+  // A time of day, HH:MM on this browser's clock (with the date when not today).
+  function clock(iso) {
+    var d = new Date(iso);
+    if (isNaN(d.getTime())) return iso;
+    var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    var hm = pad(d.getHours()) + ":" + pad(d.getMinutes());
+    return d.toDateString() === new Date().toDateString() ? hm : d.toISOString().slice(0, 10) + " " + hm;
+  }
+
+  // What to do about a hook in trouble, in a sentence (issue 60 row 6).
+  function todo(hk, state) {
+    var err = hk.last_error;
+    if (state === "degraded" && err && err.ok_since > 0) {
+      return "Recovering: " + plural(err.ok_since, "call") + " succeeded since its last error; nothing to do unless it fails again.";
+    }
+    if (state === "failing" || state === "degraded") {
+      return "Fix its handler (its last error says why; a reload runs the fix) or disable it.";
+    }
+    if (state === "slow") {
+      return "Make the handler faster or raise `timeout:` (" + hk.timeout_s + " s now) in its HOOK.yaml.";
+    }
+    if (state === "dropping") {
+      return "Make the handler faster, or raise `queue: {capacity: N}` or `concurrency:` in its HOOK.yaml.";
+    }
+    return "";
+  }
+
+  // The line above the table: how many hooks are fine, how many are in trouble and which.
+  function Summary(props) {
+    var counts = {}, total = 0;
+    props.hooks.forEach(function (hk) {
+      var st = hk.recent ? (hk.health || {}).state || "ok" : "remote";
+      counts[st] = (counts[st] || 0) + 1;
+      total++;
+    });
+    var trouble = ["failing", "dropping", "degraded", "slow"].filter(function (k) { return counts[k]; });
+    var inTrouble = trouble.reduce(function (a, k) { return a + counts[k]; }, 0);
+    var parts = [h("strong", { key: "ok", className: "hh-ok" }, (counts.ok || 0) + " healthy"),
+      h("strong", { key: "bad", className: inTrouble ? "hh-bad" : "hh-muted" }, inTrouble + " in trouble" +
+        (inTrouble ? " (" + trouble.map(function (k) { return counts[k] + " " + HEALTH_TEXT[k]; }).join(", ") + ")" : ""))];
+    [["idle", "idle"], ["never_matched", "never matched"], ["remote", "on the fleet's workers"]].forEach(function (kv) {
+      if (counts[kv[0]]) parts.push(h("span", { key: kv[0], className: "hh-muted" }, counts[kv[0]] + " " + kv[1]));
+    });
+    var sep = [];
+    parts.forEach(function (p, i) { if (i) sep.push(h("span", { key: "s" + i, className: "hh-muted" }, " · ")); sep.push(p); });
+    return h("p", { className: "hh-summary", "data-summary": "1", "data-healthy": String(counts.ok || 0),
+      "data-trouble": String(inTrouble), "data-total": String(total) }, sep);
+  }
 
   // A count over the seconds the window covers, per minute.
   function perMin(n, seconds) {
@@ -93,26 +161,45 @@
       h(C.CardContent, null, props.children));
   }
 
-  // The last hour as a small chart: a bar per minute for the events offered, failures and
-  // drops in red on top. Drawn as SVG, no library.
+  // The last hour as a small chart: twelve bars of five minutes each (issue 60 row 6: sixty
+  // one-minute bars were 1-2 px lines), the events offered in grey, failures and drops in red
+  // on top, the newest on the right. Drawn as SVG, no library.
+  var SPAN = 5, BARS = 12;
+
+  function buckets(trend) {
+    var out = [];
+    for (var i = 0; i < BARS; i++) out.push({ accepted: 0, bad: 0 });
+    if (!trend.length) return out;
+    var last = Math.floor(Date.parse(trend[trend.length - 1].at) / 60000);
+    trend.forEach(function (m) {
+      var ago = last - Math.floor(Date.parse(m.at) / 60000);
+      var b = BARS - 1 - Math.floor(ago / SPAN);
+      if (isNaN(ago) || b < 0 || b >= BARS) return;
+      out[b].accepted += m.accepted || 0;
+      out[b].bad += (m.failed || 0) + (m.dropped || 0);
+    });
+    return out;
+  }
+
   function Sparkline(props) {
     var trend = props.trend || [];
-    var W = 120, H = 28;
+    var W = 120, H = 28, GAP = 2;
     if (!trend.length) return h("span", { className: "hh-muted" }, "–");
+    var bs = buckets(trend);
     var top = 1;
-    trend.forEach(function (m) { top = Math.max(top, m.accepted || 0); });
-    var bw = W / 60;
-    var bars = trend.slice(-60).map(function (m, i, all) {
-      var x = (60 - all.length + i) * bw;
-      var ev = Math.max(m.accepted ? 1 : 0, Math.round(((m.accepted || 0) / top) * H));
-      var bad = (m.failed || 0) + (m.dropped || 0);
-      var bh = bad ? Math.max(1, Math.round((Math.min(bad, m.accepted || bad) / top) * H)) : 0;
+    bs.forEach(function (b) { top = Math.max(top, b.accepted, b.bad); });
+    var bw = W / BARS;
+    var bars = bs.map(function (b, i) {
+      var x = i * bw;
+      var ev = b.accepted ? Math.max(3, Math.round((b.accepted / top) * H)) : 1;
+      var bh = b.bad ? Math.max(3, Math.round((Math.min(b.bad, b.accepted || b.bad) / top) * H)) : 0;
       return h("g", { key: i },
-        h("rect", { x: x, y: H - ev, width: Math.max(bw - 0.5, 0.5), height: ev, className: "hh-spark-ev" }),
-        bh ? h("rect", { x: x, y: H - bh, width: Math.max(bw - 0.5, 0.5), height: bh, className: "hh-spark-bad" }) : null);
+        h("rect", { x: x, y: H - ev, width: bw - GAP, height: ev, className: b.accepted ? "hh-spark-ev" : "hh-spark-none" }),
+        bh ? h("rect", { x: x, y: H - bh, width: bw - GAP, height: bh, className: "hh-spark-bad" }) : null);
     });
-    var label = "last hour: " + trend.reduce(function (a, m) { return a + (m.accepted || 0); }, 0) + " events, " +
-      trend.reduce(function (a, m) { return a + (m.failed || 0) + (m.dropped || 0); }, 0) + " failed or dropped";
+    var total = bs.reduce(function (a, b) { return a + b.accepted; }, 0);
+    var bad = bs.reduce(function (a, b) { return a + b.bad; }, 0);
+    var label = "last hour, 5 minutes a bar: " + plural(total, "event") + ", " + bad + " failed or dropped";
     return h("svg", { className: "hh-spark", viewBox: "0 0 " + W + " " + H, width: W, height: H,
       role: "img", "aria-label": label }, h("title", null, label), bars);
   }
@@ -187,17 +274,23 @@
         (hk.warnings || []).length ? h("div", { className: "hh-warn hh-small", "data-warnings": String(hk.warnings.length) },
           "⚠ " + hk.warnings.length + " warning" + (hk.warnings.length === 1 ? "" : "s")) : null),
       h("td", { "data-label": "Health", className: "hh-health" },
-        badge(HEALTH_TEXT[health.state] || health.state, healthTone(health.state)),
-        hk.status !== "ready" && hk.status !== "busy" ? h("span", null, " ", badge(hk.status, stateTone(hk.status))) : null,
-        health.reason ? h("div", { className: "hh-muted hh-clamp", title: health.reason }, health.reason) : null),
+        h("div", { className: "hh-row" }, badge(HEALTH_TEXT[health.state] || health.state, healthTone(health.state)),
+          health.since ? h("span", { className: "hh-small", "data-since": health.since, title: health.since },
+            "since " + clock(health.since)) : null,
+          hk.status !== "ready" && hk.status !== "busy" ? badge(hk.status, stateTone(hk.status)) : null),
+        health.reason ? h("div", { className: "hh-muted hh-clamp", title: health.reason }, health.reason) : null,
+        todo(hk, health.state) ? h("div", { className: "hh-todo hh-small", "data-todo": /^Recovering/.test(todo(hk, health.state))
+          ? "recovering" : health.state }, todo(hk, health.state)) : null),
       h("td", { "data-label": "Last " + (r.window_minutes || 5) + " min", className: "hh-num" },
-        h("div", { title: "over the last " + Math.round(r.window_s || 0) + " s" },
-          (w.accepted || 0) + " events" + (w.accepted ? " · " + perMin(w.accepted, r.window_s) : "")),
-        h("div", { className: w.failed ? "hh-bad" : "hh-muted" }, w.failed + " failed" + (w.timeouts ? " (" + w.timeouts + " timed out)" : "")),
+        h("div", { title: "over the last " + Math.round(r.window_s || 0) + " s" }, plural(w.accepted || 0, "event")),
+        w.accepted ? h("div", { className: "hh-muted" }, perMin(w.accepted, r.window_s)) : null,
+        h("div", { className: w.failed ? "hh-bad" : "hh-muted" }, w.failed + " failed"),
+        w.timeouts ? h("div", { className: "hh-bad" }, "(" + w.timeouts + " timed out)") : null,
         h("div", { className: w.dropped ? "hh-bad" : "hh-muted" }, w.dropped + " dropped")),
       h("td", { "data-label": "Latency p50 / p95", className: "hh-num" },
         r.p50_ms === null || r.p50_ms === undefined ? h("span", { className: "hh-muted" }, "no call lately")
-          : ms(r.p50_ms) + " / " + ms(r.p95_ms)),
+          : [h("div", { key: "p50" }, h("span", { className: "hh-muted" }, "p50 "), ms(r.p50_ms)),
+            h("div", { key: "p95" }, h("span", { className: "hh-muted" }, "p95 "), ms(r.p95_ms))]),
       h("td", { "data-label": "Last hour" }, h(Sparkline, { trend: r.trend })),
       h("td", { "data-label": "Last error", className: "hh-error" }, h(LastError, { err: hk.last_error })),
       // A hook the fleet's workers run is theirs: disabling it here would act on this edge's
@@ -281,7 +374,7 @@
   function HooksTable(props) {
     if (!props.hooks.length) return h("p", { className: "hh-muted" }, "No hook is loaded.");
     var rows = [];
-    props.hooks.forEach(function (hk) {
+    props.hooks.slice().sort(bySeverity).forEach(function (hk) {
       rows.push(h(HookRow, { key: hk.name, hook: hk, busy: props.busy, open: props.open === hk.name,
         toggle: props.toggle, askDisable: props.askDisable }));
       if (props.disabling === hk.name) {
@@ -290,13 +383,13 @@
       }
       if (props.open === hk.name) rows.push(h(Detail, { key: hk.name + "-detail", hook: hk }));
     });
-    return h("div", { className: "hh-scroll" },
+    return h("div", null, h(Summary, { hooks: props.hooks }), h("div", { className: "hh-scroll" },
       h("table", { className: "hh-table hh-hooks" },
         h("colgroup", null, ["hh-c-name", "hh-c-health", "hh-c-rate", "hh-c-lat", "hh-c-trend", "hh-c-err", "hh-c-act"]
           .map(function (c) { return h("col", { key: c, className: c }); })),
         h("thead", null, h("tr", null,
-          ["Hook", "Health", "Last 5 min", "Latency p50 / p95", "Last hour", "Last error", ""].map(function (t, i) { return h("th", { key: i }, t); }))),
-        h("tbody", null, rows)));
+          ["Hook", "Health", "Last 5 min", "Latency", "Last hour", "Last error", ""].map(function (t, i) { return h("th", { key: i }, t); }))),
+        h("tbody", null, rows))));
   }
 
   // The code an approval lets run: every file, a diff for what changed since the recorded
@@ -327,31 +420,56 @@
     return Object.keys(r.settings || {}).filter(function (k) { return k !== "sandbox"; });
   }
 
+  // A config.yaml hook's entry (issue 60 row 2): the command the approval covers and the
+  // script it names, shown before the handler hermes-hooks wrote for it.
+  function ConfigEntry(props) {
+    var e = props.entry;
+    var sc = e.script;
+    return h("div", { "data-review-entry": e.at },
+      h("p", null, "From ", h("code", null, e.at), " of config.yaml: on ", h("strong", null, e.event),
+        e.matcher ? [" for tools matching ", h("code", { key: "m" }, e.matcher)] : null,
+        ", within " + e.timeout_s + " s, it runs:"),
+      h("pre", { className: "hh-pre hh-wrap", "data-review-command": "1" }, e.command),
+      sc ? h("div", { "data-review-script": sc.path },
+        h("p", null, "The script it runs, ", h("code", null, sc.path), " (sha256 ", h("code", null, sc.sha256), "):"),
+        h("pre", { className: "hh-pre" }, sc.text),
+        sc.note ? h("p", { className: "hh-muted" }, sc.note) : null)
+        : h("p", { className: "hh-muted" }, "The command names no script this service can read."));
+  }
+
   function Review(props) {
     var r = props.review;
     var files = Object.keys(r.files || {});
+    var entry = r.config_entry;
+    var fileList = [h("div", { key: "files", className: "hh-scroll" }, h("table", { className: "hh-table hh-files" },
+        h("thead", null, h("tr", null, h("th", null, "File"), h("th", null, "SHA-256"))),
+        h("tbody", null, files.map(function (f) {
+          return h("tr", { key: f }, h("td", { "data-label": "File" }, f),
+            h("td", { "data-label": "SHA-256" }, h("code", null, r.files[f])));
+        })))),
+      h(Code, { key: "code", files: r.code || [] })];
     return h("div", { className: "hh-review", "data-review": r.name },
-      h("p", null, "Approving ", h("strong", null, r.name), " (", r.kind, ") lets these files run; ",
-        "the approval records sha256 ", h("code", null, r.sha256), "."),
+      entry ? h("p", null, "Approving ", h("strong", null, r.name), " lets this command of config.yaml run for the agent's ",
+        h("strong", null, entry.event), " events; the approval records sha256 ", h("code", null, r.sha256),
+        " (the handler hermes-hooks wrote for it, with the command).")
+        : h("p", null, "Approving ", h("strong", null, r.name), " (", r.kind, ") lets these files run; ",
+          "the approval records sha256 ", h("code", null, r.sha256), "."),
+      entry ? h(ConfigEntry, { entry: entry }) : null,
       r.approved ? h("p", { className: "hh-muted" }, "Approved before: sha256 ", h("code", null, r.approved.sha256),
         " (", when(r.approved.approved_at), ")") : null,
       h("p", { "data-review-sandbox": r.sandbox || "" }, "Sandbox: ", h("strong", null, r.sandbox || "unknown"),
-        r.sandbox === "none" ? " (nothing confined: the hook can do whatever this user can)" : null),
+        /^none\b/.test(r.sandbox || "") ? " (nothing confined: the hook can do whatever this user can)" : null),
       settingsOf(r).length ? h("div", { className: "hh-scroll" }, h("table", { className: "hh-table hh-files" },
         h("thead", null, h("tr", null, h("th", null, "Setting (covered by the approval)"), h("th", null, "Value"))),
         h("tbody", null, settingsOf(r).map(function (k) {
           return h("tr", { key: k }, h("td", { "data-label": "Setting" }, k),
             h("td", { "data-label": "Value" }, h("code", null, r.settings[k])));
         })))) : null,
-      h("div", { className: "hh-scroll" }, h("table", { className: "hh-table hh-files" },
-        h("thead", null, h("tr", null, h("th", null, "File"), h("th", null, "SHA-256"))),
-        h("tbody", null, files.map(function (f) {
-          return h("tr", { key: f }, h("td", { "data-label": "File" }, f),
-            h("td", { "data-label": "SHA-256" }, h("code", null, r.files[f])));
-        })))),
-      h(Code, { files: r.code || [] }),
+      entry ? h("details", { "data-review-made": "1" }, h("summary", null,
+        "The files hermes-hooks wrote for it (the same handler for every config.yaml hook; entry.py holds the command)"),
+        fileList) : fileList,
       h("div", { className: "hh-actions" },
-        h(C.Button, { size: "sm", disabled: props.busy, onClick: props.approve }, "Approve these files"),
+        h(C.Button, { size: "sm", disabled: props.busy, onClick: props.approve }, entry ? "Approve this command" : "Approve these files"),
         h(C.Button, { size: "sm", variant: "outline", onClick: props.cancel }, "Cancel")));
   }
 
