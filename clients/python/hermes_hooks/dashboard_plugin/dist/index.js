@@ -88,7 +88,6 @@
 
   // Trouble first (issue 60 row 6): the worst health on top, then by name.
   var SEVERITY = { failing: 0, dropping: 1, degraded: 2, slow: 3, ok: 4, never_matched: 5, idle: 6 };
-  var TROUBLE = { failing: 1, dropping: 1, degraded: 1, slow: 1 };
 
   function severity(hk) {
     var s = hk.recent ? SEVERITY[(hk.health || {}).state] : 7;
