@@ -104,6 +104,40 @@ pub struct Review {
     /// wrote for every such entry, with the entry in `entry.py`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_entry: Option<ConfigEntryReview>,
+    /// Why the handler would not load, as far as can be told without running it (issue 60 row
+    /// 6: an unapproved hook with a syntax error read only `not_approved`): a Python handler
+    /// that does not compile, a shell script that `sh -n` refuses. Absent when it compiles or
+    /// cannot be told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syntax_error: Option<String>,
+}
+
+/// Compiles a Python file without running it: the error, one line, on stdout.
+const PY_COMPILE: &str = "import sys\np = sys.argv[1]\ntry:\n    compile(open(p, 'rb').read(), p, 'exec')\n\
+except (SyntaxError, ValueError) as e:\n    print('%s, line %s: %s: %s' % (p, getattr(e, 'lineno', '?'), \
+type(e).__name__, getattr(e, 'msg', e)))\n    sys.exit(1)\n";
+
+/// [`Review::syntax_error`]: a Python handler compiled by the hook's interpreter (`-I -S`:
+/// nothing of the hook's directory or the site is imported, `compile` runs no code); a shell
+/// handler checked by its `#!` shell's `-n`. Blocks (starts a process).
+fn syntax_error(p: &Prepared, hermes_home: &Path) -> Option<String> {
+    let handler = p.handler.as_deref()?;
+    if !p.kind.spec().python {
+        return crate::handler::shell_syntax::syntax_error(handler);
+    }
+    let default = crate::interpreter::default_python(hermes_home);
+    let python =
+        crate::interpreter::for_hook(p.manifest.python.as_deref(), &default, hermes_home).path;
+    let out = std::process::Command::new(&python)
+        .args(["-I", "-S", "-c", PY_COMPILE])
+        .arg(handler)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!out.status.success() && !said.is_empty())
+        .then(|| format!("{python} does not compile it: {}", crate::text::cap(said)))
 }
 
 /// The config.yaml entry a hook is made from, as a review shows it.
@@ -587,6 +621,7 @@ pub fn review(
         },
         code,
         config_entry: config_entry_review(hermes_home, name),
+        syntax_error: syntax_error(&p, hermes_home),
     })
 }
 

@@ -174,6 +174,9 @@ def set_up_hooks(run):
                "def handle(event_type, context):\n    raise RuntimeError(%r)\n" % LONG_ERROR)
     write_hook(run.roots, "upgraded", "name: upgraded\nevents: [\"agent:end\"]\n",
                "def handle(event_type, context):\n    return None\n")
+    # Issue 60 row 6: not approved, and its handler does not compile: the review says so.
+    write_hook(run.roots, "typo", "name: typo\nevents: [\"agent:start\"]\n",
+               "def handle(event_type, context)\n    return None\n")
     # Issue 49: a hook on the agent's events shows that family.
     write_hook(run.roots, "toolgate", "name: toolgate\nevents: [\"pre_tool_call\"]\n",
                "def handle(event_type, context):\n    return None\n")
@@ -546,6 +549,17 @@ def check_config_hook(run, page):
              and "terminal" in open(run.gate_out).read())
 
 
+def check_syntax_review(page):
+    """Issue 60 row 6: an unapproved hook whose handler does not compile read only
+    `not_approved`; its review says it would not load, and why, before Approve."""
+    page.locator("li[data-skipped='typo'] button", has_text="Review and approve").click()
+    said = page.locator("[data-review='typo'] [data-review-syntax]")
+    said.wait_for(timeout=DEADLINE_S * 1000)
+    assert "would not load" in said.inner_text() and "SyntaxError" in said.inner_text(), said.inner_text()
+    page.locator("[data-review='typo'] button", has_text="Cancel").click()
+    page.locator("[data-review='typo']").wait_for(state="detached", timeout=DEADLINE_S * 1000)
+
+
 def check_reload(run, page):
     write_hook(run.roots, "late", "name: late\nevents: [\"agent:end\"]\n",
                "def handle(event_type, context):\n    return None\n")
@@ -784,6 +798,7 @@ def main():
             check_enable_needs_digest(run, page)
             check_approve(run, page, pending_sha)
             check_config_hook(run, page)
+            check_syntax_review(page)
             check_reload(run, page)
             check_disable(run, page)
             check_reload_failed(run, page)

@@ -595,6 +595,35 @@ fn issue60_row2_a_config_hooks_review_shows_its_command_and_its_script() {
     assert!(review.get("config_entry").is_none(), "{review}");
 }
 
+/// Issue 60 row 6: a hook with a syntax error under `--trust explicit` read only `not_approved`
+/// (it never starts, so nothing compiled it); its review now says it would not load and why,
+/// before anyone approves it. A handler that compiles has no such note.
+#[test]
+fn issue60_row6_the_review_of_a_handler_that_does_not_compile_says_why() {
+    let hooks = Hooks::new();
+    for (name, code) in [
+        ("typo", "def handle(e, c)\n    return None\n"),
+        ("fine", "def handle(e, c):\n    return None\n"),
+    ] {
+        let dir = hooks.root().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("HOOK.yaml"),
+            format!("name: {name}\nevents: [\"agent:start\"]\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("handler.py"), code).unwrap();
+    }
+    let svc = Service::unix(&hooks);
+    let (code, review) = unix_http(&svc.sock, "GET", "/v1/hooks/typo/review", b"");
+    assert_eq!(code, 200, "{review}");
+    let said = review["syntax_error"].as_str().unwrap_or_default();
+    assert!(said.contains("handler.py, line 1: SyntaxError"), "{review}");
+    let (code, review) = unix_http(&svc.sock, "GET", "/v1/hooks/fine/review", b"");
+    assert_eq!(code, 200, "{review}");
+    assert!(review.get("syntax_error").is_none(), "{review}");
+}
+
 /// Row 8 (low): `disable shell-…` (revoke), the entry removed from config.yaml and reloaded,
 /// then the same entry back and reloaded: on f1c304d it was approved again from the allowlist
 /// ("a revoked approval is not given again" said the docs). Now the revocation is kept in

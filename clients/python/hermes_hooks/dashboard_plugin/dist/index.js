@@ -454,6 +454,8 @@
         : h("p", null, "Approving ", h("strong", null, r.name), " (", r.kind, ") lets these files run; ",
           "the approval records sha256 ", h("code", null, r.sha256), "."),
       entry ? h(ConfigEntry, { entry: entry }) : null,
+      r.syntax_error ? h("p", { className: "hh-bad", role: "alert", "data-review-syntax": "1" },
+        "This version would not load: " + r.syntax_error) : null,
       r.approved ? h("p", { className: "hh-muted" }, "Approved before: sha256 ", h("code", null, r.approved.sha256),
         " (", when(r.approved.approved_at), ")") : null,
       h("p", { "data-review-sandbox": r.sandbox || "" }, "Sandbox: ", h("strong", null, r.sandbox || "unknown"),
