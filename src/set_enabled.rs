@@ -191,8 +191,14 @@ fn config_entry_review(hermes_home: &Path, name: &str) -> Option<ConfigEntryRevi
     })
 }
 
-/// A script's text, when `path` is a readable UTF-8 text file of at most [`SHOWN_BYTES`] (a
-/// program such as `bash` is not one).
+/// Extensions of scripts an interpreter runs (a file without `#!` is shown only with one).
+const SCRIPT_EXTENSIONS: &[&str] = &[
+    "sh", "bash", "zsh", "fish", "py", "rb", "pl", "js", "mjs", "ts", "php", "lua",
+];
+
+/// A script's text, when `path` is a readable UTF-8 text file of at most [`SHOWN_BYTES`] that
+/// starts with `#!` or has a script's extension (a program such as `bash` is not one, nor is a
+/// data file the command reads, say a key: a review does not show it).
 fn script_file(path: &Path) -> Option<ReviewFile> {
     use std::io::Read;
     let file = std::fs::File::open(path).ok()?;
@@ -204,6 +210,13 @@ fn script_file(path: &Path) -> Option<ReviewFile> {
     let text = String::from_utf8(bytes)
         .ok()
         .filter(|t| !t.contains('\0'))?;
+    let named = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| SCRIPT_EXTENSIONS.contains(&e));
+    if !text.starts_with("#!") && !named {
+        return None;
+    }
     let (shown, hidden) = visible(&text);
     Some(ReviewFile {
         path: path.display().to_string(),

@@ -468,6 +468,18 @@ fn row9_a_carriage_return_cannot_hide_code_from_the_review() {
     );
 }
 
+/// A config.yaml at `home` whose one entry runs `command` on `event` (`more`: further keys of
+/// the entry, as YAML lines), accepted by `hooks_auto_accept` (so under `--trust explicit` it
+/// waits for an approval).
+fn auto_accepted(home: &Path, event: &str, command: &str, more: &str) {
+    let command = serde_json::to_string(command).unwrap();
+    std::fs::write(
+        home.join("config.yaml"),
+        format!("hooks_auto_accept: true\nhooks:\n  {event}:\n    - command: {command}\n{more}"),
+    )
+    .unwrap();
+}
+
 /// The name of the (one) hook the service made from config.yaml's entry on `event`.
 fn shell_name(home: &Path, event: &str) -> String {
     let dir = home.join("config-hooks");
@@ -488,14 +500,12 @@ fn shell_name(home: &Path, event: &str) -> String {
 fn row11_a_config_hook_is_reviewed_and_approved_through_the_api() {
     let hooks = Hooks::new();
     let out = hooks.out().join("gate.txt");
-    std::fs::write(
-        hooks.home().join("config.yaml"),
-        format!(
-            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: \"sh -c 'cat > {}'\"\n",
-            out.display()
-        ),
-    )
-    .unwrap();
+    auto_accepted(
+        &hooks.home(),
+        "pre_tool_call",
+        &format!("sh -c 'cat > {}'", out.display()),
+        "",
+    );
     let svc = Service::unix(&hooks);
     let name = shell_name(&hooks.home(), "pre_tool_call");
     assert!(!svc.hooks().contains(&name), "approved without a review");
@@ -529,14 +539,12 @@ fn issue60_row2_a_config_hooks_review_shows_its_command_and_its_script() {
         "#!/bin/sh\n# the operator's gate\ncat > /dev/null\n",
     )
     .unwrap();
-    std::fs::write(
-        hooks.home().join("config.yaml"),
-        format!(
-            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: \"sh {}\"\n      matcher: terminal\n",
-            script.display()
-        ),
-    )
-    .unwrap();
+    auto_accepted(
+        &hooks.home(),
+        "pre_tool_call",
+        &format!("sh {}", script.display()),
+        "      matcher: terminal\n",
+    );
     let svc = Service::unix(&hooks);
     let name = shell_name(&hooks.home(), "pre_tool_call");
     let (code, review) = unix_http(&svc.sock, "GET", &format!("/v1/hooks/{name}/review"), b"");
@@ -570,6 +578,22 @@ fn issue60_row2_a_config_hooks_review_shows_its_command_and_its_script() {
         "{review}"
     );
     assert_eq!(review["sandbox"], json!("none"), "{review}");
+    // A file the command reads that is no script (no `#!`, no script's extension) is not shown.
+    let key = hooks.out().join("key.txt");
+    std::fs::write(&key, "secret\n").unwrap();
+    auto_accepted(
+        &hooks.home(),
+        "post_tool_call",
+        &format!("cat {}", key.display()),
+        "",
+    );
+    let (code, _) = svc.post("/v1/reload", &json!({}));
+    assert_eq!(code, 200);
+    let name = shell_name(&hooks.home(), "post_tool_call");
+    let (code, review) = unix_http(&svc.sock, "GET", &format!("/v1/hooks/{name}/review"), b"");
+    assert_eq!(code, 200, "{review}");
+    assert!(review["config_entry"]["script"].is_null(), "{review}");
+    assert!(!review.to_string().contains("secret\\n"), "{review}");
     // A hook of the roots without `sandbox:`: the default by its value.
     let dir = hooks.root().join("plain");
     std::fs::create_dir(&dir).unwrap();
