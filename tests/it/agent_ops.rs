@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::agent_hooks::test_seen;
+use crate::agent_hooks::{run, test_seen};
 use crate::util::Hooks;
 
 /// Row 11: a payload file written with the context's key `tool_input` (what a hook reads)
@@ -68,4 +68,104 @@ fn a_payload_with_the_contexts_keys_is_the_call_it_describes() {
         said.contains("the event tested is \"pre_tool_call\""),
         "{said}"
     );
+}
+
+/// `plugins.enabled` of the test's config.yaml.
+fn enabled(hooks: &Hooks) -> Vec<String> {
+    let text = std::fs::read_to_string(hooks.home().join("config.yaml")).unwrap_or_default();
+    let config: Value = serde_saphyr::from_str(&text).unwrap_or(Value::Null);
+    config["plugins"]["enabled"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A Hooks tab as `dashboard install` wrote it before issue 58: under the agent plugin's name,
+/// enabled by the one shared entry.
+fn shared_tab(hooks: &Hooks) -> std::path::PathBuf {
+    let dir = hooks.home().join("plugins/hermes-hooks");
+    std::fs::create_dir_all(dir.join("dashboard")).unwrap();
+    std::fs::write(
+        dir.join("dashboard/manifest.json"),
+        r#"{"name": "hermes-hooks"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        "plugins:\n  enabled:\n  - hermes-hooks\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// Row 10: the Hooks tab and the agent plugin have an entry each in `plugins.enabled`, so
+/// `dashboard uninstall` leaves the agent plugin (every `pre_tool_call` gate) on and says so,
+/// and `plugin uninstall` leaves the tab on; a tab installed before under the shared name is
+/// moved to its own entry by `dashboard install` and by `plugin uninstall` (which then removes
+/// only the agent plugin's), and removed by `dashboard uninstall` without touching that entry.
+/// On the old code `dashboard uninstall` removed `hermes-hooks`: the gates were off.
+#[test]
+fn the_tab_and_the_agent_plugin_are_enabled_and_removed_apart() {
+    let hooks = Hooks::new();
+    for args in [["plugin", "install"], ["dashboard", "install"]] {
+        let (code, said) = run(&hooks, &args);
+        assert_eq!(code, 0, "{said}");
+    }
+    assert_eq!(enabled(&hooks), ["hermes-hooks", "hermes-hooks-dashboard"]);
+    let (code, said) = run(&hooks, &["dashboard", "uninstall"]);
+    assert_eq!(code, 0, "{said}");
+    assert_eq!(enabled(&hooks), ["hermes-hooks"], "{said}");
+    assert!(
+        said.contains("hermes-hooks stays in plugins.enabled"),
+        "{said}"
+    );
+    let (code, said) = run(&hooks, &["dashboard", "install"]);
+    assert_eq!(code, 0, "{said}");
+    let (code, said) = run(&hooks, &["plugin", "uninstall"]);
+    assert_eq!(code, 0, "{said}");
+    assert_eq!(enabled(&hooks), ["hermes-hooks-dashboard"], "{said}");
+    assert!(
+        hooks
+            .home()
+            .join("plugins/hermes-hooks-dashboard/dashboard/manifest.json")
+            .is_file()
+    );
+
+    // Installed before, under the shared name: what each command leaves enabled, and says.
+    let cases: [(&[&str], &[&str], &str); 3] = [
+        (
+            &["plugin", "uninstall"],
+            &["hermes-hooks-dashboard"],
+            "shared hermes-hooks",
+        ),
+        (
+            &["dashboard", "install"],
+            &["hermes-hooks", "hermes-hooks-dashboard"],
+            "hermes-hooks stays in plugins.enabled",
+        ),
+        (
+            &["dashboard", "uninstall"],
+            &["hermes-hooks"],
+            "hermes-hooks stays in plugins.enabled",
+        ),
+    ];
+    for (args, left, says) in cases {
+        let hooks = Hooks::new();
+        let old = shared_tab(&hooks);
+        let (code, said) = run(&hooks, args);
+        assert_eq!(code, 0, "{args:?}: {said}");
+        assert_eq!(enabled(&hooks), left, "{args:?}: {said}");
+        assert!(!old.exists() && said.contains(says), "{args:?}: {said}");
+        let tab = hooks
+            .home()
+            .join("plugins/hermes-hooks-dashboard/dashboard/manifest.json");
+        if left.contains(&"hermes-hooks-dashboard") {
+            let manifest: Value = serde_json::from_slice(&std::fs::read(&tab).unwrap()).unwrap();
+            assert_eq!(manifest["name"], "hermes-hooks-dashboard");
+        }
+    }
 }

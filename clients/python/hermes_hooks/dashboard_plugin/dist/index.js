@@ -1,7 +1,7 @@
 // The Hooks tab of the Hermes dashboard (hermes-hooks). A plain script, no build step: it
 // renders with the React and the components the dashboard exposes on
 // window.__HERMES_PLUGIN_SDK__, and talks only to this plugin's backend
-// (/api/plugins/hermes-hooks/, see plugin_api.py) through the SDK's authenticated fetchJSON.
+// (/api/plugins/hermes-hooks-dashboard/, see plugin_api.py) through the SDK's authenticated fetchJSON.
 (function () {
   "use strict";
   var SDK = window.__HERMES_PLUGIN_SDK__;
@@ -15,7 +15,7 @@
   var useCallback = SDK.hooks.useCallback;
   var useRef = SDK.hooks.useRef;
   var C = SDK.components;
-  var API = "/api/plugins/hermes-hooks";
+  var API = "/api/plugins/hermes-hooks-dashboard";
   var STATE_EVERY_MS = 3000;
   var TAIL_EVERY_MS = 2000;
   var TAIL_KEEP = 100;
@@ -645,5 +645,5 @@
       body);
   }
 
-  PLUGINS.register("hermes-hooks", HooksPage);
+  PLUGINS.register("hermes-hooks-dashboard", HooksPage);
 })();
