@@ -4,8 +4,8 @@
 
 use serde_json::{Value, json};
 
-use crate::agent_hooks::{run, test_seen};
-use crate::util::Hooks;
+use crate::agent_hooks::{run, script, test_seen};
+use crate::util::{Hooks, Serve};
 
 /// Row 11: a payload file written with the context's key `tool_input` (what a hook reads)
 /// tests that input, not the sample `echo hello` with the key moved under `extra`; a context
@@ -168,4 +168,70 @@ fn the_tab_and_the_agent_plugin_are_enabled_and_removed_apart() {
             assert_eq!(manifest["name"], "hermes-hooks-dashboard");
         }
     }
+}
+
+/// Row 8: `list`, `check`, `list --json` and `/v1/hooks` show an entry of config.yaml's `hooks:` block as
+/// what it is: kind `shell`, its event, matcher and command as written, and no advice about
+/// the hook directory the service made from it (its `HOOK.yaml`, `sched:`, `python:`). On the
+/// old code it was kind `python`, the command only in the description, and the worker's line
+/// said to leave `sched:` out of the made HOOK.yaml.
+#[test]
+fn list_shows_a_config_entry_as_written() {
+    let hooks = Hooks::new();
+    let gate = script(&hooks, "gate.sh", "#!/bin/sh\ncat >/dev/null\n");
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: {gate} --strict\n      \
+             matcher: 'terminal|write_file'\n"
+        ),
+    )
+    .unwrap();
+    let written = json!({"event": "pre_tool_call", "matcher": "terminal|write_file",
+                         "command": format!("{gate} --strict"), "timeout": 60, "index": 0});
+    let (code, said) = run(&hooks, &["list"]);
+    assert_eq!(code, 0, "{said}");
+    let row = said
+        .lines()
+        .find(|l| l.starts_with("shell-pre_tool_call-"))
+        .unwrap_or_default();
+    assert!(row.split_whitespace().nth(1) == Some("shell"), "{said}");
+    assert!(
+        said.contains(&format!(
+            "hooks.pre_tool_call[0] of config.yaml (matcher \"terminal|write_file\"): runs {gate} --strict"
+        )),
+        "{said}"
+    );
+    for advice in ["HOOK.yaml", "sched:", "python:"] {
+        assert!(!said.contains(advice), "{advice} in {said}");
+    }
+    let (code, said) = run(&hooks, &["check"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains("(shell, pre_tool_call)\n        hooks.pre_tool_call[0] of config.yaml"),
+        "{said}"
+    );
+    let (code, said) = run(&hooks, &["list", "--json"]);
+    assert_eq!(code, 0, "{said}");
+    let listed: Value = serde_json::from_str(&said).unwrap();
+    let hook = &listed["hooks"][0];
+    assert_eq!(
+        (&hook["kind"], &hook["config_entry"]),
+        (&json!("shell"), &written),
+        "{said}"
+    );
+    assert!(
+        hook.get("worker").is_none() && hook.get("python").is_none(),
+        "{said}"
+    );
+
+    let serve = Serve::start(&hooks, &[]);
+    let (status, body) = serve.get("/v1/hooks");
+    assert_eq!(status, 200, "{body}");
+    let hook = &body["hooks"][0];
+    assert_eq!(
+        (&hook["kind"], &hook["config_entry"]),
+        (&json!("shell"), &written),
+        "{body}"
+    );
 }

@@ -236,16 +236,23 @@
     var q = hk.queue || {};
     var sb = hk.sandbox || {};
     var trend = ((hk.recent || {}).trend || []).slice(-15).reverse();
+    // An entry of config.yaml's hooks: block shows what was written there, not the directory
+    // the service made from it (issue 58).
+    var ce = hk.config_entry;
+    var where = ce ? [
+      ["config.yaml", "hooks." + ce.event + "[" + ce.index + "]"],
+      ["matcher", ce.matcher === null || ce.matcher === undefined ? "none" : ce.matcher],
+      ["command", ce.command],
+    ] : [["handler", hk.handler], ["directory", hk.path]];
     var facts = [
       ["events", (hk.events || []).join(", ") + " (" + family(hk) + ")"],
-      ["handler", hk.handler],
-      ["directory", hk.path],
+    ].concat(where, [
       ["sandbox", sandboxText(sb)],
       ["timeout", hk.timeout_s + " s"],
       ["queue", q.depth + " of " + q.capacity + " (" + q.overflow + ")"],
       ["since first loaded", c.accepted + " offered, " + c.ok + " ok, " + c.failed + " failed (" + c.timeouts +
         " timed out), " + c.dropped + " dropped, " + c.restarts + " restarts"],
-    ];
+    ]);
     return h("tr", { className: "hh-detail", "data-detail": hk.name }, h("td", { colSpan: 7 },
       h("div", { className: "hh-grid" },
         h("ul", { className: "hh-facts" }, facts.map(function (kv) {
