@@ -276,9 +276,25 @@ pub(crate) fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
 
 /// `run`, with the service at `address` (`HERMES_HOOKS_ADDRESS`).
 pub(crate) fn run_at(hooks: &Hooks, args: &[&str], address: &str) -> (i32, String) {
+    run_with(
+        hooks,
+        args,
+        address,
+        std::env::var_os("PATH").unwrap_or_default(),
+    )
+}
+
+/// `run_at`, with `path` as `PATH`.
+pub(crate) fn run_with(
+    hooks: &Hooks,
+    args: &[&str],
+    address: &str,
+    path: std::ffi::OsString,
+) -> (i32, String) {
     let out = std::process::Command::new(bin())
         .args(args)
         .env("HERMES_HOME", hooks.home())
+        .env("PATH", path)
         .env("HERMES_HOOKS_ADDRESS", address)
         .env_remove("HERMES_ACCEPT_HOOKS")
         .env_remove("HERMES_HOOKS_TOKEN")

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::agent_hooks::{run, script, test_seen};
+use crate::agent_hooks::{run, run_with, script, test_seen};
 use crate::util::{Hooks, Serve};
 
 /// Row 11: a payload file written with the context's key `tool_input` (what a hook reads)
@@ -233,5 +233,144 @@ fn list_shows_a_config_entry_as_written() {
         (&hook["kind"], &hook["config_entry"]),
         (&json!("shell"), &written),
         "{body}"
+    );
+}
+
+/// `doctor --no-run` with `bin_dir` first on `PATH` (where a `hermes` is): exit code and output.
+fn doctor_with_hermes_in(hooks: &Hooks, bin_dir: &std::path::Path) -> (i32, String) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin_dir.to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    let nobody = hooks.tmp.path().join("nobody.sock").display().to_string();
+    let path = std::env::join_paths(dirs).unwrap();
+    run_with(hooks, &["doctor", "--no-run"], &nobody, path)
+}
+
+/// A fake Hermes install under `dir`: `bin/hermes`, a script whose `#!` names `bin/python`, a
+/// launcher of this machine's Python without its site-packages and with `path` as its
+/// `PYTHONPATH` (what that Python can import). The `bin` directory.
+fn fake_hermes(dir: &std::path::Path, path: &[&std::path::Path]) -> std::path::PathBuf {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let pythonpath: Vec<String> = path.iter().map(|p| p.display().to_string()).collect();
+    let python = bin.join("python");
+    std::fs::write(
+        &python,
+        format!(
+            "#!/bin/sh\nPYTHONPATH='{}' exec '{real}' -S \"$@\"\n",
+            pythonpath.join(":")
+        ),
+    )
+    .unwrap();
+    crate::util::set_mode(&python, 0o755);
+    let hermes = bin.join("hermes");
+    std::fs::write(
+        &hermes,
+        format!(
+            "#!{}\nraise SystemExit('a stand-in for hermes')\n",
+            python.display()
+        ),
+    )
+    .unwrap();
+    crate::util::set_mode(&hermes, 0o755);
+    bin
+}
+
+/// Row 9: `doctor` asks the Python that runs `hermes` (found on `PATH`, by its `#!` line)
+/// whether it imports the plugin and has its entry point, and gives the fix when not: without
+/// the client it is a problem naming that Python and `-m pip install`; on its path but not
+/// installed (no entry point), a problem too; installed, ok. On the old code doctor said
+/// "0 problem(s)" in all three.
+#[test]
+fn doctor_asks_the_python_that_runs_hermes() {
+    let hooks = Hooks::new();
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        "plugins:\n  enabled: [hermes-hooks]\n",
+    )
+    .unwrap();
+    let client = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
+    // Installed: the package and its distribution's entry point (a dist-info of our own).
+    let site = hooks.tmp.path().join("site");
+    let info = site.join("hermes_hooks-0.0.0.dist-info");
+    std::fs::create_dir_all(&info).unwrap();
+    std::fs::write(
+        info.join("METADATA"),
+        "Metadata-Version: 2.1\nName: hermes-hooks\nVersion: 0.0.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        info.join("entry_points.txt"),
+        "[hermes_agent.plugins]\nhermes-hooks = hermes_hooks.agent_plugin\n",
+    )
+    .unwrap();
+    let cases: [(&str, Vec<&std::path::Path>, i32, &str); 3] = [
+        ("none", vec![], 1, "cannot import hermes_hooks.agent_plugin"),
+        ("path", vec![&client], 1, "has no entry point hermes-hooks"),
+        (
+            "installed",
+            vec![&client, &site],
+            0,
+            "names hermes_hooks.agent_plugin",
+        ),
+    ];
+    for (name, path, code, says) in cases {
+        let bin = fake_hermes(&hooks.tmp.path().join(name), &path);
+        let (got, said) = doctor_with_hermes_in(&hooks, &bin);
+        assert_eq!(got, code, "{name}: {said}");
+        assert!(said.contains(says), "{name}: {said}");
+        let python = bin.join("python").display().to_string();
+        assert!(
+            said.contains(&format!("Hermes's Python ({python}")),
+            "{name}: {said}"
+        );
+        if code == 1 {
+            assert!(
+                said.contains(&format!("`{python} -m pip install")),
+                "{name}: {said}"
+            );
+        }
+    }
+}
+
+/// Row 9 against the real hermes-agent (its venv as CI makes it, with the client installed):
+/// its Python imports the plugin, has the entry point, and Hermes's own reader of
+/// `plugins.enabled` is asked: a `plugins.disabled` entry, which wins in Hermes, is a problem.
+#[testenv::needs(gateway_venv)]
+#[test]
+fn doctor_asks_the_real_hermes() {
+    let venv = std::env::var_os("HERMES_AGENT_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .parent()
+                .expect("the target directory")
+                .join("hermes-agent-venv")
+        });
+    let hooks = Hooks::new();
+    let config = hooks.home().join("config.yaml");
+    std::fs::write(&config, "plugins:\n  enabled: [hermes-hooks]\n").unwrap();
+    let (code, said) = doctor_with_hermes_in(&hooks, &venv.join("bin"));
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("imports hermes_hooks.agent_plugin"), "{said}");
+    assert!(
+        said.contains("Hermes's own reader lists hermes-hooks in plugins.enabled"),
+        "{said}"
+    );
+    std::fs::write(
+        &config,
+        "plugins:\n  enabled: [hermes-hooks]\n  disabled: [hermes-hooks]\n",
+    )
+    .unwrap();
+    let (code, said) = doctor_with_hermes_in(&hooks, &venv.join("bin"));
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains("`hermes plugins enable hermes-hooks`"),
+        "{said}"
     );
 }
