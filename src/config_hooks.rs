@@ -443,6 +443,55 @@ fn entry_module(entry: &Value) -> String {
     )
 }
 
+/// A hosted entry as `list`, `/v1/hooks` and the dashboard show it (issue 58 row 8): what the
+/// operator wrote in config.yaml, not the hook directory made from it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WrittenEntry {
+    /// The event (`hooks.EVENT`).
+    pub event: String,
+    /// The tool-name regular expression (tool events only).
+    pub matcher: Option<String>,
+    /// The command line it runs.
+    pub command: String,
+    /// Seconds.
+    pub timeout: u64,
+    /// Its place under its event (`hooks.EVENT[index]`) when last written.
+    pub index: usize,
+}
+
+impl WrittenEntry {
+    /// One line: `hooks.pre_tool_call[0] of config.yaml (matcher "terminal"): runs CMD`.
+    pub fn summary(&self) -> String {
+        let matcher = self
+            .matcher
+            .as_ref()
+            .map(|m| format!(" (matcher {m:?})"))
+            .unwrap_or_default();
+        format!(
+            "hooks.{}[{}] of config.yaml{matcher}: runs {}",
+            self.event, self.index, self.command
+        )
+    }
+}
+
+/// The entry a hook directory made from config.yaml runs (read from its `entry.py`), when the
+/// hook at `dir` under `root` is one: `None` for any other hook (a name of the reserved shape
+/// under another root is refused elsewhere, `hook_name::borrowed`).
+pub fn written_entry(root: &Path, dir: &Path, name: &str) -> Option<WrittenEntry> {
+    if !crate::hook_name::config_shaped(name)
+        || root.file_name() != Some(std::ffi::OsStr::new(ROOT_DIR))
+    {
+        return None;
+    }
+    let text = std::fs::read_to_string(dir.join(ENTRY_FILE)).ok()?;
+    let literal = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRY = json.loads("))?
+        .strip_suffix(')')?;
+    let json: String = serde_json::from_str(literal).ok()?;
+    serde_json::from_str(&json).ok()
+}
+
 /// Writes the hook directories; returns the names of those it made (not there before).
 fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<Vec<String>> {
     use std::os::unix::fs::DirBuilderExt;
@@ -633,6 +682,28 @@ mod tests {
             e(Some("terminal")).hook_name(),
             "shell-pre_tool_call-6af45eeb0f"
         );
+    }
+
+    /// Issue 58 row 8: what a made hook runs is read back from its directory as written.
+    #[test]
+    fn the_written_entry_is_read_back() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("config.yaml"),
+            "hooks_auto_accept: true\nhooks:\n  pre_tool_call:\n    - command: a.sh \"x y\"\n      matcher: 'terminal|write_file'\n",
+        )
+        .unwrap();
+        let root = sync(home.path(), false).unwrap();
+        let entry = &plan(home.path()).unwrap().hosted[0];
+        let name = entry.hook_name();
+        let got = written_entry(&root, &root.join(&name), &name).unwrap();
+        assert_eq!(got.command, "a.sh \"x y\"");
+        assert_eq!(got.matcher.as_deref(), Some("terminal|write_file"));
+        assert_eq!(
+            got.summary(),
+            "hooks.pre_tool_call[0] of config.yaml (matcher \"terminal|write_file\"): runs a.sh \"x y\""
+        );
+        assert_eq!(written_entry(home.path(), &root.join(&name), &name), None);
     }
 
     #[test]

@@ -135,6 +135,9 @@ pub struct HookSpec {
     /// SHA-256 (hex) of the handler file as discovered; the gateway's client refuses to import
     /// an in-gateway hook whose file no longer has it.
     pub sha256: Option<String>,
+    /// A hook made from an entry of config.yaml's `hooks:` block: that entry, as written there
+    /// (`list`, `/v1/hooks` and the dashboard show it instead of the made directory).
+    pub config_entry: Option<crate::config_hooks::WrittenEntry>,
 }
 
 /// Result of scanning the roots.
@@ -396,6 +399,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             skip(&name, file, code, r)
         })?;
     Ok(HookSpec {
+        config_entry: crate::config_hooks::written_entry(root, dir, &name),
         name,
         dir: dir.to_path_buf(),
         root: root.to_path_buf(),

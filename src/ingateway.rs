@@ -44,12 +44,21 @@ pub struct HookPlacement {
 impl HookPlacement {
     /// The view of `spec` on a host whose default interpreter is `default_python`.
     pub fn of(spec: &HookSpec, default_python: &str, hermes_home: &Path) -> Self {
-        let python = (spec.kind.spec().python && !spec.placement.in_gateway()).then(|| {
+        // A config.yaml entry runs its command; the interpreter of the service's runner for it
+        // is nothing its author chose (issue 58 row 8).
+        let own_python = spec.kind.spec().python && spec.config_entry.is_none();
+        let python = (own_python && !spec.placement.in_gateway()).then(|| {
             interpreter::for_hook(spec.manifest.python.as_deref(), default_python, hermes_home)
         });
+        let why = match spec.config_entry {
+            Some(_) => "an entry of config.yaml's `hooks:` block: the service runs its command, \
+                        once per event"
+                .to_string(),
+            None => spec.placement.why.clone(),
+        };
         Self {
             runs: spec.placement.runs.as_str(),
-            why: spec.placement.why.clone(),
+            why,
             sha256: spec.sha256.clone(),
             files: spec
                 .placement

@@ -522,7 +522,8 @@ pub struct TestArgs {
     pub for_tool: Option<String>,
     /// An agent event: a JSON object of the arguments Hermes calls its hooks with (tool_name,
     /// args, session_id, result...), merged over a sample call; the context is made from them
-    /// as the Hermes plugin makes it (as `hermes hooks test --payload-file` does).
+    /// as the Hermes plugin makes it (as `hermes hooks test --payload-file` does). The keys of a
+    /// context are read too: tool_input is args, extra's keys are arguments, cwd the directory.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["context", "context_file"])]
     pub payload_file: Option<PathBuf>,
     /// One JSON line per hook instead of text.

@@ -33,13 +33,20 @@ pub async fn check(roots: RootArgs, config_hooks: bool) -> i32 {
                 .filter_map(|p| p.python.as_ref().map(|i| (i.path.clone(), i.why.clone()))),
         );
         for (h, placement) in snapshot.hooks.iter().zip(&placements) {
+            // A config.yaml entry as written there (issue 58 row 8), not its made directory.
+            let kind = match &h.spec.config_entry {
+                Some(_) => "shell",
+                None => h.spec.kind.as_str(),
+            };
             let _ = writeln!(
                 out,
-                "ok      {} ({}, {})",
+                "ok      {} ({kind}, {})",
                 h.spec.name,
-                h.spec.kind.as_str(),
                 h.spec.manifest.events.join(", ")
             );
+            if let Some(entry) = &h.spec.config_entry {
+                let _ = writeln!(out, "        {}", entry.summary());
+            }
             let python = placement
                 .python
                 .as_ref()

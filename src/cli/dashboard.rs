@@ -1,10 +1,16 @@
 //! `hermes-hooks dashboard install|uninstall`: the Hooks tab of the Hermes dashboard. Install
 //! writes the plugin (carried inside this binary; the same files are in the wheel under
-//! `hermes_hooks/dashboard_plugin/`) into `$HERMES_HOME/plugins/hermes-hooks/` and adds its name
-//! to `plugins.enabled` of `$HERMES_HOME/config.yaml`, the list the dashboard loads user plugins
-//! from; uninstall removes both. The config is edited as text, one list item, so the rest of the
-//! file stays as it was (comments included); the edit is checked by parsing the file before and
-//! after: nothing else may change, or nothing is written.
+//! `hermes_hooks/dashboard_plugin/`) into `$HERMES_HOME/plugins/hermes-hooks-dashboard/` and adds
+//! its name to `plugins.enabled` of `$HERMES_HOME/config.yaml`, the list the dashboard loads user
+//! plugins from; uninstall removes both. The config is edited as text, one list item, so the
+//! rest of the file stays as it was (comments included); the edit is checked by parsing the file
+//! before and after: nothing else may change, or nothing is written.
+//!
+//! The tab and the agent plugin (`plugin install`, [`PLUGIN`]) have an entry each (issue 58 row
+//! 10): removing the tab never turns the agent's gates off. Before, both were `hermes-hooks`,
+//! the tab in `plugins/hermes-hooks/`: [`install`] moves such a tab to its own name and leaves
+//! the shared entry to the agent plugin, and `plugin uninstall` moves it before it removes that
+//! entry.
 
 use std::path::{Path, PathBuf};
 
@@ -13,10 +19,15 @@ use serde_json::Value;
 
 use crate::cli::exit::fail;
 
-/// The plugin's name: its directory under `plugins/` and its entry in `plugins.enabled`.
+/// The agent plugin's name (its `hermes_agent.plugins` entry point): its entry in
+/// `plugins.enabled`, which the Hooks tab shared before issue 58.
 pub const PLUGIN: &str = "hermes-hooks";
 
-/// The plugin's files, relative to `plugins/hermes-hooks/`.
+/// The Hooks tab's name (its manifest's `name`, the API's `/api/plugins/NAME/`): its directory
+/// under `plugins/` and its entry in `plugins.enabled`.
+pub const TAB: &str = "hermes-hooks-dashboard";
+
+/// The plugin's files, relative to `plugins/hermes-hooks-dashboard/`.
 const FILES: &[(&str, &str)] = &[
     (
         "dashboard/manifest.json",
@@ -39,9 +50,11 @@ const FILES: &[(&str, &str)] = &[
 /// `dashboard install` or `dashboard uninstall`.
 #[derive(Debug, Subcommand)]
 pub enum DashboardCommand {
-    /// Write the Hooks tab into $HERMES_HOME/plugins/hermes-hooks and enable it in config.yaml.
+    /// Write the Hooks tab into $HERMES_HOME/plugins/hermes-hooks-dashboard and enable it in
+    /// config.yaml.
     Install,
-    /// Remove the Hooks tab and its entry in plugins.enabled of config.yaml.
+    /// Remove the Hooks tab and its entry in plugins.enabled of config.yaml (the agent plugin's
+    /// entry, hermes-hooks, stays).
     Uninstall,
 }
 
@@ -67,41 +80,93 @@ pub(crate) fn print_lines(result: Result<Vec<String>, String>) -> i32 {
     }
 }
 
-/// `$HERMES_HOME/config.yaml` and its text, unless it lists the plugin under
+/// `$HERMES_HOME/config.yaml` and its text, unless it lists the plugin `name` under
 /// `plugins.disabled` (the operator's choice, which install does not override).
-pub(crate) fn config_allowing(home: &Path) -> Result<(PathBuf, String), String> {
+pub(crate) fn config_allowing(home: &Path, name: &str) -> Result<(PathBuf, String), String> {
     let config = home.join("config.yaml");
     let text = read_config(&config)?;
-    if list_of(&parse(&config, &text)?, "disabled").contains(&PLUGIN.to_string()) {
+    if list_of(&parse(&config, &text)?, "disabled")
+        .iter()
+        .any(|p| p == name)
+    {
         return Err(format!(
-            "{PLUGIN} is in plugins.disabled of {}: remove it there (or run `hermes plugins enable {PLUGIN}`), then install again",
+            "{name} is in plugins.disabled of {}: remove it there (or run `hermes plugins enable {name}`), then install again",
             config.display()
         ));
     }
     Ok((config, text))
 }
 
-/// Adds the plugin to `plugins.enabled` of `config` (whose text is `text`); says what it did.
-pub(crate) fn enable_in_config(config: &Path, text: &str) -> Result<String, String> {
-    Ok(match add_enabled(text) {
+/// Adds `name` to `plugins.enabled` of `config` (whose text is `text`); says what it did.
+pub(crate) fn enable_in_config(config: &Path, text: &str, name: &str) -> Result<String, String> {
+    Ok(match add_enabled(text, name) {
         None => format!(
-            "{PLUGIN} was already in plugins.enabled of {}",
+            "{name} was already in plugins.enabled of {}",
             config.display()
         ),
         Some(new) => {
-            write_checked(config, text, &new, true)?;
-            format!("added {PLUGIN} to plugins.enabled of {}", config.display())
+            write_checked(config, text, &new, name, true)?;
+            format!("added {name} to plugins.enabled of {}", config.display())
         }
     })
 }
 
+/// Removes `name` from `plugins.enabled` of `$HERMES_HOME/config.yaml`; says what it did.
+pub(crate) fn disable_in_config(home: &Path, name: &str) -> Result<String, String> {
+    let config = home.join("config.yaml");
+    let text = read_config(&config)?;
+    Ok(match remove_enabled(&text, name) {
+        None => format!("{name} was not in plugins.enabled of {}", config.display()),
+        Some(new) => {
+            write_checked(&config, &text, &new, name, false)?;
+            format!(
+                "removed {name} from plugins.enabled of {}",
+                config.display()
+            )
+        }
+    })
+}
+
+/// Whether `plugins.enabled` of `$HERMES_HOME/config.yaml` lists `name` (false when unreadable).
+pub(crate) fn is_enabled(home: &Path, name: &str) -> bool {
+    let config = home.join("config.yaml");
+    read_config(&config)
+        .and_then(|t| parse(&config, &t))
+        .is_ok_and(|v| list_of(&v, "enabled").iter().any(|p| p == name))
+}
+
 fn plugin_dir(home: &Path) -> PathBuf {
+    home.join("plugins").join(TAB)
+}
+
+/// Where a Hooks tab written before issue 58 is, under the agent plugin's shared name.
+fn shared_dir(home: &Path) -> PathBuf {
     home.join("plugins").join(PLUGIN)
 }
 
-/// Writes the plugin and enables it; returns what it did, a line each.
-pub fn install(home: &Path) -> Result<Vec<String>, String> {
-    let (config, text) = config_allowing(home)?;
+/// Removes the Hooks tab in `dir` (when its manifest is there); says what it did.
+fn remove_tab(dir: &Path) -> Result<Option<String>, String> {
+    if !dir.join("dashboard/manifest.json").is_file() {
+        return Ok(None);
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+    Ok(Some(format!("removed {}", dir.display())))
+}
+
+/// The line saying that the agent plugin's entry stays, when it is there.
+fn agent_entry_stays(home: &Path) -> Option<String> {
+    is_enabled(home, PLUGIN).then(|| {
+        format!(
+            "{PLUGIN} stays in plugins.enabled: it is the agent plugin's entry (the agent's events, \
+             pre_tool_call gates); `hermes-hooks plugin uninstall` removes it"
+        )
+    })
+}
+
+/// Writes the plugin and enables it, moving a tab installed under the shared name to its own;
+/// what it did, a line each, and whether it moved one.
+fn write_tab(home: &Path) -> Result<(Vec<String>, bool), String> {
+    let (config, text) = config_allowing(home, TAB)?;
     let dir = plugin_dir(home);
     for (rel, content) in FILES {
         let path = dir.join(rel);
@@ -111,40 +176,53 @@ pub fn install(home: &Path) -> Result<Vec<String>, String> {
         }
         crate::atomic::write(&path, content.as_bytes(), 0o644).map_err(|e| e.to_string())?;
     }
-    let out = vec![
-        format!("wrote the Hooks tab into {}", dir.display()),
-        enable_in_config(&config, &text)?,
-        "restart `hermes dashboard` to see the Hooks tab".to_string(),
-    ];
+    let mut out = vec![format!("wrote the Hooks tab into {}", dir.display())];
+    let moved = remove_tab(&shared_dir(home))?;
+    out.extend(moved.iter().map(|line| {
+        format!("{line}: the Hooks tab installed there shared {PLUGIN} with the agent plugin")
+    }));
+    out.push(enable_in_config(&config, &text, TAB)?);
+    Ok((out, moved.is_some()))
+}
+
+const RESTART: &str = "restart `hermes dashboard` to see the Hooks tab";
+
+/// Writes the plugin and enables it (moving a tab installed under the shared name to its own);
+/// returns what it did, a line each.
+pub fn install(home: &Path) -> Result<Vec<String>, String> {
+    let (mut out, moved) = write_tab(home)?;
+    if moved {
+        out.extend(agent_entry_stays(home));
+    }
+    out.push(RESTART.to_string());
     Ok(out)
 }
 
-/// Removes the plugin and its `plugins.enabled` entry; returns what it did, a line each.
+/// Gives a Hooks tab installed under the agent plugin's name an entry of its own (before that
+/// entry is removed); what it did, a line each (none without such a tab).
+pub(crate) fn move_shared_tab(home: &Path) -> Result<Vec<String>, String> {
+    if !shared_dir(home).join("dashboard/manifest.json").is_file() {
+        return Ok(Vec::new());
+    }
+    let (mut out, _) = write_tab(home)?;
+    out.push(RESTART.to_string());
+    Ok(out)
+}
+
+/// Removes the plugin and its `plugins.enabled` entry, never the agent plugin's; returns what it
+/// did, a line each.
 pub fn uninstall(home: &Path) -> Result<Vec<String>, String> {
-    let dir = plugin_dir(home);
     let mut out = Vec::new();
-    if dir.join("dashboard/manifest.json").is_file() {
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
-        out.push(format!("removed {}", dir.display()));
-    } else {
-        out.push(format!("no Hooks tab in {}", dir.display()));
+    let removed = [
+        remove_tab(&plugin_dir(home))?,
+        remove_tab(&shared_dir(home))?,
+    ];
+    if removed.iter().all(Option::is_none) {
+        out.push(format!("no Hooks tab in {}", plugin_dir(home).display()));
     }
-    let config = home.join("config.yaml");
-    let text = read_config(&config)?;
-    match remove_enabled(&text) {
-        None => out.push(format!(
-            "{PLUGIN} was not in plugins.enabled of {}",
-            config.display()
-        )),
-        Some(new) => {
-            write_checked(&config, &text, &new, false)?;
-            out.push(format!(
-                "removed {PLUGIN} from plugins.enabled of {}",
-                config.display()
-            ));
-        }
-    }
+    out.extend(removed.into_iter().flatten());
+    out.push(disable_in_config(home, TAB)?);
+    out.extend(agent_entry_stays(home));
     Ok(out)
 }
 
@@ -162,7 +240,7 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<Value, String> {
     }
     serde_saphyr::from_str::<Value>(text).map_err(|e| {
         format!(
-            "{} is not YAML this can edit ({e}); fix it, or add {PLUGIN} to plugins.enabled by hand",
+            "{} is not YAML this can edit ({e}); fix it, or edit plugins.enabled by hand",
             path.display()
         )
     })
@@ -182,9 +260,15 @@ pub(crate) fn list_of(config: &Value, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Writes `new` over `path` after checking that it says what `old` says with [`PLUGIN`] added
-/// to (or removed from) `plugins.enabled`, and nothing else changed.
-pub(crate) fn write_checked(path: &Path, old: &str, new: &str, add: bool) -> Result<(), String> {
+/// Writes `new` over `path` after checking that it says what `old` says with `name` added to (or
+/// removed from) `plugins.enabled`, and nothing else changed.
+pub(crate) fn write_checked(
+    path: &Path,
+    old: &str,
+    new: &str,
+    name: &str,
+    add: bool,
+) -> Result<(), String> {
     let mut expected = parse(path, old)?;
     if !expected.is_object() {
         expected = Value::Object(Default::default());
@@ -206,9 +290,9 @@ pub(crate) fn write_checked(path: &Path, old: &str, new: &str, add: bool) -> Res
             }
             if let Some(items) = list.as_array_mut() {
                 if add {
-                    items.push(Value::String(PLUGIN.into()));
+                    items.push(Value::String(name.into()));
                 } else {
-                    items.retain(|v| v.as_str() != Some(PLUGIN));
+                    items.retain(|v| v.as_str() != Some(name));
                 }
             }
         }
@@ -216,7 +300,7 @@ pub(crate) fn write_checked(path: &Path, old: &str, new: &str, add: bool) -> Res
     let got = parse(path, new)?;
     if got != expected {
         return Err(format!(
-            "cannot {} {PLUGIN} in plugins.enabled of {} by editing one line; edit it by hand",
+            "cannot {} {name} in plugins.enabled of {} by editing one line; edit it by hand",
             if add { "add" } else { "remove" },
             path.display()
         ));
@@ -322,8 +406,8 @@ fn joined(lines: &[String], trailing_newline: bool) -> String {
     s
 }
 
-/// The config with [`PLUGIN`] added to `plugins.enabled`, or None when it is there already.
-pub(crate) fn add_enabled(text: &str) -> Option<String> {
+/// The config with `name` added to `plugins.enabled`, or None when it is there already.
+pub(crate) fn add_enabled(text: &str, name: &str) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     let place = locate(&lines);
@@ -335,27 +419,27 @@ pub(crate) fn add_enabled(text: &str) -> Option<String> {
             }
             out.push("plugins:".into());
             out.push(format!("{pad}enabled:"));
-            out.push(format!("{pad}- {PLUGIN}"));
+            out.push(format!("{pad}- {name}"));
         }
         (Some(p), None) => {
             out.insert(p + 1, format!("{pad}enabled:"));
-            out.insert(p + 2, format!("{pad}- {PLUGIN}"));
+            out.insert(p + 2, format!("{pad}- {name}"));
         }
         (Some(_), Some((at, value))) if value.starts_with('[') => {
             let inner = value.trim_start_matches('[').trim_end_matches(']').trim();
-            if inner.split(',').any(|i| unquote(i) == PLUGIN) {
+            if inner.split(',').any(|i| unquote(i) == name) {
                 return None;
             }
             let list = if inner.is_empty() {
-                format!("[{PLUGIN}]")
+                format!("[{name}]")
             } else {
-                format!("[{inner}, {PLUGIN}]")
+                format!("[{inner}, {name}]")
             };
             out[at] = format!("{pad}enabled: {list}");
         }
         (Some(_), Some((at, _))) => {
             let items = block_items(&lines, at, place.end, place.child);
-            if items.iter().any(|(_, i)| i == PLUGIN) {
+            if items.iter().any(|(_, i)| i == name) {
                 return None;
             }
             let (after, item_pad) = match items.last() {
@@ -363,14 +447,14 @@ pub(crate) fn add_enabled(text: &str) -> Option<String> {
                 None => (at, place.child + 2),
             };
             out[at] = format!("{pad}enabled:");
-            out.insert(after + 1, format!("{}- {PLUGIN}", " ".repeat(item_pad)));
+            out.insert(after + 1, format!("{}- {name}", " ".repeat(item_pad)));
         }
     }
     Some(joined(&out, true))
 }
 
-/// The config with [`PLUGIN`] removed from `plugins.enabled`, or None when it is not there.
-pub(crate) fn remove_enabled(text: &str) -> Option<String> {
+/// The config with `name` removed from `plugins.enabled`, or None when it is not there.
+pub(crate) fn remove_enabled(text: &str, name: &str) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     let place = locate(&lines);
@@ -382,14 +466,14 @@ pub(crate) fn remove_enabled(text: &str) -> Option<String> {
             .map(str::trim)
             .filter(|i| !i.is_empty())
             .collect();
-        if !kept.iter().any(|i| unquote(i) == PLUGIN) {
+        if !kept.iter().any(|i| unquote(i) == name) {
             return None;
         }
-        let kept: Vec<&str> = kept.into_iter().filter(|i| unquote(i) != PLUGIN).collect();
+        let kept: Vec<&str> = kept.into_iter().filter(|i| unquote(i) != name).collect();
         out[at] = format!("{}enabled: [{}]", " ".repeat(place.child), kept.join(", "));
     } else {
         let items = block_items(&lines, at, place.end, place.child);
-        let (i, _) = items.iter().find(|(_, i)| i == PLUGIN)?;
+        let (i, _) = items.iter().find(|(_, i)| i == name)?;
         out.remove(*i);
         if items.len() == 1 {
             // The list is empty now: say so, rather than leave `enabled:` null.
@@ -429,10 +513,15 @@ mod tests {
             ),
         ];
         for (before, after) in cases {
-            let got = add_enabled(before).unwrap_or_default();
+            let got = add_enabled(before, PLUGIN).unwrap_or_default();
             assert_eq!(got, after, "adding to {before:?}");
-            assert_eq!(add_enabled(&got), None, "adding twice to {before:?}");
-            let back = remove_enabled(&got).unwrap_or_default();
+            assert_eq!(
+                add_enabled(&got, PLUGIN),
+                None,
+                "adding twice to {before:?}"
+            );
+            assert_eq!(remove_enabled(&got, TAB), None, "{TAB} is another entry");
+            let back = remove_enabled(&got, PLUGIN).unwrap_or_default();
             assert!(
                 !back.contains(PLUGIN),
                 "removing from {got:?} left {back:?}"

@@ -2,7 +2,9 @@
 //! what `hermes hooks doctor` (hermes-agent 0.19.0) checks of the shell hooks of config.yaml,
 //! and the parts this service adds.
 //!
-//! For the whole: the Hermes plugin is in `plugins.enabled`; the service answers. For each entry
+//! For the whole: the Hermes plugin is in `plugins.enabled`; the Python that runs `hermes`
+//! imports it, has its entry point and lists it enabled by Hermes's own reader
+//! (`hermes_python.rs`, issue 58 row 9); the service answers. For each entry
 //! of the `hooks:` block: the script it runs exists and can run (executable when it is the
 //! command itself, readable when an interpreter runs it); consent (the allowlist's record, or
 //! `hooks_auto_accept` / `HERMES_ACCEPT_HOOKS`); the script not changed since it was approved;
@@ -44,7 +46,8 @@ pub async fn doctor(no_run: bool) -> i32 {
         .and_then(|t| crate::cli::dashboard::parse(&config, &t))
         .map(|v| crate::cli::dashboard::list_of(&v, "enabled"))
         .unwrap_or_default();
-    if enabled.iter().any(|p| p == crate::cli::dashboard::PLUGIN) {
+    let enabled_here = enabled.iter().any(|p| p == crate::cli::dashboard::PLUGIN);
+    if enabled_here {
         say!(
             "ok      the Hermes plugin is in plugins.enabled of {}",
             config.display()
@@ -56,6 +59,17 @@ pub async fn doctor(no_run: bool) -> i32 {
              reach the hooks here; run `hermes-hooks plugin install`",
             config.display()
         );
+    }
+    for said in crate::cli::hermes_python::check(&home, enabled_here).await {
+        use crate::cli::hermes_python::Said;
+        match said {
+            Said::Problem(line) => {
+                problems += 1;
+                say!("problem {line}");
+            }
+            Said::Warning(line) => say!("warning {line}"),
+            Said::Ok(line) => say!("ok      {line}"),
+        }
     }
     let hosted = hosted_names().await;
     let plan = match plan(&home) {

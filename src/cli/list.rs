@@ -228,6 +228,12 @@ fn last_error_line(last: &Value, message: &str) -> String {
 /// interpreter, a gateway restart needed).
 fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
     let mut lines = Vec::new();
+    // A config.yaml entry: what it runs, as written there (issue 58 row 8).
+    if let Ok(entry) =
+        serde_json::from_value::<crate::config_hooks::WrittenEntry>(h["config_entry"].clone())
+    {
+        lines.push(entry.summary());
+    }
     if let Some(workers) = h["workers"].as_array() {
         let names: Vec<String> = workers.iter().map(field).collect();
         let lag = h["lag"]

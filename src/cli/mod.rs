@@ -14,6 +14,7 @@ pub(crate) mod enable;
 pub(crate) mod exit;
 #[cfg(feature = "fleet")]
 pub(crate) mod fleet;
+pub(crate) mod hermes_python;
 pub(crate) mod install;
 pub(crate) mod lease;
 pub(crate) mod list;

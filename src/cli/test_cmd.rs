@@ -10,8 +10,8 @@ use crate::cli::common::{describe_roots, fail, read_context, usage, with_loaded_
 
 /// The context of a sample call of the agent event `event` (issue 49): a tool call of
 /// `terminal` (`echo hello`) for the tool events, a session's id for the others; `for_tool`
-/// names the tool, and `payload_file` (a JSON object of Hermes's call arguments) is merged over
-/// it. Made as the Hermes plugin makes it ([`crate::events::agent_context`]).
+/// names the tool, and `payload_file` (a JSON object of Hermes's call arguments, or of the
+/// context's keys: [`call_arguments`]) is merged over it. Made as the Hermes plugin makes it ([`crate::events::agent_context`]).
 fn agent_call(
     event: &str,
     for_tool: Option<&str>,
@@ -34,19 +34,80 @@ fn agent_call(
     if let Some(tool) = for_tool {
         kwargs.insert("tool_name".into(), json!(tool));
     }
+    let mut cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
     if let Some(path) = payload_file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        match serde_json::from_str(&text) {
-            Ok(Value::Object(m)) => kwargs.extend(m),
+        let payload = match serde_json::from_str(&text) {
+            Ok(Value::Object(m)) => m,
             Ok(_) => return Err(format!("{} is not a JSON object", path.display())),
             Err(e) => return Err(format!("{} is not valid JSON: {e}", path.display())),
-        }
+        };
+        let payload = call_arguments(event, payload, &mut cwd)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        kwargs.extend(payload);
     }
-    let cwd = std::env::current_dir()
-        .map(|d| d.display().to_string())
-        .unwrap_or_default();
     Ok(crate::events::agent_context(event, &kwargs, &cwd))
+}
+
+/// A payload file's object as the call's arguments (issue 58 row 11). Besides Hermes's own
+/// names (`args`, `task_id`, ...), the keys of the context a hook receives are read for what
+/// they are: `tool_input` is the call's `args`, `extra`'s keys are arguments, `cwd` is the
+/// working directory, `hook_event_name` must be `event`; so a context copied from a hook's
+/// stdin tests as it ran. Refused, naming the key to write: both `args` and `tool_input`, or
+/// either not an object (the hook would see `tool_input: null`).
+fn call_arguments(
+    event: &str,
+    mut payload: serde_json::Map<String, serde_json::Value>,
+    cwd: &mut String,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    use serde_json::Value;
+    if let Some(input) = payload.remove("tool_input") {
+        if payload.contains_key("args") {
+            return Err(
+                "both \"args\" and \"tool_input\": the tool call's arguments are \
+                        \"args\" (Hermes's name) or \"tool_input\" (the context's), one of them"
+                    .into(),
+            );
+        }
+        payload.insert("args".into(), input);
+    }
+    if let Some(args) = payload.get("args").filter(|a| !a.is_object()) {
+        return Err(format!(
+            "\"args\" (or \"tool_input\") is the tool call's arguments, a JSON object such as \
+             {{\"command\": \"ls\"}}; not {args}"
+        ));
+    }
+    match payload.remove("hook_event_name") {
+        Some(Value::String(e)) if e == event => {}
+        Some(other) => {
+            return Err(format!(
+                "\"hook_event_name\" is {other}, but the event tested is {event:?}"
+            ));
+        }
+        None => {}
+    }
+    match payload.remove("cwd") {
+        Some(Value::String(dir)) => *cwd = dir,
+        Some(other) => return Err(format!("\"cwd\" is a directory's path, not {other}")),
+        None => {}
+    }
+    match payload.remove("extra") {
+        Some(Value::Object(extra)) => {
+            for (k, v) in extra {
+                payload.entry(k).or_insert(v);
+            }
+        }
+        Some(other) => {
+            return Err(format!(
+                "\"extra\" holds the call's other arguments by name, a JSON object; not {other}"
+            ));
+        }
+        None => {}
+    }
+    Ok(payload)
 }
 
 /// Runs `test`; returns the exit code.

@@ -16,8 +16,12 @@ pub struct HookInfo {
     pub description: String,
     /// `events:` patterns.
     pub events: Vec<String>,
-    /// Handler kind.
+    /// Handler kind; `shell` for an entry of config.yaml's `hooks:` block ([`Self::config_entry`]).
     pub kind: &'static str,
+    /// An entry of config.yaml's `hooks:` block: the event, matcher and command as written there
+    /// (issue 58 row 8; its hook directory is made by the service, not to be edited).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_entry: Option<crate::config_hooks::WrittenEntry>,
     /// Hook directory.
     pub path: PathBuf,
     /// Handler file or URL.
@@ -182,7 +186,11 @@ impl HookInfo {
             name: spec.name.clone(),
             description: spec.manifest.description.clone(),
             events: spec.manifest.events.clone(),
-            kind: spec.kind.as_str(),
+            kind: match spec.config_entry {
+                Some(_) => "shell",
+                None => spec.kind.as_str(),
+            },
+            config_entry: spec.config_entry.clone(),
             path: spec.dir.clone(),
             handler: match (&spec.handler_path, &spec.manifest.url) {
                 (Some(p), _) => p.display().to_string(),
@@ -221,9 +229,12 @@ impl HookInfo {
             warnings: spec.manifest.warnings.clone(),
             signed: crate::handler::signed(spec),
             placement: crate::ingateway::HookPlacement::of(spec, python, hermes_home),
+            // A config.yaml entry's worker and interpreter are the service's own machinery,
+            // set in the directory it makes: nothing the operator could change there.
             worker: h
                 .signals()
                 .start()
+                .filter(|_| spec.config_entry.is_none())
                 .map(|(start, reason)| WorkerStart { start, reason }),
             concurrency: spec.manifest.concurrency,
             durations: Durations::of(s, &recent),

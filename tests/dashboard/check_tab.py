@@ -231,7 +231,7 @@ def start_dashboard(run):
 
 def check_auth(base):
     """Without the dashboard's session token nothing changes."""
-    req = urllib.request.Request(base + "/api/plugins/hermes-hooks/reload", data=b"{}",
+    req = urllib.request.Request(base + "/api/plugins/hermes-hooks-dashboard/reload", data=b"{}",
                                  method="POST", headers={"Content-Type": "application/json"})
     try:
         urllib.request.urlopen(req, timeout=10)
@@ -470,9 +470,9 @@ def check_enable_needs_digest(run, page):
     enable without the review's digest approved a hook. Now the backend refuses it (400) and
     nothing is approved."""
     url = page.url.split("/", 3)[:3]
-    REFUSED_ON_PURPOSE.add((400, "/".join(url) + "/api/plugins/hermes-hooks/hooks/pending/enable"))
+    REFUSED_ON_PURPOSE.add((400, "/".join(url) + "/api/plugins/hermes-hooks-dashboard/hooks/pending/enable"))
     answer = page.evaluate("""async () => {
-        const r = await fetch("/api/plugins/hermes-hooks/hooks/pending/enable", {
+        const r = await fetch("/api/plugins/hermes-hooks-dashboard/hooks/pending/enable", {
             method: "POST",
             headers: {"Content-Type": "application/json",
                       "X-Hermes-Session-Token": window.__HERMES_SESSION_TOKEN__ || ""},

@@ -31,7 +31,7 @@ fn collect(serve: &Serve, event: &str, ctx: &Value) -> Value {
 }
 
 /// A script in the test's directory (mode 0755) that a config.yaml entry runs.
-fn script(hooks: &Hooks, name: &str, body: &str) -> String {
+pub(crate) fn script(hooks: &Hooks, name: &str, body: &str) -> String {
     let path = hooks.tmp.path().join(name);
     std::fs::write(&path, body).unwrap();
     set_mode(&path, 0o755);
@@ -269,16 +269,32 @@ fn hook_yaml_hooks_take_agent_events() {
     );
 }
 
-fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
+pub(crate) fn run(hooks: &Hooks, args: &[&str]) -> (i32, String) {
     let nobody = hooks.tmp.path().join("nobody.sock");
     run_at(hooks, args, &nobody.display().to_string())
 }
 
 /// `run`, with the service at `address` (`HERMES_HOOKS_ADDRESS`).
-fn run_at(hooks: &Hooks, args: &[&str], address: &str) -> (i32, String) {
+pub(crate) fn run_at(hooks: &Hooks, args: &[&str], address: &str) -> (i32, String) {
+    run_with(
+        hooks,
+        args,
+        address,
+        std::env::var_os("PATH").unwrap_or_default(),
+    )
+}
+
+/// `run_at`, with `path` as `PATH`.
+pub(crate) fn run_with(
+    hooks: &Hooks,
+    args: &[&str],
+    address: &str,
+    path: std::ffi::OsString,
+) -> (i32, String) {
     let out = std::process::Command::new(bin())
         .args(args)
         .env("HERMES_HOME", hooks.home())
+        .env("PATH", path)
         .env("HERMES_HOOKS_ADDRESS", address)
         .env_remove("HERMES_ACCEPT_HOOKS")
         .env_remove("HERMES_HOOKS_TOKEN")
@@ -287,6 +303,28 @@ fn run_at(hooks: &Hooks, args: &[&str], address: &str) -> (i32, String) {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.code().unwrap_or(-1), text)
+}
+
+/// `test pre_tool_call --hook seen --payload-file F --json` (F holding `payload`) with `more`
+/// arguments, on the test's hook root: the exit code and the output.
+pub(crate) fn test_seen(hooks: &Hooks, payload: &str, more: &[&str]) -> (i32, String) {
+    let file = hooks.tmp.path().join("payload.json");
+    std::fs::write(&file, payload).unwrap();
+    let root = hooks.root().display().to_string();
+    let file = file.display().to_string();
+    let mut args = vec![
+        "test",
+        "pre_tool_call",
+        "--hooks-dir",
+        &root,
+        "--hook",
+        "seen",
+        "--payload-file",
+        &file,
+        "--json",
+    ];
+    args.extend_from_slice(more);
+    run(hooks, &args)
 }
 
 /// Issue 49, "Operators": `plugin install` enables the Hermes plugin in config.yaml (and keeps
@@ -356,28 +394,10 @@ fn operators_plugin_doctor_and_test() {
         "[\"pre_tool_call\"]",
         "def handle(event, ctx):\n    return {'tool': ctx['tool_name'], 'input': ctx['tool_input'], 'extra': ctx['extra']}\n",
     );
-    let payload = hooks.tmp.path().join("payload.json");
-    std::fs::write(
-        &payload,
-        r#"{"args": {"path": "/etc/passwd"}, "task_id": "t9"}"#,
-    )
-    .unwrap();
-    let root = hooks.root().display().to_string();
-    let (code, said) = run(
+    let (code, said) = test_seen(
         &hooks,
-        &[
-            "test",
-            "pre_tool_call",
-            "--hooks-dir",
-            &root,
-            "--hook",
-            "seen",
-            "--for-tool",
-            "read_file",
-            "--payload-file",
-            &payload.display().to_string(),
-            "--json",
-        ],
+        r#"{"args": {"path": "/etc/passwd"}, "task_id": "t9"}"#,
+        &["--for-tool", "read_file"],
     );
     assert_eq!(code, 0, "{said}");
     let line: Value = serde_json::from_str(said.lines().next().unwrap()).unwrap();
@@ -387,6 +407,7 @@ fn operators_plugin_doctor_and_test() {
                "extra": {"tool_call_id": "test-call", "task_id": "t9"}}),
         "{said}"
     );
+    let root = hooks.root().display().to_string();
     let (code, said) = run(
         &hooks,
         &[

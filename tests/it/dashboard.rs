@@ -122,7 +122,7 @@ fn dashboard_install_writes_the_plugin_and_enables_it_keeping_the_config() {
 
     let out = dashboard(&home, "install");
     assert!(out.status.success(), "{out:?}");
-    let plugin = home.join("plugins/hermes-hooks/dashboard");
+    let plugin = home.join("plugins/hermes-hooks-dashboard/dashboard");
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("clients/python/hermes_hooks/dashboard_plugin");
     for file in [
@@ -138,12 +138,15 @@ fn dashboard_install_writes_the_plugin_and_enables_it_keeping_the_config() {
     }
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(plugin.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["name"], "hermes-hooks");
+    assert_eq!(manifest["name"], "hermes-hooks-dashboard");
     assert_eq!(manifest["tab"]["path"], "/hooks");
     let after = std::fs::read_to_string(&config).unwrap();
     assert_eq!(
         after,
-        before.replace("    - other\n", "    - other\n    - hermes-hooks\n")
+        before.replace(
+            "    - other\n",
+            "    - other\n    - hermes-hooks-dashboard\n"
+        )
     );
     // Twice is once.
     assert!(dashboard(&home, "install").status.success());
@@ -151,15 +154,15 @@ fn dashboard_install_writes_the_plugin_and_enables_it_keeping_the_config() {
 
     let out = dashboard(&home, "uninstall");
     assert!(out.status.success(), "{out:?}");
-    assert!(!home.join("plugins/hermes-hooks").exists());
+    assert!(!home.join("plugins/hermes-hooks-dashboard").exists());
     assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
 
     // A plugin the operator disabled stays disabled: install says so and changes nothing.
-    let disabled = "plugins:\n  disabled: [hermes-hooks]\n";
+    let disabled = "plugins:\n  disabled: [hermes-hooks-dashboard]\n";
     std::fs::write(&config, disabled).unwrap();
     let out = dashboard(&home, "install");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("plugins.disabled"));
     assert_eq!(std::fs::read_to_string(&config).unwrap(), disabled);
-    assert!(!home.join("plugins/hermes-hooks").exists());
+    assert!(!home.join("plugins/hermes-hooks-dashboard").exists());
 }

@@ -4,6 +4,7 @@ mod util;
 
 mod accounts;
 mod agent_hooks;
+mod agent_ops;
 mod cli;
 mod client;
 mod completions;

@@ -307,6 +307,12 @@ class AgentBridge:
         self.fail_closed = frozenset(n for n in fail_closed if n in CLOSABLE)
         #: What has been said in the terminal about decisions that failed open.
         self.notices = FailOpenNotices()
+        #: The events a callback is registered for (:meth:`attach`).
+        self.attached = frozenset()  # type: frozenset
+        #: What the config.yaml entries were handed over from (:meth:`recheck`), and its lock.
+        self._stamp = None  # type: Optional[Tuple[Any, ...]]
+        self._stamp_lock = threading.Lock()
+        self._config_files = _config_files(getattr(registry, "_home", None))
         for n in fail_closed:
             if n not in CLOSABLE:
                 log.warning("hermes-hooks: fail_closed lists %r; only %s can fail closed",
@@ -316,11 +322,44 @@ class AgentBridge:
         """The agent events some hook of the service subscribes to."""
         return subscribed(self.registry.loaded_hooks)
 
+    def hand_over(self) -> List[str]:
+        """Keeps Hermes's runner off the config.yaml entries the service hosts and lists as off
+        (:func:`hand_over_shell_hooks`), for the events this plugin forwards; remembers what it
+        looked at (:meth:`recheck`). Returns the commands handed over."""
+        with self._stamp_lock:
+            return self._hand_over()
+
+    def _hand_over(self) -> List[str]:
+        self._stamp = _config_stamp(self._config_files)
+        off = [s.get("name") for s in self.registry.skipped
+               if s.get("code") in ("disabled", "revoked")]
+        return hand_over_shell_hooks(self.registry.loaded_hooks, off, self.attached)
+
+    def recheck(self) -> None:
+        """Before each event: when config.yaml, the allowlist or the entries Hermes's runner has
+        registered changed since the last hand-over (two ``stat`` calls and a set's size when
+        nothing did), has the service load again and hands over what it hosts now, so an entry
+        added and approved during a session (``--accept-hooks``, the TTY prompt) runs once, in
+        the service, not also in Hermes's runner (issue 58 row 5). Never raises."""
+        if self._stamp is None or self._stamp == _config_stamp(self._config_files):
+            return
+        with self._stamp_lock:
+            if self._stamp == _config_stamp(self._config_files):
+                return  # another thread did it while this one waited
+            try:
+                sync_config_hooks(self.registry)
+                taken = self._hand_over()
+                if taken:
+                    log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))
+            except Exception as exc:
+                log.warning("hermes-hooks: config.yaml's hooks not taken over again: %r", exc)
+
     def callback(self, event: str) -> Callable[..., Any]:
         """The callback Hermes calls for ``event``."""
         if event in DECIDING:
             def deciding(**kwargs: Any) -> Any:
                 try:
+                    self.recheck()
                     return self.decide(event, kwargs)
                 except Exception as exc:  # never into Hermes
                     log.warning("hermes-hooks: %s failed: %r", event, exc)
@@ -332,6 +371,7 @@ class AgentBridge:
             fn = deciding
         else:
             def observing(**kwargs: Any) -> None:
+                self.recheck()
                 self.registry.emit_nowait(event, context(event, kwargs))
                 return None
             fn = observing
@@ -434,6 +474,7 @@ class AgentBridge:
         names = self.events()
         for name in names:
             register_hook(name, self.callback(name))
+        self.attached = self.attached | frozenset(names)
         return names
 
 
@@ -445,31 +486,107 @@ def shell_hook_name(event: str, matcher: Optional[str], command: str) -> str:
     return "shell-%s-%s" % (event, digest.hexdigest()[:10])
 
 
-def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]],
-                          disabled: Iterable[str] = ()) -> List[str]:
+def _config_files(home: Optional[str]) -> Tuple[str, ...]:
+    """The files of ``home`` the hand-over of config.yaml's entries reads."""
+    if not home:
+        return ()
+    return tuple(os.path.join(home, n) for n in ("config.yaml", "shell-hooks-allowlist.json"))
+
+
+def _config_stamp(files: Tuple[str, ...]) -> Tuple[Any, ...]:
+    """What the hand-over of config.yaml's entries depends on, cheaply: the identity of
+    ``files`` (``stat``), and how many entries Hermes's runner has registered."""
+    out = []  # type: List[Any]
+    for path in files:
+        try:
+            st = os.stat(path)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    shell_hooks = sys.modules.get("agent.shell_hooks")
+    out.append(len(getattr(shell_hooks, "_registered", ()) or ()))
+    return tuple(out)
+
+
+def _runner_spec(callback: Any) -> Optional[Tuple[Any, Any, Any]]:
+    """The (event, matcher, command) of a callback of Hermes's shell-hook runner (a closure over
+    its entry), or ``None`` for any other callback."""
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if all(hasattr(value, k) for k in ("event", "matcher", "command")):
+            return (value.event, value.matcher, value.command)
+    return None
+
+
+def _unregister_runner(keys: Iterable[Tuple[Any, Any, Any]]) -> None:
+    """Turns off the callbacks Hermes's runner registered for ``keys`` in its plugin manager (an
+    entry approved during a session was registered before the service hosted it). Each is
+    replaced in its place by one that does nothing, never removed: a call of the event going
+    through the list now (the one whose callback of this plugin got here first) skips it and
+    misses no other callback."""
+    keys = set(keys)
+    if not keys:
+        return
+    try:
+        from hermes_cli.plugins import get_plugin_manager  # type: ignore
+        hooks = get_plugin_manager()._hooks
+    except Exception:
+        return
+    for event in {k[0] for k in keys}:
+        callbacks = hooks.get(event) or []
+        for i, cb in enumerate(callbacks):
+            key = _runner_spec(cb)
+            if key in keys:
+                callbacks[i] = _handed_over(key)
+
+
+def _handed_over(key: Tuple[Any, Any, Any]) -> Callable[..., None]:
+    """What stands in for Hermes's runner of an entry the service runs now."""
+    def handed_over(**_kwargs: Any) -> None:
+        return None
+    handed_over.__name__ = handed_over.__qualname__ = "hermes_hooks[hosted %s: %s]" % (
+        key[0], key[2])
+    return handed_over
+
+
+def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[str] = (),
+                          events: Optional[Iterable[str]] = None) -> List[str]:
     """Keeps Hermes's own shell-hook runner off the config.yaml entries the service hosts, so
     each command runs once per event: 0.19.0 registers an entry only when its (event, matcher,
     command) is not in ``agent.shell_hooks._registered`` yet (that is how a second registration
     by the gateway is avoided), and plugins are loaded before shell hooks, in ``hermes chat``
-    and in ``hermes gateway run``. An entry the service does not list (no consent yet, the
-    service unreachable) stays Hermes's; one the service lists as disabled or revoked (an
-    operator turned it off here: `disable`, the dashboard, under either trust mode) is handed
-    over too, so that it does not run at all.
+    and in ``hermes gateway run``; an entry Hermes registered already (approved during a
+    session) has its runner's callback taken out (issue 58 row 5). An entry the service does
+    not list (no consent yet, the service unreachable), or whose event this plugin does not
+    forward (``events``, when given), stays Hermes's; one the service lists as disabled or
+    revoked (an operator turned it off here: `disable`, the dashboard, under either trust
+    mode) is handed over too, so that it does not run at all.
     Returns the commands handed over."""
     try:
         from agent import shell_hooks  # type: ignore
         from hermes_cli.config import load_config  # type: ignore
     except Exception:
         return []  # not inside Hermes
-    hosted = {h.get("name") for h in hooks if isinstance(h, dict)} | set(disabled)
-    taken = []
+    hosted = {h.get("name") for h in hooks if isinstance(h, dict)}
+    off = set(disabled)
+    forwarded = None if events is None else set(events)
+    taken, ran = [], []
     try:
         specs = shell_hooks.iter_configured_hooks(load_config())
         with shell_hooks._registered_lock:
             for spec in specs:
-                if shell_hook_name(spec.event, spec.matcher, spec.command) in hosted:
-                    shell_hooks._registered.add((spec.event, spec.matcher, spec.command))
+                key = (spec.event, spec.matcher, spec.command)
+                name = shell_hook_name(*key)
+                runs_here = name in hosted and (forwarded is None or spec.event in forwarded)
+                if runs_here or name in off:
+                    if key in shell_hooks._registered:
+                        ran.append(key)
+                    shell_hooks._registered.add(key)
                     taken.append(spec.command)
+        _unregister_runner(ran)
     except Exception as exc:
         log.warning("hermes-hooks: could not take the shell hooks over from Hermes: %r", exc)
     return taken
@@ -522,13 +639,17 @@ def register(ctx: Any) -> None:
             _bridge = AgentBridge(registry, _config_fail_closed())
             if not registry._hooks_from_disk:  # the service's own list: what it hosts
                 sync_config_hooks(registry)
-                # Off by the operator's choice: `enabled: false`, or an approval revoked under
-                # --trust explicit (`disable`, the dashboard): Hermes must not run it either.
-                off = [s.get("name") for s in registry.skipped
-                       if s.get("code") in ("disabled", "revoked")]
-                taken = hand_over_shell_hooks(registry.loaded_hooks, off)
+                # The events are attached first: an entry is handed over only for an event this
+                # plugin forwards. Off by the operator's choice (`enabled: false`, or an approval
+                # revoked under --trust explicit: `disable`, the dashboard): Hermes must not run
+                # it either.
+                names = _bridge.attach(ctx.register_hook)
+                taken = _bridge.hand_over()
                 if taken:
                     log.info("hermes-hooks: hosting the shell hooks %s", ", ".join(taken))
+                log.info("hermes-hooks: forwarding %d agent event(s) to %s: %s", len(names),
+                         _bridge.registry.address, ", ".join(names) or "none")
+                return
         names = _bridge.attach(ctx.register_hook)
         log.info("hermes-hooks: forwarding %d agent event(s) to %s: %s", len(names),
                  _bridge.registry.address, ", ".join(names) or "none")

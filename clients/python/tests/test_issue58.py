@@ -1,4 +1,4 @@
-"""Issue 58, the client's rows (2, 3, 4, 6, 7): what the agent plugin and ``agent:end`` got wrong
+"""Issue 58, the client's rows (2, 3, 4, 5, 6, 7): what the agent plugin and ``agent:end`` got wrong
 against hermes-agent 0.19.0, each row with a test that failed before its fix.
 
 The plugin cases drive the real service (``HERMES_HOOKS_BIN``, as ``test_agent_plugin.py``;
@@ -12,8 +12,10 @@ clients/python/tests/test_issue58.py -v``.
 import io
 import json
 import os
+import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -219,6 +221,117 @@ class Row4ConnectionsAreBounded(_PluginCase):
             t.join(60)
         self.assertEqual(answers, {(i, j): str(i * 100 + j) for i in range(24) for j in range(5)})
         self.assertLessEqual(_socket_fds(), before + getattr(agent_plugin, "POOL_IDLE_MAX", 8))
+
+
+class _HermesWithRunner:
+    """The parts of Hermes (0.19.0) the plugin meets when it hands config.yaml's entries over,
+    in our own words: the configured entries (``agent.shell_hooks``), the set of entries its
+    runner registered and the plugin manager's callbacks, which its runner adds to as it
+    registers an entry (a closure over the entry, running its command with the context on
+    stdin) and which :meth:`fire` calls in turn, as its ``invoke_hook`` does."""
+
+    class Spec:
+        def __init__(self, event: str, command: str, matcher=None) -> None:
+            self.event, self.command, self.matcher = event, command, matcher
+
+    def __init__(self, config: dict) -> None:
+        import types
+        self.config = config
+        self.hooks = {}  # type: dict
+        shell_hooks = types.ModuleType("agent.shell_hooks")
+        shell_hooks._registered = set()
+        shell_hooks._registered_lock = threading.Lock()
+        shell_hooks.iter_configured_hooks = lambda cfg: [
+            self.Spec(event, e["command"], e.get("matcher"))
+            for event, entries in (cfg.get("hooks") or {}).items() for e in entries]
+        self.shell_hooks = shell_hooks
+        agent = types.ModuleType("agent")
+        agent.shell_hooks = shell_hooks
+        hermes_cli = types.ModuleType("hermes_cli")
+        config_mod = types.ModuleType("hermes_cli.config")
+        config_mod.load_config = lambda: self.config
+        plugins_mod = types.ModuleType("hermes_cli.plugins")
+        manager = types.SimpleNamespace(_hooks=self.hooks)
+        plugins_mod.get_plugin_manager = lambda: manager
+        hermes_cli.config, hermes_cli.plugins = config_mod, plugins_mod
+        self.modules = {"agent": agent, "agent.shell_hooks": shell_hooks,
+                        "hermes_cli": hermes_cli, "hermes_cli.config": config_mod,
+                        "hermes_cli.plugins": plugins_mod}
+
+    def register_hook(self, name: str, callback) -> None:  # the plugin's PluginContext
+        self.hooks.setdefault(name, []).append(callback)
+
+    def register_entry(self, spec) -> None:
+        """What the runner does with an entry approved at its prompt."""
+        def runner(**kwargs):
+            subprocess.run(shlex.split(spec.command), input=json.dumps(kwargs, default=str),
+                           text=True, timeout=30, check=False)
+        with self.shell_hooks._registered_lock:
+            key = (spec.event, spec.matcher, spec.command)
+            if key not in self.shell_hooks._registered:
+                self.shell_hooks._registered.add(key)
+                self.hooks.setdefault(spec.event, []).append(runner)
+
+    def fire(self, event: str, **kwargs) -> list:
+        return [r for r in (cb(**kwargs) for cb in self.hooks.get(event, [])) if r is not None]
+
+
+@unittest.skipUnless(BIN, "HERMES_HOOKS_BIN is not set: this case drives the real service")
+class Row5ApprovedDuringASessionRunsOnce(_PluginCase):
+    """Row 5: config.yaml entry ``c2`` is added and approved at Hermes's prompt during a session
+    while ``c1`` is hosted: Hermes's runner registers ``c2`` and the service, seeing the
+    allowlist change, hosts it too. Before, the plugin handed entries over only when it
+    registered, so ``c2`` ran twice per event (the service's worker and Hermes's runner)."""
+
+    def write_config(self, commands: list) -> None:
+        self.config["hooks"]["pre_tool_call"] = [{"command": c} for c in commands]
+        with open(os.path.join(self.home, "config.yaml"), "w") as f:
+            f.write("hooks:\n  pre_tool_call:\n%s" % "".join(
+                "    - command: %s\n" % json.dumps(c) for c in commands))
+        with open(os.path.join(self.home, "shell-hooks-allowlist.json"), "w") as f:
+            json.dump({"approvals": [{"event": "pre_tool_call", "command": c}
+                                     for c in commands]}, f)
+
+    def test_an_entry_approved_during_a_session_runs_once(self) -> None:
+        ran = os.path.join(self.tmp, "ran")
+        c1 = "sh -c 'cat > /dev/null'"
+        c2 = "sh -c 'cat > /dev/null; echo c2 >> %s'" % ran
+        self.config = {"hooks": {}}
+        self.write_config([c1])
+        hermes = _HermesWithRunner(self.config)
+        service = self.Service(self.tmp, self.home, self.hooks_dir, ["--socket", self.sock],
+                               self.sock)
+        self.addCleanup(service.stop)
+        env = {"HERMES_HOOKS_ADDRESS": self.sock, "HERMES_HOOKS_AUTOSTART": "0"}
+        with mock.patch.dict(os.environ, env), mock.patch.dict(sys.modules, hermes.modules), \
+                mock.patch.object(agent_plugin, "_bridge", None):
+            agent_plugin.register(hermes)
+            bridge = agent_plugin._bridge
+            self.addCleanup(bridge.registry.close, 0)
+            self.addCleanup(bridge.close)
+            self.assertIn(("pre_tool_call", None, c1), hermes.shell_hooks._registered)
+            # During the session: c2 added, approved at the prompt, registered by the runner.
+            self.write_config([c1, c2])
+            hermes.register_entry(hermes.Spec("pre_tool_call", c2))
+            name = agent_plugin.shell_hook_name("pre_tool_call", None, c2)
+            deadline = time.monotonic() + 30
+            while name not in {h.get("name") for h in _hooks_of(self.sock)}:
+                self.assertLess(time.monotonic(), deadline, "the service did not host c2")
+                time.sleep(0.02)  # polling the service's own reload against the deadline
+            for calls in (1, 2):
+                hermes.fire("pre_tool_call", tool_name="terminal", args={"command": "ls"},
+                            session_id="s1", task_id="", tool_call_id="c%d" % calls)
+                with open(ran) as f:
+                    self.assertEqual(f.read().count("c2"), calls,
+                                     "c2 ran in the service and in Hermes's runner")
+
+
+def _hooks_of(sock: str) -> list:
+    """The hooks the service at ``sock`` lists (``GET /v1/hooks``)."""
+    from hermes_hooks import _transport
+    status, raw = _transport.request(_transport.parse_address(sock), "GET", "/v1/hooks", None,
+                                     {}, timeout=10.0)
+    return json.loads(raw.decode("utf-8")).get("hooks", []) if status == 200 else []
 
 
 class _OneShotServer:

@@ -1,4 +1,5 @@
-"""The backend of the Hooks tab in the Hermes dashboard (mounted at ``/api/plugins/hermes-hooks/``).
+"""The backend of the Hooks tab in the Hermes dashboard (mounted at
+``/api/plugins/hermes-hooks-dashboard/``).
 
 The dashboard imports this file only for a plugin listed in ``plugins.enabled`` of its config,
 and its own authentication guards every route under ``/api/`` (the session token of a loopback

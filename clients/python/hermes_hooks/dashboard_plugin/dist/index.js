@@ -1,7 +1,7 @@
 // The Hooks tab of the Hermes dashboard (hermes-hooks). A plain script, no build step: it
 // renders with the React and the components the dashboard exposes on
 // window.__HERMES_PLUGIN_SDK__, and talks only to this plugin's backend
-// (/api/plugins/hermes-hooks/, see plugin_api.py) through the SDK's authenticated fetchJSON.
+// (/api/plugins/hermes-hooks-dashboard/, see plugin_api.py) through the SDK's authenticated fetchJSON.
 (function () {
   "use strict";
   var SDK = window.__HERMES_PLUGIN_SDK__;
@@ -15,7 +15,7 @@
   var useCallback = SDK.hooks.useCallback;
   var useRef = SDK.hooks.useRef;
   var C = SDK.components;
-  var API = "/api/plugins/hermes-hooks";
+  var API = "/api/plugins/hermes-hooks-dashboard";
   var STATE_EVERY_MS = 3000;
   var TAIL_EVERY_MS = 2000;
   var TAIL_KEEP = 100;
@@ -328,16 +328,23 @@
     var q = hk.queue || {};
     var sb = hk.sandbox || {};
     var trend = ((hk.recent || {}).trend || []).slice(-15).reverse();
+    // An entry of config.yaml's hooks: block shows what was written there, not the directory
+    // the service made from it (issue 58).
+    var ce = hk.config_entry;
+    var where = ce ? [
+      ["config.yaml", "hooks." + ce.event + "[" + ce.index + "]"],
+      ["matcher", ce.matcher === null || ce.matcher === undefined ? "none" : ce.matcher],
+      ["command", ce.command],
+    ] : [["handler", hk.handler], ["directory", hk.path]];
     var facts = [
       ["events", (hk.events || []).join(", ") + " (" + family(hk) + ")"],
-      ["handler", hk.handler],
-      ["directory", hk.path],
+    ].concat(where, [
       ["sandbox", sandboxText(sb)],
       ["timeout", hk.timeout_s + " s"],
       ["queue", q.depth + " of " + q.capacity + " (" + q.overflow + ")"],
       ["since first loaded", c.accepted + " offered, " + c.ok + " ok, " + c.failed + " failed (" + c.timeouts +
         " timed out), " + c.dropped + " dropped, " + c.restarts + " restarts"],
-    ];
+    ]);
     return h("tr", { className: "hh-detail", "data-detail": hk.name }, h("td", { colSpan: 7 },
       h("div", { className: "hh-grid" },
         h("ul", { className: "hh-facts" }, facts.map(function (kv) {
@@ -764,5 +771,5 @@
       body);
   }
 
-  PLUGINS.register("hermes-hooks", HooksPage);
+  PLUGINS.register("hermes-hooks-dashboard", HooksPage);
 })();
