@@ -186,8 +186,8 @@ impl Run {
         let progress = (sh.opts.broker_wait() / 3).max(Duration::from_millis(30));
         let wait = sh.opts.broker_wait();
         let (main, retry) = (
-            Arc::new(Held::new(ack_all, wait, progress)),
-            Arc::new(Held::new(false, wait, progress)),
+            Arc::new(Held::new(ack_all, wait, progress, Some(sh.lost.clone()))),
+            Arc::new(Held::new(false, wait, progress, Some(sh.lost.clone()))),
         );
         let tend = |h: &Arc<Held>| {
             AbortOnDrop(tokio::spawn(crate::fleet::held::tend(
@@ -541,6 +541,12 @@ impl Run {
         if !self.s.ordered() && (self.main.lapsed_since(opened) || self.retry.lapsed_since(opened))
         {
             tracing::info!(hook = %self.s.name, "fleet: this worker was stopped or starved past the ack wait; what its pulls had buffered is left to the broker and it pulls again");
+            return Some(Ended::Again);
+        }
+        if !self.s.ordered()
+            && (self.main.link_lost_since(opened) || self.retry.link_lost_since(opened))
+        {
+            tracing::info!(hook = %self.s.name, "fleet: the broker connection was lost; what the pulls had buffered is left to the broker and this worker pulls again");
             return Some(Ended::Again);
         }
         let msg = Arc::new(msg);

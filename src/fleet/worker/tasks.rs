@@ -35,8 +35,13 @@ impl Worker {
         cfg: FleetConfig,
         opts: WorkerOptions,
     ) -> Result<Self, FleetError> {
+        let lost = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let client = cfg
-            .connect(&format!("hermes-hooks worker {}", opts.id), false)
+            .connect_watched(
+                &format!("hermes-hooks worker {}", opts.id),
+                false,
+                Some(lost.clone()),
+            )
             .await?;
         let js = cfg.jetstream(client.clone());
         let shared = Arc::new(Shared {
@@ -51,6 +56,7 @@ impl Worker {
             stop_by: Mutex::new(None),
             retire_until: Mutex::new(None),
             holds: Mutex::new(HashMap::new()),
+            lost,
         });
         tokio::spawn(crate::fleet::versions::follow(
             shared.client.clone(),
