@@ -27,6 +27,7 @@ pub mod repeats;
 pub mod replayed;
 pub mod retry;
 pub mod status;
+pub mod version_log;
 pub mod versions;
 pub mod worker;
 
@@ -151,6 +152,12 @@ impl FleetConfig {
     /// allowed delivery ([`attempts`]).
     pub fn attempts_bucket(&self) -> String {
         format!("{}_ATTEMPTS", token(&self.prefix).to_uppercase())
+    }
+
+    /// The key-value bucket of the version of each hook each worker runs
+    /// ([`version_log`]).
+    pub fn versions_bucket(&self) -> String {
+        format!("{}_VERSIONS", token(&self.prefix).to_uppercase())
     }
 
     /// Every subject of the event stream (the filter of each hook's consumer).

@@ -91,6 +91,9 @@ pub struct Versions {
     /// Identity -> when this worker began to retire its own version of it (a held change,
     /// [`Versions::retiring_own`]): live for new events until then.
     own_retiring: Arc<Mutex<HashMap<String, SystemTime>>>,
+    /// Identity -> the patterns of this worker's next version of it, on disk and held until
+    /// the running one ran what only it matches ([`Versions::holding_own`]).
+    own_next: Arc<Mutex<HashMap<String, Arc<PatternSet>>>>,
 }
 
 /// Records `patterns` of hook `key`, run by `worker`, as live until `seen`.
@@ -213,13 +216,31 @@ impl Versions {
         let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
         for (key, p) in own.iter() {
             if now.get(key) != Some(p) {
                 let until = since.remove(key).unwrap_or_else(SystemTime::now);
                 retire(&mut retired, key, p, me, until, false);
+                next.remove(key);
             }
         }
         *own = now;
+    }
+
+    /// What the broker kept of the versions the workers ran ([`super::version_log`]), read
+    /// as this worker starts: its own earlier versions count as replaced now (an event they
+    /// matched that was accepted before is owed a run or a dead letter), a peer's as gone since
+    /// its record's time (it may come back with it; a status it sends again says otherwise).
+    pub fn seed(&self, me: &str, records: &[super::version_log::Record]) {
+        let now = SystemTime::now();
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        for r in records {
+            if r.worker == me {
+                retire(&mut retired, &r.key, &r.patterns, me, now, false);
+            } else {
+                retire(&mut retired, &r.key, &r.patterns, &r.worker, r.at(), true);
+            }
+        }
     }
 
     /// This worker began to retire its own version of hook `key` (a change held until it ran
@@ -234,6 +255,31 @@ impl Versions {
     pub fn not_retiring_own(&self, key: &str) {
         let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
         since.remove(key);
+        drop(since);
+        let mut next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
+        next.remove(key);
+    }
+
+    /// This worker's versions (identity -> patterns), as last recorded.
+    pub fn own_versions(&self) -> BTreeMap<String, Vec<String>> {
+        self.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// This worker holds a change of hook `key` whose version has `patterns` (on disk, loaded
+    /// once the running version ran what only it matches).
+    pub fn holding_own(&self, key: &str, patterns: &[String]) {
+        if let Ok(set) = PatternSet::new(patterns) {
+            let mut next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
+            next.insert(key.to_string(), Arc::new(set));
+        }
+    }
+
+    /// Whether this worker's held next version of hook `key` matches `event`: an event that
+    /// entered the stream during the hold is that version's too, not only the retiring one's
+    /// (issue 56 row 4).
+    pub fn next_matches(&self, key: &str, event: &str) -> bool {
+        let next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
+        next.get(key).is_some_and(|s| s.matches(event).is_some())
     }
 
     /// Whether every live worker's versions are known as of `accepted` (its last status came
@@ -273,6 +319,11 @@ impl Versions {
     ) -> Fate {
         if self.other_matches(key, event, seq) {
             return Fate::Elsewhere;
+        }
+        if self.next_matches(key, event) {
+            return Fate::Owed(format!(
+                "this worker's next version of the hook, held until the running one ran what only it matches, matches {event:?}; the running version does not (a rolling update by reload)"
+            ));
         }
         // This worker's version as last recorded: replaced by a reload its hook tasks have not
         // followed yet, or being retired.
@@ -625,8 +676,7 @@ mod tests {
     /// only events up to its bound. Issue 56: an event it matches is never skipped while that
     /// version may still run somewhere (being retired, or its worker stopped within the grace).
     #[test]
-    fn a_retiring_version_runs_only_what_was_in_the_stream_and_what_it_matches_is_never_skipped()
-    {
+    fn a_retiring_version_runs_only_what_was_in_the_stream_and_what_it_matches_is_never_skipped() {
         let v = Versions::default();
         v.update("me", status("old", true, &["roll:b"], None));
         assert!(v.other_matches("k", "roll:b", Some(500)));

@@ -196,7 +196,7 @@ impl Run {
             // is still safe, else left to its ack wait.
             return d.give_back(None).await;
         }
-        if self.past_retirement(d.seq) {
+        if self.past_retirement(&d) {
             // Retiring this version (its worker stops): what entered the stream since is not
             // its to run (an ordered hook's route decided before this).
             return self.not_here(d).await;

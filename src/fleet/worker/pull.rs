@@ -240,12 +240,13 @@ impl Run {
         }
     }
 
-    /// Whether the event at stream sequence `seq` entered the stream after this worker began
-    /// to retire its version of the hook (it stops during a rolling update): its version runs
-    /// only what was there before.
-    pub(super) fn past_retirement(&self, seq: u64) -> bool {
+    /// Whether delivery `d` entered the stream after this worker began to retire its version of
+    /// the hook (it stops, or holds a change, during a rolling update): its version runs only
+    /// what was there before, and what its held next version also matches (issue 56 row 4: the
+    /// change loads once the drain is done, so that version's events need not wait for it).
+    pub(super) fn past_retirement(&self, d: &Delivery) -> bool {
         let bound = self.retiring.load(std::sync::atomic::Ordering::Relaxed);
-        bound > 0 && seq > bound
+        bound > 0 && d.seq > bound && !self.sh.versions.next_matches(&self.s.key, &d.env.event)
     }
 
     /// This holding's lease bound (`None`: not a lease holder), for what starts and what is
