@@ -718,6 +718,7 @@ async fn drain_holds(
                 };
                 t.retiring.store(bound.max(1), Ordering::Relaxed);
                 sh.versions.retiring_own(&key);
+                tracing::info!(hook = %t.settings.name, bound, "fleet: the held change's drain begins: the running version runs what only it matches up to this stream sequence");
                 Hold::Draining {
                     bound: bound.max(1),
                     from: ack_floor(t).await.unwrap_or(0),
