@@ -15,6 +15,7 @@
 //! every later call of that epoch (the Python handler's runner), since a process stopped with
 //! the service has calls in its pipe that it would otherwise run on waking.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -53,6 +54,9 @@ pub struct StartGate {
     epoch: AtomicU64,
     /// Wakes whoever waits for the gate to shut.
     shut_notify: tokio::sync::Notify,
+    /// The connection that delivered the work ([`StartGate::linked`]): when it was last lost
+    /// (monotonic ns), and that moment as the gate was made.
+    link: Option<(Arc<AtomicU64>, u64)>,
 }
 
 impl StartGate {
@@ -63,6 +67,19 @@ impl StartGate {
             shut: AtomicBool::new(false),
             epoch: AtomicU64::new(EPOCHS.fetch_add(1, Ordering::Relaxed)),
             shut_notify: tokio::sync::Notify::new(),
+            link: None,
+        }
+    }
+
+    /// A gate open until `until_ns` that also shuts for good once the connection that
+    /// delivered the work is lost (`lost`: when it was last lost, monotonic ns): a broker that
+    /// restarts may have rolled back its record of the delivery and send the work to another
+    /// worker as new (issue 56).
+    pub fn linked(until_ns: u64, lost: Arc<AtomicU64>) -> Self {
+        let at = lost.load(Ordering::SeqCst);
+        Self {
+            link: Some((lost, at)),
+            ..Self::new(until_ns)
         }
     }
 
@@ -105,7 +122,11 @@ impl StartGate {
         if self.is_shut() {
             return false;
         }
-        if monotonic_ns() >= self.until.load(Ordering::SeqCst) {
+        let lost = self
+            .link
+            .as_ref()
+            .is_some_and(|(l, at)| l.load(Ordering::SeqCst) != *at);
+        if lost || monotonic_ns() >= self.until.load(Ordering::SeqCst) {
             self.shut();
             return false;
         }

@@ -63,7 +63,7 @@ pub async fn bucket(cfg: &FleetConfig, js: &jetstream::Context) -> Result<kv::St
 
 /// The key of `worker`'s span for the hook whose consumer is `consumer`: a key takes letters,
 /// digits, `-` and `_` (anything else is written as `=` and its hex bytes).
-fn key(consumer: &str, worker: &str) -> String {
+pub(super) fn key(consumer: &str, worker: &str) -> String {
     use std::fmt::Write;
     let mut k = format!("{consumer}.");
     for b in worker.bytes() {

@@ -85,13 +85,25 @@ pub struct Held {
     /// (the worker was stopped or starved): what the pull had buffered by then may have been
     /// sent on by the broker ([`Held::lapsed_since`]). 0: never.
     lapsed_at: std::sync::atomic::AtomicU64,
+    /// `Explicit`: when the broker connection was last lost (monotonic ns; 0: never), for the
+    /// deliveries' gates ([`StartGate::linked`]).
+    lost: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Held {
     /// For a consumer whose acknowledgement policy is `All` (`ack_all`) or `Explicit`, whose
-    /// ack wait is `ack_wait`, tended every `progress` ([`tend`]).
-    pub fn new(ack_all: bool, ack_wait: Duration, progress: Duration) -> Self {
+    /// ack wait is `ack_wait`, tended every `progress` ([`tend`]). An `Explicit` delivery's gate
+    /// also shuts once the broker connection is lost after it arrived (`lost`: when it was last
+    /// lost, set by the connection's events): a broker that restarts may send it to another
+    /// worker as new, saying `delivered` 1.
+    pub fn new(
+        ack_all: bool,
+        ack_wait: Duration,
+        progress: Duration,
+        lost: Option<Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Self {
         Self {
+            lost: lost.filter(|_| !ack_all),
             deadline: (!ack_all).then_some((ack_wait, progress)),
             last_round: std::sync::atomic::AtomicU64::new(monotonic_ns()),
             lapsed_at: Default::default(),
@@ -291,11 +303,20 @@ impl Held {
             .last_round
             .load(std::sync::atomic::Ordering::SeqCst)
             .saturating_add(progress.as_nanos() as u64);
-        Some(Arc::new(StartGate::new(StartGate::bound(
-            now.min(round),
-            ack_wait,
-            delivery_margin(ack_wait),
-        ))))
+        let until = StartGate::bound(now.min(round), ack_wait, delivery_margin(ack_wait));
+        Some(Arc::new(match &self.lost {
+            Some(lost) => StartGate::linked(until, lost.clone()),
+            None => StartGate::new(until),
+        }))
+    }
+
+    /// `Explicit`: whether the broker connection was lost after `since` (monotonic ns; the
+    /// pull session's start): what the session's buffer holds was delivered over the lost
+    /// connection, and the session ends unread (the broker delivers it again).
+    pub fn link_lost_since(&self, since: u64) -> bool {
+        self.lost
+            .as_ref()
+            .is_some_and(|l| l.load(std::sync::atomic::Ordering::SeqCst) > since)
     }
 
     /// `Explicit`: whether a round of progress signals found the worker stopped or starved

@@ -27,6 +27,7 @@ pub mod repeats;
 pub mod replayed;
 pub mod retry;
 pub mod status;
+pub mod version_log;
 pub mod versions;
 pub mod worker;
 
@@ -153,6 +154,12 @@ impl FleetConfig {
         format!("{}_ATTEMPTS", token(&self.prefix).to_uppercase())
     }
 
+    /// The key-value bucket of the version of each hook each worker runs
+    /// ([`version_log`]).
+    pub fn versions_bucket(&self) -> String {
+        format!("{}_VERSIONS", token(&self.prefix).to_uppercase())
+    }
+
     /// Every subject of the event stream (the filter of each hook's consumer).
     pub fn events_filter(&self) -> String {
         format!("{}.ev.>", self.prefix)
@@ -226,7 +233,33 @@ impl FleetConfig {
     /// Connects to the broker. When `wait` is false the client keeps trying in the background
     /// (the edge starts while the broker is down); otherwise a failure is an error.
     pub async fn connect(&self, name: &str, wait: bool) -> Result<async_nats::Client, FleetError> {
+        self.connect_watched(name, wait, None).await
+    }
+
+    /// [`FleetConfig::connect`], and each time the connection is lost, `lost` is set to that
+    /// moment (monotonic ns, [`crate::start_gate::monotonic_ns`]): what the broker delivered
+    /// before may not be its to finish any more (a restarted broker rolls back what it had not
+    /// written, and delivers it again as new).
+    pub async fn connect_watched(
+        &self,
+        name: &str,
+        wait: bool,
+        lost: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Result<async_nats::Client, FleetError> {
         let mut opts = async_nats::ConnectOptions::new();
+        if let Some(lost) = lost {
+            opts = opts.event_callback(move |event| {
+                let lost = lost.clone();
+                async move {
+                    if matches!(event, async_nats::Event::Disconnected) {
+                        lost.store(
+                            crate::start_gate::monotonic_ns(),
+                            std::sync::atomic::Ordering::SeqCst,
+                        );
+                    }
+                }
+            });
+        }
         if let (Some(u), Some(p)) = (&self.user, &self.password) {
             opts = opts.user_and_password(u.clone(), p.clone());
         }

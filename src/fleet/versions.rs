@@ -7,12 +7,14 @@
 //!   passes over an event that only another version matches (nats-server ≥ 2.10: one filter
 //!   subject per pattern, `filter_subjects`; 2.9 takes one filter subject, so a hook whose
 //!   versions need several reads every event);
-//! - an event this worker's version does not match is handed back (nak, counted as
-//!   `mismatched`; an ordered hook's lease holder hands the lease over) when another live
-//!   version matches it; when none does but a version that matched it was live when the event
-//!   was accepted ([`Versions::matched_when`]: retired versions are kept with the time they were
-//!   last seen live, [`RETIRED`] per hook), it is dead-lettered; only an event no version
-//!   matched then is acknowledged and skipped.
+//! - what becomes of an event this worker's version does not run ([`Versions::fate`], the one
+//!   place that decides it): handed on (counted `mismatched`; an ordered hook's lease holder
+//!   hands the lease over) when another live version matches it; dead-lettered with the reason
+//!   when a version that may still run somewhere matches it (this worker's own, replaced or
+//!   being retired; a peer's being retired; a peer's that stopped or vanished within the
+//!   consumer grace, whose worker may come back with it; a version changed after the event was
+//!   accepted: retired versions are kept with the time they were last seen live, [`RETIRED`]
+//!   per hook); skipped only with the proof that no version matches it ([`NoVersion`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -56,6 +58,25 @@ struct Retired {
     worker: String,
     /// Until when it was live, at the latest (when its end was learnt).
     seen: SystemTime,
+    /// Its worker stopped or vanished running it (rather than changing it while it went on
+    /// running): the version may still be on that worker's disk and come back.
+    gone: bool,
+}
+
+/// The proof that no version of a hook this worker knows of matches an event (live, retiring,
+/// this worker's own, one whose worker stopped or vanished within the consumer grace, one
+/// changed after the event was accepted): the only way an event a hook's consumer delivered is
+/// acknowledged without a run or a dead letter ([`Versions::fate`] alone makes one).
+pub struct NoVersion(());
+
+/// What becomes of an event this worker's version of a hook does not run ([`Versions::fate`]).
+pub enum Fate {
+    /// Another live worker's version runs it.
+    Elsewhere,
+    /// A version that may run it is not live for it now: dead-lettered, with this reason.
+    Owed(String),
+    /// No version matches it.
+    Nobody(NoVersion),
 }
 
 /// What the other live workers run, and the versions that were live before; cheap to clone.
@@ -70,6 +91,9 @@ pub struct Versions {
     /// Identity -> when this worker began to retire its own version of it (a held change,
     /// [`Versions::retiring_own`]): live for new events until then.
     own_retiring: Arc<Mutex<HashMap<String, SystemTime>>>,
+    /// Identity -> the patterns of this worker's next version of it, on disk and held until
+    /// the running one ran what only it matches ([`Versions::holding_own`]).
+    own_next: Arc<Mutex<HashMap<String, Arc<PatternSet>>>>,
 }
 
 /// Records `patterns` of hook `key`, run by `worker`, as live until `seen`.
@@ -79,6 +103,7 @@ fn retire(
     patterns: &[String],
     worker: &str,
     seen: SystemTime,
+    gone: bool,
 ) {
     let Ok(set) = PatternSet::new(patterns) else {
         return;
@@ -90,6 +115,7 @@ fn retire(
         set: Arc::new(set),
         worker: worker.to_string(),
         seen,
+        gone,
     });
     if list.len() > RETIRED {
         list.remove(0);
@@ -121,12 +147,23 @@ impl Versions {
         // live for new events until its retirement began).
         let now = SystemTime::now();
         let before = peers.get(&status.worker);
-        if let Some(before) = before {
+        {
             let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
-            for (key, (p, _)) in &before.hooks {
-                if hooks.get(key).is_none_or(|(now, _)| now != p) {
-                    let until = before.live_until(key, now);
-                    retire(&mut retired, key, p, &status.worker, until);
+            if status.running {
+                // Back (or still) running: what it ran before and runs no more was changed.
+                for list in retired.values_mut() {
+                    for r in list.iter_mut().filter(|r| r.worker == status.worker) {
+                        r.gone = false;
+                    }
+                }
+            }
+            if let Some(before) = before {
+                for (key, (p, _)) in &before.hooks {
+                    if hooks.get(key).is_none_or(|(now, _)| now != p) {
+                        let until = before.live_until(key, now);
+                        let gone = !status.running;
+                        retire(&mut retired, key, p, &status.worker, until, gone);
+                    }
                 }
             }
         }
@@ -165,7 +202,7 @@ impl Versions {
                 let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
                 for (key, (patterns, _)) in &p.hooks {
                     let until = p.live_until(key, p.seen_at + p.interval);
-                    retire(&mut retired, key, patterns, worker, until);
+                    retire(&mut retired, key, patterns, worker, until, true);
                 }
             }
             alive
@@ -179,13 +216,31 @@ impl Versions {
         let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
         for (key, p) in own.iter() {
             if now.get(key) != Some(p) {
                 let until = since.remove(key).unwrap_or_else(SystemTime::now);
-                retire(&mut retired, key, p, me, until);
+                retire(&mut retired, key, p, me, until, false);
+                next.remove(key);
             }
         }
         *own = now;
+    }
+
+    /// What the broker kept of the versions the workers ran ([`super::version_log`]), read
+    /// as this worker starts: its own earlier versions count as replaced now (an event they
+    /// matched that was accepted before is owed a run or a dead letter), a peer's as gone since
+    /// its record's time (it may come back with it; a status it sends again says otherwise).
+    pub fn seed(&self, me: &str, records: &[super::version_log::Record]) {
+        let now = SystemTime::now();
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        for r in records {
+            if r.worker == me {
+                retire(&mut retired, &r.key, &r.patterns, me, now, false);
+            } else {
+                retire(&mut retired, &r.key, &r.patterns, &r.worker, r.at(), true);
+            }
+        }
     }
 
     /// This worker began to retire its own version of hook `key` (a change held until it ran
@@ -200,6 +255,31 @@ impl Versions {
     pub fn not_retiring_own(&self, key: &str) {
         let mut since = self.own_retiring.lock().unwrap_or_else(|p| p.into_inner());
         since.remove(key);
+        drop(since);
+        let mut next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
+        next.remove(key);
+    }
+
+    /// This worker's versions (identity -> patterns), as last recorded.
+    pub fn own_versions(&self) -> BTreeMap<String, Vec<String>> {
+        self.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// This worker holds a change of hook `key` whose version has `patterns` (on disk, loaded
+    /// once the running version ran what only it matches).
+    pub fn holding_own(&self, key: &str, patterns: &[String]) {
+        if let Ok(set) = PatternSet::new(patterns) {
+            let mut next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
+            next.insert(key.to_string(), Arc::new(set));
+        }
+    }
+
+    /// Whether this worker's held next version of hook `key` matches `event`: an event that
+    /// entered the stream during the hold is that version's too, not only the retiring one's
+    /// (issue 56 row 4).
+    pub fn next_matches(&self, key: &str, event: &str) -> bool {
+        let next = self.own_next.lock().unwrap_or_else(|p| p.into_inner());
+        next.get(key).is_some_and(|s| s.matches(event).is_some())
     }
 
     /// Whether every live worker's versions are known as of `accepted` (its last status came
@@ -224,35 +304,75 @@ impl Versions {
         }
     }
 
-    /// When no live version of hook `key` matches `event`: the retired version that matched it
-    /// and was still live at `accepted` (when the edge accepted the event), described for a
-    /// dead letter; `None` when no version matched it then (it is skipped).
-    pub fn matched_when(&self, key: &str, event: &str, accepted: SystemTime) -> Option<String> {
-        // Forgets workers gone meanwhile (their versions retire).
-        self.live(|_| ());
-        // This worker's version as last recorded: replaced by a reload that its hook tasks
-        // have not followed yet (the events they hold were accepted for it).
+    /// What becomes of `event` of hook `key` (at stream sequence `seq`, accepted at `accepted`)
+    /// that this worker's running version does not run: it does not match it, or this worker
+    /// retires its version and the event entered the stream after that began. The one place
+    /// that decides whether such an event may leave the stream unrun (`horizon`: the consumer
+    /// grace, how long a version whose worker stopped or vanished may come back).
+    pub fn fate(
+        &self,
+        key: &str,
+        event: &str,
+        seq: Option<u64>,
+        accepted: SystemTime,
+        horizon: Duration,
+    ) -> Fate {
+        if self.other_matches(key, event, seq) {
+            return Fate::Elsewhere;
+        }
+        if self.next_matches(key, event) {
+            return Fate::Owed(format!(
+                "this worker's next version of the hook, held until the running one ran what only it matches, matches {event:?}; the running version does not (a rolling update by reload)"
+            ));
+        }
+        // This worker's version as last recorded: replaced by a reload its hook tasks have not
+        // followed yet, or being retired.
         let own = self.own.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = own.get(key)
             && PatternSet::new(p).is_ok_and(|set| set.matches(event).is_some())
         {
-            return Some(format!(
-                "no live version of the hook matches {event:?}; this worker's version with events {p:?}, which matched it when it was accepted, was just replaced (a rolling update)"
+            return Fate::Owed(format!(
+                "this worker's version of the hook, with events {p:?}, matches {event:?} but was replaced or is being retired (a rolling update); no live version that takes new events matches it"
             ));
         }
         drop(own);
+        let retiring = self.live(|peers| {
+            peers.iter().find_map(|p| {
+                let (patterns, set) = p.hooks.get(key)?;
+                (p.retiring.contains_key(key) && set.matches(event).is_some())
+                    .then(|| patterns.clone())
+            })
+        });
+        if let Some(p) = retiring {
+            return Fate::Owed(format!(
+                "the version of the hook with events {p:?}, which matches {event:?}, is being retired (a rolling update) and takes no new events; no other live version matches it"
+            ));
+        }
+        let since = SystemTime::now()
+            .checked_sub(horizon)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
         let retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
-        let r = retired
-            .get(key)?
-            .iter()
-            .rev()
-            .find(|r| r.seen >= accepted && r.set.matches(event).is_some())?;
-        Some(format!(
-            "no live version of the hook matches {event:?}; the version with events {:?} (worker {}), which matched it when it was accepted, is gone (live until {} at the latest: a rolling update)",
-            r.patterns,
-            r.worker,
-            crate::time::rfc3339(r.seen)
-        ))
+        let found = retired.get(key).and_then(|l| {
+            l.iter().rev().find(|r| {
+                r.set.matches(event).is_some()
+                    && (r.seen >= accepted || (r.gone && r.seen >= since))
+            })
+        });
+        match found {
+            Some(r) if r.gone && r.seen < accepted => Fate::Owed(format!(
+                "no live version of the hook matches {event:?}; the version with events {:?} matches it, but its worker {} stopped or vanished (last seen {}): it may come back with it, then `dead replay` runs this event",
+                r.patterns,
+                r.worker,
+                crate::time::rfc3339(r.seen)
+            )),
+            Some(r) => Fate::Owed(format!(
+                "no live version of the hook matches {event:?}; the version with events {:?} (worker {}), which matched it when it was accepted, is gone (live until {} at the latest: a rolling update)",
+                r.patterns,
+                r.worker,
+                crate::time::rfc3339(r.seen)
+            )),
+            None => Fate::Nobody(NoVersion(())),
+        }
     }
 
     /// The pattern lists of hook `key`'s versions retired within `horizon` (distinct): a
@@ -538,11 +658,25 @@ mod tests {
         }
     }
 
+    fn owed(v: &Versions, event: &str, accepted: SystemTime) -> bool {
+        matches!(
+            v.fate("k", event, Some(1000), accepted, Duration::from_secs(600)),
+            Fate::Owed(_)
+        )
+    }
+
+    fn nobody(v: &Versions, event: &str, accepted: SystemTime) -> bool {
+        matches!(
+            v.fate("k", event, Some(1000), accepted, Duration::from_secs(600)),
+            Fate::Nobody(_)
+        )
+    }
+
     /// Issue 48 row 2: a version its worker retires (stopping during a rolling update) matches
-    /// only events up to its bound; once gone, it counts as live until its retirement began, so
-    /// an event accepted after that which only it matched is not a dead letter.
+    /// only events up to its bound. Issue 56: an event it matches is never skipped while that
+    /// version may still run somewhere (being retired, or its worker stopped within the grace).
     #[test]
-    fn a_retiring_version_runs_only_what_was_in_the_stream_and_is_gone_from_its_start() {
+    fn a_retiring_version_runs_only_what_was_in_the_stream_and_what_it_matches_is_never_skipped() {
         let v = Versions::default();
         v.update("me", status("old", true, &["roll:b"], None));
         assert!(v.other_matches("k", "roll:b", Some(500)));
@@ -558,21 +692,45 @@ mod tests {
             "entered after the stop"
         );
         assert!(v.other_matches("k", "roll:b", None));
-        let began = SystemTime::now();
-        std::thread::sleep(Duration::from_millis(20));
-        v.update("me", status("old", true, &["roll:b"], Some(100)));
-        let after = SystemTime::now();
+        let now = SystemTime::now();
+        assert!(
+            owed(&v, "roll:b", now),
+            "after the bound, while being retired: a dead letter, not a skip"
+        );
         v.update("me", status("old", false, &[], None));
         assert!(!v.other_matches("k", "roll:b", Some(1)));
+        let later = SystemTime::now() + Duration::from_secs(5);
         assert!(
-            v.matched_when("k", "roll:b", began - Duration::from_millis(1))
-                .is_some(),
-            "accepted before the retirement: a dead letter"
+            owed(&v, "roll:b", later),
+            "its worker stopped: it may come back with it"
+        );
+        assert!(nobody(&v, "roll:x", later), "no version matches it");
+        v.update("me", status("old", true, &["roll:c"], None));
+        assert!(
+            nobody(&v, "roll:b", later),
+            "back with another version: accepted after the change, no version matches it"
         );
         assert!(
-            v.matched_when("k", "roll:b", after).is_none(),
-            "accepted after the retirement began: no version matched it"
+            owed(&v, "roll:b", now - Duration::from_secs(5)),
+            "accepted while the old version was live: a dead letter"
         );
+    }
+
+    /// Issue 56: a worker gone without a word (SIGKILL) keeps its version owed for the grace.
+    #[test]
+    fn a_vanished_workers_version_stays_owed_for_the_grace() {
+        let v = Versions::default();
+        let mut st = status("w1", true, &["nem:a", "nem:b"], None);
+        st.interval_ms = 10;
+        v.update("me", st);
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(!v.other_matches("k", "nem:b", None), "gone");
+        let later = SystemTime::now() + Duration::from_secs(1);
+        assert!(owed(&v, "nem:b", later));
+        assert!(matches!(
+            v.fate("k", "nem:b", Some(1), later, Duration::ZERO),
+            Fate::Nobody(_)
+        ));
     }
 
     #[test]

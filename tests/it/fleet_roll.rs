@@ -19,7 +19,7 @@ use crate::fleet::{
 use crate::util::{Hooks, Serve, poll, read_jsonl};
 
 /// `--ack-wait 5`: a hand-over that waited for an ack wait would show as a 5 s gap.
-const OPTS: &[&str] = &[
+pub(crate) const OPTS: &[&str] = &[
     "--ack-wait",
     "5",
     "--retry-backoff-ms",
@@ -29,7 +29,7 @@ const OPTS: &[&str] = &[
 ];
 
 /// Every handling of `hook` in `dirs`, in the order the handlers started.
-fn starts(dirs: &[&Hooks], hook: &str) -> Vec<Value> {
+pub(crate) fn starts(dirs: &[&Hooks], hook: &str) -> Vec<Value> {
     let mut all: Vec<Value> = dirs.iter().flat_map(|h| records(h, hook)).collect();
     all.sort_by(|a, b| a["t"].as_f64().partial_cmp(&b["t"].as_f64()).unwrap());
     all
@@ -94,12 +94,12 @@ fn longest_gap(recs: &[Value]) -> f64 {
 
 /// Two workers with the recording hook `roll`, `w1` on `one` (patterns `one_events`) holding its
 /// lease and `w2` on `two` (`two_events`) standing by, and an edge.
-struct RollPair {
-    one: Hooks,
-    two: Hooks,
-    w1: Serve,
-    w2: Serve,
-    edge: Serve,
+pub(crate) struct RollPair {
+    pub(crate) one: Hooks,
+    pub(crate) two: Hooks,
+    pub(crate) w1: Serve,
+    pub(crate) w2: Serve,
+    pub(crate) edge: Serve,
 }
 
 fn roll_pair(nats: &NatsServer, one_events: &str, two_events: &str) -> RollPair {
@@ -107,7 +107,7 @@ fn roll_pair(nats: &NatsServer, one_events: &str, two_events: &str) -> RollPair 
 }
 
 /// [`roll_pair`] with `yaml` added to both versions' HOOK.yaml and `w1_extra` options for `w1`.
-fn roll_pair_with(
+pub(crate) fn roll_pair_with(
     nats: &NatsServer,
     one_events: &str,
     two_events: &str,
@@ -212,7 +212,7 @@ fn hand_over_on(bin: PathBuf) {
 }
 
 /// The dead letters of `hook`, by the `n` of their event.
-fn dead_ns(nats: &NatsServer, hook: &str) -> HashMap<u64, Value> {
+pub(crate) fn dead_ns(nats: &NatsServer, hook: &str) -> HashMap<u64, Value> {
     let (_, out) = dead_cmd(nats, &["list", "--json", "--hook", hook]);
     out.lines()
         .filter(|l| l.trim_start().starts_with('{'))
@@ -672,7 +672,7 @@ fn ran_once_in_order(
 
 /// Posts `runs` (event name, count) in order as batches, each event pausing `pause` seconds in
 /// its handler; the events are numbered on from `names`' length, and their names added to it.
-fn post_paused_runs(
+pub(crate) fn post_paused_runs(
     edge: &Serve,
     names: &mut Vec<&'static str>,
     runs: &[(&'static str, usize)],

@@ -27,12 +27,13 @@ mod fleet_held;
 #[cfg(feature = "fleet")]
 mod fleet_killed;
 #[cfg(feature = "fleet")]
+mod fleet_owed;
+#[cfg(feature = "fleet")]
 mod fleet_pause;
 #[cfg(feature = "fleet")]
 mod fleet_repeats;
 #[cfg(feature = "fleet")]
 mod fleet_restart;
-#[cfg(feature = "fleet")]
 mod fleet_roll;
 #[cfg(feature = "fleet")]
 mod fleet_tp;

@@ -284,6 +284,9 @@ struct Fleet {
     edits: Vec<(f64, usize, &'static str)>,
     /// When the broker was killed and when it was back.
     broker_kills: Vec<(f64, f64)>,
+    /// Every process's log, each incarnation's (`w1.0`, `w1.1`, `edge.0`, ...), written out
+    /// when a run fails.
+    logs: Vec<(String, Arc<Mutex<Vec<String>>>)>,
 }
 
 /// The workers' options: the fleet tests' fast ones, and a short retirement drain.
@@ -298,7 +301,7 @@ impl Fleet {
         for d in &dirs {
             add_hooks(d);
         }
-        let workers = (0..3)
+        let workers: Vec<Option<Serve>> = (0..3)
             .map(|i| {
                 Some(worker_with(
                     &dirs[i],
@@ -314,6 +317,14 @@ impl Fleet {
             wait_for_fleet(&e, hook, &["w1", "w2", "w3"]);
         }
         let edge_addr = Arc::new(Mutex::new(e.addr.clone()));
+        let mut logs: Vec<(String, Arc<Mutex<Vec<String>>>)> = workers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w): (usize, &Option<Serve>)| {
+                Some((format!("w{}.0", i + 1), w.as_ref()?.stderr.clone()))
+            })
+            .collect();
+        logs.push(("edge.0".into(), e.stderr.clone()));
         Self {
             nats,
             dirs,
@@ -323,16 +334,43 @@ impl Fleet {
             edge_addr,
             edits: Vec::new(),
             broker_kills: Vec::new(),
+            logs,
         }
     }
 
     fn restart_worker(&mut self, i: usize) {
-        self.workers[i] = Some(worker_with(
+        let w = worker_with(
             &self.dirs[i],
             &self.nats,
             &format!("w{}", i + 1),
             &worker_opts(),
-        ));
+        );
+        self.keep_log(&format!("w{}", i + 1), &w);
+        self.workers[i] = Some(w);
+    }
+
+    /// Keeps a new incarnation's log under `name.N`.
+    fn keep_log(&mut self, name: &str, p: &Serve) {
+        let n = self
+            .logs
+            .iter()
+            .filter(|(l, _)| l.split('.').next() == Some(name))
+            .count();
+        self.logs.push((format!("{name}.{n}"), p.stderr.clone()));
+    }
+
+    /// Writes every process's log to `target/nemesis/SEED/` (a failed run's evidence) and
+    /// says where.
+    fn write_logs(&self, seed: u64) -> String {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("nemesis")
+            .join(seed.to_string());
+        let _ = std::fs::create_dir_all(&dir);
+        for (name, lines) in &self.logs {
+            let text = lines.lock().map(|l| l.join("\n")).unwrap_or_default();
+            let _ = std::fs::write(dir.join(format!("{name}.log")), text);
+        }
+        dir.display().to_string()
     }
 
     fn apply(&mut self, fault: &Fault, log: &mut Vec<String>) {
@@ -384,6 +422,7 @@ impl Fleet {
                 }
                 std::thread::sleep(Duration::from_secs_f64(down));
                 let e = edge(&self.edge_home, &self.nats.url(), &[]);
+                self.keep_log("edge", &e);
                 if let Ok(mut a) = self.edge_addr.lock() {
                     a.clone_from(&e.addr);
                 }
@@ -601,10 +640,26 @@ fn run(bin: &Path, seed: u64, faults: &[String], steps: usize) -> Result<(), Str
     if broken.is_empty() {
         return Ok(());
     }
+    let logs = fleet.write_logs(seed);
+    let history: Vec<String> = starts.iter().map(Value::to_string).collect();
+    let _ = std::fs::write(Path::new(&logs).join("starts.jsonl"), history.join("\n"));
+    let posts: Vec<String> = posted
+        .events
+        .iter()
+        .map(|(n, name, t, ok)| format!("{n} {name} {t:.3} {ok}"))
+        .collect();
+    let _ = std::fs::write(Path::new(&logs).join("posted.txt"), posts.join("\n"));
+    let edits: Vec<String> = fleet
+        .edits
+        .iter()
+        .map(|(t, w, v)| format!("{t:.3} w{} {v}", w + 1))
+        .collect();
+    let _ = std::fs::write(Path::new(&logs).join("edits.txt"), edits.join("\n"));
     Err(format!(
-        "seed {seed} on {}: {} broken invariant(s):\n  {}\nschedule:\n  {}",
+        "seed {seed} on {}: {} broken invariant(s) (logs in {}):\n  {}\nschedule:\n  {}",
         bin.display(),
         broken.len(),
+        logs,
         broken
             .iter()
             .take(30)

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 
 use crate::fleet::envelope::{DeadLetter, VERSION};
+use crate::fleet::versions::Fate;
 
 use super::deliver::*;
 use super::state::*;
@@ -81,21 +82,17 @@ pub(super) async fn settle_other(
                     sh.versions
                         .wait_known(accepted(&d), sh.opts.status_interval)
                         .await;
-                    if sh.versions.other_matches(&s.key, &d.env.event, Some(d.seq)) {
-                        return for_another_version(sh, s, counters, d).await;
-                    }
-                    if let Some(why) = sh.versions.matched_when(&s.key, &d.env.event, accepted(&d))
-                    {
-                        // A version that matched it when it was accepted is gone: never skipped.
-                        return dead_letter(sh, s, counters, d, delivered, why).await;
-                    }
-                    if routed && !sh.versions.settled(sh.opts.status_interval) {
+                    let unrouted = !routed || sh.versions.settled(sh.opts.status_interval);
+                    match not_run_here(sh, s, &d) {
+                        Fate::Owed(why) => {
+                            return dead_letter(sh, s, counters, d, delivered, why).await;
+                        }
                         // A version this worker has not heard of yet may have asked for it.
-                        return for_another_version(sh, s, counters, d).await;
+                        Fate::Nobody(proof) if unrouted => d.skip(proof, counters).await,
+                        Fate::Elsewhere | Fate::Nobody(_) => {
+                            return for_another_version(sh, s, counters, d).await;
+                        }
                     }
-                    // Loaded, but no version of the hook matched this event when it was accepted.
-                    d.settled(counters).await;
-                    counters.skipped.fetch_add(1, Ordering::Relaxed);
                 } else {
                     d.give_back(None).await;
                 }
@@ -124,6 +121,18 @@ pub(super) async fn settle_other(
         return;
     }
     dead_letter(sh, s, counters, d, delivered, error).await;
+}
+
+/// What becomes of delivery `d`, which this worker's version of the hook does not run
+/// ([`crate::fleet::versions::Versions::fate`]).
+pub(super) fn not_run_here(sh: &Shared, s: &Settings, d: &Delivery) -> Fate {
+    sh.versions.fate(
+        &s.key,
+        &d.env.event,
+        Some(d.seq),
+        accepted(d),
+        sh.opts.consumer_grace,
+    )
 }
 
 /// When the edge accepted the event (its envelope's time; else the broker's time of the

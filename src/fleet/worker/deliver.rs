@@ -8,6 +8,7 @@ use async_nats::jetstream::{self, AckKind};
 
 use crate::fleet::envelope::Envelope;
 use crate::fleet::held::Held;
+use crate::fleet::versions::NoVersion;
 
 use super::state::*;
 
@@ -45,6 +46,15 @@ impl Delivery {
         if let Ok(mut done) = counters.done.lock() {
             done.insert(self.key);
         }
+    }
+
+    /// Acknowledges this event unrun, counted `skipped`: only with the proof that no version of
+    /// the hook matches it ([`crate::fleet::versions::Versions::fate`]).
+    pub(super) async fn skip(&self, _proof: NoVersion, counters: &Counters) {
+        counters
+            .skipped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.settled(counters).await;
     }
 
     /// Hands this event back: its whole message comes again (after `delay`).

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 
+use crate::fleet::versions::Fate;
+
 use super::ack::*;
 use super::deliver::*;
 use super::handover::Route;
@@ -70,7 +72,7 @@ impl Run {
                     return;
                 }
                 Route::Nowhere => {
-                    self.retired_skip(d).await;
+                    self.not_here(d).await;
                     continue;
                 }
             }
@@ -166,12 +168,22 @@ impl Run {
         }
     }
 
-    /// An event that entered the stream after this worker began to retire its version, which
-    /// alone matches it: no version runs it, as for any event no live version matched when it
-    /// was accepted (acknowledged, counted `skipped`).
-    async fn retired_skip(&mut self, d: Delivery) {
-        self.counters.skipped.fetch_add(1, Ordering::Relaxed);
-        d.settled(&self.counters).await;
+    /// An event this worker does not run here: its version does not match it (an ordered
+    /// hook's route), or it entered the stream after this worker began to retire its version.
+    /// Handed on to another live version, dead-lettered when a version that may still run
+    /// somewhere matches it, skipped only when none does ([`not_run_here`]).
+    async fn not_here(&mut self, d: Delivery) {
+        let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
+        match not_run_here(&sh, &s, &d) {
+            Fate::Nobody(proof) => d.skip(proof, &counters).await,
+            Fate::Elsewhere => self.running.push(Box::pin(async move {
+                for_another_version(&sh, &s, &counters, d).await;
+            })),
+            Fate::Owed(why) => self.running.push(Box::pin(async move {
+                let delivered = d.delivered;
+                dead_letter(&sh, &s, &counters, d, delivered, why).await;
+            })),
+        }
     }
 
     /// Runs one event: settles it at once when it needs no handler (finished here before, for
@@ -184,21 +196,10 @@ impl Run {
             // is still safe, else left to its ack wait.
             return d.give_back(None).await;
         }
-        if self.past_retirement(d.seq) {
+        if self.past_retirement(&d) {
             // Retiring this version (its worker stops): what entered the stream since is not
             // its to run (an ordered hook's route decided before this).
-            if self
-                .sh
-                .versions
-                .other_matches(&self.s.key, &d.env.event, Some(d.seq))
-            {
-                let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-                self.running.push(Box::pin(async move {
-                    for_another_version(&sh, &s, &counters, d).await;
-                }));
-                return;
-            }
-            return self.retired_skip(d).await;
+            return self.not_here(d).await;
         }
         let shown = self.count_attempts(&mut d);
         let (s, counters) = (&self.s, &self.counters);

@@ -29,7 +29,7 @@ pub(super) enum Route {
     Elsewhere,
     Unsure,
     /// Only this worker's version matches it, and this worker is retiring that version
-    /// ([`Run::past_retirement`]): no version runs it (acknowledged, counted `skipped`).
+    /// ([`Run::past_retirement`]): what becomes of it is [`super::feed`]'s `not_here`.
     Nowhere,
 }
 
@@ -75,7 +75,7 @@ impl Run {
             return Route::Here;
         };
         let mine = h.spec.patterns.matches(&d.env.event).is_some();
-        let retired = self.past_retirement(d.seq);
+        let retired = self.past_retirement(d);
         if mine && !retired {
             self.unsure = None;
             return Route::Here;

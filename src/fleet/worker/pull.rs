@@ -186,8 +186,8 @@ impl Run {
         let progress = (sh.opts.broker_wait() / 3).max(Duration::from_millis(30));
         let wait = sh.opts.broker_wait();
         let (main, retry) = (
-            Arc::new(Held::new(ack_all, wait, progress)),
-            Arc::new(Held::new(false, wait, progress)),
+            Arc::new(Held::new(ack_all, wait, progress, Some(sh.lost.clone()))),
+            Arc::new(Held::new(false, wait, progress, Some(sh.lost.clone()))),
         );
         let tend = |h: &Arc<Held>| {
             AbortOnDrop(tokio::spawn(crate::fleet::held::tend(
@@ -240,12 +240,13 @@ impl Run {
         }
     }
 
-    /// Whether the event at stream sequence `seq` entered the stream after this worker began
-    /// to retire its version of the hook (it stops during a rolling update): its version runs
-    /// only what was there before.
-    pub(super) fn past_retirement(&self, seq: u64) -> bool {
+    /// Whether delivery `d` entered the stream after this worker began to retire its version of
+    /// the hook (it stops, or holds a change, during a rolling update): its version runs only
+    /// what was there before, and what its held next version also matches (issue 56 row 4: the
+    /// change loads once the drain is done, so that version's events need not wait for it).
+    pub(super) fn past_retirement(&self, d: &Delivery) -> bool {
         let bound = self.retiring.load(std::sync::atomic::Ordering::Relaxed);
-        bound > 0 && seq > bound
+        bound > 0 && d.seq > bound && !self.sh.versions.next_matches(&self.s.key, &d.env.event)
     }
 
     /// This holding's lease bound (`None`: not a lease holder), for what starts and what is
@@ -541,6 +542,12 @@ impl Run {
         if !self.s.ordered() && (self.main.lapsed_since(opened) || self.retry.lapsed_since(opened))
         {
             tracing::info!(hook = %self.s.name, "fleet: this worker was stopped or starved past the ack wait; what its pulls had buffered is left to the broker and it pulls again");
+            return Some(Ended::Again);
+        }
+        if !self.s.ordered()
+            && (self.main.link_lost_since(opened) || self.retry.link_lost_since(opened))
+        {
+            tracing::info!(hook = %self.s.name, "fleet: the broker connection was lost; what the pulls had buffered is left to the broker and this worker pulls again");
             return Some(Ended::Again);
         }
         let msg = Arc::new(msg);

@@ -332,6 +332,8 @@ pub(super) struct Shared {
     /// Hooks (by identity) whose change on disk the host holds while their running version
     /// runs what only it matches ([`super::tasks`], issue 48).
     pub(super) holds: Mutex<HashMap<String, Hold>>,
+    /// When the broker connection was last lost (monotonic ns; 0: never).
+    pub(super) lost: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);

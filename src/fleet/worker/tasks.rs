@@ -35,8 +35,13 @@ impl Worker {
         cfg: FleetConfig,
         opts: WorkerOptions,
     ) -> Result<Self, FleetError> {
+        let lost = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let client = cfg
-            .connect(&format!("hermes-hooks worker {}", opts.id), false)
+            .connect_watched(
+                &format!("hermes-hooks worker {}", opts.id),
+                false,
+                Some(lost.clone()),
+            )
             .await?;
         let js = cfg.jetstream(client.clone());
         let shared = Arc::new(Shared {
@@ -51,6 +56,7 @@ impl Worker {
             stop_by: Mutex::new(None),
             retire_until: Mutex::new(None),
             holds: Mutex::new(HashMap::new()),
+            lost,
         });
         tokio::spawn(crate::fleet::versions::follow(
             shared.client.clone(),
@@ -136,6 +142,8 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let multi = crate::fleet::versions::multi_filter(&version);
     sh.multi.store(multi, Ordering::Relaxed);
     tracing::info!(worker = %sh.opts.id, stream = %sh.cfg.events_stream(), server = %version, "fleet worker connected{}", if multi { "" } else { " (nats-server < 2.10: one filter subject per consumer; a hook needing several reads every event)" });
+    // What this worker and its peers ran before (a restart forgot it): read before anything runs.
+    let mut log = VersionLog::open(&sh).await;
     let mut tasks: HashMap<String, HookTask> = HashMap::new();
     let mut seen: HashMap<String, std::time::SystemTime> = HashMap::new();
     let mut reconcile = tokio::time::interval(Duration::from_millis(200));
@@ -158,7 +166,8 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             _ = status.tick() => {
                 // Other versions of the hooks come and go: filters follow.
                 apply(&sh, &stream, &sh.host.snapshot(), &mut tasks, &mut seen, started);
-                publish_status(&sh, &tasks, None).await
+                publish_status(&sh, &tasks, None).await;
+                log.write(&sh).await;
             }
         }
     }
@@ -178,6 +187,65 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         let _ = sh.client.flush().await;
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), bye).await;
+}
+
+/// This worker's records in the broker's log of versions ([`crate::fleet::version_log`]).
+struct VersionLog {
+    store: Option<async_nats::jetstream::kv::Store>,
+    /// Identity -> the patterns last written (or tried) and when.
+    written: HashMap<String, (Vec<String>, std::time::Instant)>,
+}
+
+impl VersionLog {
+    /// Opens the bucket and seeds the worker's memory of the versions with what it holds.
+    async fn open(sh: &Shared) -> Self {
+        use crate::fleet::version_log;
+        let store = match version_log::bucket(&sh.cfg, &sh.js).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(
+                    "fleet: {e}; the versions this worker and the others ran before it started are unknown to it (an event only such a version matched may be skipped)"
+                );
+                None
+            }
+        };
+        if let Some(s) = &store {
+            match version_log::read_all(s, sh.opts.consumer_grace).await {
+                Some(records) => sh.versions.seed(&sh.opts.id, &records),
+                None => tracing::warn!(
+                    "fleet: the bucket {} did not answer; the versions ran before this worker started are unknown to it",
+                    sh.cfg.versions_bucket()
+                ),
+            }
+        }
+        Self {
+            store,
+            written: HashMap::new(),
+        }
+    }
+
+    /// Writes this worker's versions that changed, or whose record is due again.
+    async fn write(&mut self, sh: &Shared) {
+        let Some(store) = &self.store else { return };
+        for (key, patterns) in sh.versions.own_versions() {
+            let due = self.written.get(&key).is_none_or(|(p, at)| {
+                *p != patterns || at.elapsed() >= crate::fleet::version_log::REFRESH
+            });
+            if !due {
+                continue;
+            }
+            let ok = crate::fleet::version_log::write(store, &key, &sh.opts.id, &patterns).await;
+            // A failed write is tried again a little later, not at every tick.
+            let now = std::time::Instant::now();
+            let at = if ok {
+                now
+            } else {
+                now.checked_sub(crate::fleet::version_log::REFRESH - Duration::from_secs(5))
+                    .unwrap_or(now)
+            };
+            self.written.insert(key, (patterns, at));
+        }
+    }
 }
 
 /// When a hook appeared, as the start of a consumer created for it: its HOOK.yaml's time when
@@ -606,6 +674,7 @@ fn change_hold(sh: std::sync::Weak<Shared>) -> crate::host::ChangeHold {
             .any(|p| !new.contains(p) && !others.iter().any(|o| o.contains(p)));
         if dropped {
             tracing::info!(hook = %running.name, "fleet: the change of this hook drops patterns no other live version has: its running version first runs what only it matches in the stream (up to --retire-drain, {}), then the change loads", crate::time::fmt_duration(sh.opts.retire_drain));
+            sh.versions.holding_own(&key, new);
             holds.insert(key, Hold::Pending(next_hold()));
         }
         dropped
@@ -649,6 +718,7 @@ async fn drain_holds(
                 };
                 t.retiring.store(bound.max(1), Ordering::Relaxed);
                 sh.versions.retiring_own(&key);
+                tracing::info!(hook = %t.settings.name, bound, "fleet: the held change's drain begins: the running version runs what only it matches up to this stream sequence");
                 Hold::Draining {
                     bound: bound.max(1),
                     from: ack_floor(t).await.unwrap_or(0),

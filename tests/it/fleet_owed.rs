@@ -1,0 +1,270 @@
+//! Issue 56 rows 4-6: an event that some version of a hook matches leaves the stream only by
+//! running (on a version that matches it) or as a dead letter with its reason, whatever happens
+//! to the version during a rolling update: a change held while the old version drains, a worker
+//! SIGKILLed during the hold and restarted with the new version (it forgot what it ran), the
+//! last old-version worker SIGKILLed during its retirement drain. On both servers.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::fleet::{
+    NatsServer, edge, fast_and, fleet_hook, nats_servers, recording_hook, wait_for_fleet,
+    worker_with,
+};
+use crate::fleet_pause::tree;
+use crate::fleet_roll::{OPTS, RollPair, dead_ns, post_paused_runs, roll_pair_with, starts};
+use crate::util::{Hooks, poll, signal};
+
+/// Rewrites the `events:` line of `hooks`' hook `roll`.
+fn set_events(hooks: &Hooks, events: &str) {
+    let yaml = hooks.root().join("roll").join("HOOK.yaml");
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    let line = text.lines().find(|l| l.starts_with("events:")).unwrap();
+    std::fs::write(&yaml, text.replace(line, &format!("events: {events}"))).unwrap();
+}
+
+/// Waits until each of the first `n` events (by `n`) ran or is dead-lettered; returns the starts
+/// (probes left out) and the dead letters by `n`.
+fn ran_or_dead(
+    nats: &NatsServer,
+    dirs: &[&Hooks],
+    n: u64,
+    within: Duration,
+) -> (Vec<Value>, HashMap<u64, Value>) {
+    let mut last = (Vec::new(), HashMap::new());
+    let done = poll_quiet(within, || {
+        let ran: Vec<Value> = starts(dirs, "roll")
+            .into_iter()
+            .filter(|r| r["probe"].is_null() && r["n"].as_u64().is_some_and(|x| x < n))
+            .collect();
+        let dead = dead_ns(nats, "roll");
+        let have: HashSet<u64> = ran
+            .iter()
+            .filter_map(|r| r["n"].as_u64())
+            .chain(dead.keys().copied())
+            .collect();
+        let all = (0..n).all(|i| have.contains(&i));
+        last = (ran, dead);
+        all
+    });
+    let (ran, dead) = last;
+    if !done {
+        let have: HashSet<u64> = ran
+            .iter()
+            .filter_map(|r| r["n"].as_u64())
+            .chain(dead.keys().copied())
+            .collect();
+        let missing: Vec<u64> = (0..n).filter(|i| !have.contains(i)).collect();
+        panic!(
+            "{} event(s) neither ran nor were dead-lettered: {missing:?}",
+            missing.len()
+        );
+    }
+    (ran, dead)
+}
+
+/// Polls `f` every 200 ms until it is true (true) or `within` passes (false).
+fn poll_quiet(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + within;
+    while std::time::Instant::now() < until {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    f()
+}
+
+/// Row 4: one worker; its HOOK.yaml edited in place from `[roll:a, roll:b]` to
+/// `[roll:a, roll:c]` while `roll:b` events wait (the change is held while the old version runs
+/// them), then `roll:a` events, which both versions match, posted during the hold. They run (the
+/// old code acknowledged them as `skipped`: past the retirement's bound, "no version runs it");
+/// every `roll:b` runs on the old version; nothing is dead-lettered or skipped.
+#[testenv::needs(nats)]
+#[test]
+fn events_both_versions_match_run_while_a_change_is_held() {
+    for bin in nats_servers() {
+        held_on(bin);
+    }
+}
+
+fn held_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let one = Hooks::new();
+    recording_hook(&one, "roll", r#"["roll:a", "roll:b"]"#, "");
+    let w1 = worker_with(&one, &nats, "w1", &fast_and(&["--retire-drain", "30"]));
+    let edge = edge(&one, &nats.url(), &[]);
+    wait_for_fleet(&edge, "roll", &["w1"]);
+    let mut names = Vec::new();
+    post_paused_runs(&edge, &mut names, &[("roll:b", 20)], 0.2);
+    set_events(&one, r#"["roll:a", "roll:c"]"#);
+    poll(Duration::from_secs(30), "w1 drains the held change", || {
+        w1.log()
+            .contains("the held change's drain begins")
+            .then_some(())
+    });
+    post_paused_runs(&edge, &mut names, &[("roll:a", 5)], 0.0);
+    let (ran, dead) = ran_or_dead(&nats, &[&one], 25, Duration::from_secs(60));
+    let b = bin.display();
+    assert!(dead.is_empty(), "{b}: nothing dead: {dead:?}");
+    let ns: HashSet<u64> = ran.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert!((20..25).all(|i| ns.contains(&i)), "{b}: every roll:a ran");
+    let fleet = poll(Duration::from_secs(10), "the fleet's counters", || {
+        fleet_hook(&edge, "roll").filter(|v| v["fleet"]["skipped"].is_u64())
+    });
+    assert_eq!(
+        fleet["fleet"]["skipped"], 0,
+        "{b}: none skipped: {}",
+        fleet["fleet"]
+    );
+}
+
+/// An event that ran and is dead-lettered too ran on a worker killed before its acknowledgement
+/// reached the broker: its dead letter says it was delivered more than once.
+fn assert_ran_and_dead_were_redelivered(b: &str, ran: &[Value], dead: &HashMap<u64, Value>) {
+    for r in ran {
+        if let Some(letter) = r["n"].as_u64().and_then(|n| dead.get(&n)) {
+            assert!(
+                letter["deliveries"].as_i64() >= Some(2),
+                "{b}: an event that ran is dead-lettered saying one delivery: {letter}"
+            );
+        }
+    }
+}
+
+/// SIGKILLs `worker`'s process tree (the worker and its handlers, as a machine's crash).
+fn crash(worker: &mut crate::util::Serve) {
+    let kids = tree(worker.child.id());
+    worker.sigkill();
+    for k in kids {
+        signal(k, libc::SIGKILL);
+    }
+}
+
+/// Row 5: `w1`, the last worker with `[roll:a, roll:b]`, holds the lease with 30 slow `roll:b`
+/// events to run; its HOOK.yaml is edited to `[roll:a, roll:c]` (the change is held), and 1 s
+/// into the hold `w1` is SIGKILLed and restarted with the same id: it now loads the new version
+/// and has forgotten the old one (the old code then acknowledged the rest as `skipped`). Each
+/// `roll:b` ran on `w1`'s old version or is dead-lettered with a reason naming that version.
+#[testenv::needs(nats)]
+#[test]
+fn a_worker_killed_during_a_held_change_forgets_nothing_it_owed() {
+    for bin in nats_servers() {
+        killed_in_hold_on(bin);
+    }
+}
+
+fn killed_in_hold_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let RollPair {
+        one,
+        two,
+        mut w1,
+        w2: _w2,
+        edge,
+    } = roll_pair_with(
+        &nats,
+        r#"["roll:a", "roll:b"]"#,
+        r#"["roll:a", "roll:c"]"#,
+        ("", &["--retire-drain", "30"]),
+    );
+    let mut names = Vec::new();
+    post_paused_runs(&edge, &mut names, &[("roll:b", 30)], 0.2);
+    set_events(&one, r#"["roll:a", "roll:c"]"#);
+    poll(Duration::from_secs(30), "w1 holds the change", || {
+        w1.log()
+            .contains("drops patterns no other live version has")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    crash(&mut w1);
+    let _w1 = worker_with(&one, &nats, "w1", OPTS);
+    let (ran, dead) = ran_or_dead(&nats, &[&one, &two], 30, Duration::from_secs(90));
+    let b = bin.display();
+    for r in &ran {
+        assert_eq!(r["w"], "w1", "{b}: roll:b only on the old version: {r}");
+    }
+    for (n, letter) in &dead {
+        let why = letter["error"].as_str().unwrap_or("");
+        assert!(
+            why.contains("roll:b") || why.contains("killed?"),
+            "{b}: the dead letter of {n} says why: {why}"
+        );
+    }
+    assert_ran_and_dead_were_redelivered(&b.to_string(), &ran, &dead);
+    eprintln!(
+        "{b}: {} ran on the old version, {} dead-lettered",
+        ran.len(),
+        dead.len()
+    );
+}
+
+/// Row 6: a rolling update by restart: `w1`, the last worker with `[roll:a, roll:b]`, begins its
+/// stop (it retires its version: runs the `roll:b` events in the stream first) and is SIGKILLed
+/// 3 s into that drain, for good. Every `roll:b` ran on it or is dead-lettered by `w2` with a
+/// reason (the old code counted hundreds `mismatched` and ran or dead-lettered none of them);
+/// none runs on `w2`'s version.
+#[testenv::needs(nats)]
+#[test]
+fn a_worker_killed_during_its_retirement_leaves_dead_letters_not_gaps() {
+    for bin in nats_servers() {
+        killed_in_retirement_on(bin);
+    }
+}
+
+fn killed_in_retirement_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let RollPair {
+        one,
+        two,
+        mut w1,
+        w2: _w2,
+        edge,
+    } = roll_pair_with(
+        &nats,
+        r#"["roll:a", "roll:b"]"#,
+        r#"["roll:a", "roll:c"]"#,
+        ("", &["--retire-drain", "30"]),
+    );
+    let mut names = Vec::new();
+    // Interleaved: the lease goes back and forth between the versions during the drain.
+    let runs = [
+        ("roll:b", 15),
+        ("roll:c", 5),
+        ("roll:b", 15),
+        ("roll:c", 5),
+        ("roll:b", 15),
+    ];
+    post_paused_runs(&edge, &mut names, &runs, 0.1);
+    w1.begin_stop();
+    std::thread::sleep(Duration::from_secs(3));
+    crash(&mut w1);
+    let (ran, dead) = ran_or_dead(&nats, &[&one, &two], 55, Duration::from_secs(90));
+    let b = bin.display();
+    for r in &ran {
+        if r["event"] == "roll:b" {
+            assert_eq!(r["w"], "w1", "{b}: roll:b only on the old version: {r}");
+        }
+    }
+    assert!(!dead.is_empty(), "{b}: the kill left roll:b events undone");
+    for (n, letter) in &dead {
+        assert_eq!(
+            names[*n as usize], "roll:b",
+            "{b}: only roll:b dead: {letter}"
+        );
+        let why = letter["error"].as_str().unwrap_or("");
+        assert!(
+            why.contains("roll:b") || why.contains("killed?"),
+            "{b}: the dead letter of {n} says why: {why}"
+        );
+    }
+    assert_ran_and_dead_were_redelivered(&b.to_string(), &ran, &dead);
+    eprintln!(
+        "{b}: {} ran, {} dead-lettered after the kill",
+        ran.len(),
+        dead.len()
+    );
+}
