@@ -34,6 +34,7 @@ mod fleet_pause;
 mod fleet_repeats;
 #[cfg(feature = "fleet")]
 mod fleet_restart;
+#[cfg(feature = "fleet")]
 mod fleet_roll;
 #[cfg(feature = "fleet")]
 mod fleet_tp;
