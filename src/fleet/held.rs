@@ -149,6 +149,11 @@ impl Held {
         self.slots.lock().map_or(0, |s| s.len())
     }
 
+    /// `Explicit`: the ack wait its deliveries' gates are bounded by (`None`: `All`).
+    pub fn ack_wait(&self) -> Option<Duration> {
+        self.deadline.map(|(wait, _)| wait)
+    }
+
     /// Whether acknowledgements are cumulative (`AckPolicy::All`).
     pub fn ack_all(&self) -> bool {
         self.ack_all

@@ -101,6 +101,10 @@ pub struct WorkerStatus {
     /// began) that no other version matches, for up to `--retire-drain` (issue 48).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub retiring: BTreeMap<String, u64>,
+    /// Its `--ack-wait`, ms (0: an older worker's status): a hook's consumer waits the longest
+    /// of the live workers' (issue 56 row 2, [`super::versions::Versions::longest_ack_wait`]).
+    #[serde(default)]
+    pub ack_wait_ms: u64,
 }
 
 struct Entry {
@@ -483,6 +487,7 @@ mod tests {
             patterns: BTreeMap::new(),
             bundles: true,
             retiring: BTreeMap::new(),
+            ack_wait_ms: 0,
         }
     }
 

@@ -35,6 +35,8 @@ struct Peer {
     /// Identity -> (the highest stream sequence it still runs, since when): its versions
     /// being retired by a worker that stops ([`WorkerStatus::retiring`]).
     retiring: BTreeMap<String, (u64, SystemTime)>,
+    /// Its `--ack-wait` (zero: not said).
+    ack_wait: Duration,
 }
 
 impl Peer {
@@ -189,8 +191,22 @@ impl Versions {
                 interval: Duration::from_millis(status.interval_ms),
                 hooks,
                 retiring,
+                ack_wait: Duration::from_millis(status.ack_wait_ms),
             },
         );
+    }
+
+    /// The longest `--ack-wait` of the live workers that have hook `key` (`None`: none said):
+    /// the hook's consumer waits that long (issue 56 row 2: one rule, so workers that differ
+    /// never rewrite it back and forth).
+    pub fn longest_ack_wait(&self, key: &str) -> Option<Duration> {
+        self.live(|peers| {
+            peers
+                .iter()
+                .filter(|p| p.hooks.contains_key(key) && !p.ack_wait.is_zero())
+                .map(|p| p.ack_wait)
+                .max()
+        })
     }
 
     fn live<T>(&self, f: impl FnOnce(Vec<&Peer>) -> T) -> T {
@@ -655,6 +671,7 @@ mod tests {
             retiring: retiring
                 .map(|b| BTreeMap::from([("k".to_string(), b)]))
                 .unwrap_or_default(),
+            ack_wait_ms: 0,
         }
     }
 

@@ -268,3 +268,62 @@ fn killed_in_retirement_on(bin: PathBuf) {
         dead.len()
     );
 }
+
+/// Row 2: two workers with different `--ack-wait` (3 and 12) serving one hook. One rule
+/// decides the consumer's ack wait (the longest of the live workers'), so neither rewrites it
+/// again once both are known (the old code rewrote it at every status round, back and forth),
+/// and the worker whose own differs says so once.
+#[testenv::needs(nats)]
+#[test]
+fn workers_with_different_ack_waits_do_not_fight_over_the_consumer() {
+    for bin in nats_servers() {
+        ack_waits_on(bin);
+    }
+}
+
+fn ack_waits_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let (one, two) = (Hooks::new(), Hooks::new());
+    for h in [&one, &two] {
+        recording_hook(h, "roll", r#"["roll:a"]"#, "concurrency: 2\n");
+    }
+    let opts = |wait: &'static str| {
+        vec![
+            "--ack-wait",
+            wait,
+            "--retry-backoff-ms",
+            "50",
+            "--status-interval-ms",
+            "100",
+        ]
+    };
+    let w1 = worker_with(&one, &nats, "w1", &opts("3"));
+    let w2 = worker_with(&two, &nats, "w2", &opts("12"));
+    let edge = edge(&one, &nats.url(), &[]);
+    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
+    let updates = || {
+        w1.log().matches("updating consumer").count()
+            + w2.log().matches("updating consumer").count()
+    };
+    // Both have heard of each other (three status rounds and a second: `Versions::settled`).
+    std::thread::sleep(Duration::from_secs(2));
+    let before = updates();
+    // Fifteen status rounds of each worker.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = updates();
+    let b = bin.display();
+    assert_eq!(
+        before,
+        after,
+        "{b}: the consumer was rewritten again with both workers known\nw1:\n{}\nw2:\n{}",
+        w1.log(),
+        w2.log()
+    );
+    let said = "differs from another live worker's";
+    assert_eq!(w1.log().matches(said).count(), 1, "{b}: w1 says it once");
+    assert_eq!(
+        w2.log().matches(said).count(),
+        0,
+        "{b}: w2's is the consumer's"
+    );
+}

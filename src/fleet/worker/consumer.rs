@@ -53,6 +53,41 @@ pub(super) async fn remove_after_grace(
     }
 }
 
+/// The ack wait of hook `s`'s consumer, which has `have` now (`None`: being made): the longest
+/// of the live workers' that have the hook, this one's included (issue 56 row 2: one rule, so
+/// workers with different `--ack-wait` never rewrite it back and forth). Raised at once; lowered
+/// only once this worker has listened long enough to know every live worker. Each worker bounds
+/// what it starts by the shorter of its own and the consumer's ([`super::pull`]). A worker whose
+/// own differs says so once per hook.
+fn consumer_wait(sh: &Shared, s: &Settings, have: Option<Duration>) -> Duration {
+    let own = sh.opts.broker_wait();
+    let longest = sh
+        .versions
+        .longest_ack_wait(&s.key)
+        .map(crate::fleet::lease::broker_wait)
+        .map_or(own, |w| w.max(own));
+    let wait = match have {
+        Some(have) if longest < have && !sh.versions.settled(sh.opts.status_interval) => have,
+        _ => longest,
+    };
+    say_ack_wait(sh, &s.key, &s.name);
+    wait
+}
+
+/// Says once per hook when another live worker that has hook `key` (named `name` here) waits
+/// longer than this one: the consumer waits that long ([`consumer_wait`]).
+pub(super) fn say_ack_wait(sh: &Shared, key: &str, name: &str) {
+    let Some(longest) = sh.versions.longest_ack_wait(key) else {
+        return;
+    };
+    if longest > sh.opts.ack_wait
+        && let Ok(mut said) = sh.said_ack_wait.lock()
+        && said.insert(key.to_string())
+    {
+        tracing::warn!(hook = %name, "fleet: this worker's --ack-wait ({}) differs from another live worker's: the hook's consumer waits the longest of theirs ({} before a redelivery or a failover), and this worker starts nothing past its own", crate::time::fmt_duration(sh.opts.ack_wait), crate::time::fmt_duration(longest));
+    }
+}
+
 pub(super) async fn ensure_consumer(
     sh: &Shared,
     stream: &jetstream::stream::Stream,
@@ -74,7 +109,7 @@ pub(super) async fn ensure_consumer(
         } else {
             jetstream::consumer::AckPolicy::Explicit
         },
-        ack_wait: sh.opts.broker_wait(),
+        ack_wait: consumer_wait(sh, s, None),
         // One more than allowed: the extra one is the dead letter of a worker killed during
         // the last allowed delivery. An ordered hook's has none: a hand-over to another version
         // costs the messages it gives back a delivery that is no attempt, and the worker counts
@@ -101,7 +136,10 @@ pub(super) async fn ensure_consumer(
                         .recently_retired(&s.key, sh.opts.consumer_grace)
                         .is_empty(),
             );
-            let config = crate::fleet::versions::with_filters(config, &filters);
+            let config = pull::Config {
+                ack_wait: consumer_wait(sh, s, Some(have.ack_wait)),
+                ..crate::fleet::versions::with_filters(config, &filters)
+            };
             if have.ack_wait != config.ack_wait
                 || have.max_deliver != config.max_deliver
                 || have.max_ack_pending != config.max_ack_pending

@@ -179,12 +179,11 @@ impl Run {
         sh: Arc<Shared>,
         s: Settings,
         counters: Arc<Counters>,
-        ack_all: bool,
+        (ack_all, wait): (bool, Duration),
         rename: watch::Receiver<String>,
         retiring: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
-        let progress = (sh.opts.broker_wait() / 3).max(Duration::from_millis(30));
-        let wait = sh.opts.broker_wait();
+        let progress = (wait / 3).max(Duration::from_millis(30));
         let (main, retry) = (
             Arc::new(Held::new(ack_all, wait, progress, Some(sh.lost.clone()))),
             Arc::new(Held::new(false, wait, progress, Some(sh.lost.clone()))),
@@ -670,7 +669,17 @@ pub(super) async fn consume(
         // version keeps explicit ones until it is recreated).
         let ack_all =
             consumer.cached_info().config.ack_policy == jetstream::consumer::AckPolicy::All;
-        if let Some(r) = run.as_mut().filter(|r| r.main.ack_all() != ack_all) {
+        // What this worker starts, signals and hands back is bounded by the shortest of its own
+        // wait and its consumers' (issue 56 row 2: the broker redelivers after theirs).
+        let wait = sh
+            .opts
+            .broker_wait()
+            .min(consumer.cached_info().config.ack_wait)
+            .min(retries.cached_info().config.ack_wait);
+        if let Some(r) = run
+            .as_mut()
+            .filter(|r| r.main.ack_all() != ack_all || r.retry.ack_wait() > Some(wait))
+        {
             r.drain(None).await;
             run = None;
         }
@@ -679,7 +688,7 @@ pub(super) async fn consume(
                 sh.clone(),
                 s.clone(),
                 counters.clone(),
-                ack_all,
+                (ack_all, wait),
                 renamed.clone(),
                 retiring.clone(),
             )

@@ -334,6 +334,8 @@ pub(super) struct Shared {
     pub(super) holds: Mutex<HashMap<String, Hold>>,
     /// When the broker connection was last lost (monotonic ns; 0: never).
     pub(super) lost: Arc<std::sync::atomic::AtomicU64>,
+    /// Hooks (by identity) whose consumer's ack wait differs from this worker's, said once.
+    pub(super) said_ack_wait: Mutex<std::collections::HashSet<String>>,
 }
 
 pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);

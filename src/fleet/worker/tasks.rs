@@ -57,6 +57,7 @@ impl Worker {
             retire_until: Mutex::new(None),
             holds: Mutex::new(HashMap::new()),
             lost,
+            said_ack_wait: Mutex::new(Default::default()),
         });
         tokio::spawn(crate::fleet::versions::follow(
             shared.client.clone(),
@@ -168,6 +169,9 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 apply(&sh, &stream, &sh.host.snapshot(), &mut tasks, &mut seen, started);
                 publish_status(&sh, &tasks, None).await;
                 log.write(&sh).await;
+                for (key, t) in &tasks {
+                    super::consumer::say_ack_wait(&sh, key, &t.settings.name);
+                }
             }
         }
     }
@@ -464,6 +468,7 @@ pub(super) async fn publish_status(
         hooks,
         patterns,
         bundles: true,
+        ack_wait_ms: sh.opts.ack_wait.as_millis() as u64,
         retiring: match retiring {
             Some(r) => r.clone(),
             // Changes held while their old version drains.
