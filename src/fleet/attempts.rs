@@ -48,15 +48,26 @@ pub async fn bucket(cfg: &FleetConfig, js: &jetstream::Context) -> Result<kv::St
         &name,
         "hermes-hooks: what each ordered hook's holder may have started on a last delivery",
     );
+    open_bucket(js, config, &name, WAIT * 2).await
+}
+
+/// Opens the key-value bucket `name` whose stream is `config`, made when missing, within
+/// `wait`.
+pub(super) async fn open_bucket(
+    js: &jetstream::Context,
+    config: jetstream::stream::Config,
+    name: &str,
+    wait: Duration,
+) -> Result<kv::Store, String> {
     let made = async {
         js.get_or_create_stream(config)
             .await
             .map_err(|e| format!("cannot create the bucket {name}: {e}"))?;
-        js.get_key_value(&name)
+        js.get_key_value(name)
             .await
             .map_err(|e| format!("cannot open the bucket {name}: {e}"))
     };
-    tokio::time::timeout(WAIT * 2, made)
+    tokio::time::timeout(wait, made)
         .await
         .map_err(|_| format!("the bucket {name} did not answer"))?
 }

@@ -55,17 +55,7 @@ pub async fn bucket(cfg: &FleetConfig, js: &jetstream::Context) -> Result<kv::St
             "hermes-hooks: the version of each hook each worker runs",
         )
     };
-    let made = async {
-        js.get_or_create_stream(config)
-            .await
-            .map_err(|e| format!("cannot create the bucket {name}: {e}"))?;
-        js.get_key_value(&name)
-            .await
-            .map_err(|e| format!("cannot open the bucket {name}: {e}"))
-    };
-    tokio::time::timeout(WAIT * 2, made)
-        .await
-        .map_err(|_| format!("the bucket {name} did not answer"))?
+    super::attempts::open_bucket(js, config, &name, WAIT * 2).await
 }
 
 /// Writes `worker`'s version of hook `key` (its patterns), as of now.

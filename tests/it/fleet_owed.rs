@@ -135,6 +135,17 @@ fn assert_ran_and_dead_were_redelivered(b: &str, ran: &[Value], dead: &HashMap<u
     }
 }
 
+/// `w1` with `[roll:a, roll:b]` holding the lease (`--retire-drain 30`), `w2` with
+/// `[roll:a, roll:c]`, and an edge.
+fn swap_pair(nats: &NatsServer) -> RollPair {
+    roll_pair_with(
+        nats,
+        r#"["roll:a", "roll:b"]"#,
+        r#"["roll:a", "roll:c"]"#,
+        ("", &["--retire-drain", "30"]),
+    )
+}
+
 /// SIGKILLs `worker`'s process tree (the worker and its handlers, as a machine's crash).
 fn crash(worker: &mut crate::util::Serve) {
     let kids = tree(worker.child.id());
@@ -165,12 +176,7 @@ fn killed_in_hold_on(bin: PathBuf) {
         mut w1,
         w2: _w2,
         edge,
-    } = roll_pair_with(
-        &nats,
-        r#"["roll:a", "roll:b"]"#,
-        r#"["roll:a", "roll:c"]"#,
-        ("", &["--retire-drain", "30"]),
-    );
+    } = swap_pair(&nats);
     let mut names = Vec::new();
     post_paused_runs(&edge, &mut names, &[("roll:b", 30)], 0.2);
     set_events(&one, r#"["roll:a", "roll:c"]"#);
@@ -223,12 +229,7 @@ fn killed_in_retirement_on(bin: PathBuf) {
         mut w1,
         w2: _w2,
         edge,
-    } = roll_pair_with(
-        &nats,
-        r#"["roll:a", "roll:b"]"#,
-        r#"["roll:a", "roll:c"]"#,
-        ("", &["--retire-drain", "30"]),
-    );
+    } = swap_pair(&nats);
     let mut names = Vec::new();
     // Interleaved: the lease goes back and forth between the versions during the drain.
     let runs = [
