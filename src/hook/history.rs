@@ -86,6 +86,22 @@ pub struct History {
     since: Option<SystemTime>,
 }
 
+/// How long from `now` until the host's next tick: [`TICK`] marks of the wall clock less
+/// [`TICK_EARLY`] (…:09.9, …:19.9, …, …:59.9), so a minute's last tick falls inside it and
+/// what the minute saw is not split with the next.
+pub fn to_next_tick(now: SystemTime) -> Duration {
+    let tick = TICK.as_millis() as u64;
+    let early = TICK_EARLY.as_millis() as u64;
+    let ms = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let into = (ms + early) % tick;
+    Duration::from_millis(if into == 0 { tick } else { tick - into })
+}
+
+/// How far before each mark of the wall clock the host ticks ([`to_next_tick`]).
+pub const TICK_EARLY: Duration = Duration::from_millis(100);
+
 fn minute_of(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() / 60)
 }
@@ -361,6 +377,18 @@ pub fn health(w: &HistoryView, now: &Now<'_>) -> Health {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 60 row 6: the host's ticks fall just before each ten seconds of the wall clock, so
+    /// a minute's last tick is inside it (a burst at :55 was split over two minutes).
+    #[test]
+    fn the_ticker_ticks_just_before_each_ten_seconds() {
+        let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(to_next_tick(at(60_000)), Duration::from_millis(9_900));
+        assert_eq!(to_next_tick(at(69_850)), Duration::from_millis(50));
+        assert_eq!(to_next_tick(at(69_900)), Duration::from_millis(10_000));
+        assert_eq!(to_next_tick(at(69_950)), Duration::from_millis(9_950));
+    }
+
     use super::*;
 
     fn at(min: u64, sec: u64) -> SystemTime {

@@ -1175,8 +1175,13 @@ impl Host {
             return;
         }
         let weak = Arc::downgrade(&self.inner);
+        // Just before each mark of the wall clock's ten seconds, so that what a minute saw is
+        // recorded in that minute, not split with the next (issue 60 row 6); once now too.
+        let first = crate::hook::history::to_next_tick(std::time::SystemTime::now());
+        self.record_history();
         tokio::spawn(async move {
-            let mut every = tokio::time::interval(crate::hook::history::TICK);
+            let start = tokio::time::Instant::now() + first;
+            let mut every = tokio::time::interval_at(start, crate::hook::history::TICK);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 every.tick().await;
