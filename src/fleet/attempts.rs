@@ -12,8 +12,10 @@
 //! span written covers it already. The key is taken back once everything it started finished
 //! (a stand-down, a hand-over, a stop). A new holder reads every span of the hook.
 //!
-//! No time to live (a handler may run for minutes); the bucket lives in the broker's memory, as
-//! the leases do. A span left by a worker that died long ago covers events long acknowledged:
+//! A key lives a day ([`KEEP`]; a handler runs for minutes at most, and an event still pending
+//! a day after its mark is long past its ack wait), so the keys of holders that died (a worker
+//! id is new with each process by default) do not pile up; the bucket lives in the broker's
+//! memory, as the leases do. A span left by a worker that died covers events long acknowledged:
 //! it matters only for events still pending.
 
 use std::time::Duration;
@@ -40,15 +42,28 @@ struct Mark {
     to: Pos,
 }
 
-/// The bucket, created when missing.
+/// How long a holder's marks live in the bucket.
+pub const KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// The bucket, created when missing (a bucket made before keys had a time to live gets one).
 pub async fn bucket(cfg: &FleetConfig, js: &jetstream::Context) -> Result<kv::Store, String> {
     let name = cfg.attempts_bucket();
-    let config = super::lease::memory_bucket(
-        cfg,
-        &name,
-        "hermes-hooks: what each ordered hook's holder may have started on a last delivery",
-    );
-    open_bucket(js, config, &name, WAIT * 2).await
+    let config = jetstream::stream::Config {
+        max_age: KEEP,
+        ..super::lease::memory_bucket(
+            cfg,
+            &name,
+            "hermes-hooks: what each ordered hook's holder may have started on a last delivery",
+        )
+    };
+    let store = open_bucket(js, config.clone(), &name, WAIT * 2).await?;
+    if let Ok(mut s) = js.get_stream(format!("KV_{name}")).await
+        && let Ok(info) = s.info().await
+        && info.config.max_age.is_zero()
+    {
+        let _ = js.update_stream(&config).await;
+    }
+    Ok(store)
 }
 
 /// Opens the key-value bucket `name` whose stream is `config`, made when missing, within
@@ -128,9 +143,43 @@ pub async fn spans(store: &kv::Store, consumer: &str) -> Option<Vec<Span>> {
     tokio::time::timeout(WAIT * 2, read).await.ok().flatten()
 }
 
+/// Keeps at most `max` spans covering every position `spans` covers: the two spans nearest to
+/// each other (by stream sequence) are joined into one until few enough are left. A span is
+/// never dropped: a vanished holder's event it covers would lose its protection and run again
+/// as if never started (issue 56, suspected); a joined span covers a few positions more, which
+/// at worst dead-letters an unstarted event on its last allowed delivery.
+pub fn bound_spans(spans: &mut Vec<Span>, max: usize) {
+    spans.sort();
+    spans.dedup();
+    while spans.len() > max.max(1) {
+        let Some(i) =
+            (0..spans.len() - 1).min_by_key(|&i| spans[i + 1].0.0.saturating_sub(spans[i].1.0))
+        else {
+            return;
+        };
+        let next = spans.remove(i + 1);
+        spans[i] = (spans[i].0.min(next.0), spans[i].1.max(next.1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_beyond_the_bound_are_joined_never_dropped() {
+        let mut spans: Vec<Span> = (0..20u64).map(|i| ((i * 10, 0), (i * 10 + 2, 3))).collect();
+        spans.push(((1000, 0), (1001, 0)));
+        let all = spans.clone();
+        bound_spans(&mut spans, 16);
+        assert_eq!(spans.len(), 16);
+        for (a, b) in all {
+            assert!(
+                spans.iter().any(|(x, y)| *x <= a && b <= *y),
+                "({a:?}, {b:?}) still covered: {spans:?}"
+            );
+        }
+    }
 
     #[test]
     fn keys_are_per_hook_and_worker_and_valid() {

@@ -21,7 +21,7 @@ const MOST: usize = 64;
 /// How long a holder goes without marks after the bucket could not be made or opened.
 const RETRY_BUCKET: Duration = Duration::from_secs(30);
 
-/// The most spans a holder keeps from holders that vanished (the oldest go first).
+/// The most spans a holder keeps from holders that vanished (beyond it, the nearest are joined).
 const SPANS: usize = 16;
 
 impl Run {
@@ -182,8 +182,7 @@ impl Run {
                 self.orphans.push(s);
             }
         }
-        let over = self.orphans.len().saturating_sub(SPANS);
-        self.orphans.drain(..over);
+        crate::fleet::attempts::bound_spans(&mut self.orphans, SPANS);
     }
 
     /// The attempts of `d` as the worker counts them (an ordered hook's event past its
