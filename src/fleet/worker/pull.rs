@@ -616,6 +616,19 @@ pub(super) const PULLS_EXPIRED: Duration = Duration::from_millis(1300);
 /// highest finished sequence for all that finished meanwhile).
 pub(super) const ACK_BATCH_EVERY: Duration = Duration::from_millis(2);
 
+/// What this worker starts, signals and hands back is bounded by the shortest of its own wait
+/// and its consumers' (issue 56 row 2: the broker redelivers after theirs).
+fn bounded_wait(
+    sh: &Shared,
+    consumer: &jetstream::consumer::PullConsumer,
+    retries: &jetstream::consumer::PullConsumer,
+) -> Duration {
+    sh.opts
+        .broker_wait()
+        .min(consumer.cached_info().config.ack_wait)
+        .min(retries.cached_info().config.ack_wait)
+}
+
 /// Pulls the hook's events and hands each to the host as soon as it arrives, in stream order
 /// (the broker holds back more than `window` unacknowledged ones; the hook's local queue keeps
 /// them in order and the handler's own concurrency and pipelining apply), and its retries when
@@ -669,13 +682,7 @@ pub(super) async fn consume(
         // version keeps explicit ones until it is recreated).
         let ack_all =
             consumer.cached_info().config.ack_policy == jetstream::consumer::AckPolicy::All;
-        // What this worker starts, signals and hands back is bounded by the shortest of its own
-        // wait and its consumers' (issue 56 row 2: the broker redelivers after theirs).
-        let wait = sh
-            .opts
-            .broker_wait()
-            .min(consumer.cached_info().config.ack_wait)
-            .min(retries.cached_info().config.ack_wait);
+        let wait = bounded_wait(&sh, &consumer, &retries);
         if let Some(r) = run
             .as_mut()
             .filter(|r| r.main.ack_all() != ack_all || r.retry.ack_wait() > Some(wait))
