@@ -328,3 +328,57 @@ fn ack_waits_on(bin: PathBuf) {
         "{b}: w2's is the consumer's"
     );
 }
+
+/// Row 1: the lease holder's process tree frozen (SIGSTOP) a little under its lease, four
+/// times (0.7 to 1.3 s) while 1500 events of an ordered Python hook flow, then continued. The old code put
+/// back what the handler had not started ("events the handler never started go back to the
+/// front of the queue") and a later acknowledgement passed them: a run of events neither ran
+/// nor was dead-lettered. Every event runs or is dead-lettered.
+#[testenv::needs(nats)]
+#[test]
+fn a_holder_frozen_just_under_its_lease_loses_nothing() {
+    for bin in nats_servers() {
+        frozen_under_lease_on(bin);
+    }
+}
+
+fn frozen_under_lease_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "roll", r#"["agent:step"]"#, "");
+    // `--ack-wait 2`: the lease lives about 2 s.
+    let a = crate::fleet::worker(&hooks, &nats, "wa");
+    let b = crate::fleet::worker(&hooks, &nats, "wb");
+    let edge = crate::fleet::edge_serving(&hooks, &nats.url(), &[], &["roll"], &["wa", "wb"]);
+    let n = 1500u64;
+    for chunk in 0..3 {
+        let (status, v) = crate::fleet::post_batch(
+            &edge,
+            chunk * n / 3..(chunk + 1) * n / 3,
+            serde_json::json!({"pause": 0.004}),
+        );
+        assert_eq!(status, 202, "{v}");
+    }
+    // Frozen past the start-by bound of the calls already in the Python worker's pipe, but not
+    // past the lease (ack wait 2 s less a tenth, 1.8 s; the gate's margin a fifth of that).
+    for (k, frozen) in [700u64, 900, 1100, 1300].into_iter().enumerate() {
+        let recs = crate::fleet::wait_records(&hooks, "roll", (k + 1) * 250, 60);
+        let holder = recs.last().and_then(|r| r["w"].as_str()).unwrap_or("wa");
+        let victim = if holder == "wa" { &a } else { &b };
+        let pids = tree(victim.child.id());
+        for p in &pids {
+            signal(*p, libc::SIGSTOP);
+        }
+        std::thread::sleep(Duration::from_millis(frozen));
+        for p in tree(victim.child.id()).iter().chain(&pids) {
+            signal(*p, libc::SIGCONT);
+        }
+    }
+    let (ran, dead) = ran_or_dead(&nats, &[&hooks], n, Duration::from_secs(90));
+    eprintln!(
+        "{}: {} starts, {} dead-lettered",
+        bin.display(),
+        ran.len(),
+        dead.len()
+    );
+}
