@@ -24,7 +24,9 @@
 //! - `matched-version`: no event runs on a version whose patterns do not match it.
 //! - `stream-order`: an ordered hook starts each event for the first time in stream order
 //!   (which also catches two holders at once: the second one's starts fall behind).
-//! - `repeat-counted`: an event started again says a higher delivery count than before.
+//! - `repeat-counted`: an event started again says a delivery count above 1, never below the
+//!   one before (an ordered hook counts its attempts and shows at most `retries:` + 1, so a
+//!   repeat on its last allowed attempt says that again).
 //! - `dead-reason`: every dead letter has a reason.
 //!
 //! It prints its seed and server; `HERMES_NEMESIS_SEED=S HERMES_NEMESIS_SERVER=PATH` replays
@@ -50,15 +52,18 @@ use crate::util::{Hooks, Serve, epoch_secs, read_jsonl, signal};
 
 /// Every fault the schedule can draw (`HERMES_NEMESIS_FAULTS=all`).
 const FAULTS: &[&str] = &["kill", "stop", "edit", "broker", "edge"];
-/// The faults drawn by default (CI): those the fleet survives today. `stop` and `edit` still
-/// find counterexamples (issue 56's note names them): a worker stopped past its ack wait can
-/// start, on waking, an unordered hook's delivery the broker had sent on (it was in the
-/// client's buffer, read after the first progress round); events of a version edited in place
-/// while another worker keeps the old one can be acknowledged without a run.
+/// The faults drawn by default. With `stop` and `edit` too (`all`), 2 of 3 runs passed on this
+/// code, and seed 15933431368365335045 on 2.9 once lost 2 events of `npy` (issue 56 stays open
+/// for it): a bundle handed on to another version through the retry subject around a broker
+/// restart.
 const DEFAULT_FAULTS: &[&str] = &["kill", "broker", "edge"];
 /// Seeds that once broke an invariant (with the server they broke it on, "old" for 2.9 or
 /// "new" for 2.10+): replayed by [`nemesis_regression_seeds`].
-const REGRESSIONS: &[(u64, &str)] = &[];
+const REGRESSIONS: &[(u64, &str)] = &[
+    // An unordered hook's delivery read from the pull's buffer after a broker restart started
+    // on one worker while the restarted broker sent it to another, both saying `delivered` 1.
+    (8685917986951815011, "new"),
+];
 /// The workers' ack wait, seconds (a lease lives about as long).
 const ACK_WAIT: f64 = 2.0;
 /// How long before or after an edit an event's fate is not decided by the schedule's view of
@@ -553,7 +558,7 @@ fn check(
                 // A broker killed in between rolls its consumer state back: what ran just
                 // before may run again saying `delivered` 1 (README, the faults' table).
                 Some((before, first))
-                    if d <= *before
+                    if (d < 2 || d < *before)
                         && !broker_kills.iter().any(|(killed, back)| {
                             first["t"].as_f64() < Some(*back) && Some(*killed) < s["t"].as_f64()
                         }) =>
@@ -722,7 +727,7 @@ fn steps() -> usize {
 /// `HERMES_NEMESIS_SEED` on `HERMES_NEMESIS_SERVER` (default: each server).
 #[testenv::needs(nats)]
 #[test]
-#[ignore = "fresh seeds still find open counterexamples (issue 56, e.g. seed 13855432151943576399 on 2.15 with kill,broker,edge): run with `cargo test --test it nemesis_fresh -- --ignored --nocapture`"]
+#[ignore = "fresh seeds: 4 of 4 passed with kill,broker,edge and 2 of 3 with all faults on this code, not yet the 200 per server that would let it gate CI (issue 56): run with `cargo test --test it nemesis_fresh -- --ignored --nocapture`"]
 fn nemesis_fresh_seeds() {
     let servers: Vec<PathBuf> = match std::env::var_os("HERMES_NEMESIS_SERVER") {
         Some(p) => vec![PathBuf::from(p)],
