@@ -294,7 +294,15 @@ fn doctor_asks_the_python_that_runs_hermes() {
         "plugins:\n  enabled: [hermes-hooks]\n",
     )
     .unwrap();
-    let client = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
+    // The client's package alone: clients/python itself may hold the egg-info of an editable
+    // install (.ci/hermes-agent-venv.sh makes one), whose entry point would count.
+    let client = hooks.tmp.path().join("client");
+    std::fs::create_dir_all(&client).unwrap();
+    std::os::unix::fs::symlink(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/hermes_hooks"),
+        client.join("hermes_hooks"),
+    )
+    .unwrap();
     // Installed: the package and its distribution's entry point (a dist-info of our own).
     let site = hooks.tmp.path().join("site");
     let info = site.join("hermes_hooks-0.0.0.dist-info");
