@@ -168,7 +168,7 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 // Other versions of the hooks come and go: filters follow.
                 apply(&sh, &stream, &sh.host.snapshot(), &mut tasks, &mut seen, started);
                 publish_status(&sh, &tasks, None).await;
-                log.write(&sh).await;
+                log.write(&sh);
                 for (key, t) in &tasks {
                     super::consumer::say_ack_wait(&sh, key, &t.settings.name);
                 }
@@ -193,11 +193,17 @@ pub(super) async fn run(sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let _ = tokio::time::timeout(Duration::from_secs(1), bye).await;
 }
 
+/// Identity -> the patterns last written (or tried) and when.
+type Written = HashMap<String, (Vec<String>, std::time::Instant)>;
+
 /// This worker's records in the broker's log of versions ([`crate::fleet::version_log`]).
 struct VersionLog {
     store: Option<async_nats::jetstream::kv::Store>,
-    /// Identity -> the patterns last written (or tried) and when.
-    written: HashMap<String, (Vec<String>, std::time::Instant)>,
+    /// What was written, shared with the writer.
+    written: Arc<Mutex<Written>>,
+    /// The writer of the records due, off the control loop (a slow broker would hold up the
+    /// drains and the status for seconds per hook); one at a time.
+    writer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl VersionLog {
@@ -224,31 +230,55 @@ impl VersionLog {
         }
         Self {
             store,
-            written: HashMap::new(),
+            written: Default::default(),
+            writer: None,
         }
     }
 
-    /// Writes this worker's versions that changed, or whose record is due again.
-    async fn write(&mut self, sh: &Shared) {
-        let Some(store) = &self.store else { return };
-        for (key, patterns) in sh.versions.own_versions() {
-            let due = self.written.get(&key).is_none_or(|(p, at)| {
-                *p != patterns || at.elapsed() >= crate::fleet::version_log::REFRESH
-            });
-            if !due {
-                continue;
-            }
-            let ok = crate::fleet::version_log::write(store, &key, &sh.opts.id, &patterns).await;
-            // A failed write is tried again a little later, not at every tick.
-            let now = std::time::Instant::now();
-            let at = if ok {
-                now
-            } else {
-                now.checked_sub(crate::fleet::version_log::REFRESH - Duration::from_secs(5))
-                    .unwrap_or(now)
-            };
-            self.written.insert(key, (patterns, at));
+    /// Writes, in a task of its own, this worker's versions that changed or whose record is
+    /// due again (none while the last such task still runs).
+    fn write(&mut self, sh: &Shared) {
+        use crate::fleet::version_log::REFRESH;
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        if self.writer.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
         }
+        let due: Vec<(String, Vec<String>)> = {
+            let Ok(written) = self.written.lock() else {
+                return;
+            };
+            sh.versions
+                .own_versions()
+                .into_iter()
+                .filter(|(key, patterns)| {
+                    written
+                        .get(key)
+                        .is_none_or(|(p, at)| p != patterns || at.elapsed() >= REFRESH)
+                })
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let (written, me) = (self.written.clone(), sh.opts.id.clone());
+        self.writer = Some(tokio::spawn(async move {
+            for (key, patterns) in due {
+                let ok = crate::fleet::version_log::write(&store, &key, &me, &patterns).await;
+                // A failed write is tried again a little later, not at every tick.
+                let now = std::time::Instant::now();
+                let at = if ok {
+                    now
+                } else {
+                    now.checked_sub(REFRESH - Duration::from_secs(5))
+                        .unwrap_or(now)
+                };
+                if let Ok(mut w) = written.lock() {
+                    w.insert(key, (patterns, at));
+                }
+            }
+        }));
     }
 }
 
