@@ -68,6 +68,14 @@ pub struct LoadedHook {
 }
 
 impl LoadedHook {
+    /// This version of the hook, as its worker pops the queue it may have taken over.
+    pub fn version(&self) -> queue::Version<'_> {
+        queue::Version {
+            hook: &self.spec.name,
+            patterns: &self.spec.patterns,
+        }
+    }
+
     /// A hook with an empty queue and no worker yet.
     pub fn new(spec: HookSpec) -> Arc<Self> {
         Self::new_with(spec, Notices::default(), Arc::default())

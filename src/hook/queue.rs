@@ -18,9 +18,21 @@ pub struct CallOutcome {
     pub result: Result<Option<Value>, String>,
     /// Time spent in the handler (zero when it never ran).
     pub duration: Duration,
-    /// Never started because its start gate was shut ([`Job::gate`]): the lease that let it
-    /// start may be another worker's now, and the event is that worker's to run.
-    pub not_started: bool,
+    /// Never started, and why ([`NotRun`]): the event is someone else's to run or to settle.
+    pub not_run: Option<NotRun>,
+}
+
+/// Why a queued job was given back unstarted ([`CallOutcome::not_run`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotRun {
+    /// Its start gate was shut ([`Job::gate`]): the lease that let it start may be another
+    /// worker's now, and the event is that worker's to run.
+    GateShut,
+    /// The version of the hook that took the queue over (a reload) does not match the event,
+    /// which an earlier version matched when it was queued: no event runs on a version whose
+    /// patterns do not match it (issue 56). A fleet worker decides its fate
+    /// ([`crate::fleet::versions::Versions::fate`]); a local one counts it dropped.
+    Unmatched,
 }
 
 impl CallOutcome {
@@ -29,7 +41,7 @@ impl CallOutcome {
         Self {
             result: Err(why.into()),
             duration: Duration::ZERO,
-            not_started: false,
+            not_run: None,
         }
     }
 }
@@ -81,11 +93,34 @@ impl Job {
             let _ = reply.send(CallOutcome {
                 result: Err(GATE_SHUT.to_string()),
                 duration: Duration::ZERO,
-                not_started: true,
+                not_run: Some(NotRun::GateShut),
             });
         }
     }
+
+    /// Reports that the job was not started because the version of the hook now popping the
+    /// queue does not match it ([`NotRun::Unmatched`]); without a waiter it is counted in
+    /// `dropped` and logged.
+    fn unmatched(self, hook: &str, dropped: &AtomicU64) {
+        match self.reply {
+            Some(reply) => {
+                let _ = reply.send(CallOutcome {
+                    result: Err(UNMATCHED.to_string()),
+                    duration: Duration::ZERO,
+                    not_run: Some(NotRun::Unmatched),
+                });
+            }
+            None => {
+                dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(hook, event = %self.event, "{UNMATCHED}; dropped");
+            }
+        }
+    }
 }
+
+/// What a job the hook's new version does not match reports.
+pub const UNMATCHED: &str = "not started: queued for an earlier version of the hook, and the version \
+     loaded since does not match the event (its `events:` changed)";
 
 /// What a job refused by its start gate reports.
 pub const GATE_SHUT: &str =
@@ -101,6 +136,14 @@ pub enum Pushed {
     Refused(Job),
 }
 
+/// The version of the hook that pops the queue: its name and patterns.
+pub struct Version<'a> {
+    /// The hook's name, for logs.
+    pub hook: &'a str,
+    /// The patterns of the version popping.
+    pub patterns: &'a crate::pattern::PatternSet,
+}
+
 struct QueueState {
     jobs: VecDeque<Job>,
     closed: bool,
@@ -109,12 +152,18 @@ struct QueueState {
 impl QueueState {
     /// The first job someone still waits for; abandoned collects before it are dropped and
     /// counted in `dropped` (they were accepted, so the hook's counters must account for them).
-    fn pop_live(&mut self, dropped: &AtomicU64) -> Option<Job> {
+    /// Only a job `version` matches is returned: every job was queued to a version that
+    /// matched it, and a reload hands the queue to the next version ([`NotRun::Unmatched`]).
+    fn pop_live(&mut self, dropped: &AtomicU64, version: &Version<'_>) -> Option<Job> {
         loop {
             let job = self.jobs.pop_front()?;
             if job.gate_shut() {
                 // Not dropped: the fleet worker hands it to whoever holds the lease now.
                 job.refuse();
+                continue;
+            }
+            if version.patterns.matches(&job.event).is_none() {
+                job.unmatched(version.hook, dropped);
                 continue;
             }
             if !job.abandoned() {
@@ -214,11 +263,11 @@ impl HookQueue {
     }
 
     /// Next job; `None` once the queue is closed and empty.
-    pub async fn pop(&self) -> Option<Job> {
+    pub async fn pop(&self, version: &Version<'_>) -> Option<Job> {
         loop {
             {
                 let mut st = self.lock();
-                if let Some(job) = st.pop_live(&self.stats.dropped) {
+                if let Some(job) = st.pop_live(&self.stats.dropped, version) {
                     if shrink_if_drained(&mut st.jobs) {
                         self.trim_pending.store(true, Ordering::Relaxed);
                     }
@@ -260,9 +309,9 @@ impl HookQueue {
     }
 
     /// The next queued job, without waiting.
-    pub fn try_pop(&self) -> Option<Job> {
+    pub fn try_pop(&self, version: &Version<'_>) -> Option<Job> {
         let mut st = self.lock();
-        let job = st.pop_live(&self.stats.dropped)?;
+        let job = st.pop_live(&self.stats.dropped, version)?;
         if shrink_if_drained(&mut st.jobs) {
             self.trim_pending.store(true, Ordering::Relaxed);
         }
@@ -270,11 +319,11 @@ impl HookQueue {
     }
 
     /// Up to `max` queued jobs, without waiting.
-    pub fn try_pop_many(&self, max: usize) -> Vec<Job> {
+    pub fn try_pop_many(&self, max: usize, version: &Version<'_>) -> Vec<Job> {
         let mut st = self.lock();
         let mut jobs = Vec::with_capacity(max.min(st.jobs.len()));
         while jobs.len() < max
-            && let Some(job) = st.pop_live(&self.stats.dropped)
+            && let Some(job) = st.pop_live(&self.stats.dropped, version)
         {
             jobs.push(job);
         }
@@ -385,6 +434,37 @@ mod tests {
         );
         let (late, _) = job(false);
         assert!(matches!(q.push(late), Pushed::Refused(_)));
-        assert!(q.try_pop().is_some_and(|j| j.awaited()));
+        let any = crate::pattern::PatternSet::new(&["*".to_string()]).expect("a pattern");
+        let version = Version {
+            hook: "h",
+            patterns: &any,
+        };
+        assert!(q.try_pop(&version).is_some_and(|j| j.awaited()));
+    }
+
+    /// Issue 56: a job queued for a version that matched it is never started by a version that
+    /// does not (a reload hands the queue over): a waiter is told why, otherwise it counts as
+    /// dropped; the next job the version matches is returned.
+    #[test]
+    fn a_version_does_not_pop_what_it_does_not_match() {
+        let stats = Arc::new(HookStats::default());
+        let q = HookQueue::new(8, Overflow::DropOldest, stats.clone());
+        let (awaited, rx) = job(true);
+        let (fire, _) = job(false);
+        let (mut other, _) = job(false);
+        other.event = Arc::from("f");
+        for j in [awaited, fire, other] {
+            assert!(matches!(q.push(j), Pushed::Queued));
+        }
+        let only_f = crate::pattern::PatternSet::new(&["f".to_string()]).expect("a pattern");
+        let version = Version {
+            hook: "h",
+            patterns: &only_f,
+        };
+        let popped = q.try_pop(&version).expect("the job f matches");
+        assert_eq!(&*popped.event, "f");
+        let told = rx.expect("a waiter").try_recv().expect("told");
+        assert_eq!(told.not_run, Some(NotRun::Unmatched));
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 1);
     }
 }

@@ -42,7 +42,7 @@ async fn run_worker(
     while let Some(first) = next_job(&hook).await {
         let mut jobs = vec![first];
         if max_calls > 1 {
-            jobs.extend(hook.queue.try_pop_many(max_calls - 1));
+            jobs.extend(hook.queue.try_pop_many(max_calls - 1, &hook.version()));
         }
         run_jobs(&hook, handler.as_mut(), jobs).await;
     }
@@ -62,10 +62,11 @@ fn set_running(hook: &LoadedHook, s: Status) {
 
 /// The next job, or `None` when the queue is closed or the hook was superseded.
 async fn next_job(hook: &LoadedHook) -> Option<Job> {
+    let version = hook.version();
     tokio::select! {
         biased;
         _ = hook.signals.wait_superseded() => None,
-        job = hook.queue.pop() => job,
+        job = hook.queue.pop(&version) => job,
     }
 }
 
@@ -199,7 +200,7 @@ impl Feed for QueueFeed<'_> {
         if self.hook.signals.superseded() {
             return None;
         }
-        let job = self.hook.queue.try_pop()?;
+        let job = self.hook.queue.try_pop(&self.hook.version())?;
         Some(self.adopt(job))
     }
 
@@ -318,7 +319,7 @@ fn finish(hook: &LoadedHook, job: Job, result: HandlerResult, duration: Duration
         let _ = reply.send(CallOutcome {
             result,
             duration,
-            not_started: false,
+            not_run: None,
         });
     }
 }

@@ -143,13 +143,7 @@ fn python_handler(hooks: &Hooks, hook: &str) -> String {
     format!(
         r#"import json, os, time
 
-def _patterns():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for line in open(os.path.join(here, "HOOK.yaml")):
-        if line.startswith("events:"):
-            return json.loads(line.split(":", 1)[1])
-    return None
-
+{patterns}
 PATTERNS = _patterns()
 
 def handle(event, context):
@@ -160,6 +154,7 @@ def handle(event, context):
         f.write(json.dumps(rec) + "\n")
     time.sleep(float(context.get("pause", 0)))
 "#,
+        patterns = crate::util::PY_PATTERNS,
         out = out.display().to_string()
     )
 }

@@ -465,3 +465,70 @@ fn a_hook_writing_state_beside_its_handler_keeps_its_worker_across_reloads() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(calls(&serve), [("counter".to_string(), json!(1))]);
 }
+
+/// Issue 56 row 3's class, locally: events queued for a version of a hook whose `events:`
+/// matched them are never run by the version a reload loads after an edit that drops their
+/// name (it takes the queue over): they are counted dropped, and the events the new version
+/// matches run on it. (The old code ran the queued `rel:b` events on `[rel:a, rel:c]`.)
+#[test]
+fn a_reloaded_version_does_not_run_queued_events_its_patterns_do_not_match() {
+    let hooks = Hooks::new();
+    let out = hooks.out().join("ran.jsonl");
+    let code = format!(
+        r#"import json, os, time
+{patterns}
+PATTERNS = _patterns()
+def handle(event, context):
+    with open({out:?}, "a") as f:
+        f.write(json.dumps({{"event": event, "n": context.get("n"), "pats": PATTERNS, "pid": os.getpid()}}) + "\n")
+    time.sleep(0.2)
+"#,
+        patterns = crate::util::PY_PATTERNS,
+        out = out.display().to_string()
+    );
+    let dir = hooks.python("rel", r#"["rel:a", "rel:b"]"#, &code);
+    let serve = Serve::start(&hooks, &[]);
+    for n in 0..15 {
+        serve.post(
+            "/v1/events",
+            &json!({"event": "rel:b", "context": {"n": n}}),
+        );
+    }
+    let yaml = dir.join("HOOK.yaml");
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(&yaml, text.replace("rel:b", "rel:c")).unwrap();
+    poll(T, "the edit loaded", || {
+        let (_, v) = serve.get("/v1/hooks/rel");
+        (v["events"] == json!(["rel:a", "rel:c"])).then_some(())
+    });
+    serve.post(
+        "/v1/events",
+        &json!({"event": "rel:c", "context": {"n": 100}}),
+    );
+    let ran = poll(T, "the new version ran rel:c", || {
+        let ran = crate::util::read_jsonl(&out);
+        ran.iter().any(|r| r["n"] == 100).then_some(ran)
+    });
+    for r in &ran {
+        let pats: Vec<&str> = r["pats"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        assert!(
+            pats.contains(&r["event"].as_str().unwrap_or("")),
+            "an event ran on a version whose patterns do not match it: {r}\nall: {ran:?}"
+        );
+    }
+    let b_ran = ran.iter().filter(|r| r["event"] == "rel:b").count() as u64;
+    let (_, v) = serve.get("/v1/hooks/rel");
+    assert_eq!(
+        b_ran + v["counters"]["dropped"].as_u64().unwrap_or(0),
+        15,
+        "each queued rel:b ran on the old version or is counted dropped: {v}"
+    );
+    assert!(
+        serve.log().contains("does not match the event"),
+        "the drop is logged: {}",
+        serve.log()
+    );
+}

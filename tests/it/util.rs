@@ -626,3 +626,13 @@ pub fn epoch_secs() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
+
+/// Python (needs `json` and `os` imported) for a handler that records the patterns of its
+/// version: `_patterns()` reads the `events:` line (JSON) of the HOOK.yaml beside it, called
+/// when the module is imported (a version's worker imports it when the version loads).
+pub const PY_PATTERNS: &str = r#"def _patterns():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for line in open(os.path.join(here, "HOOK.yaml")):
+        if line.startswith("events:"):
+            return json.loads(line.split(":", 1)[1])
+"#;

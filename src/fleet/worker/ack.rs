@@ -135,6 +135,20 @@ pub(super) fn not_run_here(sh: &Shared, s: &Settings, d: &Delivery) -> Fate {
     )
 }
 
+/// Settles delivery `d`, which this worker's version of the hook does not run, as
+/// [`not_run_here`] decides: handed on to another live version, dead-lettered with the reason,
+/// or skipped with the proof that no version matches it.
+pub(super) async fn settle_unrun(sh: &Shared, s: &Settings, counters: &Counters, d: Delivery) {
+    match not_run_here(sh, s, &d) {
+        Fate::Nobody(proof) => d.skip(proof, counters).await,
+        Fate::Elsewhere => for_another_version(sh, s, counters, d).await,
+        Fate::Owed(why) => {
+            let delivered = d.delivered;
+            dead_letter(sh, s, counters, d, delivered, why).await;
+        }
+    }
+}
+
 /// When the edge accepted the event (its envelope's time; else the broker's time of the
 /// message, a retry's being later than the original's).
 pub(super) fn accepted(d: &Delivery) -> std::time::SystemTime {

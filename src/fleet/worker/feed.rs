@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 
 use crate::fleet::versions::Fate;
+use crate::hook::NotRun;
 
 use super::ack::*;
 use super::deliver::*;
@@ -174,16 +175,13 @@ impl Run {
     /// somewhere matches it, skipped only when none does ([`not_run_here`]).
     async fn not_here(&mut self, d: Delivery) {
         let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-        match not_run_here(&sh, &s, &d) {
-            Fate::Nobody(proof) => d.skip(proof, &counters).await,
-            Fate::Elsewhere => self.running.push(Box::pin(async move {
-                for_another_version(&sh, &s, &counters, d).await;
-            })),
-            Fate::Owed(why) => self.running.push(Box::pin(async move {
-                let delivered = d.delivered;
-                dead_letter(&sh, &s, &counters, d, delivered, why).await;
-            })),
+        if let Fate::Nobody(proof) = not_run_here(&sh, &s, &d) {
+            // Settled before the feed goes on, as a run's start would be.
+            return d.skip(proof, &counters).await;
         }
+        self.running.push(Box::pin(async move {
+            settle_unrun(&sh, &s, &counters, d).await;
+        }));
     }
 
     /// Runs one event: settles it at once when it needs no handler (finished here before, for
@@ -271,10 +269,18 @@ impl Run {
                 .host
                 .call_one(&d.env.event, ctx, wait, &s.name, gate)
                 .await;
-            if matches!(&outcome, Ok(Some(o)) if o.not_started) {
-                // Refused by the lease's bound (issue 48): not run here; handed back while the
-                // lease is surely still this worker's, else left to its ack wait.
-                return d.give_back(None).await;
+            match &outcome {
+                Ok(Some(o)) if o.not_run == Some(NotRun::GateShut) => {
+                    // Refused by the lease's bound (issue 48): not run here; handed back while
+                    // the lease is surely still this worker's, else left to its ack wait.
+                    return d.give_back(None).await;
+                }
+                Ok(Some(o)) if o.not_run == Some(NotRun::Unmatched) => {
+                    // Queued for this worker's earlier version; the version loaded since does
+                    // not match it: the one place that decides an unrun event's fate does.
+                    return settle_unrun(&sh, &s, &counters, d).await;
+                }
+                _ => {}
             }
             if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
                 // Dropped by the old name's hook: the same delivery runs under the new name.
