@@ -68,9 +68,11 @@ fn run_module(module: &str, tests: usize) {
 /// the block message, a `pre_llm_call` context reaches the model's request, a `post_tool_call`
 /// observer sleeping 5 s does not lengthen the turn, and a config.yaml shell hook runs once per
 /// event (`tests/real_gateway/test_agent_hooks.py`). On the old code (d69d285) there was no
-/// plugin: nothing blocked, no context.
+/// plugin: nothing blocked, no context. Issue 58: in `chat -q`, `transform_tool_result` and
+/// `transform_llm_output` hooks change what the model sees and what is printed, as 0.19.0
+/// reads their answers.
 #[testenv::needs(gateway_venv)]
 #[test]
 fn the_agent_events_reach_hooks_in_chat_and_in_the_gateway() {
-    run_module("test_agent_hooks", 5);
+    run_module("test_agent_hooks", 6);
 }

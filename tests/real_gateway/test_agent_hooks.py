@@ -15,6 +15,11 @@ the model's request, the turn (from the model's first request to its second) sho
 observer's sleep, the observer having run all the same, and the shell hook run exactly once for
 the one tool call (Hermes's own shell-hook runner kept off it), with 0.19.0's stdin keys.
 
+The transforms (``test_chat_transforms``, issue 58): a harmless command that runs, a
+``transform_tool_result`` hook whose string replaces the result the model sees (another answering
+a mapping, which 0.19.0 ignores) and a ``transform_llm_output`` hook whose string replaces the
+printed reply.
+
 In a profile (``test_chat_in_a_profile``, ``hermes -p work chat``): the same, with everything in
 the profile's home, served by the profile's own service.
 
@@ -64,6 +69,32 @@ HOOKS = {
              "        json.dump(ctx, f)\n" % SLEEP),
 }
 
+TOOL_TAG = "HH-TOOL-TRANSFORMED"
+OUTPUT_TAG = "[HH-OUTPUT-TRANSFORMED]"
+HARMLESS = "echo hh-tool-ran"
+
+
+def _recording(name, body):
+    """A handler that writes its context to $HERMES_HOME/NAME.json, then runs ``body``."""
+    return ("import json, os\n"
+            "def handle(event, ctx):\n"
+            "    with open(os.path.join(os.environ['HERMES_HOME'], %r), 'w') as f:\n"
+            "        json.dump(ctx, f)\n" % (name + ".json")) + body
+
+
+# Issue 58: the transforms, as 0.19.0 reads them (the first string wins; anything else is no
+# opinion). ``odd`` answers a transform with a mapping, which Hermes ignores.
+TRANSFORM_HOOKS = {
+    "tres": ('events: ["transform_tool_result"]\n',
+             _recording("tres", "    return %r + ' ' + ctx['extra'].get('result', '')\n"
+                        % TOOL_TAG)),
+    "odd": ('events: ["transform_tool_result"]\n',
+            "def handle(event, ctx):\n    return {'not': 'a string'}\n"),
+    "lout": ('events: ["transform_llm_output"]\n',
+             _recording("lout", "    return ctx['extra'].get('response_text', '') + ' ' + %r\n"
+                        % OUTPUT_TAG)),
+}
+
 SHELL_HOOK = """\
 import json, os, sys
 with open(sys.argv[1], "a") as f:
@@ -79,7 +110,8 @@ SHELL_BLOCK = "SHELL-GATE-said-no"
 class Home:
     """A run's directory: HERMES_HOME with the hooks and config.yaml, the fake model."""
 
-    def __init__(self, case, gateway, side_by_side=None, profile=None):
+    def __init__(self, case, gateway, side_by_side=None, profile=None, command=COMMAND,
+                 hooks=None):
         self.dir = tempfile.mkdtemp(prefix="hh-agent49-")
         self.root = os.path.join(self.dir, "hermes-home")
         # With a profile, everything is the profile's (``hermes -p NAME``); the root home is
@@ -90,12 +122,12 @@ class Home:
         self.procs = []
         port_file = os.path.join(self.dir, "llm.port")
         env = dict(os.environ, HH_FAKE_TOOL="terminal",
-                   HH_FAKE_ARGS=json.dumps({"command": COMMAND}))
+                   HH_FAKE_ARGS=json.dumps({"command": command}))
         self.procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "fake_llm.py"),
                                             port_file], stdin=subprocess.DEVNULL, env=env))
         llm_port = int(wait_for("the fake model provider", lambda: read_text(port_file), 30))
         self.requests = port_file + ".requests"
-        for name, (manifest, handler) in ({} if side_by_side else HOOKS).items():
+        for name, (manifest, handler) in ({} if side_by_side else hooks or HOOKS).items():
             d = os.path.join(self.home, "hooks", name)
             os.makedirs(d)
             for file_name, text in (("HOOK.yaml", manifest), ("handler.py", handler)):
@@ -246,6 +278,32 @@ class AgentHooks(unittest.TestCase):
         home.check(self.chat(home, profile="work"))
         self.assertTrue(os.path.exists(os.path.join(home.home, "hooks.sock")))
         self.assertFalse(os.path.exists(os.path.join(home.root, "hooks.sock")))
+
+    def test_chat_transforms(self):
+        """Issue 58: in ``hermes chat -q``, a ``transform_tool_result`` hook's string replaces
+        the tool's result the model sees (a hook answering a mapping is ignored, as 0.19.0
+        reads it), and a ``transform_llm_output`` hook's string replaces the reply printed;
+        each hook gets the keys 0.19.0 passes."""
+        hooks = dict(TRANSFORM_HOOKS, gate=HOOKS["gate"])
+        home = Home(self, gateway=False, command=HARMLESS, hooks=hooks)
+        reply = self.chat(home)
+        requests = read_lines(home.requests)
+        self.assertGreaterEqual(len(requests), 2, requests)
+        tool_results = json.dumps([m for m in requests[1]["messages"] if m.get("role") == "tool"])
+        self.assertIn(TOOL_TAG, tool_results, "the model did not see the transformed result")
+        self.assertIn("hh-tool-ran", tool_results, "the tool did not run")
+        self.assertIn(OUTPUT_TAG, reply, "the printed reply was not transformed")
+        self.assertIn("fake answer", reply)
+        seen = json.loads(read_text(os.path.join(home.home, "tres.json")))
+        self.assertEqual(seen["hook_event_name"], "transform_tool_result")
+        self.assertEqual(seen["tool_name"], "terminal")
+        self.assertEqual(seen["tool_input"], {"command": HARMLESS})
+        self.assertIn("hh-tool-ran", seen["extra"]["result"])
+        seen = json.loads(read_text(os.path.join(home.home, "lout.json")))
+        self.assertEqual(seen["hook_event_name"], "transform_llm_output")
+        self.assertTrue(seen["extra"]["response_text"].startswith("fake answer"), seen)
+        self.assertNotIn(OUTPUT_TAG, seen["extra"]["response_text"])
+        self.assertEqual(seen["extra"]["model"], "hh-fake-model")
 
     def test_gateway(self):
         """Issue 49, "The real thing in CI", in ``hermes gateway run`` (no launcher)."""
