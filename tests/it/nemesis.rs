@@ -640,6 +640,9 @@ fn run(bin: &Path, seed: u64, faults: &[String], steps: usize) -> Result<(), Str
         dead.values().map(HashMap::len).sum::<usize>(),
         started.elapsed().as_secs_f64()
     );
+    for (reason, count) in dead_reasons(&dead) {
+        eprintln!("nemesis:   {count} dead letter(s): {reason}");
+    }
     if broken.is_empty() {
         return Ok(());
     }
@@ -671,6 +674,21 @@ fn run(bin: &Path, seed: u64, faults: &[String], steps: usize) -> Result<(), Str
             .join("\n  "),
         log.join("\n  ")
     ))
+}
+
+/// The dead letters by hook and reason (its first words: the numbers and names after them
+/// differ), most first: what a run's dead letters were for, printed even when it passes.
+fn dead_reasons(dead: &HashMap<&str, HashMap<u64, Value>>) -> Vec<(String, usize)> {
+    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+    for (hook, letters) in dead {
+        for v in letters.values() {
+            let why: String = v["error"].as_str().unwrap_or("").chars().take(90).collect();
+            *by.entry(format!("{hook}: {why}")).or_default() += 1;
+        }
+    }
+    let mut out: Vec<(String, usize)> = by.into_iter().collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1));
+    out
 }
 
 /// Waits until every owed event ran or is dead-lettered (true), or nothing more ran or was
