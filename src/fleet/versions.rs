@@ -152,19 +152,33 @@ impl Versions {
         {
             let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
             if status.running {
-                // Back (or still) running: what it ran before and runs no more was changed.
-                for list in retired.values_mut() {
-                    for r in list.iter_mut().filter(|r| r.worker == status.worker) {
+                // Back (or still) running another version of a hook: the one it ran before was
+                // changed, it does not come back with it. A hook it does not list (yet: a
+                // restarted worker's first load is not done) keeps its versions gone: they may
+                // still come back (the nemesis's seed 15933431368365335045: a worker's first
+                // status after a restart, before its hooks loaded, made the events only its
+                // old version matched look like nobody's).
+                for (key, list) in retired.iter_mut() {
+                    let Some((running, _)) = hooks.get(key) else {
+                        continue;
+                    };
+                    for r in list
+                        .iter_mut()
+                        .filter(|r| r.worker == status.worker && r.patterns != *running)
+                    {
                         r.gone = false;
                     }
                 }
             }
             if let Some(before) = before {
                 for (key, (p, _)) in &before.hooks {
-                    if hooks.get(key).is_none_or(|(now, _)| now != p) {
-                        let until = before.live_until(key, now);
-                        let gone = !status.running;
-                        retire(&mut retired, key, p, &status.worker, until, gone);
+                    let until = before.live_until(key, now);
+                    match hooks.get(key) {
+                        Some((running, _)) if running == p => {}
+                        // Changed while its worker goes on running.
+                        Some(_) => retire(&mut retired, key, p, &status.worker, until, false),
+                        // Stopped, removed, or not loaded again yet: it may come back.
+                        None => retire(&mut retired, key, p, &status.worker, until, true),
                     }
                 }
             }
@@ -748,6 +762,37 @@ mod tests {
             v.fate("k", "nem:b", Some(1), later, Duration::ZERO),
             Fate::Nobody(_)
         ));
+    }
+
+    /// Issue 56 (the nemesis's seed 15933431368365335045): a vanished worker restarted with
+    /// the same id says it runs before its hooks are loaded; until it lists the hook again its
+    /// old version stays owed (the old code took that first status for a change, and the
+    /// events only that version matched, accepted meanwhile, were skipped). Once it lists
+    /// another version of the hook, the old one was changed: later events are nobody's.
+    #[test]
+    fn a_restarted_workers_first_status_is_no_change_of_its_versions() {
+        let v = Versions::default();
+        let mut st = status("w1", true, &["nem:a", "nem:b"], None);
+        st.interval_ms = 10;
+        v.update("me", st);
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(!v.other_matches("k", "nem:b", None), "gone");
+        let mut first = status("w1", true, &[], None);
+        first.patterns.clear();
+        v.update("me", first);
+        let later = SystemTime::now() + Duration::from_secs(1);
+        assert!(
+            owed(&v, "nem:b", later),
+            "not loaded again yet: the old version may come back"
+        );
+        v.update("me", status("w1", true, &["nem:a", "nem:b"], None));
+        assert!(v.other_matches("k", "nem:b", None), "back with it");
+        v.update("me", status("w1", true, &["nem:a", "nem:c"], None));
+        let after = SystemTime::now() + Duration::from_secs(2);
+        assert!(
+            nobody(&v, "nem:b", after),
+            "changed while running: accepted after the change, no version matches it"
+        );
     }
 
     #[test]

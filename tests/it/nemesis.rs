@@ -11,7 +11,9 @@
 //!
 //! **The schedule** (from the seed): SIGKILL of a worker (restarted after a while, same id),
 //! SIGSTOP of a worker's process tree for 0.3-1.8 ack waits, an edit of `npy`'s patterns on one
-//! worker (and its revert by a later edit), a broker restart, a SIGKILL of the edge (restarted).
+//! worker (and its revert by a later edit), a rolling update of a worker (SIGTERM: its version
+//! retires, drains and stops; restarted with the other patterns for `npy`), a broker restart, a
+//! SIGKILL of the edge (restarted).
 //! Which faults are drawn is `HERMES_NEMESIS_FAULTS` (a comma-separated list, or `all`;
 //! default [`DEFAULT_FAULTS`]).
 //!
@@ -51,20 +53,20 @@ use crate::fleet_pause::tree;
 use crate::util::{Hooks, Serve, epoch_secs, read_jsonl, signal};
 
 /// Every fault the schedule can draw (`HERMES_NEMESIS_FAULTS=all`).
-const FAULTS: &[&str] = &["kill", "stop", "edit", "broker", "edge"];
+const FAULTS: &[&str] = &["kill", "stop", "edit", "roll", "broker", "edge"];
 /// The faults drawn by default (`all` in [`REGRESSIONS`] and in longer runs).
 const DEFAULT_FAULTS: &[&str] = &["kill", "broker", "edge"];
 /// Seeds that once broke an invariant, with the server they broke it on ("old" for 2.9 or
-/// "new" for 2.10+) and their faults ("default" or "all"): replayed by
-/// [`nemesis_regression_seeds`].
+/// "new" for 2.10+) and the faults drawn (in their order: the schedule depends on it):
+/// replayed by [`nemesis_regression_seeds`].
 const REGRESSIONS: &[(u64, &str, &str)] = &[
     // An unordered hook's delivery read from the pull's buffer after a broker restart started
     // on one worker while the restarted broker sent it to another, both saying `delivered` 1.
-    (8685917986951815011, "new", "default"),
+    (8685917986951815011, "new", "kill,broker,edge"),
     // `npy` ran two `nem:b` events on the version a reload loaded from an edit to
     // `[nem:a, nem:c]`: the old version's worker put them back in the hook's queue, which the
     // new version took over (matched-version; a version now pops only what it matches).
-    (6697335439513186090, "old", "all"),
+    (6697335439513186090, "old", "kill,stop,edit,broker,edge"),
 ];
 /// The workers' ack wait, seconds (a lease lives about as long).
 const ACK_WAIT: f64 = 2.0;
@@ -102,6 +104,7 @@ enum Fault {
     Kill { worker: usize, down: f64 },
     Stop { worker: usize, frozen: f64 },
     Edit { worker: usize },
+    Roll { worker: usize, down: f64 },
     Broker { down: f64 },
     Edge { down: f64 },
 }
@@ -124,6 +127,10 @@ fn schedule(seed: u64, faults: &[String], steps: usize) -> Vec<(f64, Fault)> {
                 frozen: rng.between(0.3, 1.8) * ACK_WAIT,
             },
             "edit" => Fault::Edit { worker },
+            "roll" => Fault::Roll {
+                worker,
+                down: rng.between(0.2, 2.0),
+            },
             "broker" => Fault::Broker {
                 down: rng.between(0.2, 2.0),
             },
@@ -410,6 +417,24 @@ impl Fleet {
                 };
                 set_npy(&self.dirs[worker], to);
                 self.edits.push((t0, worker, to));
+            }
+            Fault::Roll { worker, down } => {
+                if let Some(mut w) = self.workers[worker].take() {
+                    // A rolling update's stop: the version retires (its drain, up to
+                    // --retire-drain), the queue drains, the worker exits.
+                    w.begin_stop();
+                    let _ = w.wait_exit(Duration::from_secs(60));
+                }
+                let to = if npy_version(&self.dirs[worker]) == V1 {
+                    V2
+                } else {
+                    V1
+                };
+                set_npy(&self.dirs[worker], to);
+                // The old version ran until the stop ended: the change counts from then.
+                self.edits.push((epoch_secs(), worker, to));
+                std::thread::sleep(Duration::from_secs_f64(down));
+                self.restart_worker(worker);
             }
             Fault::Broker { down } => {
                 let killed = epoch_secs();
