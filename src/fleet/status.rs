@@ -105,6 +105,16 @@ pub struct WorkerStatus {
     /// of the live workers' (issue 56 row 2, [`super::versions::Versions::longest_ack_wait`]).
     #[serde(default)]
     pub ack_wait_ms: u64,
+    /// Its hooks are loaded and each has its place in the fleet (false in the statuses of a
+    /// worker that just started): until then the others do not take its `patterns` for what
+    /// it runs (issue 56: an event only its version on disk matched was skipped). Absent in an
+    /// older worker's status: taken as loaded.
+    #[serde(default = "loaded_unsaid")]
+    pub loaded: bool,
+}
+
+fn loaded_unsaid() -> bool {
+    true
 }
 
 struct Entry {
@@ -488,6 +498,7 @@ mod tests {
             bundles: true,
             retiring: BTreeMap::new(),
             ack_wait_ms: 0,
+            loaded: true,
         }
     }
 

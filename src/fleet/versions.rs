@@ -37,6 +37,11 @@ struct Peer {
     retiring: BTreeMap<String, (u64, SystemTime)>,
     /// Its `--ack-wait` (zero: not said).
     ack_wait: Duration,
+    /// Its hooks are loaded ([`WorkerStatus::loaded`]): until then its versions are not
+    /// known, and no event is proven nobody's.
+    loaded: bool,
+    /// Its worker id.
+    worker: String,
 }
 
 impl Peer {
@@ -48,6 +53,10 @@ impl Peer {
             .map_or(at, |(_, since)| (*since).min(at))
     }
 }
+
+/// How long an event's fate waits for a worker that is loading its hooks (a restart during a
+/// rolling update: its version is on its disk, not yet in its status).
+pub const LOADING: Duration = Duration::from_secs(10);
 
 /// Retired versions kept per hook (the most recently seen).
 pub const RETIRED: usize = 8;
@@ -198,7 +207,7 @@ impl Versions {
             return;
         }
         peers.insert(
-            status.worker,
+            status.worker.clone(),
             Peer {
                 seen: Instant::now(),
                 seen_at: SystemTime::now(),
@@ -206,6 +215,8 @@ impl Versions {
                 hooks,
                 retiring,
                 ack_wait: Duration::from_millis(status.ack_wait_ms),
+                loaded: status.loaded,
+                worker: status.worker,
             },
         );
     }
@@ -315,7 +326,13 @@ impl Versions {
     /// Whether every live worker's versions are known as of `accepted` (its last status came
     /// later): an event accepted after that may be for a version not heard of yet.
     pub fn known_at(&self, accepted: SystemTime) -> bool {
-        self.live(|peers| peers.iter().all(|p| p.seen_at > accepted))
+        self.live(|peers| peers.iter().all(|p| p.loaded && p.seen_at > accepted))
+    }
+
+    /// A live worker whose hooks are not loaded yet (one that just started): what it will run
+    /// is not known.
+    fn loading(&self) -> Option<String> {
+        self.live(|peers| peers.iter().find(|p| !p.loaded).map(|p| p.worker.clone()))
     }
 
     /// The longest a worker waits for [`Versions::known_at`]: the slowest status interval and
@@ -327,9 +344,15 @@ impl Versions {
 
     /// Waits (at most [`Versions::patience`]) until every live worker's versions are known as
     /// of `accepted`.
+    /// A worker still loading its hooks is waited for longer, up to [`LOADING`].
     pub async fn wait_known(&self, accepted: SystemTime, own_interval: Duration) {
-        let until = Instant::now() + self.patience(own_interval);
-        while !self.known_at(accepted) && Instant::now() < until {
+        let began = Instant::now();
+        let until = began + self.patience(own_interval);
+        while !self.known_at(accepted) {
+            let now = Instant::now();
+            if now >= until && (now >= began + LOADING || self.loading().is_none()) {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -401,7 +424,16 @@ impl Versions {
                 r.worker,
                 crate::time::rfc3339(r.seen)
             )),
-            None => Fate::Nobody(NoVersion(())),
+            None => {
+                drop(retired);
+                match self.loading() {
+                    // Its version is on its disk, not yet in its status: it may match.
+                    Some(w) => Fate::Owed(format!(
+                        "no version of the hook this worker knows of matches {event:?}, but worker {w} has not loaded its hooks yet (it just started): its version may match it, then `dead replay` runs this event"
+                    )),
+                    None => Fate::Nobody(NoVersion(())),
+                }
+            }
         }
     }
 
@@ -686,6 +718,7 @@ mod tests {
                 .map(|b| BTreeMap::from([("k".to_string(), b)]))
                 .unwrap_or_default(),
             ack_wait_ms: 0,
+            loaded: true,
         }
     }
 
@@ -779,14 +812,21 @@ mod tests {
         assert!(!v.other_matches("k", "nem:b", None), "gone");
         let mut first = status("w1", true, &[], None);
         first.patterns.clear();
+        first.loaded = false;
         v.update("me", first);
         let later = SystemTime::now() + Duration::from_secs(1);
         assert!(
             owed(&v, "nem:b", later),
             "not loaded again yet: the old version may come back"
         );
+        assert!(
+            owed(&v, "nem:x", later),
+            "a worker loading its hooks: the version on its disk may match anything"
+        );
+        assert!(!v.known_at(later - Duration::from_secs(5)), "not known");
         v.update("me", status("w1", true, &["nem:a", "nem:b"], None));
         assert!(v.other_matches("k", "nem:b", None), "back with it");
+        assert!(nobody(&v, "nem:x", later), "loaded: nothing matches it");
         v.update("me", status("w1", true, &["nem:a", "nem:c"], None));
         let after = SystemTime::now() + Duration::from_secs(2);
         assert!(

@@ -455,6 +455,16 @@ pub(super) async fn publish_status(
     retiring: Option<&std::collections::BTreeMap<String, u64>>,
 ) {
     let running = retiring.is_none_or(|r| !r.is_empty());
+    // Loaded: the first load is done and every hook loaded has its task (read in this order,
+    // so the snapshot is the loaded one).
+    let ready = sh.host.is_ready();
+    let loaded = ready
+        && sh
+            .host
+            .snapshot()
+            .hooks
+            .iter()
+            .all(|h| tasks.contains_key(&crate::fleet::identity::of(&h.spec)));
     let mut hooks = Vec::new();
     let mut patterns = std::collections::BTreeMap::new();
     for (key, t) in tasks {
@@ -499,6 +509,7 @@ pub(super) async fn publish_status(
         patterns,
         bundles: true,
         ack_wait_ms: sh.opts.ack_wait.as_millis() as u64,
+        loaded,
         retiring: match retiring {
             Some(r) => r.clone(),
             // Changes held while their old version drains.
