@@ -107,6 +107,12 @@ impl Run {
             m.span = Some((from, to));
             m.written = Some(std::time::Instant::now());
         } else {
+            // The bucket is gone (a restarted broker lost it with its memory) or does not
+            // answer: made again after RETRY_BUCKET, not waited for by every event meanwhile
+            // (the nemesis's seed 2756418703060561171: a second per event after a broker
+            // restart, for the rest of the run).
+            m.store = None;
+            m.failed = Some(std::time::Instant::now());
             self.mark_failed("not written within a second");
         }
         Some(guard)
@@ -169,6 +175,7 @@ impl Run {
         match spans {
             Some(spans) => self.add_orphans(spans),
             None => {
+                self.marks.store = None;
                 tracing::warn!(hook = %self.s.name, "fleet: cannot read which events the previous holder may have started on their last allowed delivery; every event it left past its deliveries is dead-lettered");
                 self.add_orphans(vec![((0, 0), (top, usize::MAX))]);
             }
