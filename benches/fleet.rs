@@ -10,7 +10,8 @@
 //! of an event whose worker is SIGKILLed mid-handler. FLEET_BENCH_CPU prints the CPU time per
 //! event of nats-server, the edge and the worker of each fleet run (and of nats-server alone);
 //! FLEET_BENCH_POSTING how long each run's posting took (the accepts, until the last 202);
-//! FLEET_BENCH_RETRIES sets the measured hook's `retries:`.
+//! FLEET_BENCH_RETRIES sets the measured hook's `retries:`; FLEET_BENCH_ONE_BROKER runs every
+//! fleet run on one broker (its stream kept from run to run) instead of a fresh one each.
 
 mod common;
 
@@ -176,6 +177,23 @@ impl Nats {
     }
 }
 
+/// With FLEET_BENCH_ONE_BROKER, every fleet run of the process uses this one broker: its
+/// stream and consumers carry over from run to run, as with a driver's long-lived broker
+/// (issue 56 row 9: rounds on one broker, the one difference from this bench left to try).
+static SHARED: std::sync::Mutex<Option<Nats>> = std::sync::Mutex::new(None);
+
+/// A fleet run's broker: its own, or (FLEET_BENCH_ONE_BROKER) the shared one's URL and pid.
+fn run_broker() -> (Option<Nats>, String, u32) {
+    if std::env::var_os("FLEET_BENCH_ONE_BROKER").is_none() {
+        let n = Nats::start();
+        let (url, pid) = (n.url(), n.child.id());
+        return (Some(n), url, pid);
+    }
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    let n = shared.get_or_insert_with(Nats::start);
+    (None, n.url(), n.child.id())
+}
+
 impl Drop for Nats {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -310,10 +328,9 @@ fn throughput(
     total: usize,
     bundle: usize,
 ) -> f64 {
-    let nats = Nats::start();
+    let (_nats, url, nats_pid) = run_broker();
     let root = hook_root_with(dir, kind, concurrency, None, idle);
     let root_s = root.to_str().expect("utf-8 path").to_string();
-    let url = nats.url();
     let ws: Vec<Proc> = (0..workers)
         .map(|i| {
             let id = format!("w{i}");
@@ -355,7 +372,7 @@ fn throughput(
                 .all(|h| h["workers"].as_array().map(|a| a.len()) == Some(workers))
     });
     let addrs: Vec<String> = ws.iter().map(|w| w.addr.clone()).collect();
-    let mut procs = vec![("nats-server", nats.child.id()), ("edge", edge.child.id())];
+    let mut procs = vec![("nats-server", nats_pid), ("edge", edge.child.id())];
     procs.extend(ws.iter().map(|w| ("worker", w.child.id())));
     let (rate, cpu) = cpu_per_event(&procs, total, || {
         run_load(&edge.addr, total, || {
@@ -717,6 +734,8 @@ fn main() {
             paired(&figures[w][3], &broker)
         );
     }
+    // The shared broker (FLEET_BENCH_ONE_BROKER) is stopped with the throughput runs.
+    drop(SHARED.lock().unwrap_or_else(|p| p.into_inner()).take());
     if std::env::var_os("FLEET_BENCH_THROUGHPUT_ONLY").is_some() {
         return;
     }
