@@ -25,7 +25,8 @@
 //!   was near, ran on that hook or is dead-lettered with a reason.
 //! - `matched-version`: no event runs on a version whose patterns do not match it.
 //! - `stream-order`: an ordered hook starts each event for the first time in stream order
-//!   (which also catches two holders at once: the second one's starts fall behind).
+//!   (which also catches two holders at once: the second one's starts fall behind); an event
+//!   dead-lettered before its first start was handled then, and a later start is a repeat.
 //! - `repeat-counted`: of an event's starts, at most one says `delivered` 1: every repeat says
 //!   more (the order of the lines is not the order of the starts: a handler frozen with its
 //!   worker writes its line when it wakes, after the repeat another worker ran meanwhile).
@@ -595,7 +596,10 @@ fn check(
                     ))
                 }
                 Some(_) => {}
-                None if hook != "npar" => {
+                // An event dead-lettered was handled then (its place in the order is the dead
+                // letter's, which no start line shows): a later run is a repeat, as after a
+                // redelivery of what ran (an acknowledgement lost with a frozen worker).
+                None if hook != "npar" && !dead[hook].contains_key(&n) => {
                     let key = (s["seq"].as_u64().unwrap_or(0), n);
                     if last.is_some_and(|l| key < l) {
                         broken.push(format!(
