@@ -193,7 +193,7 @@ fn list_shows_a_config_entry_as_written() {
     assert_eq!(code, 0, "{said}");
     let row = said
         .lines()
-        .find(|l| l.starts_with("shell-pre_tool_call-"))
+        .find(|l| l.starts_with("shell-"))
         .unwrap_or_default();
     assert!(row.split_whitespace().nth(1) == Some("shell"), "{said}");
     assert!(
@@ -220,6 +220,7 @@ fn list_shows_a_config_entry_as_written() {
         (&json!("shell"), &written),
         "{said}"
     );
+    assert_eq!(hook["config_entries"], json!([written]), "{said}");
     assert!(
         hook.get("worker").is_none() && hook.get("python").is_none(),
         "{said}"

@@ -331,8 +331,7 @@ class AgentBridge:
 
     def _hand_over(self) -> List[str]:
         self._stamp = _config_stamp(self._config_files)
-        off = [s.get("name") for s in self.registry.skipped
-               if s.get("code") in ("disabled", "revoked")]
+        off = [s for s in self.registry.skipped if s.get("code") in ("disabled", "revoked")]
         return hand_over_shell_hooks(self.registry.loaded_hooks, off, self.attached)
 
     def recheck(self) -> None:
@@ -478,12 +477,41 @@ class AgentBridge:
         return names
 
 
-def shell_hook_name(event: str, matcher: Optional[str], command: str) -> str:
-    """The name the service gives the hook it makes of a config.yaml shell-hook entry
-    (``src/config_hooks.rs``): the event and a digest of the triple Hermes registers it under."""
+def shell_hook_name(command: str) -> str:
+    """The name the service gives the hook it makes of the config.yaml shell-hook entries that
+    run ``command`` (``src/config_hooks.rs``): one hook per command, on every event it has
+    consent for (issue 58 row 1), named by a digest of the command."""
+    return "shell-%s" % hashlib.sha256(command.encode("utf-8")).hexdigest()[:10]
+
+
+def _entry_hook_name(event: str, matcher: Optional[str], command: str) -> str:
+    """The name a service before issue 58 gave the hook of one entry: the event and a digest of
+    the triple Hermes registers it under. Still read, so that this plugin with an older service
+    hands over what that service hosts."""
     digest = hashlib.sha256(b"\0".join(
         (event.encode("utf-8"), (matcher or "").encode("utf-8"), command.encode("utf-8"))))
     return "shell-%s-%s" % (event, digest.hexdigest()[:10])
+
+
+def _events_of(listed: Iterable[Any]) -> Dict[str, Optional[set]]:
+    """Hook name -> the events it lists, from ``/v1/hooks``' hooks or skipped entries (a bare
+    name, or an entry listing none, as an older service's skipped ones: ``None``, every event)."""
+    out = {}  # type: Dict[str, Optional[set]]
+    for item in listed:
+        if isinstance(item, str):
+            out[item] = None
+        elif isinstance(item, dict) and item.get("name"):
+            events = item.get("events")
+            out[str(item["name"])] = set(map(str, events)) if events else None
+    return out
+
+
+def _covers(events_of: Dict[str, Optional[set]], name: str, event: str) -> bool:
+    """Whether the hook ``name`` of ``events_of`` is there and takes ``event``."""
+    if name not in events_of:
+        return False
+    events = events_of[name]
+    return events is None or event in events
 
 
 def _config_files(home: Optional[str]) -> Tuple[str, ...]:
@@ -552,7 +580,7 @@ def _handed_over(key: Tuple[Any, Any, Any]) -> Callable[..., None]:
     return handed_over
 
 
-def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[str] = (),
+def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[Any] = (),
                           events: Optional[Iterable[str]] = None) -> List[str]:
     """Keeps Hermes's own shell-hook runner off the config.yaml entries the service hosts, so
     each command runs once per event: 0.19.0 registers an entry only when its (event, matcher,
@@ -563,15 +591,18 @@ def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[st
     not list (no consent yet, the service unreachable), or whose event this plugin does not
     forward (``events``, when given), stays Hermes's; one the service lists as disabled or
     revoked (an operator turned it off here: `disable`, the dashboard, under either trust
-    mode) is handed over too, so that it does not run at all.
-    Returns the commands handed over."""
+    mode) is handed over too, so that it does not run at all. The service hosts all the entries
+    of one command as one hook (issue 58 row 1), on the events whose (event, command) has
+    consent: an entry is the service's when that hook lists its event (``disabled``: skipped
+    entries of ``/v1/hooks``, or bare names, which cover every event); its other events stay
+    Hermes's. Returns the commands handed over."""
     try:
         from agent import shell_hooks  # type: ignore
         from hermes_cli.config import load_config  # type: ignore
     except Exception:
         return []  # not inside Hermes
-    hosted = {h.get("name") for h in hooks if isinstance(h, dict)}
-    off = set(disabled)
+    hosted = _events_of(h for h in hooks if isinstance(h, dict))
+    off = _events_of(disabled)
     forwarded = None if events is None else set(events)
     taken, ran = [], []
     try:
@@ -579,9 +610,10 @@ def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[st
         with shell_hooks._registered_lock:
             for spec in specs:
                 key = (spec.event, spec.matcher, spec.command)
-                name = shell_hook_name(*key)
-                runs_here = name in hosted and (forwarded is None or spec.event in forwarded)
-                if runs_here or name in off:
+                names = (shell_hook_name(spec.command), _entry_hook_name(*key))
+                runs_here = (any(_covers(hosted, n, spec.event) for n in names)
+                             and (forwarded is None or spec.event in forwarded))
+                if runs_here or any(_covers(off, n, spec.event) for n in names):
                     if key in shell_hooks._registered:
                         ran.append(key)
                     shell_hooks._registered.add(key)
