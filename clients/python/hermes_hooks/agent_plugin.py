@@ -10,10 +10,12 @@ registers one callback for each of those events that some hook of the service su
 * **Observers** (``post_tool_call``, ``on_session_end``...) go to ``POST /v1/events`` through
   the client's buffer (``HookRegistry.emit_nowait``): the callback builds the context and
   returns, whatever the hooks do and however long they take.
-* **Deciding events** (see ``DECIDING``) go to ``POST /v1/collect`` and wait for the matching
-  hooks' answers, as long as their own ``timeout:`` allows; the answers are read the way 0.19.0
-  reads a callback's (``decide``), and the callback hands Hermes one answer, so Hermes combines
-  it with other plugins' as it would any plugin's.
+* **Deciding events** (see ``DECIDING``) go to ``POST /v1/collect``, once the observer events
+  buffered before them have been sent (``AgentBridge.flush_observers``, so that a hook on both
+  gets them in Hermes's order), and wait for the matching hooks' answers, as long as their
+  own ``timeout:`` allows; the answers are read the way 0.19.0 reads a callback's
+  (``decide``), and the callback hands Hermes one answer, so Hermes combines it with other
+  plugins' as it would any plugin's.
 
 The context a hook gets is what 0.19.0 writes to a shell hook's stdin (``context``):
 ``hook_event_name``, ``tool_name``, ``tool_input``, ``session_id``, ``cwd`` and ``extra`` (every
@@ -77,6 +79,11 @@ _TOP_LEVEL = frozenset(("tool_name", "args", "session_id", "parent_session_id"))
 
 #: Seconds the plugin waits for the service's answer beyond its longest budget (301 s).
 _ANSWER_BOUND = 305.0
+
+#: Seconds a decision waits at most for the observer events buffered before it to reach the
+#: service (:meth:`AgentBridge.flush_observers`): a short bound, so a slow service costs a
+#: decision this much at worst; a service found down costs nothing (the sender is backing off).
+FLUSH_BOUND = 0.5
 
 #: Idle decision connections kept at most (0.19.0 runs up to 8 tools of a batch at once), and
 #: how long one is kept unused: well under the service's 60 s cut of an idle connection.
@@ -419,10 +426,27 @@ class AgentBridge:
             names = []
         return ", ".join(names)
 
+    def flush_observers(self) -> bool:
+        """Waits until the observer events buffered so far (``emit_nowait``, sent by the
+        client's background thread as ``/v1/events/batch``) have reached the service, for at
+        most :data:`FLUSH_BOUND` seconds, so that a decision sent next is queued after them:
+        one hook on both (a config.yaml command on ``post_llm_call`` and ``pre_tool_call``)
+        then gets them in the order Hermes emitted them (issue 58 row 1). Nothing buffered: one
+        length read, no lock. The service last found down (the sender backing off): no wait;
+        the decision then fails open or closed as it would. Returns whether nothing is left."""
+        reg = self.registry
+        if not reg.pending:
+            return True
+        if reg.connected is False:
+            return False
+        return reg.flush(FLUSH_BOUND)
+
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
         """``POST /v1/collect``, blocking, on a pooled connection (Hermes calls from its own
-        threads; no event loop is assumed). Returns the service's answer and why it failed, if
-        it did."""
+        threads; no event loop is assumed), after the observer events emitted before it
+        (:meth:`flush_observers`). Returns the service's answer and why it failed, if it
+        did."""
+        self.flush_observers()
         try:
             body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
                               default=str, allow_nan=False).encode("utf-8")
