@@ -458,7 +458,9 @@ fn files(hook: &HostedHook) -> [(&'static str, String); 3] {
 /// operator's approval of exactly this command for these events, and it carries over (issue
 /// 49). Entries accepted only by `hooks_auto_accept` or `HERMES_ACCEPT_HOOKS` follow the trust
 /// mode (`hermes-hooks enable NAME --trust explicit`), and an approval revoked later
-/// (`disable`) is not given again (nor one revoked under a name of an older release).
+/// (`disable`) is not given again (nor one revoked under a name of an older release). A hook
+/// whose entries were all approved under an older release's names (one hook per entry) is
+/// approved when first written ([`approve_new`]).
 pub fn sync(home: &Path, explicit: bool) -> Option<PathBuf> {
     let root = home.join(ROOT_DIR);
     let plan = match plan(home) {
@@ -478,31 +480,44 @@ pub fn sync(home: &Path, explicit: bool) -> Option<PathBuf> {
         Err(e) => {
             tracing::warn!(root = %root.display(), "shell hooks of config.yaml not written: {e}");
         }
-        Ok(new) if explicit => {
-            let listed = allowlist(home);
-            for hook in plan.hooks.iter().filter(|h| {
-                new.contains(&h.name)
-                    && h.entries.iter().all(|e| {
-                        listed
-                            .iter()
-                            .any(|(ev, c)| *ev == e.event && *c == e.command)
-                    })
-            }) {
-                let old: Vec<String> = hook.entries.iter().map(ShellEntry::old_hook_name).collect();
-                match approve_consented(home, &root.join(&hook.name), &old) {
-                    Ok(()) => tracing::info!(
-                        hook = %hook.name,
-                        "approved from shell-hooks-allowlist.json: {} on {}",
-                        hook.command,
-                        hook.events().join(", ")
-                    ),
-                    Err(why) => tracing::warn!(hook = %hook.name, "not approved: {why}"),
-                }
-            }
-        }
+        Ok(new) if explicit => approve_new(home, &root, &plan.hooks, &new),
         Ok(_) => {}
     }
     Some(root)
+}
+
+/// Under `--trust explicit`, approves the hooks of `new` (made, or taking a new event) whose
+/// entries all have their consent in the allowlist, or were all approved (and none revoked)
+/// under the names of an older release, one hook per entry: what the operator approved is
+/// what runs (issue 58 row 1, an upgrade needs no `enable` again).
+fn approve_new(home: &Path, root: &Path, hooks: &[HostedHook], new: &[String]) {
+    let listed = allowlist(home);
+    let trust =
+        crate::trust::approvals::TrustFile::load(&crate::trust::approvals::trust_file(home))
+            .unwrap_or_default();
+    for hook in hooks.iter().filter(|h| new.contains(&h.name)) {
+        let old: Vec<String> = hook.entries.iter().map(ShellEntry::old_hook_name).collect();
+        let why = if hook.entries.iter().all(|e| {
+            listed
+                .iter()
+                .any(|(ev, c)| *ev == e.event && *c == e.command)
+        }) {
+            "from shell-hooks-allowlist.json"
+        } else if old.iter().all(|n| trust.hooks.contains_key(n)) {
+            "as its entries were, one by one, before"
+        } else {
+            continue;
+        };
+        match approve_consented(home, &root.join(&hook.name), &old) {
+            Ok(()) => tracing::info!(
+                hook = %hook.name,
+                "approved {why}: {} on {}",
+                hook.command,
+                hook.events().join(", ")
+            ),
+            Err(e) => tracing::warn!(hook = %hook.name, "not approved: {e}"),
+        }
+    }
 }
 
 /// Records the approval of the hook made from a consented entry, as `enable --trust explicit`
@@ -973,10 +988,9 @@ mod tests {
         assert_eq!(hooks[0].timeout(), 300);
     }
 
-    /// An entry disabled under an older release's name (one hook per entry) stays disabled in
-    /// the hook of its command; the older directory goes.
-    #[test]
-    fn a_disabled_entry_of_an_older_release_stays_off() {
+    /// A home whose config.yaml runs `a.sh` on two events (accepted by `hooks_auto_accept`),
+    /// and its plan.
+    fn one_command_on_two_events() -> (tempfile::TempDir, Plan) {
         let home = tempfile::tempdir().unwrap();
         std::fs::write(
             home.path().join("config.yaml"),
@@ -985,6 +999,45 @@ mod tests {
         )
         .unwrap();
         let p = plan(home.path()).unwrap();
+        (home, p)
+    }
+
+    /// Under `--trust explicit`, entries approved one by one under an older release's names
+    /// are approved as their command's hook; not when one of them was revoked.
+    #[test]
+    fn approvals_of_an_older_release_carry_over() {
+        use crate::trust::approvals as a;
+        let (home, p) = one_command_on_two_events();
+        let old: Vec<String> = p.hosted.iter().map(ShellEntry::old_hook_name).collect();
+        let approval: a::Approval =
+            serde_json::from_value(json!({"sha256": "0".repeat(64)})).unwrap();
+        let file = a::trust_file(home.path());
+        let mut trust = a::TrustFile::load(&file).unwrap();
+        trust.hooks.insert(old[0].clone(), approval.clone());
+        trust
+            .revoked
+            .insert(old[1].clone(), "2026-01-01T00:00:00Z".into());
+        trust.save(&file).unwrap();
+        let root = sync(home.path(), true).unwrap();
+        let name = &p.hooks[0].name;
+        assert!(!a::TrustFile::load(&file).unwrap().hooks.contains_key(name));
+        std::fs::remove_dir_all(&root).unwrap();
+        trust.revoked.clear();
+        trust.hooks.insert(old[1].clone(), approval);
+        trust.save(&file).unwrap();
+        sync(home.path(), true);
+        let approved = a::TrustFile::load(&file).unwrap();
+        assert_eq!(
+            approved.hooks.get(name).map(|h| h.dir.clone()),
+            Some(root.join(name))
+        );
+    }
+
+    /// An entry disabled under an older release's name (one hook per entry) stays disabled in
+    /// the hook of its command; the older directory goes.
+    #[test]
+    fn a_disabled_entry_of_an_older_release_stays_off() {
+        let (home, p) = one_command_on_two_events();
         let old = home.path().join(ROOT_DIR).join(p.hosted[1].old_hook_name());
         std::fs::create_dir_all(&old).unwrap();
         std::fs::write(old.join("HOOK.yaml"), "name: x\nenabled: false\n").unwrap();
