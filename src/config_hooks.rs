@@ -7,7 +7,11 @@
 //! `HOOK.yaml` for the entry's event, a Python handler (`config_hooks/handler.py`, a persistent
 //! worker that applies the matcher and runs the command per event, reading its stdout as 0.19.0
 //! does) and `entry.py` (the entry, as Python: code, so the approval and the version cover the
-//! command; a `.json` beside a handler is data, issue 59). From there it is a hook like any other: its queue,
+//! command; a `.json` beside a handler is data, issue 59). The entries of one command are one
+//! hook (issue 58 row 1: [`group`]): its `events:` are all of theirs and its one queue and
+//! worker take them in the order the service received them, as 0.19.0 runs them inline in the
+//! agent's order, so a script's own state (a cooldown file, a counter) sees what it sees under
+//! Hermes; two commands are two hooks. From there it is a hook like any other: its queue,
 //! worker, timeout, trust, sandbox (`sandbox:` of the entry, else none: a shell hook runs
 //! programs), metrics, `/v1/hooks` and the dashboard. The Hermes plugin
 //! (`hermes_hooks.agent_plugin`) keeps Hermes's own runner off the entries hosted here, so a
@@ -61,9 +65,16 @@ pub struct ShellEntry {
 }
 
 impl ShellEntry {
-    /// The hook's name: the event and a digest of (event, matcher, command), the triple 0.19.0
-    /// registers each entry under, so a name stays with its entry wherever it moves in the file.
+    /// The name of the hook that runs this entry: the one of every entry of its command
+    /// ([`hook_name_of`]).
     pub fn hook_name(&self) -> String {
+        hook_name_of(&self.command)
+    }
+
+    /// The name a release before issue 58 gave this entry's own hook (`shell-EVENT-DIGEST`, the
+    /// digest of the triple): read once, when the hook of its command is first made, so that an
+    /// entry an operator had turned off stays off.
+    pub fn old_hook_name(&self) -> String {
         let mut h = Sha256::new();
         h.update(self.event.as_bytes());
         h.update([0]);
@@ -77,6 +88,89 @@ impl ShellEntry {
             &hex::encode(h.finalize())[..10]
         )
     }
+}
+
+/// The name of the hook made from config.yaml's entries that run `command` (trimmed):
+/// `shell-` and ten hex digits of its SHA-256, so a name stays with its command wherever its
+/// entries move in the file and whichever events they are on (issue 58 row 1). The client's
+/// plugin computes the same (`agent_plugin.shell_hook_name`).
+pub fn hook_name_of(command: &str) -> String {
+    let digest = Sha256::digest(command.as_bytes());
+    format!(
+        "{}{}",
+        crate::hook_name::CONFIG_PREFIX,
+        &hex::encode(digest)[..10]
+    )
+}
+
+/// One hosted hook: every hosted entry of one command, in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostedHook {
+    /// [`hook_name_of`] the command.
+    pub name: String,
+    /// The command line, trimmed.
+    pub command: String,
+    /// Its entries with consent, in file order (each event's in its index order).
+    pub entries: Vec<ShellEntry>,
+}
+
+impl HostedHook {
+    /// Its events, each once, in the order of its entries.
+    pub fn events(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for e in &self.entries {
+            if !out.contains(&e.event.as_str()) {
+                out.push(&e.event);
+            }
+        }
+        out
+    }
+
+    /// The hook's `timeout:`: the longest one event can take, its entries run one after the
+    /// other (as 0.19.0 calls an event's callbacks in turn), plus the grace that lets the
+    /// command's own timeout fire first; at most what HOOK.yaml accepts.
+    pub fn timeout(&self) -> u64 {
+        let longest = self
+            .events()
+            .iter()
+            .map(|ev| {
+                self.entries
+                    .iter()
+                    .filter(|e| e.event == *ev)
+                    .map(|e| e.timeout)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(DEFAULT_TIMEOUT);
+        (longest + TIMEOUT_GRACE).min(crate::manifest::MAX_TIMEOUT_SECS as u64)
+    }
+}
+
+/// The hosted entries as hooks, one per command (in the order each command first appears),
+/// each with its entries in file order. The `sandbox:` of a command's first entry is its
+/// hook's; another entry of it that says otherwise is named in `warnings`.
+pub fn group(hosted: &[ShellEntry], warnings: &mut Vec<String>) -> Vec<HostedHook> {
+    let mut hooks: Vec<HostedHook> = Vec::new();
+    for e in hosted {
+        match hooks.iter_mut().find(|h| h.command == e.command) {
+            Some(h) => {
+                if h.entries[0].sandbox != e.sandbox {
+                    warnings.push(format!(
+                        "hooks.{}[{}].sandbox differs from hooks.{}[{}]'s, which runs the same \
+                         command as the same hook: that one applies",
+                        e.event, e.index, h.entries[0].event, h.entries[0].index
+                    ));
+                }
+                h.entries.push(e.clone());
+            }
+            None => hooks.push(HostedHook {
+                name: e.hook_name(),
+                command: e.command.clone(),
+                entries: vec![e.clone()],
+            }),
+        }
+    }
+    hooks
 }
 
 /// `roots` and, when it exists, the folder of the hooks made from config.yaml: where `enable`,
@@ -262,48 +356,69 @@ pub fn allowlist(home: &Path) -> Vec<(String, String)> {
 pub struct Plan {
     /// Entries with consent, hosted as hooks.
     pub hosted: Vec<ShellEntry>,
+    /// Those entries as hooks, one per command ([`group`]).
+    pub hooks: Vec<HostedHook>,
     /// Entries without consent (Hermes asks at its terminal, or skips them).
     pub unconsented: Vec<ShellEntry>,
-    /// From [`ConfigHooks::warnings`].
+    /// From [`ConfigHooks::warnings`], and [`group`]'s.
     pub warnings: Vec<String>,
 }
 
-/// Reads `$HERMES_HOME/config.yaml` and the allowlist: what is hosted.
+/// Reads `$HERMES_HOME/config.yaml` and the allowlist: what is hosted. Consent is each entry's
+/// own, by its (event, command): a command with consent on some of its events only is hosted
+/// for those, and Hermes's runner keeps the others.
 pub fn plan(home: &Path) -> Result<Plan, String> {
     let found = read(&home.join("config.yaml"))?;
     let accept = found.auto_accept || env_accepts();
     let approved = allowlist(home);
-    let (hosted, unconsented) = found.entries.into_iter().partition(|e| {
-        accept
-            || approved
-                .iter()
-                .any(|(ev, c)| *ev == e.event && *c == e.command)
-    });
+    let (hosted, unconsented): (Vec<ShellEntry>, Vec<ShellEntry>) =
+        found.entries.into_iter().partition(|e| {
+            accept
+                || approved
+                    .iter()
+                    .any(|(ev, c)| *ev == e.event && *c == e.command)
+        });
+    let mut warnings = found.warnings;
+    let hooks = group(&hosted, &mut warnings);
     Ok(Plan {
         hosted,
+        hooks,
         unconsented,
-        warnings: found.warnings,
+        warnings,
     })
 }
 
-/// The files of one hosted entry's hook directory.
-fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
-    let sandbox = e.sandbox.clone().unwrap_or_else(|| json!("none"));
-    let deciding = crate::events::agent_event(&e.event).is_some_and(|a| a.decides);
+/// The files of one hosted hook's directory.
+fn files(hook: &HostedHook) -> [(&'static str, String); 3] {
+    let first = &hook.entries[0];
+    let sandbox = first.sandbox.clone().unwrap_or_else(|| json!("none"));
+    let events = hook.events();
+    let deciding = events
+        .iter()
+        .any(|ev| crate::events::agent_event(ev).is_some_and(|a| a.decides));
+    let places: Vec<String> = hook
+        .entries
+        .iter()
+        .map(|e| format!("hooks.{}[{}]", e.event, e.index))
+        .collect();
     let manifest = format!(
-        "# Made by hermes-hooks from hooks.{event}[{index}] of config.yaml: edit that file, not this.\n\
+        "# Made by hermes-hooks from {places} of config.yaml: edit that file, not this.\n\
+         # One hook for the command: its events in one queue, one at a time, in the order they came.\n\
          name: {name}\n\
          description: {description}\n\
-         events: [{event_json}]\n\
+         events: {events_json}\n\
          timeout: {timeout}\n\
          runs: service\n\
          sandbox: {sandbox}\n{priority}",
-        event = e.event,
-        index = e.index,
-        name = e.hook_name(),
-        description = json!(format!("config.yaml hooks.{}: {}", e.event, e.command)),
-        event_json = json!(e.event),
-        timeout = e.timeout + TIMEOUT_GRACE,
+        places = places.join(", "),
+        name = hook.name,
+        description = json!(format!(
+            "config.yaml hooks.{}: {}",
+            events.join(", hooks."),
+            hook.command
+        )),
+        events_json = json!(events),
+        timeout = hook.timeout(),
         priority = if deciding {
             // The agent waits for it: the command it starts runs in the normal class, at the
             // service's priority (an idle-class worker's children are idle too).
@@ -312,31 +427,40 @@ fn files(e: &ShellEntry) -> [(&'static str, String); 3] {
             ""
         },
     );
-    let entry = json!({
-        "event": e.event,
-        "command": e.command,
-        "matcher": e.matcher,
-        "timeout": e.timeout,
-        "index": e.index,
-    });
+    let entries: Vec<Value> = hook
+        .entries
+        .iter()
+        .map(|e| {
+            json!({
+                "event": e.event,
+                "matcher": e.matcher,
+                "timeout": e.timeout,
+                "index": e.index,
+            })
+        })
+        .collect();
+    let written = json!({"command": hook.command, "entries": entries});
     [
         ("HOOK.yaml", manifest),
         ("handler.py", HANDLER.to_string()),
-        (ENTRY_FILE, entry_module(&entry)),
+        (ENTRY_FILE, entry_module(&written)),
     ]
 }
 
 /// Writes the hook directories of the hosted entries of `$HERMES_HOME/config.yaml` under
 /// `$HERMES_HOME/config-hooks/` (a file only when its content changed) and removes the ones
-/// of entries gone or without consent. Returns that root when it exists (so it is scanned), or
+/// of commands gone or without consent. Returns that root when it exists (so it is scanned), or
 /// `None` when there is nothing to host and never was. Never fails: what went wrong is logged.
 ///
-/// Under `--trust explicit` (`explicit`), an entry whose (event, command) is in
-/// `shell-hooks-allowlist.json` is approved when its hook directory is first written: that
-/// consent is the operator's approval of exactly this command for this event, and it carries
-/// over (issue 49). Entries accepted only by `hooks_auto_accept` or `HERMES_ACCEPT_HOOKS` follow
-/// the trust mode (`hermes-hooks enable NAME --trust explicit`), and an approval revoked later
-/// (`disable`) is not given again: only a new entry (a new command) is approved.
+/// Under `--trust explicit` (`explicit`), a hook all of whose entries' (event, command) pairs
+/// are in `shell-hooks-allowlist.json` is approved when its directory is first written, or
+/// when it takes an event it did not have (a pair consented since): that consent is the
+/// operator's approval of exactly this command for these events, and it carries over (issue
+/// 49). Entries accepted only by `hooks_auto_accept` or `HERMES_ACCEPT_HOOKS` follow the trust
+/// mode (`hermes-hooks enable NAME --trust explicit`), and an approval revoked later
+/// (`disable`) is not given again (nor one revoked under a name of an older release). A hook
+/// whose entries were all approved under an older release's names (one hook per entry) is
+/// approved when first written ([`approve_new`]).
 pub fn sync(home: &Path, explicit: bool) -> Option<PathBuf> {
     let root = home.join(ROOT_DIR);
     let plan = match plan(home) {
@@ -349,41 +473,57 @@ pub fn sync(home: &Path, explicit: bool) -> Option<PathBuf> {
     for w in &plan.warnings {
         tracing::warn!("config.yaml: {w}");
     }
-    if plan.hosted.is_empty() && !root.is_dir() {
+    if plan.hooks.is_empty() && !root.is_dir() {
         return None;
     }
-    match write_all(&root, &plan.hosted) {
+    match write_all(&root, &plan.hooks) {
         Err(e) => {
             tracing::warn!(root = %root.display(), "shell hooks of config.yaml not written: {e}");
         }
-        Ok(new) if explicit => {
-            let listed = allowlist(home);
-            for e in plan.hosted.iter().filter(|e| {
-                new.contains(&e.hook_name())
-                    && listed
-                        .iter()
-                        .any(|(ev, c)| *ev == e.event && *c == e.command)
-            }) {
-                let dir = root.join(e.hook_name());
-                match approve_consented(home, &dir) {
-                    Ok(()) => tracing::info!(
-                        hook = %e.hook_name(),
-                        "approved from shell-hooks-allowlist.json: {} on {}",
-                        e.command,
-                        e.event
-                    ),
-                    Err(why) => tracing::warn!(hook = %e.hook_name(), "not approved: {why}"),
-                }
-            }
-        }
+        Ok(new) if explicit => approve_new(home, &root, &plan.hooks, &new),
         Ok(_) => {}
     }
     Some(root)
 }
 
+/// Under `--trust explicit`, approves the hooks of `new` (made, or taking a new event) whose
+/// entries all have their consent in the allowlist, or were all approved (and none revoked)
+/// under the names of an older release, one hook per entry: what the operator approved is
+/// what runs (issue 58 row 1, an upgrade needs no `enable` again).
+fn approve_new(home: &Path, root: &Path, hooks: &[HostedHook], new: &[String]) {
+    let listed = allowlist(home);
+    let trust =
+        crate::trust::approvals::TrustFile::load(&crate::trust::approvals::trust_file(home))
+            .unwrap_or_default();
+    for hook in hooks.iter().filter(|h| new.contains(&h.name)) {
+        let old: Vec<String> = hook.entries.iter().map(ShellEntry::old_hook_name).collect();
+        let why = if hook.entries.iter().all(|e| {
+            listed
+                .iter()
+                .any(|(ev, c)| *ev == e.event && *c == e.command)
+        }) {
+            "from shell-hooks-allowlist.json"
+        } else if old.iter().all(|n| trust.hooks.contains_key(n)) {
+            "as its entries were, one by one, before"
+        } else {
+            continue;
+        };
+        match approve_consented(home, &root.join(&hook.name), &old) {
+            Ok(()) => tracing::info!(
+                hook = %hook.name,
+                "approved {why}: {} on {}",
+                hook.command,
+                hook.events().join(", ")
+            ),
+            Err(e) => tracing::warn!(hook = %hook.name, "not approved: {e}"),
+        }
+    }
+}
+
 /// Records the approval of the hook made from a consented entry, as `enable --trust explicit`
-/// would (its handler, settings and every file that can run).
-fn approve_consented(home: &Path, dir: &Path) -> Result<(), String> {
+/// would (its handler, settings and every file that can run), unless it was revoked, under its
+/// name or one of the names its entries had before (`old`).
+fn approve_consented(home: &Path, dir: &Path, old: &[String]) -> Result<(), String> {
     use crate::trust::approvals as a;
     let manifest_path = dir.join("HOOK.yaml");
     let text = std::fs::read_to_string(&manifest_path)
@@ -410,7 +550,7 @@ fn approve_consented(home: &Path, dir: &Path) -> Result<(), String> {
         approved_at: crate::time::now(),
     };
     let given = a::TrustFile::update(&a::trust_file(home), |t| {
-        if t.revoked.contains_key(&name) {
+        if t.revoked.contains_key(&name) || old.iter().any(|n| t.revoked.contains_key(n)) {
             return Ok(false);
         }
         t.hooks.insert(name.clone(), approval);
@@ -432,14 +572,14 @@ const ENTRY_FILE: &str = "entry.py";
 /// What an older release wrote instead (data by issue 59's rule, so not covered: removed).
 const OLD_ENTRY_FILE: &str = "entry.json";
 
-/// `entry.py`: the entry as a Python module. Its command is what the hook runs, so it must be
-/// code (covered by the approval, the version and the check before each start), never data.
-/// A JSON string literal is a Python string literal.
-fn entry_module(entry: &Value) -> String {
-    let text = serde_json::to_string(&entry.to_string()).unwrap_or_else(|_| "\"{}\"".into());
+/// `entry.py`: the command and its entries as a Python module (`HOOK`). The command is what the
+/// hook runs, so it must be code (covered by the approval, the version and the check before
+/// each start), never data. A JSON string literal is a Python string literal.
+fn entry_module(written: &Value) -> String {
+    let text = serde_json::to_string(&written.to_string()).unwrap_or_else(|_| "\"{}\"".into());
     format!(
-        "\"\"\"The config.yaml entry this hook runs: written by hermes-hooks from config.yaml \
-         (do not edit).\"\"\"\n\nimport json\n\nENTRY = json.loads({text})\n"
+        "\"\"\"The config.yaml entries this hook runs, one command: written by hermes-hooks from \
+         config.yaml (do not edit).\"\"\"\n\nimport json\n\nHOOK = json.loads({text})\n"
     )
 }
 
@@ -474,53 +614,107 @@ impl WrittenEntry {
     }
 }
 
-/// The entry a hook directory made from config.yaml runs (read from its `entry.py`), when the
-/// hook at `dir` under `root` is one: `None` for any other hook (a name of the reserved shape
-/// under another root is refused elsewhere, `hook_name::borrowed`).
-pub fn written_entry(root: &Path, dir: &Path, name: &str) -> Option<WrittenEntry> {
+/// What `entry.py` holds: the command and its entries.
+#[derive(serde::Deserialize)]
+struct WrittenHook {
+    command: String,
+    entries: Vec<WrittenPlace>,
+}
+
+/// One entry in `entry.py`.
+#[derive(serde::Deserialize)]
+struct WrittenPlace {
+    event: String,
+    matcher: Option<String>,
+    timeout: u64,
+    index: usize,
+}
+
+/// The entries a hook directory made from config.yaml runs (read from its `entry.py`), in file
+/// order, when the hook at `dir` under `root` is one: empty for any other hook (a name of the
+/// reserved shape under another root is refused elsewhere, `hook_name::borrowed`).
+pub fn written_entries(root: &Path, dir: &Path, name: &str) -> Vec<WrittenEntry> {
     if !crate::hook_name::config_shaped(name)
         || root.file_name() != Some(std::ffi::OsStr::new(ROOT_DIR))
     {
-        return None;
+        return Vec::new();
     }
-    let text = std::fs::read_to_string(dir.join(ENTRY_FILE)).ok()?;
-    let literal = text
-        .lines()
-        .find_map(|l| l.strip_prefix("ENTRY = json.loads("))?
-        .strip_suffix(')')?;
-    let json: String = serde_json::from_str(literal).ok()?;
-    serde_json::from_str(&json).ok()
+    read_written(dir)
 }
 
-/// Writes the hook directories; returns the names of those it made (not there before).
-fn write_all(root: &Path, hosted: &[ShellEntry]) -> std::io::Result<Vec<String>> {
+/// [`written_entries`] of the directory `dir`, whatever its place (empty when it holds none).
+fn read_written(dir: &Path) -> Vec<WrittenEntry> {
+    let Ok(text) = std::fs::read_to_string(dir.join(ENTRY_FILE)) else {
+        return Vec::new();
+    };
+    let parsed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("HOOK = json.loads("))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .and_then(|literal| serde_json::from_str::<String>(literal).ok())
+        .and_then(|json| serde_json::from_str::<WrittenHook>(&json).ok());
+    let Some(hook) = parsed else {
+        return Vec::new();
+    };
+    hook.entries
+        .into_iter()
+        .map(|p| WrittenEntry {
+            event: p.event,
+            matcher: p.matcher,
+            command: hook.command.clone(),
+            timeout: p.timeout,
+            index: p.index,
+        })
+        .collect()
+}
+
+/// Writes the hook directories; returns the names of those it made (not there before) or that
+/// take an event they did not (a pair consented since they were written).
+fn write_all(root: &Path, hooks: &[HostedHook]) -> std::io::Result<Vec<String>> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(root)?;
-    let names: Vec<String> = hosted.iter().map(ShellEntry::hook_name).collect();
+    // Made before issue 58, one per entry: an entry an operator disabled stays disabled in the
+    // hook of its command (read before those directories go).
+    let carried_off: Vec<&str> = hooks
+        .iter()
+        .filter(|h| {
+            !root.join(&h.name).exists()
+                && h.entries
+                    .iter()
+                    .any(|e| disabled_here(&root.join(e.old_hook_name()).join("HOOK.yaml")))
+        })
+        .map(|h| h.name.as_str())
+        .collect();
     for entry in std::fs::read_dir(root)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("shell-") && !names.contains(&name) {
+        if name.starts_with("shell-") && !hooks.iter().any(|h| h.name == name) {
             std::fs::remove_dir_all(entry.path())?;
         }
     }
     let mut made = Vec::new();
-    for e in hosted {
-        let dir = root.join(e.hook_name());
-        if !dir.exists() {
-            made.push(e.hook_name());
+    for hook in hooks {
+        let dir = root.join(&hook.name);
+        let before: Vec<String> = read_written(&dir).into_iter().map(|w| w.event).collect();
+        if !dir.exists()
+            || hook
+                .events()
+                .iter()
+                .any(|ev| !before.iter().any(|b| b == ev))
+        {
+            made.push(hook.name.clone());
         }
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
             .create(&dir)?;
         let _ = std::fs::remove_file(dir.join(OLD_ENTRY_FILE));
-        for (file, mut content) in files(e) {
+        for (file, mut content) in files(hook) {
             let path = dir.join(file);
-            if file == "HOOK.yaml" && disabled_here(&path) {
+            if file == "HOOK.yaml" && (disabled_here(&path) || carried_off.contains(&&*hook.name)) {
                 // Disabled by an operator (`disable`, the dashboard): it stays disabled.
                 content.push_str("enabled: false\n");
             }
@@ -542,11 +736,18 @@ fn disabled_here(manifest: &Path) -> bool {
     })
 }
 
-/// The entry of `$HERMES_HOME/config.yaml` the hook `name` is made from (with consent or not),
-/// if config.yaml still has it: what a review shows instead of the handler written for it.
-pub fn entry_named(home: &Path, name: &str) -> Option<ShellEntry> {
-    let found = read(&home.join("config.yaml")).ok()?;
-    found.entries.into_iter().find(|e| e.hook_name() == name)
+/// The entries of `$HERMES_HOME/config.yaml` the hook `name` is made from (those of its command,
+/// with consent or not), in file order, as far as config.yaml still has them: what a review
+/// shows instead of the handler written for them.
+pub fn entries_named(home: &Path, name: &str) -> Vec<ShellEntry> {
+    let Ok(found) = read(&home.join("config.yaml")) else {
+        return Vec::new();
+    };
+    found
+        .entries
+        .into_iter()
+        .filter(|e| e.hook_name() == name)
+        .collect()
 }
 
 /// The arguments `config_hooks/handler.py` runs `command` with: `shlex.split` (POSIX rules:
@@ -660,28 +861,191 @@ mod tests {
     }
 
     #[test]
-    fn names_follow_the_triple() {
-        let e = |m: Option<&str>| ShellEntry {
-            event: "pre_tool_call".into(),
+    fn names_follow_the_command() {
+        let e = |event: &str, m: Option<&str>| ShellEntry {
+            event: event.into(),
             command: "gate.sh".into(),
             matcher: m.map(str::to_string),
             timeout: 60,
             index: 0,
             sandbox: None,
         };
-        assert_ne!(e(None).hook_name(), e(Some("terminal")).hook_name());
-        let moved = ShellEntry {
-            index: 3,
-            timeout: 9,
-            ..e(None)
+        let one = e("pre_tool_call", None).hook_name();
+        assert_eq!(one, e("pre_tool_call", Some("terminal")).hook_name());
+        assert_eq!(one, e("on_session_end", None).hook_name());
+        let other = ShellEntry {
+            command: "other.sh".into(),
+            ..e("pre_tool_call", None)
         };
-        assert_eq!(e(None).hook_name(), moved.hook_name());
+        assert_ne!(one, other.hook_name());
         // The client's plugin computes the same names (test_agent_plugin.py pins these too).
-        assert_eq!(e(None).hook_name(), "shell-pre_tool_call-866f3f28b5");
+        assert_eq!(one, "shell-514cad42d2");
+        assert!(crate::hook_name::config_shaped(&one));
+        // The older names stay reserved (and are read once, to carry a disabled entry over).
         assert_eq!(
-            e(Some("terminal")).hook_name(),
-            "shell-pre_tool_call-6af45eeb0f"
+            e("pre_tool_call", None).old_hook_name(),
+            "shell-pre_tool_call-866f3f28b5"
         );
+        assert!(crate::hook_name::config_shaped(
+            &e("pre_tool_call", None).old_hook_name()
+        ));
+    }
+
+    /// Issue 58 row 1: the entries of one command are one hook, its events in the order of
+    /// its entries, each event's entries in file order; two commands are two hooks; the
+    /// timeout covers an event's entries run one after the other; consent stays each
+    /// (event, command)'s own.
+    #[test]
+    fn one_hook_per_command() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("config.yaml"),
+            "hooks:\n\
+             \x20 on_session_start: [{command: pet.sh, timeout: 10}]\n\
+             \x20 pre_tool_call:\n\
+             \x20   - {command: pet.sh, matcher: terminal, timeout: 20}\n\
+             \x20   - {command: gate.sh}\n\
+             \x20   - {command: ' pet.sh ', matcher: 'write_.*', timeout: 30}\n\
+             \x20 post_llm_call: [{command: pet.sh, timeout: 5}]\n\
+             \x20 on_session_end: [{command: pet.sh}]\n",
+        )
+        .unwrap();
+        let pairs = ["on_session_start", "pre_tool_call", "post_llm_call"]
+            .iter()
+            .map(|e| json!({"event": e, "command": "pet.sh"}))
+            .chain([json!({"event": "pre_tool_call", "command": "gate.sh"})])
+            .collect::<Vec<_>>();
+        std::fs::write(
+            home.path().join("shell-hooks-allowlist.json"),
+            json!({ "approvals": pairs }).to_string(),
+        )
+        .unwrap();
+        let p = plan(home.path()).unwrap();
+        assert_eq!(p.hooks.len(), 2, "{:?}", p.hooks);
+        let pet = p.hooks.iter().find(|h| h.command == "pet.sh").unwrap();
+        let gate = p.hooks.iter().find(|h| h.command == "gate.sh").unwrap();
+        assert_eq!(pet.name, hook_name_of("pet.sh"));
+        assert_ne!(pet.name, gate.name);
+        let mut events = pet.events();
+        events.sort_unstable();
+        assert_eq!(
+            events,
+            ["on_session_start", "post_llm_call", "pre_tool_call"],
+            "on_session_end has no consent: Hermes keeps it"
+        );
+        assert_eq!(p.unconsented.len(), 1);
+        assert_eq!(p.unconsented[0].event, "on_session_end");
+        let tool: Vec<_> = pet
+            .entries
+            .iter()
+            .filter(|e| e.event == "pre_tool_call")
+            .map(|e| (e.index, e.matcher.as_deref()))
+            .collect();
+        assert_eq!(tool, [(0, Some("terminal")), (2, Some("write_.*"))]);
+        assert_eq!(pet.timeout(), 20 + 30 + TIMEOUT_GRACE);
+        assert_eq!(gate.timeout(), DEFAULT_TIMEOUT + TIMEOUT_GRACE);
+
+        let root = sync(home.path(), false).unwrap();
+        let made: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(made.len(), 2, "{made:?}");
+        let manifest = std::fs::read_to_string(root.join(&pet.name).join("HOOK.yaml")).unwrap();
+        let parsed = crate::manifest::parse_manifest(&manifest).unwrap();
+        let mut listed = parsed.events.clone();
+        listed.sort_unstable();
+        assert_eq!(listed, events);
+        assert_eq!(parsed.concurrency, 1);
+        assert!(manifest.contains("sched: normal"), "{manifest}");
+        let written = written_entries(&root, &root.join(&pet.name), &pet.name);
+        assert_eq!(written.len(), 4);
+        assert!(written.iter().all(|w| w.command == "pet.sh"));
+        assert_eq!(
+            written
+                .iter()
+                .map(|w| (w.event.as_str(), w.index))
+                .collect::<Vec<_>>(),
+            pet.entries
+                .iter()
+                .map(|e| (e.event.as_str(), e.index))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    /// A hook at most HOOK.yaml's largest timeout, however long its entries.
+    #[test]
+    fn the_timeout_is_capped() {
+        let e = |index| ShellEntry {
+            event: "pre_tool_call".into(),
+            command: "x".into(),
+            matcher: None,
+            timeout: MAX_TIMEOUT,
+            index,
+            sandbox: None,
+        };
+        let hooks = group(&[e(0), e(1)], &mut Vec::new());
+        assert_eq!(hooks[0].timeout(), 300);
+    }
+
+    /// A home whose config.yaml runs `a.sh` on two events (accepted by `hooks_auto_accept`),
+    /// and its plan.
+    fn one_command_on_two_events() -> (tempfile::TempDir, Plan) {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("config.yaml"),
+            "hooks_auto_accept: true\nhooks:\n  pre_llm_call: [{command: a.sh}]\n  \
+             post_llm_call: [{command: a.sh}]\n",
+        )
+        .unwrap();
+        let p = plan(home.path()).unwrap();
+        (home, p)
+    }
+
+    /// Under `--trust explicit`, entries approved one by one under an older release's names
+    /// are approved as their command's hook; not when one of them was revoked.
+    #[test]
+    fn approvals_of_an_older_release_carry_over() {
+        use crate::trust::approvals as a;
+        let (home, p) = one_command_on_two_events();
+        let old: Vec<String> = p.hosted.iter().map(ShellEntry::old_hook_name).collect();
+        let approval: a::Approval =
+            serde_json::from_value(json!({"sha256": "0".repeat(64)})).unwrap();
+        let file = a::trust_file(home.path());
+        let mut trust = a::TrustFile::load(&file).unwrap();
+        trust.hooks.insert(old[0].clone(), approval.clone());
+        trust
+            .revoked
+            .insert(old[1].clone(), "2026-01-01T00:00:00Z".into());
+        trust.save(&file).unwrap();
+        let root = sync(home.path(), true).unwrap();
+        let name = &p.hooks[0].name;
+        assert!(!a::TrustFile::load(&file).unwrap().hooks.contains_key(name));
+        std::fs::remove_dir_all(&root).unwrap();
+        trust.revoked.clear();
+        trust.hooks.insert(old[1].clone(), approval);
+        trust.save(&file).unwrap();
+        sync(home.path(), true);
+        let approved = a::TrustFile::load(&file).unwrap();
+        assert_eq!(
+            approved.hooks.get(name).map(|h| h.dir.clone()),
+            Some(root.join(name))
+        );
+    }
+
+    /// An entry disabled under an older release's name (one hook per entry) stays disabled in
+    /// the hook of its command; the older directory goes.
+    #[test]
+    fn a_disabled_entry_of_an_older_release_stays_off() {
+        let (home, p) = one_command_on_two_events();
+        let old = home.path().join(ROOT_DIR).join(p.hosted[1].old_hook_name());
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::write(old.join("HOOK.yaml"), "name: x\nenabled: false\n").unwrap();
+        let root = sync(home.path(), false).unwrap();
+        assert!(!old.exists());
+        assert!(disabled_here(
+            &root.join(&p.hooks[0].name).join("HOOK.yaml")
+        ));
     }
 
     /// Issue 58 row 8: what a made hook runs is read back from its directory as written.
@@ -696,14 +1060,14 @@ mod tests {
         let root = sync(home.path(), false).unwrap();
         let entry = &plan(home.path()).unwrap().hosted[0];
         let name = entry.hook_name();
-        let got = written_entry(&root, &root.join(&name), &name).unwrap();
+        let got = written_entries(&root, &root.join(&name), &name).remove(0);
         assert_eq!(got.command, "a.sh \"x y\"");
         assert_eq!(got.matcher.as_deref(), Some("terminal|write_file"));
         assert_eq!(
             got.summary(),
             "hooks.pre_tool_call[0] of config.yaml (matcher \"terminal|write_file\"): runs a.sh \"x y\""
         );
-        assert_eq!(written_entry(home.path(), &root.join(&name), &name), None);
+        assert_eq!(written_entries(home.path(), &root.join(&name), &name), []);
     }
 
     #[test]

@@ -74,9 +74,11 @@ pub struct Skipped {
     pub code: SkipCode,
     /// Human-readable reason, saying what to change.
     pub reason: String,
-    /// The hook's `events:` patterns when its HOOK.yaml could be read (empty otherwise): a
-    /// collect of a matching event names it as a hook that cannot answer (issue 33).
-    #[serde(skip)]
+    /// The hook's `events:` patterns when its HOOK.yaml could be read (empty otherwise, and
+    /// then not shown): a collect of a matching event names it as a hook that cannot answer
+    /// (issue 33); the agent plugin reads which events of a config.yaml command an operator
+    /// turned off (issue 58 row 1).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,
 }
 
@@ -135,9 +137,10 @@ pub struct HookSpec {
     /// SHA-256 (hex) of the handler file as discovered; the gateway's client refuses to import
     /// an in-gateway hook whose file no longer has it.
     pub sha256: Option<String>,
-    /// A hook made from an entry of config.yaml's `hooks:` block: that entry, as written there
-    /// (`list`, `/v1/hooks` and the dashboard show it instead of the made directory).
-    pub config_entry: Option<crate::config_hooks::WrittenEntry>,
+    /// A hook made from config.yaml's `hooks:` block: the entries of its command, as written
+    /// there, in file order (`list`, `/v1/hooks` and the dashboard show them instead of the
+    /// made directory); empty for any other hook.
+    pub config_entries: Vec<crate::config_hooks::WrittenEntry>,
 }
 
 /// Result of scanning the roots.
@@ -399,7 +402,7 @@ pub fn load_dir_with(root: &Path, dir: &Path, gate: &Gate) -> Result<HookSpec, B
             skip(&name, file, code, r)
         })?;
     Ok(HookSpec {
-        config_entry: crate::config_hooks::written_entry(root, dir, &name),
+        config_entries: crate::config_hooks::written_entries(root, dir, &name),
         name,
         dir: dir.to_path_buf(),
         root: root.to_path_buf(),

@@ -35,24 +35,26 @@ pub fn validate(name: &str) -> Result<(), String> {
 /// (`$HERMES_HOME/config-hooks`, `config_hooks.rs`).
 pub const CONFIG_ROOT_DIR: &str = "config-hooks";
 
-/// The names of those hooks: `shell-EVENT-DIGEST` (DIGEST: 10 lowercase hex digits).
+/// The names of those hooks: `shell-DIGEST` (DIGEST: 10 lowercase hex digits of the command;
+/// issue 58 row 1), and before that `shell-EVENT-DIGEST` (one hook per entry).
 pub const CONFIG_PREFIX: &str = "shell-";
 
-/// Whether `name` has the shape of a config.yaml hook's name: `shell-`, an event, `-` and ten
-/// lowercase hex digits (`shell-logger` has not: a hook may be called that).
+/// Whether `name` has the shape of a config.yaml hook's name: `shell-` and ten lowercase hex
+/// digits, or the older `shell-`, an event, `-` and ten lowercase hex digits (still reserved,
+/// so that no other hook takes a name an older release gave), and no other (`shell-logger`
+/// has not: a hook may be called that).
 pub fn config_shaped(name: &str) -> bool {
     let Some(rest) = name.strip_prefix(CONFIG_PREFIX) else {
         return false;
     };
+    let digest = |d: &str| {
+        d.len() == 10
+            && d.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
     match rest.rsplit_once('-') {
-        Some((event, digest)) => {
-            !event.is_empty()
-                && digest.len() == 10
-                && digest
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        }
-        None => false,
+        Some((event, d)) => !event.is_empty() && digest(d),
+        None => digest(rest),
     }
 }
 
@@ -66,8 +68,8 @@ pub fn borrowed(root: &Path, name: &str) -> Option<String> {
         .is_some_and(|n| n == std::ffi::OsStr::new(CONFIG_ROOT_DIR));
     (config_shaped(name) && !made).then(|| {
         format!(
-            "the name {name:?} is reserved: names of the shape `{CONFIG_PREFIX}EVENT-DIGEST` \
-             belong to the hooks made from config.yaml's `hooks:` block (under \
+            "the name {name:?} is reserved: names of the shape `{CONFIG_PREFIX}DIGEST` (or \
+             `{CONFIG_PREFIX}EVENT-DIGEST`) belong to the hooks made from config.yaml's `hooks:` block (under \
              $HERMES_HOME/{CONFIG_ROOT_DIR}); give this hook another `name:`"
         )
     })
@@ -89,14 +91,17 @@ mod tests {
     fn only_the_shape_of_a_config_hooks_name_is_reserved() {
         let made = Path::new("/h/config-hooks");
         let other = Path::new("/h/hooks");
-        let name = "shell-pre_tool_call-0f431b51fb";
-        assert!(borrowed(other, name).is_some());
-        assert!(borrowed(made, name).is_none());
+        for name in ["shell-0f431b51fb", "shell-pre_tool_call-0f431b51fb"] {
+            assert!(borrowed(other, name).is_some(), "{name}");
+            assert!(borrowed(made, name).is_none(), "{name}");
+        }
         for free in [
             "shell-logger",
             "shell-x-0F431B51FB",
             "shell--0f431b51fb",
             "shell-x-0f43",
+            "shell-0f431b51f",
+            "shell-0F431B51FB",
         ] {
             assert!(borrowed(other, free).is_none(), "{free}");
         }

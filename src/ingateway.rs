@@ -46,15 +46,16 @@ impl HookPlacement {
     pub fn of(spec: &HookSpec, default_python: &str, hermes_home: &Path) -> Self {
         // A config.yaml entry runs its command; the interpreter of the service's runner for it
         // is nothing its author chose (issue 58 row 8).
-        let own_python = spec.kind.spec().python && spec.config_entry.is_none();
+        let own_python = spec.kind.spec().python && spec.config_entries.is_empty();
         let python = (own_python && !spec.placement.in_gateway()).then(|| {
             interpreter::for_hook(spec.manifest.python.as_deref(), default_python, hermes_home)
         });
-        let why = match spec.config_entry {
-            Some(_) => "an entry of config.yaml's `hooks:` block: the service runs its command, \
-                        once per event"
-                .to_string(),
-            None => spec.placement.why.clone(),
+        let why = if spec.config_entries.is_empty() {
+            spec.placement.why.clone()
+        } else {
+            "config.yaml's `hooks:` block: the service runs the command once per entry that \
+             matches an event, its events one at a time in the order they came"
+                .to_string()
         };
         Self {
             runs: spec.placement.runs.as_str(),

@@ -140,30 +140,33 @@ fn syntax_error(p: &Prepared, hermes_home: &Path) -> Option<String> {
         .then(|| format!("{python} does not compile it: {}", crate::text::cap(said)))
 }
 
-/// The config.yaml entry a hook is made from, as a review shows it.
+/// The config.yaml entries a hook is made from (those of one command), as a review shows them.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ConfigEntryReview {
-    /// Where it is: `hooks.EVENT[INDEX]` of config.yaml.
+    /// Where they are: `hooks.EVENT[INDEX]` of config.yaml, each, joined by `, `.
     pub at: String,
-    /// The agent's event it runs on.
+    /// The agent's event the first entry runs on (all of them: `entries`).
     pub event: String,
     /// The command line, as written (what the approval covers, through `entry.py`).
     pub command: String,
-    /// The tool-name regular expression (tool events only).
+    /// The first entry's tool-name regular expression (tool events only).
     pub matcher: Option<String>,
-    /// Seconds the command may run.
+    /// Seconds the command may run, on the first entry.
     pub timeout_s: u64,
+    /// Every entry of the command, in file order (issue 58 row 1: one hook runs them all).
+    pub entries: Vec<crate::config_hooks::WrittenEntry>,
     /// The script the command runs, when it names a text file: the program itself found on
     /// `PATH` or by its path, else the first argument with a `/` (`bash ~/gate.sh`).
     pub script: Option<ReviewFile>,
 }
 
-/// What a review shows of the config.yaml entry behind hook `name`, if it is one.
+/// What a review shows of the config.yaml entries behind hook `name`, if it is one.
 fn config_entry_review(hermes_home: &Path, name: &str) -> Option<ConfigEntryReview> {
     if !crate::hook_name::config_shaped(name) {
         return None;
     }
-    let e = crate::config_hooks::entry_named(hermes_home, name)?;
+    let all = crate::config_hooks::entries_named(hermes_home, name);
+    let e = all.first()?.clone();
     let argv = crate::config_hooks::command_argv(&e.command).unwrap_or_default();
     let path_dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
@@ -181,12 +184,27 @@ fn config_entry_review(hermes_home: &Path, name: &str) -> Option<ConfigEntryRevi
     let script = candidates
         .filter(|p| p.is_absolute() && p.is_file())
         .find_map(|p| script_file(&p));
+    let at: Vec<String> = all
+        .iter()
+        .map(|e| format!("hooks.{}[{}]", e.event, e.index))
+        .collect();
+    let entries = all
+        .into_iter()
+        .map(|e| crate::config_hooks::WrittenEntry {
+            event: e.event,
+            matcher: e.matcher,
+            command: e.command,
+            timeout: e.timeout,
+            index: e.index,
+        })
+        .collect();
     Some(ConfigEntryReview {
-        at: format!("hooks.{}[{}]", e.event, e.index),
+        at: at.join(", "),
         event: e.event,
         command: e.command,
         matcher: e.matcher,
         timeout_s: e.timeout,
+        entries,
         script,
     })
 }

@@ -34,9 +34,9 @@ pub async fn check(roots: RootArgs, config_hooks: bool) -> i32 {
         );
         for (h, placement) in snapshot.hooks.iter().zip(&placements) {
             // A config.yaml entry as written there (issue 58 row 8), not its made directory.
-            let kind = match &h.spec.config_entry {
-                Some(_) => "shell",
-                None => h.spec.kind.as_str(),
+            let kind = match h.spec.config_entries.is_empty() {
+                false => "shell",
+                true => h.spec.kind.as_str(),
             };
             let _ = writeln!(
                 out,
@@ -44,7 +44,7 @@ pub async fn check(roots: RootArgs, config_hooks: bool) -> i32 {
                 h.spec.name,
                 h.spec.manifest.events.join(", ")
             );
-            if let Some(entry) = &h.spec.config_entry {
+            for entry in &h.spec.config_entries {
                 let _ = writeln!(out, "        {}", entry.summary());
             }
             let python = placement

@@ -229,9 +229,14 @@ fn last_error_line(last: &Value, message: &str) -> String {
 fn detail_lines(h: &Value, common: Option<&(String, String)>) -> Vec<String> {
     let mut lines = Vec::new();
     // A config.yaml entry: what it runs, as written there (issue 58 row 8).
-    if let Ok(entry) =
+    if let Ok(entries) = serde_json::from_value::<Vec<crate::config_hooks::WrittenEntry>>(
+        h["config_entries"].clone(),
+    ) {
+        lines.extend(entries.iter().map(|e| e.summary()));
+    } else if let Ok(entry) =
         serde_json::from_value::<crate::config_hooks::WrittenEntry>(h["config_entry"].clone())
     {
+        // A service of an older release lists one entry per hook.
         lines.push(entry.summary());
     }
     if let Some(workers) = h["workers"].as_array() {

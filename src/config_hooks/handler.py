@@ -1,14 +1,21 @@
-"""A shell hook of the `hooks:` block of config.yaml, hosted by hermes-hooks (issue 49).
+"""A command of the `hooks:` block of config.yaml, hosted by hermes-hooks (issues 49, 58).
 
 Written by the service (`src/config_hooks.rs`) into `$HERMES_HOME/config-hooks/<name>/`; the
-entry it runs is `entry.py` beside it (code, so its approval covers the command). It does for one entry what hermes-agent 0.19.0's own
-shell-hook runner does (the behaviour described in docs/hook-authors.md, "Agent events"):
-the `matcher` of a tool event must match the whole tool name, the command is split like a shell
-line (no shell) and run with the event's context as JSON on stdin, in the agent's working
-directory, for at most `timeout` seconds; its stdout is read as JSON: a block (either shape) for
-`pre_tool_call`, a continue for `pre_verify`, `{"context": ...}` for every other event. A
-non-zero exit is logged and its stdout still counts; a timeout or a command that cannot start
-gives no answer.
+command and its entries are `entry.py` beside it (code, so its approval covers the command).
+One hook runs every entry of one command: its events come through one queue, one at a time,
+in the order the service received them, as hermes-agent 0.19.0 runs them inline in the agent's
+order (so a script's own state, a cooldown file or a counter, sees what it sees under Hermes).
+
+For each event it does what 0.19.0's own shell-hook runner does for each entry registered on
+that event (the behaviour described in docs/hook-authors.md, "Agent events"), entry by entry in
+file order: the `matcher` of a tool event must match the whole tool name, the command is split
+like a shell line (no shell) and run with the event's context as JSON on stdin, in the agent's
+working directory, for at most the entry's `timeout` seconds; its stdout is read as JSON: a
+block (either shape) for `pre_tool_call`, a continue for `pre_verify`, `{"context": ...}` for
+every other event. A non-zero exit is logged and its stdout still counts; a timeout or a
+command that cannot start gives no answer. Several entries on one event each run, and their
+answers are combined as Hermes combines its callbacks': the first block (or continue) wins,
+contexts are joined by a blank line.
 
 The working directory is the context's `cwd`, which the service writes itself (issue 57): the
 directory of the process that sent the event, read from the kernel, over whatever the sender
@@ -21,30 +28,43 @@ import re
 import shlex
 import subprocess
 
-from entry import ENTRY  # beside this file, written by the service
+from entry import HOOK  # beside this file, written by the service
 
-EVENT = ENTRY["event"]
-COMMAND = ENTRY["command"]
-MATCHER = ENTRY.get("matcher")
-TIMEOUT = int(ENTRY.get("timeout") or 60)
+COMMAND = HOOK["command"]
 DEFAULT_BLOCK_MESSAGE = "Blocked by shell hook."
-
-try:
-    _PATTERN = re.compile(MATCHER) if MATCHER else None
-except re.error as exc:
-    print("matcher %r is not a valid regular expression (%s): compared as text" % (MATCHER, exc))
-    _PATTERN = None
+TOOL_EVENTS = ("pre_tool_call", "post_tool_call")
+#: Events whose first answer counts; the others' answers are contexts, joined.
+FIRST_WINS = ("pre_tool_call", "pre_verify")
 
 
-def matches(tool_name):
-    """Whether this entry runs for a call of `tool_name` (only tool events have a matcher)."""
-    if not MATCHER:
-        return True
-    if tool_name is None:
-        return False
-    if _PATTERN is not None:
-        return _PATTERN.fullmatch(tool_name) is not None
-    return tool_name == MATCHER
+class Entry:
+    """One entry of the command: its event, matcher and timeout, and where it is."""
+
+    def __init__(self, raw):
+        self.event = raw["event"]
+        self.matcher = raw.get("matcher")
+        self.timeout = int(raw.get("timeout") or 60)
+        self.at = "hooks.%s[%s]" % (self.event, raw.get("index"))
+        self.pattern = None
+        if self.matcher:
+            try:
+                self.pattern = re.compile(self.matcher)
+            except re.error as exc:
+                print("%s: matcher %r is not a valid regular expression (%s): compared as text"
+                      % (self.at, self.matcher, exc))
+
+    def matches(self, tool_name):
+        """Whether this entry runs for a call of `tool_name` (only tool events have a matcher)."""
+        if not self.matcher:
+            return True
+        if tool_name is None:
+            return False
+        if self.pattern is not None:
+            return self.pattern.fullmatch(tool_name) is not None
+        return tool_name == self.matcher
+
+
+ENTRIES = [Entry(raw) for raw in HOOK["entries"]]
 
 
 def _message(first, second):
@@ -82,8 +102,45 @@ def parse(event, stdout):
     return None
 
 
+def combine(event, answers):
+    """The hook's one answer from its entries' answers (not None), in file order."""
+    if not answers:
+        return None
+    if event in FIRST_WINS:
+        return answers[0]
+    texts = [a["context"] for a in answers if isinstance(a, dict) and a.get("context")]
+    return {"context": "\n\n".join(texts)} if texts else None
+
+
+def _run(argv, stdin_text, timeout, cwd):
+    """Runs the command once: (returncode, stdout, stderr); raises as `subprocess.run` does."""
+    proc = subprocess.run(argv, input=stdin_text, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_entry(entry, argv, stdin_text, cwd):
+    """One entry's run of the command on one event: its answer, or None."""
+    try:
+        code, stdout, stderr = _run(argv, stdin_text, entry.timeout, cwd)
+    except subprocess.TimeoutExpired:
+        print("%s: timed out after %ds: %s" % (entry.at, entry.timeout, COMMAND))
+        return None
+    except FileNotFoundError:
+        print("%s: command not found: %s" % (entry.at, COMMAND))
+        return None
+    except PermissionError:
+        print("%s: command not executable: %s" % (entry.at, COMMAND))
+        return None
+    if code != 0:
+        print("%s: exited %d: %s; stderr: %s" % (entry.at, code, COMMAND, (stderr or "")[:400]))
+    return parse(entry.event, stdout)
+
+
 def handle(event_type, context):
-    if EVENT in ("pre_tool_call", "post_tool_call") and not matches(context.get("tool_name")):
+    due = [e for e in ENTRIES if e.event == event_type
+           and (event_type not in TOOL_EVENTS or e.matches(context.get("tool_name")))]
+    if not due:
         return None
     try:
         argv = shlex.split(os.path.expanduser(COMMAND))
@@ -94,18 +151,6 @@ def handle(event_type, context):
         return None
     cwd = context.get("cwd")
     cwd = cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None
-    try:
-        proc = subprocess.run(argv, input=json.dumps(context, ensure_ascii=False),
-                              capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
-    except subprocess.TimeoutExpired:
-        print("timed out after %ds: %s" % (TIMEOUT, COMMAND))
-        return None
-    except FileNotFoundError:
-        print("command not found: %s" % COMMAND)
-        return None
-    except PermissionError:
-        print("command not executable: %s" % COMMAND)
-        return None
-    if proc.returncode != 0:
-        print("exited %d: %s; stderr: %s" % (proc.returncode, COMMAND, (proc.stderr or "")[:400]))
-    return parse(EVENT, proc.stdout)
+    stdin_text = json.dumps(context, ensure_ascii=False)
+    answers = [a for a in (run_entry(e, argv, stdin_text, cwd) for e in due) if a is not None]
+    return combine(event_type, answers)

@@ -16,12 +16,16 @@ pub struct HookInfo {
     pub description: String,
     /// `events:` patterns.
     pub events: Vec<String>,
-    /// Handler kind; `shell` for an entry of config.yaml's `hooks:` block ([`Self::config_entry`]).
+    /// Handler kind; `shell` for a command of config.yaml's `hooks:` block ([`Self::config_entries`]).
     pub kind: &'static str,
     /// An entry of config.yaml's `hooks:` block: the event, matcher and command as written there
     /// (issue 58 row 8; its hook directory is made by the service, not to be edited).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_entry: Option<crate::config_hooks::WrittenEntry>,
+    /// Every entry of config.yaml's `hooks:` block with its command that the hook runs, in file
+    /// order (issue 58 row 1: one hook per command); `config_entry` is the first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub config_entries: Vec<crate::config_hooks::WrittenEntry>,
     /// Hook directory.
     pub path: PathBuf,
     /// Handler file or URL.
@@ -186,11 +190,12 @@ impl HookInfo {
             name: spec.name.clone(),
             description: spec.manifest.description.clone(),
             events: spec.manifest.events.clone(),
-            kind: match spec.config_entry {
-                Some(_) => "shell",
-                None => spec.kind.as_str(),
+            kind: match spec.config_entries.is_empty() {
+                false => "shell",
+                true => spec.kind.as_str(),
             },
-            config_entry: spec.config_entry.clone(),
+            config_entry: spec.config_entries.first().cloned(),
+            config_entries: spec.config_entries.clone(),
             path: spec.dir.clone(),
             handler: match (&spec.handler_path, &spec.manifest.url) {
                 (Some(p), _) => p.display().to_string(),
@@ -234,7 +239,7 @@ impl HookInfo {
             worker: h
                 .signals()
                 .start()
-                .filter(|_| spec.config_entry.is_none())
+                .filter(|_| spec.config_entries.is_empty())
                 .map(|(start, reason)| WorkerStart { start, reason }),
             concurrency: spec.manifest.concurrency,
             durations: Durations::of(s, &recent),

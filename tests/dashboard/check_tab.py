@@ -525,7 +525,7 @@ def check_config_hook(run, page):
     """Issue 60 row 2: under --trust explicit, a shell hook of config.yaml is reviewed (its
     command and the script it runs, not only the handler hermes-hooks wrote) and approved in
     the tab, and then it runs."""
-    item = page.locator("li[data-skipped^='shell-pre_tool_call-']")
+    item = page.locator("li[data-skipped^='shell-']")
     item.wait_for(timeout=DEADLINE_S * 1000)
     name = item.get_attribute("data-skipped")
     assert "not_approved" in item.inner_text(), item.inner_text()

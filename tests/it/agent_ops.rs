@@ -193,7 +193,7 @@ fn list_shows_a_config_entry_as_written() {
     assert_eq!(code, 0, "{said}");
     let row = said
         .lines()
-        .find(|l| l.starts_with("shell-pre_tool_call-"))
+        .find(|l| l.starts_with("shell-"))
         .unwrap_or_default();
     assert!(row.split_whitespace().nth(1) == Some("shell"), "{said}");
     assert!(
@@ -220,6 +220,7 @@ fn list_shows_a_config_entry_as_written() {
         (&json!("shell"), &written),
         "{said}"
     );
+    assert_eq!(hook["config_entries"], json!([written]), "{said}");
     assert!(
         hook.get("worker").is_none() && hook.get("python").is_none(),
         "{said}"
@@ -233,6 +234,47 @@ fn list_shows_a_config_entry_as_written() {
         (&hook["kind"], &hook["config_entry"]),
         (&json!("shell"), &written),
         "{body}"
+    );
+}
+
+/// Row 1: the entries of one command are one hook, and `list`, `check` and `list --json` show
+/// each of them (on c592df0: a hook per entry).
+#[test]
+fn list_shows_each_entry_of_a_command() {
+    let hooks = Hooks::new();
+    let pet = script(&hooks, "pet.sh", "#!/bin/sh\ncat >/dev/null\n");
+    std::fs::write(
+        hooks.home().join("config.yaml"),
+        format!(
+            "hooks_auto_accept: true\nhooks:\n  on_session_start:\n    - command: {pet}\n  \
+             pre_tool_call:\n    - {{command: {pet}, matcher: terminal}}\n"
+        ),
+    )
+    .unwrap();
+    let lines = [
+        format!("hooks.on_session_start[0] of config.yaml: runs {pet}"),
+        format!("hooks.pre_tool_call[0] of config.yaml (matcher \"terminal\"): runs {pet}"),
+    ];
+    for args in [&["list"][..], &["check"]] {
+        let (code, said) = run(&hooks, args);
+        assert_eq!(code, 0, "{said}");
+        assert_eq!(said.matches("shell-").count(), 1, "one hook: {said}");
+        for line in &lines {
+            assert!(said.contains(line.as_str()), "{line} in {said}");
+        }
+    }
+    let (_, said) = run(&hooks, &["list", "--json"]);
+    let listed: Value = serde_json::from_str(&said).unwrap();
+    let hook = &listed["hooks"][0];
+    assert_eq!(
+        hook["events"],
+        json!(["on_session_start", "pre_tool_call"]),
+        "{said}"
+    );
+    assert_eq!(
+        hook["config_entries"].as_array().map(Vec::len),
+        Some(2),
+        "{said}"
     );
 }
 

@@ -480,15 +480,19 @@ fn auto_accepted(home: &Path, event: &str, command: &str, more: &str) {
     .unwrap();
 }
 
-/// The name of the (one) hook the service made from config.yaml's entry on `event`.
+/// The name of the (one) hook the service made from config.yaml's entry on `event` (one hook
+/// per command, `shell-DIGEST`, its events in its HOOK.yaml).
 fn shell_name(home: &Path, event: &str) -> String {
     let dir = home.join("config-hooks");
     poll(T, "the config hook's directory", || {
         std::fs::read_dir(&dir)
             .ok()?
             .flatten()
+            .find(|e| {
+                std::fs::read_to_string(e.path().join("HOOK.yaml"))
+                    .is_ok_and(|t| t.contains(&format!("events: [\"{event}\"]")))
+            })
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| n.starts_with(&format!("shell-{event}-")))
     })
 }
 

@@ -44,8 +44,8 @@ import time
 import unittest
 import urllib.request
 
-from test_real_gateway import (HERE, VENV, free_port, processes_with_home, read_lines,
-                               read_text, wait_for)
+from test_real_gateway import (HERE, VENV, free_port, model_config, processes_with_home,
+                               read_lines, read_text, wait_for)
 
 BLOCK = "HH-GATE: rm -rf refused"
 CONTEXT = "HH-CONTEXT: injected by a hook"
@@ -107,6 +107,20 @@ if len(sys.argv) > 2:
 SHELL_BLOCK = "SHELL-GATE-said-no"
 
 
+def agent_config(llm_port, plugins):
+    """The start of a chat's config.yaml: the fake model provider at ``llm_port`` and
+    ``plugins.enabled`` (a YAML list)."""
+    return model_config(llm_port) + "plugins:\n  enabled: %s\n" % plugins
+
+
+def agent_env(directory, home):
+    """The environment of a ``hermes`` run in ``directory`` with ``home`` as HERMES_HOME."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": directory,
+            "HERMES_HOME": home, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+            "HERMES_HOOKS_BIN": os.environ.get("HERMES_HOOKS_BIN", ""),
+            "HERMES_HOOKS_AUTOSTART_TIMEOUT": "120"}
+
+
 class Home:
     """A run's directory: HERMES_HOME with the hooks and config.yaml, the fake model."""
 
@@ -143,22 +157,14 @@ class Home:
         self.webhook_port = free_port()
         block = " " + SHELL_BLOCK if side_by_side else ""
         plugins = "[]" if side_by_side == "hermes" else "[hermes-hooks]"
-        config = """\
-model:
-  provider: custom
-  base_url: http://127.0.0.1:%d/v1
-  default: hh-fake-model
-  api_key: hh-test-key
-  context_length: 128000
-plugins:
-  enabled: %s
+        config = agent_config(llm_port, plugins) + """\
 hooks_auto_accept: true
 hooks:
   pre_tool_call:
     - command: %s %s %s%s
       matcher: terminal
       timeout: 10
-""" % (llm_port, plugins, sys.executable, script, self.shell_out, block)
+""" % (sys.executable, script, self.shell_out, block)
         if gateway:
             # The webhook platform's own toolset has no terminal: give it one.
             config += """\
@@ -179,10 +185,7 @@ platforms:
             f.write(config)
 
     def env(self):
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.dir,
-                "HERMES_HOME": self.root, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
-                "HERMES_HOOKS_BIN": os.environ.get("HERMES_HOOKS_BIN", ""),
-                "HERMES_HOOKS_AUTOSTART_TIMEOUT": "120"}
+        return agent_env(self.dir, self.root)
 
     def close(self):
         for p in self.procs:

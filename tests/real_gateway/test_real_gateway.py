@@ -78,6 +78,30 @@ def read_text(path):
         return ""
 
 
+def model_config(llm_port):
+    """The ``model:`` section of a run's config.yaml: the fake model provider at ``llm_port``."""
+    return """\
+model:
+  provider: custom
+  base_url: http://127.0.0.1:%d/v1
+  default: hh-fake-model
+  api_key: hh-test-key
+  context_length: 128000
+""" % llm_port
+
+
+def remove_run(directory, *homes):
+    """Kills what still runs with one of ``homes`` as its HERMES_HOME (an autostarted service,
+    its hooks) and removes ``directory``, unless ``HH_KEEP`` asks to keep it."""
+    for pid in set(p for home in homes for p in processes_with_home(home)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if not os.environ.get("HH_KEEP"):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def processes_with_home(home):
     """Pids of this user's processes whose environment has ``HERMES_HOME=home``."""
     needle = ("HERMES_HOME=%s" % home).encode()
@@ -120,13 +144,7 @@ class Run:
         shutil.copytree(os.path.join(HERE, "hooks"), os.path.join(self.home, "hooks"))
         self.webhook_port = free_port()
         with open(os.path.join(self.home, "config.yaml"), "w") as f:
-            f.write("""\
-model:
-  provider: custom
-  base_url: http://127.0.0.1:%d/v1
-  default: hh-fake-model
-  api_key: hh-test-key
-  context_length: 128000
+            f.write(model_config(llm_port) + """\
 approvals:
   destructive_slash_confirm: false
 platforms:
@@ -139,7 +157,7 @@ platforms:
         chat:
           secret: INSECURE_NO_AUTH
           prompt: "{text}"
-""" % (llm_port, self.webhook_port))
+""" % self.webhook_port)
 
     def _env(self):
         bin_dir = os.path.join(VENV, "bin")
@@ -243,13 +261,7 @@ platforms:
         if self.llm is not None:
             self.llm.kill()
             self.llm.wait()
-        for pid in processes_with_home(self.home):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        if not os.environ.get("HH_KEEP"):
-            shutil.rmtree(self.dir, ignore_errors=True)
+        remove_run(self.dir, self.home)
 
     # -- what the hooks saw ------------------------------------------------------------------
 

@@ -10,10 +10,12 @@ registers one callback for each of those events that some hook of the service su
 * **Observers** (``post_tool_call``, ``on_session_end``...) go to ``POST /v1/events`` through
   the client's buffer (``HookRegistry.emit_nowait``): the callback builds the context and
   returns, whatever the hooks do and however long they take.
-* **Deciding events** (see ``DECIDING``) go to ``POST /v1/collect`` and wait for the matching
-  hooks' answers, as long as their own ``timeout:`` allows; the answers are read the way 0.19.0
-  reads a callback's (``decide``), and the callback hands Hermes one answer, so Hermes combines
-  it with other plugins' as it would any plugin's.
+* **Deciding events** (see ``DECIDING``) go to ``POST /v1/collect``, once the observer events
+  buffered before them have been sent (``AgentBridge.flush_observers``, so that a hook on both
+  gets them in Hermes's order), and wait for the matching hooks' answers, as long as their
+  own ``timeout:`` allows; the answers are read the way 0.19.0 reads a callback's
+  (``decide``), and the callback hands Hermes one answer, so Hermes combines it with other
+  plugins' as it would any plugin's.
 
 The context a hook gets is what 0.19.0 writes to a shell hook's stdin (``context``):
 ``hook_event_name``, ``tool_name``, ``tool_input``, ``session_id``, ``cwd`` and ``extra`` (every
@@ -77,6 +79,11 @@ _TOP_LEVEL = frozenset(("tool_name", "args", "session_id", "parent_session_id"))
 
 #: Seconds the plugin waits for the service's answer beyond its longest budget (301 s).
 _ANSWER_BOUND = 305.0
+
+#: Seconds a decision waits at most for the observer events buffered before it to reach the
+#: service (:meth:`AgentBridge.flush_observers`): a short bound, so a slow service costs a
+#: decision this much at worst; a service found down costs nothing (the sender is backing off).
+FLUSH_BOUND = 0.5
 
 #: Idle decision connections kept at most (0.19.0 runs up to 8 tools of a batch at once), and
 #: how long one is kept unused: well under the service's 60 s cut of an idle connection.
@@ -331,8 +338,7 @@ class AgentBridge:
 
     def _hand_over(self) -> List[str]:
         self._stamp = _config_stamp(self._config_files)
-        off = [s.get("name") for s in self.registry.skipped
-               if s.get("code") in ("disabled", "revoked")]
+        off = [s for s in self.registry.skipped if s.get("code") in ("disabled", "revoked")]
         return hand_over_shell_hooks(self.registry.loaded_hooks, off, self.attached)
 
     def recheck(self) -> None:
@@ -420,10 +426,27 @@ class AgentBridge:
             names = []
         return ", ".join(names)
 
+    def flush_observers(self) -> bool:
+        """Waits until the observer events buffered so far (``emit_nowait``, sent by the
+        client's background thread as ``/v1/events/batch``) have reached the service, for at
+        most :data:`FLUSH_BOUND` seconds, so that a decision sent next is queued after them:
+        one hook on both (a config.yaml command on ``post_llm_call`` and ``pre_tool_call``)
+        then gets them in the order Hermes emitted them (issue 58 row 1). Nothing buffered: one
+        length read, no lock. The service last found down (the sender backing off): no wait;
+        the decision then fails open or closed as it would. Returns whether nothing is left."""
+        reg = self.registry
+        if not reg.pending:
+            return True
+        if reg.connected is False:
+            return False
+        return reg.flush(FLUSH_BOUND)
+
     def collect(self, event: str, ctx: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
         """``POST /v1/collect``, blocking, on a pooled connection (Hermes calls from its own
-        threads; no event loop is assumed). Returns the service's answer and why it failed, if
-        it did."""
+        threads; no event loop is assumed), after the observer events emitted before it
+        (:meth:`flush_observers`). Returns the service's answer and why it failed, if it
+        did."""
+        self.flush_observers()
         try:
             body = json.dumps({"event": event, "context": ctx}, ensure_ascii=False,
                               default=str, allow_nan=False).encode("utf-8")
@@ -478,12 +501,41 @@ class AgentBridge:
         return names
 
 
-def shell_hook_name(event: str, matcher: Optional[str], command: str) -> str:
-    """The name the service gives the hook it makes of a config.yaml shell-hook entry
-    (``src/config_hooks.rs``): the event and a digest of the triple Hermes registers it under."""
+def shell_hook_name(command: str) -> str:
+    """The name the service gives the hook it makes of the config.yaml shell-hook entries that
+    run ``command`` (``src/config_hooks.rs``): one hook per command, on every event it has
+    consent for (issue 58 row 1), named by a digest of the command."""
+    return "shell-%s" % hashlib.sha256(command.encode("utf-8")).hexdigest()[:10]
+
+
+def _entry_hook_name(event: str, matcher: Optional[str], command: str) -> str:
+    """The name a service before issue 58 gave the hook of one entry: the event and a digest of
+    the triple Hermes registers it under. Still read, so that this plugin with an older service
+    hands over what that service hosts."""
     digest = hashlib.sha256(b"\0".join(
         (event.encode("utf-8"), (matcher or "").encode("utf-8"), command.encode("utf-8"))))
     return "shell-%s-%s" % (event, digest.hexdigest()[:10])
+
+
+def _events_of(listed: Iterable[Any]) -> Dict[str, Optional[set]]:
+    """Hook name -> the events it lists, from ``/v1/hooks``' hooks or skipped entries (a bare
+    name, or an entry listing none, as an older service's skipped ones: ``None``, every event)."""
+    out = {}  # type: Dict[str, Optional[set]]
+    for item in listed:
+        if isinstance(item, str):
+            out[item] = None
+        elif isinstance(item, dict) and item.get("name"):
+            events = item.get("events")
+            out[str(item["name"])] = set(map(str, events)) if events else None
+    return out
+
+
+def _covers(events_of: Dict[str, Optional[set]], name: str, event: str) -> bool:
+    """Whether the hook ``name`` of ``events_of`` is there and takes ``event``."""
+    if name not in events_of:
+        return False
+    events = events_of[name]
+    return events is None or event in events
 
 
 def _config_files(home: Optional[str]) -> Tuple[str, ...]:
@@ -552,7 +604,7 @@ def _handed_over(key: Tuple[Any, Any, Any]) -> Callable[..., None]:
     return handed_over
 
 
-def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[str] = (),
+def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[Any] = (),
                           events: Optional[Iterable[str]] = None) -> List[str]:
     """Keeps Hermes's own shell-hook runner off the config.yaml entries the service hosts, so
     each command runs once per event: 0.19.0 registers an entry only when its (event, matcher,
@@ -563,15 +615,18 @@ def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[st
     not list (no consent yet, the service unreachable), or whose event this plugin does not
     forward (``events``, when given), stays Hermes's; one the service lists as disabled or
     revoked (an operator turned it off here: `disable`, the dashboard, under either trust
-    mode) is handed over too, so that it does not run at all.
-    Returns the commands handed over."""
+    mode) is handed over too, so that it does not run at all. The service hosts all the entries
+    of one command as one hook (issue 58 row 1), on the events whose (event, command) has
+    consent: an entry is the service's when that hook lists its event (``disabled``: skipped
+    entries of ``/v1/hooks``, or bare names, which cover every event); its other events stay
+    Hermes's. Returns the commands handed over."""
     try:
         from agent import shell_hooks  # type: ignore
         from hermes_cli.config import load_config  # type: ignore
     except Exception:
         return []  # not inside Hermes
-    hosted = {h.get("name") for h in hooks if isinstance(h, dict)}
-    off = set(disabled)
+    hosted = _events_of(h for h in hooks if isinstance(h, dict))
+    off = _events_of(disabled)
     forwarded = None if events is None else set(events)
     taken, ran = [], []
     try:
@@ -579,9 +634,10 @@ def hand_over_shell_hooks(hooks: Iterable[Dict[str, Any]], disabled: Iterable[st
         with shell_hooks._registered_lock:
             for spec in specs:
                 key = (spec.event, spec.matcher, spec.command)
-                name = shell_hook_name(*key)
-                runs_here = name in hosted and (forwarded is None or spec.event in forwarded)
-                if runs_here or name in off:
+                names = (shell_hook_name(spec.command), _entry_hook_name(*key))
+                runs_here = (any(_covers(hosted, n, spec.event) for n in names)
+                             and (forwarded is None or spec.event in forwarded))
+                if runs_here or any(_covers(off, n, spec.event) for n in names):
                     if key in shell_hooks._registered:
                         ran.append(key)
                     shell_hooks._registered.add(key)

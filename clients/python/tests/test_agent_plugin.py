@@ -125,12 +125,10 @@ class SubscribedTest(unittest.TestCase):
 
 class ShellHookNameTest(unittest.TestCase):
     def test_the_services_names(self) -> None:
-        """The service names a config.yaml entry's hook the same way (src/config_hooks.rs
-        pins these strings too)."""
-        self.assertEqual(agent_plugin.shell_hook_name("pre_tool_call", None, "gate.sh"),
-                         "shell-pre_tool_call-866f3f28b5")
-        self.assertEqual(agent_plugin.shell_hook_name("pre_tool_call", "terminal", "gate.sh"),
-                         "shell-pre_tool_call-6af45eeb0f")
+        """The service names the hook of a config.yaml command the same way, one per command
+        whatever its events (src/config_hooks.rs pins this string too)."""
+        self.assertEqual(agent_plugin.shell_hook_name("gate.sh"), "shell-514cad42d2")
+        self.assertNotEqual(agent_plugin.shell_hook_name("other.sh"), "shell-514cad42d2")
 
 
 class FakeCtx:

@@ -82,7 +82,7 @@ class RevokedStaysOffTest(unittest.TestCase):
             service = Service(tmp, home, hooks_dir, ["--socket", sock, "--trust", "explicit"],
                               sock)
             self.addCleanup(service.stop)
-            name = agent_plugin.shell_hook_name("pre_tool_call", None, COMMAND)
+            name = agent_plugin.shell_hook_name(COMMAND)
             out = subprocess.run([BIN, "disable", name, "--trust", "explicit", "--hooks-dir",
                                   hooks_dir], env=dict(os.environ), capture_output=True,
                                  text=True, timeout=60)

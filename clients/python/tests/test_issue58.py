@@ -313,7 +313,7 @@ class Row5ApprovedDuringASessionRunsOnce(_PluginCase):
             # During the session: c2 added, approved at the prompt, registered by the runner.
             self.write_config([c1, c2])
             hermes.register_entry(hermes.Spec("pre_tool_call", c2))
-            name = agent_plugin.shell_hook_name("pre_tool_call", None, c2)
+            name = agent_plugin.shell_hook_name(c2)
             deadline = time.monotonic() + 30
             while name not in {h.get("name") for h in _hooks_of(self.sock)}:
                 self.assertLess(time.monotonic(), deadline, "the service did not host c2")

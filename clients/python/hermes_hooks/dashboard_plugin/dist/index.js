@@ -330,12 +330,12 @@
     var trend = ((hk.recent || {}).trend || []).slice(-15).reverse();
     // An entry of config.yaml's hooks: block shows what was written there, not the directory
     // the service made from it (issue 58).
-    var ce = hk.config_entry;
-    var where = ce ? [
-      ["config.yaml", "hooks." + ce.event + "[" + ce.index + "]"],
-      ["matcher", ce.matcher === null || ce.matcher === undefined ? "none" : ce.matcher],
-      ["command", ce.command],
-    ] : [["handler", hk.handler], ["directory", hk.path]];
+    // One hook runs every entry of a command (issue 58 row 1): each is shown.
+    var ces = hk.config_entries || (hk.config_entry ? [hk.config_entry] : []);
+    var where = ces.length ? ces.map(function (ce) {
+      return ["config.yaml", "hooks." + ce.event + "[" + ce.index + "]" +
+        (ce.matcher === null || ce.matcher === undefined ? "" : " (matcher " + ce.matcher + ")")];
+    }).concat([["command", ces[0].command]]) : [["handler", hk.handler], ["directory", hk.path]];
     var facts = [
       ["events", (hk.events || []).join(", ") + " (" + family(hk) + ")"],
     ].concat(where, [
@@ -347,8 +347,8 @@
     ]);
     return h("tr", { className: "hh-detail", "data-detail": hk.name }, h("td", { colSpan: 7 },
       h("div", { className: "hh-grid" },
-        h("ul", { className: "hh-facts" }, facts.map(function (kv) {
-          return h("li", { key: kv[0] }, h("span", { className: "hh-muted" }, kv[0] + ": "), h("span", null, String(kv[1])));
+        h("ul", { className: "hh-facts" }, facts.map(function (kv, i) {
+          return h("li", { key: kv[0] + i }, h("span", { className: "hh-muted" }, kv[0] + ": "), h("span", null, String(kv[1])));
         })),
         (hk.warnings || []).length ? h("div", { "data-detail-warnings": "1" }, h("strong", null, "Warnings"),
           h("ul", { className: "hh-list" }, hk.warnings.map(function (t, i) { return h("li", { key: i, className: "hh-warn" }, t); }))) : null,
@@ -431,10 +431,15 @@
   function ConfigEntry(props) {
     var e = props.entry;
     var sc = e.script;
+    // Every entry of the command (issue 58 row 1: one hook runs them, in the order they came).
+    var all = e.entries || [{ event: e.event, matcher: e.matcher, timeout: e.timeout_s }];
     return h("div", { "data-review-entry": e.at },
-      h("p", null, "From ", h("code", null, e.at), " of config.yaml: on ", h("strong", null, e.event),
-        e.matcher ? [" for tools matching ", h("code", { key: "m" }, e.matcher)] : null,
-        ", within " + e.timeout_s + " s, it runs:"),
+      h("p", null, "From ", h("code", null, e.at), " of config.yaml: ",
+        all.map(function (x, i) {
+          return h("span", { key: "e" + i }, i ? "; " : "", "on ", h("strong", null, x.event),
+            x.matcher ? [" for tools matching ", h("code", { key: "m" }, x.matcher)] : null,
+            " within " + x.timeout + " s");
+        }), ", it runs:"),
       h("pre", { className: "hh-pre hh-wrap", "data-review-command": "1" }, e.command),
       sc ? h("div", { "data-review-script": sc.path },
         h("p", null, "The script it runs, ", h("code", null, sc.path), " (sha256 ", h("code", null, sc.sha256), "):"),
@@ -456,7 +461,9 @@
       h(Code, { key: "code", files: r.code || [] })];
     return h("div", { className: "hh-review", "data-review": r.name },
       entry ? h("p", null, "Approving ", h("strong", null, r.name), " lets this command of config.yaml run for the agent's ",
-        h("strong", null, entry.event), " events; the approval records sha256 ", h("code", null, r.sha256),
+        h("strong", null, (entry.entries || [entry]).map(function (x) { return x.event; })
+          .filter(function (v, i, a) { return a.indexOf(v) === i; }).join(", ")),
+        " events; the approval records sha256 ", h("code", null, r.sha256),
         " (the handler hermes-hooks wrote for it, with the command).")
         : h("p", null, "Approving ", h("strong", null, r.name), " (", r.kind, ") lets these files run; ",
           "the approval records sha256 ", h("code", null, r.sha256), "."),
