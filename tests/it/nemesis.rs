@@ -720,7 +720,7 @@ fn dead_reasons(dead: &HashMap<&str, HashMap<u64, Value>>) -> Vec<(String, usize
         }
     }
     let mut out: Vec<(String, usize)> = by.into_iter().collect();
-    out.sort_by(|a, b| b.1.cmp(&a.1));
+    out.sort_by_key(|b| std::cmp::Reverse(b.1));
     out
 }
 
