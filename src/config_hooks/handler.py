@@ -22,6 +22,7 @@ import shlex
 import subprocess
 
 from entry import ENTRY  # beside this file, written by the service
+from script_runner import run_command  # beside this file: Python scripts from a fork server
 
 EVENT = ENTRY["event"]
 COMMAND = ENTRY["command"]
@@ -95,8 +96,7 @@ def handle(event_type, context):
     cwd = context.get("cwd")
     cwd = cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None
     try:
-        proc = subprocess.run(argv, input=json.dumps(context, ensure_ascii=False),
-                              capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
+        proc = run_command(argv, json.dumps(context, ensure_ascii=False), TIMEOUT, cwd)
     except subprocess.TimeoutExpired:
         print("timed out after %ds: %s" % (TIMEOUT, COMMAND))
         return None
