@@ -164,8 +164,8 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(plan.launch + [SERVER], executable=plan.executable,
-                                         stdin=theirs, stdout=subprocess.DEVNULL,
-                                         cwd=plan.where)
+                                         stdin=theirs, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, cwd=plan.where)
         except OSError as exc:
             ours.close()
             raise _Unusable(str(exc)) from None
@@ -182,6 +182,19 @@ class _Server:
         if not hello.startswith(b"ok "):
             self.close()
             raise _Unusable(hello.decode("utf-8", "replace") or "it exited")
+        # An interpreter that prints as it starts (a .pth file, sitecustomize) would print that
+        # on each script's stdout or stderr: not the same from a fork.
+        said = b""
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            os.set_blocking(pipe.fileno(), False)
+            try:
+                said += pipe.read() or b""
+            except OSError:
+                pass
+            pipe.close()
+        if said:
+            self.close()
+            raise _Unusable("the interpreter prints as it starts: %r" % said[:200])
 
     def close(self):
         self.sock.close()
@@ -242,9 +255,11 @@ def _encoding():
 
 def _run_planned(plan, argv, stdin_text, timeout):
     """The CompletedProcess, or None: the call is to run as a process."""
+    if stdin_text is None:
+        return None  # the child would read the worker's own stdin
     encoding = _encoding()
     try:
-        data = (stdin_text or "").encode(encoding)
+        data = stdin_text.encode(encoding)
     except UnicodeError:
         return None  # subprocess raises it with a process started: that one can do it
     server = _take(plan)
