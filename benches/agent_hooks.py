@@ -112,6 +112,17 @@ def python_gate(results, n=300):
     p95 a call, and the decisions of both on DECIDE (which must be the same)."""
     block = ("hooks:\n  pre_tool_call:\n    - command: DIR/published_gate.py\n"
              "      matcher: terminal\n")
+    # `env python3` finds Hermes's own interpreter first, as in its activated venv (not a
+    # version manager's shim, which would add its own start to every run of 0.19.0's runner).
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + path
+    try:
+        _python_gate(results, n, block)
+    finally:
+        os.environ["PATH"] = path
+
+
+def _python_gate(results, n, block):
     seen = {}
     for who in ("up", "ours"):
         case = Case(block)
