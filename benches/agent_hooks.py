@@ -260,6 +260,14 @@ def main():
     results = {}
     if "--python-gate" in sys.argv[1:]:
         python_gate(results)
+        # The floor: the same decision made by a persistent handler.py here (no process).
+        case = Case(handlers={"gate": GATE_HANDLER})
+        registry = ours(case)
+        time_pre(100)
+        results["handler"] = report("pre_tool_call gate as a persistent handler.py, here",
+                                    time_pre(1000), q=0.95)
+        registry.close(0)
+        case.close()
         print(json.dumps({k: round(v, 1) for k, v in results.items()}))
         return
     case = Case()
