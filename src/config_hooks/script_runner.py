@@ -19,6 +19,7 @@ Standard library only, CPython 3.9+.
 """
 
 import array
+import atexit
 import locale
 import os
 import re
@@ -245,6 +246,21 @@ def _give_back(key, server, usable):
             _idle.setdefault(key, []).append(server)
             return
     server.close()
+
+
+@atexit.register
+def _close_all():
+    """At the worker's end: each idle server told (its socket closed: it exits) and waited for."""
+    with _lock:
+        servers = [s for idle in _idle.values() for s in idle]
+        _idle.clear()
+    for server in servers:
+        server.sock.close()
+    for server in servers:
+        try:
+            server.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
 
 
 def _encoding():

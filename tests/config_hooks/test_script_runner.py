@@ -271,6 +271,25 @@ class Scripts(unittest.TestCase):
         finally:
             os.chmod(self.path("exit3.py"), 0o755)
 
+    def test_an_interpreter_the_server_cannot_stand_for(self):
+        """A `#!` interpreter that prints as it starts (its output would be in each run's), or
+        one that does not start the server at all: processes, the same outcomes."""
+        talks = self.path("python9")
+        with open(talks, "w") as f:
+            f.write("#!/bin/sh\necho started >&2\nexec %s \"$@\"\n" % PYTHON)
+        dead = self.path("python8")
+        with open(dead, "w") as f:
+            f.write("#!/bin/sh\necho 'PPID '$PPID >&2\nexit 5\n")
+        for interpreter in (talks, dead):
+            os.chmod(interpreter, 0o755)
+            script = interpreter + "-script.py"
+            with open(script, "w") as f:
+                f.write("#!%s\n" % interpreter + with_ppid(REPORT))
+            os.chmod(script, 0o755)
+            with self.subTest(interpreter=interpreter):
+                for _ in range(2):  # refused once, not tried again
+                    self.both([script, "x"], stdin="{}", fast=False)
+
     def test_concurrent_calls(self):
         """Calls at once from threads: each its own result (a server per call at once)."""
         import threading
