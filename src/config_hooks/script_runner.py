@@ -303,7 +303,10 @@ def _text(data, encoding):
 
 
 def _call(server, plan, data, timeout, argv):
-    """(returncode, stdout, stderr) of the script run by `server`; None: not run."""
+    """(returncode, stdout, stderr) of the script run by `server`; None: not run.
+
+    The input is written and the outputs read from the moment the request is sent: the fork
+    server's answer (the child's pid, or that it cannot run it) is read on the way."""
     deadline = time.monotonic() + timeout
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -312,31 +315,21 @@ def _call(server, plan, data, timeout, argv):
         request = b"\0".join(os.fsencode(x) for x in [plan.where, plan.script] + plan.args)
         server.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                          array.array("i", [in_r, out_w, err_w]))])
-        while True:  # (the status of a run before this one may come first: not ours)
-            reply, ancillary, _, _ = server.sock.recvmsg(256, socket.CMSG_SPACE(_INT_SIZE))
-            if not reply.startswith(b"status "):
-                break
     except OSError as exc:
-        reply, ancillary = b"", []
-        why = str(exc)
-    else:
-        why = "it ended"
+        for fd in (in_w, out_r, err_r):
+            os.close(fd)
+        raise _Unusable(str(exc)) from None
     finally:
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-    pidfd = _received_fd(ancillary)
-    if not reply.startswith(b"pid "):
-        for fd in (in_w, out_r, err_r):
-            os.close(fd)
-        if reply.startswith(b"fallback"):
-            return None
-        raise _Unusable(why)
-    child = _Child(server, int(reply[4:]), pidfd)
+    child = _Child(server)
     try:
-        out, err = _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout)
-        return child.wait(None), out, err
+        got = _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout)
     finally:
         child.close()
+    if got is None:
+        return None
+    return (child.code,) + got
 
 
 def _received_fd(ancillary):
@@ -351,41 +344,61 @@ def _received_fd(ancillary):
 
 
 class _Child:
-    """The forked script: killed by its pidfd, its status from the server."""
+    """The forked script, as the server's messages tell it: its pid (and a pidfd to kill it
+    by), or that it is not run ("fallback"), then its exit status."""
 
-    def __init__(self, server, pid, pidfd):
+    def __init__(self, server):
         self.server = server
-        self.pid = pid
-        self.pidfd = pidfd
+        self.pid = None
+        self.pidfd = None
+        self.refused = False
         self.code = None
+
+    def started(self):
+        return self.pid is not None or self.refused
+
+    def ended(self):
+        return self.code is not None
+
+    def take(self):
+        """Reads one message of the server (the socket is readable, or waited on); raises
+        `_Unusable` when the server is gone before the script started, OSError after."""
+        reply, ancillary, _, _ = self.server.sock.recvmsg(256, socket.CMSG_SPACE(_INT_SIZE))
+        fd = _received_fd(ancillary)
+        if not reply:
+            if self.pid is None:
+                raise _Unusable("it ended")
+            self.kill()  # on its own now, with no status to be had
+            raise OSError("the fork server of %s ended" % self.server.proc.args[0])
+        if reply.startswith(b"pid ") and not self.started():
+            self.pid, self.pidfd, fd = int(reply[4:]), fd, None
+        elif reply.startswith(b"fallback") and not self.started():
+            self.refused = True
+        elif reply.startswith(b"status ") and self.pid is not None:
+            pid, status = reply[7:].split()
+            if int(pid) == self.pid:
+                self.code = os.waitstatus_to_exitcode(int(status))
+        # (else the status of a run before this one)
+        if fd is not None:
+            os.close(fd)
+
+    def wait_for(self, done, remaining):
+        """Reads messages until `done()`; socket.timeout after `remaining` seconds."""
+        self.server.sock.settimeout(remaining)
+        try:
+            while not done():
+                self.take()
+        finally:
+            self.server.sock.settimeout(None)
 
     def kill(self):
         try:
             if self.pidfd is not None:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            elif self.code is None:
+            elif self.pid is not None and self.code is None:
                 os.kill(self.pid, signal.SIGKILL)
         except (OSError, AttributeError):
             pass
-
-    def wait(self, remaining):
-        """The exit code (as subprocess gives it); socket.timeout after `remaining` seconds."""
-        if self.code is not None:
-            return self.code
-        prefix = b"status %d " % self.pid
-        self.server.sock.settimeout(remaining)
-        try:
-            reply = b"status "
-            while reply.startswith(b"status ") and not reply.startswith(prefix):
-                reply = self.server.sock.recv(256)
-        finally:
-            self.server.sock.settimeout(None)
-        if not reply.startswith(prefix):
-            # The server died under it: the child is on its own; stopped, with no status.
-            self.kill()
-            raise OSError("the fork server ended")
-        self.code = os.waitstatus_to_exitcode(int(reply[len(prefix):]))
-        return self.code
 
     def close(self):
         if self.pidfd is not None:
@@ -396,11 +409,13 @@ class _Child:
 def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
     """subprocess's communicate(): the input written while both outputs are read to their
     end, then the child's exit waited for, all within the deadline (else it is killed and
-    TimeoutExpired raised, as subprocess.run does)."""
+    TimeoutExpired raised, as subprocess.run does). None: the server did not run it."""
     chunks = {out_r: [], err_r: []}
+    control = child.server.sock.fileno()
     poller = select.poll()
     for fd in chunks:
         poller.register(fd, select.POLLIN)
+    poller.register(control, select.POLLIN)
     view, offset = memoryview(data), 0
     if data:
         os.set_blocking(in_w, False)
@@ -410,12 +425,18 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
         in_w = None
     open_fds = set(chunks)
     try:
-        while open_fds or in_w is not None:
+        while open_fds or in_w is not None or not child.started():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                _expire(child, chunks, out_r, err_r, argv, timeout)
+                return _expire(child, chunks, out_r, err_r, argv, timeout)
             for fd, _ in poller.poll(remaining * 1000):
-                if fd == in_w:
+                if fd == control:
+                    child.take()
+                    if child.refused:
+                        return None
+                    if child.ended():
+                        poller.unregister(control)
+                elif fd == in_w:
                     try:
                         offset += os.write(in_w, view[offset:offset + 65536])
                     except BlockingIOError:
@@ -426,17 +447,17 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
                         poller.unregister(in_w)
                         os.close(in_w)
                         in_w = None
-                    continue
-                chunk = os.read(fd, 32768)
-                if chunk:
-                    chunks[fd].append(chunk)
                 else:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
+                    chunk = os.read(fd, 32768)
+                    if chunk:
+                        chunks[fd].append(chunk)
+                    else:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
         try:
-            child.wait(max(deadline - time.monotonic(), 0.0))
+            child.wait_for(child.ended, max(deadline - time.monotonic(), 0.0))
         except socket.timeout:
-            _expire(child, chunks, out_r, err_r, argv, timeout)
+            return _expire(child, chunks, out_r, err_r, argv, timeout)
     finally:
         for fd in [in_w, out_r, err_r]:
             if fd is not None:
@@ -445,8 +466,13 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
 
 
 def _expire(child, chunks, out_r, err_r, argv, timeout):
+    """The timeout: the child killed and waited for, TimeoutExpired raised (None: it turned
+    out the server did not run it)."""
+    child.wait_for(child.started, None)
+    if child.refused:
+        return None
     child.kill()
-    child.wait(None)
+    child.wait_for(child.ended, None)
     raise subprocess.TimeoutExpired(argv, timeout,
                                     output=b"".join(chunks[out_r]) or None,
                                     stderr=b"".join(chunks[err_r]) or None)
