@@ -38,6 +38,8 @@ _PER_KEY = 4  # servers at most per interpreter (calls at once beyond it run as 
 _INT_SIZE = array.array("i").itemsize
 
 _lock = threading.Lock()
+_env = (None, None)  # the environment last seen (its bytes), and its key
+_heads = {}  # path -> (its stat, what the first bytes of the file said)
 _idle = {}  # key -> [_Server]
 _busy = {}  # key -> count
 _refused = {}  # key -> why the server could not start (said once)
@@ -66,8 +68,42 @@ class _Plan:
         self.args = args
         # A server stands for exactly this start: the same interpreter, found the same way,
         # with the same environment (and directory, when a wrapper may choose by it).
-        self.key = (tuple(launch), executable, frozenset(os.environ.items()),
-                    where if shim else None)
+        self.key = (tuple(launch), executable, _environment(), where if shim else None)
+
+
+def _environment():
+    """The environment as a key (made again only when it changed)."""
+    global _env
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        return frozenset(os.environ.items())
+    seen, key = _env
+    if seen != data:
+        seen = dict(data)
+        key = frozenset(seen.items())
+        _env = (seen, key)
+    return key
+
+
+def _head(path, read):
+    """`read(the file's first 256 bytes)`, kept while the file's stat stays the same."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    kept = _heads.get(path)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    try:
+        with open(path, "rb") as f:
+            said = read(f.read(256))
+    except OSError:
+        return None
+    if len(_heads) > 64:
+        _heads.clear()
+    _heads[path] = (stamp, said)
+    return said
 
 
 def _executable(path):
@@ -93,20 +129,15 @@ def _lookup(name, where):
 
 
 def _is_elf(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"\x7fELF"
-    except OSError:
-        return False
+    return bool(_head(path, lambda head: head.startswith(b"\x7fELF")))
 
 
 def _shebang(path):
     """(interpreter, optional argument) of a `#!` line as the kernel reads it; None."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return None
+    return _head(path, _parse_shebang)
+
+
+def _parse_shebang(head):
     if not head.startswith(b"#!") or b"\n" not in head:
         return None
     line = head[2:head.index(b"\n")].strip(b" \t")
