@@ -3,12 +3,12 @@ beside `handler.py`, started by `script_runner.py` with the interpreter a script
 exactly as the script itself would be started (`python3 script_server.py` through the same
 `#!` line, `env` and PATH), its stdin the control socket.
 
-It imports next to nothing, then forks a spare child that waits for a request (the script,
-its arguments, its working directory, and three descriptors: the script's stdin, stdout and
-stderr). The spare changes to the directory, reads the script, tells the runner its pid (with
-a pidfd), drops what the server added to the interpreter and runs the script as `__main__` as
-a fresh `python3 script.py` would; the server forks the next spare and says its wait status
-when it has ended. One request at a time; the runner starts another server when it needs two at
+It imports next to nothing, then forks a spare child that reads a request from the runner
+(the script, its arguments, its working directory, and three descriptors: the script's
+stdin, stdout and stderr). The spare tells the server, changes to the directory, reads the
+script, tells the runner its pid (with a pidfd), drops what the server added to the
+interpreter and runs the script as `__main__` as a fresh `python3 script.py` would; the server
+forks the next spare and says the script's wait status when it has ended. One request at a time; the runner starts another server when it needs two at
 once.
 
 Standard library only, CPython 3.9+. It must never print: its stdout is /dev/null, its stderr
@@ -88,40 +88,30 @@ def _read_script(path):
 
 
 def _serve(sock):
-    """Answers requests until the runner goes; returns only in a forked child, with its job.
+    """Runs until the runner goes; returns only in a forked child, with its job.
 
-    A spare child is forked ahead of each request and waits for it, so that no fork is on the
-    request's way: the server hands the request over, forks the next spare, and says the
-    script's wait status when it has ended."""
+    A spare child is forked ahead of each request and reads it from the runner itself, so that
+    neither a fork nor this server is on the request's way: the spare tells this server the
+    request it took, the server forks the next spare (with the script compiled for it) while
+    that one runs the script, and says the script's wait status when it has ended."""
     compiled = {}
-    pid, spare = _fork_spare(sock, compiled)
+    pid, chan = _fork_spare(sock, compiled)
     if pid == 0:
-        return spare
+        return chan
     while True:
-        data, ancillary, flags, _ = sock.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(3 * _INT))
-        fds = _fds(ancillary)
-        if not data:  # the runner is gone (the spare goes when its channel closes)
-            os._exit(0)
-        if len(fds) != 3 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
-            _close(fds)
-            sock.sendall(b"fallback bad request")
-            continue
         try:
-            spare.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
-                                    b"".join(fd.to_bytes(_INT, sys.byteorder) for fd in fds))])
+            data = chan.recv(_MAX_REQUEST)
         except OSError:
-            sock.sendall(b"fallback no spare")
-        finally:
-            _close(fds)
-            spare.close()
-        # The next spare while this one runs the script (with the script compiled for it): on
-        # the bench's back-to-back gate calls, 7.3-7.5 ms a call at p50 against 8.4-9.3 ms when
-        # forked after the script's end, where it takes the CPU from the answer's way back.
+            data = b""
+        chan.close()
+        if not data:  # the spare ended without a request: the runner is gone
+            os.waitpid(pid, 0)
+            os._exit(0)
         running = pid
         _precompile(data, compiled)
-        pid, spare = _fork_spare(sock, compiled)
+        pid, chan = _fork_spare(sock, compiled)
         if pid == 0:
-            return spare
+            return chan
         _, status = os.waitpid(running, 0)
         sock.sendall(b"status %d %d" % (running, status))
 
@@ -184,16 +174,24 @@ def _precompile(data, compiled):
 
 
 def _take_job(sock, chan, compiled):
-    """In a spare: waits for its request, then does what the interpreter does before the
+    """In a spare: reads its request from the runner, tells the server, then does what the interpreter does before the
     script's first line (its directory, its file, its code), and tells the runner its pid. A
     request it cannot do exactly is sent back ("fallback"): the runner starts a process."""
     try:
-        data, ancillary, _, _ = chan.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(3 * _INT))
+        data, ancillary, flags, _ = sock.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(3 * _INT))
     except OSError:
         os._exit(0)
-    chan.close()
     fds = _fds(ancillary)
-    if not data or len(fds) != 3:
+    if not data:  # the runner is gone: so is the server, once this channel closes
+        os._exit(0)
+    try:
+        chan.sendall(data)  # the server forks the next spare now
+    except OSError:
+        pass
+    chan.close()
+    if len(fds) != 3 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
+        _close(fds)
+        sock.sendall(b"fallback bad request")
         os._exit(0)
 
     def refuse(why):
