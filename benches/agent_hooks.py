@@ -1,9 +1,13 @@
-"""Issue 49's figures: the time a tool call's hooks add in Hermes's agent, p50 and p99.
+"""Issue 49's figures: the time a tool call's hooks add in Hermes's agent, p50 and p99; issue
+58's: a published-style Python gate script, p50 and p95, under 0.19.0's runner and hosted here
+(run from a warm fork server), with the same decisions.
 
 Run with the Python of a venv holding hermes-agent 0.19.0 and the client (``.ci/hermes-agent-venv.sh
 target/hermes-agent-venv``)::
 
     HERMES_HOOKS_BIN=target/debug/hermes-hooks target/hermes-agent-venv/bin/python benches/agent_hooks.py
+
+``--python-gate`` runs issue 58's case alone.
 
 Each case times what the agent's tool path calls, in this process, on Hermes's own functions:
 ``resolve_pre_tool_block(...)`` (the pre_tool_call decision every tool call goes through) and
@@ -42,6 +46,45 @@ GATE_HANDLER = """def handle(event, ctx):
         return {'action': 'block', 'message': 'no rm -rf'}
 """
 SLEEP_SH = "#!/bin/sh\ncat > /dev/null\nsleep 1\n"
+# Issue 58: a gate in the style of the published ones (a `#!/usr/bin/env python3` script, a
+# list of patterns, Claude-Code's block shape, a log line on stderr).
+GATE_PUBLISHED = r"""#!/usr/bin/env python3
+'''Block dangerous shell commands before the agent runs them (pre_tool_call).'''
+import json
+import re
+import sys
+
+DANGEROUS = [
+    (r"\brm\s+-[a-z]*r[a-z]*f", "recursive force delete"),
+    (r"\bgit\s+push\s+.*--force", "force push"),
+    (r"\bmkfs\.", "formatting a filesystem"),
+    (r"\bdd\s+if=.*of=/dev/", "raw disk write"),
+    (r">\s*/dev/sd[a-z]", "writing to a disk device"),
+]
+
+
+def main():
+    try:
+        payload = json.load(sys.stdin)
+    except json.JSONDecodeError:
+        return 0
+    if payload.get("tool_name") != "terminal":
+        return 0
+    command = (payload.get("tool_input") or {}).get("command", "")
+    for pattern, why in DANGEROUS:
+        if re.search(pattern, command):
+            print("blocked: %s" % why, file=sys.stderr)
+            print(json.dumps({"decision": "block", "reason": "Blocked: %s (%s)" % (why, command)}))
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+# The inputs whose decisions must be the same under 0.19.0's runner and here.
+DECIDE = ["ls -la", "rm -rf /tmp/x", "git push origin main --force", "echo hi > /dev/sda",
+          "mkfs.ext4 /dev/sdb1", "cat README.md"]
 
 
 def pct(samples, q):
@@ -49,11 +92,60 @@ def pct(samples, q):
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def report(name, samples):
+def report(name, samples, q=0.99):
     us = [x / 1000.0 for x in samples]
-    print("%-58s n=%5d  p50 %10.1f us  p99 %10.1f us  mean %10.1f us" % (
-        name, len(us), pct(us, 0.5), pct(us, 0.99), statistics.mean(us)), flush=True)
+    print("%-58s n=%5d  p50 %10.1f us  p%d %10.1f us  mean %10.1f us" % (
+        name, len(us), pct(us, 0.5), round(q * 100), pct(us, q), statistics.mean(us)),
+        flush=True)
     return pct(us, 0.5)
+
+
+def decisions():
+    """The pre_tool_call decision of each DECIDE command (Hermes's `resolve_pre_tool_block`)."""
+    from hermes_cli.plugins import resolve_pre_tool_block
+    return [resolve_pre_tool_block("terminal", {"command": c}, task_id="t", session_id="s",
+                                   tool_call_id="d%d" % i) for i, c in enumerate(DECIDE)]
+
+
+def python_gate(results, n=300):
+    """Issue 58: the published-style Python gate under 0.19.0's runner and hosted here, p50 and
+    p95 a call, and the decisions of both on DECIDE (which must be the same)."""
+    block = ("hooks:\n  pre_tool_call:\n    - command: DIR/published_gate.py\n"
+             "      matcher: terminal\n")
+    # `env python3` finds Hermes's own interpreter first, as in its activated venv (not a
+    # version manager's shim, which would add its own start to every run of 0.19.0's runner).
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + path
+    try:
+        _python_gate(results, n, block)
+    finally:
+        os.environ["PATH"] = path
+
+
+def _python_gate(results, n, block):
+    seen = {}
+    for who in ("up", "ours"):
+        case = Case(block)
+        registry = None
+        if who == "up":
+            upstream(case)
+        else:
+            registry = ours(case)
+        time_pre(5)
+        seen[who] = decisions()
+        results[who + "_published_gate.py"] = report(
+            "pre_tool_call published Python gate, %s" % (
+                "0.19.0's runner" if who == "up" else "here (config.yaml entry)"),
+            time_pre(n), q=0.95)
+        if registry is not None:
+            registry.close(0)
+        case.close()
+    assert seen["up"] == seen["ours"], seen
+    assert sum(1 for d in seen["up"] if d) == 4, seen["up"]
+    print("published Python gate: the same %d decisions (%d blocks); here vs 0.19.0's runner "
+          "at p50: %.1fx" % (len(DECIDE), sum(1 for d in seen["up"] if d),
+                             results["up_published_gate.py"] / results["ours_published_gate.py"]),
+          flush=True)
 
 
 class Case:
@@ -71,7 +163,8 @@ class Case:
                 f.write('events: ["pre_tool_call"]\n')
             with open(os.path.join(d, "handler.py"), "w") as f:
                 f.write(source)
-        for name, text in (("gate.sh", GATE_SH), ("gate.py", GATE_PY), ("sleep.sh", SLEEP_SH)):
+        for name, text in (("gate.sh", GATE_SH), ("gate.py", GATE_PY), ("sleep.sh", SLEEP_SH),
+                           ("published_gate.py", GATE_PUBLISHED)):
             path = os.path.join(self.dir, name)
             with open(path, "w") as f:
                 f.write(text)
@@ -165,6 +258,18 @@ def time_post(n):
 
 def main():
     results = {}
+    if "--python-gate" in sys.argv[1:]:
+        python_gate(results)
+        # The floor: the same decision made by a persistent handler.py here (no process).
+        case = Case(handlers={"gate": GATE_HANDLER})
+        registry = ours(case)
+        time_pre(100)
+        results["handler"] = report("pre_tool_call gate as a persistent handler.py, here",
+                                    time_pre(1000), q=0.95)
+        registry.close(0)
+        case.close()
+        print(json.dumps({k: round(v, 1) for k, v in results.items()}))
+        return
     case = Case()
     fresh_manager()
     time_pre(200)
@@ -200,6 +305,8 @@ def main():
                                            % script, time_pre(300))
         registry.close(0)
         case.close()
+
+    python_gate(results)
 
     case = Case(handlers={"gate": GATE_HANDLER})
     registry = ours(case)

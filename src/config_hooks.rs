@@ -44,6 +44,10 @@ pub const MAX_TIMEOUT: u64 = 300;
 const TIMEOUT_GRACE: u64 = 5;
 /// The handler every hosted entry runs.
 const HANDLER: &str = include_str!("config_hooks/handler.py");
+/// How the handler runs the command: a Python script from a warm fork server (issue 58).
+const SCRIPT_RUNNER: &str = include_str!("config_hooks/script_runner.py");
+/// That fork server, started by the runner with the script's own interpreter.
+const SCRIPT_SERVER: &str = include_str!("config_hooks/script_server.py");
 /// The events whose entries may have a `matcher`.
 const TOOL_EVENTS: &[&str] = &["pre_tool_call", "post_tool_call"];
 
@@ -389,7 +393,7 @@ pub fn plan(home: &Path) -> Result<Plan, String> {
 }
 
 /// The files of one hosted hook's directory.
-fn files(hook: &HostedHook) -> [(&'static str, String); 3] {
+fn files(hook: &HostedHook) -> [(&'static str, String); 5] {
     let first = &hook.entries[0];
     let sandbox = first.sandbox.clone().unwrap_or_else(|| json!("none"));
     let events = hook.events();
@@ -443,6 +447,8 @@ fn files(hook: &HostedHook) -> [(&'static str, String); 3] {
     [
         ("HOOK.yaml", manifest),
         ("handler.py", HANDLER.to_string()),
+        ("script_runner.py", SCRIPT_RUNNER.to_string()),
+        ("script_server.py", SCRIPT_SERVER.to_string()),
         (ENTRY_FILE, entry_module(&written)),
     ]
 }

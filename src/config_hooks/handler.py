@@ -29,6 +29,7 @@ import shlex
 import subprocess
 
 from entry import HOOK  # beside this file, written by the service
+from script_runner import run_command  # beside this file: Python scripts from a fork server
 
 COMMAND = HOOK["command"]
 DEFAULT_BLOCK_MESSAGE = "Blocked by shell hook."
@@ -113,9 +114,9 @@ def combine(event, answers):
 
 
 def _run(argv, stdin_text, timeout, cwd):
-    """Runs the command once: (returncode, stdout, stderr); raises as `subprocess.run` does."""
-    proc = subprocess.run(argv, input=stdin_text, capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    """Runs the command once (a Python script from its interpreter's fork server, script_runner.py;
+    else a process): (returncode, stdout, stderr); raises as `subprocess.run` does."""
+    proc = run_command(argv, stdin_text, timeout, cwd)
     return proc.returncode, proc.stdout, proc.stderr
 
 

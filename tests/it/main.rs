@@ -60,6 +60,7 @@ mod python;
 mod real_gateway;
 mod reload;
 mod sandbox;
+mod script_runner;
 mod service;
 mod stall;
 mod trust;

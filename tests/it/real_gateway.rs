@@ -17,7 +17,7 @@ use crate::util::bin;
 
 /// The gateway's venv: `$HERMES_AGENT_VENV`, else made (once, then reused) in
 /// `target/hermes-agent-venv`; panics, saying why, when it cannot be made.
-fn gateway_venv() -> PathBuf {
+pub(crate) fn gateway_venv() -> PathBuf {
     if let Some(v) = std::env::var_os("HERMES_AGENT_VENV") {
         return PathBuf::from(v);
     }

@@ -25,7 +25,7 @@ the profile's home, served by the profile's own service.
 
 Side by side (``test_side_by_side_with_hermes_runner``): the same config.yaml shell gate, once
 run by 0.19.0's own runner (the plugin not enabled) and once hosted here: the same decision
-reaches the model, the script runs once (started by Hermes, then by the hook's worker) and gets
+reaches the model, the script runs once (started by Hermes, then by the service) and gets
 the same stdin keys, ``extra``'s included. Differences, by nature: ids and paths; the script's
 parent process and environment (the service's); see docs/hook-authors.md.
 
@@ -119,6 +119,12 @@ def agent_env(directory, home):
             "HERMES_HOME": home, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
             "HERMES_HOOKS_BIN": os.environ.get("HERMES_HOOKS_BIN", ""),
             "HERMES_HOOKS_AUTOSTART_TIMEOUT": "120"}
+
+
+def by_service(parent):
+    """Whether a script's parent process (its command line) is the service's: a hook's worker
+    (`runner-…`) or the fork server that runs a hosted entry's Python scripts (issue 58)."""
+    return "runner-" in parent or "script_server.py" in parent
 
 
 class Home:
@@ -223,7 +229,8 @@ platforms:
         case.assertEqual(seen["tool_name"], "terminal")
         lines = read_lines(self.shell_out)
         case.assertEqual(len(lines), 1, "the config.yaml shell hook ran %d times" % len(lines))
-        case.assertIn("runner-", read_text(self.shell_out + ".parent"), "not run by the service")
+        case.assertTrue(by_service(read_text(self.shell_out + ".parent")),
+                        "not run by the service")
         case.assertEqual(sorted(lines[0]), ["cwd", "extra", "hook_event_name", "session_id",
                                             "tool_input", "tool_name"])
         case.assertEqual(lines[0]["tool_input"], {"command": COMMAND})
@@ -266,8 +273,10 @@ class AgentHooks(unittest.TestCase):
             self.assertEqual(len(lines), 1, "%s ran the shell hook %d times" % (who, len(lines)))
             seen[who] = lines[0]
             parent = read_text(home.shell_out + ".parent")
-            # Who started the script: Hermes itself, or the hook's worker in the service.
-            self.assertEqual("runner-" in parent, who == "here", parent)
+            # Who started the script: Hermes itself, or the service (the hook's fork server of
+            # Python scripts, issue 58).
+            self.assertEqual(by_service(parent), who == "here", parent)
+            self.assertEqual("script_server.py" in parent, who == "here", parent)
         hermes, here = seen["hermes"], seen["here"]
         self.assertEqual(sorted(hermes), sorted(here))
         self.assertEqual(sorted(hermes["extra"]), sorted(here["extra"]))

@@ -1,0 +1,418 @@
+"""The fork server of a config.yaml entry's Python scripts (issue 58): written by hermes-hooks
+beside `handler.py`, started by `script_runner.py` with the interpreter a script would run on,
+exactly as the script itself would be started (`python3 script_server.py` through the same
+`#!` line, `env` and PATH), its stdin the control socket.
+
+It imports next to nothing, then forks a spare child that reads a request from the runner
+(the script, its arguments, its working directory, and three descriptors: the script's
+stdin, stdout and stderr). The spare tells the server, changes to the directory, reads the
+script, tells the runner its pid (with a pidfd), drops what the server added to the
+interpreter and runs the script as `__main__` as a fresh `python3 script.py` would; the server
+forks the next spare and says the script's wait status when it has ended. One request at a time; the runner starts another server when it needs two at
+once.
+
+Standard library only, CPython 3.9+. It must never print: its stdout is /dev/null, its stderr
+the hook's log.
+"""
+
+import os
+import sys
+
+# What the interpreter imported before this file ran: what a script started afresh finds.
+_FRESH = frozenset(sys.modules)
+
+import _signal  # noqa: E402  (C modules: `socket`, `signal` would import much more)
+import _socket  # noqa: E402
+import atexit as _atexit  # noqa: E402
+import gc as _gc  # noqa: E402
+import warnings as _warnings  # noqa: E402
+
+# This server's own: dropped from sys.modules in a fork (unless a fresh start has them).
+_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "warnings")) - _FRESH
+
+# What the scripts commonly import, imported once here so that a fork finds them loaded: pure
+# imports whose only trace is their entry in sys.modules (under `-v` or `-X importtime`, which
+# would print them, the server does not start). Measured on a JSON gate (`json.load` of stdin,
+# a `json.dumps` out) run 100 times in a row on the 2-core test machine: p50 4-7 ms a call
+# with `json` (and the `re` it imports) preloaded, 19-28 ms without (the fork imports it then).
+_PRELOAD = ("json",)
+
+_INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
+_MAX_REQUEST = 1 << 20
+
+
+def _unsupported():
+    """Why this interpreter cannot stand in for a fresh one (None: it can)."""
+    if sys.implementation.name != "cpython" or sys.version_info < (3, 9):
+        return "not CPython 3.9+"
+    if sys.flags.inspect or sys.flags.interactive:
+        return "-i"
+    if sys.flags.verbose or "importtime" in getattr(sys, "_xoptions", {}):
+        return "-v or -X importtime"
+    return None
+
+
+def _fds(ancillary):
+    out = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            for i in range(0, len(data) - len(data) % _INT, _INT):
+                out.append(int.from_bytes(data[i:i + _INT], sys.byteorder, signed=True))
+    return out
+
+
+def _close(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _read_script(path):
+    """The script's source as `python3 path` would open it from the current directory; None
+    when a fresh start would do something else with it (not a regular file, a zip archive,
+    compiled code) or could not open it."""
+    if path.endswith((".pyc", ".pyo")):
+        return None
+    try:
+        with open(path, "rb") as f:
+            if not (os.fstat(f.fileno()).st_mode & 0o170000) == 0o100000:
+                return None
+            source = f.read()
+    except OSError:
+        return None
+    if b"PK\x05\x06" in source:  # a zip archive's end: Python would import __main__ from it
+        return None
+    return source
+
+
+def _serve(sock):
+    """Runs until the runner goes; returns only in a forked child, with its job.
+
+    A spare child is forked ahead of each request and reads it from the runner itself, so that
+    neither a fork nor this server is on the request's way: the spare tells this server the
+    request it took, the server forks the next spare (with the script compiled for it) while
+    that one runs the script, and says the script's wait status when it has ended."""
+    compiled = {}
+    pid, chan = _fork_spare(sock, compiled)
+    if pid == 0:
+        return chan
+    while True:
+        try:
+            data = chan.recv(_MAX_REQUEST)
+        except OSError:
+            data = b""
+        chan.close()
+        if not data:  # the spare ended without a request: the runner is gone
+            os.waitpid(pid, 0)
+            os._exit(0)
+        running = pid
+        _precompile(data, compiled)
+        pid, chan = _fork_spare(sock, compiled)
+        if pid == 0:
+            return chan
+        _, status = os.waitpid(running, 0)
+        sock.sendall(b"status %d %d" % (running, status))
+
+
+def _fork_spare(sock, compiled):
+    """(pid, the channel to it) in the server; (0, its job) in the spare, once it has one."""
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid:
+        theirs.close()
+        return pid, ours
+    ours.close()
+    _prepare(sock, theirs)
+    return 0, _take_job(sock, theirs, compiled)
+
+
+def _prepare(sock, chan):
+    """In a spare, before its request: what does not depend on it (the server's descriptors
+    and modules let go of), done while nobody waits."""
+    keep = {0, 1, 2, sock.fileno(), chan.fileno()}
+    try:
+        listed = os.listdir("/proc/self/fd")
+    except OSError:
+        listed = []
+    _close([int(n) for n in listed if int(n) not in keep])
+    for name in [n for n in sys.modules if n not in _FRESH and n not in _LOADED]:
+        del sys.modules[name]
+
+
+def _request(data):
+    fields = [os.fsdecode(f) for f in data.split(b"\0")]
+    return fields[0], fields[1], fields[2:]
+
+
+def _precompile(data, compiled):
+    """The script of a request compiled in the server, for the spares forked after it (a
+    spare uses it only when the file still holds the same source)."""
+    cwd, script, _ = _request(data)
+    try:
+        os.chdir(cwd)
+        filename = script if script.startswith("/") else os.getcwd() + "/" + script
+    except OSError:
+        return
+    source = _read_script(script)
+    if source is None or (filename, source) in compiled:
+        return
+    # Not kept when compiling warns (a fresh start prints that on the script's stderr: the
+    # script's fork compiles it again there).
+    with _warnings.catch_warnings(record=True) as warned:
+        _warnings.simplefilter("always")
+        try:
+            code = compile(source, filename, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return
+    if warned:
+        return
+    if len(compiled) >= 16:
+        compiled.clear()
+    compiled[(filename, source)] = code
+
+
+def _take_job(sock, chan, compiled):
+    """In a spare: reads its request from the runner, tells the server, then does what the interpreter does before the
+    script's first line (its directory, its file, its code), and tells the runner its pid. A
+    request it cannot do exactly is sent back ("fallback"): the runner starts a process."""
+    try:
+        data, ancillary, flags, _ = sock.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(3 * _INT))
+    except OSError:
+        os._exit(0)
+    fds = _fds(ancillary)
+    if not data:  # the runner is gone: so is the server, once this channel closes
+        os._exit(0)
+    try:
+        chan.sendall(data)  # the server forks the next spare now
+    except OSError:
+        pass
+    chan.close()
+    if len(fds) != 3 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
+        _close(fds)
+        sock.sendall(b"fallback bad request")
+        os._exit(0)
+
+    def refuse(why):
+        _close(fds)
+        sock.sendall(b"fallback " + why)
+        os._exit(0)
+
+    cwd, script, argv = _request(data)
+    try:
+        os.chdir(cwd)
+        filename = script if script.startswith("/") else os.getcwd() + "/" + script
+    except OSError:
+        refuse(b"no directory")
+    source = _read_script(script)
+    if source is None:
+        refuse(b"unreadable")
+    if b"\0" in source:  # the interpreter's file reader says it its own way
+        refuse(b"null bytes")
+    code = compiled.get((filename, source))  # None: compiled when it runs
+    compiled.clear()
+    pidfd = []
+    try:
+        pidfd = [os.pidfd_open(os.getpid())]
+    except (AttributeError, OSError):
+        pass
+    sock.sendmsg([b"pid %d" % os.getpid()],
+                 [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                   pidfd[0].to_bytes(_INT, sys.byteorder))] if pidfd else [])
+    _close(pidfd)
+    return fds, sock, script, filename, source, code, argv
+
+
+def _stdio(fd, name, old, write, unbuffered):
+    """A new sys.std*, made on `fd` as the interpreter makes it at start (create_stdio)."""
+    import io
+    buf = io.open(fd, "wb" if write else "rb", 0 if unbuffered and write else -1, closefd=False)
+    raw = buf if unbuffered and write else buf.raw
+    raw.name = name
+    line_buffering = not unbuffered and (raw.isatty() or fd == 2)
+    stream = io.TextIOWrapper(buf, old.encoding, old.errors, "\n", line_buffering, unbuffered)
+    stream.mode = "w" if write else "r"
+    return stream
+
+
+def _become(job):
+    """In the child: the process a fresh `python3 SCRIPT ARGS` would be, up to its first
+    line of code."""
+    fds, sock, script, filename, source, code, argv = job
+    for target, fd in enumerate(fds):
+        if fd != target:
+            os.dup2(fd, target)
+    sock.close()
+    _close([fd for fd in fds if fd > 2])
+    unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
+    sys.stdin = sys.__stdin__ = _stdio(0, "<stdin>", sys.__stdin__, False, unbuffered)
+    sys.stdout = sys.__stdout__ = _stdio(1, "<stdout>", sys.__stdout__, True, unbuffered)
+    sys.stderr = sys.__stderr__ = _stdio(2, "<stderr>", sys.__stderr__, True, unbuffered)
+    sys.argv = [script] + argv
+    if hasattr(sys, "orig_argv"):
+        # The interpreter's own arguments (whatever a wrapper on the way added), then the
+        # script's in place of this file's.
+        sys.orig_argv = sys.orig_argv[:-1] + [script] + argv
+    if _PATH0 is not None:
+        try:
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+        except (OSError, ValueError):
+            sys.path[0] = ""
+    main = type(sys)("__main__")
+    main.__dict__["__annotations__"] = {}
+    main.__dict__.update(__builtins__=sys.modules["builtins"], __file__=filename,
+                         __cached__=None)
+    loader = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", filename)
+    main.__loader__ = loader
+    if sys.version_info < (3, 10):
+        del main.__dict__["__annotations__"]
+    sys.modules["__main__"] = main
+    if code is None:
+        code = compile(source, filename, "exec", dont_inherit=True)
+    return main, code
+
+
+def _run(job):
+    """Runs the script and ends the process as a fresh interpreter would end."""
+    try:
+        main, code = _become(job)
+    except SyntaxError as e:
+        _report(e, None, None)
+        _forget_file(sys.modules["__main__"])
+        _end(1)
+    try:
+        exec(code, main.__dict__)
+    except SystemExit as e:
+        _end(_exit_code(e))
+    except BaseException as e:  # noqa: B036 (the script's own exception, reported as Python does)
+        _report(e, e.__traceback__, code)
+        _forget_file(main)
+        _end(1, interrupted=isinstance(e, KeyboardInterrupt))
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except Exception:  # noqa: S110 (a fresh interpreter ignores it here too)
+            pass
+    _forget_file(main)
+    _end(0)
+
+
+def _exit_code(exc):
+    """The exit status of an uncaught SystemExit, its message (not a number) on stderr."""
+    code = getattr(exc, "code", exc)
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return (code if -(1 << 63) <= code < (1 << 63) else -1) & 0xFF
+    try:
+        sys.stderr.write(str(code))
+        sys.stderr.write("\n")
+    except Exception:  # noqa: S110
+        pass
+    return 1
+
+
+def _flush_std():
+    """The interpreter's last flush of sys.stdout and sys.stderr: False when one failed."""
+    ok = True
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False):
+            continue
+        try:
+            stream.flush()
+        except Exception as e:  # noqa: B902
+            ok = False
+            if stream is sys.stdout and sys.stderr is not None:
+                try:
+                    sys.stderr.write("Exception ignored in: %r\n%s: %s\n"
+                                     % (stream, type(e).__name__, e))
+                    sys.stderr.flush()
+                except Exception:  # noqa: S110
+                    pass
+    return ok
+
+
+def _end(code, interrupted=False):
+    """The interpreter's finalization, for what a script can see of it: its threads joined,
+    its atexit functions, stdio flushed (status 120 when that fails), its module's objects and
+    its garbage finalized; then the exit, without tearing down the modules the server had
+    loaded (a fork would copy every page of them to do it, and nothing of the script is left
+    there). An uncaught KeyboardInterrupt ends by SIGINT, as it does in a fresh interpreter."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:  # noqa: B036,S110 (a fresh interpreter ignores it too)
+            pass
+    _atexit._run_exitfuncs()
+    ok = _flush_std()
+    _gc.collect()
+    main = sys.modules.get("__main__")
+    if main is not None:
+        main.__dict__.clear()
+    _gc.collect()
+    ok = _flush_std() and ok
+    if interrupted:
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.kill(os.getpid(), _signal.SIGINT)
+    os._exit(code if ok else 120)
+
+
+def _forget_file(main):
+    main.__dict__.pop("__file__", None)
+    main.__dict__.pop("__cached__", None)
+
+
+def _report(exc, tb, code):
+    """An uncaught exception as the interpreter reports it: its traceback from the script's
+    own frame, through `sys.excepthook`, with `sys.last_*` set."""
+    while tb is not None and tb.tb_frame.f_code is not code:
+        tb = tb.tb_next
+    exc = exc.with_traceback(tb)
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException:  # noqa: B036
+        sys.__excepthook__(type(exc), exc, tb)
+
+
+def _start():
+    """Checks the interpreter, preloads, says ok: (the control socket, whether sys.path[0] is
+    the script's directory, the modules a fork keeps)."""
+    why = _unsupported()
+    # The control socket is this server's stdin: moved off 0, which becomes /dev/null (a
+    # script's stdin is put there).
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if why:
+        sock.sendall(b"no " + why.encode())
+        os._exit(0)
+    for name in _PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # noqa: S110 (not preloaded: the script imports it itself)
+            pass
+    loaded = frozenset(sys.modules) - _OWN
+    # What is loaded now stays, out of the collector's way: a fork's collections and its end
+    # then touch (and copy) none of it.
+    _gc.freeze()
+    # A fresh interpreter's sys.path[0] is the script's directory (this file's, here), unless
+    # -P / PYTHONSAFEPATH (or -I) left it out.
+    here = os.path.dirname(os.path.realpath(__file__))
+    path0 = 0 if sys.path and sys.path[0] == here else None
+    sock.sendall(b"ok %d.%d" % sys.version_info[:2])
+    return sock, path0, loaded
+
+
+if __name__ == "__main__":
+    _SOCK, _PATH0, _LOADED = _start()
+    try:
+        _JOB = _serve(_SOCK)
+    except OSError:  # the runner went away
+        os._exit(0)
+    _run(_JOB)
