@@ -466,7 +466,7 @@ fn files(hook: &HostedHook) -> [(&'static str, String); 5] {
 /// mode (`hermes-hooks enable NAME --trust explicit`), and an approval revoked later
 /// (`disable`) is not given again (nor one revoked under a name of an older release). A hook
 /// whose entries were all approved under an older release's names (one hook per entry) is
-/// approved when first written ([`approve_new`]).
+/// approved when first written (`approve_new`).
 pub fn sync(home: &Path, explicit: bool) -> Option<PathBuf> {
     let root = home.join(ROOT_DIR);
     let plan = match plan(home) {
