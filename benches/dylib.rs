@@ -193,6 +193,7 @@ fn emit_through_inline_noop_handler(b: divan::Bencher) {
                     context: std::sync::Arc::new(context().into()),
                     reply: None,
                     gate: None,
+                    queued_for: 0,
                 });
             }
             while stats.ok.load(Ordering::Relaxed) < done {

@@ -780,15 +780,22 @@ mod tests {
         );
     }
 
-    /// Issue 56: a worker gone without a word (SIGKILL) keeps its version owed for the grace.
-    #[test]
-    fn a_vanished_workers_version_stays_owed_for_the_grace() {
+    /// Versions that knew `w1` running `[nem:a, nem:b]`, which then went without a word
+    /// (its statuses stopped).
+    fn vanished_w1() -> Versions {
         let v = Versions::default();
         let mut st = status("w1", true, &["nem:a", "nem:b"], None);
         st.interval_ms = 10;
         v.update("me", st);
         std::thread::sleep(Duration::from_millis(1100));
         assert!(!v.other_matches("k", "nem:b", None), "gone");
+        v
+    }
+
+    /// Issue 56: a worker gone without a word (SIGKILL) keeps its version owed for the grace.
+    #[test]
+    fn a_vanished_workers_version_stays_owed_for_the_grace() {
+        let v = vanished_w1();
         let later = SystemTime::now() + Duration::from_secs(1);
         assert!(owed(&v, "nem:b", later));
         assert!(matches!(
@@ -804,12 +811,7 @@ mod tests {
     /// another version of the hook, the old one was changed: later events are nobody's.
     #[test]
     fn a_restarted_workers_first_status_is_no_change_of_its_versions() {
-        let v = Versions::default();
-        let mut st = status("w1", true, &["nem:a", "nem:b"], None);
-        st.interval_ms = 10;
-        v.update("me", st);
-        std::thread::sleep(Duration::from_millis(1100));
-        assert!(!v.other_matches("k", "nem:b", None), "gone");
+        let v = vanished_w1();
         let mut first = status("w1", true, &[], None);
         first.patterns.clear();
         first.loaded = false;

@@ -19,6 +19,9 @@ use crate::discovery::HookSpec;
 use crate::handler::Signals;
 use crate::notices::Notices;
 
+/// The next [`LoadedHook`]'s version number.
+static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+
 pub(crate) mod handover;
 pub mod history;
 mod queue;
@@ -65,12 +68,16 @@ pub struct LoadedHook {
     /// A reload tried newer files of this hook and could not load them: a worker refused for
     /// changed files does not ask for another reload of the same files.
     newer_failed: AtomicBool,
+    /// This version's number, unique in the process: stamped on the jobs it queues, so the
+    /// version that pops them checks its patterns only against jobs another one queued.
+    version: u64,
 }
 
 impl LoadedHook {
     /// This version of the hook, as its worker pops the queue it may have taken over.
     pub fn version(&self) -> queue::Version<'_> {
         queue::Version {
+            id: self.version,
             hook: &self.spec.name,
             patterns: &self.spec.patterns,
         }
@@ -150,6 +157,7 @@ impl LoadedHook {
             notices,
             reloader: OnceLock::new(),
             newer_failed: AtomicBool::new(false),
+            version: NEXT_VERSION.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -174,12 +182,16 @@ impl LoadedHook {
     }
 
     /// Queues `job`, counting and logging drops. Returns false when the job was refused.
-    pub fn enqueue(&self, job: Job) -> bool {
+    pub fn enqueue(&self, mut job: Job) -> bool {
+        job.queued_for = self.version;
         self.account(self.queue.push(job))
     }
 
     /// Queues several jobs under one lock; returns, per job, whether it was accepted.
-    pub fn enqueue_many(&self, jobs: Vec<Job>) -> Vec<bool> {
+    pub fn enqueue_many(&self, mut jobs: Vec<Job>) -> Vec<bool> {
+        for job in &mut jobs {
+            job.queued_for = self.version;
+        }
         self.queue
             .push_many(jobs)
             .into_iter()

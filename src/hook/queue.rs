@@ -57,6 +57,9 @@ pub struct Job {
     /// A fleet lease holder's bound on starting it (issue 48): once shut, the job is never
     /// started and its waiter is told so ([`Job::refuse`]).
     pub gate: Option<Arc<crate::start_gate::StartGate>>,
+    /// The version of the hook that queued it (set by [`crate::hook::LoadedHook::enqueue`];
+    /// 0 until then): that version matched it; another checks its own patterns ([`Version`]).
+    pub queued_for: u64,
 }
 
 impl Job {
@@ -138,6 +141,8 @@ pub enum Pushed {
 
 /// The version of the hook that pops the queue: its name and patterns.
 pub struct Version<'a> {
+    /// Its number ([`Job::queued_for`] of the jobs it queued itself).
+    pub id: u64,
     /// The hook's name, for logs.
     pub hook: &'a str,
     /// The patterns of the version popping.
@@ -162,7 +167,7 @@ impl QueueState {
                 job.refuse();
                 continue;
             }
-            if version.patterns.matches(&job.event).is_none() {
+            if job.queued_for != version.id && version.patterns.matches(&job.event).is_none() {
                 job.unmatched(version.hook, dropped);
                 continue;
             }
@@ -405,6 +410,7 @@ mod tests {
             context: Arc::new(crate::handler::context::Context::new(serde_json::json!({}))),
             reply: awaited.then_some(tx),
             gate: None,
+            queued_for: 0,
         };
         (job, awaited.then_some(rx))
     }
@@ -436,6 +442,7 @@ mod tests {
         assert!(matches!(q.push(late), Pushed::Refused(_)));
         let any = crate::pattern::PatternSet::new(&["*".to_string()]).expect("a pattern");
         let version = Version {
+            id: 1,
             hook: "h",
             patterns: &any,
         };
@@ -458,6 +465,7 @@ mod tests {
         }
         let only_f = crate::pattern::PatternSet::new(&["f".to_string()]).expect("a pattern");
         let version = Version {
+            id: 1,
             hook: "h",
             patterns: &only_f,
         };

@@ -435,6 +435,7 @@ impl Host {
                 context: context.clone(),
                 reply: None,
                 gate: None,
+                queued_for: 0,
             };
             if hook.enqueue(job) {
                 queued += 1;
@@ -504,6 +505,7 @@ impl Host {
                         context: context.clone(),
                         reply: None,
                         gate: None,
+                        queued_for: 0,
                     },
                 ));
             }
@@ -567,6 +569,7 @@ impl Host {
                         context: context.clone(),
                         reply: Some(tx),
                         gate: None,
+                        queued_for: 0,
                     };
                     let boost = hook.signals().boost.boost();
                     hook.enqueue(job);
@@ -611,6 +614,7 @@ impl Host {
                 context: Arc::new(context),
                 reply: Some(tx),
                 gate,
+                queued_for: 0,
             });
             (rx, boost)
         };
