@@ -858,12 +858,7 @@ fn nemesis_regression_seeds() {
             servers.first()
         };
         let Some(bin) = bin else { continue };
-        let drawn = if *drawn == "all" {
-            FAULTS
-        } else {
-            DEFAULT_FAULTS
-        };
-        let drawn: Vec<String> = drawn.iter().map(|f| f.to_string()).collect();
+        let drawn: Vec<String> = drawn.split(',').map(str::to_string).collect();
         if let Err(e) = run(bin, *seed, &drawn, steps()) {
             failed.push(e);
         }
