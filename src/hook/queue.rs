@@ -58,7 +58,7 @@ pub struct Job {
     /// started and its waiter is told so ([`Job::refuse`]).
     pub gate: Option<Arc<crate::start_gate::StartGate>>,
     /// The version of the hook that queued it (set by [`crate::hook::LoadedHook::enqueue`];
-    /// 0 until then): that version matched it; another checks its own patterns ([`Version`]).
+    /// 0 until then): that version matched it; another checks its own patterns (`Version`).
     pub queued_for: u64,
 }
 
