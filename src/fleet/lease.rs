@@ -35,14 +35,15 @@ pub fn gate_margin(ttl: Duration) -> Duration {
     (ttl / 5).max(Duration::from_millis(100))
 }
 
-/// The stream of the key-value bucket `name`, in the broker's memory, one value per key. Made
-/// here as a key-value bucket's is: async-nats's own `create_key_value` first reads the account
-/// info, which it cannot parse from a 2.9 server.
-pub fn memory_bucket(
-    cfg: &FleetConfig,
-    name: &str,
-    description: &str,
-) -> jetstream::stream::Config {
+/// The stream of the key-value bucket `name`, one value per key, on file storage: a lease, a
+/// holder's marks and the versions outlive a broker restart (issue 56: a bucket in the broker's
+/// memory was emptied by a restart while its old holder still ran what it held, so another
+/// worker took the lease at once and two holders ran the hook; the marks of what a killed
+/// holder had started went with it). A bucket an older release made in memory stays there
+/// until the broker's next restart, which empties it; the first worker to open it then makes
+/// it on file. Made here as a key-value bucket's is: async-nats's own `create_key_value` first
+/// reads the account info, which it cannot parse from a 2.9 server.
+pub fn kv_stream(cfg: &FleetConfig, name: &str, description: &str) -> jetstream::stream::Config {
     jetstream::stream::Config {
         name: format!("KV_{name}"),
         description: Some(description.into()),
@@ -50,7 +51,7 @@ pub fn memory_bucket(
         max_messages_per_subject: 1,
         max_bytes: -1,
         max_message_size: -1,
-        storage: jetstream::stream::StorageType::Memory,
+        storage: jetstream::stream::StorageType::File,
         allow_rollup: true,
         deny_delete: true,
         allow_direct: true,
@@ -69,7 +70,7 @@ pub async fn bucket(
     let name = cfg.lease_bucket();
     let config = jetstream::stream::Config {
         max_age: ttl.max(Duration::from_secs(1)),
-        ..memory_bucket(
+        ..kv_stream(
             cfg,
             &name,
             "hermes-hooks: which worker pulls each ordered hook",
@@ -217,7 +218,7 @@ pub async fn read_note(store: &kv::Store, key: &str) -> Option<bytes::Bytes> {
 pub struct Lease {
     lost: watch::Receiver<bool>,
     gate: Arc<StartGate>,
-    /// The renewal found the bucket gone: the broker restarted (the bucket lives in memory),
+    /// The renewal found the bucket gone: the broker restarted (a bucket an older release made in memory),
     /// and with it every pull request this worker had open.
     bucket_gone: Arc<std::sync::atomic::AtomicBool>,
     renew: tokio::task::JoinHandle<()>,
@@ -241,8 +242,8 @@ impl Lease {
         let vanished = entry.is_none();
         let margin = gate_margin(ttl);
         let sent = monotonic_ns();
-        // Bounded: on nats-server 2.9 a write to a bucket a broker restart emptied (it lives in
-        // memory) is not refused but times out after 10 s; the caller makes the bucket again.
+        // Bounded: on nats-server 2.9 a write to a bucket a broker restart emptied (one an older
+        // release made in memory) is not refused but times out after 10 s; the caller makes the bucket again.
         let quick = (ttl / 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
         let created = tokio::time::timeout(quick, store.create(key, holder.to_string().into()))
             .await

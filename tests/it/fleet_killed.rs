@@ -161,3 +161,133 @@ fn a_holder_whose_marks_are_refused_says_so_once_and_runs_every_event() {
         "100 events, one per message, took {took:?}"
     );
 }
+
+/// Issue 56: the lease and the marks of what a holder may have started live in file-stored
+/// buckets, so a broker restart keeps both. The broker restarted while the holder runs an event
+/// on its last allowed delivery (`retries: 0`): the holder keeps its lease (no other worker
+/// takes it, the holder does not lose it); then the holder is SIGKILLed in that event, and the
+/// next holder finds its mark: the event is dead-lettered "killed?", not run again as if never
+/// started. With the buckets in the broker's memory (before), the restart emptied them: the
+/// lease moved at once (two holders while the old one still ran its event) and the mark was
+/// gone, so the killed event ran again on the other worker.
+#[testenv::needs(nats)]
+#[test]
+fn a_broker_restart_keeps_the_lease_and_the_marks_of_what_a_holder_started() {
+    for bin in nats_servers() {
+        restart_keeps_on(bin);
+    }
+}
+
+fn restart_keeps_on(bin: PathBuf) {
+    let what = bin.display().to_string();
+    let mut nats = NatsServer::start_bin(bin, &[], "");
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "kb", r#"["agent:step"]"#, "retries: 0\n");
+    let opts = [
+        "--ack-wait",
+        "8",
+        "--retry-backoff-ms",
+        "50",
+        "--status-interval-ms",
+        "100",
+    ];
+    let mut workers = [
+        Some(worker_with(&hooks, &nats, "wa", &opts)),
+        Some(worker_with(&hooks, &nats, "wb", &opts)),
+    ];
+    let edge = edge_serving(&hooks, &nats.url(), &[], &["kb"], &["wa", "wb"]);
+    let n = 8u64;
+    let (status, v) = post_batch(&edge, 0..n, json!({"pause": 5.0}));
+    assert_eq!(status, 202, "{v}");
+    let paused = hooks.out().join("kb.paused");
+    let first = poll(Duration::from_secs(60), "event 0 started", || {
+        read_jsonl(&paused).into_iter().find(|r| r["n"] == 0)
+    });
+    let holder = first["w"].as_str().unwrap_or_default().to_string();
+    let victim = usize::from(holder != "wa");
+    let standby = if victim == 0 { "wb" } else { "wa" };
+    // Restarted cleanly (its consumer state on disk: the delivery counts hold) and quickly,
+    // well within the lease's time to live (7.2 s): the holder's next renewal reaches it.
+    nats.stop();
+    nats.restart();
+    let back = crate::util::epoch_secs();
+    // The next event started after the restart (up to 5 s later: the holder renewed its lease
+    // meanwhile, every 1.8 s), and the holder killed in it.
+    let started = poll(
+        Duration::from_secs(30),
+        "an event started after the restart",
+        || {
+            read_jsonl(&paused)
+                .into_iter()
+                .find(|r| r["t"].as_f64().is_some_and(|t| t > back))
+        },
+    );
+    let k = started["n"].as_u64().unwrap_or(u64::MAX);
+    let log = workers[victim]
+        .as_ref()
+        .map(|w| w.log())
+        .unwrap_or_default();
+    if let Some(mut w) = workers[victim].take() {
+        w.sigkill();
+    }
+    assert_eq!(
+        started["w"],
+        holder.as_str(),
+        "{what}: the holder went on after the restart: {started}"
+    );
+    let done: HashSet<u64> = records(&hooks, "kb")
+        .iter()
+        .filter_map(|r| r["n"].as_u64())
+        .collect();
+    assert!(
+        !done.contains(&k),
+        "{what}: killed in event {k}, before its end"
+    );
+    assert!(
+        !log.contains("lease lost") && !log.contains("not renewed in time"),
+        "{what}: the holder kept its lease through the restart: {log}"
+    );
+    let other = workers[1 - victim]
+        .as_ref()
+        .map(|w| w.log())
+        .unwrap_or_default();
+    let (ran, dead) = poll(Duration::from_secs(90), "every event run or dead", || {
+        let ran: Vec<Value> = records(&hooks, "kb")
+            .into_iter()
+            .filter(|r| r["w"] == standby)
+            .collect();
+        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kb"]);
+        let dead: Vec<Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let mut have: HashSet<u64> = (0..k).collect();
+        have.extend(ran.iter().filter_map(|r| r["n"].as_u64()));
+        have.extend(
+            dead.iter()
+                .filter_map(|d| d["envelope"]["context"]["n"].as_u64()),
+        );
+        (have.len() as u64 >= n).then_some((ran, dead))
+    });
+    let dead_ns: Vec<u64> = dead
+        .iter()
+        .filter_map(|d| d["envelope"]["context"]["n"].as_u64())
+        .collect();
+    let ran_ns: Vec<u64> = ran.iter().filter_map(|r| r["n"].as_u64()).collect();
+    eprintln!("{what}: killed in event {k}; dead-lettered {dead_ns:?}; the other ran {ran_ns:?}");
+    assert!(
+        !other.contains("lease taken"),
+        "{what}: the standby took the lease while the holder lived: {other}"
+    );
+    assert_eq!(
+        dead_ns,
+        [k],
+        "{what}: the event it was killed in, dead-lettered"
+    );
+    let why = dead[0]["error"].as_str().unwrap_or_default();
+    assert!(why.contains("killed?"), "{what}: {why}");
+    assert!(
+        !ran_ns.contains(&k),
+        "{what}: the event the holder may have started ran again: {ran_ns:?}"
+    );
+}

@@ -1,5 +1,6 @@
-//! Issue 48, the 2.9 restart stall: the lease bucket is kept in memory, so a broker restart
-//! empties it; the holder's renewal fails, it stands down and takes the lease again. On
+//! Issue 48, the 2.9 restart stall: the broker down for longer than the lease lives (the lease
+//! bucket was kept in memory then, so any restart emptied it; it is on disk since issue 56);
+//! the holder's renewal fails, it stands down and takes the lease again. On
 //! nats-server 2.9 the first try after the restart took 10 s to fail (11.15 s without a start
 //! here before the fix, 0.6 s on 2.15), and then what the holder had been delivered waited for
 //! its ack wait (2.3 s here): the lease's writes are now bounded and the bucket made again,
@@ -36,8 +37,7 @@ fn restart_on(bin: PathBuf) {
     let (status, v) = post_batch(&edge, 0..300, json!({"pause": 0.01}));
     assert_eq!(status, 202, "{v}");
     wait_records(&hooks, "back", 30, 60);
-    // Killed for longer than the lease lives (the stream and the consumer are on disk; the
-    // lease bucket is in memory).
+    // Killed for longer than the lease lives: it has run out when the broker is back.
     nats.kill();
     std::thread::sleep(Duration::from_secs(3));
     nats.restart();

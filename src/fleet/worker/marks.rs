@@ -107,7 +107,7 @@ impl Run {
             m.span = Some((from, to));
             m.written = Some(std::time::Instant::now());
         } else {
-            // The bucket is gone (a restarted broker lost it with its memory) or does not
+            // The bucket is gone (a restarted broker lost one made in memory) or does not
             // answer: made again after RETRY_BUCKET, not waited for by every event meanwhile
             // (the nemesis's seed 2756418703060561171: a second per event after a broker
             // restart, for the rest of the run).

@@ -737,7 +737,7 @@ pub(super) async fn consume(
         if s.ordered() && lease.is_none() && !handed_over {
             r.stand_down(&leases).await;
             if held {
-                // Lost: the bucket may be gone with a broker restart (it lives in memory); it
+                // Lost: the bucket may be gone with a broker restart (made in memory); it
                 // is made again before the next try (issue 48: 2.9 otherwise stalled 10 s).
                 leases = None;
             }
