@@ -166,3 +166,83 @@ fn pause_on(bin: PathBuf, whole_tree: bool, exec: bool) {
         "{what}: the old holder says it stood down: {log}"
     );
 }
+
+/// Issue 56, found by the nemesis (seed 3128294535162591552 on 2.15: an unordered hook's event
+/// neither run nor dead-lettered): a delivery a worker gives up unstarted (it was frozen past
+/// the ack wait, or lost the broker, and leaves what its pulls had buffered to the broker) is
+/// no attempt, yet the broker counts it. An unordered hook's consumer stopped delivering an
+/// event after its allowed deliveries plus one, so an event whose deliveries were all given up
+/// like that stayed in the stream for good: never run, never dead-lettered. Now the consumer
+/// delivers without a limit and the worker decides: a delivery past the allowed ones is
+/// dead-lettered with its reason, before it runs. An unordered hook (`concurrency: 2`,
+/// `retries: 0`), its worker's process tree frozen past the ack wait three times while its
+/// pulls hold events it has not started: every event runs or is dead-lettered.
+#[testenv::needs(nats)]
+#[test]
+fn an_unordered_hooks_deliveries_given_up_unstarted_never_strand_an_event() {
+    for bin in nats_servers() {
+        stranded_on(bin);
+    }
+}
+
+fn stranded_on(bin: PathBuf) {
+    let what = bin.display().to_string();
+    let nats = NatsServer::start_bin(bin, &[], "");
+    let hooks = Hooks::new();
+    recording_hook(
+        &hooks,
+        "un",
+        r#"["agent:step"]"#,
+        "concurrency: 2\nretries: 0\n",
+    );
+    let w = worker(&hooks, &nats, "wa");
+    let edge = edge_serving(
+        &hooks,
+        &nats.url(),
+        &["--fleet-bundle", "1"],
+        &["un"],
+        &["wa"],
+    );
+    let n = 30u64;
+    let (status, v) = post_batch(&edge, 0..n, json!({"pause": 0.4}));
+    assert_eq!(status, 202, "{v}");
+    wait_records(&hooks, "un", 2, 60);
+    for _ in 0..3 {
+        // Frozen for longer than the ack wait (2 s): what the pulls hold comes back to the
+        // broker, which counts a delivery for each.
+        let pids = tree(w.child.id());
+        for p in &pids {
+            signal(*p, libc::SIGSTOP);
+        }
+        std::thread::sleep(Duration::from_millis(2600));
+        for p in tree(w.child.id()).iter().chain(&pids) {
+            signal(*p, libc::SIGCONT);
+        }
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let (ran, dead) = poll(Duration::from_secs(60), "every event run or dead", || {
+        let ran: std::collections::HashSet<u64> = records(&hooks, "un")
+            .iter()
+            .filter_map(|r| r["n"].as_u64())
+            .collect();
+        let (_, out) = crate::fleet::dead_cmd(&nats, &["list", "--json", "--hook", "un"]);
+        let dead: Vec<Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let dead_ns: std::collections::HashSet<u64> = dead
+            .iter()
+            .filter_map(|d| d["envelope"]["context"]["n"].as_u64())
+            .collect();
+        ((0..n).all(|i| ran.contains(&i) || dead_ns.contains(&i))).then_some((ran, dead))
+    });
+    eprintln!(
+        "{what}: {} of {n} ran, {} dead-lettered",
+        ran.len(),
+        dead.len()
+    );
+    for d in &dead {
+        let why = d["error"].as_str().unwrap_or_default();
+        assert!(!why.is_empty(), "{what}: a dead letter says why: {d}");
+    }
+}

@@ -110,11 +110,15 @@ pub(super) async fn ensure_consumer(
             jetstream::consumer::AckPolicy::Explicit
         },
         ack_wait: consumer_wait(sh, s, None),
-        // One more than allowed: the extra one is the dead letter of a worker killed during
-        // the last allowed delivery. An ordered hook's has none: a hand-over to another version
-        // costs the messages it gives back a delivery that is no attempt, and the worker counts
-        // the attempts ([`super::handover`]).
-        max_deliver: if s.ordered() { -1 } else { s.max_deliver + 1 },
+        // No limit at the broker: the worker decides what a delivery past the allowed ones
+        // becomes (a dead letter with its reason, before it runs: [`super::feed`]), so an event
+        // leaves the stream only by running or as a dead letter. A limit at the broker counted
+        // deliveries that were no attempt (a worker frozen past the ack wait or cut off from
+        // the broker leaves what its pulls had buffered unstarted; a hand-over to another
+        // version gives messages back) and then stopped delivering the event for good: never
+        // run, never dead-lettered (issue 56, the nemesis's seed 3128294535162591552 on 2.15).
+        // An ordered hook's worker also counts the attempts itself ([`super::handover`]).
+        max_deliver: -1,
         max_ack_pending: s.window as i64,
         ..Default::default()
     };

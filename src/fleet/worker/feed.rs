@@ -232,11 +232,13 @@ impl Run {
         };
         let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
         if d.delivered > s.max_deliver {
-            // Its last allowed delivery went to a worker that stopped before finishing it.
+            // Its last allowed delivery went to a worker that stopped before finishing it, or
+            // was given up unstarted (a worker frozen past the ack wait, or cut off from the
+            // broker): the broker counts every delivery, and delivers without a limit.
             self.running.push(Box::pin(async move {
                 let error = format!(
-                    "the worker running the last allowed delivery ({} of {}) stopped before it finished (killed?)",
-                    s.max_deliver, s.max_deliver
+                    "delivered {} times, {} allowed: the worker with the last allowed delivery stopped, froze or lost the broker before it finished (killed?)",
+                    d.delivered, s.max_deliver
                 );
                 let delivered = d.delivered - 1;
                 dead_letter(&sh, &s, &counters, d, delivered, error).await;
