@@ -445,7 +445,8 @@ fn ack_waits_on(bin: PathBuf) {
 /// times (0.7 to 1.3 s) while 1500 events of an ordered Python hook flow, then continued. The old code put
 /// back what the handler had not started ("events the handler never started go back to the
 /// front of the queue") and a later acknowledgement passed them: a run of events neither ran
-/// nor was dead-lettered. Every event runs or is dead-lettered.
+/// nor was dead-lettered. Every event runs or is dead-lettered. (A guard: it passes on f1c304d
+/// too; the driver's form is the ignored test below.)
 #[testenv::needs(nats)]
 #[test]
 fn a_holder_frozen_just_under_its_lease_loses_nothing() {
@@ -492,5 +493,121 @@ fn frozen_under_lease_on(bin: PathBuf) {
         bin.display(),
         ran.len(),
         dead.len()
+    );
+}
+
+/// Row 1 as the driver ran it: the lease holder's process tree frozen (SIGSTOP) a little under
+/// its lease, four times (3.0 to 4.45 s at `--ack-wait 5`: the lease lives 4.5 s) while 3000
+/// events of an ordered Python hook arrive, 27 to a request (a bundle each) every 100 ms, then
+/// continued. The calls waiting in the Python worker's pipe expire meanwhile and are put back
+/// ("events the handler never started go back to the front of the queue"), the lease kept or
+/// lost. Every event must run or be dead-lettered. Ignored: it fails on main too, now and then.
+#[testenv::needs(nats)]
+#[test]
+#[ignore = "issue 56 row 1 is not fixed: runs of bundles posted around the first freeze neither run nor are dead-lettered (events 729-863, 756-863 twice, 810-863), on f1c304d in 3 of 10 runs (2 of 7 on 2.9, 1 of 3 on 2.15) and on main in 1 of 16 (1 of 14 on 2.9), with the machine busy; run with `cargo test --test it fleet_owed::a_holder_frozen_just_under_a_longer -- --ignored --nocapture`"]
+fn a_holder_frozen_just_under_a_longer_lease_while_events_arrive_loses_nothing() {
+    for bin in nats_servers() {
+        frozen_while_events_arrive_on(bin);
+    }
+}
+
+fn frozen_while_events_arrive_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "roll", r#"["agent:step"]"#, "");
+    let opts = [
+        "--ack-wait",
+        "5",
+        "--retry-backoff-ms",
+        "50",
+        "--status-interval-ms",
+        "100",
+    ];
+    let a = worker_with(&hooks, &nats, "wa", &opts);
+    let b = worker_with(&hooks, &nats, "wb", &opts);
+    let edge = crate::fleet::edge_serving(&hooks, &nats.url(), &[], &["roll"], &["wa", "wb"]);
+    let n = 3000u64;
+    let freezes = [3000u64, 3500, 4000, 4450];
+    let every = n as usize / (freezes.len() + 1);
+    // The events each post answered `buffered` (the edge's buffer, not yet the broker's).
+    let buffered = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let (edge, buffered) = (&edge, &buffered);
+        scope.spawn(move || {
+            for from in (0..n).step_by(27) {
+                let to = (from + 27).min(n);
+                let (status, v) =
+                    crate::fleet::post_batch(edge, from..to, serde_json::json!({"pause": 0.004}));
+                assert_eq!(status, 202, "{v}");
+                if v["state"] != "stored" {
+                    buffered
+                        .lock()
+                        .unwrap()
+                        .push((from, to, v["state"].clone()));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        for (k, frozen) in freezes.into_iter().enumerate() {
+            let recs = crate::fleet::wait_records(&hooks, "roll", (k + 1) * every, 60);
+            let holder = recs.last().and_then(|r| r["w"].as_str()).unwrap_or("wa");
+            let victim = if holder == "wa" { &a } else { &b };
+            let pids = tree(victim.child.id());
+            for p in &pids {
+                signal(*p, libc::SIGSTOP);
+            }
+            // The fault's duration.
+            std::thread::sleep(Duration::from_millis(frozen));
+            for p in tree(victim.child.id()).iter().chain(&pids) {
+                signal(*p, libc::SIGCONT);
+            }
+        }
+    });
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ran_or_dead(&nats, &[&hooks], n, Duration::from_secs(60))
+    }));
+    let put_backs = |s: &crate::util::Serve| s.log().matches("never started go back").count();
+    let (ran, dead) = match got {
+        Ok(r) => r,
+        Err(e) => {
+            let (_, v) = edge.get("/v1/hooks/roll");
+            eprintln!(
+                "{}: fleet {}; posts not answered stored: {:?}",
+                bin.display(),
+                v["fleet"],
+                buffered.lock().unwrap()
+            );
+            let recs = starts(&[&hooks], "roll");
+            let have: HashSet<u64> = recs.iter().filter_map(|r| r["n"].as_u64()).collect();
+            if let (Some(lo), Some(hi)) = (
+                (0..n).find(|i| !have.contains(i)),
+                (0..n).rev().find(|i| !have.contains(i)),
+            ) {
+                for r in recs.iter().filter(|r| {
+                    r["n"].as_u64().is_some_and(|x| {
+                        x + 30 >= lo && x <= hi + 30 && (x % 27 == 0 || x % 27 == 26)
+                    })
+                }) {
+                    eprintln!("near the gap: {r}");
+                }
+            }
+            for (w, s) in [("wa", &a), ("wb", &b)] {
+                for l in s.log().lines().filter(|l| {
+                    l.contains("never started go back")
+                        || l.contains("lease")
+                        || l.contains("stood down")
+                }) {
+                    eprintln!("{w}: {l}");
+                }
+            }
+            std::panic::resume_unwind(e)
+        }
+    };
+    eprintln!(
+        "{}: {} starts, {} dead-lettered; unstarted events put back {} times",
+        bin.display(),
+        ran.len(),
+        dead.len(),
+        put_backs(&a) + put_backs(&b)
     );
 }
