@@ -210,18 +210,22 @@ fn killed_in_hold_on(bin: PathBuf) {
 
 /// Row 6: a rolling update by restart: `w1`, the last worker with `[roll:a, roll:b]`, begins its
 /// stop (it retires its version: runs the `roll:b` events in the stream first) and is SIGKILLed
-/// 3 s into that drain, for good. Every `roll:b` ran on it or is dead-lettered by `w2` with a
-/// reason (the old code counted hundreds `mismatched` and ran or dead-lettered none of them);
-/// none runs on `w2`'s version.
+/// 3 s into that drain; then, as the update goes on, it comes back with the new version
+/// `[roll:a, roll:c]` and the same id (and once it does not come back: killed for good). Every
+/// `roll:b` ran on it before the kill or is dead-lettered with a reason; none runs on the new
+/// version. (f1c304d: the restarted `w1` had forgotten its old version and acknowledged the
+/// `roll:b` events left as `skipped`, 30 of 75 on 2.9 and 2.15; killed for good, it passed.)
 #[testenv::needs(nats)]
 #[test]
 fn a_worker_killed_during_its_retirement_leaves_dead_letters_not_gaps() {
     for bin in nats_servers() {
-        killed_in_retirement_on(bin);
+        killed_in_retirement_on(bin.clone(), false);
+        killed_in_retirement_on(bin, true);
     }
 }
 
-fn killed_in_retirement_on(bin: PathBuf) {
+/// `restarted`: `w1` comes back with the new version after the kill.
+fn killed_in_retirement_on(bin: PathBuf, restarted: bool) {
     let nats = NatsServer::start_bin(bin.clone(), &[], "");
     let RollPair {
         one,
@@ -243,15 +247,53 @@ fn killed_in_retirement_on(bin: PathBuf) {
     w1.begin_stop();
     std::thread::sleep(Duration::from_secs(3));
     crash(&mut w1);
-    let (ran, dead) = ran_or_dead(&nats, &[&one, &two], 55, Duration::from_secs(90));
-    let b = bin.display();
-    for r in &ran {
+    let killed = crate::util::epoch_secs();
+    let _w1 = restarted.then(|| {
+        set_events(&one, r#"["roll:a", "roll:c"]"#);
+        worker_with(&one, &nats, "w1", OPTS)
+    });
+    let n = names.len() as u64;
+    let (ran, dead) = ran_or_dead(&nats, &[&one, &two], n, Duration::from_secs(90));
+    let b = format!(
+        "{}{}",
+        bin.display(),
+        if restarted { " (w1 restarted)" } else { "" }
+    );
+    assert_owed_settled(&b, &names, (&ran, &dead), killed);
+    assert_ran_and_dead_were_redelivered(&b, &ran, &dead);
+    assert!(!dead.is_empty(), "{b}: the kill left roll:b events undone");
+    let fleet = poll(Duration::from_secs(10), "the fleet's counters", || {
+        fleet_hook(&edge, "roll").filter(|v| v["fleet"]["skipped"].is_u64())
+    });
+    assert_eq!(
+        fleet["fleet"]["skipped"], 0,
+        "{b}: none skipped: {}",
+        fleet["fleet"]
+    );
+    eprintln!(
+        "{b}: {} ran, {} dead-lettered after the kill",
+        ran.len(),
+        dead.len()
+    );
+}
+
+/// Each `roll:b` of `names` that ran, ran on `w1`'s old version (before `until`, when `w1` with
+/// it went away); only `roll:b` events are dead-lettered, each with a reason.
+fn assert_owed_settled(
+    b: &str,
+    names: &[&str],
+    (ran, dead): (&[Value], &HashMap<u64, Value>),
+    until: f64,
+) {
+    for r in ran {
         if r["event"] == "roll:b" {
-            assert_eq!(r["w"], "w1", "{b}: roll:b only on the old version: {r}");
+            assert!(
+                r["w"] == "w1" && r["t"].as_f64() < Some(until),
+                "{b}: roll:b only on the old version: {r}"
+            );
         }
     }
-    assert!(!dead.is_empty(), "{b}: the kill left roll:b events undone");
-    for (n, letter) in &dead {
+    for (n, letter) in dead {
         assert_eq!(
             names[*n as usize], "roll:b",
             "{b}: only roll:b dead: {letter}"
@@ -262,9 +304,79 @@ fn killed_in_retirement_on(bin: PathBuf) {
             "{b}: the dead letter of {n} says why: {why}"
         );
     }
-    assert_ran_and_dead_were_redelivered(&b.to_string(), &ran, &dead);
+}
+
+/// Row 7: a rolling update swapping an ordered hook's pattern, the standby first: `w2` runs
+/// `[roll:a, roll:c]` and stands by; `w1`, the last with `[roll:a, roll:b]`, holds the lease and
+/// is stopped while far more `roll:b` events wait in the stream (600, with `roll:c` runs between
+/// them: the lease goes back and forth) than its `--retire-drain 10` lets it run. Its drain ends
+/// at the deadline and it exits; the update goes on: it comes back with the new version and the
+/// same id. Every `roll:b` ran on the old version or is dead-lettered with a reason naming it;
+/// none runs on the new version, none is skipped. (f1c304d: the restarted `w1` had forgotten the
+/// old version and skipped the 480 `roll:b` events left, on 2.9 and 2.15.)
+#[testenv::needs(nats)]
+#[test]
+fn a_retirement_past_its_deadline_then_a_restart_leaves_no_gaps() {
+    for bin in nats_servers() {
+        retired_past_deadline_on(bin);
+    }
+}
+
+fn retired_past_deadline_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let RollPair {
+        one,
+        two,
+        mut w1,
+        w2: _w2,
+        edge,
+    } = roll_pair_with(
+        &nats,
+        r#"["roll:a", "roll:b"]"#,
+        r#"["roll:a", "roll:c"]"#,
+        ("", &["--retire-drain", "10"]),
+    );
+    let mut names = Vec::new();
+    for _ in 0..15 {
+        post_paused_runs(&edge, &mut names, &[("roll:b", 40), ("roll:c", 5)], 0.02);
+    }
+    w1.begin_stop();
+    let b = bin.display().to_string();
+    assert_eq!(
+        w1.wait_exit(Duration::from_secs(40)),
+        Some(0),
+        "{b}: w1 stopped cleanly"
+    );
+    assert!(
+        w1.log().contains(
+            "did not settle what the stream held when the stop began within --retire-drain"
+        ),
+        "{b}: w1 said its deadline passed"
+    );
+    let exited = crate::util::epoch_secs();
+    set_events(&one, r#"["roll:a", "roll:c"]"#);
+    let _w1 = worker_with(&one, &nats, "w1", OPTS);
+    let n = names.len() as u64;
+    let (ran, dead) = ran_or_dead(&nats, &[&one, &two], n, Duration::from_secs(60));
+    assert_owed_settled(&b, &names, (&ran, &dead), exited);
+    for letter in dead.values() {
+        let why = letter["error"].as_str().unwrap_or("");
+        assert!(
+            why.contains(r#"["roll:a", "roll:b"]"#),
+            "{b}: the reason names the retired version: {why}"
+        );
+    }
+    assert!(!dead.is_empty(), "{b}: the deadline left roll:b events");
+    let fleet = poll(Duration::from_secs(10), "the fleet's counters", || {
+        fleet_hook(&edge, "roll").filter(|v| v["fleet"]["skipped"].is_u64())
+    });
+    assert_eq!(
+        fleet["fleet"]["skipped"], 0,
+        "{b}: none skipped: {}",
+        fleet["fleet"]
+    );
     eprintln!(
-        "{b}: {} ran, {} dead-lettered after the kill",
+        "{b}: {} ran, {} dead-lettered past the deadline",
         ran.len(),
         dead.len()
     );
@@ -333,7 +445,8 @@ fn ack_waits_on(bin: PathBuf) {
 /// times (0.7 to 1.3 s) while 1500 events of an ordered Python hook flow, then continued. The old code put
 /// back what the handler had not started ("events the handler never started go back to the
 /// front of the queue") and a later acknowledgement passed them: a run of events neither ran
-/// nor was dead-lettered. Every event runs or is dead-lettered.
+/// nor was dead-lettered. Every event runs or is dead-lettered. (A guard: it passes on f1c304d
+/// too; the driver's form is the ignored test below.)
 #[testenv::needs(nats)]
 #[test]
 fn a_holder_frozen_just_under_its_lease_loses_nothing() {
@@ -380,5 +493,121 @@ fn frozen_under_lease_on(bin: PathBuf) {
         bin.display(),
         ran.len(),
         dead.len()
+    );
+}
+
+/// Row 1 as the driver ran it: the lease holder's process tree frozen (SIGSTOP) a little under
+/// its lease, four times (3.0 to 4.45 s at `--ack-wait 5`: the lease lives 4.5 s) while 3000
+/// events of an ordered Python hook arrive, 27 to a request (a bundle each) every 100 ms, then
+/// continued. The calls waiting in the Python worker's pipe expire meanwhile and are put back
+/// ("events the handler never started go back to the front of the queue"), the lease kept or
+/// lost. Every event must run or be dead-lettered. Ignored: it fails on main too, now and then.
+#[testenv::needs(nats)]
+#[test]
+#[ignore = "issue 56 row 1 is not fixed: whole bundles posted around the first freeze neither run nor are dead-lettered (events 729-863, 756-863 twice, 810-863), on f1c304d in 3 of 10 runs (2.9 and 2.15) and on main in 1 of 16 (2.9) with the machine busy, and in 2 of 4 (2.9 and 2.15) with 8 freezes and 6000 events; on 2.9 the worker counted as many events already_done (acknowledged unrun on a redelivery) as were lost. Run with `cargo test --test it fleet_owed::a_holder_frozen_just_under_a_longer -- --ignored --nocapture`"]
+fn a_holder_frozen_just_under_a_longer_lease_while_events_arrive_loses_nothing() {
+    for bin in nats_servers() {
+        frozen_while_events_arrive_on(bin);
+    }
+}
+
+fn frozen_while_events_arrive_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let hooks = Hooks::new();
+    recording_hook(&hooks, "roll", r#"["agent:step"]"#, "");
+    let opts = [
+        "--ack-wait",
+        "5",
+        "--retry-backoff-ms",
+        "50",
+        "--status-interval-ms",
+        "100",
+    ];
+    let a = worker_with(&hooks, &nats, "wa", &opts);
+    let b = worker_with(&hooks, &nats, "wb", &opts);
+    let edge = crate::fleet::edge_serving(&hooks, &nats.url(), &[], &["roll"], &["wa", "wb"]);
+    let n = 3000u64;
+    let freezes = [3000u64, 3500, 4000, 4450];
+    let every = n as usize / (freezes.len() + 1);
+    // The events each post answered `buffered` (the edge's buffer, not yet the broker's).
+    let buffered = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let (edge, buffered) = (&edge, &buffered);
+        scope.spawn(move || {
+            for from in (0..n).step_by(27) {
+                let to = (from + 27).min(n);
+                let (status, v) =
+                    crate::fleet::post_batch(edge, from..to, serde_json::json!({"pause": 0.004}));
+                assert_eq!(status, 202, "{v}");
+                if v["state"] != "stored" {
+                    buffered
+                        .lock()
+                        .unwrap()
+                        .push((from, to, v["state"].clone()));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        for (k, frozen) in freezes.into_iter().enumerate() {
+            let recs = crate::fleet::wait_records(&hooks, "roll", (k + 1) * every, 60);
+            let holder = recs.last().and_then(|r| r["w"].as_str()).unwrap_or("wa");
+            let victim = if holder == "wa" { &a } else { &b };
+            let pids = tree(victim.child.id());
+            for p in &pids {
+                signal(*p, libc::SIGSTOP);
+            }
+            // The fault's duration.
+            std::thread::sleep(Duration::from_millis(frozen));
+            for p in tree(victim.child.id()).iter().chain(&pids) {
+                signal(*p, libc::SIGCONT);
+            }
+        }
+    });
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ran_or_dead(&nats, &[&hooks], n, Duration::from_secs(60))
+    }));
+    let put_backs = |s: &crate::util::Serve| s.log().matches("never started go back").count();
+    let (ran, dead) = match got {
+        Ok(r) => r,
+        Err(e) => {
+            let (_, v) = edge.get("/v1/hooks/roll");
+            eprintln!(
+                "{}: fleet {}; posts not answered stored: {:?}",
+                bin.display(),
+                v["fleet"],
+                buffered.lock().unwrap()
+            );
+            let recs = starts(&[&hooks], "roll");
+            let have: HashSet<u64> = recs.iter().filter_map(|r| r["n"].as_u64()).collect();
+            if let (Some(lo), Some(hi)) = (
+                (0..n).find(|i| !have.contains(i)),
+                (0..n).rev().find(|i| !have.contains(i)),
+            ) {
+                for r in recs.iter().filter(|r| {
+                    r["n"].as_u64().is_some_and(|x| {
+                        x + 30 >= lo && x <= hi + 30 && (x % 27 == 0 || x % 27 == 26)
+                    })
+                }) {
+                    eprintln!("near the gap: {r}");
+                }
+            }
+            for (w, s) in [("wa", &a), ("wb", &b)] {
+                for l in s.log().lines().filter(|l| {
+                    l.contains("never started go back")
+                        || l.contains("lease")
+                        || l.contains("stood down")
+                }) {
+                    eprintln!("{w}: {l}");
+                }
+            }
+            std::panic::resume_unwind(e)
+        }
+    };
+    eprintln!(
+        "{}: {} starts, {} dead-lettered; unstarted events put back {} times",
+        bin.display(),
+        ran.len(),
+        dead.len(),
+        put_backs(&a) + put_backs(&b)
     );
 }

@@ -12,9 +12,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-/// Path of the binary under test.
+/// Path of the binary under test: this build's, or the one `HERMES_HOOKS_TEST_BIN` names (say
+/// an older commit's build, to see a test fail on the code before a fix:
+/// `HERMES_HOOKS_TEST_BIN=/old/target/debug/hermes-hooks cargo test --test it NAME`; the flags
+/// a test passes must exist in that build).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_hermes-hooks")
+    static BIN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| match std::env::var("HERMES_HOOKS_TEST_BIN") {
+        Ok(p) if !p.is_empty() => p.leak(),
+        _ => env!("CARGO_BIN_EXE_hermes-hooks"),
+    })
 }
 
 /// True once `pid` has exited (gone, or a zombie waiting for its reaper: dead either way).
