@@ -21,12 +21,14 @@ Standard library only, CPython 3.9+.
 import array
 import atexit
 import locale
+import mmap
 import os
 import re
 import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -36,6 +38,7 @@ _PYTHON = re.compile(r"python[0-9.]*\Z")
 _START_TIMEOUT = 30.0
 _PER_KEY = 4  # servers at most per interpreter (calls at once beyond it run as processes)
 _INT_SIZE = array.array("i").itemsize
+_STATUS = 8  # the status page's record: a pid, then its wait status (32 bits each)
 
 _lock = threading.Lock()
 _env = (None, None)  # the environment last seen (its bytes), and its key
@@ -204,13 +207,24 @@ class _Server:
         finally:
             theirs.close()
         self.sock = ours
+        self.page = None
         try:
             ours.settimeout(_START_TIMEOUT)
-            hello = ours.recv(256)
+            hello, ancillary, _, _ = ours.recvmsg(256, socket.CMSG_SPACE(_INT_SIZE))
             ours.settimeout(None)
         except OSError as exc:
             self.close()
             raise _Unusable("no answer (%s)" % exc) from None
+        fd = _received_fd(ancillary)
+        if fd is not None:
+            # The page where a script's fork writes its exit status before its end (None:
+            # the server's wait status, after its end, is waited for).
+            try:
+                self.page = mmap.mmap(fd, _STATUS)
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(fd)
         if not hello.startswith(b"ok "):
             self.close()
             raise _Unusable(hello.decode("utf-8", "replace") or "it exited")
@@ -230,6 +244,8 @@ class _Server:
 
     def close(self):
         self.sock.close()
+        if self.page is not None:
+            self.page.close()
         if self.proc.poll() is None:
             self.proc.kill()
         try:
@@ -342,6 +358,8 @@ def _call(server, plan, data, timeout, argv):
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    if server.page is not None:
+        server.page[0:_STATUS] = bytes(_STATUS)  # no status yet
     try:
         request = b"\0".join(os.fsencode(x) for x in [plan.where, plan.script] + plan.args)
         server.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -413,6 +431,15 @@ class _Child:
         if fd is not None:
             os.close(fd)
 
+    def reported(self):
+        """Takes the exit status the script wrote before its end, when it did (read once its
+        stdout and stderr ended: it writes it before it lets go of them)."""
+        page = self.server.page
+        if page is None or self.pid is None or self.code is not None:
+            return
+        if int.from_bytes(page[0:4], sys.byteorder) == self.pid:
+            self.code = os.waitstatus_to_exitcode(int.from_bytes(page[4:8], sys.byteorder))
+
     def wait_for(self, done, remaining):
         """Reads messages until `done()`; socket.timeout after `remaining` seconds."""
         self.server.sock.settimeout(remaining)
@@ -439,8 +466,10 @@ class _Child:
 
 def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
     """subprocess's communicate(): the input written while both outputs are read to their
-    end, then the child's exit waited for, all within the deadline (else it is killed and
-    TimeoutExpired raised, as subprocess.run does). None: the server did not run it."""
+    end, then the child's exit status taken (from the status page when the script wrote it
+    there, else the fork server's message after its end), all within the deadline (else it is
+    killed and TimeoutExpired raised, as subprocess.run does). None: the server did not run
+    it."""
     chunks = {out_r: [], err_r: []}
     control = child.server.sock.fileno()
     poller = select.poll()
@@ -485,6 +514,7 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
                     else:
                         poller.unregister(fd)
                         open_fds.discard(fd)
+        child.reported()
         try:
             child.wait_for(child.ended, max(deadline - time.monotonic(), 0.0))
         except socket.timeout:

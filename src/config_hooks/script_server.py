@@ -8,8 +8,11 @@ It imports next to nothing, then forks a spare child that reads a request from t
 stdin, stdout and stderr). The spare tells the server, changes to the directory, reads the
 script, tells the runner its pid (with a pidfd), drops what the server added to the
 interpreter and runs the script as `__main__` as a fresh `python3 script.py` would; the server
-forks the next spare and says the script's wait status when it has ended. One request at a time; the runner starts another server when it needs two at
-once.
+forks the next spare and says the script's wait status when it has ended. A script that ends
+by itself (its last line, `sys.exit`, an exception) writes its exit status in a page shared
+with the runner before its process ends, then lets go of its stdio: the runner has its answer
+without waiting for the end of the process (unmapping the fork: about a millisecond). One
+request at a time; the runner starts another server when it needs two at once.
 
 Standard library only, CPython 3.9+. It must never print: its stdout is /dev/null, its stderr
 the hook's log.
@@ -25,10 +28,11 @@ import _signal  # noqa: E402  (C modules: `socket`, `signal` would import much m
 import _socket  # noqa: E402
 import atexit as _atexit  # noqa: E402
 import gc as _gc  # noqa: E402
+import mmap as _mmap  # noqa: E402
 import warnings as _warnings  # noqa: E402
 
 # This server's own: dropped from sys.modules in a fork (unless a fresh start has them).
-_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "warnings")) - _FRESH
+_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "mmap", "warnings")) - _FRESH
 
 # What the scripts commonly import, imported once here so that a fork finds them loaded: pure
 # imports whose only trace is their entry in sys.modules (under `-v` or `-X importtime`, which
@@ -38,6 +42,7 @@ _OWN = frozenset(("_signal", "_socket", "atexit", "gc", "warnings")) - _FRESH
 _PRELOAD = ("json",)
 
 _INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
+_STATUS = 8  # the status page's record: the script's pid, then its wait status (32 bits each)
 _MAX_REQUEST = 1 << 20
 
 
@@ -239,7 +244,9 @@ def _stdio(fd, name, old, write, unbuffered):
 def _become(job):
     """In the child: the process a fresh `python3 SCRIPT ARGS` would be, up to its first
     line of code."""
+    global _ME
     fds, sock, script, filename, source, code, argv = job
+    _ME = os.getpid()
     for target, fd in enumerate(fds):
         if fd != target:
             os.dup2(fd, target)
@@ -356,7 +363,33 @@ def _end(code, interrupted=False):
     if interrupted:
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.kill(os.getpid(), _signal.SIGINT)
+    else:
+        _report_exit((code if ok else 120) << 8)
     os._exit(code if ok else 120)
+
+
+def _report_exit(status):
+    """The script's wait status told to the runner before the process ends, so that its end
+    (unmapping a copy of this interpreter: about a millisecond) is not on the call's way: the
+    status written in the page shared with the runner, then the script's stdin, stdout and
+    stderr let go of (/dev/null in their place), which the runner reads as their end and the
+    moment to read the page. Nothing the script can see is left to happen: what a fresh
+    interpreter does before its exit is done (its threads joined, its atexit functions run,
+    stdio flushed); a daemon thread, which a fresh interpreter stops before its last flush,
+    writes to /dev/null from here. Not told by a process the script forked (that one is not
+    the runner's child), nor without a page: the runner then waits for the server's wait
+    status (as it does when the script died of a signal or called `os._exit`)."""
+    if _PAGE is None or _ME != os.getpid():
+        return
+    try:
+        _PAGE[4:8] = status.to_bytes(4, sys.byteorder)
+        _PAGE[0:4] = _ME.to_bytes(4, sys.byteorder)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, OverflowError):
+        pass
 
 
 def _forget_file(main):
@@ -379,9 +412,25 @@ def _report(exc, tb, code):
         sys.__excepthook__(type(exc), exc, tb)
 
 
+def _status_page():
+    """(a memfd, the page it maps) for the scripts' exit statuses, shared with the runner (it
+    is sent the memfd) and inherited by every fork; (None, None) where there is no memfd."""
+    try:
+        fd = os.memfd_create("hermes-hooks-script-status", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None, None
+    try:
+        os.ftruncate(fd, _mmap.PAGESIZE)
+        return fd, _mmap.mmap(fd, _mmap.PAGESIZE)
+    except (OSError, ValueError):
+        os.close(fd)
+        return None, None
+
+
 def _start():
-    """Checks the interpreter, preloads, says ok: (the control socket, whether sys.path[0] is
-    the script's directory, the modules a fork keeps)."""
+    """Checks the interpreter, preloads, says ok (with the status page's memfd): (the control
+    socket, whether sys.path[0] is the script's directory, the modules a fork keeps, the status
+    page)."""
     why = _unsupported()
     # The control socket is this server's stdin: moved off 0, which becomes /dev/null (a
     # script's stdin is put there).
@@ -405,12 +454,18 @@ def _start():
     # -P / PYTHONSAFEPATH (or -I) left it out.
     here = os.path.dirname(os.path.realpath(__file__))
     path0 = 0 if sys.path and sys.path[0] == here else None
-    sock.sendall(b"ok %d.%d" % sys.version_info[:2])
-    return sock, path0, loaded
+    fd, page = _status_page()
+    rights = [] if fd is None else [
+        (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd.to_bytes(_INT, sys.byteorder))]
+    sock.sendmsg([b"ok %d.%d" % sys.version_info[:2]], rights)
+    if fd is not None:
+        os.close(fd)
+    return sock, path0, loaded, page
 
 
 if __name__ == "__main__":
-    _SOCK, _PATH0, _LOADED = _start()
+    _ME = None  # in a fork that runs a script: its pid
+    _SOCK, _PATH0, _LOADED, _PAGE = _start()
     try:
         _JOB = _serve(_SOCK)
     except OSError:  # the runner went away
