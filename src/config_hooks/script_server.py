@@ -144,6 +144,55 @@ def _prepare(sock, chan):
     _close([int(n) for n in listed if int(n) not in keep])
     for name in [n for n in sys.modules if n not in _FRESH and n not in _LOADED]:
         del sys.modules[name]
+    _rehearse()
+
+
+def _rehearse():
+    """In a spare, before its request: what `_become` and `_end` will do that does not depend
+    on the request, done once on objects thrown away (stdio on /dev/null, a path resolved, a
+    module made) and the server's garbage collected, then everything frozen. A fork writes
+    to a page of the server's memory only once (copying it: about 4 us a page on the test
+    machine), so that the copies are made here, while nobody waits, and the script's own
+    collections at its end go through the script's objects only. Nothing of it is left for
+    the script to see."""
+    _exercise(1)
+    _gc.collect()
+    _gc.freeze()
+
+
+def _exercise(times):
+    """What `_become`, a JSON gate and `_end` run, on objects thrown away: stdio on /dev/null
+    (read to its end, written and flushed), a path resolved, a module made, JSON decoded and
+    encoded, regular expressions compiled (by the compiler itself: `re`'s cache untouched) and
+    searched. Nothing of it is left for a script to see."""
+    json = sys.modules.get("json")
+    compiler = sys.modules.get("re._compiler") or sys.modules.get("sre_compile")
+    unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for _ in range(times):
+            _stdio(null, "<exercise>", sys.__stdin__, False, unbuffered).read()
+            for old in (sys.__stdout__, sys.__stderr__):
+                out = _stdio(null, "<exercise>", old, True, unbuffered)
+                print("exercise", file=out)
+                out.flush()
+            os.path.dirname(os.path.realpath(__file__))
+            type(sys)("__main__").__dict__.update(__builtins__=sys.modules["builtins"])
+            sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", __file__)
+            if json is not None:
+                json.loads(json.dumps({"tool_name": "terminal", "tool_input": {"command": "ls"},
+                                       "n": [1, 2.5, None, True, "\u00e9"]}))
+            if compiler is not None:
+                for pattern in (r"\brm\s+-[a-z]*r[a-z]*f", r"(?i)^git\s+push\s+.*--force\b",
+                                r">\s*/dev/sd[a-z]|\bmkfs\.(\w+)$"):
+                    compiler.compile(pattern, 0).search("ls -la /tmp && echo ok")
+    except Exception:  # noqa: S110 (an exercise only)
+        pass
+    finally:
+        os.close(null)
 
 
 def _request(data):
@@ -446,6 +495,10 @@ def _start():
             __import__(name)
         except Exception:  # noqa: S110 (not preloaded: the script imports it itself)
             pass
+    # The code run for each script, run here first: the interpreter specializes a function's
+    # code after its first few calls, writing to it, which each fork would otherwise do (and
+    # copy those pages) again.
+    _exercise(12)
     loaded = frozenset(sys.modules) - _OWN
     # What is loaded now stays, out of the collector's way: a fork's collections and its end
     # then touch (and copy) none of it.
