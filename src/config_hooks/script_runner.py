@@ -70,8 +70,23 @@ class _Plan:
         self.script = script
         self.args = args
         # A server stands for exactly this start: the same interpreter, found the same way,
-        # with the same environment (and directory, when a wrapper may choose by it).
-        self.key = (tuple(launch), executable, _environment(), where if shim else None)
+        # with the same environment (and directory, when a wrapper may choose by it), at the
+        # same CPU priority.
+        self.key = (tuple(launch), executable, _environment(), where if shim else None,
+                    _priority())
+
+
+def _priority():
+    """The calling thread's scheduling policy and nice value, which a process it starts
+    inherits (and so does every fork of a server it starts): the service runs a decision's
+    hook in the normal class and the other events' at its workers' (by default `SCHED_IDLE`
+    at nice +10), so that a decision's script runs from a server started for decisions, as a
+    process of its own would, never from one started idle for an observer's event (it could
+    not be raised: an unprivileged process cannot leave `SCHED_IDLE`)."""
+    try:
+        return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        return None
 
 
 def _environment():

@@ -94,6 +94,7 @@ SCRIPTS = {
     "leaves_a_process.py": ("import subprocess, sys\n"
                             "subprocess.Popen([sys.executable, '-c', 'import time; "
                             "time.sleep(0.3); print(\"late\")'])\nprint('script done')\n"),
+    "priority.py": "import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n",
     "echo.py": "import sys\nsys.stdout.write(sys.stdin.read())\n",
     "big.py": ("import sys\nfor i in range(20000):\n    sys.stdout.write('o' * 99 + '\\n')\n"
                "    sys.stderr.write('e' * 99 + '\\n')\n"),
@@ -264,6 +265,31 @@ class Scripts(unittest.TestCase):
             with open(target) as f:
                 self.assertEqual(f.read(), "kept")
             os.unlink(target)
+
+    def test_the_priority_of_the_calling_thread(self):
+        """A script runs at the scheduling policy and nice value of the thread that runs it, as
+        a process started by that thread would: the service raises a decision's hook to the
+        normal class and leaves other events' at SCHED_IDLE, nice +10 (a server started at one
+        priority does not run the scripts of the other)."""
+        import threading
+        seen = {}
+
+        def lowered(name, lower):
+            lower()
+            seen[name] = [self.both([self.path("priority.py", sub)])[2] for sub in (False, True)]
+
+        self.both([self.path("priority.py")])  # a server at this thread's priority first
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        for name, lower in (
+                ("nice", lambda: os.setpriority(os.PRIO_PROCESS, 0, nice + 3)),
+                ("idle", lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)))):
+            thread = threading.Thread(target=lowered, args=(name, lower))
+            thread.start()
+            thread.join()
+        self.assertEqual(seen["nice"][0], "%d %d\n" % (os.SCHED_OTHER, nice + 3))
+        self.assertTrue(seen["idle"][1].startswith("%d " % os.SCHED_IDLE), seen)
+        self.assertEqual(self.both([self.path("priority.py")])[2],
+                         "%d %d\n" % (os.SCHED_OTHER, nice))
 
     def test_stdin_and_large_output(self):
         """Stdin read to its end (large too), large stdout and stderr at once (no deadlock), a
