@@ -457,6 +457,8 @@ class _Child:
 
     def wait_for(self, done, remaining):
         """Reads messages until `done()`; socket.timeout after `remaining` seconds."""
+        if done():
+            return
         self.server.sock.settimeout(remaining)
         try:
             while not done():
@@ -484,13 +486,15 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
     end, then the child's exit status taken (from the status page when the script wrote it
     there, else the fork server's message after its end), all within the deadline (else it is
     killed and TimeoutExpired raised, as subprocess.run does). None: the server did not run
-    it."""
+    it.
+
+    The server's messages (the child's pid, or that it does not run it) are read once the
+    outputs have ended, not as they come: they are sent before the script starts (a spare
+    that does not run it closes the outputs first), and the call is one wake-up shorter."""
     chunks = {out_r: [], err_r: []}
-    control = child.server.sock.fileno()
     poller = select.poll()
     for fd in chunks:
         poller.register(fd, select.POLLIN)
-    poller.register(control, select.POLLIN)
     view, offset = memoryview(data), 0
     if data:
         os.set_blocking(in_w, False)
@@ -500,18 +504,12 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
         in_w = None
     open_fds = set(chunks)
     try:
-        while open_fds or in_w is not None or not child.started():
+        while open_fds or in_w is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return _expire(child, chunks, out_r, err_r, argv, timeout)
             for fd, _ in poller.poll(remaining * 1000):
-                if fd == control:
-                    child.take()
-                    if child.refused:
-                        return None
-                    if child.ended():
-                        poller.unregister(control)
-                elif fd == in_w:
+                if fd == in_w:
                     try:
                         offset += os.write(in_w, view[offset:offset + 65536])
                     except BlockingIOError:
@@ -529,9 +527,13 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
                     else:
                         poller.unregister(fd)
                         open_fds.discard(fd)
-        child.reported()
         try:
-            child.wait_for(child.ended, max(deadline - time.monotonic(), 0.0))
+            # (At least a millisecond: a timeout of 0 would make the socket non-blocking.)
+            child.wait_for(child.started, max(deadline - time.monotonic(), 0.001))
+            if child.refused:
+                return None
+            child.reported()
+            child.wait_for(child.ended, max(deadline - time.monotonic(), 0.001))
         except socket.timeout:
             return _expire(child, chunks, out_r, err_r, argv, timeout)
     finally:
