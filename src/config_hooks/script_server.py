@@ -29,10 +29,11 @@ import _socket  # noqa: E402
 import atexit as _atexit  # noqa: E402
 import gc as _gc  # noqa: E402
 import mmap as _mmap  # noqa: E402
+import select as _select  # noqa: E402
 import warnings as _warnings  # noqa: E402
 
 # This server's own: dropped from sys.modules in a fork (unless a fresh start has them).
-_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "mmap", "warnings")) - _FRESH
+_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "mmap", "select", "warnings")) - _FRESH
 
 # What the scripts commonly import, imported once here so that a fork finds them loaded: pure
 # imports whose only trace is their entry in sys.modules (under `-v` or `-X importtime`, which
@@ -42,6 +43,9 @@ _OWN = frozenset(("_signal", "_socket", "atexit", "gc", "mmap", "warnings")) - _
 _PRELOAD = ("json",)
 
 _INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
+# How long a spare waits for a request before it rehearses (`_rehearse`), in ms: calls back to
+# back (a benchmark's loop) come sooner, and the CPU is then better left to the running script.
+_REHEARSE_AFTER_MS = 4
 _STATUS = 8  # the status page's record: the script's pid, then its wait status (32 bits each)
 _MAX_REQUEST = 1 << 20
 
@@ -144,27 +148,34 @@ def _prepare(sock, chan):
     _close([int(n) for n in listed if int(n) not in keep])
     for name in [n for n in sys.modules if n not in _FRESH and n not in _LOADED]:
         del sys.modules[name]
-    _rehearse()
 
 
-def _rehearse():
-    """In a spare, before its request: what `_become` and `_end` will do that does not depend
-    on the request, done once on objects thrown away (stdio on /dev/null, a path resolved, a
-    module made) and the server's garbage collected, then everything frozen. A fork writes
-    to a page of the server's memory only once (copying it: about 4 us a page on the test
-    machine), so that the copies are made here, while nobody waits, and the script's own
-    collections at its end go through the script's objects only. Nothing of it is left for
-    the script to see."""
-    _exercise(1)
+def _rehearse(sock):
+    """In a spare that has had no request for a few ms: the server's garbage collected and
+    everything frozen, then what `_become`, a JSON gate and `_end` will do that does not
+    depend on the request, done once on objects thrown away (`_exercise`), step by step until
+    a request comes. A fork writes to a page of the server's memory only once (copying it:
+    about 4 us a page on the test machine): those copies are made here, while nobody waits,
+    and the script's own collections at its end go through the script's objects only (a
+    collection of everything was 0.4 ms of a call). Not when requests come back to back: the
+    spare is forked as the previous script starts, and the rehearsal would take the CPU from
+    it. Nothing of it is left for the script to see."""
+    poller = _select.poll()
+    poller.register(sock.fileno(), _select.POLLIN)
+    if poller.poll(_REHEARSE_AFTER_MS):
+        return
     _gc.collect()
+    _gc.freeze()
+    _exercise(1, lambda: bool(poller.poll(0)))
     _gc.freeze()
 
 
-def _exercise(times):
+def _exercise(times, stop=None):
     """What `_become`, a JSON gate and `_end` run, on objects thrown away: stdio on /dev/null
     (read to its end, written and flushed), a path resolved, a module made, JSON decoded and
     encoded, regular expressions compiled (by the compiler itself: `re`'s cache untouched) and
-    searched. Nothing of it is left for a script to see."""
+    searched; between steps, an end when `stop()` says so. Nothing of it is left for a script
+    to see."""
     json = sys.modules.get("json")
     compiler = sys.modules.get("re._compiler") or sys.modules.get("sre_compile")
     unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
@@ -179,12 +190,16 @@ def _exercise(times):
                 out = _stdio(null, "<exercise>", old, True, unbuffered)
                 print("exercise", file=out)
                 out.flush()
+            if stop and stop():
+                return
             os.path.dirname(os.path.realpath(__file__))
             type(sys)("__main__").__dict__.update(__builtins__=sys.modules["builtins"])
             sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", __file__)
             if json is not None:
                 json.loads(json.dumps({"tool_name": "terminal", "tool_input": {"command": "ls"},
                                        "n": [1, 2.5, None, True, "\u00e9"]}))
+            if stop and stop():
+                return
             if compiler is not None:
                 for pattern in (r"\brm\s+-[a-z]*r[a-z]*f", r"(?i)^git\s+push\s+.*--force\b",
                                 r">\s*/dev/sd[a-z]|\bmkfs\.(\w+)$"):
@@ -228,9 +243,11 @@ def _precompile(data, compiled):
 
 
 def _take_job(sock, chan, compiled):
-    """In a spare: reads its request from the runner, tells the server, then does what the interpreter does before the
-    script's first line (its directory, its file, its code), and tells the runner its pid. A
-    request it cannot do exactly is sent back ("fallback"): the runner starts a process."""
+    """In a spare: reads its request from the runner (rehearsing while none comes), tells the
+    server, then does what the interpreter does before the script's first line (its directory,
+    its file, its code), and tells the runner its pid. A request it cannot do exactly is sent
+    back ("fallback"): the runner starts a process."""
+    _rehearse(sock)
     try:
         data, ancillary, flags, _ = sock.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(3 * _INT))
     except OSError:
