@@ -43,6 +43,7 @@ _STATUS = 8  # the status page's record: a pid, then its wait status (32 bits ea
 _lock = threading.Lock()
 _env = (None, None)  # the environment last seen (its bytes), and its key
 _heads = {}  # path -> (its stat, what the first bytes of the file said)
+_path = (None, None)  # PATH last seen, and its directories
 _idle = {}  # key -> [_Server]
 _busy = {}  # key -> count
 _refused = {}  # key -> why the server could not start (said once)
@@ -131,13 +132,23 @@ def _executable(path):
         return False
 
 
+def _exec_path():
+    """`os.get_exec_path()`, made again only when PATH changed (it is a function of PATH alone
+    for `os.environ`, and sets up a warnings filter each time: a tenth of a call's own work)."""
+    global _path
+    value = os.environ.get("PATH")
+    if _path[0] != value or _path[1] is None:
+        _path = (value, os.get_exec_path())
+    return _path[1]
+
+
 def _lookup(name, where):
     """The file `subprocess` would start for `name` (the first executable of PATH, or the path
     itself, relative to `where`); None when unsure or none."""
     if "/" in name:
         path = name if name.startswith("/") else os.path.join(where, name)
         return (path, name) if _executable(path) else None
-    for d in os.get_exec_path():
+    for d in _exec_path():
         if not d.startswith("/"):
             return None  # relative to the child's directory: not worth matching
         path = os.path.join(d, name)
