@@ -44,8 +44,11 @@ _PRELOAD = ("json",)
 
 _INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
 # How long a spare waits for a request before it rehearses (`_rehearse`), in ms: calls back to
-# back (a benchmark's loop) come sooner, and the CPU is then better left to the running script.
-_REHEARSE_AFTER_MS = 4
+# back (a benchmark's loop: one every 3-6 ms through the service on the test machine) come
+# sooner, and the CPU is then better left to the running script and the spare free for the
+# next request (its first step, a collection, cannot stop halfway); an agent's tool calls come
+# seconds apart.
+_REHEARSE_AFTER_MS = 20
 _STATUS = 8  # the status page's record: the script's pid, then its wait status (32 bits each)
 _MAX_REQUEST = 1 << 20
 
@@ -151,7 +154,7 @@ def _prepare(sock, chan):
 
 
 def _rehearse(sock):
-    """In a spare that has had no request for a few ms: the server's garbage collected and
+    """In a spare that has had no request for 20 ms: the server's garbage collected and
     everything frozen, then what `_become`, a JSON gate and `_end` will do that does not
     depend on the request, done once on objects thrown away (`_exercise`), step by step until
     a request comes. A fork writes to a page of the server's memory only once (copying it:
