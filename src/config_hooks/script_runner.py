@@ -21,12 +21,14 @@ Standard library only, CPython 3.9+.
 import array
 import atexit
 import locale
+import mmap
 import os
 import re
 import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -36,10 +38,12 @@ _PYTHON = re.compile(r"python[0-9.]*\Z")
 _START_TIMEOUT = 30.0
 _PER_KEY = 4  # servers at most per interpreter (calls at once beyond it run as processes)
 _INT_SIZE = array.array("i").itemsize
+_STATUS = 8  # the status page's record: a pid, then its wait status (32 bits each)
 
 _lock = threading.Lock()
 _env = (None, None)  # the environment last seen (its bytes), and its key
 _heads = {}  # path -> (its stat, what the first bytes of the file said)
+_path = (None, None)  # PATH last seen, and its directories
 _idle = {}  # key -> [_Server]
 _busy = {}  # key -> count
 _refused = {}  # key -> why the server could not start (said once)
@@ -67,8 +71,23 @@ class _Plan:
         self.script = script
         self.args = args
         # A server stands for exactly this start: the same interpreter, found the same way,
-        # with the same environment (and directory, when a wrapper may choose by it).
-        self.key = (tuple(launch), executable, _environment(), where if shim else None)
+        # with the same environment (and directory, when a wrapper may choose by it), at the
+        # same CPU priority.
+        self.key = (tuple(launch), executable, _environment(), where if shim else None,
+                    _priority())
+
+
+def _priority():
+    """The calling thread's scheduling policy and nice value, which a process it starts
+    inherits (and so does every fork of a server it starts): the service runs a decision's
+    hook in the normal class and the other events' at its workers' (by default `SCHED_IDLE`
+    at nice +10), so that a decision's script runs from a server started for decisions, as a
+    process of its own would, never from one started idle for an observer's event (it could
+    not be raised: an unprivileged process cannot leave `SCHED_IDLE`)."""
+    try:
+        return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        return None
 
 
 def _environment():
@@ -113,13 +132,23 @@ def _executable(path):
         return False
 
 
+def _exec_path():
+    """`os.get_exec_path()`, made again only when PATH changed (it is a function of PATH alone
+    for `os.environ`, and sets up a warnings filter each time: a tenth of a call's own work)."""
+    global _path
+    value = os.environ.get("PATH")
+    if _path[0] != value or _path[1] is None:
+        _path = (value, os.get_exec_path())
+    return _path[1]
+
+
 def _lookup(name, where):
     """The file `subprocess` would start for `name` (the first executable of PATH, or the path
     itself, relative to `where`); None when unsure or none."""
     if "/" in name:
         path = name if name.startswith("/") else os.path.join(where, name)
         return (path, name) if _executable(path) else None
-    for d in os.get_exec_path():
+    for d in _exec_path():
         if not d.startswith("/"):
             return None  # relative to the child's directory: not worth matching
         path = os.path.join(d, name)
@@ -204,13 +233,24 @@ class _Server:
         finally:
             theirs.close()
         self.sock = ours
+        self.page = None
         try:
             ours.settimeout(_START_TIMEOUT)
-            hello = ours.recv(256)
+            hello, ancillary, _, _ = ours.recvmsg(256, socket.CMSG_SPACE(_INT_SIZE))
             ours.settimeout(None)
         except OSError as exc:
             self.close()
             raise _Unusable("no answer (%s)" % exc) from None
+        fd = _received_fd(ancillary)
+        if fd is not None:
+            # The page where a script's fork writes its exit status before its end (None:
+            # the server's wait status, after its end, is waited for).
+            try:
+                self.page = mmap.mmap(fd, _STATUS)
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(fd)
         if not hello.startswith(b"ok "):
             self.close()
             raise _Unusable(hello.decode("utf-8", "replace") or "it exited")
@@ -230,6 +270,8 @@ class _Server:
 
     def close(self):
         self.sock.close()
+        if self.page is not None:
+            self.page.close()
         if self.proc.poll() is None:
             self.proc.kill()
         try:
@@ -342,6 +384,8 @@ def _call(server, plan, data, timeout, argv):
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    if server.page is not None:
+        server.page[0:_STATUS] = bytes(_STATUS)  # no status yet
     try:
         request = b"\0".join(os.fsencode(x) for x in [plan.where, plan.script] + plan.args)
         server.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -413,8 +457,19 @@ class _Child:
         if fd is not None:
             os.close(fd)
 
+    def reported(self):
+        """Takes the exit status the script wrote before its end, when it did (read once its
+        stdout and stderr ended: it writes it before it lets go of them)."""
+        page = self.server.page
+        if page is None or self.pid is None or self.code is not None:
+            return
+        if int.from_bytes(page[0:4], sys.byteorder) == self.pid:
+            self.code = os.waitstatus_to_exitcode(int.from_bytes(page[4:8], sys.byteorder))
+
     def wait_for(self, done, remaining):
         """Reads messages until `done()`; socket.timeout after `remaining` seconds."""
+        if done():
+            return
         self.server.sock.settimeout(remaining)
         try:
             while not done():
@@ -439,14 +494,18 @@ class _Child:
 
 def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
     """subprocess's communicate(): the input written while both outputs are read to their
-    end, then the child's exit waited for, all within the deadline (else it is killed and
-    TimeoutExpired raised, as subprocess.run does). None: the server did not run it."""
+    end, then the child's exit status taken (from the status page when the script wrote it
+    there, else the fork server's message after its end), all within the deadline (else it is
+    killed and TimeoutExpired raised, as subprocess.run does). None: the server did not run
+    it.
+
+    The server's messages (the child's pid, or that it does not run it) are read once the
+    outputs have ended, not as they come: they are sent before the script starts (a spare
+    that does not run it closes the outputs first), and the call is one wake-up shorter."""
     chunks = {out_r: [], err_r: []}
-    control = child.server.sock.fileno()
     poller = select.poll()
     for fd in chunks:
         poller.register(fd, select.POLLIN)
-    poller.register(control, select.POLLIN)
     view, offset = memoryview(data), 0
     if data:
         os.set_blocking(in_w, False)
@@ -456,18 +515,12 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
         in_w = None
     open_fds = set(chunks)
     try:
-        while open_fds or in_w is not None or not child.started():
+        while open_fds or in_w is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return _expire(child, chunks, out_r, err_r, argv, timeout)
             for fd, _ in poller.poll(remaining * 1000):
-                if fd == control:
-                    child.take()
-                    if child.refused:
-                        return None
-                    if child.ended():
-                        poller.unregister(control)
-                elif fd == in_w:
+                if fd == in_w:
                     try:
                         offset += os.write(in_w, view[offset:offset + 65536])
                     except BlockingIOError:
@@ -486,7 +539,12 @@ def _exchange(child, data, in_w, out_r, err_r, deadline, argv, timeout):
                         poller.unregister(fd)
                         open_fds.discard(fd)
         try:
-            child.wait_for(child.ended, max(deadline - time.monotonic(), 0.0))
+            # (At least a millisecond: a timeout of 0 would make the socket non-blocking.)
+            child.wait_for(child.started, max(deadline - time.monotonic(), 0.001))
+            if child.refused:
+                return None
+            child.reported()
+            child.wait_for(child.ended, max(deadline - time.monotonic(), 0.001))
         except socket.timeout:
             return _expire(child, chunks, out_r, err_r, argv, timeout)
     finally:

@@ -8,8 +8,11 @@ It imports next to nothing, then forks a spare child that reads a request from t
 stdin, stdout and stderr). The spare tells the server, changes to the directory, reads the
 script, tells the runner its pid (with a pidfd), drops what the server added to the
 interpreter and runs the script as `__main__` as a fresh `python3 script.py` would; the server
-forks the next spare and says the script's wait status when it has ended. One request at a time; the runner starts another server when it needs two at
-once.
+forks the next spare and says the script's wait status when it has ended. A script that ends
+by itself (its last line, `sys.exit`, an exception) writes its exit status in a page shared
+with the runner before its process ends, then lets go of its stdio: the runner has its answer
+without waiting for the end of the process (unmapping the fork: about a millisecond). One
+request at a time; the runner starts another server when it needs two at once.
 
 Standard library only, CPython 3.9+. It must never print: its stdout is /dev/null, its stderr
 the hook's log.
@@ -25,10 +28,12 @@ import _signal  # noqa: E402  (C modules: `socket`, `signal` would import much m
 import _socket  # noqa: E402
 import atexit as _atexit  # noqa: E402
 import gc as _gc  # noqa: E402
+import mmap as _mmap  # noqa: E402
+import select as _select  # noqa: E402
 import warnings as _warnings  # noqa: E402
 
 # This server's own: dropped from sys.modules in a fork (unless a fresh start has them).
-_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "warnings")) - _FRESH
+_OWN = frozenset(("_signal", "_socket", "atexit", "gc", "mmap", "select", "warnings")) - _FRESH
 
 # What the scripts commonly import, imported once here so that a fork finds them loaded: pure
 # imports whose only trace is their entry in sys.modules (under `-v` or `-X importtime`, which
@@ -38,6 +43,13 @@ _OWN = frozenset(("_signal", "_socket", "atexit", "gc", "warnings")) - _FRESH
 _PRELOAD = ("json",)
 
 _INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
+# How long a spare waits for a request before it rehearses (`_rehearse`), in ms: calls back to
+# back (a benchmark's loop: one every 3-6 ms through the service on the test machine) come
+# sooner, and the CPU is then better left to the running script and the spare free for the
+# next request (its first step, a collection, cannot stop halfway); an agent's tool calls come
+# seconds apart.
+_REHEARSE_AFTER_MS = 20
+_STATUS = 8  # the status page's record: the script's pid, then its wait status (32 bits each)
 _MAX_REQUEST = 1 << 20
 
 
@@ -141,6 +153,66 @@ def _prepare(sock, chan):
         del sys.modules[name]
 
 
+def _rehearse(sock):
+    """In a spare that has had no request for 20 ms: the server's garbage collected and
+    everything frozen, then what `_become`, a JSON gate and `_end` will do that does not
+    depend on the request, done once on objects thrown away (`_exercise`), step by step until
+    a request comes. A fork writes to a page of the server's memory only once (copying it:
+    about 4 us a page on the test machine): those copies are made here, while nobody waits,
+    and the script's own collections at its end go through the script's objects only (a
+    collection of everything was 0.4 ms of a call). Not when requests come back to back: the
+    spare is forked as the previous script starts, and the rehearsal would take the CPU from
+    it. Nothing of it is left for the script to see."""
+    poller = _select.poll()
+    poller.register(sock.fileno(), _select.POLLIN)
+    if poller.poll(_REHEARSE_AFTER_MS):
+        return
+    _gc.collect()
+    _gc.freeze()
+    _exercise(1, lambda: bool(poller.poll(0)))
+    _gc.freeze()
+
+
+def _exercise(times, stop=None):
+    """What `_become`, a JSON gate and `_end` run, on objects thrown away: stdio on /dev/null
+    (read to its end, written and flushed), a path resolved, a module made, JSON decoded and
+    encoded, regular expressions compiled (by the compiler itself: `re`'s cache untouched) and
+    searched; between steps, an end when `stop()` says so. Nothing of it is left for a script
+    to see."""
+    json = sys.modules.get("json")
+    compiler = sys.modules.get("re._compiler") or sys.modules.get("sre_compile")
+    unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for _ in range(times):
+            _stdio(null, "<exercise>", sys.__stdin__, False, unbuffered).read()
+            for old in (sys.__stdout__, sys.__stderr__):
+                out = _stdio(null, "<exercise>", old, True, unbuffered)
+                print("exercise", file=out)
+                out.flush()
+            if stop and stop():
+                return
+            os.path.dirname(os.path.realpath(__file__))
+            type(sys)("__main__").__dict__.update(__builtins__=sys.modules["builtins"])
+            sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", __file__)
+            if json is not None:
+                json.loads(json.dumps({"tool_name": "terminal", "tool_input": {"command": "ls"},
+                                       "n": [1, 2.5, None, True, "\u00e9"]}))
+            if stop and stop():
+                return
+            if compiler is not None:
+                for pattern in (r"\brm\s+-[a-z]*r[a-z]*f", r"(?i)^git\s+push\s+.*--force\b",
+                                r">\s*/dev/sd[a-z]|\bmkfs\.(\w+)$"):
+                    compiler.compile(pattern, 0).search("ls -la /tmp && echo ok")
+    except Exception:  # noqa: S110 (an exercise only)
+        pass
+    finally:
+        os.close(null)
+
+
 def _request(data):
     fields = [os.fsdecode(f) for f in data.split(b"\0")]
     return fields[0], fields[1], fields[2:]
@@ -174,9 +246,11 @@ def _precompile(data, compiled):
 
 
 def _take_job(sock, chan, compiled):
-    """In a spare: reads its request from the runner, tells the server, then does what the interpreter does before the
-    script's first line (its directory, its file, its code), and tells the runner its pid. A
-    request it cannot do exactly is sent back ("fallback"): the runner starts a process."""
+    """In a spare: reads its request from the runner (rehearsing while none comes), tells the
+    server, then does what the interpreter does before the script's first line (its directory,
+    its file, its code), and tells the runner its pid. A request it cannot do exactly is sent
+    back ("fallback"): the runner starts a process."""
+    _rehearse(sock)
     try:
         data, ancillary, flags, _ = sock.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(3 * _INT))
     except OSError:
@@ -239,7 +313,9 @@ def _stdio(fd, name, old, write, unbuffered):
 def _become(job):
     """In the child: the process a fresh `python3 SCRIPT ARGS` would be, up to its first
     line of code."""
+    global _ME
     fds, sock, script, filename, source, code, argv = job
+    _ME = os.getpid()
     for target, fd in enumerate(fds):
         if fd != target:
             os.dup2(fd, target)
@@ -356,7 +432,33 @@ def _end(code, interrupted=False):
     if interrupted:
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.kill(os.getpid(), _signal.SIGINT)
+    else:
+        _report_exit((code if ok else 120) << 8)
     os._exit(code if ok else 120)
+
+
+def _report_exit(status):
+    """The script's wait status told to the runner before the process ends, so that its end
+    (unmapping a copy of this interpreter: about a millisecond) is not on the call's way: the
+    status written in the page shared with the runner, then the script's stdin, stdout and
+    stderr let go of (/dev/null in their place), which the runner reads as their end and the
+    moment to read the page. Nothing the script can see is left to happen: what a fresh
+    interpreter does before its exit is done (its threads joined, its atexit functions run,
+    stdio flushed); a daemon thread, which a fresh interpreter stops before its last flush,
+    writes to /dev/null from here. Not told by a process the script forked (that one is not
+    the runner's child), nor without a page: the runner then waits for the server's wait
+    status (as it does when the script died of a signal or called `os._exit`)."""
+    if _PAGE is None or _ME != os.getpid():
+        return
+    try:
+        _PAGE[4:8] = status.to_bytes(4, sys.byteorder)
+        _PAGE[0:4] = _ME.to_bytes(4, sys.byteorder)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, OverflowError):
+        pass
 
 
 def _forget_file(main):
@@ -379,9 +481,25 @@ def _report(exc, tb, code):
         sys.__excepthook__(type(exc), exc, tb)
 
 
+def _status_page():
+    """(a memfd, the page it maps) for the scripts' exit statuses, shared with the runner (it
+    is sent the memfd) and inherited by every fork; (None, None) where there is no memfd."""
+    try:
+        fd = os.memfd_create("hermes-hooks-script-status", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None, None
+    try:
+        os.ftruncate(fd, _mmap.PAGESIZE)
+        return fd, _mmap.mmap(fd, _mmap.PAGESIZE)
+    except (OSError, ValueError):
+        os.close(fd)
+        return None, None
+
+
 def _start():
-    """Checks the interpreter, preloads, says ok: (the control socket, whether sys.path[0] is
-    the script's directory, the modules a fork keeps)."""
+    """Checks the interpreter, preloads, says ok (with the status page's memfd): (the control
+    socket, whether sys.path[0] is the script's directory, the modules a fork keeps, the status
+    page)."""
     why = _unsupported()
     # The control socket is this server's stdin: moved off 0, which becomes /dev/null (a
     # script's stdin is put there).
@@ -397,6 +515,10 @@ def _start():
             __import__(name)
         except Exception:  # noqa: S110 (not preloaded: the script imports it itself)
             pass
+    # The code run for each script, run here first: the interpreter specializes a function's
+    # code after its first few calls, writing to it, which each fork would otherwise do (and
+    # copy those pages) again.
+    _exercise(12)
     loaded = frozenset(sys.modules) - _OWN
     # What is loaded now stays, out of the collector's way: a fork's collections and its end
     # then touch (and copy) none of it.
@@ -405,12 +527,18 @@ def _start():
     # -P / PYTHONSAFEPATH (or -I) left it out.
     here = os.path.dirname(os.path.realpath(__file__))
     path0 = 0 if sys.path and sys.path[0] == here else None
-    sock.sendall(b"ok %d.%d" % sys.version_info[:2])
-    return sock, path0, loaded
+    fd, page = _status_page()
+    rights = [] if fd is None else [
+        (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd.to_bytes(_INT, sys.byteorder))]
+    sock.sendmsg([b"ok %d.%d" % sys.version_info[:2]], rights)
+    if fd is not None:
+        os.close(fd)
+    return sock, path0, loaded, page
 
 
 if __name__ == "__main__":
-    _SOCK, _PATH0, _LOADED = _start()
+    _ME = None  # in a fork that runs a script: its pid
+    _SOCK, _PATH0, _LOADED, _PAGE = _start()
     try:
         _JOB = _serve(_SOCK)
     except OSError:  # the runner went away

@@ -66,6 +66,35 @@ SCRIPTS = {
                     "    def __del__(self):\n        print('del ran')\nd = D()\n"),
     "thread.py": ("import threading, time\ndef late():\n    time.sleep(0.2)\n    print('thread')\n"
                   "threading.Thread(target=late).start()\nprint('main done')\n"),
+    # What a script leaves to its end, after its last line (its fork tells its status before
+    # it ends: all of it must have happened by then, and be as a fresh interpreter has it).
+    "atexit_late.py": ("import atexit, os, sys, time\n"
+                       "def late():\n    time.sleep(0.2)\n    os.write(1, b'raw at exit\\n')\n"
+                       "    print('buffered at exit', end='')\n"
+                       "    print('stderr at exit', file=sys.stderr)\n"
+                       "atexit.register(late)\nprint('body')\n"),
+    "thread_late.py": ("import atexit, os, sys, threading, time\n"
+                       "def late():\n    time.sleep(0.3)\n"
+                       "    os.write(2, b'raw from the thread\\n')\n"
+                       "    atexit.register(print, 'registered by the thread')\n"
+                       "    print('thread', end='')\n"
+                       "threading.Thread(target=late).start()\nsys.exit(4)\n"),
+    "thread_os_exit.py": ("import os, threading, time\n"
+                          "def late():\n    time.sleep(0.2)\n    print('bye', flush=True)\n"
+                          "    os._exit(9)\n"
+                          "threading.Thread(target=late).start()\nprint('main done')\n"),
+    "killed_hard.py": ("import os, signal, sys\nprint('x', flush=True)\n"
+                       "sys.stdout.write('never flushed')\n"
+                       "os.kill(os.getpid(), signal.SIGKILL)\n"),
+    "killed_at_exit.py": ("import atexit, os, signal\nprint('body')\n"
+                          "atexit.register(os.kill, os.getpid(), signal.SIGTERM)\n"),
+    "forks.py": ("import os, sys\nprint('before', end='')\npid = os.fork()\n"
+                 "if pid == 0:\n    print(' in the fork')\n    sys.exit(7)\n"
+                 "print('the fork ended', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"),
+    "leaves_a_process.py": ("import subprocess, sys\n"
+                            "subprocess.Popen([sys.executable, '-c', 'import time; "
+                            "time.sleep(0.3); print(\"late\")'])\nprint('script done')\n"),
+    "priority.py": "import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n",
     "echo.py": "import sys\nsys.stdout.write(sys.stdin.read())\n",
     "big.py": ("import sys\nfor i in range(20000):\n    sys.stdout.write('o' * 99 + '\\n')\n"
                "    sys.stderr.write('e' * 99 + '\\n')\n"),
@@ -206,6 +235,29 @@ class Scripts(unittest.TestCase):
         unclosed file flushed, __del__)."""
         self.both([self.path("atexit_.py")])
         self.both([self.path("thread.py")])
+        # After the last line: atexit functions that write late (raw and buffered), a thread
+        # still running (that registers an atexit function, or ends the process), a signal
+        # from an atexit function or before, a fork of the script, a process it leaves running
+        # with its stdout: the same outputs and status as a fresh interpreter's.
+        for name, code in (("atexit_late.py", 0), ("thread_late.py", 4),
+                           ("thread_os_exit.py", 9), ("killed_hard.py", -signal.SIGKILL),
+                           ("killed_at_exit.py", -signal.SIGTERM), ("forks.py", 0),
+                           ("leaves_a_process.py", 0)):
+            for sub in (False, True):
+                with self.subTest(name=name, sub=sub):
+                    self.assertEqual(self.both([self.path(name, sub)], stdin="{}")[1], code)
+        got = self.both([self.path("atexit_late.py")])
+        self.assertIn("raw at exit\n", got[2])
+        self.assertTrue(got[2].endswith("buffered at exit"), got[2])
+        self.assertEqual(got[3], "stderr at exit\n")
+        self.assertEqual(self.both([self.path("thread_late.py")])[2:4],
+                         ("threadregistered by the thread\n", "raw from the thread\n"))
+        # ("before" twice when stdout is buffered: the fork's copy of the buffer.)
+        got = self.both([self.path("forks.py")])[2]
+        self.assertIn("before in the fork\n", got)
+        self.assertTrue(got.endswith("the fork ended 7\n"), got)
+        self.assertEqual(self.both([self.path("leaves_a_process.py")])[2],
+                         "script done\nlate\n")
         for run in (self.process, script_runner.run_command):
             target = os.path.join(self.dir, "unclosed.out")
             done = run([self.path("unclosed.py"), target], "", 20, None)
@@ -213,6 +265,31 @@ class Scripts(unittest.TestCase):
             with open(target) as f:
                 self.assertEqual(f.read(), "kept")
             os.unlink(target)
+
+    def test_the_priority_of_the_calling_thread(self):
+        """A script runs at the scheduling policy and nice value of the thread that runs it, as
+        a process started by that thread would: the service raises a decision's hook to the
+        normal class and leaves other events' at SCHED_IDLE, nice +10 (a server started at one
+        priority does not run the scripts of the other)."""
+        import threading
+        seen = {}
+
+        def lowered(name, lower):
+            lower()
+            seen[name] = [self.both([self.path("priority.py", sub)])[2] for sub in (False, True)]
+
+        self.both([self.path("priority.py")])  # a server at this thread's priority first
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        for name, lower in (
+                ("nice", lambda: os.setpriority(os.PRIO_PROCESS, 0, nice + 3)),
+                ("idle", lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)))):
+            thread = threading.Thread(target=lowered, args=(name, lower))
+            thread.start()
+            thread.join()
+        self.assertEqual(seen["nice"][0], "%d %d\n" % (os.SCHED_OTHER, nice + 3))
+        self.assertTrue(seen["idle"][1].startswith("%d " % os.SCHED_IDLE), seen)
+        self.assertEqual(self.both([self.path("priority.py")])[2],
+                         "%d %d\n" % (os.SCHED_OTHER, nice))
 
     def test_stdin_and_large_output(self):
         """Stdin read to its end (large too), large stdout and stderr at once (no deadlock), a
