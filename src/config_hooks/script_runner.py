@@ -253,7 +253,9 @@ class _Server:
                 os.close(fd)
         if not hello.startswith(b"ok "):
             self.close()
-            raise _Unusable(hello.decode("utf-8", "replace") or "it exited")
+            said = hello.decode("utf-8", "replace")
+            # The server's refusal is "no <why>".
+            raise _Unusable(said[3:] if said.startswith("no ") else said or "it exited")
         # An interpreter that prints as it starts (a .pth file, sitecustomize) would print that
         # on each script's stdout or stderr: not the same from a fork.
         said = b""
@@ -270,6 +272,9 @@ class _Server:
 
     def close(self):
         self.sock.close()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
         if self.page is not None:
             self.page.close()
         if self.proc.poll() is None:

@@ -55,8 +55,12 @@ _MAX_REQUEST = 1 << 20
 
 def _unsupported():
     """Why this interpreter cannot stand in for a fresh one (None: it can)."""
-    if sys.implementation.name != "cpython" or sys.version_info < (3, 9):
-        return "not CPython 3.9+"
+    # 3.9 and 3.10 are not stood in for: a fork there differs from a fresh start in what a
+    # script can see (atexit functions registered by a script that imports atexit itself do
+    # not run, `__main__.__annotations__`, a warning's category); the script runs as its own
+    # process, as Hermes runs it.
+    if sys.implementation.name != "cpython" or sys.version_info < (3, 11):
+        return "not CPython 3.11+"
     if sys.flags.inspect or sys.flags.interactive:
         return "-i"
     if sys.flags.verbose or "importtime" in getattr(sys, "_xoptions", {}):

@@ -27,6 +27,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "src", "config_hooks"))
 import script_runner  # noqa: E402
 
 PYTHON = os.path.realpath(sys.executable)
+# The fork server stands in for CPython 3.11+ only; below, every script runs as a process (and
+# the comparisons still hold).
+FORKS = sys.version_info >= (3, 11)
 
 REPORT = """
 import json, os, sys
@@ -155,7 +158,7 @@ class Scripts(unittest.TestCase):
         self.assertEqual(slow[:4], quick[:4], argv)
         if slow[0] == "ran" and slow[4] is not None:
             self.assertEqual(slow[4], os.getpid(), "subprocess.run's child is ours")
-            if fast:
+            if fast and FORKS:
                 self.assertNotEqual(quick[4], os.getpid(), "%s ran as a process" % argv)
             else:
                 self.assertEqual(quick[4], os.getpid(), "%s did not fall back" % argv)
