@@ -220,11 +220,11 @@ impl LoadedHook {
                     self.stats.accepted.fetch_add(1, Ordering::Relaxed);
                     self.count_drop();
                 }
-                job.fail(if closed {
-                    "the hook is stopping"
+                if closed {
+                    job.stopped("the hook is stopping");
                 } else {
-                    "dropped: the hook's queue was full (drop_newest)"
-                });
+                    job.fail("dropped: the hook's queue was full (drop_newest)");
+                }
                 false
             }
         }
@@ -397,7 +397,7 @@ impl LoadedHook {
         let left = self.queue.take_all();
         let n = left.len() + self.set_in_flight(0);
         for job in left {
-            job.fail(why);
+            job.stopped(why);
         }
         self.stats
             .undelivered

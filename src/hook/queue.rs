@@ -33,6 +33,13 @@ pub enum NotRun {
     /// patterns do not match it (issue 56). A fleet worker decides its fate
     /// ([`crate::fleet::versions::Versions::fate`]); a local one counts it dropped.
     Unmatched,
+    /// The hook (or the host) stopped before the job finished: still queued, written to a
+    /// worker's pipe and not started, or killed at the drain's deadline. Its outcome here is
+    /// none, and the event is the next worker's or version's to run: a fleet worker hands it
+    /// back to the broker, so that an ordered hook's next holder runs it in stream order
+    /// (issue 56: retried as a failure, such events ran on the next holder after later ones
+    /// had started; one that had started runs again, shown as a repeat).
+    Stopped,
 }
 
 impl CallOutcome {
@@ -78,6 +85,17 @@ impl Job {
     pub fn fail(self, why: &str) {
         if let Some(reply) = self.reply {
             let _ = reply.send(CallOutcome::failed(why));
+        }
+    }
+
+    /// Reports that the job was never started because its hook stopped (`why`):
+    /// [`NotRun::Stopped`].
+    pub fn stopped(self, why: &str) {
+        if let Some(reply) = self.reply {
+            let _ = reply.send(CallOutcome {
+                not_run: Some(NotRun::Stopped),
+                ..CallOutcome::failed(why)
+            });
         }
     }
 

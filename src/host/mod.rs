@@ -1403,7 +1403,11 @@ fn outcome_within(
 ) -> CallOutcome {
     match waited {
         Ok(Ok(o)) => o,
-        Ok(Err(_)) => CallOutcome::failed("the hook stopped before handling the event"),
+        // The job went with its hook's stop, unanswered ([`crate::hook::NotRun::Stopped`]).
+        Ok(Err(_)) => CallOutcome {
+            not_run: Some(crate::hook::NotRun::Stopped),
+            ..CallOutcome::failed("the hook stopped before handling the event")
+        },
         Err(_) => CallOutcome::failed(format!(
             "no result within the deadline of {}",
             crate::time::fmt_duration(timeout)

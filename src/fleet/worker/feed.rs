@@ -277,6 +277,12 @@ impl Run {
                     // the lease is surely still this worker's, else left to its ack wait.
                     return d.give_back(None).await;
                 }
+                Ok(Some(o)) if o.not_run == Some(NotRun::Stopped) => {
+                    // Never started: the hook or this worker stopped first (a rolling
+                    // update's stop, a revoked approval). Handed back, not retried as a
+                    // failure: an ordered hook's next holder runs it in stream order.
+                    return d.give_back(None).await;
+                }
                 Ok(Some(o)) if o.not_run == Some(NotRun::Unmatched) => {
                     // Queued for this worker's earlier version; the version loaded since does
                     // not match it: the one place that decides an unrun event's fate does.
