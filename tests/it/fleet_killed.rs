@@ -65,24 +65,7 @@ fn killed_on(bin: PathBuf) {
         (0..k).collect::<HashSet<_>>(),
         "{what}: in order"
     );
-    let (ran, dead) = poll(Duration::from_secs(90), "every event run or dead", || {
-        let ran: Vec<Value> = records(&hooks, "kq")
-            .into_iter()
-            .filter(|r| r["w"] != holder.as_str())
-            .collect();
-        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kq"]);
-        let dead: Vec<Value> = out
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .collect();
-        let mut have: HashSet<u64> = ran_there.clone();
-        have.extend(ran.iter().filter_map(|r| r["n"].as_u64()));
-        have.extend(
-            dead.iter()
-                .filter_map(|d| d["envelope"]["context"]["n"].as_u64()),
-        );
-        (have.len() as u64 >= n).then_some((ran, dead))
-    });
+    let (ran, dead) = ran_elsewhere_or_dead(&nats, &hooks, "kq", &holder, &ran_there, n);
     let dead_ns: Vec<u64> = dead
         .iter()
         .filter_map(|d| d["envelope"]["context"]["n"].as_u64())
@@ -115,6 +98,36 @@ fn killed_on(bin: PathBuf) {
             );
         }
     }
+}
+
+/// Waits until each of events `0..n` of `hook` ran before (`ran_before`), ran on a worker other
+/// than `holder`, or is dead-lettered; returns those other runs and the dead letters.
+fn ran_elsewhere_or_dead(
+    nats: &NatsServer,
+    hooks: &Hooks,
+    hook: &str,
+    holder: &str,
+    ran_before: &HashSet<u64>,
+    n: u64,
+) -> (Vec<Value>, Vec<Value>) {
+    poll(Duration::from_secs(90), "every event run or dead", || {
+        let ran: Vec<Value> = records(hooks, hook)
+            .into_iter()
+            .filter(|r| r["w"] != holder)
+            .collect();
+        let (_, out) = dead_cmd(nats, &["list", "--json", "--hook", hook]);
+        let dead: Vec<Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let mut have: HashSet<u64> = ran_before.clone();
+        have.extend(ran.iter().filter_map(|r| r["n"].as_u64()));
+        have.extend(
+            dead.iter()
+                .filter_map(|d| d["envelope"]["context"]["n"].as_u64()),
+        );
+        (have.len() as u64 >= n).then_some((ran, dead))
+    })
 }
 
 /// The marks' bucket refused: the worker's user may not make it nor write to it. The holder
@@ -205,7 +218,6 @@ fn restart_keeps_on(bin: PathBuf) {
     });
     let holder = first["w"].as_str().unwrap_or_default().to_string();
     let victim = usize::from(holder != "wa");
-    let standby = if victim == 0 { "wb" } else { "wa" };
     // Restarted cleanly (its consumer state on disk: the delivery counts hold) and quickly,
     // well within the lease's time to live (7.2 s): the holder's next renewal reaches it.
     nats.stop();
@@ -251,24 +263,7 @@ fn restart_keeps_on(bin: PathBuf) {
         .as_ref()
         .map(|w| w.log())
         .unwrap_or_default();
-    let (ran, dead) = poll(Duration::from_secs(90), "every event run or dead", || {
-        let ran: Vec<Value> = records(&hooks, "kb")
-            .into_iter()
-            .filter(|r| r["w"] == standby)
-            .collect();
-        let (_, out) = dead_cmd(&nats, &["list", "--json", "--hook", "kb"]);
-        let dead: Vec<Value> = out
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .collect();
-        let mut have: HashSet<u64> = (0..k).collect();
-        have.extend(ran.iter().filter_map(|r| r["n"].as_u64()));
-        have.extend(
-            dead.iter()
-                .filter_map(|d| d["envelope"]["context"]["n"].as_u64()),
-        );
-        (have.len() as u64 >= n).then_some((ran, dead))
-    });
+    let (ran, dead) = ran_elsewhere_or_dead(&nats, &hooks, "kb", &holder, &(0..k).collect(), n);
     let dead_ns: Vec<u64> = dead
         .iter()
         .filter_map(|d| d["envelope"]["context"]["n"].as_u64())
