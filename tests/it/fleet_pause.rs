@@ -121,7 +121,9 @@ fn pause_on(bin: PathBuf, whole_tree: bool, exec: bool) {
     }
     let woke = epoch_secs();
     let recs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for_all(&hooks, "frozen", n, Duration::from_secs(60))
+        // A process per event for the executable: about 5 a second on a busy 2-core machine
+        // (the suite's other fleet tests beside it), so the rest can take a minute.
+        wait_for_all(&hooks, "frozen", n, Duration::from_secs(150))
     })) {
         Ok(r) => r,
         Err(e) => {
