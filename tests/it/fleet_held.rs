@@ -398,8 +398,8 @@ fn the_lease_and_progress_signals_hold_with_a_busy_loop_on_the_workers_cpu() {
 }
 
 /// Issue 34 item 2, hitting the window: the broker down for longer than the lease lives (the
-/// lease bucket is on disk since issue 56, so a quick restart keeps the lease with its holder;
-/// here the lease runs out while the broker is down) while the holder runs one 60-event bundle
+/// lease bucket is in the broker's memory, so any restart empties it; down this long, the lease
+/// would run out even in a bucket on disk) while the holder runs one 60-event bundle
 /// at 0.5 s per event, and the
 /// next events posted only once another worker took the lease (posted at once after the
 /// restart, the old holder, which notices the loss only at its next renewal, pulled them itself

@@ -1,6 +1,7 @@
 //! Issue 48, the 2.9 restart stall: the broker down for longer than the lease lives (the lease
-//! bucket was kept in memory then, so any restart emptied it; it is on disk since issue 56);
-//! the holder's renewal fails, it stands down and takes the lease again. On
+//! bucket is kept in memory, so any restart empties it; down this long, the lease would run out
+//! even in a bucket on disk); the holder's renewal fails, it stands down and takes the lease
+//! again. On
 //! nats-server 2.9 the first try after the restart took 10 s to fail (11.15 s without a start
 //! here before the fix, 0.6 s on 2.15), and then what the holder had been delivered waited for
 //! its ack wait (2.3 s here): the lease's writes are now bounded and the bucket made again,
