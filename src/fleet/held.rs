@@ -13,7 +13,9 @@
 //!   So an event is only marked finished here, and [`Held::flush`] acknowledges the highest
 //!   sequence below which every held event is finished (one message per batch instead of one per
 //!   event); an event still running, or handed back for redelivery (`Nak`), stops the flush
-//!   there, so no event is ever acknowledged that did not run. On an `Explicit` consumer each
+//!   there, so no event is ever acknowledged that did not run. Nor one this worker never
+//!   read: a delivery sequence skipped stops every acknowledgement until the worker caught up
+//!   ([`Held::take_gap`]). On an `Explicit` consumer each
 //!   event is acknowledged on its own when it finishes.
 //! - **Taking over.** While a new lease holder waits for what the previous one left pending
 //!   ([`Held::pause`]), nothing is acknowledged: the broker redelivers a dead holder's events in
@@ -88,6 +90,12 @@ pub struct Held {
     /// `Explicit`: when the broker connection was last lost (monotonic ns; 0: never), for the
     /// deliveries' gates ([`StartGate::linked`]).
     lost: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// `All`: the consumer's delivery sequence this worker expects next (0: not known yet,
+    /// [`Held::expect_anew`]); a delivery above it is a gap ([`Held::take_gap`]).
+    expect: std::sync::atomic::AtomicU64,
+    /// `All`: deliveries of the consumer never reached this worker since the last
+    /// [`Held::take_gap`].
+    gap: std::sync::atomic::AtomicBool,
 }
 
 impl Held {
@@ -114,6 +122,8 @@ impl Held {
             paused: Default::default(),
             gate: Mutex::new(None),
             acked_dseq: Default::default(),
+            expect: Default::default(),
+            gap: Default::default(),
         }
     }
 
@@ -164,6 +174,9 @@ impl Held {
     pub fn hold(&self, seq: u64, msg: Arc<Message>, events: usize) -> u64 {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dseq = msg.info().map_or(0, |i| i.consumer_sequence);
+        if self.ack_all && dseq > 0 {
+            self.saw_delivery(seq, dseq);
+        }
         if let Ok(mut s) = self.slots.lock() {
             let slot = Slot {
                 dseq,
@@ -177,6 +190,41 @@ impl Held {
             s.insert(seq, slot);
         }
         id
+    }
+
+    /// `All`: the consumer delivered `dseq` (stream sequence `seq`) here. The broker numbers a
+    /// consumer's deliveries one by one, and only the lease holder pulls: a number skipped is a
+    /// delivery that went where this worker never read it (a pull session that ended with
+    /// messages still on their way to it, a previous holder's pull request still open at the
+    /// broker). Such a message stays pending at the broker until its ack wait, and one
+    /// cumulative acknowledgement of any later stream sequence would settle it unrun (issue 56
+    /// row 1: six bundles lost so after a holder froze just under its lease). So nothing is
+    /// acknowledged from here until the worker caught up ([`Held::take_gap`]).
+    fn saw_delivery(&self, seq: u64, dseq: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let expected = self.expect.swap(dseq + 1, SeqCst);
+        if expected > 0 && dseq > expected {
+            self.paused.store(true, SeqCst);
+            self.gap.store(true, SeqCst);
+            tracing::info!(
+                seq,
+                missed = dseq - expected,
+                "fleet: deliveries of the ordered hook's consumer never reached this worker; it acknowledges nothing until they are back"
+            );
+        }
+    }
+
+    /// `All`: whether deliveries were skipped since the last call ([`Held::saw_delivery`]);
+    /// acknowledgements stay held back ([`Held::pause`]) until the caller has every pending
+    /// event of the consumer here and unpauses.
+    pub fn take_gap(&self) -> bool {
+        self.gap.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `All`: the next delivery starts the count of deliveries afresh (a new holding of the
+    /// lease catches up on what was delivered elsewhere).
+    pub fn expect_anew(&self) {
+        self.expect.store(0, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// One event of the message at `seq` (holding `id`) is finished: when it was the last one,

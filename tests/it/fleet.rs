@@ -2260,3 +2260,66 @@ fn a_hook_renamed_with_its_id_while_events_flow_hands_over_without_loss_or_repea
         "the worker took the rename as one"
     );
 }
+
+/// Takes up to `n` deliveries of the consumer `consumer` of stream `stream` with a pull request
+/// of its own, over a bare NATS connection (the protocol's text frames), and never answers
+/// them: deliveries that went where the hook's lease holder never read them (as a pull session
+/// that ended with messages on their way to it does, or a previous holder's pull request still
+/// open at the broker). They stay pending at the broker until their ack wait. Returns their
+/// reply subjects (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<delivery seq>...`);
+/// gives up after `within`.
+pub(crate) fn steal_deliveries(
+    url: &str,
+    stream: &str,
+    consumer: &str,
+    n: usize,
+    within: Duration,
+) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let addr = url.trim_start_matches("nats://");
+    let sock = std::net::TcpStream::connect(addr).expect("connect to nats-server");
+    let mut out = sock.try_clone().unwrap();
+    let mut rd = BufReader::new(sock);
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut line = String::new();
+    while got.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        rd.get_ref().set_read_timeout(Some(left)).unwrap();
+        line.clear();
+        if rd.read_line(&mut line).is_err() || line.is_empty() {
+            break;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.first().copied() {
+            Some("INFO") => {
+                let request = format!("{{\"batch\":{n},\"expires\":{}}}", within.as_nanos());
+                write!(
+                    out,
+                    "CONNECT {{\"verbose\":false,\"headers\":true,\"no_responders\":true}}\r\nSUB _INBOX.thief 1\r\nPUB $JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer} _INBOX.thief {}\r\n{request}\r\n",
+                    request.len()
+                )
+                .unwrap();
+            }
+            Some("PING") => out.write_all(b"PONG\r\n").unwrap(),
+            Some("MSG") | Some("HMSG") => {
+                // MSG subject sid [reply] size; HMSG subject sid [reply] header-size size.
+                let size: usize = words.last().unwrap().parse().unwrap();
+                let mut body = vec![0; size + 2];
+                if rd.read_exact(&mut body).is_err() {
+                    break;
+                }
+                let with_reply = if words[0] == "MSG" { 5 } else { 6 };
+                if words.len() == with_reply && words[3].starts_with("$JS.ACK.") {
+                    got.push(words[3].to_string());
+                }
+            }
+            Some("-ERR") => panic!("nats-server refused the thief: {line}"),
+            _ => {}
+        }
+    }
+    got
+}

@@ -119,7 +119,7 @@ impl Run {
             }
             tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, missing = now.0 - now.1 as u64, waited = %crate::time::fmt_duration(c.since.elapsed()), "fleet: events the broker counts as pending for the ordered hook never came back and no worker says it still runs them (past their deliveries, a consumer reset, a broker that lost state?); running the ones here in stream order without them");
         }
-        if let Some((store, key)) = c.lease.clone() {
+        if let Some((store, key)) = c.lease.clone().filter(|_| c.taking_over) {
             // A holder that lost the lease leaves its note once it stood down: what it gave
             // back is here now.
             self.reread_note(&store, &key).await;
@@ -138,6 +138,8 @@ impl Run {
         self.backlog
             .make_contiguous()
             .sort_by_key(|d| (d.hseq, d.index));
+        // A gap seen while catching up is part of what it waited for.
+        self.main.take_gap();
         self.main.pause(false);
         tracing::debug!(hook = %self.s.name, held = now.1, "fleet: every pending event of the hook is here; running them in stream order");
         self.feed().await;

@@ -44,6 +44,9 @@ pub(super) struct Run {
     /// Just took an ordered hook's lease: nothing starts until the broker's pending events are
     /// all held here ([`Run::check_caught_up`]).
     pub(super) catch_up: Option<CatchUp>,
+    /// The lease bucket and the hook's lease key while this worker holds the lease (a
+    /// catch-up asks whether a previous holder still finishes events).
+    pub(super) lease_key: Option<(async_nats::jetstream::kv::Store, String)>,
     /// The hook's current name ([`Run::renamed`]).
     pub(super) rename: watch::Receiver<String>,
     /// Renamed: nothing starts until every call of the old name is finished or back here.
@@ -128,6 +131,9 @@ pub(super) struct CatchUp {
     /// The previous holder let the lease run out ([`crate::fleet::lease::Lease::vanished`]):
     /// what it left pending may have started there ([`Run::orphans`]).
     pub(super) vanished: bool,
+    /// Taking the lease over (not catching up on a gap within a holding): a holder that lost
+    /// the lease leaves its note meanwhile, read again at the end ([`Run::reread_note`]).
+    pub(super) taking_over: bool,
 }
 
 impl CatchUp {
@@ -142,6 +148,16 @@ impl CatchUp {
             lease,
             warned: now,
             vanished,
+            taking_over: true,
+        }
+    }
+
+    /// Catching up within a holding: deliveries went where this worker never read them
+    /// ([`crate::fleet::held::Held::take_gap`]).
+    pub(super) fn after_gap(lease: Option<(async_nats::jetstream::kv::Store, String)>) -> Self {
+        Self {
+            taking_over: false,
+            ..Self::new(lease, false)
         }
     }
 
@@ -215,6 +231,7 @@ impl Run {
             pulled: false,
             backlog: Default::default(),
             catch_up: None,
+            lease_key: None,
             rename,
             renaming: false,
             redo_tx,
@@ -391,6 +408,7 @@ impl Run {
         self.forget_retries().await;
         self.main.forget();
         self.set_gate(None);
+        self.lease_key = None;
     }
 
     /// Pulls both consumers until the pull breaks (`Again`) or the task stops (`Stop`); the
@@ -715,6 +733,8 @@ pub(super) async fn consume(
                 .as_ref()
                 .map(|(store, _)| (store.clone(), crate::fleet::consumer_name(&s.key)));
             let vanished = lease.as_ref().is_some_and(|l| l.vanished());
+            r.lease_key = bucket.clone();
+            r.main.expect_anew();
             r.catch_up = Some(CatchUp::new(bucket, vanished));
             r.leased_on = Some(sh.client.server_info().server_id);
             r.main.pause(true);

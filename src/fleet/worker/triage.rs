@@ -110,7 +110,14 @@ impl Run {
         {
             self.top = self.top.max(i.stream_sequence);
         }
-        match self.triage(msg, source) {
+        let triaged = self.triage(msg, source);
+        if source == Source::Main && self.main.take_gap() && self.catch_up.is_none() {
+            // Deliveries went where this worker never read them ([`Held::take_gap`]): they
+            // come back with their ack wait; nothing more starts, and nothing is acknowledged,
+            // until every pending event is here again, then in stream order.
+            self.catch_up = Some(CatchUp::after_gap(self.lease_key.clone()));
+        }
+        match triaged {
             Triage::Settle(msg, hseq, kind) => {
                 let held = self.held(source);
                 let slot = held.hold(hseq, msg.clone(), 1);
