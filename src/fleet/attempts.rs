@@ -14,9 +14,9 @@
 //!
 //! A key lives a day ([`KEEP`]; a handler runs for minutes at most, and an event still pending
 //! a day after its mark is long past its ack wait), so the keys of holders that died (a worker
-//! id is new with each process by default) do not pile up; the bucket lives in the broker's
-//! memory, as the leases do. A span left by a worker that died covers events long acknowledged:
-//! it matters only for events still pending.
+//! id is new with each process by default) do not pile up; the bucket is on the broker's file
+//! storage, as the leases are (a broker restart keeps them). A span left by a worker that died
+//! covers events long acknowledged: it matters only for events still pending.
 
 use std::time::Duration;
 

@@ -35,13 +35,17 @@ pub fn gate_margin(ttl: Duration) -> Duration {
     (ttl / 5).max(Duration::from_millis(100))
 }
 
-/// The stream of the key-value bucket `name`, in the broker's memory, one value per key (the
-/// lease and the marks: a broker restart empties them, and a holder then stands down; a holder
-/// that kept its lease across a restart would acknowledge cumulatively past messages the
-/// restart lost in flight to it: issue 56, the nemesis's seed 8685917986951815011 with the
-/// buckets on file). [`super::version_log`]'s bucket is on file. Made here as a key-value
-/// bucket's is: async-nats's own `create_key_value` first reads the account info, which it
-/// cannot parse from a 2.9 server.
+/// The stream of the key-value bucket `name`, one value per key, on file storage: a lease, a
+/// holder's marks and the versions outlive a broker restart (issue 56: a bucket in the broker's
+/// memory was emptied by a restart while its old holder still ran what it held, so another
+/// worker took the lease at once and two holders ran the hook; the marks of what a killed
+/// holder had started went with it). A holder that keeps its lease across a restart starts
+/// nothing more until every event the new broker counts as pending is back with it (messages
+/// on their way to it were lost in flight: acknowledged past cumulatively, they were lost for
+/// good; the worker's `Run::after_broker_change`). A bucket an older release made in memory stays there
+/// until the broker's next restart, which empties it; the first worker to open it then makes
+/// it on file. Made here as a key-value bucket's is: async-nats's own `create_key_value` first
+/// reads the account info, which it cannot parse from a 2.9 server.
 pub fn kv_stream(cfg: &FleetConfig, name: &str, description: &str) -> jetstream::stream::Config {
     jetstream::stream::Config {
         name: format!("KV_{name}"),
@@ -50,7 +54,7 @@ pub fn kv_stream(cfg: &FleetConfig, name: &str, description: &str) -> jetstream:
         max_messages_per_subject: 1,
         max_bytes: -1,
         max_message_size: -1,
-        storage: jetstream::stream::StorageType::Memory,
+        storage: jetstream::stream::StorageType::File,
         allow_rollup: true,
         deny_delete: true,
         allow_direct: true,
@@ -217,7 +221,7 @@ pub async fn read_note(store: &kv::Store, key: &str) -> Option<bytes::Bytes> {
 pub struct Lease {
     lost: watch::Receiver<bool>,
     gate: Arc<StartGate>,
-    /// The renewal found the bucket gone: the broker restarted (the bucket lives in memory),
+    /// The renewal found the bucket gone: the broker restarted (a bucket an older release made in memory),
     /// and with it every pull request this worker had open.
     bucket_gone: Arc<std::sync::atomic::AtomicBool>,
     renew: tokio::task::JoinHandle<()>,

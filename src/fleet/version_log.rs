@@ -47,14 +47,11 @@ impl Record {
 /// The bucket, created when missing (file storage: it outlives a broker restart).
 pub async fn bucket(cfg: &FleetConfig, js: &jetstream::Context) -> Result<kv::Store, String> {
     let name = cfg.versions_bucket();
-    let config = jetstream::stream::Config {
-        storage: jetstream::stream::StorageType::File,
-        ..super::lease::kv_stream(
-            cfg,
-            &name,
-            "hermes-hooks: the version of each hook each worker runs",
-        )
-    };
+    let config = super::lease::kv_stream(
+        cfg,
+        &name,
+        "hermes-hooks: the version of each hook each worker runs",
+    );
     super::attempts::open_bucket(js, config, &name, WAIT * 2).await
 }
 

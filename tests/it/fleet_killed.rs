@@ -185,7 +185,6 @@ fn a_holder_whose_marks_are_refused_says_so_once_and_runs_every_event() {
 /// gone, so the killed event ran again on the other worker.
 #[testenv::needs(nats)]
 #[test]
-#[ignore = "issue 56, open: the lease and marks buckets live in the broker's memory; on file storage this passed, but a holder that kept its lease across a restart acknowledged cumulatively past messages the restart lost in flight (the nemesis's seed 8685917986951815011 on 2.15: 3 events neither run nor dead-lettered); run with `cargo test --test it fleet_killed::a_broker_restart -- --ignored`"]
 fn a_broker_restart_keeps_the_lease_and_the_marks_of_what_a_holder_started() {
     for bin in nats_servers() {
         restart_keeps_on(bin);

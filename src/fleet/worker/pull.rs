@@ -103,6 +103,9 @@ pub(super) struct Run {
     /// at the lease's loss is a broker restart too (the renewal's error that says the bucket
     /// is gone may come after the lease's bound closed).
     pub(super) leased_on: Option<String>,
+    /// When the broker connection was last lost as this holder last looked
+    /// ([`Run::after_broker_change`]).
+    pub(super) link_seen: u64,
     /// Set when this worker, stopping, retires the hook's version ([`HookTask::retiring`]): the
     /// highest stream sequence it still runs (0: not retiring).
     pub(super) retiring: Arc<std::sync::atomic::AtomicU64>,
@@ -252,6 +255,7 @@ impl Run {
             repeats_to: 0,
             broker_restarted: false,
             leased_on: None,
+            link_seen: 0,
             retiring,
         }
     }
@@ -360,6 +364,34 @@ impl Run {
             .is_some_and(|id| id != self.sh.client.server_info().server_id)
     }
 
+    /// An ordered hook's holder that kept its lease across a broker restart (the lease bucket
+    /// is on file, issue 56): what was on its way to it when the broker went is lost in flight,
+    /// and the restarted broker may have rolled back its record of the consumer's deliveries.
+    /// It starts nothing more and acknowledges nothing until every event the new broker counts
+    /// as pending is here ([`Run::check_caught_up`]), then runs them in stream order. Looked at
+    /// before each delivery is taken: one atomic load unless the connection was lost since.
+    pub(super) fn after_broker_change(&mut self) {
+        let lost = self.sh.lost.load(std::sync::atomic::Ordering::SeqCst);
+        if lost == self.link_seen
+            || self.gate.is_none()
+            || self.sh.client.connection_state() != async_nats::connection::State::Connected
+        {
+            // (Not connected yet: the server's id is not known; looked at again.)
+            return;
+        }
+        self.link_seen = lost;
+        if !self.broker_changed() {
+            return;
+        }
+        self.leased_on = Some(self.sh.client.server_info().server_id);
+        tracing::info!(hook = %self.s.name, "fleet: the broker restarted while this worker held the ordered hook's lease; it starts nothing more until every pending event is here again");
+        self.main.pause(true);
+        self.main.expect_anew();
+        if self.catch_up.is_none() {
+            self.catch_up = Some(CatchUp::after_gap(self.lease_key.clone()));
+        }
+    }
+
     /// Hands back every message the backlog holds (once each; nothing if the lease's bound
     /// passed: [`crate::fleet::held::Held::may_send`]).
     async fn give_back_backlog(&mut self) {
@@ -454,6 +486,9 @@ impl Run {
             }
         };
         let opened = crate::start_gate::monotonic_ns();
+        if self.s.ordered() {
+            self.after_broker_change();
+        }
         // What an earlier session left in the backlog goes on.
         while self.background.try_join_next().is_some() {}
         self.feed().await;
@@ -566,6 +601,9 @@ impl Run {
         {
             tracing::info!(hook = %self.s.name, "fleet: the broker connection was lost; what the pulls had buffered is left to the broker and this worker pulls again");
             return Some(Ended::Again);
+        }
+        if self.s.ordered() {
+            self.after_broker_change();
         }
         let msg = Arc::new(msg);
         if source == Source::Retry && !self.hold_until_due(&msg) {
@@ -737,6 +775,7 @@ pub(super) async fn consume(
             r.main.expect_anew();
             r.catch_up = Some(CatchUp::new(bucket, vanished));
             r.leased_on = Some(sh.client.server_info().server_id);
+            r.link_seen = sh.lost.load(std::sync::atomic::Ordering::SeqCst);
             r.main.pause(true);
             r.set_gate(lease.as_ref().map(|l| l.gate()));
         }
