@@ -7,7 +7,10 @@ target/hermes-agent-venv``)::
 
     HERMES_HOOKS_BIN=target/debug/hermes-hooks target/hermes-agent-venv/bin/python benches/agent_hooks.py
 
-``--python-gate`` runs issue 58's case alone.
+``--python-gate`` runs issue 58's case alone. ``--pace MS`` spaces its timed calls MS
+milliseconds apart (a pause between calls, not counted), as an agent's tool calls come between
+the model's turns; without it they come back to back, which times the host's CPU a call as
+much as a call's latency.
 
 Each case times what the agent's tool path calls, in this process, on Hermes's own functions:
 ``resolve_pre_tool_block(...)`` (the pre_tool_call decision every tool call goes through) and
@@ -134,9 +137,10 @@ def _python_gate(results, n, block):
         time_pre(5)
         seen[who] = decisions()
         results[who + "_published_gate.py"] = report(
-            "pre_tool_call published Python gate, %s" % (
-                "0.19.0's runner" if who == "up" else "here (config.yaml entry)"),
-            time_pre(n), q=0.95)
+            "pre_tool_call published Python gate, %s%s" % (
+                "0.19.0's runner" if who == "up" else "here (config.yaml entry)",
+                ", %g ms apart" % (pace() * 1000) if pace() else ""),
+            time_pre(n, pace()), q=0.95)
         if registry is not None:
             registry.close(0)
         case.close()
@@ -231,10 +235,20 @@ def ours(case):
     return registry
 
 
-def time_pre(n):
+def pace():
+    """The pause between timed calls, seconds (``--pace MS``; 0: back to back)."""
+    args = sys.argv[1:]
+    if "--pace" in args:
+        return float(args[args.index("--pace") + 1]) / 1000.0
+    return 0.0
+
+
+def time_pre(n, gap=0.0):
     from hermes_cli.plugins import resolve_pre_tool_block
     out = []
     for i in range(n):
+        if gap:
+            time.sleep(gap)
         t0 = time.perf_counter_ns()
         block = resolve_pre_tool_block("terminal", ARGS, task_id="t", session_id="s",
                                        tool_call_id="c%d" % i)
@@ -265,7 +279,7 @@ def main():
         registry = ours(case)
         time_pre(100)
         results["handler"] = report("pre_tool_call gate as a persistent handler.py, here",
-                                    time_pre(1000), q=0.95)
+                                    time_pre(300 if pace() else 1000, pace()), q=0.95)
         registry.close(0)
         case.close()
         print(json.dumps({k: round(v, 1) for k, v in results.items()}))

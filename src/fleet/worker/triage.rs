@@ -110,17 +110,11 @@ impl Run {
         {
             self.top = self.top.max(i.stream_sequence);
         }
-        let triaged = self.triage(msg, source);
-        if source == Source::Main && self.main.take_gap() && self.catch_up.is_none() {
-            // Deliveries went where this worker never read them ([`Held::take_gap`]): they
-            // come back with their ack wait; nothing more starts, and nothing is acknowledged,
-            // until every pending event is here again, then in stream order.
-            self.catch_up = Some(CatchUp::after_gap(self.lease_key.clone()));
-        }
-        match triaged {
+        match self.triage(msg, source) {
             Triage::Settle(msg, hseq, kind) => {
-                let held = self.held(source);
+                let held = self.held(source).clone();
                 let slot = held.hold(hseq, msg.clone(), 1);
+                self.catch_up_on_gap(source);
                 held.finish(hseq, slot, &msg, kind).await;
             }
             Triage::Events(events) if source == Source::Retry => {
@@ -129,9 +123,20 @@ impl Run {
                 }
             }
             Triage::Events(events) => {
+                self.catch_up_on_gap(source);
                 self.insert(events);
                 self.feed().await;
             }
+        }
+    }
+
+    /// Deliveries of the hook's consumer went where this worker never read them
+    /// ([`Held::take_gap`], seen as a message is held): they come back with their ack wait;
+    /// nothing more starts, and nothing is acknowledged, until every pending event is here
+    /// again, then in stream order.
+    fn catch_up_on_gap(&mut self, source: Source) {
+        if source == Source::Main && self.main.take_gap() && self.catch_up.is_none() {
+            self.catch_up = Some(CatchUp::after_gap(self.lease_key.clone()));
         }
     }
 
