@@ -364,6 +364,27 @@ impl Run {
             .is_some_and(|id| id != self.sh.client.server_info().server_id)
     }
 
+    /// Just took an ordered hook's lease (`lease`, from the bucket `leases`). A previous holder
+    /// may have left events pending: they come back as their ack waits run out, in no useful
+    /// order; nothing runs until all are here ([`CatchUp`]).
+    fn took_lease(
+        &mut self,
+        leases: &Option<(async_nats::jetstream::kv::Store, Duration)>,
+        lease: Option<&crate::fleet::lease::Lease>,
+    ) {
+        let bucket = leases
+            .as_ref()
+            .map(|(store, _)| (store.clone(), crate::fleet::consumer_name(&self.s.key)));
+        let vanished = lease.is_some_and(|l| l.vanished());
+        self.lease_key = bucket.clone();
+        self.main.expect_anew();
+        self.catch_up = Some(CatchUp::new(bucket, vanished));
+        self.leased_on = Some(self.sh.client.server_info().server_id);
+        self.link_seen = self.sh.lost.load(std::sync::atomic::Ordering::SeqCst);
+        self.main.pause(true);
+        self.set_gate(lease.map(|l| l.gate()));
+    }
+
     /// An ordered hook's holder that kept its lease across a broker restart (the lease bucket
     /// is on file, issue 56): what was on its way to it when the broker went is lost in flight,
     /// and the restarted broker may have rolled back its record of the consumer's deliveries.
@@ -765,19 +786,7 @@ pub(super) async fn consume(
                 None => break 'outer,
             }
             r.read_note(&leases).await;
-            // A previous holder may have left events pending: they come back as their ack
-            // waits run out, in no useful order; nothing runs until all are here.
-            let bucket = leases
-                .as_ref()
-                .map(|(store, _)| (store.clone(), crate::fleet::consumer_name(&s.key)));
-            let vanished = lease.as_ref().is_some_and(|l| l.vanished());
-            r.lease_key = bucket.clone();
-            r.main.expect_anew();
-            r.catch_up = Some(CatchUp::new(bucket, vanished));
-            r.leased_on = Some(sh.client.server_info().server_id);
-            r.link_seen = sh.lost.load(std::sync::atomic::Ordering::SeqCst);
-            r.main.pause(true);
-            r.set_gate(lease.as_ref().map(|l| l.gate()));
+            r.took_lease(&leases, lease.as_ref());
         }
         let mut handed_over = false;
         let held = lease.is_some();
