@@ -13,9 +13,9 @@
 //! SIGSTOP of a worker's process tree for 0.3-1.8 ack waits, an edit of `npy`'s patterns on one
 //! worker (and its revert by a later edit), a rolling update of a worker (SIGTERM: its version
 //! retires, drains and stops; restarted with the other patterns for `npy`), a broker restart, a
-//! SIGKILL of the edge (restarted).
-//! Which faults are drawn is `HERMES_NEMESIS_FAULTS` (a comma-separated list, or `all`;
-//! default [`DEFAULT_FAULTS`]).
+//! SIGKILL of the edge (restarted), a SIGSTOP of the edge for 0.3-1.8 ack waits.
+//! Which faults are drawn is `HERMES_NEMESIS_FAULTS` (a comma-separated list of
+//! [`FAULTS`]; default `all`).
 //!
 //! **The history**: each handler writes one line as it starts (hook, `n`, worker, delivery
 //! count, stream sequence, and for `npy` the patterns of the version it runs in); the dead
@@ -55,10 +55,8 @@ use crate::fleet::{
 use crate::fleet_pause::tree;
 use crate::util::{Hooks, Serve, epoch_secs, read_jsonl, signal};
 
-/// Every fault the schedule can draw (`HERMES_NEMESIS_FAULTS=all`).
-const FAULTS: &[&str] = &["kill", "stop", "edit", "roll", "broker", "edge"];
-/// The faults drawn by default (`all` in [`REGRESSIONS`] and in longer runs).
-const DEFAULT_FAULTS: &[&str] = &["kill", "broker", "edge"];
+/// Every fault the schedule can draw (`HERMES_NEMESIS_FAULTS=all`, the default).
+const FAULTS: &[&str] = &["kill", "stop", "edit", "roll", "broker", "edge", "edgestop"];
 /// Seeds that once broke an invariant, with the server they broke it on ("old" for 2.9 or
 /// "new" for 2.10+) and the faults drawn (in their order: the schedule depends on it):
 /// replayed by [`nemesis_regression_seeds`].
@@ -123,6 +121,7 @@ enum Fault {
     Roll { worker: usize, down: f64 },
     Broker { down: f64 },
     Edge { down: f64 },
+    EdgeStop { frozen: f64 },
 }
 
 /// The seed's schedule: faults with the pause before each.
@@ -149,6 +148,9 @@ fn schedule(seed: u64, faults: &[String], steps: usize) -> Vec<(f64, Fault)> {
             },
             "broker" => Fault::Broker {
                 down: rng.between(0.2, 2.0),
+            },
+            "edgestop" => Fault::EdgeStop {
+                frozen: rng.between(0.3, 1.8) * ACK_WAIT,
             },
             _ => Fault::Edge {
                 down: rng.between(0.1, 1.5),
@@ -509,6 +511,16 @@ impl Fleet {
                 self.nats.restart();
                 self.broker_kills.push((killed, epoch_secs()));
             }
+            Fault::EdgeStop { frozen } => {
+                // Posts wait on the frozen edge (their answers come when it wakes, or are
+                // given up: then not accepted); what it had published is the broker's already.
+                if let Some(e) = &self.edge {
+                    let pid = e.child.id();
+                    signal(pid, libc::SIGSTOP);
+                    std::thread::sleep(Duration::from_secs_f64(frozen));
+                    signal(pid, libc::SIGCONT);
+                }
+            }
             Fault::Edge { down } => {
                 if let Some(mut e) = self.edge.take() {
                     e.sigkill();
@@ -727,9 +739,22 @@ fn run(bin: &Path, seed: u64, faults: &[String], steps: usize) -> Result<(), Str
     let dead: HashMap<&str, HashMap<u64, Value>> =
         HOOKS.iter().map(|h| (*h, fleet.dead(h))).collect();
     let broken = check(&posted, &starts, &dead, &fleet.edits, &fleet.broker_kills);
+    // Which faults the seed drew, by kind (`Kill 3, Broker 2, ...`).
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, f) in &plan {
+        let kind = format!("{f:?}");
+        let kind = kind
+            .split([' ', '{'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        *kinds.entry(kind).or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     eprintln!(
-        "nemesis: seed {seed}: {} fault(s), {accepted} event(s) accepted, {} start(s), {} dead letter(s), settled {settled} in {:.1} s",
+        "nemesis: seed {seed}: {} fault(s) ({}), {accepted} event(s) accepted, {} start(s), {} dead letter(s), settled {settled} in {:.1} s",
         plan.len(),
+        kinds.join(", "),
         starts.len(),
         dead.values().map(HashMap::len).sum::<usize>(),
         started.elapsed().as_secs_f64()
@@ -828,9 +853,10 @@ fn poll_quiet(fleet: &Fleet, posted: &Posted, limit: Duration) -> bool {
 
 fn faults() -> Vec<String> {
     match std::env::var("HERMES_NEMESIS_FAULTS") {
-        Ok(s) if s.trim() == "all" => FAULTS.iter().map(|f| f.to_string()).collect(),
-        Ok(s) if !s.trim().is_empty() => s.split(',').map(|f| f.trim().to_string()).collect(),
-        _ => DEFAULT_FAULTS.iter().map(|f| f.to_string()).collect(),
+        Ok(s) if !s.trim().is_empty() && s.trim() != "all" => {
+            s.split(',').map(|f| f.trim().to_string()).collect()
+        }
+        _ => FAULTS.iter().map(|f| f.to_string()).collect(),
     }
 }
 
