@@ -2323,3 +2323,45 @@ pub(crate) fn steal_deliveries(
     }
     got
 }
+
+/// One request to the broker's JetStream API (`$JS.API.<what>`) with `body`, on a plain
+/// connection of its own (the tests have no NATS client): its JSON answer, `None` without one
+/// within `within`.
+pub(crate) fn js_api(url: &str, what: &str, body: &str, within: Duration) -> Option<Value> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let addr = url.trim_start_matches("nats://");
+    let sock = std::net::TcpStream::connect(addr).ok()?;
+    let mut out = sock.try_clone().ok()?;
+    let mut rd = BufReader::new(sock);
+    let deadline = Instant::now() + within;
+    let mut line = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        rd.get_ref().set_read_timeout(Some(left)).ok()?;
+        line.clear();
+        if rd.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.first().copied() {
+            Some("INFO") => write!(
+                out,
+                "CONNECT {{\"verbose\":false,\"headers\":true,\"no_responders\":true}}\r\nSUB _INBOX.api 1\r\nPUB $JS.API.{what} _INBOX.api {}\r\n{body}\r\n",
+                body.len()
+            )
+            .ok()?,
+            Some("PING") => out.write_all(b"PONG\r\n").ok()?,
+            Some("MSG") => {
+                let size: usize = words.last()?.parse().ok()?;
+                let mut answer = vec![0; size + 2];
+                rd.read_exact(&mut answer).ok()?;
+                return serde_json::from_slice(&answer[..size]).ok();
+            }
+            Some("-ERR") => return None,
+            _ => {}
+        }
+    }
+}

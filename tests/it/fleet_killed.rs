@@ -286,3 +286,60 @@ fn restart_keeps_on(bin: PathBuf) {
         "{what}: the event the holder may have started ran again: {ran_ns:?}"
     );
 }
+
+/// The buckets a broker restart must keep are on its file storage, and a holder's marks live a
+/// day (`attempts::KEEP`), also in a marks bucket made before they had a time to live (issue 56,
+/// the suspected case "the attempts bucket has no time to live"): the keys of holders that died
+/// (a worker id is new per process by default) stop piling up.
+#[testenv::needs(nats)]
+#[test]
+fn the_lease_and_marks_buckets_are_on_file_and_marks_live_a_day() {
+    let day_ns = 24 * 3600 * 1_000_000_000u64;
+    for bin in nats_servers() {
+        let what = bin.display().to_string();
+        let nats = NatsServer::start_bin(bin, &[], "");
+        let api = |what: &str, body: &str| {
+            crate::fleet::js_api(&nats.url(), what, body, Duration::from_secs(10))
+                .unwrap_or_else(|| panic!("no answer from $JS.API.{what}"))
+        };
+        // The marks bucket as an older build made it: a key-value stream with no max_age.
+        let old = json!({
+            "name": "KV_HERMES_ATTEMPTS", "subjects": ["$KV.HERMES_ATTEMPTS.>"],
+            "max_msgs_per_subject": 1, "storage": "file", "allow_rollup_hdrs": true,
+            "deny_delete": true, "allow_direct": true, "discard": "new", "num_replicas": 1,
+        });
+        let made = api("STREAM.CREATE.KV_HERMES_ATTEMPTS", &old.to_string());
+        assert!(made.get("error").is_none(), "{what}: {made}");
+        assert_eq!(made["config"]["max_age"], 0, "{what}: {made}");
+        // `retries: 0`: every event's first delivery is its last allowed, so the holder
+        // marks it in the bucket before it starts.
+        let hooks = Hooks::new();
+        recording_hook(&hooks, "marked", r#"["agent:step"]"#, "retries: 0\n");
+        let _w = worker_with(&hooks, &nats, "wm", &[]);
+        let edge = edge_serving(&hooks, &nats.url(), &[], &["marked"], &["wm"]);
+        let (status, v) = post_batch(&edge, 0..3, json!({}));
+        assert_eq!(status, 202, "{what}: {v}");
+        wait_records(&hooks, "marked", 3, 30);
+        let info = poll(
+            Duration::from_secs(20),
+            "the marks bucket's time to live",
+            || {
+                let info = api("STREAM.INFO.KV_HERMES_ATTEMPTS", "");
+                (info["config"]["max_age"] == day_ns).then_some(info)
+            },
+        );
+        assert_eq!(info["config"]["storage"], "file", "{what}: {info}");
+        assert!(
+            info["state"]["messages"].as_u64().unwrap_or(0) >= 1,
+            "{what}: the holder wrote no mark: {info}"
+        );
+        let leases = api("STREAM.INFO.KV_HERMES_LEASES", "");
+        assert_eq!(leases["config"]["storage"], "file", "{what}: {leases}");
+        eprintln!(
+            "{what}: marks bucket max_age {} s, {} key(s); leases on {}",
+            day_ns / 1_000_000_000,
+            info["state"]["messages"],
+            leases["config"]["storage"]
+        );
+    }
+}
