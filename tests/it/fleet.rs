@@ -2275,62 +2275,43 @@ pub(crate) fn steal_deliveries(
     n: usize,
     within: Duration,
 ) -> Vec<String> {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let addr = url.trim_start_matches("nats://");
-    let sock = std::net::TcpStream::connect(addr).expect("connect to nats-server");
-    let mut out = sock.try_clone().unwrap();
-    let mut rd = BufReader::new(sock);
-    let deadline = Instant::now() + within;
+    let request = format!("{{\"batch\":{n},\"expires\":{}}}", within.as_nanos());
     let mut got = Vec::new();
-    let mut line = String::new();
-    while got.len() < n {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
+    let publish = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}");
+    raw_nats(url, &publish, &request, within, |reply, _| {
+        if let Some(r) = reply.filter(|r| r.starts_with("$JS.ACK.")) {
+            got.push(r.to_string());
         }
-        rd.get_ref().set_read_timeout(Some(left)).unwrap();
-        line.clear();
-        if rd.read_line(&mut line).is_err() || line.is_empty() {
-            break;
-        }
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.first().copied() {
-            Some("INFO") => {
-                let request = format!("{{\"batch\":{n},\"expires\":{}}}", within.as_nanos());
-                write!(
-                    out,
-                    "CONNECT {{\"verbose\":false,\"headers\":true,\"no_responders\":true}}\r\nSUB _INBOX.thief 1\r\nPUB $JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer} _INBOX.thief {}\r\n{request}\r\n",
-                    request.len()
-                )
-                .unwrap();
-            }
-            Some("PING") => out.write_all(b"PONG\r\n").unwrap(),
-            Some("MSG") | Some("HMSG") => {
-                // MSG subject sid [reply] size; HMSG subject sid [reply] header-size size.
-                let size: usize = words.last().unwrap().parse().unwrap();
-                let mut body = vec![0; size + 2];
-                if rd.read_exact(&mut body).is_err() {
-                    break;
-                }
-                let with_reply = if words[0] == "MSG" { 5 } else { 6 };
-                if words.len() == with_reply && words[3].starts_with("$JS.ACK.") {
-                    got.push(words[3].to_string());
-                }
-            }
-            Some("-ERR") => panic!("nats-server refused the thief: {line}"),
-            _ => {}
-        }
-    }
+        got.len() >= n
+    })
+    .expect("nats-server answers the thief");
     got
 }
 
-/// One request to the broker's JetStream API (`$JS.API.<what>`) with `body`, on a plain
-/// connection of its own (the tests have no NATS client): its JSON answer, `None` without one
-/// within `within`.
+/// One request to the broker's JetStream API (`$JS.API.<what>`) with `body`: its JSON answer,
+/// `None` without one within `within`.
 pub(crate) fn js_api(url: &str, what: &str, body: &str, within: Duration) -> Option<Value> {
+    let mut answer = None;
+    raw_nats(url, &format!("$JS.API.{what}"), body, within, |_, msg| {
+        answer = serde_json::from_slice(msg).ok();
+        true
+    })?;
+    answer
+}
+
+/// A NATS client of a few lines (the tests have none): connects to `url`, subscribes to an
+/// inbox, publishes `body` to `subject` with that inbox as its reply subject, and hands each
+/// message that comes (its reply subject, its payload) to `take` until it says it has enough or
+/// `within` passes. `None` when the server cannot be reached or refuses the request.
+fn raw_nats(
+    url: &str,
+    subject: &str,
+    body: &str,
+    within: Duration,
+    mut take: impl FnMut(Option<&str>, &[u8]) -> bool,
+) -> Option<()> {
     use std::io::{BufRead, BufReader, Read, Write};
-    let addr = url.trim_start_matches("nats://");
-    let sock = std::net::TcpStream::connect(addr).ok()?;
+    let sock = std::net::TcpStream::connect(url.trim_start_matches("nats://")).ok()?;
     let mut out = sock.try_clone().ok()?;
     let mut rd = BufReader::new(sock);
     let deadline = Instant::now() + within;
@@ -2338,27 +2319,37 @@ pub(crate) fn js_api(url: &str, what: &str, body: &str, within: Duration) -> Opt
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return None;
+            return Some(());
         }
         rd.get_ref().set_read_timeout(Some(left)).ok()?;
         line.clear();
-        if rd.read_line(&mut line).ok()? == 0 {
-            return None;
+        if rd.read_line(&mut line).unwrap_or(0) == 0 {
+            return Some(());
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.first().copied() {
             Some("INFO") => write!(
                 out,
-                "CONNECT {{\"verbose\":false,\"headers\":true,\"no_responders\":true}}\r\nSUB _INBOX.api 1\r\nPUB $JS.API.{what} _INBOX.api {}\r\n{body}\r\n",
+                "CONNECT {{\"verbose\":false,\"headers\":true,\"no_responders\":true}}\r\nSUB _INBOX.raw 1\r\nPUB {subject} _INBOX.raw {}\r\n{body}\r\n",
                 body.len()
             )
             .ok()?,
             Some("PING") => out.write_all(b"PONG\r\n").ok()?,
-            Some("MSG") => {
+            Some(kind @ ("MSG" | "HMSG")) => {
+                // MSG subject sid [reply] size; HMSG subject sid [reply] header-size size.
                 let size: usize = words.last()?.parse().ok()?;
-                let mut answer = vec![0; size + 2];
-                rd.read_exact(&mut answer).ok()?;
-                return serde_json::from_slice(&answer[..size]).ok();
+                let headers: usize = if kind == "HMSG" {
+                    words[words.len() - 2].parse().ok()?
+                } else {
+                    0
+                };
+                let mut msg = vec![0; size + 2];
+                rd.read_exact(&mut msg).ok()?;
+                let with_reply = if kind == "MSG" { 5 } else { 6 };
+                let reply = (words.len() == with_reply).then(|| words[3]);
+                if take(reply, &msg[headers..size]) {
+                    return Some(());
+                }
             }
             Some("-ERR") => return None,
             _ => {}

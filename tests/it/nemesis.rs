@@ -124,6 +124,21 @@ enum Fault {
     EdgeStop { frozen: f64 },
 }
 
+impl Fault {
+    /// Its name in [`FAULTS`].
+    fn kind(&self) -> &'static str {
+        match self {
+            Fault::Kill { .. } => "kill",
+            Fault::Stop { .. } => "stop",
+            Fault::Edit { .. } => "edit",
+            Fault::Roll { .. } => "roll",
+            Fault::Broker { .. } => "broker",
+            Fault::Edge { .. } => "edge",
+            Fault::EdgeStop { .. } => "edgestop",
+        }
+    }
+}
+
 /// The seed's schedule: faults with the pause before each.
 fn schedule(seed: u64, faults: &[String], steps: usize) -> Vec<(f64, Fault)> {
     let mut rng = Rng(seed);
@@ -152,9 +167,10 @@ fn schedule(seed: u64, faults: &[String], steps: usize) -> Vec<(f64, Fault)> {
             "edgestop" => Fault::EdgeStop {
                 frozen: rng.between(0.3, 1.8) * ACK_WAIT,
             },
-            _ => Fault::Edge {
+            "edge" => Fault::Edge {
                 down: rng.between(0.1, 1.5),
             },
+            other => panic!("HERMES_NEMESIS_FAULTS: no fault {other:?} (the faults: {FAULTS:?})"),
         };
         out.push((pause, fault));
     }
@@ -739,16 +755,10 @@ fn run(bin: &Path, seed: u64, faults: &[String], steps: usize) -> Result<(), Str
     let dead: HashMap<&str, HashMap<u64, Value>> =
         HOOKS.iter().map(|h| (*h, fleet.dead(h))).collect();
     let broken = check(&posted, &starts, &dead, &fleet.edits, &fleet.broker_kills);
-    // Which faults the seed drew, by kind (`Kill 3, Broker 2, ...`).
-    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    // Which faults the seed drew, by kind (`broker 2, kill 3, ...`).
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, f) in &plan {
-        let kind = format!("{f:?}");
-        let kind = kind
-            .split([' ', '{'])
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        *kinds.entry(kind).or_default() += 1;
+        *kinds.entry(f.kind()).or_default() += 1;
     }
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     eprintln!(
