@@ -386,8 +386,10 @@ fn retired_past_deadline_on(bin: PathBuf) {
 
 /// Row 2: two workers with different `--ack-wait` (3 and 12) serving one hook. One rule
 /// decides the consumer's ack wait (the longest of the live workers'), so neither rewrites it
-/// again once both are known (the old code rewrote it at every status round, back and forth),
-/// and the worker whose own differs says so once.
+/// once both are known, not even the shorter one coming back after a crash (the old code set
+/// the consumer to each worker's own whenever it looked at it: 3 s and 12 s in turn), and the
+/// worker whose own differs says so once. The consumer's ack wait is read from the broker
+/// itself (its JetStream API), every 100 ms.
 #[testenv::needs(nats)]
 #[test]
 fn workers_with_different_ack_waits_do_not_fight_over_the_consumer() {
@@ -412,30 +414,68 @@ fn ack_waits_on(bin: PathBuf) {
             "100",
         ]
     };
-    let w1 = worker_with(&one, &nats, "w1", &opts("3"));
+    let mut w1 = worker_with(&one, &nats, "w1", &opts("3"));
     let w2 = worker_with(&two, &nats, "w2", &opts("12"));
     let edge = edge(&one, &nats.url(), &[]);
     wait_for_fleet(&edge, "roll", &["w1", "w2"]);
-    let updates = || {
-        w1.log().matches("updating consumer").count()
-            + w2.log().matches("updating consumer").count()
-    };
-    // Both have heard of each other (three status rounds and a second: `Versions::settled`).
-    std::thread::sleep(Duration::from_secs(2));
-    let before = updates();
-    // Fifteen status rounds of each worker.
-    std::thread::sleep(Duration::from_secs(3));
-    let after = updates();
     let b = bin.display();
-    assert_eq!(
-        before,
-        after,
-        "{b}: the consumer was rewritten again with both workers known\nw1:\n{}\nw2:\n{}",
-        w1.log(),
-        w2.log()
+    // The consumer's ack wait as the broker has it, in seconds (the lease's broker wait: the
+    // worker's less a tenth, at most a second: 12 s is 11 s, 3 s is 2.7 s).
+    let consumer_wait = || {
+        let info = crate::fleet::js_api(
+            &nats.url(),
+            "CONSUMER.INFO.HERMES_EVENTS.hook_roll",
+            "",
+            Duration::from_secs(5),
+        )
+        .unwrap_or_else(|| panic!("{b}: no answer from the broker's JetStream API"));
+        info["config"]["ack_wait"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{b}: no ack_wait in {info}")) as f64
+            / 1e9
+    };
+    let longest = 11.0;
+    // Both have heard of each other (three status rounds and a second: `Versions::settled`).
+    poll(
+        Duration::from_secs(10),
+        "the consumer waits 12 s less a second",
+        || ((consumer_wait() - longest).abs() < 0.01).then_some(()),
     );
+    // The waits read over `secs` seconds that are not the longest live worker's, of how many.
+    let sample = |secs: u64| {
+        let until = std::time::Instant::now() + Duration::from_secs(secs);
+        let mut seen = Vec::new();
+        while std::time::Instant::now() < until {
+            seen.push(consumer_wait());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let n = seen.len();
+        seen.retain(|w| (w - longest).abs() > 0.01);
+        (seen, n)
+    };
+    let fought = |what: &str, (off, n): (Vec<f64>, usize), w1: &crate::util::Serve| {
+        assert!(
+            off.is_empty(),
+            "{b}: {what}: the consumer's ack wait left the longest live worker's ({longest} s) \
+             {} times of {n}: {off:?}\nw1:\n{}\nw2:\n{}",
+            off.len(),
+            w1.log(),
+            w2.log()
+        );
+    };
+    // Thirty status rounds of each worker.
+    fought("both workers running", sample(3), &w1);
+    let first = w1.log();
+    // The shorter one crashes and comes back (a rolling restart): it finds the consumer
+    // waiting longer than it would, with w2 live, and leaves it so.
+    crash(&mut w1);
+    let w1 = worker_with(&one, &nats, "w1", &opts("3"));
+    wait_for_fleet(&edge, "roll", &["w1", "w2"]);
+    fought("w1 restarted", sample(4), &w1);
     let said = "differs from another live worker's";
-    assert_eq!(w1.log().matches(said).count(), 1, "{b}: w1 says it once");
+    for (what, log) in [("w1", first), ("w1 restarted", w1.log())] {
+        assert_eq!(log.matches(said).count(), 1, "{b}: {what} says it once");
+    }
     assert_eq!(
         w2.log().matches(said).count(),
         0,
