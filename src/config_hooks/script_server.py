@@ -49,6 +49,16 @@ _INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
 # next request (its first step, a collection, cannot stop halfway); an agent's tool calls come
 # seconds apart.
 _REHEARSE_AFTER_MS = 20
+# How long the server waits for a spare's request before it takes the calls as coming apart and
+# waits for the script's end instead (`_serve`).
+_SPACED_AFTER_MS = 20
+# The regular expressions the scripts compiled, told by their forks and compiled here for the
+# forks after them (`_tell_patterns`, `_learn`): at most this many a fork tells, this many in
+# all (`re` keeps 512), none longer than this, in an area of this size shared with the forks.
+_PATTERNS_TOLD = 64
+_PATTERNS_KEPT = 256
+_PATTERN_MAX = 4096
+_PATTERNS_AREA = 1 << 16
 _STATUS = 8  # the status page's record: the script's pid, then its wait status (32 bits each)
 _MAX_REQUEST = 1 << 20
 
@@ -108,28 +118,52 @@ def _serve(sock):
 
     A spare child is forked ahead of each request and reads it from the runner itself, so that
     neither a fork nor this server is on the request's way: the spare tells this server the
-    request it took, the server forks the next spare (with the script compiled for it) while
-    that one runs the script, and says the script's wait status when it has ended."""
+    request it took, and the server says the script's wait status when it has ended. When
+    requests come back to back (one within `_SPACED_AFTER_MS` of its spare's fork), the server
+    forks the next spare (with the script compiled for it) as soon as a spare takes its
+    request, while that one runs the script. When they come apart (an agent's tool calls), the
+    server waits for the script's end instead, and forks the next spare then: woken by the
+    request, it would take the CPU the script starts on for the fork (0.5-0.8 ms of a call
+    here, measured with calls 100 ms apart), and the next request is far off."""
     compiled = {}
     pid, chan = _fork_spare(sock, compiled)
     if pid == 0:
         return chan
     while True:
-        try:
-            data = chan.recv(_MAX_REQUEST)
-        except OSError:
-            data = b""
-        chan.close()
-        if not data:  # the spare ended without a request: the runner is gone
-            os.waitpid(pid, 0)
-            os._exit(0)
         running = pid
+        poller = _select.poll()
+        poller.register(chan.fileno(), _select.POLLIN)
+        apart = not poller.poll(_SPACED_AFTER_MS)
+        if apart:
+            # The request stays on the channel for when the script has ended.
+            _, status = os.waitpid(running, 0)
+        data = _take_request(chan)
+        if not data:  # the spare ended without a request: the runner is gone
+            if not apart:
+                os.waitpid(running, 0)
+            os._exit(0)
         _precompile(data, compiled)
-        pid, chan = _fork_spare(sock, compiled)
-        if pid == 0:
-            return chan
-        _, status = os.waitpid(running, 0)
+        if not apart:
+            pid, chan = _fork_spare(sock, compiled)
+            if pid == 0:
+                return chan
+            _, status = os.waitpid(running, 0)
         sock.sendall(b"status %d %d" % (running, status))
+        _learn()
+        if apart:
+            pid, chan = _fork_spare(sock, compiled)
+            if pid == 0:
+                return chan
+
+
+def _take_request(chan):
+    """The request a spare sent on its channel (b"": none), the channel closed."""
+    try:
+        return chan.recv(_MAX_REQUEST)
+    except OSError:
+        return b""
+    finally:
+        chan.close()
 
 
 def _fork_spare(sock, compiled):
@@ -438,6 +472,7 @@ def _end(code, interrupted=False):
         os.kill(os.getpid(), _signal.SIGINT)
     else:
         _report_exit((code if ok else 120) << 8)
+        _tell_patterns()
     os._exit(code if ok else 120)
 
 
@@ -463,6 +498,112 @@ def _report_exit(status):
         os.close(null)
     except (OSError, ValueError, OverflowError):
         pass
+
+
+def _warm():
+    """The keys of what `re` has compiled and kept here (what a fork need not compile)."""
+    cache = getattr(sys.modules.get("re"), "_cache", None)
+    try:
+        return frozenset(cache) if isinstance(cache, dict) else frozenset()
+    except RuntimeError:  # changed while read (a thread of the script's)
+        return frozenset()
+
+
+def _tell_patterns():
+    """In a script's fork, after its exit status is told (off the call's way): the regular
+    expressions it compiled through `re` that this server had not, written in the area
+    shared with the server (`_learn` compiles them there for the forks after it: a published
+    gate's list of patterns cost its every run 0.2-0.4 ms of compiling). Best effort: an area
+    not yet read is written over."""
+    if _PATTERNS is None or _ME != os.getpid():
+        return
+    try:
+        told = []
+        for key in list(getattr(sys.modules.get("re"), "_cache", None) or ()):
+            if len(told) >= _PATTERNS_TOLD:
+                break
+            if key in _WARM or not isinstance(key, tuple) or len(key) != 3:
+                continue
+            kind, pattern, flags = key
+            if kind in (str, bytes) and type(pattern) is kind and type(flags) is int \
+                    and 0 <= flags < 1 << 31 and len(pattern) <= _PATTERN_MAX:
+                told.append(_pattern_record(kind is bytes, pattern, flags))
+        data = b"".join(told)
+        if not data or len(data) > _PATTERNS_AREA - 4:
+            return
+        _PATTERNS[4:4 + len(data)] = data
+        _PATTERNS[0:4] = len(data).to_bytes(4, sys.byteorder)
+    except Exception:  # noqa: S110 (a hint for later runs only)
+        pass
+
+
+def _pattern_record(is_bytes, pattern, flags):
+    """One regular expression as `_tell_patterns` writes it: its kind (1: bytes), its flags
+    and its length (32 bits each), then the pattern (UTF-8, a lone surrogate kept)."""
+    raw = pattern if is_bytes else pattern.encode("utf-8", "surrogatepass")
+    return b"".join(n.to_bytes(4, "little") for n in (int(is_bytes), flags, len(raw))) + raw
+
+
+def _pattern_records(data):
+    """The (is bytes, pattern, flags) written by `_pattern_record`, read back with every bound
+    checked; a record that does not read stops the reading."""
+    at, out = 0, []
+    while at + 12 <= len(data) and len(out) < _PATTERNS_TOLD:
+        kind, flags, size = (int.from_bytes(data[at + i:at + i + 4], "little")
+                             for i in (0, 4, 8))
+        raw = data[at + 12:at + 12 + size]
+        if kind > 1 or flags >= 1 << 31 or size > 4 * _PATTERN_MAX or len(raw) != size:
+            break
+        at += 12 + size
+        if kind:
+            out.append((True, raw, flags))
+            continue
+        try:
+            out.append((False, raw.decode("utf-8", "surrogatepass"), flags))
+        except UnicodeError:
+            break
+    return out
+
+
+def _learn():
+    """In the server, after a script's fork ended: the regular expressions it told compiled
+    and kept in `re`'s cache, so that the forks after it find them compiled, as a fresh
+    interpreter finds the ones the standard library compiled at import. What the script sees
+    is the same: `re` gives the same pattern (the cache's key is the pattern, its type and its
+    flags); one whose compiling warns is not kept (a fresh run prints that warning on the
+    script's stderr). Read from an area the forks write: checked, never trusted."""
+    global _WARM, _PATTERNS_LEFT
+    if _PATTERNS is None:
+        return
+    size = int.from_bytes(_PATTERNS[0:4], sys.byteorder)
+    if not size:
+        return
+    _PATTERNS[0:4] = bytes(4)
+    re = sys.modules.get("re")
+    compiler = sys.modules.get("re._compiler")
+    if size > _PATTERNS_AREA - 4 or re is None or compiler is None or _PATTERNS_LEFT <= 0:
+        return
+    for is_bytes, pattern, flags in _pattern_records(_PATTERNS[4:4 + size]):
+        if _PATTERNS_LEFT <= 0:
+            break
+        kind = bytes if is_bytes else str
+        if flags & re.DEBUG or (kind, pattern, flags) in _WARM:
+            continue
+        _PATTERNS_LEFT -= 1
+        with _warnings.catch_warnings(record=True) as warned:
+            _warnings.simplefilter("always")
+            try:
+                compiler.compile(pattern, flags)  # not kept: only to see whether it warns
+            except Exception:  # noqa: B902 (an error: the script's run raises it again)
+                continue
+        if warned:
+            continue
+        try:
+            re.compile(pattern, flags)
+        except Exception:  # noqa: B902,S112
+            continue
+    _WARM = _warm()
+    _gc.freeze()  # out of the forks' collections, as everything loaded before
 
 
 def _forget_file(main):
@@ -498,6 +639,23 @@ def _status_page():
     except (OSError, ValueError):
         os.close(fd)
         return None, None
+
+
+def _patterns_area():
+    """The area (a shared memfd mapping, inherited by every fork; its descriptor closed) in
+    which a script's fork tells the server the regular expressions it compiled; None without
+    one."""
+    try:
+        fd = os.memfd_create("hermes-hooks-script-patterns", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        os.ftruncate(fd, _PATTERNS_AREA)
+        return _mmap.mmap(fd, _PATTERNS_AREA)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _start():
@@ -543,6 +701,8 @@ def _start():
 if __name__ == "__main__":
     _ME = None  # in a fork that runs a script: its pid
     _SOCK, _PATH0, _LOADED, _PAGE = _start()
+    _PATTERNS, _PATTERNS_LEFT = _patterns_area(), _PATTERNS_KEPT
+    _WARM = _warm()
     try:
         _JOB = _serve(_SOCK)
     except OSError:  # the runner went away

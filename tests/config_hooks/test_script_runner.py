@@ -111,6 +111,16 @@ SCRIPTS = {
     "warns.py": "x = 1\nprint(x is 1, '\\d')\n",
     "nul.py": "print('a')\0\n",
     "stdout_gone.py": "import sys, os\nprint('x' * 10)\nsys.stdout.close()\n",
+    # Regular expressions (str and bytes, with flags), one whose compiling warns (a possible
+    # nested set): the server keeps what earlier runs compiled (`_learn`).
+    "regex.py": ("import re, sys\ndata = sys.stdin.read()\n"
+                 "print(re.search(r'\\brm\\s+-[a-z]*r[a-z]*f', data) is not None)\n"
+                 "print(re.findall(r'(?m)^git (\\w+)', 'git push\\ngit pull'))\n"
+                 "print(re.search('ROOT', data, re.IGNORECASE) is not None)\n"
+                 "print(re.match(rb'\\x00[a-f]+', b'\\x00abc').group())\n"
+                 "print(re.sub(r'[[]x', '-', '[x'))\n"),
+    "regex_cache.py": ("import re\nprint(*[(str, p, 0) in re._cache\n"
+                       "         for p in (r'(?m)^git (\\w+)', r'[[]x')])\n"),
 }
 
 
@@ -232,6 +242,28 @@ class Scripts(unittest.TestCase):
         self.assertIn("SyntaxWarning", self.both([self.path("warns.py")])[3])
         for _ in range(2):  # compiled by the server after a first run: warns all the same
             self.assertIn("SyntaxWarning", self.both([self.path("warns.py")])[3])
+
+    def test_regular_expressions_compiled_by_earlier_runs(self):
+        """The fork server keeps the regular expressions a script's runs compiled, for the
+        runs after them; each run still sees what a fresh interpreter sees: the same matches,
+        and the same warning on stderr every time (a pattern whose compiling warns is never
+        kept)."""
+        for _ in range(4):
+            got = self.both([self.path("regex.py")], stdin="sudo rm -rf / # root")
+            self.assertEqual(got[2].split("\n")[:3], ["True", "['push', 'pull']", "True"])
+            self.assertIn("FutureWarning: Possible nested set", got[3])
+        # Back to back (`both` runs a process between two forks: they come apart), where the
+        # server forks the next spare as soon as one takes its request.
+        fresh = self.process([self.path("regex.py")], "rm -rf", 20, None)
+        fresh = (fresh.returncode, fresh.stdout, self.split_ppid(fresh.stderr)[0])
+        for _ in range(6):
+            done = script_runner.run_command([self.path("regex.py")], "rm -rf", 20, None)
+            self.assertEqual((done.returncode, done.stdout, self.split_ppid(done.stderr)[0]),
+                             fresh)
+        if FORKS:
+            # Not compared with a fresh interpreter: there, re's cache starts empty.
+            kept = script_runner.run_command([self.path("regex_cache.py")], "", 20, None)
+            self.assertEqual(kept.stdout.split(), ["True", "False"], kept)
 
     def test_the_end_of_the_interpreter(self):
         """atexit functions, non-daemon threads joined, the script's objects finalized (an
