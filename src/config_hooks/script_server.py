@@ -501,7 +501,8 @@ def _report_exit(status):
 
 
 def _warm():
-    """The keys of what `re` has compiled and kept here (what a fork need not compile)."""
+    """The keys of what `re` has compiled and kept here (what a fork need not compile, nor
+    tell)."""
     cache = getattr(sys.modules.get("re"), "_cache", None)
     try:
         return frozenset(cache) if isinstance(cache, dict) else frozenset()
@@ -572,7 +573,7 @@ def _learn():
     is the same: `re` gives the same pattern (the cache's key is the pattern, its type and its
     flags); one whose compiling warns is not kept (a fresh run prints that warning on the
     script's stderr). Read from an area the forks write: checked, never trusted."""
-    global _WARM, _PATTERNS_LEFT
+    global _WARM, _PATTERNS_LEFT, _REFUSED
     if _PATTERNS is None:
         return
     size = int.from_bytes(_PATTERNS[0:4], sys.byteorder)
@@ -595,14 +596,16 @@ def _learn():
             try:
                 compiler.compile(pattern, flags)  # not kept: only to see whether it warns
             except Exception:  # noqa: B902 (an error: the script's run raises it again)
-                continue
-        if warned:
-            continue
+                warned = True
         try:
-            re.compile(pattern, flags)
-        except Exception:  # noqa: B902,S112
-            continue
-    _WARM = _warm()
+            if not warned:
+                re.compile(pattern, flags)
+                continue
+        except Exception:  # noqa: B902,S110
+            pass
+        # Not kept: told no more (the forks leave out what `_WARM` has), tried no more.
+        _REFUSED = _REFUSED | {(kind, pattern, flags)}
+    _WARM = _warm() | _REFUSED
     _gc.freeze()  # out of the forks' collections, as everything loaded before
 
 
@@ -701,7 +704,7 @@ def _start():
 if __name__ == "__main__":
     _ME = None  # in a fork that runs a script: its pid
     _SOCK, _PATH0, _LOADED, _PAGE = _start()
-    _PATTERNS, _PATTERNS_LEFT = _patterns_area(), _PATTERNS_KEPT
+    _PATTERNS, _PATTERNS_LEFT, _REFUSED = _patterns_area(), _PATTERNS_KEPT, frozenset()
     _WARM = _warm()
     try:
         _JOB = _serve(_SOCK)
