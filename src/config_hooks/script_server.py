@@ -102,12 +102,25 @@ def _read_script(path):
     if path.endswith((".pyc", ".pyo")):
         return None
     try:
-        with open(path, "rb") as f:
-            if not (os.fstat(f.fileno()).st_mode & 0o170000) == 0o100000:
-                return None
-            source = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000) == 0o100000:
+            return None
+        chunks, want = [], st.st_size + 1
+        while True:  # (to its end, as the interpreter reads it: a file may grow meanwhile)
+            chunk = os.read(fd, want)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            want = 1 << 16
+        source = b"".join(chunks)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if b"PK\x05\x06" in source:  # a zip archive's end: Python would import __main__ from it
         return None
     return source
@@ -117,44 +130,79 @@ def _serve(sock):
     """Runs until the runner goes; returns only in a forked child, with its job.
 
     A spare child is forked ahead of each request and reads it from the runner itself, so that
-    neither a fork nor this server is on the request's way: the spare tells this server the
-    request it took, and the server says the script's wait status when it has ended. When
-    requests come back to back (one within `_SPACED_AFTER_MS` of the server's turning to its
-    spare, once the script before has ended), the server forks the next spare (with the
-    script compiled for it) as soon as a spare takes its request, while that one runs the
-    script. When they come apart (an agent's tool calls), the
-    server waits for the script's end instead, and forks the next spare then: woken by the
-    request, it would take the CPU the script starts on for the fork (0.5-0.8 ms of a call
-    here, measured with calls 100 ms apart), and the next request is far off."""
+    neither a fork nor this server is on the request's way; the server says each script's wait
+    status when its process has ended. When requests come back to back (one within
+    `_SPACED_AFTER_MS` of the script before's end, or before it), the server watches the
+    spare's channel, on which the spare tells it the request it took, and forks the next spare
+    at once, while that one runs the script; it waits for the scripts' ends (a pidfd each) at
+    the same time, never in `waitpid`: a script's process ends about a millisecond after it
+    told the runner its status (unmapping its copy of the interpreter), by when the next
+    request may have come. When requests come apart (an agent's tool calls), the server
+    watches the spare's pidfd only: the request wakes nobody but the spare (woken by it, the
+    server took the CPU the script starts on: 0.4-0.8 ms of a call, measured with calls 100 ms
+    apart), and the next spare is forked after the script's end, the request read from the
+    channel then."""
     compiled = {}
     pid, chan = _fork_spare(sock, compiled)
     if pid == 0:
         return chan
+    spare = _pidfd(pid)
+    # The scripts not yet waited for: their pid, by the pidfd that reads once it has ended (a
+    # negative key: no pidfd, waited for in `waitpid` at once).
+    running = {}
+    soon = False  # the last script ended less than `_SPACED_AFTER_MS` ago
     while True:
-        running = pid
         poller = _select.poll()
-        poller.register(chan.fileno(), _select.POLLIN)
-        apart = not poller.poll(_SPACED_AFTER_MS)
-        if apart:
-            # The request stays on the channel for when the script has ended.
-            _, status = os.waitpid(running, 0)
-        data = _take_request(chan)
-        if not data:  # the spare ended without a request: the runner is gone
-            if not apart:
-                os.waitpid(running, 0)
-            os._exit(0)
-        _precompile(data, compiled)
-        if not apart:
+        watch = chan is not None and (soon or bool(running) or spare < 0)
+        if watch:
+            poller.register(chan.fileno(), _select.POLLIN)
+        elif chan is not None:
+            poller.register(spare, _select.POLLIN)
+        for key in running:
+            poller.register(key, _select.POLLIN)
+        idle = chan is not None and not running
+        ready = {fd for fd, _ in poller.poll(_SPACED_AFTER_MS if idle and soon else None)}
+        if not ready:
+            soon = False  # no request soon after the last script's end: the next comes apart
+            continue
+        ended = {key for key in running if key in ready}
+        if chan is not None and (chan.fileno() if watch else spare) in ready:
+            data = _take_request(chan)
+            chan = None
+            if not data:  # the spare ended without a request: the runner is gone
+                for child in running.values():
+                    os.waitpid(child, 0)
+                os._exit(0)
+            _precompile(data, compiled)
+            running[spare] = pid
+            if watch:
+                pid, chan = _fork_spare(sock, compiled)
+                if pid == 0:
+                    return chan
+                spare = _pidfd(pid)
+            else:
+                ended.add(spare)  # its pidfd read: the script has ended
+        for key in [k for k in running if k < 0 or k in ended]:
+            child = running.pop(key)
+            _, status = os.waitpid(child, 0)
+            if key >= 0:
+                os.close(key)
+            sock.sendall(b"status %d %d" % (child, status))
+            _learn()
+        if chan is None:
             pid, chan = _fork_spare(sock, compiled)
             if pid == 0:
                 return chan
-            _, status = os.waitpid(running, 0)
-        sock.sendall(b"status %d %d" % (running, status))
-        _learn()
-        if apart:
-            pid, chan = _fork_spare(sock, compiled)
-            if pid == 0:
-                return chan
+            spare = _pidfd(pid)
+        soon = not running
+
+
+def _pidfd(pid):
+    """A descriptor of the child `pid` that reads once it has ended; -pid where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -pid
 
 
 def _take_request(chan):
@@ -190,6 +238,35 @@ def _prepare(sock, chan):
     _close([int(n) for n in listed if int(n) not in keep])
     for name in [n for n in sys.modules if n not in _FRESH and n not in _LOADED]:
         del sys.modules[name]
+    global _STDIO
+    _STDIO = _stdio_ahead()
+
+
+def _stdio_ahead():
+    """The script's sys.stdin, sys.stdout and sys.stderr as `_become` makes them, made ahead
+    on a pipe in place of 0, 1 and 2 for a moment: what the runner sends is a pipe each, and
+    a stream keeps only what it read of its descriptor as it was made (not seekable, not a
+    terminal, a pipe's block size), the same for any pipe. None when it cannot."""
+    unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
+    saved = []
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    try:
+        saved = [os.dup(fd) for fd in (0, 1, 2)]
+        for target, fd in enumerate((r, w, w)):
+            os.dup2(fd, target)
+        return (_stdio(0, "<stdin>", sys.__stdin__, False, unbuffered),
+                _stdio(1, "<stdout>", sys.__stdout__, True, unbuffered),
+                _stdio(2, "<stderr>", sys.__stderr__, True, unbuffered))
+    except OSError:
+        return None
+    finally:
+        if len(saved) == 3:
+            for target, fd in enumerate(saved):
+                os.dup2(fd, target)
+        _close(saved + [r, w])
 
 
 def _rehearse(sock):
@@ -349,6 +426,13 @@ def _stdio(fd, name, old, write, unbuffered):
     return stream
 
 
+def _is_pipe(fd):
+    try:
+        return os.fstat(fd).st_mode & 0o170000 == 0o010000
+    except OSError:
+        return False
+
+
 def _become(job):
     """In the child: the process a fresh `python3 SCRIPT ARGS` would be, up to its first
     line of code."""
@@ -360,10 +444,14 @@ def _become(job):
             os.dup2(fd, target)
     sock.close()
     _close([fd for fd in fds if fd > 2])
-    unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
-    sys.stdin = sys.__stdin__ = _stdio(0, "<stdin>", sys.__stdin__, False, unbuffered)
-    sys.stdout = sys.__stdout__ = _stdio(1, "<stdout>", sys.__stdout__, True, unbuffered)
-    sys.stderr = sys.__stderr__ = _stdio(2, "<stderr>", sys.__stderr__, True, unbuffered)
+    if _STDIO is not None and all(_is_pipe(fd) for fd in (0, 1, 2)):
+        sys.stdin, sys.stdout, sys.stderr = _STDIO
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = _STDIO
+    else:
+        unbuffered = bool(getattr(sys.__stdout__, "write_through", False))
+        sys.stdin = sys.__stdin__ = _stdio(0, "<stdin>", sys.__stdin__, False, unbuffered)
+        sys.stdout = sys.__stdout__ = _stdio(1, "<stdout>", sys.__stdout__, True, unbuffered)
+        sys.stderr = sys.__stderr__ = _stdio(2, "<stderr>", sys.__stderr__, True, unbuffered)
     sys.argv = [script] + argv
     if hasattr(sys, "orig_argv"):
         # The interpreter's own arguments (whatever a wrapper on the way added), then the
@@ -704,6 +792,7 @@ def _start():
 
 if __name__ == "__main__":
     _ME = None  # in a fork that runs a script: its pid
+    _STDIO = None  # in a spare: the script's stdio, made ahead (`_stdio_ahead`)
     _SOCK, _PATH0, _LOADED, _PAGE = _start()
     _PATTERNS, _PATTERNS_LEFT, _REFUSED = _patterns_area(), _PATTERNS_KEPT, frozenset()
     _WARM = _warm()

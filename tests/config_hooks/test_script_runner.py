@@ -265,6 +265,24 @@ class Scripts(unittest.TestCase):
             kept = script_runner.run_command([self.path("regex_cache.py")], "", 20, None)
             self.assertEqual(kept.stdout.split(), ["True", "False"], kept)
 
+    def test_statuses_back_to_back(self):
+        """Calls back to back, where the server forks the next spare as a script starts and
+        waits for the scripts' ends beside it (a script's process may still be ending when
+        the next one runs): each call gets its own script's status and outputs, whether the
+        script wrote its status before its end or the server tells it after (`os._exit`, a
+        signal), a killed script's status never taken for the next one's."""
+        names = ("exit3.py", "os_exit.py", "echo.py", "killed_hard.py", "raises.py",
+                 "killed.py", "exit_none.py")
+        fresh = {}
+        for name in names:
+            done = self.process([self.path(name)], "{}", 20, None)
+            fresh[name] = (done.returncode, done.stdout, self.split_ppid(done.stderr)[0])
+        for round_ in range(3):
+            for name in names[round_:] + names[:round_]:
+                done = script_runner.run_command([self.path(name)], "{}", 20, None)
+                self.assertEqual((done.returncode, done.stdout,
+                                  self.split_ppid(done.stderr)[0]), fresh[name], name)
+
     def test_the_end_of_the_interpreter(self):
         """atexit functions, non-daemon threads joined, the script's objects finalized (an
         unclosed file flushed, __del__)."""
