@@ -143,7 +143,7 @@ def _serve(sock):
     apart), and the next spare is forked after the script's end, the request read from the
     channel then."""
     compiled = {}
-    pid, chan = _fork_spare(sock, compiled)
+    pid, chan = _fork_spare(sock, compiled, ())
     if pid == 0:
         return chan
     spare = _pidfd(pid)
@@ -176,7 +176,7 @@ def _serve(sock):
             _precompile(data, compiled)
             running[spare] = pid
             if watch:
-                pid, chan = _fork_spare(sock, compiled)
+                pid, chan = _fork_spare(sock, compiled, running)
                 if pid == 0:
                     return chan
                 spare = _pidfd(pid)
@@ -190,7 +190,7 @@ def _serve(sock):
             sock.sendall(b"status %d %d" % (child, status))
             _learn()
         if chan is None:
-            pid, chan = _fork_spare(sock, compiled)
+            pid, chan = _fork_spare(sock, compiled, running)
             if pid == 0:
                 return chan
             spare = _pidfd(pid)
@@ -215,29 +215,54 @@ def _take_request(chan):
         chan.close()
 
 
-def _fork_spare(sock, compiled):
-    """(pid, the channel to it) in the server; (0, its job) in the spare, once it has one."""
+def _fork_spare(sock, compiled, pidfds):
+    """(pid, the channel to it) in the server; (0, its job) in the spare, once it has one.
+    `pidfds`: the server's descriptors of its children, which the spare closes."""
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    drop = _dropped()
+    fds = None if _SERVER_FDS is None else _SERVER_FDS + tuple(k for k in pidfds if k >= 0)
     pid = os.fork()
     if pid:
         theirs.close()
         return pid, ours
     ours.close()
-    _prepare(sock, theirs)
+    _prepare(sock, theirs, fds, drop)
     return 0, _take_job(sock, theirs, compiled)
 
 
-def _prepare(sock, chan):
-    """In a spare, before its request: what does not depend on it (the server's descriptors
-    and modules let go of), done while nobody waits."""
-    keep = {0, 1, 2, sock.fileno(), chan.fileno()}
+def _dropped():
+    """The modules a spare drops: the server's own, which a fresh start has not loaded (found
+    again only when the server has loaded another since)."""
+    global _DROP
+    if _DROP[0] != len(sys.modules):
+        _DROP = (len(sys.modules),
+                 tuple(n for n in sys.modules if n not in _FRESH and n not in _LOADED))
+    return _DROP[1]
+
+
+def _open_fds():
+    """The server's descriptors as it starts serving (None: not known), which it keeps; the
+    others it opens are its children's pidfds and spares' channels."""
     try:
-        listed = os.listdir("/proc/self/fd")
-    except OSError:
-        listed = []
-    _close([int(n) for n in listed if int(n) not in keep])
-    for name in [n for n in sys.modules if n not in _FRESH and n not in _LOADED]:
-        del sys.modules[name]
+        return tuple(int(n) for n in os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        return None
+
+
+def _prepare(sock, chan, fds, drop):
+    """In a spare, before its request: what does not depend on it (the server's descriptors
+    `fds` and modules `drop` let go of), done while nobody waits. Both are found by the
+    server: listed here, they would make a fork write to (and copy) a page of the server's
+    for each module's name and more (100 pages a fork, 0.3 ms of it)."""
+    keep = {0, 1, 2, sock.fileno(), chan.fileno()}
+    if fds is None:
+        try:
+            fds = [int(n) for n in os.listdir("/proc/self/fd")]
+        except OSError:
+            fds = []
+    _close([fd for fd in fds if fd not in keep])
+    for name in drop:
+        sys.modules.pop(name, None)
     global _STDIO
     _STDIO = _stdio_ahead()
 
@@ -796,6 +821,8 @@ if __name__ == "__main__":
     _SOCK, _PATH0, _LOADED, _PAGE = _start()
     _PATTERNS, _PATTERNS_LEFT, _REFUSED = _patterns_area(), _PATTERNS_KEPT, frozenset()
     _WARM = _warm()
+    _DROP = (None, ())  # (the count of sys.modules, the modules a spare drops): `_dropped`
+    _SERVER_FDS = _open_fds()
     try:
         _JOB = _serve(_SOCK)
     except OSError:  # the runner went away
