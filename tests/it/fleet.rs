@@ -286,7 +286,7 @@ def handle(event, context):
     fleet = context.get("_fleet", {{}})
     rec = {{"n": context.get("n"), "id": fleet.get("event_id"), "d": fleet.get("delivered"),
             "w": os.environ.get("TEST_WORKER"), "event": event, "seq": fleet.get("stream_seq"),
-            "pid": os.getpid(), "t": time.time()}}
+            "pid": os.getpid(), "t": time.time(), "adm": fleet.get("admitted_ns")}}
     if context.get("slow") and fleet.get("delivered") == 1:
         with open({started:?}, "a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -139,16 +139,38 @@ fn pause_on(bin: PathBuf, whole_tree: bool, exec: bool) {
         .iter()
         .filter_map(|r| r["t"].as_f64())
         .fold(f64::MAX, f64::min);
+    // When each handling was let start: the Python runner's look at the start gate
+    // (`_fleet.admitted_ns`), else (an executable) the handler's first clock reading. Not the
+    // Python handler's own clock: a process tree stopped between the runner's look and the
+    // handler's first line (tens of microseconds) has the handler read the clock as it wakes,
+    // for a call let start under the lease.
+    let admitted = recs.iter().all(|r| r["adm"].is_u64());
+    let start = |r: &Value| {
+        if admitted {
+            r["adm"].as_u64().map(|ns| ns as f64 / 1e9)
+        } else {
+            r["t"].as_f64()
+        }
+    };
+    let taken_at = taken
+        .iter()
+        .filter_map(&start)
+        .fold(f64::MAX, f64::min);
     let late: Vec<&Value> = recs
         .iter()
-        .filter(|r| r["w"] == holder.as_str() && r["t"].as_f64().unwrap_or(0.0) >= took_over)
+        .filter(|r| r["w"] == holder.as_str() && start(r).unwrap_or(0.0) >= taken_at)
         .collect();
     eprintln!(
-        "{what}: frozen {:.1} s, the other worker took over {:.1} s after the stop; {} handlings, {} by the old holder after that",
+        "{what}: frozen {:.1} s, the other worker took over {:.1} s after the stop; {} handlings, {} by the old holder after that (by {})",
         woke - stopped,
         took_over - stopped,
         recs.len(),
-        late.len()
+        late.len(),
+        if admitted {
+            "the runner's admissions"
+        } else {
+            "the handlers' clocks"
+        }
     );
     assert!(
         late.is_empty(),

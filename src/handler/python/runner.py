@@ -565,16 +565,19 @@ _expired_epoch = None
 
 
 def past_start_by(req, start_by):
-    """Whether a request may no longer start: its start-by bound passed, or an earlier request of
-    its epoch's did (the calls behind it keep their order: none of them starts either)."""
+    """None when a request may no longer start (its start-by bound passed, or an earlier request
+    of its epoch's did: the calls behind it keep their order, none of them starts either); else
+    the moment it was let start (monotonic ns), which the handler sees as
+    ``context["_fleet"]["admitted_ns"]``."""
     global _expired_epoch
     epoch = req.get("epoch")
     if epoch is not None and epoch == _expired_epoch:
-        return True
-    if not isinstance(start_by, int) or time.monotonic_ns() >= start_by:
+        return None
+    now = time.monotonic_ns()
+    if not isinstance(start_by, int) or now >= start_by:
         _expired_epoch = epoch
-        return True
-    return False
+        return None
+    return now
 
 
 def answer(handle, hook_name, line):
@@ -594,8 +597,13 @@ def answer(handle, hook_name, line):
     if context is None:
         context = {}
     start_by = req.get("start_by")
-    if start_by is not None and past_start_by(req, start_by):
-        return send({"id": req_id, "ok": False, "skipped": True, "expired": True})
+    if start_by is not None:
+        admitted = past_start_by(req, start_by)
+        if admitted is None:
+            return send({"id": req_id, "ok": False, "skipped": True, "expired": True})
+        fleet = context.get("_fleet") if isinstance(context, dict) else None
+        if isinstance(fleet, dict):
+            fleet["admitted_ns"] = admitted
     try:
         result = handle(event, context)
     except KeyboardInterrupt:
