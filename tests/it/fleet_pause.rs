@@ -152,10 +152,7 @@ fn pause_on(bin: PathBuf, whole_tree: bool, exec: bool) {
             r["t"].as_f64()
         }
     };
-    let taken_at = taken
-        .iter()
-        .filter_map(&start)
-        .fold(f64::MAX, f64::min);
+    let taken_at = taken.iter().filter_map(&start).fold(f64::MAX, f64::min);
     let late: Vec<&Value> = recs
         .iter()
         .filter(|r| r["w"] == holder.as_str() && start(r).unwrap_or(0.0) >= taken_at)
