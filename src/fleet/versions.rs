@@ -172,7 +172,12 @@ impl Versions {
                 // restarted worker's first load is not done) keeps its versions gone: they may
                 // still come back (the nemesis's seed 15933431368365335045: a worker's first
                 // status after a restart, before its hooks loaded, made the events only its
-                // old version matched look like nobody's).
+                // old version matched look like nobody's). A gone version learnt changed only
+                // now was on its worker's disk until now, as far as anyone knows: an event
+                // accepted meanwhile that only it matched is owed a dead letter, not skipped
+                // (the nemesis's seed 17722090543346195135 on 2.15: an event accepted after a
+                // rolling update's drain ended, while the stopping worker still had the old
+                // version, was skipped once that worker came back with the new one).
                 for (key, list) in retired.iter_mut() {
                     let Some((running, _)) = hooks.get(key) else {
                         continue;
@@ -181,6 +186,9 @@ impl Versions {
                         .iter_mut()
                         .filter(|r| r.worker == status.worker && r.patterns != *running)
                     {
+                        if r.gone {
+                            r.ended = r.ended.max(now);
+                        }
                         r.gone = false;
                     }
                 }
@@ -791,7 +799,14 @@ mod tests {
             "its worker stopped: it may come back with it"
         );
         assert!(nobody(&v, "roll:x", later), "no version matches it");
+        let stopped = SystemTime::now();
+        std::thread::sleep(Duration::from_millis(20));
         v.update("me", status("old", true, &["roll:c"], None));
+        assert!(
+            owed(&v, "roll:b", stopped),
+            "accepted while its worker was stopped with the old version on its disk: a dead \
+             letter, though the worker came back with another"
+        );
         assert!(
             nobody(&v, "roll:b", later),
             "back with another version: accepted after the change, no version matches it"
