@@ -285,7 +285,7 @@ def _stdio_ahead():
         return (_stdio(0, "<stdin>", sys.__stdin__, False, unbuffered),
                 _stdio(1, "<stdout>", sys.__stdout__, True, unbuffered),
                 _stdio(2, "<stderr>", sys.__stderr__, True, unbuffered))
-    except OSError:
+    except Exception:  # noqa: B902 (made when the script starts instead, as before)
         return None
     finally:
         if len(saved) == 3:
