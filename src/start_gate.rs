@@ -57,6 +57,8 @@ pub struct StartGate {
     /// The connection that delivered the work ([`StartGate::linked`]): when it was last lost
     /// (monotonic ns), and that moment as the gate was made.
     link: Option<(Arc<AtomicU64>, u64)>,
+    /// The work under it starts in the order it was queued ([`StartGate::in_order`]).
+    ordered: bool,
 }
 
 impl StartGate {
@@ -68,7 +70,25 @@ impl StartGate {
             epoch: AtomicU64::new(EPOCHS.fetch_add(1, Ordering::Relaxed)),
             shut_notify: tokio::sync::Notify::new(),
             link: None,
+            ordered: false,
         }
+    }
+
+    /// A gate open until `until_ns` for work that must start in the order it was queued (an
+    /// ordered hook's lease): a job under it that the hook's version popping the queue does
+    /// not match (a reload changed it) shuts it, so that nothing queued after that job starts
+    /// before the job's own fate is decided ([`crate::hook::queue`]; the fleet worker gives it
+    /// back and hands the lease over in stream order).
+    pub fn in_order(until_ns: u64) -> Self {
+        Self {
+            ordered: true,
+            ..Self::new(until_ns)
+        }
+    }
+
+    /// Whether work under it starts in the order it was queued ([`StartGate::in_order`]).
+    pub fn ordered(&self) -> bool {
+        self.ordered
     }
 
     /// A gate open until `until_ns` that also shuts for good once the connection that

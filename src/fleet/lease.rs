@@ -259,7 +259,7 @@ impl Lease {
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(None),
             Err(e) => return Err(format!("lease {key}: {e}")),
         };
-        let gate = Arc::new(StartGate::new(StartGate::bound(sent, ttl, margin)));
+        let gate = Arc::new(StartGate::in_order(StartGate::bound(sent, ttl, margin)));
         let (tx, lost) = watch::channel(false);
         let (store2, key2, holder) = (store.clone(), key.to_string(), holder.to_string());
         let gate2 = gate.clone();

@@ -343,9 +343,14 @@ impl Versions {
     }
 
     /// Whether every live worker's versions are known as of `accepted` (its last status came
-    /// later): an event accepted after that may be for a version not heard of yet.
-    pub fn known_at(&self, accepted: SystemTime) -> bool {
-        self.live(|peers| peers.iter().all(|p| p.loaded && p.seen_at > accepted))
+    /// later): an event accepted after that may be for a version not heard of yet. Never before
+    /// this worker listened long enough to have heard every live worker ([`Versions::settled`]):
+    /// a worker that just started knows no peer, and no peer is not "every peer known" (the
+    /// nemesis's seed 17722090543346195135: a restarted worker took an ordered hook's lease
+    /// within a second and judged events for a live version nobody's).
+    pub fn known_at(&self, accepted: SystemTime, own_interval: Duration) -> bool {
+        self.settled(own_interval)
+            && self.live(|peers| peers.iter().all(|p| p.loaded && p.seen_at > accepted))
     }
 
     /// A live worker whose hooks are not loaded yet (one that just started): what it will run
@@ -361,19 +366,27 @@ impl Versions {
         slowest.unwrap_or(own_interval).max(own_interval) + Duration::from_secs(1)
     }
 
-    /// Waits (at most [`Versions::patience`]) until every live worker's versions are known as
-    /// of `accepted`.
+    /// Waits (at most [`Versions::patience`], and until this worker has [`Versions::settled`])
+    /// until every live worker's versions are known as of `accepted`.
     /// A worker still loading its hooks is waited for longer, up to [`LOADING`].
     pub async fn wait_known(&self, accepted: SystemTime, own_interval: Duration) {
         let began = Instant::now();
-        let until = began + self.patience(own_interval);
-        while !self.known_at(accepted) {
-            let now = Instant::now();
-            if now >= until && (now >= began + LOADING || self.loading().is_none()) {
+        while !self.known_at(accepted, own_interval) {
+            if !self.undecided(began, own_interval) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Whether a decision waiting since `began` for the fleet's versions to be known
+    /// ([`Versions::known_at`]) may wait longer: until this worker [`Versions::settled`], for
+    /// [`Versions::patience`], and for a worker still loading its hooks up to [`LOADING`].
+    pub fn undecided(&self, began: Instant, own_interval: Duration) -> bool {
+        let now = Instant::now();
+        !self.settled(own_interval)
+            || now < began + self.patience(own_interval)
+            || (now < began + LOADING && self.loading().is_some())
     }
 
     /// What becomes of `event` of hook `key` (at stream sequence `seq`, accepted at `accepted`)
@@ -866,7 +879,10 @@ mod tests {
             owed(&v, "nem:x", later),
             "a worker loading its hooks: the version on its disk may match anything"
         );
-        assert!(!v.known_at(later - Duration::from_secs(5)), "not known");
+        assert!(
+            !v.known_at(later - Duration::from_secs(5), Duration::ZERO),
+            "not known"
+        );
         v.update("me", status("w1", true, &["nem:a", "nem:b"], None));
         assert!(v.other_matches("k", "nem:b", None), "back with it");
         assert!(nobody(&v, "nem:x", later), "loaded: nothing matches it");

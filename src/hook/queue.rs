@@ -186,6 +186,11 @@ impl QueueState {
                 continue;
             }
             if job.queued_for != version.id && version.patterns.matches(&job.event).is_none() {
+                if let Some(g) = job.gate.as_ref().filter(|g| g.ordered()) {
+                    // Work that starts in queue order: nothing after this job starts before
+                    // its fate is decided (the jobs behind it are refused, [`Job::refuse`]).
+                    g.shut();
+                }
                 job.unmatched(version.hook, dropped);
                 continue;
             }

@@ -30,7 +30,7 @@ fn set_events(hooks: &Hooks, events: &str) {
 
 /// Waits until each of the first `n` events (by `n`) ran or is dead-lettered; returns the starts
 /// (probes left out) and the dead letters by `n`.
-fn ran_or_dead(
+pub(crate) fn ran_or_dead(
     nats: &NatsServer,
     dirs: &[&Hooks],
     n: u64,

@@ -954,3 +954,74 @@ fn revert_on(bin: PathBuf) {
     let (_, v) = edge.get("/v1/hooks/roll");
     assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
 }
+
+/// Issue 56 (the nemesis's seed 17722090543346195135 on 2.15): an ordered hook's events queued
+/// on its lease holder when the holder's HOOK.yaml is edited in place (`[roll:a, roll:b]` to
+/// `[roll:a]`) while the other worker still runs `[roll:a, roll:b]`. The new version does not
+/// match the queued `roll:b` events; the old code sent each to the hook's retry subject, and the
+/// other worker ran it after the events behind it. Now an ordered hook's event from the stream
+/// never goes to the retry subject: the first queued `roll:b` the new version finds shuts the
+/// lease's gate (nothing behind it starts), it and the rest go back to the broker and the lease
+/// is handed over; the next holder routes them in stream order (`roll:b` to `w2`). Every event
+/// runs once, in stream order; none is dead-lettered or skipped.
+#[testenv::needs(nats)]
+#[test]
+fn an_ordered_hooks_queued_events_its_edited_version_does_not_match_never_run_out_of_order() {
+    for bin in nats_servers() {
+        edited_holder_on(bin);
+    }
+}
+
+fn edited_holder_on(bin: PathBuf) {
+    let nats = NatsServer::start_bin(bin.clone(), &[], "");
+    let RollPair {
+        one,
+        two,
+        w1,
+        w2,
+        edge,
+    } = roll_pair(&nats, r#"["roll:a", "roll:b"]"#, r#"["roll:a", "roll:b"]"#);
+    let cycle = [("roll:a", 2), ("roll:b", 3), ("roll:a", 1), ("roll:b", 2)];
+    let mut names = Vec::new();
+    for _ in 0..5 {
+        post_paused_runs(&edge, &mut names, &cycle, 0.05);
+    }
+    let n = names.len() as u64;
+    // w1 holds the lease: its queue holds the events while it runs the first ones.
+    let paused = one.out().join("roll.paused");
+    poll(Duration::from_secs(30), "w1 running the events", || {
+        let started = read_jsonl(&paused)
+            .iter()
+            .filter(|r| r["probe"].is_null())
+            .count();
+        (started >= 3).then_some(())
+    });
+    swap_patterns(&one, &w1, "roll", r#"["roll:a"]"#);
+    let (ran, dead) =
+        crate::fleet_owed::ran_or_dead(&nats, &[&one, &two], n, Duration::from_secs(90));
+    let first: Vec<u64> = ran.iter().filter_map(|r| r["n"].as_u64()).collect();
+    assert_eq!(
+        first,
+        (0..n).collect::<Vec<_>>(),
+        "{}: each event once, started in stream order (dead-lettered: {:?})",
+        bin.display(),
+        dead.keys().collect::<Vec<_>>()
+    );
+    assert!(dead.is_empty(), "nothing dead-lettered: {dead:?}");
+    let edited = w1.log().find("hooks reloaded").unwrap_or(usize::MAX);
+    assert!(edited < usize::MAX, "w1 reloaded its edited HOOK.yaml");
+    assert!(
+        ran.iter().any(|r| r["event"] == "roll:b" && r["w"] == "w2"),
+        "the roll:b events w1's edited version no longer matched ran on w2"
+    );
+    let (_, v) = edge.get("/v1/hooks/roll");
+    eprintln!(
+        "{}: holder edited with its events queued: {} ran, {} dead-lettered; fleet {}",
+        bin.display(),
+        first.len(),
+        dead.len(),
+        v["fleet"]
+    );
+    assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
+    drop((w1, w2));
+}

@@ -139,7 +139,20 @@ pub(super) fn not_run_here(sh: &Shared, s: &Settings, d: &Delivery) -> Fate {
 /// [`not_run_here`] decides: handed on to another live version, dead-lettered with the reason,
 /// or skipped with the proof that no version matches it.
 pub(super) async fn settle_unrun(sh: &Shared, s: &Settings, counters: &Counters, d: Delivery) {
-    match not_run_here(sh, s, &d) {
+    let fate = not_run_here(sh, s, &d);
+    settle_fate(sh, s, counters, d, fate).await;
+}
+
+/// Settles delivery `d`, which this worker's version of the hook does not run, as `fate`
+/// says ([`settle_unrun`]).
+pub(super) async fn settle_fate(
+    sh: &Shared,
+    s: &Settings,
+    counters: &Counters,
+    d: Delivery,
+    fate: Fate,
+) {
+    match fate {
         Fate::Nobody(proof) => d.skip(proof, counters).await,
         Fate::Elsewhere => for_another_version(sh, s, counters, d).await,
         Fate::Owed(why) => {
@@ -159,20 +172,33 @@ pub(super) fn accepted(d: &Delivery) -> std::time::SystemTime {
 }
 
 /// Another version of the hook matches the delivery, this one does not (a rolling update): it
-/// goes to the hook's retry subject for a worker with that version (the original is finished,
-/// so an ordered hook's cumulative acknowledgements go on), and an ordered hook's lease holder
-/// hands the lease over so that such a worker pulls; on the last delivery it is dead-lettered,
-/// never silently skipped.
+/// goes to the hook's retry subject for a worker with that version (the original is finished),
+/// and an ordered hook's lease holder hands the lease over so that such a worker pulls; on the
+/// last delivery it is dead-lettered, never silently skipped.
+///
+/// An ordered hook's event from the stream (not a retry of one that ran) never goes to the
+/// retry subject: a worker with the other version would run it after the events behind it.
+/// Its feed routes such events before anything after them starts ([`super::handover`]'s
+/// in-order hand-over); one that comes here was queued for this worker's version and found
+/// unmatched after a reload changed it (the events behind it may have started here already):
+/// it is dead-lettered with that reason, never run out of stream order.
 pub(super) async fn for_another_version(
     sh: &Shared,
     s: &Settings,
     counters: &Counters,
     d: Delivery,
 ) {
+    let (delivered, seq) = (d.delivered, d.seq);
     if s.ordered() {
         counters.handover.notify_one();
+        if !crate::fleet::retry::is_retry(&sh.cfg, d.msg.subject.as_str()) {
+            let error = format!(
+                "another live version of the ordered hook matches {:?}, this worker's does not: its version changed while the event waited here, and the events after it may have started here, so it is not run out of stream order (`dead replay` runs it)",
+                d.env.event
+            );
+            return dead_letter(sh, s, counters, d, delivered, error).await;
+        }
     }
-    let (delivered, seq) = (d.delivered, d.seq);
     if delivered >= s.max_deliver {
         let error =
             "no pattern of this worker's version of the hook matches the event (a rolling update?)"

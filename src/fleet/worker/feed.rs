@@ -13,7 +13,7 @@ use super::ack::*;
 use super::deliver::*;
 use super::handover::Route;
 use super::pull::*;
-use super::state::Started;
+use super::state::{Settings, Shared, Started};
 
 /// How soon an ordered hook's event whose version is not known yet is looked at again.
 const RECHECK: Duration = Duration::from_millis(50);
@@ -72,8 +72,8 @@ impl Run {
                     self.backlog.push_front(d);
                     return;
                 }
-                Route::Nowhere => {
-                    self.not_here(d).await;
+                Route::Unrun(fate) => {
+                    self.not_here(d, fate).await;
                     continue;
                 }
             }
@@ -172,17 +172,16 @@ impl Run {
     }
 
     /// An event this worker does not run here: its version does not match it (an ordered
-    /// hook's route), or it entered the stream after this worker began to retire its version.
-    /// Handed on to another live version, dead-lettered when a version that may still run
-    /// somewhere matches it, skipped only when none does ([`not_run_here`]).
-    async fn not_here(&mut self, d: Delivery) {
+    /// hook's route), or it entered the stream after this worker began to retire its version;
+    /// `fate` says what becomes of it ([`not_run_here`]): skipped (settled before the feed goes
+    /// on, as a run's start would be), dead-lettered, or handed on to another live version.
+    async fn not_here(&mut self, d: Delivery, fate: Fate) {
         let (sh, s, counters) = (self.sh.clone(), self.s.clone(), self.counters.clone());
-        if let Fate::Nobody(proof) = not_run_here(&sh, &s, &d) {
-            // Settled before the feed goes on, as a run's start would be.
+        if let Fate::Nobody(proof) = fate {
             return d.skip(proof, &counters).await;
         }
         self.running.push(Box::pin(async move {
-            settle_unrun(&sh, &s, &counters, d).await;
+            settle_fate(&sh, &s, &counters, d, fate).await;
         }));
     }
 
@@ -199,7 +198,8 @@ impl Run {
         if self.past_retirement(&d) {
             // Retiring this version (its worker stops): what entered the stream since is not
             // its to run (an ordered hook's route decided before this).
-            return self.not_here(d).await;
+            let fate = not_run_here(&self.sh, &self.s, &d);
+            return self.not_here(d, fate).await;
         }
         let shown = self.count_attempts(&mut d);
         let (s, counters) = (&self.s, &self.counters);
@@ -266,6 +266,7 @@ impl Run {
             .gate
             .clone()
             .or_else(|| d.held.delivery_gate(d.hseq, d.slot));
+        let lease_gate = self.gate.clone();
         let mut call: InFlight = Box::pin(async move {
             let _started = started;
             let _unfinished = unfinished;
@@ -273,10 +274,28 @@ impl Run {
                 .host
                 .call_one(&d.env.event, ctx, wait, &s.name, gate)
                 .await;
+            let from_stream = !crate::fleet::retry::is_retry(&sh.cfg, d.msg.subject.as_str());
+            if let Some(g) = lease_gate.as_ref().filter(|_| s.ordered() && from_stream)
+                && unmatched_here(&sh, &s, &outcome)
+            {
+                // An ordered hook's event that this worker's version, changed by a reload since
+                // the feed routed it, does not match: nothing after it starts here (the queue
+                // shut the lease's gate as it found it; shut here for a call made after the
+                // change), it goes back, and the lease is handed over; the next holder routes
+                // it in stream order (the nemesis's seed 17722090543346195135 on 2.15: such
+                // events went to the retry subject and ran after the events behind them).
+                g.shut();
+                counters.handover.notify_one();
+                return back_in_order(&redo, d).await;
+            }
             match &outcome {
                 Ok(Some(o)) if o.not_run == Some(NotRun::GateShut) => {
                     // Refused by the lease's bound (issue 48): not run here; handed back while
-                    // the lease is surely still this worker's, else left to its ack wait.
+                    // the lease is surely still this worker's, else left to its ack wait (an
+                    // ordered hook's through its backlog, which goes back in stream order).
+                    if s.ordered() && from_stream {
+                        return back_in_order(&redo, d).await;
+                    }
                     return d.give_back(None).await;
                 }
                 Ok(Some(o)) if o.not_run == Some(NotRun::Stopped) => {
@@ -307,5 +326,26 @@ impl Run {
         if first.is_pending() {
             self.running.push(call);
         }
+    }
+}
+
+/// Whether `outcome` of an ordered hook's call says this worker's version of the hook does not
+/// match the event (changed by a reload after the feed routed it): queued for the version
+/// before ([`NotRun::Unmatched`]), or not queued at all (`None`, the hook still loaded).
+fn unmatched_here(sh: &Shared, s: &Settings, outcome: &Outcome) -> bool {
+    match outcome {
+        Ok(Some(o)) => o.not_run == Some(NotRun::Unmatched),
+        Ok(None) => sh.host.snapshot().get(&s.name).is_some(),
+        Err(_) => false,
+    }
+}
+
+/// An ordered hook's delivery that did not start goes back to its run's backlog, which hands
+/// it back to the broker in stream order with the rest (counted as no attempt); once the run is
+/// gone, straight back to the broker.
+async fn back_in_order(redo: &tokio::sync::mpsc::Sender<Delivery>, d: Delivery) {
+    if let Err(e) = redo.send(d).await {
+        let d = e.0;
+        d.give_back(None).await;
     }
 }

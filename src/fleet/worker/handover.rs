@@ -20,6 +20,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::versions::Fate;
+
 use super::deliver::*;
 use super::pull::*;
 
@@ -28,9 +30,11 @@ pub(super) enum Route {
     Here,
     Elsewhere,
     Unsure,
-    /// Only this worker's version matches it, and this worker is retiring that version
-    /// ([`Run::past_retirement`]): what becomes of it is [`super::feed`]'s `not_here`.
-    Nowhere,
+    /// Neither this worker's version (it does not match it, or it is retiring) nor another
+    /// live one runs it: its fate ([`crate::fleet::versions::Fate::Owed`] or `Nobody`),
+    /// decided here in stream order before anything after it starts ([`super::feed`]'s
+    /// `not_here`), never by a handler call that finds no match.
+    Unrun(Fate),
 }
 
 /// Most hand-over ranges remembered (the oldest go first).
@@ -56,10 +60,16 @@ pub(super) struct Note {
 }
 
 impl Run {
-    /// Where an ordered hook's event runs: here, or on another live version of the hook (the
-    /// only one that matches it); or not known yet (no version this worker knows of matches
-    /// it, and a worker may have changed its version just before the event was accepted:
-    /// decided again shortly, for at most [`crate::fleet::versions::Versions::patience`]).
+    /// Where an ordered hook's event runs: here (this worker's version matches it and takes
+    /// new events), or on another live version of the hook (the only one that matches it: the
+    /// in-order hand-over); when neither, its fate is decided now, in stream order (a dead
+    /// letter or, with the proof that no version matches it, a skip): never a handler call
+    /// that finds no match and decides afterwards, when the events after it may have started
+    /// (the nemesis's seed 17722090543346195135 on 2.15: such an event went to the retry
+    /// subject once a version that matched it came back, and first ran after later events).
+    /// Not known yet when a worker may have changed its version just before the event was
+    /// accepted, or this worker has not heard every live worker yet: decided again shortly,
+    /// for as long as [`crate::fleet::versions::Versions::undecided`] says.
     pub(super) fn route(&mut self, d: &Delivery) -> Route {
         if !self.s.ordered()
             || self
@@ -75,8 +85,7 @@ impl Run {
             return Route::Here;
         };
         let mine = h.spec.patterns.matches(&d.env.event).is_some();
-        let retired = self.past_retirement(d);
-        if mine && !retired {
+        if mine && !self.past_retirement(d) {
             self.unsure = None;
             return Route::Here;
         }
@@ -85,18 +94,23 @@ impl Run {
             self.unsure = None;
             return Route::Elsewhere;
         }
-        if mine {
-            return Route::Nowhere;
-        }
+        let own = self.sh.opts.status_interval;
+        let accepted = super::ack::accepted(d);
+        let known = versions.known_at(accepted, own);
         let since = *self.unsure.get_or_insert_with(std::time::Instant::now);
-        if self.draining
-            || versions.known_at(super::ack::accepted(d))
-            || since.elapsed() >= versions.patience(self.sh.opts.status_interval)
-        {
-            self.unsure = None;
-            return Route::Here;
+        if !known && !self.draining && versions.undecided(since, own) {
+            return Route::Unsure;
         }
-        Route::Unsure
+        self.unsure = None;
+        match super::ack::not_run_here(&self.sh, &self.s, d) {
+            Fate::Nobody(_) if !known => Route::Unrun(Fate::Owed(format!(
+                "no version of the hook this worker knows of matches {:?}, but not every live worker's versions were known for when it was accepted (waited {}): a version not heard of may match it, then `dead replay` runs this event",
+                d.env.event,
+                crate::time::fmt_duration(since.elapsed())
+            ))),
+            Fate::Elsewhere => Route::Elsewhere,
+            fate => Route::Unrun(fate),
+        }
     }
 
     /// How many of the broker's deliveries of the message at `seq` were hand-overs.
@@ -114,6 +128,11 @@ impl Run {
         use futures_util::StreamExt;
         while self.running.next().await.is_some() {}
         while self.background.join_next().await.is_some() {}
+        // What did not start comes back (an ordered hook's events its version, changed by a
+        // reload, did not match, and the ones behind them): it goes back with the rest.
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+        }
         self.main.flush().await;
         let mut note = Note::default();
         // Handed back from here: the backlog, and what the pull had buffered (`given`).

@@ -414,12 +414,17 @@ impl Run {
     }
 
     /// Hands back every message the backlog holds (once each; nothing if the lease's bound
-    /// passed: [`crate::fleet::held::Held::may_send`]).
+    /// passed: [`crate::fleet::held::Held::may_send`]); what goes back is released (its next
+    /// delivery is no attempt).
     async fn give_back_backlog(&mut self) {
         let mut last = None;
+        let sending = self.main.may_send();
         for d in std::mem::take(&mut self.backlog) {
             if last != Some((d.hseq, d.slot)) {
                 last = Some((d.hseq, d.slot));
+                if sending && d.hseq > 0 {
+                    self.released(d.hseq, d.hseq);
+                }
                 d.held.give_back(d.hseq, d.slot, &d.msg, None).await;
             }
         }
