@@ -498,4 +498,48 @@ mod tests {
         assert_eq!(told.not_run, Some(NotRun::Unmatched));
         assert_eq!(stats.dropped.load(Ordering::Relaxed), 1);
     }
+
+    /// Issue 56 (the nemesis's seed 17722090543346195135): jobs under an ordered hook's lease
+    /// gate start in queue order, so the first one a reload's version does not match stops the
+    /// queue for that lease: it is told `Unmatched`, the gate shuts, and the jobs behind it
+    /// under the same gate are refused (the fleet worker hands them back in stream order),
+    /// though the version matches them; a job under no gate is popped as before.
+    #[test]
+    fn an_unmatched_job_under_an_ordered_gate_stops_the_jobs_behind_it() {
+        let q = HookQueue::new(8, Overflow::DropOldest, Arc::new(HookStats::default()));
+        let until = crate::start_gate::monotonic_ns() + 60_000_000_000;
+        let gate = Arc::new(crate::start_gate::StartGate::in_order(until));
+        let mut waits = Vec::new();
+        for event in ["b", "a", "a"] {
+            let (mut j, rx) = job(true);
+            j.event = Arc::from(event);
+            j.gate = Some(gate.clone());
+            waits.push(rx.expect("a waiter"));
+            assert!(matches!(q.push(j), Pushed::Queued));
+        }
+        let (mut free, _) = job(false);
+        free.event = Arc::from("a");
+        assert!(matches!(q.push(free), Pushed::Queued));
+        let only_a = crate::pattern::PatternSet::new(&["a".to_string()]).expect("a pattern");
+        let version = Version {
+            id: 1,
+            hook: "h",
+            patterns: &only_a,
+        };
+        let popped = q.try_pop(&version).expect("the job under no gate");
+        assert!(popped.gate.is_none());
+        assert!(gate.is_shut(), "the ordered gate shut at the unmatched job");
+        let told: Vec<_> = waits
+            .iter_mut()
+            .map(|rx| rx.try_recv().expect("told").not_run)
+            .collect();
+        assert_eq!(
+            told,
+            [
+                Some(NotRun::Unmatched),
+                Some(NotRun::GateShut),
+                Some(NotRun::GateShut)
+            ]
+        );
+    }
 }
