@@ -285,8 +285,9 @@ impl Run {
                 // it in stream order (the nemesis's seed 17722090543346195135 on 2.15: such
                 // events went to the retry subject and ran after the events behind them).
                 g.shut();
+                back_in_order(&redo, d).await;
                 counters.handover.notify_one();
-                return back_in_order(&redo, d).await;
+                return;
             }
             match &outcome {
                 Ok(Some(o)) if o.not_run == Some(NotRun::GateShut) => {

@@ -113,6 +113,27 @@ impl Run {
         }
     }
 
+    /// Told to hand over by a call (a retry for another version, or an event a reload's
+    /// version did not match, back in the backlog with the ones behind it): the event at the
+    /// front of the backlog when this worker's version does not match it (the hand-over then
+    /// ends early when no other live version matches it either: this worker takes the lease
+    /// back and routes it), else none (empty: the hand-over waits for another worker).
+    pub(super) fn unmatched_head(&mut self) -> String {
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+        }
+        let snap = self.sh.host.snapshot();
+        let theirs = |e: &str| {
+            snap.get(&self.s.name)
+                .is_some_and(|h| h.spec.patterns.matches(e).is_none())
+        };
+        self.backlog
+            .front()
+            .filter(|d| theirs(&d.env.event))
+            .map(|d| d.env.event.clone())
+            .unwrap_or_default()
+    }
+
     /// How many of the broker's deliveries of the message at `seq` were hand-overs.
     pub(super) fn handed_over(&self, seq: u64) -> i64 {
         self.handed

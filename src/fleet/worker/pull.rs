@@ -583,7 +583,8 @@ impl Run {
                     return Ended::Again;
                 }
                 _ = self.counters.handover.notified(), if holding => {
-                    self.handing.get_or_insert_with(String::new);
+                    let head = self.unmatched_head();
+                    self.handing.get_or_insert(head);
                     continue;
                 }
             };
