@@ -343,6 +343,15 @@ impl Lease {
         }
     }
 
+    /// Whether the lease is surely still this worker's though its gate shut: the renewals go
+    /// on and the bound has not passed, so this worker shut it itself (an ordered hook's queued
+    /// job its reloaded version no longer matches, [`StartGate::in_order`]). Such a holder
+    /// hands the lease over (released, not left to run out): the next holder takes over at
+    /// once, not a time to live later.
+    pub fn still_ours(&self) -> bool {
+        !*self.lost.borrow() && self.gate.within_bound()
+    }
+
     /// Gives the lease up at once (clean stop): the next worker takes over without waiting.
     pub async fn release(self) {
         self.renew.abort();

@@ -962,8 +962,9 @@ fn revert_on(bin: PathBuf) {
 /// other worker ran it after the events behind it. Now an ordered hook's event from the stream
 /// never goes to the retry subject: the first queued `roll:b` the new version finds shuts the
 /// lease's gate (nothing behind it starts), it and the rest go back to the broker and the lease
-/// is handed over; the next holder routes them in stream order (`roll:b` to `w2`). Every event
-/// runs once, in stream order; none is dead-lettered or skipped.
+/// is handed over (released, not left to run out); the next holder routes them in stream order
+/// (`roll:b` to `w2`). Every event runs once, in stream order, with no pause of a lease's time
+/// to live or an ack wait; none is dead-lettered or skipped.
 #[testenv::needs(nats)]
 #[test]
 fn an_ordered_hooks_queued_events_its_edited_version_does_not_match_never_run_out_of_order() {
@@ -1014,13 +1015,22 @@ fn edited_holder_on(bin: PathBuf) {
         ran.iter().any(|r| r["event"] == "roll:b" && r["w"] == "w2"),
         "the roll:b events w1's edited version no longer matched ran on w2"
     );
+    let gap = longest_gap(&ran);
     let (_, v) = edge.get("/v1/hooks/roll");
     eprintln!(
-        "{}: holder edited with its events queued: {} ran, {} dead-lettered; fleet {}",
+        "{}: holder edited with its events queued: {} ran, {} dead-lettered, longest pause between starts {gap:.2} s; fleet {}",
         bin.display(),
         first.len(),
         dead.len(),
         v["fleet"]
+    );
+    // Up to two lease changes (w1's restarted task may take the lease before it goes to w2),
+    // about 1.3 s each; a lease left to run out, or events left to the ack wait, show as a
+    // pause of 4.3 s or more (`--ack-wait 5`).
+    assert!(
+        gap < 4.0,
+        "{}: a pause of {gap:.2} s between two starts: the lease or the events were left to run out",
+        bin.display()
     );
     assert_eq!(v["fleet"]["skipped"], 0, "none skipped: {}", v["fleet"]);
     drop((w1, w2));

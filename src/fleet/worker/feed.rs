@@ -281,13 +281,12 @@ impl Run {
                 // An ordered hook's event that this worker's version, changed by a reload since
                 // the feed routed it, does not match: nothing after it starts here (the queue
                 // shut the lease's gate as it found it; shut here for a call made after the
-                // change), it goes back, and the lease is handed over; the next holder routes
-                // it in stream order (the nemesis's seed 17722090543346195135 on 2.15: such
+                // change), it goes back, and the lease is handed over (the pull loop sees the
+                // gate shut while the lease is still its own); the next holder routes it in
+                // stream order (the nemesis's seed 17722090543346195135 on 2.15: such
                 // events went to the retry subject and ran after the events behind them).
                 g.shut();
-                back_in_order(&redo, d).await;
-                counters.handover.notify_one();
-                return;
+                return back_in_order(&redo, d).await;
             }
             match &outcome {
                 Ok(Some(o)) if o.not_run == Some(NotRun::GateShut) => {

@@ -353,6 +353,16 @@ impl Run {
             }
         }
         while self.background.join_next().await.is_some() {}
+        // Calls that did not start and came back meanwhile (an ordered hook's, from an event
+        // its reloaded version does not match on) go back to the broker now, not to the ack wait.
+        let mut back = false;
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+            back = true;
+        }
+        if back {
+            self.give_back_backlog().await;
+        }
         self.main.flush().await;
     }
 
@@ -521,6 +531,10 @@ impl Run {
         let mut catching = tokio::time::interval(CATCH_UP_EVERY);
         loop {
             let holding = lease.is_some();
+            // Handing over after this worker shut its own gate (below): the shut gate is no
+            // lost lease while the lease is surely still its own.
+            let self_shut =
+                self.handing.is_some() && lease.as_ref().is_some_and(|l| l.still_ours());
             if holding && self.ready_to_hand_over() {
                 self.give_back_pulls([messages, retried]).await;
                 return Ended::HandOver;
@@ -566,7 +580,18 @@ impl Run {
                     give_back(&mut retried).await;
                     return Ended::Stop;
                 }
-                _ = lost => {
+                _ = lost, if !self_shut => {
+                    if lease.as_ref().is_some_and(|l| l.still_ours()) {
+                        // Shut by this worker while the lease is surely still its own: a queued
+                        // event its reloaded version does not match stopped the hook's queue
+                        // ([`crate::start_gate::StartGate::in_order`]). What did not start goes
+                        // back in stream order and the lease is handed over (released, not left
+                        // to run out).
+                        tracing::info!(hook = %self.s.name, "fleet: a queued event this worker's reloaded version of the ordered hook does not match stopped its queue; what did not start goes back and the lease is handed over");
+                        let head = self.unmatched_head();
+                        self.handing.get_or_insert(head);
+                        continue;
+                    }
                     tracing::warn!(hook = %self.s.name, "fleet: the ordered hook's lease is lost or past its bound (this worker was paused, starved or cut off); it starts nothing more, hands back what it safely can and stands down");
                     // Another worker may take over: hand back what no handler started, unless
                     // past the lease's bound (another worker may hold those deliveries now:
