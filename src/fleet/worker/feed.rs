@@ -13,7 +13,7 @@ use super::ack::*;
 use super::deliver::*;
 use super::handover::Route;
 use super::pull::*;
-use super::state::{Settings, Shared, Started};
+use super::state::{Counters, Settings, Shared, Started};
 
 /// How soon an ordered hook's event whose version is not known yet is looked at again.
 const RECHECK: Duration = Duration::from_millis(50);
@@ -274,52 +274,15 @@ impl Run {
                 .host
                 .call_one(&d.env.event, ctx, wait, &s.name, gate)
                 .await;
-            let from_stream = !crate::fleet::retry::is_retry(&sh.cfg, d.msg.subject.as_str());
-            if let Some(g) = lease_gate.as_ref().filter(|_| s.ordered() && from_stream)
-                && unmatched_here(&sh, &s, &outcome)
-            {
-                // An ordered hook's event that this worker's version, changed by a reload since
-                // the feed routed it, does not match: nothing after it starts here (the queue
-                // shut the lease's gate as it found it; shut here for a call made after the
-                // change), it goes back, and the lease is handed over (the pull loop sees the
-                // gate shut while the lease is still its own); the next holder routes it in
-                // stream order (the nemesis's seed 17722090543346195135 on 2.15: such
-                // events went to the retry subject and ran after the events behind them).
-                g.shut();
-                return back_in_order(&redo, d).await;
-            }
-            match &outcome {
-                Ok(Some(o)) if o.not_run == Some(NotRun::GateShut) => {
-                    // Refused by the lease's bound (issue 48): not run here; handed back while
-                    // the lease is surely still this worker's, else left to its ack wait (an
-                    // ordered hook's through its backlog, which goes back in stream order).
-                    if s.ordered() && from_stream {
-                        return back_in_order(&redo, d).await;
-                    }
-                    return d.give_back(None).await;
-                }
-                Ok(Some(o)) if o.not_run == Some(NotRun::Stopped) => {
-                    // Never started: the hook or this worker stopped first (a rolling
-                    // update's stop, a revoked approval). Handed back, not retried as a
-                    // failure: an ordered hook's next holder runs it in stream order.
-                    return d.give_back(None).await;
-                }
-                Ok(Some(o)) if o.not_run == Some(NotRun::Unmatched) => {
-                    // Queued for this worker's earlier version; the version loaded since does
-                    // not match it: the one place that decides an unrun event's fate does.
-                    return settle_unrun(&sh, &s, &counters, d).await;
-                }
-                _ => {}
-            }
-            if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(&sh, &s) {
-                // Dropped by the old name's hook: the same delivery runs under the new name.
-                if let Err(e) = redo.send(d).await {
-                    let d = e.0;
-                    return d.give_back(None).await;
-                }
-                return;
-            }
-            settle(&sh, &s, &counters, d, outcome).await;
+            after_call(
+                &sh,
+                &s,
+                &counters,
+                (&redo, lease_gate.as_deref()),
+                d,
+                outcome,
+            )
+            .await;
         });
         // The first poll puts the event in the hook's queue (so events enter it in stream order).
         let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
@@ -327,6 +290,65 @@ impl Run {
             self.running.push(call);
         }
     }
+}
+
+/// What follows a handler call of delivery `d` (`outcome`): an ordered hook's event its
+/// version no longer matches, or refused, goes back in order (through `redo`, the run's
+/// backlog); one never started is handed back; one its version does not match gets its fate;
+/// a renamed hook's runs under the new name; the rest is settled ([`settle`]).
+async fn after_call(
+    sh: &Shared,
+    s: &Settings,
+    counters: &Counters,
+    (redo, lease_gate): (
+        &tokio::sync::mpsc::Sender<Delivery>,
+        Option<&crate::start_gate::StartGate>,
+    ),
+    d: Delivery,
+    outcome: Outcome,
+) {
+    let from_stream = !crate::fleet::retry::is_retry(&sh.cfg, d.msg.subject.as_str());
+    if let Some(g) = lease_gate.filter(|_| s.ordered() && from_stream)
+        && unmatched_here(sh, s, &outcome)
+    {
+        // An ordered hook's event that this worker's version, changed by a reload since
+        // the feed routed it, does not match: nothing after it starts here (the queue
+        // shut the lease's gate as it found it; shut here for a call made after the
+        // change), it goes back, and the lease is handed over (the pull loop sees the
+        // gate shut while the lease is still its own); the next holder routes it in
+        // stream order (the nemesis's seed 17722090543346195135 on 2.15: such
+        // events went to the retry subject and ran after the events behind them).
+        g.shut();
+        return back_in_order(redo, d).await;
+    }
+    match &outcome {
+        Ok(Some(o)) if o.not_run == Some(NotRun::GateShut) => {
+            // Refused by the lease's bound (issue 48): not run here; handed back while
+            // the lease is surely still this worker's, else left to its ack wait (an
+            // ordered hook's through its backlog, which goes back in stream order).
+            if s.ordered() && from_stream {
+                return back_in_order(redo, d).await;
+            }
+            return d.give_back(None).await;
+        }
+        Ok(Some(o)) if o.not_run == Some(NotRun::Stopped) => {
+            // Never started: the hook or this worker stopped first (a rolling
+            // update's stop, a revoked approval). Handed back, not retried as a
+            // failure: an ordered hook's next holder runs it in stream order.
+            return d.give_back(None).await;
+        }
+        Ok(Some(o)) if o.not_run == Some(NotRun::Unmatched) => {
+            // Queued for this worker's earlier version; the version loaded since does
+            // not match it: the one place that decides an unrun event's fate does.
+            return settle_unrun(sh, s, counters, d).await;
+        }
+        _ => {}
+    }
+    if !matches!(&outcome, Ok(Some(o)) if o.result.is_ok()) && renamed_away(sh, s) {
+        // Dropped by the old name's hook: the same delivery runs under the new name.
+        return back_in_order(redo, d).await;
+    }
+    settle(sh, s, counters, d, outcome).await;
 }
 
 /// Whether `outcome` of an ordered hook's call says this worker's version of the hook does not
@@ -340,9 +362,9 @@ fn unmatched_here(sh: &Shared, s: &Settings, outcome: &Outcome) -> bool {
     }
 }
 
-/// An ordered hook's delivery that did not start goes back to its run's backlog, which hands
-/// it back to the broker in stream order with the rest (counted as no attempt); once the run is
-/// gone, straight back to the broker.
+/// A delivery that did not start goes back to its run's backlog (an ordered hook's is handed
+/// back to the broker in stream order with the rest, counted as no attempt; a renamed hook's
+/// runs under the new name); once the run is gone, straight back to the broker.
 async fn back_in_order(redo: &tokio::sync::mpsc::Sender<Delivery>, d: Delivery) {
     if let Err(e) = redo.send(d).await {
         let d = e.0;

@@ -581,31 +581,10 @@ impl Run {
                     return Ended::Stop;
                 }
                 _ = lost, if !self_shut => {
-                    if lease.as_ref().is_some_and(|l| l.still_ours()) {
-                        // Shut by this worker while the lease is surely still its own: a queued
-                        // event its reloaded version does not match stopped the hook's queue
-                        // ([`crate::start_gate::StartGate::in_order`]). What did not start goes
-                        // back in stream order and the lease is handed over (released, not left
-                        // to run out).
-                        tracing::info!(hook = %self.s.name, "fleet: a queued event this worker's reloaded version of the ordered hook does not match stopped its queue; what did not start goes back and the lease is handed over");
-                        let head = self.unmatched_head();
-                        self.handing.get_or_insert(head);
-                        continue;
+                    match self.gate_shut(lease, [&mut messages, &mut retried]).await {
+                        Some(ended) => return ended,
+                        None => continue,
                     }
-                    tracing::warn!(hook = %self.s.name, "fleet: the ordered hook's lease is lost or past its bound (this worker was paused, starved or cut off); it starts nothing more, hands back what it safely can and stands down");
-                    // Another worker may take over: hand back what no handler started, unless
-                    // past the lease's bound (another worker may hold those deliveries now:
-                    // nothing is sent for them, they come back with their ack wait).
-                    if self.main.may_send() {
-                        if let Some((a, b)) = give_back(&mut messages).await {
-                            self.released(a, b);
-                        }
-                        give_back(&mut retried).await;
-                    }
-                    self.broker_restarted = lease.as_ref().is_some_and(|l| l.bucket_gone())
-                        || self.broker_changed();
-                    *lease = None;
-                    return Ended::Again;
                 }
                 _ = self.counters.handover.notified(), if holding => {
                     let head = self.unmatched_head();
@@ -630,6 +609,39 @@ impl Run {
             // Calls of an earlier session that finished meanwhile free the window.
             self.feed().await;
         }
+    }
+
+    /// The held lease's gate shut. While the lease is surely still this worker's, it shut the
+    /// gate itself: a queued event its reloaded version does not match stopped the hook's
+    /// queue ([`crate::start_gate::StartGate::in_order`]); what did not start goes back in
+    /// stream order and the lease is handed over (released, not left to run out): `None`, the
+    /// session goes on to the hand-over. Else the lease is lost or past its bound: what no
+    /// handler started is handed back while that is safe, and the session ends.
+    async fn gate_shut(
+        &mut self,
+        lease: &mut Option<crate::fleet::lease::Lease>,
+        [messages, retried]: [&mut jetstream::consumer::pull::Stream; 2],
+    ) -> Option<Ended> {
+        if lease.as_ref().is_some_and(|l| l.still_ours()) {
+            tracing::info!(hook = %self.s.name, "fleet: a queued event this worker's reloaded version of the ordered hook does not match stopped its queue; what did not start goes back and the lease is handed over");
+            let head = self.unmatched_head();
+            self.handing.get_or_insert(head);
+            return None;
+        }
+        tracing::warn!(hook = %self.s.name, "fleet: the ordered hook's lease is lost or past its bound (this worker was paused, starved or cut off); it starts nothing more, hands back what it safely can and stands down");
+        // Another worker may take over: hand back what no handler started, unless past the
+        // lease's bound (another worker may hold those deliveries now: nothing is sent for
+        // them, they come back with their ack wait).
+        if self.main.may_send() {
+            if let Some((a, b)) = give_back(messages).await {
+                self.released(a, b);
+            }
+            give_back(retried).await;
+        }
+        self.broker_restarted =
+            lease.as_ref().is_some_and(|l| l.bucket_gone()) || self.broker_changed();
+        *lease = None;
+        Some(Ended::Again)
     }
 
     /// A message the session `opened` (monotonic ns) pulled: dispatched, held until due (a
