@@ -179,9 +179,10 @@ pub(super) fn accepted(d: &Delivery) -> std::time::SystemTime {
 /// An ordered hook's event from the stream (not a retry of one that ran) never goes to the
 /// retry subject: a worker with the other version would run it after the events behind it.
 /// Its feed routes such events before anything after them starts ([`super::handover`]'s
-/// in-order hand-over); one that comes here was queued for this worker's version and found
-/// unmatched after a reload changed it (the events behind it may have started here already):
-/// it is dead-lettered with that reason, never run out of stream order.
+/// in-order hand-over), and a call its version, changed by a reload, no longer matches goes
+/// back in order ([`super::feed`]'s `after_call`). One that still comes here (no lease gate
+/// to stop the queue with, or a retirement that began between its route and its start) may
+/// have events behind it started already: it is dead-lettered with that reason.
 pub(super) async fn for_another_version(
     sh: &Shared,
     s: &Settings,
@@ -193,7 +194,7 @@ pub(super) async fn for_another_version(
         counters.handover.notify_one();
         if !crate::fleet::retry::is_retry(&sh.cfg, d.msg.subject.as_str()) {
             let error = format!(
-                "another live version of the ordered hook matches {:?}, this worker's does not: its version changed while the event waited here, and the events after it may have started here, so it is not run out of stream order (`dead replay` runs it)",
+                "another live version of the ordered hook matches {:?}, this worker's does not, and the events after it may have started here: not run out of stream order (`dead replay` runs it)",
                 d.env.event
             );
             return dead_letter(sh, s, counters, d, delivered, error).await;

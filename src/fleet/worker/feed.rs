@@ -22,9 +22,7 @@ impl Run {
     /// Starts events from the backlog, in order, while fewer than the window are in flight
     /// (the hook's local queue holds what starts; the rest waits here, held).
     pub(super) async fn feed(&mut self) {
-        while let Ok(d) = self.redo_rx.try_recv() {
-            self.insert(vec![d]);
-        }
+        self.take_back();
         if self.renaming {
             if !self.running.is_empty() || !self.background.is_empty() {
                 return;

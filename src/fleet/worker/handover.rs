@@ -119,9 +119,7 @@ impl Run {
     /// ends early when no other live version matches it either: this worker takes the lease
     /// back and routes it), else none (empty: the hand-over waits for another worker).
     pub(super) fn unmatched_head(&mut self) -> String {
-        while let Ok(d) = self.redo_rx.try_recv() {
-            self.insert(vec![d]);
-        }
+        self.take_back();
         let snap = self.sh.host.snapshot();
         let theirs = |e: &str| {
             snap.get(&self.s.name)
@@ -151,9 +149,7 @@ impl Run {
         while self.background.join_next().await.is_some() {}
         // What did not start comes back (an ordered hook's events its version, changed by a
         // reload, did not match, and the ones behind them): it goes back with the rest.
-        while let Ok(d) = self.redo_rx.try_recv() {
-            self.insert(vec![d]);
-        }
+        self.take_back();
         self.main.flush().await;
         let mut note = Note::default();
         // Handed back from here: the backlog, and what the pull had buffered (`given`).

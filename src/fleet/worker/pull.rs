@@ -355,12 +355,7 @@ impl Run {
         while self.background.join_next().await.is_some() {}
         // Calls that did not start and came back meanwhile (an ordered hook's, from an event
         // its reloaded version does not match on) go back to the broker now, not to the ack wait.
-        let mut back = false;
-        while let Ok(d) = self.redo_rx.try_recv() {
-            self.insert(vec![d]);
-            back = true;
-        }
-        if back {
+        if self.take_back() {
             self.give_back_backlog().await;
         }
         self.main.flush().await;

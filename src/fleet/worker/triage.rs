@@ -151,6 +151,18 @@ impl Run {
         }
     }
 
+    /// Takes into the backlog, in stream order, the deliveries calls sent back (renamed away,
+    /// or an ordered hook's that did not start: [`super::feed`]'s `back_in_order`); whether
+    /// there were any.
+    pub(super) fn take_back(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(d) = self.redo_rx.try_recv() {
+            self.insert(vec![d]);
+            any = true;
+        }
+        any
+    }
+
     /// The hook was renamed (same identity): what starts from now on runs under the new name,
     /// once every call made under the old one is settled or back ([`Run::feed`]).
     pub(super) fn renamed(&mut self) {
