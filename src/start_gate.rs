@@ -77,7 +77,7 @@ impl StartGate {
     /// A gate open until `until_ns` for work that must start in the order it was queued (an
     /// ordered hook's lease): a job under it that the hook's version popping the queue does
     /// not match (a reload changed it) shuts it, so that nothing queued after that job starts
-    /// before the job's own fate is decided ([`crate::hook::queue`]; the fleet worker gives it
+    /// before the job's own fate is decided (the hook's queue; the fleet worker gives it
     /// back and hands the lease over in stream order).
     pub fn in_order(until_ns: u64) -> Self {
         Self {
