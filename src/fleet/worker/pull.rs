@@ -388,6 +388,10 @@ impl Run {
         self.link_seen = self.sh.lost.load(std::sync::atomic::Ordering::SeqCst);
         self.main.pause(true);
         self.set_gate(lease.map(|l| l.gate()));
+        // A hand-over asked for before this holding (by a call of an earlier one that ended
+        // after its lease went) is not this holding's: its permit would hand the lease over at
+        // the first turn of the pull loop, with nothing to hand.
+        let _ = futures_util::FutureExt::now_or_never(self.counters.handover.notified());
     }
 
     /// An ordered hook's holder that kept its lease across a broker restart (the lease bucket
