@@ -86,16 +86,33 @@ impl Run {
     /// a warning every four ack waits), or events the broker no longer delivers: given up on
     /// after [`CatchUp::limit`], with a warning.
     pub(super) async fn check_caught_up(&mut self, consumer: &jetstream::consumer::PullConsumer) {
-        let Some(c) = self.catch_up.as_mut() else {
+        if self.catch_up.is_none() {
             return;
-        };
+        }
+        // The counts are only compared with what this worker knows of the broker they come
+        // from: a restart not yet seen here (the connection came back since the last delivery)
+        // is seen first, and an answer across a reconnection is asked again.
+        self.after_broker_change();
+        let link = self.sh.lost.load(std::sync::atomic::Ordering::SeqCst);
         let Ok(info) = consumer.get_info().await else {
             return;
         };
+        if link != self.sh.lost.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        // A restarted broker may have rolled its record of the deliveries back: it then
+        // delivers again, as new, events below the highest one held here, and counts none of
+        // them pending yet. Nothing is caught up while its last delivery is below that.
+        let top = self.backlog.iter().map(|d| d.hseq).max().unwrap_or(0);
+        let behind = info.delivered.stream_sequence < top;
+        let Some(c) = self.catch_up.as_mut() else {
+            return;
+        };
         let now = (info.num_ack_pending as u64, self.main.count());
-        if now.0 > now.1 as u64 {
-            if c.last != now {
-                c.last = now;
+        if now.0 > now.1 as u64 || behind {
+            let seen = (now.0, now.1, info.delivered.stream_sequence);
+            if c.last != seen {
+                c.last = seen;
                 c.since = tokio::time::Instant::now();
                 tracing::debug!(hook = %self.s.name, pending = now.0, held = now.1, "fleet: waiting for the previous holder's events to come back");
                 return;
@@ -115,7 +132,7 @@ impl Run {
                 }
                 return;
             }
-            tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, missing = now.0 - now.1 as u64, waited = %crate::time::fmt_duration(c.since.elapsed()), "fleet: events the broker counts as pending for the ordered hook never came back and no worker says it still runs them (past their deliveries, a consumer reset, a broker that lost state?); running the ones here in stream order without them");
+            tracing::warn!(hook = %self.s.name, pending = now.0, held = now.1, missing = now.0.saturating_sub(now.1 as u64), behind, waited = %crate::time::fmt_duration(c.since.elapsed()), "fleet: events the broker counts as pending for the ordered hook never came back and no worker says it still runs them (past their deliveries, a consumer reset, a broker that lost state?); running the ones here in stream order without them");
         }
         if let Some((store, key)) = c.lease.clone().filter(|_| c.taking_over) {
             // A holder that lost the lease leaves its note once it stood down: what it gave

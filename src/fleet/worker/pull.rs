@@ -124,8 +124,9 @@ pub(super) struct Run {
 /// deliveries, a consumer reset, a broker that lost state) is given up on with a warning, and
 /// what is here runs in stream order.
 pub(super) struct CatchUp {
-    /// The broker's pending count and this worker's held count at the last change.
-    pub(super) last: (u64, usize),
+    /// The broker's pending count, this worker's held count and the broker's last delivered
+    /// stream sequence at the last change.
+    pub(super) last: (u64, usize, u64),
     pub(super) since: tokio::time::Instant,
     /// The lease bucket and the hook's lease key (whether a previous holder still finishes).
     pub(super) lease: Option<(async_nats::jetstream::kv::Store, String)>,
@@ -146,7 +147,7 @@ impl CatchUp {
     ) -> Self {
         let now = tokio::time::Instant::now();
         Self {
-            last: (u64::MAX, 0),
+            last: (u64::MAX, 0, 0),
             since: now,
             lease,
             warned: now,
